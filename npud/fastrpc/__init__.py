@@ -1,0 +1,1 @@
+"""The FastRPC core: kernel ABI, the Driver seam, FastRpcSession. Synchronous; no trio."""

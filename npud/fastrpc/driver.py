@@ -1,0 +1,90 @@
+"""The Driver seam: the syscall level, the only place the project issues ioctls.
+
+Everything above this interface (FastRpcSession, the shell load, remotectl,
+the reverse-RPC listener, marshalling) is one code path for the device and for
+the emulator. ``KernelDriver`` talks to the real kernel through libc;
+``npud.sim.EmulatedDriver`` receives the very same request numbers and struct
+bytes.
+
+Contract shared by every Driver:
+
+* ``open`` returns a new fd that the caller owns and must give back to
+  ``close`` exactly once.
+* ``ioctl(fd, request, arg)``: ``arg`` is a writable buffer (a ctypes
+  structure) whose bytes are read and written in place, as the kernel does
+  with a user pointer; ``None`` for argument-less requests. A failing call
+  raises ``OSError`` with the errno. Any other return value, a DSP result code
+  included, is returned as is (as an unsigned 32-bit value when negative).
+* ``mmap(fd, length, offset)`` returns a shared read-write mapping; the caller
+  owns it and closes it before closing the fd.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import mmap
+import os
+from typing import Protocol
+
+IoctlArg = ctypes.Structure | ctypes.Array[ctypes.c_char] | None
+
+
+class Driver(Protocol):
+    """What FastRpcSession needs from the operating system."""
+
+    def open(self, path: str, flags: int) -> int: ...
+
+    def close(self, fd: int) -> None: ...
+
+    def ioctl(self, fd: int, request: int, arg: IoctlArg) -> int: ...
+
+    def mmap(self, fd: int, length: int, offset: int = 0) -> mmap.mmap: ...
+
+
+def _load_libc() -> ctypes.CDLL:
+    name = ctypes.util.find_library("c") or "libc.so.6"
+    return ctypes.CDLL(name, use_errno=True)
+
+
+class KernelDriver:
+    """The real kernel: libc ``open``/``ioctl`` through ctypes.
+
+    Not ``fcntl.ioctl``: FastRPC returns the DSP's result code as the ioctl's
+    return value, which ``fcntl.ioctl`` turns into an OSError with a stale
+    errno, and recent CPython re-issues an ioctl interrupted by a signal, which
+    for INVOKE would send the remote call twice. Here EINTR surfaces as an
+    OSError and the caller decides.
+    """
+
+    def __init__(self) -> None:
+        libc = _load_libc()
+        self._ioctl = libc.ioctl
+        self._ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
+        self._ioctl.restype = ctypes.c_int
+
+    def open(self, path: str, flags: int) -> int:
+        return os.open(path, flags | os.O_CLOEXEC)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:
+        pointer = None if arg is None else ctypes.addressof(arg)
+        ret: int = self._ioctl(fd, request, pointer)
+        if ret == -1:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        # A DSP AEE code (0x80000400 + n) arrives as a negative int.
+        return ret & 0xFFFFFFFF
+
+    def mmap(self, fd: int, length: int, offset: int = 0) -> mmap.mmap:
+        return mmap.mmap(
+            fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=offset
+        )
+
+
+def errno_name(err: int) -> str:
+    """``EINVAL (Invalid argument)`` for logs and messages."""
+    return f"{errno.errorcode.get(err, f'errno {err}')} ({os.strerror(err)})"

@@ -1,0 +1,116 @@
+"""Stable error codes: one enum shared by the daemon, the wire and the clients.
+
+Each code has a fixed number and a fixed message template. Both are a runbook
+contract: operators grep for them and clients branch on them, so a number is
+never reused and a template only ever gains detail at its end. Tests pin the
+exact wording.
+
+``format_message(code, **fields)`` renders the template; fields that are DSP
+result codes are shown in hex with their AEE name where it is known.
+"""
+
+from __future__ import annotations
+
+import enum
+import string
+from typing import Any, Final
+
+from npu_protocol.aee import describe_result
+
+MAX_DMA_SIZE: Final = 256 * 1024 * 1024
+"""Largest DMA-BUF the daemon allocates (the crate's "256 MB" ceiling)."""
+
+
+class ErrorCode(enum.IntEnum):
+    """Stable numbers. 1xx FastRPC/DSP, 2xx memory, 3xx models, 4xx session."""
+
+    # --- FastRPC and the DSP -----------------------------------------------
+    FASTRPC = 100
+    OPEN_FAILED = 101
+    INVOKE_FAILED = 102
+    MMAP_FAILED = 103
+    DSP_RESTARTED = 104
+    NO_FREE_SESSION = 105
+    UNSUPPORTED = 106
+    DEVICE_NOT_FOUND = 107
+    DEVICE_ERROR = 108
+    UNKNOWN_HANDLE = 109
+    SESSION_CLOSED = 110
+    # --- memory ------------------------------------------------------------
+    DMA_BUF_ALLOC = 200
+    DMA_SIZE_OVERFLOW = 201
+    DMA_EXCEEDS_MAX_SIZE = 202
+    INVALID_FD = 203
+    SLICE_OUT_OF_RANGE = 204
+    UNKNOWN_BUFFER = 205
+    INVALID_ARGUMENT = 206
+    # --- models (the QNN skel) --------------------------------------------
+    QNN = 300
+    MODEL_NOT_LOADED = 301
+    INVALID_TENSOR_INDEX = 302
+    # --- session and shell -------------------------------------------------
+    SESSION_BUSY = 400
+    SHELL_VERIFY = 401
+
+
+# Templates use str.format fields; fields named ``rc`` or ``code`` are DSP
+# result codes and are rendered by describe_result().
+_TEMPLATES: Final[dict[ErrorCode, str]] = {
+    ErrorCode.FASTRPC: "FastRPC call failed with DSP result {rc}",
+    ErrorCode.OPEN_FAILED: "cannot open remote module {uri!r}: {code}: {detail}",
+    ErrorCode.INVOKE_FAILED: "remote invoke failed with DSP result {code}",
+    ErrorCode.MMAP_FAILED: "mapping buffer into the DSP failed: {code}",
+    ErrorCode.DSP_RESTARTED: (
+        "the DSP restarted (subsystem restart, EPIPE): every DSP handle and mapping is gone; "
+        "reopen the session"
+    ),
+    ErrorCode.NO_FREE_SESSION: (
+        "no free FastRPC session on {device} (EBUSY): every compute context bank is in use"
+    ),
+    ErrorCode.UNSUPPORTED: "not supported: {what}",
+    ErrorCode.DEVICE_NOT_FOUND: "no FastRPC device node: tried {tried}",
+    ErrorCode.DEVICE_ERROR: "{operation} failed on the FastRPC device: {reason}",
+    ErrorCode.UNKNOWN_HANDLE: "unknown remote handle {handle}",
+    ErrorCode.SESSION_CLOSED: "the FastRPC session is closed",
+    ErrorCode.DMA_BUF_ALLOC: "DMA-BUF allocation failed: {msg}",
+    ErrorCode.DMA_SIZE_OVERFLOW: "DMA buffer size {size} overflows when rounded up to a page",
+    ErrorCode.DMA_EXCEEDS_MAX_SIZE: "DMA buffer size {size} exceeds the maximum of 256 MB",
+    ErrorCode.INVALID_FD: "invalid file descriptor {fd}",
+    ErrorCode.SLICE_OUT_OF_RANGE: (
+        "slice offset {offset} length {length} is outside buffer {buffer} of {size} bytes"
+    ),
+    ErrorCode.UNKNOWN_BUFFER: "unknown buffer {buffer}",
+    ErrorCode.INVALID_ARGUMENT: "invalid argument: {detail}",
+    ErrorCode.QNN: "QNN error: {msg}",
+    ErrorCode.MODEL_NOT_LOADED: "no model is loaded",
+    ErrorCode.INVALID_TENSOR_INDEX: "invalid tensor index {index}",
+    ErrorCode.SESSION_BUSY: "the NPU session is busy",
+    ErrorCode.SHELL_VERIFY: "DSP shell verification failed: {reason}",
+}
+
+_RESULT_FIELDS: Final = frozenset({"rc", "code"})
+
+
+def template(code: ErrorCode) -> str:
+    return _TEMPLATES[code]
+
+
+def template_fields(code: ErrorCode) -> frozenset[str]:
+    """The field names a code's message needs."""
+    return frozenset(
+        name for _, name, _, _ in string.Formatter().parse(_TEMPLATES[code]) if name
+    )
+
+
+def format_message(code: ErrorCode, **fields: Any) -> str:
+    """Render ``code``'s message; missing or surplus fields are a programming error."""
+    needed = template_fields(code)
+    if set(fields) != needed:
+        raise TypeError(
+            f"{code.name} needs fields {sorted(needed)}, got {sorted(fields)}"
+        )
+    shown = {
+        name: describe_result(value) if name in _RESULT_FIELDS and isinstance(value, int) else value
+        for name, value in fields.items()
+    }
+    return _TEMPLATES[code].format(**shown)
