@@ -11,17 +11,16 @@ import errno
 from typing import Any
 
 from npu_protocol import ErrorCode, format_message
-
 from npud.fastrpc.driver import errno_name
 
 
 class FastRpcError(Exception):
     """A failure with a stable code; ``str()`` is the stable message."""
 
-    def __init__(self, code: ErrorCode, **fields: Any) -> None:
-        self.code = code
+    def __init__(self, error: ErrorCode, /, **fields: Any) -> None:
+        self.code = error
         self.fields = fields
-        super().__init__(format_message(code, **fields))
+        super().__init__(format_message(error, **fields))
 
 
 class ShellVerifyError(FastRpcError):

@@ -1,0 +1,152 @@
+"""DSP lanes: dedicated long-lived threads that run blocking FastRPC calls for trio.
+
+Nothing blocking runs on the trio thread. A :class:`LanePool` is a few
+threads on one priority queue; the daemon keeps separate pools so that
+allocation traffic never waits behind a long invoke and a realtime client
+(voice) never waits behind a background one (LLM decode).
+
+A dedicated thread is used rather than ``trio.to_thread.run_sync``: the
+thread hop costs several times more per call on these machines, and lanes
+let us block signals once so that a signal never interrupts an ioctl.
+
+Cancellation never abandons a running call: a job that has started runs to
+completion and its caller waits for it (shielded), because the DSP may be
+using memory the caller owns. A job still in the queue is dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import outcome
+import trio
+
+T = TypeVar("T")
+
+_QUEUED, _RUNNING, _DONE, _CANCELLED = range(4)
+
+
+class _Job(Generic[T]):
+    __slots__ = ("done", "fn", "lock", "result", "state", "token")
+
+    def __init__(self, fn: Callable[[], T], token: trio.lowlevel.TrioToken) -> None:
+        self.fn = fn
+        self.token = token
+        self.done = trio.Event()
+        self.lock = threading.Lock()
+        self.state = _QUEUED
+        self.result: outcome.Outcome[T] | None = None
+
+
+@dataclass(frozen=True)
+class LaneStatistics:
+    name: str
+    threads: int
+    queued: int
+    running: int
+    completed: int
+    oldest_running_seconds: float
+
+
+class LanePool:
+    """``threads`` lane threads sharing one queue ordered by (priority, arrival)."""
+
+    def __init__(self, name: str, threads: int = 1) -> None:
+        if threads < 1:
+            raise ValueError("a lane pool needs at least one thread")
+        self.name = name
+        self._queue: queue.PriorityQueue[tuple[int, int, _Job[object] | None]] = (
+            queue.PriorityQueue()
+        )
+        self._seq = itertools.count()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"lane-{name}-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        self._lock = threading.Lock()
+        self._running_since: dict[int, float] = {}
+        self._completed = 0
+        self._started = False
+
+    def start(self) -> None:
+        self._started = True
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Let queued jobs finish, end the threads; True if they all ended in time."""
+        if not self._started:
+            return True
+        for _ in self._threads:
+            # Sorts after every real job: the threads drain the queue first.
+            self._queue.put((1 << 62, next(self._seq), None))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(remaining)
+        return not any(thread.is_alive() for thread in self._threads)
+
+    async def call(self, fn: Callable[[], T], *, priority: int = 0) -> T:
+        """Run ``fn`` on a lane thread and return its result (or raise its exception)."""
+        job: _Job[T] = _Job(fn, trio.lowlevel.current_trio_token())
+        self._queue.put((priority, next(self._seq), job))  # type: ignore[arg-type]
+        try:
+            await job.done.wait()
+        except trio.Cancelled:
+            with job.lock:
+                if job.state == _QUEUED:
+                    job.state = _CANCELLED
+                    raise
+            with trio.CancelScope(shield=True):
+                await job.done.wait()
+            raise
+        assert job.result is not None
+        return job.result.unwrap()
+
+    def statistics(self) -> LaneStatistics:
+        now = time.monotonic()
+        with self._lock:
+            running = list(self._running_since.values())
+            completed = self._completed
+        return LaneStatistics(
+            name=self.name,
+            threads=len(self._threads),
+            queued=self._queue.qsize(),
+            running=len(running),
+            completed=completed,
+            oldest_running_seconds=max((now - t for t in running), default=0.0),
+        )
+
+    def alive(self) -> bool:
+        return all(thread.is_alive() for thread in self._threads)
+
+    def _run(self) -> None:
+        # Signals go to the main thread; an ioctl on a lane is never interrupted.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        ident = threading.get_ident()
+        while True:
+            _, _, job = self._queue.get()
+            if job is None:
+                return
+            with job.lock:
+                if job.state == _CANCELLED:
+                    continue
+                job.state = _RUNNING
+            with self._lock:
+                self._running_since[ident] = time.monotonic()
+            job.result = outcome.capture(job.fn)
+            with self._lock:
+                del self._running_since[ident]
+                self._completed += 1
+            job.state = _DONE
+            try:
+                job.token.run_sync_soon(job.done.set)
+            except trio.RunFinishedError:
+                pass

@@ -1,0 +1,78 @@
+"""Capability parsing, including the pre-2024 kernels that copy the answer to offset 0."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from npu_protocol import ErrorCode
+from npud.fastrpc import abi
+from npud.fastrpc.capabilities import DspCapabilities, query_capabilities, query_capability
+from npud.fastrpc.errors import FastRpcError
+
+TABLE = {abi.ARCH_VER: 0x73, abi.UNSIGNED_PD_SUPPORT: 1, abi.HVX_SUPPORT_128B: 4}
+
+
+def fixed_kernel(cap: abi.fastrpc_ioctl_capability) -> int:
+    cap.capability = TABLE.get(cap.attribute_id, 0)
+    return 0
+
+
+def old_kernel(cap: abi.fastrpc_ioctl_capability) -> int:
+    # The bug: only 4 bytes copied back, to offset 0 (over `domain`).
+    cap.domain = TABLE.get(cap.attribute_id, 0)
+    return 0
+
+
+@pytest.mark.parametrize("kernel", [fixed_kernel, old_kernel])
+def test_capabilities_read_on_both_kinds_of_kernel(kernel: object) -> None:
+    caps = query_capabilities(kernel)  # type: ignore[arg-type]
+    assert caps.available
+    assert caps.arch == "v73"
+    assert caps.arch_version == 0x73
+    assert caps.unsigned_pd
+    assert caps.hvx_128b == 4
+    assert caps.as_dict()["arch"] == "v73"
+
+
+def test_domain_field_is_cdsp() -> None:
+    seen: list[int] = []
+
+    def kernel(cap: abi.fastrpc_ioctl_capability) -> int:
+        seen.append(cap.domain)
+        return 0
+
+    query_capability(kernel, abi.ARCH_VER)
+    assert seen == [abi.CDSP_DOMAIN_ID]
+
+
+def test_dsp_without_the_api_is_reported_unavailable() -> None:
+    def kernel(cap: abi.fastrpc_ioctl_capability) -> int:
+        raise OSError(errno.EOPNOTSUPP, "no")
+
+    caps = query_capabilities(kernel)
+    assert not caps.available
+    assert caps.arch == "unknown"
+
+
+def test_epipe_propagates_for_the_caller_to_translate() -> None:
+    def kernel(cap: abi.fastrpc_ioctl_capability) -> int:
+        raise OSError(errno.EPIPE, "down")
+
+    with pytest.raises(OSError, match="down"):
+        query_capabilities(kernel)
+
+
+def test_a_dsp_error_code_is_a_fastrpc_error() -> None:
+    def kernel(cap: abi.fastrpc_ioctl_capability) -> int:
+        return 0x80000401
+
+    with pytest.raises(FastRpcError) as caught:
+        query_capabilities(kernel)
+    assert caught.value.code is ErrorCode.FASTRPC
+    assert "0x80000401 (AEE_EFAILED)" in str(caught.value)
+
+
+def test_empty_capabilities() -> None:
+    assert DspCapabilities(available=False).as_dict()["available"] is False

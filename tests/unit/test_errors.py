@@ -1,0 +1,173 @@
+"""Stable error codes and messages: a runbook contract, pinned word for word."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from npu_protocol import AEE, ErrorCode, aee_name, describe_result, format_message
+from npud.fastrpc.errors import FastRpcError, ShellVerifyError, translate_os_error
+
+# Numbers never change and are never reused.
+PINNED_NUMBERS = {
+    "FASTRPC": 100,
+    "OPEN_FAILED": 101,
+    "INVOKE_FAILED": 102,
+    "MMAP_FAILED": 103,
+    "DSP_RESTARTED": 104,
+    "NO_FREE_SESSION": 105,
+    "UNSUPPORTED": 106,
+    "DEVICE_NOT_FOUND": 107,
+    "DEVICE_ERROR": 108,
+    "UNKNOWN_HANDLE": 109,
+    "SESSION_CLOSED": 110,
+    "DMA_BUF_ALLOC": 200,
+    "DMA_SIZE_OVERFLOW": 201,
+    "DMA_EXCEEDS_MAX_SIZE": 202,
+    "INVALID_FD": 203,
+    "SLICE_OUT_OF_RANGE": 204,
+    "UNKNOWN_BUFFER": 205,
+    "INVALID_ARGUMENT": 206,
+    "QNN": 300,
+    "MODEL_NOT_LOADED": 301,
+    "INVALID_TENSOR_INDEX": 302,
+    "SESSION_BUSY": 400,
+    "SHELL_VERIFY": 401,
+}
+
+
+@pytest.mark.parametrize(("name", "number"), PINNED_NUMBERS.items())
+def test_error_numbers_are_stable(name: str, number: int) -> None:
+    assert ErrorCode[name] == number
+
+
+def test_error_numbers_are_unique() -> None:
+    values = [int(code) for code in ErrorCode]
+    assert len(values) == len(set(values))
+
+
+@pytest.mark.parametrize(
+    ("code", "fields", "message"),
+    [
+        (
+            ErrorCode.FASTRPC,
+            {"rc": 0x8000040E},
+            "FastRPC call failed with DSP result 0x8000040E (AEE_EBADPARM)",
+        ),
+        (
+            ErrorCode.OPEN_FAILED,
+            {"uri": "file:///libx_skel.so?x", "code": 0x8000043E, "detail": "no such file"},
+            "cannot open remote module 'file:///libx_skel.so?x': 0x8000043E (AEE_ENOSUCHMOD): no such file",
+        ),
+        (
+            ErrorCode.INVOKE_FAILED,
+            {"code": 0x80000414},
+            "remote invoke failed with DSP result 0x80000414 (AEE_EUNSUPPORTED)",
+        ),
+        (
+            ErrorCode.MMAP_FAILED,
+            {"code": 0x12345678},
+            "mapping buffer into the DSP failed: 0x12345678",
+        ),
+        (
+            ErrorCode.DSP_RESTARTED,
+            {},
+            "the DSP restarted (subsystem restart, EPIPE): every DSP handle and mapping is gone; reopen the session",
+        ),
+        (
+            ErrorCode.NO_FREE_SESSION,
+            {"device": "/dev/fastrpc-cdsp"},
+            "no free FastRPC session on /dev/fastrpc-cdsp (EBUSY): every compute context bank is in use",
+        ),
+        (ErrorCode.DMA_BUF_ALLOC, {"msg": "ENOMEM"}, "DMA-BUF allocation failed: ENOMEM"),
+        (
+            ErrorCode.DMA_SIZE_OVERFLOW,
+            {"size": 2**64 - 1},
+            f"DMA buffer size {2**64 - 1} overflows when rounded up to a page",
+        ),
+        (
+            ErrorCode.DMA_EXCEEDS_MAX_SIZE,
+            {"size": 268435457},
+            "DMA buffer size 268435457 exceeds the maximum of 256 MB",
+        ),
+        (ErrorCode.QNN, {"msg": "graph finalize failed"}, "QNN error: graph finalize failed"),
+        (ErrorCode.MODEL_NOT_LOADED, {}, "no model is loaded"),
+        (ErrorCode.INVALID_TENSOR_INDEX, {"index": 7}, "invalid tensor index 7"),
+        (ErrorCode.SESSION_BUSY, {}, "the NPU session is busy"),
+        (
+            ErrorCode.SHELL_VERIFY,
+            {"reason": "bad signature"},
+            "DSP shell verification failed: bad signature",
+        ),
+        (ErrorCode.INVALID_FD, {"fd": -3}, "invalid file descriptor -3"),
+        (ErrorCode.UNKNOWN_HANDLE, {"handle": 9}, "unknown remote handle 9"),
+        (
+            ErrorCode.SLICE_OUT_OF_RANGE,
+            {"offset": 10, "length": 20, "buffer": 3, "size": 16},
+            "slice offset 10 length 20 is outside buffer 3 of 16 bytes",
+        ),
+    ],
+)
+def test_messages_are_pinned(code: ErrorCode, fields: dict[str, object], message: str) -> None:
+    assert format_message(code, **fields) == message
+    assert str(FastRpcError(code, **fields)) == message
+
+
+def test_every_code_has_a_template() -> None:
+    for code in ErrorCode:
+        from npu_protocol.errors import template
+
+        assert template(code)
+
+
+def test_missing_or_surplus_fields_are_a_programming_error() -> None:
+    with pytest.raises(TypeError, match="DMA_EXCEEDS_MAX_SIZE needs fields"):
+        format_message(ErrorCode.DMA_EXCEEDS_MAX_SIZE)
+    with pytest.raises(TypeError, match="needs fields"):
+        format_message(ErrorCode.SESSION_BUSY, extra=1)
+
+
+def test_aee_names() -> None:
+    assert aee_name(0x8000040E) == "AEE_EBADPARM"
+    assert aee_name(14) == "AEE_EBADPARM"
+    assert aee_name(0x80000600) == "AEE_ERPC"
+    assert aee_name(46) == "AEE_EINTERRUPTED"
+    assert aee_name(0x7777) is None
+    assert AEE.EBADSTATE.dsp == 0x8000040D
+    assert describe_result(-0x7FFFFBF2) == "0x8000040E (AEE_EBADPARM)"  # the signed form
+    assert describe_result(0x1234) == "0x00001234"
+
+
+def test_shell_verify_error_keeps_its_reason() -> None:
+    exc = ShellVerifyError("digest mismatch")
+    assert exc.code is ErrorCode.SHELL_VERIFY
+    assert exc.reason == "digest mismatch"
+
+
+@pytest.mark.parametrize(
+    ("err", "operation", "code"),
+    [
+        (errno.EPIPE, "INVOKE", ErrorCode.DSP_RESTARTED),
+        (errno.EPIPE, "open", ErrorCode.DSP_RESTARTED),
+        (errno.EBUSY, "open", ErrorCode.NO_FREE_SESSION),
+        (errno.ENOENT, "open", ErrorCode.DEVICE_NOT_FOUND),
+        (errno.ENOTTY, "FREE_DMA_BUFF", ErrorCode.UNSUPPORTED),
+        (errno.EOPNOTSUPP, "GET_DSP_INFO", ErrorCode.UNSUPPORTED),
+        (errno.ENOMEM, "ALLOC_DMA_BUFF", ErrorCode.DMA_BUF_ALLOC),
+        (errno.EINVAL, "MEM_MAP", ErrorCode.MMAP_FAILED),
+        (errno.EINVAL, "INVOKE", ErrorCode.DEVICE_ERROR),
+        (errno.EBUSY, "INVOKE", ErrorCode.DEVICE_ERROR),
+    ],
+)
+def test_os_errors_translate_in_one_place(err: int, operation: str, code: ErrorCode) -> None:
+    translated = translate_os_error(OSError(err, "x"), operation, device="/dev/fastrpc-cdsp")
+    assert translated.code is code
+
+
+def test_translated_device_error_names_the_errno() -> None:
+    exc = translate_os_error(OSError(errno.EINVAL, "x"), "INVOKE", device="/dev/fastrpc-cdsp")
+    assert (
+        str(exc)
+        == "INVOKE on /dev/fastrpc-cdsp failed on the FastRPC device: EINVAL (Invalid argument)"
+    )
