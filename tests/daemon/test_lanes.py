@@ -1,0 +1,109 @@
+"""DSP lanes: results, errors, priority order, cancellation, signals blocked, clean stop."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+import trio
+
+from npud.lanes import LanePool
+
+
+@pytest.fixture
+def pool() -> object:
+    lanes = LanePool("test", threads=1)
+    lanes.start()
+    yield lanes
+    assert lanes.stop(timeout=5)
+
+
+async def test_call_returns_the_result_from_a_lane_thread(pool: LanePool) -> None:
+    main = threading.get_ident()
+    ident = await pool.call(threading.get_ident)
+    assert ident != main
+    assert pool.statistics().completed == 1
+
+
+async def test_exceptions_cross_back(pool: LanePool) -> None:
+    def boom() -> None:
+        raise ValueError("from the lane")
+
+    with pytest.raises(ValueError, match="from the lane"):
+        await pool.call(boom)
+
+
+async def test_signals_are_blocked_on_lanes(pool: LanePool) -> None:
+    blocked = await pool.call(lambda: signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    assert signal.SIGTERM in blocked
+    assert signal.SIGINT in blocked
+
+
+async def test_lower_priority_value_runs_first(pool: LanePool) -> None:
+    gate = threading.Event()
+    order: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pool.call, gate.wait)  # occupies the only thread
+        await trio.sleep(0.05)
+        nursery.start_soon(lambda: pool.call(lambda: order.append("background"), priority=1))
+        await trio.sleep(0.01)
+        nursery.start_soon(lambda: pool.call(lambda: order.append("normal"), priority=0))
+        await trio.sleep(0.01)
+        gate.set()
+    assert order == ["normal", "background"]
+
+
+async def test_a_queued_job_cancelled_never_runs(pool: LanePool) -> None:
+    gate = threading.Event()
+    ran: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pool.call, gate.wait)
+        await trio.sleep(0.05)
+        with trio.move_on_after(0.05):
+            await pool.call(lambda: ran.append(1))
+        gate.set()
+    await pool.call(lambda: None)  # the queue has drained past the cancelled job
+    assert ran == []
+
+
+async def test_a_running_job_is_waited_for_even_when_cancelled(pool: LanePool) -> None:
+    started = threading.Event()
+    finished = threading.Event()
+
+    def slow() -> None:
+        started.set()
+        finished.wait(5)
+
+    returned_after_finish: list[bool] = []
+
+    async def caller(scope: trio.CancelScope) -> None:
+        with scope:
+            await pool.call(slow)
+        returned_after_finish.append(finished.is_set())
+
+    scope = trio.CancelScope()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(caller, scope)
+        await trio.to_thread.run_sync(started.wait)
+        scope.cancel()
+        await trio.sleep(0.05)
+        assert not returned_after_finish  # still waiting for the running job
+        finished.set()
+    # The cancelled call returned only after the job finished.
+    assert returned_after_finish == [True]
+    assert pool.statistics().running == 0
+
+
+def test_stop_drains_and_ends_threads() -> None:
+    lanes = LanePool("drain", threads=2)
+    lanes.start()
+    assert lanes.alive()
+    assert lanes.stop(timeout=5)
+    assert not lanes.alive()
+    assert not [t for t in threading.enumerate() if t.name.startswith("lane-drain")]
+
+
+def test_a_pool_needs_a_thread() -> None:
+    with pytest.raises(ValueError, match="at least one thread"):
+        LanePool("none", threads=0)
