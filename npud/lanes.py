@@ -16,6 +16,7 @@ using memory the caller owns. A job still in the queue is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import signal
@@ -146,7 +147,6 @@ class LanePool:
                 del self._running_since[ident]
                 self._completed += 1
             job.state = _DONE
-            try:
+            # The trio run may have ended (daemon shutting down): nobody waits.
+            with contextlib.suppress(trio.RunFinishedError):
                 job.token.run_sync_soon(job.done.set)
-            except trio.RunFinishedError:
-                pass

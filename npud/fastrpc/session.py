@@ -19,7 +19,7 @@ invokes from many threads, and the listener sits in INVOKE on ``rpc_fd`` the
 whole time), so the session does not serialize INVOKE. What it does
 serialize, and why:
 
-* INIT_CREATE runs once, under ``_state_lock`` (the kernel does not stop a
+* INIT_CREATE runs once, under ``_load_lock`` (the kernel does not stop a
   second create on the same fd; the DSP's behaviour then is undefined).
 * Mapping changes of one buffer (MEM_MAP, MEM_UNMAP, release) hold that
   buffer's ``map_lock``, so a buffer is never unmapped while being mapped.
@@ -106,6 +106,7 @@ class FastRpcSession:
         self.capabilities = capabilities
         self._library_path = tuple(library_path)
         self._state_lock = threading.Lock()
+        self._load_lock = threading.Lock()  # INIT_CREATE runs once
         self._idle = threading.Condition(self._state_lock)
         self._buffers: dict[int, DmaBuffer] = {}
         self._buffer_ids = itertools.count(1)
@@ -167,7 +168,7 @@ class FastRpcSession:
         the session's lifetime (the kernel maps it into the process; when the
         DSP reads it is driver-specific). Loading twice is a no-op.
         """
-        with self._state_lock:
+        with self._load_lock:
             self._check_usable()
             if self._shell is not None:
                 return
@@ -192,8 +193,14 @@ class FastRpcSession:
                 rc = self._ioctl(self._rpc_fd, abi.FASTRPC_IOCTL_INIT_CREATE, create)
                 if rc != 0:
                     raise FastRpcError(ErrorCode.FASTRPC, rc=rc)
-                listener = ReverseRpcListener(self._invoke_raw, AppsStdServer(self._library_path))
-                listener.start()
+                listener = ReverseRpcListener(
+                    self._invoke_untracked, AppsStdServer(self._library_path)
+                )
+                try:
+                    listener.start()
+                except BaseException:
+                    self._exit_process()  # undo INIT_CREATE
+                    raise
             except BaseException:
                 self._release(buffer)
                 raise
@@ -346,24 +353,32 @@ class FastRpcSession:
     def _invoke_raw(
         self, handle: int, sc: int, inputs: Sequence[InArg], outputs: Sequence[OutArg]
     ) -> InvokeResult:
-        _check_scalars(sc, inputs, outputs)
+        """A counted invoke: close() waits for it; refused once the session is closing."""
         with self._tracked_call():
-            pinned: list[DmaBuffer] = []
-            try:
-                args, memory = self._marshal(inputs, outputs, pinned)
-                invoke = abi.fastrpc_invoke(
-                    handle=handle, sc=sc, args=ctypes.addressof(args) if len(args) else 0
-                )
-                rc = self._ioctl(self._rpc_fd, abi.FASTRPC_IOCTL_INVOKE, invoke)
-                results = tuple(
-                    None if isinstance(arg, Slice) else (raw.raw if raw is not None else b"")
-                    for arg, raw in zip(outputs, memory[len(inputs) :], strict=True)
-                )
-                return InvokeResult(rc=rc, outputs=results)
-            finally:
-                for buffer in pinned:
-                    if buffer.unpin():
-                        self._release(buffer)
+            return self._invoke_untracked(handle, sc, inputs, outputs)
+
+    def _invoke_untracked(
+        self, handle: int, sc: int, inputs: Sequence[InArg], outputs: Sequence[OutArg]
+    ) -> InvokeResult:
+        """The INVOKE itself. The listener uses it directly: its next2 stays pending
+        until the DSP process exits, which close() itself brings about."""
+        _check_scalars(sc, inputs, outputs)
+        pinned: list[DmaBuffer] = []
+        try:
+            args, memory = self._marshal(inputs, outputs, pinned)
+            invoke = abi.fastrpc_invoke(
+                handle=handle, sc=sc, args=ctypes.addressof(args) if len(args) else 0
+            )
+            rc = self._ioctl(self._rpc_fd, abi.FASTRPC_IOCTL_INVOKE, invoke)
+            results = tuple(
+                None if isinstance(arg, Slice) else (raw.raw if raw is not None else b"")
+                for arg, raw in zip(outputs, memory[len(inputs) :], strict=True)
+            )
+            return InvokeResult(rc=rc, outputs=results)
+        finally:
+            for buffer in pinned:
+                if buffer.unpin():
+                    self._release(buffer)
 
     def _marshal(
         self, inputs: Sequence[InArg], outputs: Sequence[OutArg], pinned: list[DmaBuffer]
@@ -499,16 +514,21 @@ class FastRpcSession:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _exit_process(self) -> None:
+        """Ask the DSP process to exit (adsp_current_process1.exit); best effort."""
+        if self._dead:
+            return
+        invoke = abi.fastrpc_invoke(handle=abi.ADSP_CURRENT_PROCESS1_HANDLE, sc=EXIT_SC, args=0)
+        try:
+            rc = self._ioctl(self._rpc_fd, abi.FASTRPC_IOCTL_INVOKE, invoke)
+            if rc != 0:
+                log.warning("DSP process exit answered 0x%08X", rc)
+        except FastRpcError as exc:
+            log.warning("DSP process exit failed: %s", exc)
+
     def _end_process(self, listener: ReverseRpcListener) -> None:
-        """Ask the DSP process to exit, which completes the listener's next2."""
-        if not self._dead:
-            invoke = abi.fastrpc_invoke(handle=abi.ADSP_CURRENT_PROCESS1_HANDLE, sc=EXIT_SC, args=0)
-            try:
-                rc = self._ioctl(self._rpc_fd, abi.FASTRPC_IOCTL_INVOKE, invoke)
-                if rc != 0:
-                    log.warning("DSP process exit answered 0x%08X", rc)
-            except FastRpcError as exc:
-                log.warning("DSP process exit failed: %s", exc)
+        """End the DSP process, which completes the listener's pending next2, and join it."""
+        self._exit_process()
         if not listener.join(LISTENER_JOIN_TIMEOUT):
             # Closing the fds below still works: the kernel releases the file
             # once the listener's ioctl returns.

@@ -22,7 +22,8 @@ MAX_DMA_SIZE: Final = 256 * 1024 * 1024
 
 
 class ErrorCode(enum.IntEnum):
-    """Stable numbers. 1xx FastRPC/DSP, 2xx memory, 3xx models, 4xx session."""
+    """Stable numbers. 1xx FastRPC/DSP, 2xx memory, 3xx models, 4xx session,
+    5xx wire protocol, 6xx admission and service."""
 
     # --- FastRPC and the DSP -----------------------------------------------
     FASTRPC = 100
@@ -51,6 +52,26 @@ class ErrorCode(enum.IntEnum):
     # --- session and shell -------------------------------------------------
     SESSION_BUSY = 400
     SHELL_VERIFY = 401
+    # --- wire protocol (npu_protocol framing, messages, state machine) -----
+    FRAME_TOO_LARGE = 500
+    BAD_FRAME_HEADER = 501
+    TOO_MANY_FDS = 502
+    MISSING_FDS = 503
+    FD_COUNT_MISMATCH = 504
+    FDS_TRUNCATED = 505
+    BAD_MESSAGE = 506
+    UNEXPECTED_MESSAGE = 507
+    UNSUPPORTED_VERSION = 508
+    DUPLICATE_REQUEST_ID = 509
+    UNKNOWN_REQUEST_ID = 510
+    TOO_MANY_IN_FLIGHT = 511
+    TRUNCATED_FRAME = 512
+    CONNECTION_CLOSED = 513
+    # --- admission and service ---------------------------------------------
+    NOT_PERMITTED = 600
+    QUOTA_EXCEEDED = 601
+    TIMEOUT = 602
+    SHUTTING_DOWN = 603
 
 
 # Templates use str.format fields; fields named ``rc`` or ``code`` are DSP
@@ -86,6 +107,36 @@ _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.INVALID_TENSOR_INDEX: "invalid tensor index {index}",
     ErrorCode.SESSION_BUSY: "the NPU session is busy",
     ErrorCode.SHELL_VERIFY: "DSP shell verification failed: {reason}",
+    ErrorCode.FRAME_TOO_LARGE: "frame of {size} bytes exceeds the limit of {limit} bytes",
+    ErrorCode.BAD_FRAME_HEADER: "bad frame header: {detail}",
+    ErrorCode.TOO_MANY_FDS: "frame declares {count} fds, more than the limit of {limit}",
+    ErrorCode.MISSING_FDS: (
+        "frame declares {declared} fds but {received} arrived with its first byte"
+    ),
+    ErrorCode.FD_COUNT_MISMATCH: (
+        "{message} carries {expected} fds but its frame declares {declared}"
+    ),
+    ErrorCode.FDS_TRUNCATED: (
+        "ancillary data was truncated (MSG_CTRUNC): file descriptors were lost"
+    ),
+    ErrorCode.BAD_MESSAGE: "malformed message: {detail}",
+    ErrorCode.UNEXPECTED_MESSAGE: "unexpected {message} message: {reason}",
+    ErrorCode.UNSUPPORTED_VERSION: (
+        "protocol version {version} is not supported: this side speaks {minimum} to {maximum}"
+    ),
+    ErrorCode.DUPLICATE_REQUEST_ID: "request id {request_id} is already in flight",
+    ErrorCode.UNKNOWN_REQUEST_ID: (
+        "{message} answers request id {request_id}, which is not in flight"
+    ),
+    ErrorCode.TOO_MANY_IN_FLIGHT: "more than {limit} requests in flight",
+    ErrorCode.TRUNCATED_FRAME: (
+        "the connection closed in the middle of a frame ({buffered} bytes buffered)"
+    ),
+    ErrorCode.CONNECTION_CLOSED: "the connection is closed",
+    ErrorCode.NOT_PERMITTED: "not permitted: {detail}",
+    ErrorCode.QUOTA_EXCEEDED: "{resource} quota exceeded: the limit is {limit}",
+    ErrorCode.TIMEOUT: "{operation} did not finish within {timeout_ms} ms",
+    ErrorCode.SHUTTING_DOWN: "npud is shutting down",
 }
 
 _RESULT_FIELDS: Final = frozenset({"rc", "code"})
@@ -97,18 +148,14 @@ def template(code: ErrorCode) -> str:
 
 def template_fields(code: ErrorCode) -> frozenset[str]:
     """The field names a code's message needs."""
-    return frozenset(
-        name for _, name, _, _ in string.Formatter().parse(_TEMPLATES[code]) if name
-    )
+    return frozenset(name for _, name, _, _ in string.Formatter().parse(_TEMPLATES[code]) if name)
 
 
-def format_message(code: ErrorCode, **fields: Any) -> str:
+def format_message(code: ErrorCode, /, **fields: Any) -> str:
     """Render ``code``'s message; missing or surplus fields are a programming error."""
     needed = template_fields(code)
     if set(fields) != needed:
-        raise TypeError(
-            f"{code.name} needs fields {sorted(needed)}, got {sorted(fields)}"
-        )
+        raise TypeError(f"{code.name} needs fields {sorted(needed)}, got {sorted(fields)}")
     shown = {
         name: describe_result(value) if name in _RESULT_FIELDS and isinstance(value, int) else value
         for name, value in fields.items()

@@ -1,0 +1,382 @@
+"""Every message on the wire: one tagged union per direction.
+
+A message is a msgpack map; its ``type`` key names it and the other keys are
+its fields. Decoders ignore keys they do not know, and every field added after
+version 1 must have a default, so either side can grow fields without breaking
+the other. A new message *type* needs a new protocol version (see PROTOCOL.md).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Final, TypeAlias
+
+import msgspec
+
+from npu_protocol._records import ClientLimits, DaemonStatus, DspCapabilities, Priority
+from npu_protocol._scalars import make_scalars, split_scalars
+from npu_protocol._wire import (
+    MAX_ARGS,
+    MAX_ERROR_FIELDS,
+    MAX_PING_PAYLOAD,
+    PROTOCOL_VERSION,
+    U16,
+    U32,
+    U63,
+    BufferOffset,
+    BufferSize,
+    ClientName,
+    FdSlot,
+    InlineBytes,
+    InlineCapacity,
+    LongText,
+    Method,
+    Name,
+    ObjectId,
+    ProtocolVersion,
+    RequestId,
+    Text,
+    TimeoutMs,
+    Uri,
+)
+from npu_protocol.errors import MAX_DMA_SIZE, ErrorCode, format_message
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every top-level message."""
+
+    fd_fields: ClassVar[tuple[str, ...]] = ()
+    """Fields that hold an fd. In Python they hold the fd number of this process;
+    on the wire they hold the fd's index among the frame's fds."""
+
+
+# --- handshake ------------------------------------------------------------------
+
+
+class Hello(Message, tag="hello", frozen=True, kw_only=True):
+    """The client's first frame."""
+
+    protocol_version: ProtocolVersion = PROTOCOL_VERSION
+    """The newest version the client speaks; the server answers with one it also speaks."""
+    client_name: ClientName
+    priority: Priority = Priority.NORMAL
+    """The class the client asks for."""
+
+
+class Welcome(Message, tag="welcome", frozen=True, kw_only=True):
+    """The server's answer to an acceptable Hello."""
+
+    server_version: Name
+    protocol_version: ProtocolVersion
+    """The version both sides speak from now on."""
+    backend: Name
+    """``kernel`` on a device, ``emulator`` on the in-process emulator."""
+    dsp: DspCapabilities
+    limits: ClientLimits
+    epoch: U63
+    """The current session epoch (see SessionRestarted)."""
+
+
+class ErrorMessage(Message, tag="error", frozen=True, kw_only=True):
+    """A failure: the answer to request ``id``, or, with no id, the reason the
+    server is closing the connection (a refused Hello or a protocol violation)."""
+
+    id: RequestId | None = None
+    code: U16
+    """An ErrorCode number; a client must accept numbers it does not know."""
+    message: LongText
+    """The code's template rendered with ``fields``."""
+    fields: Annotated[dict[Name, int | Text], msgspec.Meta(max_length=MAX_ERROR_FIELDS)] = {}
+
+    @classmethod
+    def for_code(cls, code: ErrorCode, /, *, id: int | None = None, **fields: Any) -> ErrorMessage:
+        """Render ``code``'s template; integer fields travel as integers, others as text."""
+        return cls(
+            id=id,
+            code=int(code),
+            message=_clip(format_message(code, **fields), _MESSAGE_LIMIT),
+            fields={name: _wire_field(value) for name, value in fields.items()},
+        )
+
+    @property
+    def error_code(self) -> ErrorCode | None:
+        """The code as an ErrorCode, or None for a number this package does not know."""
+        try:
+            return ErrorCode(self.code)
+        except ValueError:
+            return None
+
+
+_MESSAGE_LIMIT: Final = 4096
+_FIELD_LIMIT: Final = 1024
+
+
+def _wire_field(value: object) -> int | str:
+    """Integers travel as integers (DSP result codes stay machine-readable), the rest as text."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return _clip(str(value), _FIELD_LIMIT)
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, so a long detail never makes an error unsendable."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- requests -------------------------------------------------------------------
+
+
+class Request(Message, frozen=True, kw_only=True):
+    """Base of the client's requests."""
+
+    id: RequestId
+
+
+class AllocRequest(Request, tag="alloc", frozen=True, kw_only=True):
+    """Allocate a DMA-BUF; the reply carries its fd."""
+
+    size: BufferSize
+
+
+class FreeRequest(Request, tag="free", frozen=True, kw_only=True):
+    """Release a buffer (unmapping it from the DSP first if it is mapped)."""
+
+    buffer: ObjectId
+
+
+class MapRequest(Request, tag="map", frozen=True, kw_only=True):
+    """Map a whole buffer into the DSP's address space."""
+
+    buffer: ObjectId
+
+
+class UnmapRequest(Request, tag="unmap", frozen=True, kw_only=True):
+    buffer: ObjectId
+
+
+class OpenRequest(Request, tag="open", frozen=True, kw_only=True):
+    """remotectl open: load a skel on the DSP."""
+
+    uri: Uri
+
+
+class CloseRequest(Request, tag="close", frozen=True, kw_only=True):
+    handle: ObjectId
+
+
+class _Arg(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of invoke arguments: small tagged maps."""
+
+
+class InlineInput(_Arg, tag="inline", frozen=True, kw_only=True):
+    """Input bytes carried in the frame."""
+
+    data: InlineBytes
+
+
+class InlineOutput(_Arg, tag="inline", frozen=True, kw_only=True):
+    """An output the server returns in the reply, ``capacity`` bytes long."""
+
+    capacity: InlineCapacity
+
+
+class BufferSlice(_Arg, tag="slice", frozen=True, kw_only=True):
+    """Bytes ``[offset, offset + length)`` of one of this connection's buffers."""
+
+    buffer: ObjectId
+    offset: BufferOffset = 0
+    length: BufferOffset
+
+    def __post_init__(self) -> None:
+        if self.offset + self.length > MAX_DMA_SIZE:
+            raise ValueError(
+                f"slice offset {self.offset} length {self.length} ends past {MAX_DMA_SIZE}"
+            )
+
+
+InputArg: TypeAlias = InlineInput | BufferSlice
+OutputArg: TypeAlias = InlineOutput | BufferSlice
+
+
+class InvokeRequest(Request, tag="invoke", frozen=True, kw_only=True):
+    """Call method ``method`` (or scalars word ``sc``) on an open handle.
+
+    Exactly one of ``method`` and ``sc`` is set. With ``method`` the scalars
+    word is built from the argument counts; with ``sc`` its buffer counts must
+    equal the argument counts and its handle counts must be zero.
+    """
+
+    handle: ObjectId
+    method: Method | None = None
+    sc: U32 | None = None
+    inputs: Annotated[tuple[InputArg, ...], msgspec.Meta(max_length=MAX_ARGS)] = ()
+    outputs: Annotated[tuple[OutputArg, ...], msgspec.Meta(max_length=MAX_ARGS)] = ()
+    timeout_ms: TimeoutMs | None = None
+    """None: the connection's default_timeout_ms applies."""
+
+    def __post_init__(self) -> None:
+        if (self.method is None) == (self.sc is None):
+            raise ValueError("exactly one of method and sc must be given")
+        if self.sc is None:
+            return
+        fields = split_scalars(self.sc)
+        if (fields.inbufs, fields.outbufs) != (len(self.inputs), len(self.outputs)):
+            raise ValueError(
+                f"sc 0x{self.sc:08X} declares {fields.inbufs} inputs and {fields.outbufs} "
+                f"outputs, the invoke has {len(self.inputs)} and {len(self.outputs)}"
+            )
+        if fields.inhandles or fields.outhandles:
+            raise ValueError(
+                f"sc 0x{self.sc:08X} declares handle arguments, which are not supported"
+            )
+
+    @property
+    def scalars(self) -> int:
+        """The scalars word the DSP receives."""
+        if self.sc is not None:
+            return self.sc
+        assert self.method is not None  # __post_init__ guarantees one of the two
+        return make_scalars(self.method, len(self.inputs), len(self.outputs))
+
+    @property
+    def inline_input_bytes(self) -> int:
+        return sum(len(arg.data) for arg in self.inputs if isinstance(arg, InlineInput))
+
+    @property
+    def inline_output_bytes(self) -> int:
+        return sum(arg.capacity for arg in self.outputs if isinstance(arg, InlineOutput))
+
+
+class StatusRequest(Request, tag="status", frozen=True, kw_only=True):
+    pass
+
+
+class PingRequest(Request, tag="ping", frozen=True, kw_only=True):
+    payload: Annotated[bytes, msgspec.Meta(max_length=MAX_PING_PAYLOAD)] = b""
+
+
+# --- replies ----------------------------------------------------------------------
+
+
+class Reply(Message, frozen=True, kw_only=True):
+    """Base of the server's successful answers; ``id`` is the request's."""
+
+    id: RequestId
+
+
+class AllocReply(Reply, tag="alloc_reply", frozen=True, kw_only=True):
+    """The new buffer. Its DMA-BUF travels as the frame's only fd."""
+
+    fd_fields: ClassVar[tuple[str, ...]] = ("fd",)
+    buffer: ObjectId
+    size: BufferSize
+    """The allocated size: the requested size rounded up to whole pages."""
+    fd: FdSlot
+
+
+class FreeReply(Reply, tag="free_reply", frozen=True, kw_only=True):
+    pass
+
+
+class MapReply(Reply, tag="map_reply", frozen=True, kw_only=True):
+    dsp_address: U63
+
+
+class UnmapReply(Reply, tag="unmap_reply", frozen=True, kw_only=True):
+    pass
+
+
+class OpenReply(Reply, tag="open_reply", frozen=True, kw_only=True):
+    handle: ObjectId
+
+
+class CloseReply(Reply, tag="close_reply", frozen=True, kw_only=True):
+    pass
+
+
+class InvokeReply(Reply, tag="invoke_reply", frozen=True, kw_only=True):
+    """One entry per requested output, in order: the bytes of an inline output
+    (at most its capacity), None for a buffer slice (the data is in the buffer)."""
+
+    outputs: Annotated[tuple[InlineBytes | None, ...], msgspec.Meta(max_length=MAX_ARGS)] = ()
+
+
+class StatusReply(Reply, tag="status_reply", frozen=True, kw_only=True):
+    status: DaemonStatus
+
+
+class PongReply(Reply, tag="pong", frozen=True, kw_only=True):
+    payload: Annotated[bytes, msgspec.Meta(max_length=MAX_PING_PAYLOAD)] = b""
+
+
+# --- server events --------------------------------------------------------------------
+
+
+class SessionRestarted(Message, tag="session_restarted", frozen=True, kw_only=True):
+    """The DSP session restarted: every handle and DSP mapping of earlier epochs
+    is gone (requests naming them fail); buffers and their fds stay valid."""
+
+    epoch: U63
+    reason: Text = ""
+
+
+class ShuttingDown(Message, tag="shutting_down", frozen=True, kw_only=True):
+    """The server stops accepting requests (new ones fail with SHUTTING_DOWN),
+    answers those in flight and then closes the connection."""
+
+    reason: Text = ""
+    grace_ms: U32 | None = None
+    """How long in-flight requests may still take before they are failed."""
+
+
+# --- the unions ------------------------------------------------------------------------
+
+AnyRequest: TypeAlias = (
+    AllocRequest
+    | FreeRequest
+    | MapRequest
+    | UnmapRequest
+    | OpenRequest
+    | CloseRequest
+    | InvokeRequest
+    | StatusRequest
+    | PingRequest
+)
+AnyReply: TypeAlias = (
+    AllocReply
+    | FreeReply
+    | MapReply
+    | UnmapReply
+    | OpenReply
+    | CloseReply
+    | InvokeReply
+    | StatusReply
+    | PongReply
+)
+ServerEvent: TypeAlias = SessionRestarted | ShuttingDown
+
+ClientMessage: TypeAlias = Hello | AnyRequest
+"""What a client sends and a server receives."""
+
+ServerMessage: TypeAlias = Welcome | ErrorMessage | AnyReply | ServerEvent
+"""What a server sends and a client receives."""
+
+REPLY_TYPES: Final[dict[type[Request], type[Reply]]] = {
+    AllocRequest: AllocReply,
+    FreeRequest: FreeReply,
+    MapRequest: MapReply,
+    UnmapRequest: UnmapReply,
+    OpenRequest: OpenReply,
+    CloseRequest: CloseReply,
+    InvokeRequest: InvokeReply,
+    StatusRequest: StatusReply,
+    PingRequest: PongReply,
+}
+"""The successful reply type of each request type (an ErrorMessage may answer any)."""
+
+
+def tag_of(message: Message | type[Message]) -> str:
+    """The ``type`` string a message travels under."""
+    cls = message if isinstance(message, type) else type(message)
+    tag = cls.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag

@@ -1,0 +1,152 @@
+"""Plain records nested inside messages: priorities, capabilities, limits, status.
+
+These are untagged msgpack maps keyed by field name. Every field that is not
+required has a default, so a newer peer may add fields and an older peer
+simply ignores the keys it does not know.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import msgspec
+
+from npu_protocol._wire import (
+    DEFAULT_MAX_FRAME_SIZE,
+    INLINE_RESERVE,
+    MAX_STATUS_CLIENTS,
+    U32,
+    U63,
+    FrameSizeLimit,
+    InlineCapacity,
+    Name,
+    Text,
+    TimeoutMs,
+)
+
+
+class Priority(enum.StrEnum):
+    """Scheduling class a client asks for in its Hello (sent as the lower-case name).
+
+    ``realtime`` is for latency-bound streams (voice: VAD, STT, TTS); ``normal``
+    for interactive tools; ``background`` for throughput work that may wait
+    (LLM decode, batch jobs). The server may grant a lower class than asked.
+    """
+
+    REALTIME = "realtime"
+    NORMAL = "normal"
+    BACKGROUND = "background"
+
+
+class _Record(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of the untagged nested maps."""
+
+
+class DspCapabilities(_Record, frozen=True, kw_only=True):
+    """What the DSP reported through GET_DSP_INFO (attribute ids in parentheses).
+
+    Zero means "not supported" or "not reported".
+    """
+
+    domain: Name = "cdsp"
+    unsigned_pd_support: U32 = 0  # 1
+    hvx_support_64b: U32 = 0  # 2
+    hvx_support_128b: U32 = 0  # 3
+    vtcm_page: U32 = 0  # 4
+    vtcm_count: U32 = 0  # 5
+    arch_ver: U32 = 0  # 6
+    hmx_support_depth: U32 = 0  # 7
+    hmx_support_spatial: U32 = 0  # 8
+    async_fastrpc_support: U32 = 0  # 9
+    status_notification_support: U32 = 0  # 10
+    mcid_multicast: U32 = 0  # 11
+
+
+class ClientLimits(_Record, frozen=True, kw_only=True):
+    """The limits the server applies to this connection, announced in the Welcome."""
+
+    priority: Priority
+    """The class granted, possibly lower than the one requested."""
+    max_frame_size: FrameSizeLimit = DEFAULT_MAX_FRAME_SIZE
+    """Largest frame payload either side may send from now on."""
+    max_in_flight: Annotated[int, msgspec.Meta(ge=1, le=0xFFFF)] = 64
+    """Requests the client may have sent and not yet seen answered."""
+    max_inline_bytes: InlineCapacity = DEFAULT_MAX_FRAME_SIZE - INLINE_RESERVE
+    """Per invoke: the sum of inline input lengths, and separately the sum of
+    inline output capacities, may not exceed this."""
+    max_buffers: U32 = 1024
+    max_buffer_bytes: U63 = 1 << 30
+    """Sum of the sizes of this client's live buffers."""
+    max_handles: U32 = 64
+    max_timeout_ms: TimeoutMs = 600_000
+    default_timeout_ms: TimeoutMs | None = None
+    """Applied to invokes that carry no timeout; None waits for the DSP."""
+
+    def __post_init__(self) -> None:
+        # An invoke within the inline limit must always fit in one frame.
+        if self.max_inline_bytes > self.max_frame_size - INLINE_RESERVE:
+            raise ValueError(
+                f"max_inline_bytes {self.max_inline_bytes} leaves less than "
+                f"{INLINE_RESERVE} bytes of a {self.max_frame_size}-byte frame"
+            )
+        if self.default_timeout_ms is not None and self.default_timeout_ms > self.max_timeout_ms:
+            raise ValueError(
+                f"default_timeout_ms {self.default_timeout_ms} exceeds "
+                f"max_timeout_ms {self.max_timeout_ms}"
+            )
+
+
+class ShellStatus(_Record, frozen=True, kw_only=True):
+    """Outcome of verifying the DSP shell image at start-up."""
+
+    verified: bool
+    path: Text = ""
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^([0-9a-f]{64})?$")] = ""
+    detail: Text = ""
+
+
+class Totals(_Record, frozen=True, kw_only=True):
+    """Daemon-wide sums over every connected client."""
+
+    clients: U32 = 0
+    buffers: U32 = 0
+    bytes: U63 = 0
+    mappings: U32 = 0
+    handles: U32 = 0
+    calls_in_flight: U32 = 0
+    calls_done: U63 = 0
+
+
+class ClientRow(_Record, frozen=True, kw_only=True):
+    """One connected client as the status reply shows it."""
+
+    pid: U32
+    uid: U32
+    name: Name
+    priority: Name
+    """A Priority value; kept as text so an older reader accepts newer classes."""
+    buffers: U32 = 0
+    bytes: U63 = 0
+    mappings: U32 = 0
+    handles: U32 = 0
+    calls_in_flight: U32 = 0
+    calls_done: U63 = 0
+
+
+class DaemonStatus(_Record, frozen=True, kw_only=True):
+    """Everything ``npuctl status`` shows."""
+
+    daemon_version: Name
+    uptime_ms: U63
+    backend: Name
+    """``kernel`` on a device, ``emulator`` on the in-process emulator."""
+    device: Text
+    """The FastRPC device node in use."""
+    dsp: DspCapabilities
+    shell: ShellStatus
+    epoch: U63
+    """Session epoch: starts at 1 and grows by one at every DSP session restart."""
+    restarts: U32 = 0
+    totals: Totals = msgspec.field(default_factory=Totals)
+    clients: Annotated[tuple[ClientRow, ...], msgspec.Meta(max_length=MAX_STATUS_CLIENTS)] = ()

@@ -1,0 +1,133 @@
+"""The server's end: receives the Hello and requests, sends everything else."""
+
+from __future__ import annotations
+
+import typing
+from typing import Final
+
+import msgspec
+
+from npu_protocol._connection import Connection, Expectation
+from npu_protocol._events import ConnectionState
+from npu_protocol._exceptions import LocalProtocolError, RemoteProtocolError
+from npu_protocol._messages import (
+    ClientMessage,
+    ErrorMessage,
+    Hello,
+    Message,
+    Reply,
+    ServerMessage,
+    Welcome,
+    tag_of,
+)
+from npu_protocol._wire import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
+from npu_protocol.errors import ErrorCode
+
+_SERVER_DECODER: Final = msgspec.msgpack.Decoder(ServerMessage)
+_CLIENT_DECODER: Final = msgspec.msgpack.Decoder(ClientMessage)
+_SERVER_TYPES: Final = typing.get_args(ServerMessage)
+
+
+def choose_protocol_version(offered: int) -> int | None:
+    """The version to put in the Welcome for a Hello offering ``offered``, or
+    None if there is none (answer ``ErrorCode.UNSUPPORTED_VERSION`` and close)."""
+    version = min(offered, PROTOCOL_VERSION)
+    return version if version >= MIN_PROTOCOL_VERSION else None
+
+
+class ServerConnection(Connection[ClientMessage, ServerMessage]):
+    """Sans-IO server: receive a Hello, send a Welcome (or an ErrorMessage
+    without id), then answer each request once, in any order."""
+
+    def __init__(self) -> None:
+        super().__init__(_CLIENT_DECODER, _SERVER_DECODER, _SERVER_TYPES)
+        self._hello: Hello | None = None
+
+    @property
+    def hello(self) -> Hello | None:
+        """The client's Hello, once received."""
+        return self._hello
+
+    # --- sending -------------------------------------------------------------------
+
+    def _check_send(self, message: ServerMessage) -> None:
+        if isinstance(message, ErrorMessage) and message.id is None:
+            # Refusing a client, or saying why we close, is possible at any
+            # point until the connection is closed, even after a peer error.
+            if self._state is ConnectionState.CLOSED:
+                raise LocalProtocolError(ErrorCode.CONNECTION_CLOSED)
+            return
+        self._refuse_when_closed()
+        if isinstance(message, Welcome):
+            self._check_welcome(message)
+            return
+        if self._state is not ConnectionState.READY:
+            raise _refused(message, "the Welcome has not been sent")
+        if isinstance(message, ErrorMessage | Reply):
+            self._check_answer(message)
+
+    def _check_welcome(self, welcome: Welcome) -> None:
+        if self._state is not ConnectionState.HANDSHAKE:
+            reason = "the Welcome was already sent" if self._hello else "no Hello has arrived"
+            raise _refused(welcome, reason)
+        assert self._hello is not None  # HANDSHAKE implies a Hello arrived
+        highest = min(self._hello.protocol_version, PROTOCOL_VERSION)
+        if not MIN_PROTOCOL_VERSION <= welcome.protocol_version <= highest:
+            raise LocalProtocolError(
+                ErrorCode.UNSUPPORTED_VERSION,
+                version=welcome.protocol_version,
+                minimum=MIN_PROTOCOL_VERSION,
+                maximum=highest,
+            )
+
+    def _check_answer(self, answer: ErrorMessage | Reply) -> None:
+        assert answer.id is not None  # an ErrorMessage without id was handled before
+        expectation = self._in_flight.get(answer.id)
+        if expectation is None:
+            raise LocalProtocolError(
+                ErrorCode.UNKNOWN_REQUEST_ID, message=tag_of(answer), request_id=answer.id
+            )
+        if isinstance(answer, Reply):
+            problem = expectation.problem_with(answer)
+            if problem is not None:
+                raise _refused(answer, problem)
+
+    def _after_send(self, message: ServerMessage) -> None:
+        if isinstance(message, ErrorMessage) and message.id is None:
+            self._state = ConnectionState.CLOSED
+        elif isinstance(message, Welcome):
+            self._adopt_limits(message.limits)
+            self._state = ConnectionState.READY
+        elif isinstance(message, ErrorMessage | Reply):
+            assert message.id is not None
+            del self._in_flight[message.id]
+
+    # --- receiving -----------------------------------------------------------------
+
+    def _on_receive(self, message: ClientMessage) -> None:
+        if self._state is ConnectionState.START:
+            if not isinstance(message, Hello):
+                raise _unexpected(message, "the first message must be a Hello")
+            self._hello = message
+            self._state = ConnectionState.HANDSHAKE
+            return
+        if self._state is ConnectionState.HANDSHAKE:
+            raise _unexpected(message, "the client must wait for the Welcome")
+        if isinstance(message, Hello):
+            raise _unexpected(message, "the handshake is over")
+        if message.id in self._in_flight:
+            raise RemoteProtocolError(ErrorCode.DUPLICATE_REQUEST_ID, request_id=message.id)
+        assert self._limits is not None  # READY implies a Welcome
+        if len(self._in_flight) >= self._limits.max_in_flight:
+            raise RemoteProtocolError(
+                ErrorCode.TOO_MANY_IN_FLIGHT, limit=self._limits.max_in_flight
+            )
+        self._in_flight[message.id] = Expectation.of(message)
+
+
+def _unexpected(message: Message, reason: str) -> RemoteProtocolError:
+    return RemoteProtocolError(ErrorCode.UNEXPECTED_MESSAGE, message=tag_of(message), reason=reason)
+
+
+def _refused(message: Message, reason: str) -> LocalProtocolError:
+    return LocalProtocolError(ErrorCode.UNEXPECTED_MESSAGE, message=tag_of(message), reason=reason)
