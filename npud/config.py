@@ -69,6 +69,9 @@ class AccessConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     allow_uids: tuple[_Id, ...] = ()
     allow_gids: tuple[_Id, ...] = ()
     """Peers allowed to connect, by SO_PEERCRED. Root and the daemon's own uid always are."""
+    realtime_uids: tuple[_Id, ...] = ()
+    realtime_gids: tuple[_Id, ...] = ()
+    """Who may be granted the realtime class. Both empty: every allowed peer may."""
 
 
 class ClientLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

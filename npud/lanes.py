@@ -17,7 +17,9 @@ using memory the caller owns. A job still in the queue is dropped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+import math
 import queue
 import signal
 import threading
@@ -27,23 +29,37 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import outcome
+import structlog
 import trio
+
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
 _QUEUED, _RUNNING, _DONE, _CANCELLED = range(4)
 
 
-class _Job(Generic[T]):
-    __slots__ = ("done", "fn", "lock", "result", "state", "token")
+class LaneTimeoutError(Exception):
+    """The caller stopped waiting; a job already running goes on."""
 
-    def __init__(self, fn: Callable[[], T], token: trio.lowlevel.TrioToken) -> None:
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no result within {seconds:g} s")
+        self.seconds = seconds
+
+
+class _Job(Generic[T]):
+    __slots__ = ("done", "fn", "lock", "on_abandoned", "result", "state", "token")
+
+    def __init__(self, fn: Callable[[], T], token: trio.lowlevel.TrioToken | None) -> None:
         self.fn = fn
-        self.token = token
+        self.token = token  # None: nobody waits (submit)
         self.done = trio.Event()
         self.lock = threading.Lock()
         self.state = _QUEUED
         self.result: outcome.Outcome[T] | None = None
+        # Set when the waiter timed out while the job ran: the lane hands the
+        # result to it, so nothing the job created is lost.
+        self.on_abandoned: Callable[[T], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,22 +110,72 @@ class LanePool:
             thread.join(remaining)
         return not any(thread.is_alive() for thread in self._threads)
 
-    async def call(self, fn: Callable[[], T], *, priority: int = 0) -> T:
-        """Run ``fn`` on a lane thread and return its result (or raise its exception)."""
+    async def call(
+        self,
+        fn: Callable[[], T],
+        *,
+        priority: int = 0,
+        timeout: float | None = None,
+        on_abandoned: Callable[[T], object] | None = None,
+    ) -> T:
+        """Run ``fn`` on a lane thread and return its result (or raise its exception).
+
+        ``timeout``: give up waiting after this many seconds with
+        :class:`LaneTimeoutError`; a job that has not started is dropped, a running
+        one goes on (its memory is owned by the job, not by the waiter).
+        Cancellation waits for a running job. ``on_abandoned`` receives the
+        result of a job that completed after its caller went away (timed out or
+        cancelled), so what it created can be released; it runs on a lane.
+        """
         job: _Job[T] = _Job(fn, trio.lowlevel.current_trio_token())
         self._queue.put((priority, next(self._seq), job))  # type: ignore[arg-type]
         try:
-            await job.done.wait()
+            with trio.move_on_after(math.inf if timeout is None else timeout):
+                await job.done.wait()
         except trio.Cancelled:
-            with job.lock:
-                if job.state == _QUEUED:
-                    job.state = _CANCELLED
-                    raise
+            if self._drop_if_queued(job):
+                raise
             with trio.CancelScope(shield=True):
                 await job.done.wait()
+            self._abandon(job, on_abandoned)
             raise
+        if not job.done.is_set():
+            with job.lock:
+                finished_meanwhile = job.state == _DONE
+                if job.state == _QUEUED:
+                    job.state = _CANCELLED
+                elif job.state == _RUNNING:
+                    job.on_abandoned = on_abandoned  # the lane delivers the result to it
+            if finished_meanwhile:
+                self._abandon(job, on_abandoned)
+            raise LaneTimeoutError(timeout or 0.0)
         assert job.result is not None
         return job.result.unwrap()
+
+    def submit(self, fn: Callable[[], object], *, priority: int = 0) -> None:
+        """Run ``fn`` on a lane without waiting; its failure is logged, not raised."""
+
+        def logged() -> None:
+            try:
+                fn()
+            except Exception:
+                log.exception("lane job failed", lane=self.name)
+
+        self._queue.put((priority, next(self._seq), _Job(logged, None)))
+
+    @staticmethod
+    def _drop_if_queued(job: _Job[T]) -> bool:
+        with job.lock:
+            if job.state == _QUEUED:
+                job.state = _CANCELLED
+                return True
+            return False
+
+    def _abandon(self, job: _Job[T], on_abandoned: Callable[[T], object] | None) -> None:
+        if on_abandoned is None or job.result is None or not isinstance(job.result, outcome.Value):
+            return
+        value = job.result.value
+        self.submit(lambda: on_abandoned(value))
 
     def statistics(self) -> LaneStatistics:
         now = time.monotonic()
@@ -142,11 +208,17 @@ class LanePool:
                 job.state = _RUNNING
             with self._lock:
                 self._running_since[ident] = time.monotonic()
-            job.result = outcome.capture(job.fn)
+            result = outcome.capture(job.fn)
             with self._lock:
                 del self._running_since[ident]
                 self._completed += 1
-            job.state = _DONE
-            # The trio run may have ended (daemon shutting down): nobody waits.
-            with contextlib.suppress(trio.RunFinishedError):
-                job.token.run_sync_soon(job.done.set)
+            with job.lock:
+                job.result = result
+                job.state = _DONE
+                on_abandoned, job.on_abandoned = job.on_abandoned, None
+            if on_abandoned is not None and isinstance(result, outcome.Value):
+                self.submit(functools.partial(on_abandoned, result.value))
+            if job.token is not None:
+                # The trio run may have ended (daemon shutting down): nobody waits.
+                with contextlib.suppress(trio.RunFinishedError):
+                    job.token.run_sync_soon(job.done.set)

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Regenerate the DEVELOPMENT shell in config/dev/ and sign it with the development key.
+"""Regenerate the DEVELOPMENT shell in npud/devshell/ and sign it with the development key.
 
 Writes ``fastrpc_shell_unsigned_3`` (an ELF32 header for EM_QDSP6 plus a note
 saying what the file is; no code), its ``.sha256`` and its ``.sig``. Ed25519
 signatures are deterministic, so the output is the same byte for byte on
 every run, and a test checks the committed files against it.
 
-    python scripts/make_dev_shell.py              # rewrite config/dev/
-    python scripts/make_dev_shell.py --check      # exit 1 if config/dev/ is stale
+    python scripts/make_dev_shell.py              # rewrite npud/devshell/
+    python scripts/make_dev_shell.py --check      # exit 1 if npud/devshell/ is stale
     python scripts/make_dev_shell.py --output-dir DIR
 """
 
@@ -24,14 +24,14 @@ from typing import Final
 from npud.fastrpc.shell import is_development_key
 from npud.sign_shell import SignError, load_private_key_file, sign_shell_file, write_file_atomic
 
-DEV_DIR: Final = Path(__file__).resolve().parent.parent / "config" / "dev"
+DEV_DIR: Final = Path(__file__).resolve().parent.parent / "npud" / "devshell"
 SHELL_NAME: Final = "fastrpc_shell_unsigned_3"
 DEVELOPMENT_KEY: Final = DEV_DIR / "DEVELOPMENT-ONLY-shell-signing.key"
 
 NOTE_TEXT: Final = (
     "npud DEVELOPMENT shell for the emulator (EmulatedDriver).\n"
     "This is NOT a Hexagon DSP image: an ELF header and this note, no code.\n"
-    "It is signed with the development key in config/dev/ of the npud repository.\n"
+    "It is signed with the development key in npud/devshell/ of the npud repository.\n"
     "That key is public; the kernel profile refuses it. Never install this on a device.\n"
 )
 
@@ -112,7 +112,7 @@ def _stale_files(committed_dir: Path) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument(
-        "--output-dir", type=Path, default=DEV_DIR, help="where to write (default config/dev)"
+        "--output-dir", type=Path, default=DEV_DIR, help="where to write (default npud/devshell)"
     )
     parser.add_argument(
         "--check", action="store_true", help="compare with --output-dir instead of writing"

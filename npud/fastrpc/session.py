@@ -476,15 +476,20 @@ class FastRpcSession:
         """True once the DSP restarted under this session (every call now fails)."""
         return self._dead
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Release everything: waits for in-flight invokes, ends the DSP process and
-        the listener, frees every buffer, closes both fds. Idempotent."""
+        the listener, frees every buffer, closes both fds. Idempotent.
+
+        With ``timeout``, raises SESSION_BUSY if invokes are still running on the
+        DSP after that many seconds; nothing is released then (their memory may
+        still be in use), and a later close() can finish the job.
+        """
         with self._state_lock:
             if self._closed:
                 return
             self._closing = True
-            while self._in_flight:
-                self._idle.wait()
+            if not self._idle.wait_for(lambda: not self._in_flight, timeout):
+                raise FastRpcError(ErrorCode.SESSION_BUSY)
             self._closed = True
             buffers = list(self._buffers.values())
             self._buffers.clear()

@@ -22,7 +22,7 @@ reason names the file, what is wrong and how to fix it.
 way are trusted to be root's (``/usr/lib/dsp``, ``/etc/npud``). Swapping files
 in a writable directory still cannot get unsigned bytes past the signature.
 
-The repository ships a development key (``config/dev/``) so the emulator
+The repository ships a development key (``npud/devshell/``) so the emulator
 profile can exercise this path; it is public. :func:`is_development_key`
 lets the kernel profile refuse it.
 """
@@ -59,7 +59,7 @@ DEFAULT_TRUSTED_UIDS: Final = frozenset({0})
 DEVELOPMENT_PUBLIC_KEY_HEX: Final = (
     "e058d490c7ade196e48affcb26c314c9b7f069ab0ae2d8ed0f31fafb2b4e62cb"
 )
-"""The development key of ``config/dev/shell-signing.pub``. Its private half
+"""The development key of ``npud/devshell/shell-signing.pub``. Its private half
 is committed too, so anyone can sign with it: emulator only, never a device."""
 
 DEVELOPMENT_KEY_FINGERPRINT: Final = hashlib.sha256(
@@ -232,16 +232,32 @@ def load_public_key(data: bytes) -> Ed25519PublicKey:
         raise ShellVerifyError(f"the public key is not a valid Ed25519 key: {exc}") from None
 
 
-def load_public_key_file(path: StrPath) -> Ed25519PublicKey:
-    """Read and parse a public key file (see :func:`load_public_key`)."""
+def load_public_key_file(
+    path: StrPath, *, trusted_uids: Iterable[int] | None = None
+) -> Ed25519PublicKey:
+    """Read and parse a public key file (see :func:`load_public_key`).
+
+    With ``trusted_uids`` the file must pass the same owner and mode checks as
+    the shell: whoever can write the key chooses what the DSP runs. The daemon
+    passes them; the signing tool, run by hand on a key being checked, does not.
+    """
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as f:
-            data = f.read(_PUBLIC_KEY_FILE_MAX + 1)
-    except OSError as exc:
-        raise ShellVerifyError(f"cannot read public key {name}: {exc.strerror}") from None
-    if len(data) > _PUBLIC_KEY_FILE_MAX:
-        raise ShellVerifyError(f"public key {name} is larger than {_PUBLIC_KEY_FILE_MAX} bytes")
+    if trusted_uids is not None:
+        data = _read_trusted(
+            name,
+            "public key",
+            frozenset(trusted_uids),
+            _PUBLIC_KEY_FILE_MAX,
+            limit_note="a public key file is 64 hex digits or a PEM block",
+        )
+    else:
+        try:
+            with open(name, "rb") as f:
+                data = f.read(_PUBLIC_KEY_FILE_MAX + 1)
+        except OSError as exc:
+            raise ShellVerifyError(f"cannot read public key {name}: {exc.strerror}") from None
+        if len(data) > _PUBLIC_KEY_FILE_MAX:
+            raise ShellVerifyError(f"public key {name} is larger than {_PUBLIC_KEY_FILE_MAX} bytes")
     try:
         return load_public_key(data)
     except ShellVerifyError as exc:

@@ -34,7 +34,7 @@ from npud.fastrpc.shell import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-DEV_DIR = REPO / "config" / "dev"
+DEV_DIR = REPO / "npud" / "devshell"
 DEV_SHELL = "fastrpc_shell_unsigned_3"
 SHELL_BYTES = b"\x7fELF" + bytes(range(256)) * 4
 
@@ -643,3 +643,17 @@ def test_make_dev_shell_check_notices_a_stale_file(tmp_path: Path) -> None:
     result = subprocess.run(check, capture_output=True, text=True, check=False)
     assert result.returncode == 1
     assert f"stale: {sig}" in result.stderr
+
+
+def test_public_key_file_checked_like_the_shell(tmp_path: Path, key: Ed25519PrivateKey) -> None:
+    path = write(tmp_path / "k.pub", public_key_hex(key.public_key()).encode() + b"\n")
+    me = os.getuid()
+    assert public_key_hex(load_public_key_file(path, trusted_uids={me})) == public_key_hex(
+        key.public_key()
+    )
+    os.chmod(path, 0o666)
+    with pytest.raises(ShellVerifyError, match="chmod go-w"):
+        load_public_key_file(path, trusted_uids={me})
+    os.chmod(path, 0o644)
+    with pytest.raises(ShellVerifyError, match="chown"):
+        load_public_key_file(path, trusted_uids={me + 1})

@@ -24,7 +24,7 @@ from npud.fastrpc.shell import (
 from npud.sign_shell import SignError, digest_line, main
 
 REPO = Path(__file__).resolve().parents[2]
-DEV_DIR = REPO / "config" / "dev"
+DEV_DIR = REPO / "npud" / "devshell"
 SHELL_BYTES = b"\x7fELF" + b"shell image " * 100
 UID = str(os.getuid())
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")

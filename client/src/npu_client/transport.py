@@ -25,7 +25,7 @@ MAX_FDS_PER_MESSAGE: Final = 16
 """Ancillary space reserved per recvmsg; more fds than this is MSG_CTRUNC."""
 
 RECV_BUFFER: Final = 256 * 1024
-_ANCILLARY_SPACE: Final = socket.CMSG_SPACE(MAX_FDS_PER_MESSAGE * array.array("i").itemsize)
+ANCILLARY_SPACE: Final = socket.CMSG_SPACE(MAX_FDS_PER_MESSAGE * array.array("i").itemsize)
 
 
 class TransportError(Exception):
@@ -123,7 +123,7 @@ def send_message(sock: socket.socket, data: bytes, fds: Sequence[int] = ()) -> N
 
 def recv_message(sock: socket.socket, size: int = RECV_BUFFER) -> tuple[bytes, list[OwnedFd]]:
     """Blocking receive; ``b""`` means the peer closed. The caller owns the fds."""
-    data, ancdata, flags, _ = sock.recvmsg(size, _ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC)
+    data, ancdata, flags, _ = sock.recvmsg(size, ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC)
     return data, parse_ancillary(ancdata, flags)
 
 

@@ -72,6 +72,7 @@ class ErrorCode(enum.IntEnum):
     QUOTA_EXCEEDED = 601
     TIMEOUT = 602
     SHUTTING_DOWN = 603
+    INTERNAL_ERROR = 604
 
 
 # Templates use str.format fields; fields named ``rc`` or ``code`` are DSP
@@ -137,6 +138,7 @@ _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.QUOTA_EXCEEDED: "{resource} quota exceeded: the limit is {limit}",
     ErrorCode.TIMEOUT: "{operation} did not finish within {timeout_ms} ms",
     ErrorCode.SHUTTING_DOWN: "npud is shutting down",
+    ErrorCode.INTERNAL_ERROR: "internal error in npud ({detail}); see the daemon's log",
 }
 
 _RESULT_FIELDS: Final = frozenset({"rc", "code"})

@@ -1,0 +1,210 @@
+"""The listening socket and the daemon's main loop.
+
+Binding: a stale socket file left by a dead daemon is replaced; a socket with
+a live daemon behind it, or a path that is not a socket, stops start-up with
+a message that says so. The socket gets the configured mode and group.
+
+Every accepted peer is identified with SO_PEERCRED and checked against the
+allow-list before a byte of it is read.
+
+Shutdown (SIGTERM/SIGINT): stop accepting, tell every client, let requests in
+flight finish within the grace period, release everything, close the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import grp
+import os
+import signal
+import socket
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import trio
+
+import npu_protocol as p
+from npu_client.transport import fds_ancillary, peer_credentials
+from npu_protocol import ErrorCode
+from npud.broker import Broker, ClientState
+from npud.config import Config
+from npud.connection import ClientConnection
+
+log = structlog.get_logger("npud.server")
+
+
+class StartupError(Exception):
+    """npud cannot start; the message says what is wrong and how to fix it."""
+
+
+@dataclass
+class BoundSocket:
+    sock: socket.socket
+    path: Path
+    inode: int
+
+    def unlink_if_ours(self) -> None:
+        """Remove the socket file, unless another daemon has replaced it since."""
+        with contextlib.suppress(OSError):
+            if os.stat(self.path).st_ino == self.inode:
+                os.unlink(self.path)
+
+
+def bind_socket(path: Path, mode: int, group: str) -> BoundSocket:
+    """Bind and listen on ``path``; replace a stale socket file, refuse a live one."""
+    _clear_stale(path)
+    if not path.parent.is_dir():
+        try:
+            path.parent.mkdir(mode=0o755, parents=True)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot create {path.parent} for the socket: {exc.strerror}; "
+                "create it or pass --socket PATH"
+            ) from None
+    gid = -1
+    if group:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise StartupError(
+                f"socket_group {group!r} does not exist; create it (groupadd {group}) "
+                "or clear daemon.socket_group"
+            ) from None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        # umask keeps the socket closed between bind and chmod.
+        old_umask = os.umask(0o177)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        os.chown(path, -1, gid)
+        os.chmod(path, mode)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {path}: {exc.strerror}") from None
+    return BoundSocket(sock, path, os.stat(path).st_ino)
+
+
+def _clear_stale(path: Path) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StartupError(f"cannot inspect socket path {path}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise StartupError(f"{path} exists and is not a socket; remove it or pass --socket PATH")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        log.warning("replacing a stale socket left by a daemon that is gone", path=str(path))
+        os.unlink(path)
+        return
+    except OSError as exc:
+        raise StartupError(f"cannot probe {path}: {exc.strerror}") from None
+    finally:
+        probe.close()
+    raise StartupError(
+        f"another npud is already listening on {path}; stop it (systemctl stop npud) "
+        "or pass --socket PATH"
+    )
+
+
+def peer_allowed(config: Config, uid: int, gid: int) -> bool:
+    access = config.access
+    return uid in (0, os.getuid()) or uid in access.allow_uids or gid in access.allow_gids
+
+
+class Daemon:
+    def __init__(self, config: Config, broker: Broker, listener: socket.socket) -> None:
+        self.config = config
+        self.broker = broker
+        self.listener = trio.socket.from_stdlib_socket(listener)
+        self._connections: set[ClientConnection] = set()
+        self._requests_done = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the session, serve until SIGTERM/SIGINT, then shut down cleanly.
+
+        A start-up failure (shell refused, no device) is raised as is, after
+        the lanes are stopped.
+        """
+        try:
+            await self.broker.start()
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async with trio.open_nursery() as nursery:
+                    self.broker.attach(nursery)
+                    nursery.start_soon(self._accept_loop, nursery)
+                    task_status.started()
+                    async for signum in signals:
+                        log.info("stopping", signal=signal.Signals(signum).name)
+                        break
+                    await self._shutdown(nursery)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.broker.close(self.config.daemon.shutdown_grace)
+        log.info("stopped")
+
+    async def _accept_loop(self, clients: trio.Nursery) -> None:
+        while True:
+            try:
+                sock, _ = await self.listener.accept()
+            except trio.ClosedResourceError:
+                return  # shutting down
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.error("accept failed; backing off", error=os.strerror(exc.errno or 0))
+                    await trio.sleep(0.1)
+                    continue
+                raise
+            clients.start_soon(self._serve_client, sock)
+
+    async def _serve_client(self, sock: trio.socket.SocketType) -> None:
+        pid, uid, gid = peer_credentials(sock)  # type: ignore[arg-type]
+        if not peer_allowed(self.config, uid, gid):
+            log.warning("connection refused: not on the allow-list", pid=pid, uid=uid, gid=gid)
+            await _refuse(sock, f"uid {uid} (gid {gid}) is not allowed to use npud")
+            return
+        if self.broker.shutting_down:
+            await _refuse_code(sock, p.ErrorMessage.for_code(ErrorCode.SHUTTING_DOWN))
+            return
+        connection = ClientConnection(self.broker, sock, ClientState(pid=pid, uid=uid, gid=gid))
+        self._connections.add(connection)
+        try:
+            await connection.serve()
+        except Exception:
+            # One client's failure is never the daemon's.
+            log.exception("client connection failed", pid=pid, uid=uid)
+        finally:
+            self._connections.discard(connection)
+
+    async def _shutdown(self, clients: trio.Nursery) -> None:
+        grace = self.config.daemon.shutdown_grace
+        self.broker.shutting_down = True
+        self.listener.close()
+        await self.broker.broadcast(
+            p.ShuttingDown(reason="npud is stopping", grace_ms=int(grace * 1000))
+        )
+        with trio.move_on_after(grace):
+            while any(c.client.calls_in_flight for c in self._connections):
+                await trio.sleep(0.05)
+        clients.cancel_scope.cancel()
+
+
+async def _refuse(sock: trio.socket.SocketType, detail: str) -> None:
+    await _refuse_code(sock, p.ErrorMessage.for_code(ErrorCode.NOT_PERMITTED, detail=detail))
+
+
+async def _refuse_code(sock: trio.socket.SocketType, message: p.ErrorMessage) -> None:
+    """Send one ErrorMessage without reading anything from the peer, then close."""
+    data, fds = p.ServerConnection().send(message)
+    with trio.move_on_after(1.0), contextlib.suppress(OSError):
+        await sock.sendmsg([data], fds_ancillary(fds))
+    sock.close()
