@@ -77,10 +77,24 @@ class ClientState:
     reserved_buffers: int = 0
     reserved_bytes: int = 0
     reserved_handles: int = 0
-    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    lost_below: int = 0
+    """Ids below this were released by a session restart (DSP_RESTARTED, not unknown)."""
+    _next_id: int = 1
 
     def new_id(self) -> int:
-        return next(self._ids)
+        self._next_id += 1
+        return self._next_id - 1
+
+    def forget_everything(self) -> None:
+        """A session restart released what this client held."""
+        self.buffers.clear()
+        self.handles.clear()
+        self.lost_below = self._next_id
+
+    def missing(self, object_id: int, unknown: ErrorCode, field_name: str) -> BrokerError:
+        if object_id < self.lost_below:
+            return BrokerError(ErrorCode.DSP_RESTARTED)
+        return BrokerError(unknown, **{field_name: object_id})
 
     @property
     def buffer_bytes(self) -> int:
@@ -333,7 +347,7 @@ class Broker:
         session = self._session()
         handle = client.handles.pop(handle_id, None)
         if handle is None:
-            raise BrokerError(ErrorCode.UNKNOWN_HANDLE, handle=handle_id)
+            raise client.missing(handle_id, ErrorCode.UNKNOWN_HANDLE, "handle")
         await self._run(self.control, lambda: session.remote_close(handle))
 
     async def invoke(
@@ -342,7 +356,7 @@ class Broker:
         session = self._session()
         handle = client.handles.get(request.handle)
         if handle is None:
-            raise BrokerError(ErrorCode.UNKNOWN_HANDLE, handle=request.handle)
+            raise client.missing(request.handle, ErrorCode.UNKNOWN_HANDLE, "handle")
         limit = self.config.client_limits.max_calls_in_flight
         if client.calls_in_flight >= limit:
             raise BrokerError(ErrorCode.QUOTA_EXCEEDED, resource="calls in flight", limit=limit)
@@ -424,7 +438,7 @@ class Broker:
     def _buffer(client: ClientState, buffer_id: int) -> DmaBuffer:
         buffer = client.buffers.get(buffer_id)
         if buffer is None:
-            raise BrokerError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer_id)
+            raise client.missing(buffer_id, ErrorCode.UNKNOWN_BUFFER, "buffer")
         return buffer
 
     def _slice(self, client: ClientState, arg: p.BufferSlice) -> Slice:
@@ -476,8 +490,7 @@ class Broker:
         old, self.session = self.session, None
         log.error("DSP restarted; releasing every client's DSP state", reason=reason)
         for client in self.clients:
-            client.buffers.clear()
-            client.handles.clear()
+            client.forget_everything()
         if old is not None:
             await self._release_dead_session(old)
         for attempt in itertools.count():

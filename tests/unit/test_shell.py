@@ -651,7 +651,7 @@ def test_public_key_file_checked_like_the_shell(tmp_path: Path, key: Ed25519Priv
     assert public_key_hex(load_public_key_file(path, trusted_uids={me})) == public_key_hex(
         key.public_key()
     )
-    os.chmod(path, 0o666)
+    os.chmod(path, 0o666)  # noqa: S103 - the refusal is the point
     with pytest.raises(ShellVerifyError, match="chmod go-w"):
         load_public_key_file(path, trusted_uids={me})
     os.chmod(path, 0o644)

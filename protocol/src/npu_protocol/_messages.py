@@ -312,8 +312,8 @@ class PongReply(Reply, tag="pong", frozen=True, kw_only=True):
 
 
 class SessionRestarted(Message, tag="session_restarted", frozen=True, kw_only=True):
-    """The DSP session restarted: every handle and DSP mapping of earlier epochs
-    is gone (requests naming them fail); buffers and their fds stay valid."""
+    """The DSP session restarted: every buffer, handle and DSP mapping of
+    earlier epochs is gone (requests naming them fail with DSP_RESTARTED)."""
 
     epoch: U63
     reason: Text = ""

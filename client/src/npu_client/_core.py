@@ -1,0 +1,251 @@
+"""The client's bookkeeping, without I/O: requests in flight, answers, events, failure.
+
+Both the blocking and the trio client wrap one :class:`ClientCore` around a
+``npu_protocol.ClientConnection``: they write what :meth:`ClientCore.begin`
+returns, feed what the socket delivered to :meth:`ClientCore.receive`, and
+wait until the request's :class:`Pending` is done. The core turns every
+answer into a reply or an exception on its Pending, records server events,
+and owns every fd that arrives until a Pending hands it to its caller.
+
+It is not thread-safe: the blocking client calls it under its lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from npu_client._errors import (
+    NpuError,
+    code_message,
+    error_from_message,
+    error_from_protocol,
+    make_error,
+)
+from npu_client.transport import OwnedFd
+from npu_protocol import (
+    NEED_DATA,
+    AllocReply,
+    ClientConnection,
+    ClientLimits,
+    ConnectionClosed,
+    ErrorCode,
+    ErrorMessage,
+    Hello,
+    LocalProtocolError,
+    Priority,
+    RemoteProtocolError,
+    Reply,
+    Request,
+    ServerEvent,
+    SessionRestarted,
+    ShuttingDown,
+    StrayFds,
+    Welcome,
+)
+
+R = TypeVar("R", bound=Reply)
+
+
+@dataclass(eq=False)
+class Pending:
+    """One request in flight and, once answered, its reply or its error."""
+
+    request: Request
+    reply: Reply | None = None
+    error: NpuError | None = None
+    fd: OwnedFd | None = None
+    """An AllocReply's DMA-BUF, owned here until :meth:`take_fd`."""
+    abandoned: bool = False
+    """The caller stopped waiting (timeout, cancellation): drop the answer."""
+
+    @property
+    def done(self) -> bool:
+        return self.reply is not None or self.error is not None
+
+    def result(self, expected: type[R]) -> R:
+        """The reply, or raise the error the server (or the connection) gave."""
+        if self.error is not None:
+            raise self.error
+        assert isinstance(self.reply, expected), self.reply  # the protocol checked the type
+        return self.reply
+
+    def take_fd(self) -> OwnedFd:
+        """Hand over the fd that came with the reply (the caller owns it now)."""
+        fd, self.fd = self.fd, None
+        assert fd is not None, "only an answered alloc carries an fd"
+        return fd
+
+
+@dataclass(frozen=True)
+class _Death:
+    """Why the connection is over; every later request fails with a fresh copy."""
+
+    code: int
+    message: str
+    fields: Mapping[str, int | str] = field(default_factory=dict)
+
+    def error(self) -> NpuError:
+        return make_error(self.code, self.message, self.fields)
+
+
+class ClientCore:
+    """One connection's state: handshake, requests in flight, events, death."""
+
+    def __init__(self, name: str, priority: Priority) -> None:
+        self._conn = ClientConnection()
+        self._hello = Hello(client_name=name, priority=priority)
+        self._pending: dict[int, Pending] = {}
+        self._events: list[ServerEvent] = []
+        self._death: _Death | None = None
+        self.epoch = 0
+        """The session epoch: from the Welcome, then from each SessionRestarted."""
+        self.shutdown_notice: ShuttingDown | None = None
+        """The ShuttingDown event, once the server sent it."""
+
+    # --- handshake -------------------------------------------------------------------------
+
+    def hello(self) -> bytes:
+        """The Hello frame (it carries no fds)."""
+        try:
+            data, _ = self._conn.send(self._hello)
+        except LocalProtocolError as exc:
+            raise ValueError(exc.message) from exc
+        return data
+
+    @property
+    def welcome(self) -> Welcome | None:
+        return self._conn.welcome
+
+    @property
+    def limits(self) -> ClientLimits:
+        limits = self._conn.limits
+        if limits is None:
+            raise RuntimeError("the handshake has not finished")
+        return limits
+
+    # --- requests ----------------------------------------------------------------------------
+
+    @property
+    def dead(self) -> bool:
+        return self._death is not None
+
+    def check_alive(self) -> None:
+        if self._death is not None:
+            raise self._death.error()
+
+    def has_room(self) -> bool:
+        """Whether one more request fits under the server's in-flight limit."""
+        return len(self._conn.in_flight) < self.limits.max_in_flight
+
+    def begin(self, build: Callable[[int], Request]) -> tuple[Pending, bytes, list[int]]:
+        """Register the request ``build(id)``; returns it and the bytes and fds to write.
+
+        Call only when :meth:`has_room`. Raises the connection's error if it is
+        over, ValueError if the request is not valid.
+        """
+        self.check_alive()
+        request = build(self._conn.next_request_id())
+        try:
+            data, fds = self._conn.send(request)
+        except LocalProtocolError as exc:
+            raise ValueError(exc.message) from exc
+        pending = Pending(request)
+        self._pending[request.id] = pending
+        return pending, data, fds
+
+    def abandon(self, pending: Pending) -> None:
+        """The caller gives up on ``pending``; its answer, fds included, is dropped."""
+        pending.abandoned = True
+        if pending.fd is not None:
+            pending.take_fd().close()
+
+    # --- input ----------------------------------------------------------------------------
+
+    def receive(self, data: bytes, fds: list[OwnedFd]) -> None:
+        """Feed one recvmsg's bytes and fds (``b""``: the server closed), then process
+        everything complete. The connection takes the fds; nothing leaks on error."""
+        if self._death is not None:
+            for fd in fds:
+                fd.close()
+            return
+        self._conn.receive_data(data, [fd.detach() for fd in fds])
+        self.process()
+
+    def process(self) -> None:
+        """Turn every complete frame into answers and events."""
+        while self._death is None:
+            try:
+                event = self._conn.next_event()
+            except RemoteProtocolError as exc:
+                error = error_from_protocol(exc)
+                detail = f"npud broke the protocol: {error.message}"
+                self.die(ErrorCode(exc.code), detail, error.fields)
+                return
+            if event is NEED_DATA:
+                return
+            self._handle(event)
+
+    def _handle(
+        self,
+        event: Welcome | ErrorMessage | Reply | ServerEvent | StrayFds | ConnectionClosed,
+    ) -> None:
+        if isinstance(event, Reply):
+            self._answer(event.id, reply=event)
+        elif isinstance(event, ErrorMessage):
+            if event.id is not None:
+                self._answer(event.id, error=error_from_message(event))
+            else:
+                self.die(event.code, event.message, event.fields)
+        elif isinstance(event, Welcome):
+            self.epoch = event.epoch
+        elif isinstance(event, SessionRestarted):
+            self.epoch = event.epoch
+            self._events.append(event)
+        elif isinstance(event, ShuttingDown):
+            self.shutdown_notice = event
+            self._events.append(event)
+        elif isinstance(event, StrayFds):
+            for fd in event.fds:
+                OwnedFd(fd).close()
+        else:
+            during = "during the handshake" if self.welcome is None else ""
+            self.die(ErrorCode.CONNECTION_CLOSED, f"npud closed the connection {during}".strip())
+
+    def _answer(
+        self, request_id: int, *, reply: Reply | None = None, error: NpuError | None = None
+    ) -> None:
+        # The protocol object already refused answers to ids not in flight.
+        pending = self._pending.pop(request_id)
+        if isinstance(reply, AllocReply):
+            fd = OwnedFd(reply.fd)
+            if pending.abandoned:
+                fd.close()
+            else:
+                pending.fd = fd
+        pending.reply, pending.error = reply, error
+
+    def take_events(self) -> list[ServerEvent]:
+        """Server events received since the last call, oldest first."""
+        events, self._events = self._events, []
+        return events
+
+    # --- the end -------------------------------------------------------------------------------
+
+    def die(self, code: int, detail: str, fields: Mapping[str, int | str] | None = None) -> None:
+        """End the connection: every request in flight and every later one fails with
+        ``code``. For CONNECTION_CLOSED ``detail`` follows the standard message;
+        otherwise it is the server's whole message. Idempotent: the first cause wins."""
+        if self._death is not None:
+            return
+        if code == ErrorCode.CONNECTION_CLOSED:
+            message = code_message(ErrorCode.CONNECTION_CLOSED, detail)
+        else:
+            message = detail
+        self._death = _Death(code, message, dict(fields or {}))
+        pending, self._pending = self._pending, {}
+        for entry in pending.values():
+            entry.error = self._death.error()
+        for fd in self._conn.take_pending_fds():
+            OwnedFd(fd).close()

@@ -1,0 +1,302 @@
+"""One exception class per stable error code, so callers can ``except QuotaExceeded``.
+
+Every error npud reports carries a number from ``npu_protocol.ErrorCode``; the
+client raises the class registered for that number, carrying the code, the
+server's rendered message and the template's fields. A number this version
+does not know (a newer daemon) raises the base class, :class:`NpuError`.
+
+The class names are the ErrorCode names in CamelCase (``DSP_RESTARTED`` is
+``DspRestarted``), which is why they do not all end in ``Error``.
+"""
+
+# ruff: noqa: N818  (the names mirror the stable ErrorCode names; see above)
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+from npu_protocol import ErrorCode, ErrorMessage, ProtocolError, format_message
+
+_REGISTRY: dict[int, type[NpuError]] = {}
+
+
+class NpuError(Exception):
+    """An error reported by npud, or found by the client, with a stable code.
+
+    ``code`` is the number (an ``ErrorCode`` member when this version knows
+    it), ``message`` the text for people, ``fields`` the values the message
+    was rendered from (DSP result codes as integers).
+    """
+
+    error_code: ClassVar[ErrorCode | None] = None
+    """The code this class stands for; None on the base class."""
+
+    code: int
+    message: str
+    fields: Mapping[str, int | str]
+
+    def __init_subclass__(cls, *, code: ErrorCode | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            if code in _REGISTRY:
+                raise TypeError(f"{code.name} already has {_REGISTRY[code].__name__}")
+            cls.error_code = code
+            _REGISTRY[code] = cls
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: int | None = None,
+        fields: Mapping[str, int | str] | None = None,
+    ) -> None:
+        resolved = code if code is not None else self.error_code
+        if resolved is None:
+            raise TypeError("NpuError needs a code (subclasses carry their own)")
+        super().__init__(message)
+        self.code = _known(resolved)
+        self.message = message
+        self.fields = MappingProxyType(dict(fields or {}))
+
+    @property
+    def name(self) -> str:
+        """The code's name (``QUOTA_EXCEEDED``), or ``ERROR_<n>`` for an unknown number."""
+        return self.code.name if isinstance(self.code, ErrorCode) else f"ERROR_{self.code}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _known(code: int) -> int:
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return code
+
+
+def error_class(code: int) -> type[NpuError]:
+    """The exception class for ``code``; :class:`NpuError` for numbers not known here."""
+    return _REGISTRY.get(code, NpuError)
+
+
+def make_error(code: int, message: str, fields: Mapping[str, int | str] | None = None) -> NpuError:
+    """An exception of the class registered for ``code``."""
+    return error_class(code)(message, code=code, fields=fields)
+
+
+def error_from_message(error: ErrorMessage) -> NpuError:
+    """The exception for an ``error`` the server sent."""
+    return make_error(error.code, error.message, error.fields)
+
+
+def error_from_protocol(exc: ProtocolError) -> NpuError:
+    """The exception for a protocol violation (ours or the server's)."""
+    fields = {name: _field(value) for name, value in exc.fields.items()}
+    return make_error(exc.code, exc.message, fields)
+
+
+def _field(value: object) -> int | str:
+    return value if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def code_message(code: ErrorCode, detail: str = "", **fields: Any) -> str:
+    """``code``'s template rendered with ``fields``; ``detail`` is appended after a colon
+    (templates only ever gain detail at their end, so the start stays greppable)."""
+    message = format_message(code, **fields)
+    return f"{message}: {detail}" if detail else message
+
+
+# --- FastRPC and the DSP (1xx) ---------------------------------------------------------
+
+
+class FastRpcError(NpuError, code=ErrorCode.FASTRPC):
+    """A FastRPC call failed with a DSP result code (``fields["rc"]``)."""
+
+
+class OpenFailed(NpuError, code=ErrorCode.OPEN_FAILED):
+    """The DSP refused to open a skel; ``fields`` has the uri, result code and dlerror text."""
+
+
+class InvokeFailed(NpuError, code=ErrorCode.INVOKE_FAILED):
+    """The remote method returned non-zero; ``fields["code"]`` is its 32-bit result."""
+
+
+class MmapFailed(NpuError, code=ErrorCode.MMAP_FAILED):
+    """Mapping a buffer into the DSP failed."""
+
+
+class DspRestarted(NpuError, code=ErrorCode.DSP_RESTARTED):
+    """The DSP session restarted: handles and mappings of earlier epochs are gone."""
+
+
+class NoFreeSession(NpuError, code=ErrorCode.NO_FREE_SESSION):
+    """Every FastRPC compute context bank is in use."""
+
+
+class Unsupported(NpuError, code=ErrorCode.UNSUPPORTED):
+    """The daemon or the DSP does not support what was asked."""
+
+
+class DeviceNotFound(NpuError, code=ErrorCode.DEVICE_NOT_FOUND):
+    """No FastRPC device node."""
+
+
+class DeviceError(NpuError, code=ErrorCode.DEVICE_ERROR):
+    """An operation on the FastRPC device failed."""
+
+
+class UnknownHandle(NpuError, code=ErrorCode.UNKNOWN_HANDLE):
+    """The handle id is not open on this connection."""
+
+
+class SessionClosed(NpuError, code=ErrorCode.SESSION_CLOSED):
+    """The daemon's FastRPC session is closed."""
+
+
+# --- memory (2xx) ----------------------------------------------------------------------
+
+
+class DmaBufAllocFailed(NpuError, code=ErrorCode.DMA_BUF_ALLOC):
+    """The daemon could not allocate the DMA-BUF."""
+
+
+class DmaSizeOverflow(NpuError, code=ErrorCode.DMA_SIZE_OVERFLOW):
+    """The size overflows when rounded up to a page."""
+
+
+class DmaExceedsMaxSize(NpuError, code=ErrorCode.DMA_EXCEEDS_MAX_SIZE):
+    """The size is above the 256 MiB ceiling."""
+
+
+class InvalidFd(NpuError, code=ErrorCode.INVALID_FD):
+    """A file descriptor was not valid."""
+
+
+class SliceOutOfRange(NpuError, code=ErrorCode.SLICE_OUT_OF_RANGE):
+    """A buffer slice reaches past its buffer."""
+
+
+class UnknownBuffer(NpuError, code=ErrorCode.UNKNOWN_BUFFER):
+    """The buffer id is not live on this connection."""
+
+
+class InvalidArgument(NpuError, code=ErrorCode.INVALID_ARGUMENT):
+    """The daemon rejected an argument."""
+
+
+# --- models (3xx) ----------------------------------------------------------------------
+
+
+class QnnError(NpuError, code=ErrorCode.QNN):
+    """The QNN skel reported an error."""
+
+
+class ModelNotLoaded(NpuError, code=ErrorCode.MODEL_NOT_LOADED):
+    """No model is loaded."""
+
+
+class InvalidTensorIndex(NpuError, code=ErrorCode.INVALID_TENSOR_INDEX):
+    """A tensor index is out of range."""
+
+
+# --- session and shell (4xx) -----------------------------------------------------------
+
+
+class SessionBusy(NpuError, code=ErrorCode.SESSION_BUSY):
+    """The NPU session is busy."""
+
+
+class ShellVerifyFailed(NpuError, code=ErrorCode.SHELL_VERIFY):
+    """The DSP shell failed verification."""
+
+
+# --- wire protocol (5xx) ---------------------------------------------------------------
+
+
+class FrameTooLarge(NpuError, code=ErrorCode.FRAME_TOO_LARGE):
+    """A frame exceeded the frame limit."""
+
+
+class BadFrameHeader(NpuError, code=ErrorCode.BAD_FRAME_HEADER):
+    """A frame header was malformed."""
+
+
+class TooManyFds(NpuError, code=ErrorCode.TOO_MANY_FDS):
+    """A frame declared more fds than allowed."""
+
+
+class MissingFds(NpuError, code=ErrorCode.MISSING_FDS):
+    """A frame's fds did not arrive with it."""
+
+
+class FdCountMismatch(NpuError, code=ErrorCode.FD_COUNT_MISMATCH):
+    """A frame declared a different number of fds than its message carries."""
+
+
+class FdsTruncated(NpuError, code=ErrorCode.FDS_TRUNCATED):
+    """The kernel dropped fds (MSG_CTRUNC)."""
+
+
+class BadMessage(NpuError, code=ErrorCode.BAD_MESSAGE):
+    """A payload was not a valid message."""
+
+
+class UnexpectedMessage(NpuError, code=ErrorCode.UNEXPECTED_MESSAGE):
+    """A message arrived that the state machine does not allow."""
+
+
+class UnsupportedVersion(NpuError, code=ErrorCode.UNSUPPORTED_VERSION):
+    """No protocol version both sides speak."""
+
+
+class DuplicateRequestId(NpuError, code=ErrorCode.DUPLICATE_REQUEST_ID):
+    """A request id was reused while in flight."""
+
+
+class UnknownRequestId(NpuError, code=ErrorCode.UNKNOWN_REQUEST_ID):
+    """An answer named a request id that is not in flight."""
+
+
+class TooManyInFlight(NpuError, code=ErrorCode.TOO_MANY_IN_FLIGHT):
+    """More requests in flight than the limit."""
+
+
+class TruncatedFrame(NpuError, code=ErrorCode.TRUNCATED_FRAME):
+    """The stream ended inside a frame."""
+
+
+class ConnectionClosed(NpuError, code=ErrorCode.CONNECTION_CLOSED):
+    """The connection to npud ended (or was closed here) before the answer came."""
+
+
+class ConnectFailed(ConnectionClosed):
+    """npud could not be reached at ``path``; the message says why and what to do."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message, fields={"path": path})
+        self.path = path
+
+
+# --- admission and service (6xx) -------------------------------------------------------
+
+
+class NotPermitted(NpuError, code=ErrorCode.NOT_PERMITTED):
+    """The daemon refused this client or this request."""
+
+
+class QuotaExceeded(NpuError, code=ErrorCode.QUOTA_EXCEEDED):
+    """A per-client or global quota would be exceeded; ``fields`` names it and its limit."""
+
+
+class Timeout(NpuError, code=ErrorCode.TIMEOUT):
+    """The daemon gave up waiting (the call may still finish on the DSP)."""
+
+
+class ShuttingDown(NpuError, code=ErrorCode.SHUTTING_DOWN):
+    """npud is shutting down."""
+
+
+ERROR_CLASSES: Mapping[int, type[NpuError]] = MappingProxyType(_REGISTRY)
+"""Every registered class by code number."""

@@ -1,0 +1,171 @@
+"""A DMA-BUF in this process: its fd, its shared mapping, and slices of it.
+
+This is the part of a buffer that both clients share; the blocking
+``DmaBuffer`` and the trio ``TrioDmaBuffer`` add the requests (map, unmap,
+free) on top. The buffer owns exactly one fd (an :class:`OwnedFd`) and one
+``mmap``; :meth:`MappedBuffer._release_local` closes both, once.
+"""
+
+from __future__ import annotations
+
+import abc
+import mmap
+import sys
+from dataclasses import dataclass
+from typing import Final
+
+from npu_client.transport import OwnedFd
+
+_PROT: Final = mmap.PROT_READ | mmap.PROT_WRITE
+
+
+def _map_shared(fd: int, size: int) -> mmap.mmap:
+    """``size`` bytes of ``fd``, shared and writable."""
+    if sys.version_info >= (3, 13):
+        # Without trackfd the mmap object dup()s the fd: two fds per buffer.
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=_PROT, trackfd=False)
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=_PROT)
+
+
+class MappedBuffer(abc.ABC):
+    """A buffer's id, size, fd and memory.
+
+    ``view()`` is a writable ``memoryview`` of the whole buffer (``size``
+    bytes: the size asked for, rounded up to whole pages by the daemon), and
+    on Python 3.12+ the buffer itself supports the buffer protocol. Once the
+    buffer is freed, or its client closed, the fd and the mapping are closed;
+    a view still held at that point keeps the memory mapped until it is
+    released, so release views (or let them go) before freeing.
+    """
+
+    def __init__(self, buffer_id: int, size: int, fd: OwnedFd) -> None:
+        """Take ownership of ``fd`` (closed here if it cannot be mapped)."""
+        try:
+            memory = _map_shared(fd.fileno(), size)
+        except BaseException:
+            fd.close()
+            raise
+        self._id = buffer_id
+        self._size = size
+        self._fd = fd
+        self._mmap: mmap.mmap | None = memory
+        self._dsp_address: int | None = None
+        self._mapped_epoch = 0
+
+    # --- identity and memory ---------------------------------------------------------
+
+    @property
+    def id(self) -> int:
+        """The daemon's id for this buffer (scoped to the connection)."""
+        return self._id
+
+    @property
+    def size(self) -> int:
+        """Bytes in the buffer: the requested size rounded up to whole pages."""
+        return self._size
+
+    @property
+    def fd(self) -> int:
+        """The DMA-BUF's fd. The buffer owns it: do not close it (dup it to keep it)."""
+        if self._fd.closed:
+            raise ValueError(f"buffer {self._id} is freed")
+        return self._fd.fd
+
+    @property
+    def freed(self) -> bool:
+        """True once the buffer was freed or its client closed."""
+        return self._mmap is None
+
+    def view(self) -> memoryview:
+        """A writable memoryview of the whole buffer."""
+        return memoryview(self._memory())
+
+    def __buffer__(self, flags: int) -> memoryview:
+        """The buffer protocol on Python 3.12+ (PEP 688): ``memoryview(buffer)``."""
+        return self.view()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def slice(self, offset: int = 0, length: int | None = None) -> Slice:
+        """Bytes ``[offset, offset + length)`` (to the end for None), for an invoke argument."""
+        self._memory()
+        _check_index("offset", offset)
+        if length is None:
+            length = self._size - offset if offset <= self._size else -1
+        else:
+            _check_index("length", length)
+        if length < 0 or offset + length > self._size:
+            raise ValueError(
+                f"slice offset {offset} length {length} is outside buffer {self._id} "
+                f"of {self._size} bytes"
+            )
+        return Slice(self, offset, length)
+
+    # --- the DSP mapping cache ---------------------------------------------------------
+
+    @property
+    def dsp_address(self) -> int | None:
+        """The buffer's DSP address if it is mapped in the current session epoch."""
+        if self._dsp_address is not None and self._mapped_epoch == self._current_epoch():
+            return self._dsp_address
+        return None
+
+    @abc.abstractmethod
+    def _current_epoch(self) -> int:
+        """The client's session epoch; mappings of earlier epochs are gone."""
+
+    def _remember_mapping(self, address: int, epoch: int) -> None:
+        self._dsp_address = address
+        self._mapped_epoch = epoch
+
+    def _forget_mapping(self) -> None:
+        self._dsp_address = None
+
+    # --- ownership ---------------------------------------------------------------------
+
+    def _memory(self) -> mmap.mmap:
+        if self._mmap is None:
+            raise ValueError(f"buffer {self._id} is freed")
+        return self._mmap
+
+    def _release_local(self) -> None:
+        """Close the mapping and the fd; idempotent."""
+        memory, self._mmap = self._mmap, None
+        self._dsp_address = None
+        if memory is not None:
+            try:
+                memory.close()
+            except BufferError:
+                # A view is still exported: the mapping goes when the last view
+                # does (the mmap object is freed with it). Nothing else holds it.
+                pass
+        self._fd.close()
+
+    def __repr__(self) -> str:
+        state = "freed" if self.freed else f"fd {self._fd.fd}"
+        return f"<{type(self).__name__} id={self._id} size={self._size} {state}>"
+
+
+def _check_index(what: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"slice {what} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"slice {what} must not be negative, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Bytes ``[offset, offset + length)`` of a buffer: an invoke input or output that
+    the DSP reads or writes in place. Make one with ``buffer.slice(offset, length)``."""
+
+    buffer: MappedBuffer
+    offset: int
+    length: int
+
+    def view(self) -> memoryview:
+        """A writable memoryview of these bytes."""
+        return self.buffer.view()[self.offset : self.offset + self.length]
+
+    def __len__(self) -> int:
+        return self.length

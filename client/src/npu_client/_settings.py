@@ -1,0 +1,77 @@
+"""Where npud listens, what a client calls itself, and which priority it asks for."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Final
+
+from npu_protocol import Priority
+
+DEFAULT_SOCKET_PATH: Final = "/run/npud/npud.sock"
+"""npud's default socket (``[daemon] socket`` in its config)."""
+
+SOCKET_ENV: Final = "NPUD_SOCKET"
+"""Environment variable that overrides :data:`DEFAULT_SOCKET_PATH`."""
+
+MAX_NAME_LENGTH: Final = 64
+_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}")
+_NOT_NAME_CHAR: Final = re.compile(r"[^A-Za-z0-9._:@+-]")
+_FALLBACK_NAME: Final = "python"
+
+
+def socket_path(path: str | os.PathLike[str] | None = None) -> str:
+    """``path`` if given, else ``$NPUD_SOCKET`` if set and non-empty, else the default."""
+    if path is not None:
+        resolved = os.fspath(path)
+        if not resolved:
+            raise ValueError("the socket path is empty")
+        return resolved
+    return os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET_PATH
+
+
+def client_name(name: str | None = None) -> str:
+    """``name`` checked against the protocol's rule, or one made from the program name.
+
+    The protocol allows 1 to 64 characters from ``A-Z a-z 0-9 . _ : @ + -``,
+    starting with a letter or digit. The default is the basename of
+    ``sys.argv[0]`` with other characters replaced by ``-``, clipped to 64.
+    """
+    if name is None:
+        return default_client_name()
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, not {type(name).__name__}")
+    if not _NAME.fullmatch(name):
+        raise ValueError(
+            f"client name {name!r} is not allowed: use 1 to {MAX_NAME_LENGTH} characters "
+            "from A-Z a-z 0-9 . _ : @ + -, starting with a letter or digit"
+        )
+    return name
+
+
+def default_client_name() -> str:
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    cleaned = _NOT_NAME_CHAR.sub("-", program).lstrip("._:@+-")[:MAX_NAME_LENGTH]
+    return cleaned or _FALLBACK_NAME
+
+
+def priority_class(priority: Priority | str) -> Priority:
+    """``priority`` as a :class:`Priority`; a clear ValueError for anything else."""
+    try:
+        return Priority(priority)
+    except ValueError:
+        choices = ", ".join(member.value for member in Priority)
+        raise ValueError(f"unknown priority {priority!r}: choose one of {choices}") from None
+
+
+def connect_failure_message(path: str, exc: OSError) -> str:
+    """One line for people: what failed, and what to try."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if isinstance(exc, PermissionError):
+        hint = "is your user in the socket's group (npu under systemd, else socket_group in npud's config)?"
+    elif isinstance(exc, TimeoutError):
+        hint = "npud is not accepting connections; is it overloaded or stopped?"
+    else:
+        hint = f"is npud running? set {SOCKET_ENV} to its socket path if it listens elsewhere"
+    return f"cannot connect to npud at {path}: {reason}; {hint}"

@@ -1,0 +1,64 @@
+"""The DSP channel: one boot of the CDSP, what device fds are bound to.
+
+A subsystem restart kills the channel object: fds opened on it stay bound to
+the dead one (EPIPE from then on) and a boot creates a new channel with fresh
+sessions, like the kernel's ``fastrpc_channel_ctx``. The channel's counters
+are guarded by the driver's lock; ``down`` may be waited on without it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Final
+
+from npud.sim.errors import SubsystemDownError
+
+FASTRPC_CTX_MAX: Final = 256
+"""Context ids 1..255 per channel: the 256th concurrent invoke is ENOSPC."""
+
+
+class Channel:
+    def __init__(self, generation: int, sessions: int) -> None:
+        self.generation = generation
+        self.alive = True
+        self.down = threading.Event()
+        self.contexts = 0
+        self.capabilities: tuple[int, ...] | None = None  # cached after the first query
+        self._used = [False] * sessions
+
+    def claim_session(self, limit: int) -> int | None:
+        """The lowest free session index, None when ``limit`` sessions are in use."""
+        if self.sessions_in_use >= limit:
+            return None
+        for index, used in enumerate(self._used):
+            if not used:
+                self._used[index] = True
+                return index
+        return None
+
+    def release_session(self, index: int) -> None:
+        self._used[index] = False
+
+    @property
+    def sessions_in_use(self) -> int:
+        return sum(self._used)
+
+    def claim_context(self) -> bool:
+        """A context id for a call to the DSP; False when 255 are outstanding."""
+        if self.contexts >= FASTRPC_CTX_MAX - 1:
+            return False
+        self.contexts += 1
+        return True
+
+    def release_context(self) -> None:
+        self.contexts -= 1
+
+    def kill(self) -> None:
+        """The DSP went down: wake every interruptible wait."""
+        self.alive = False
+        self.down.set()
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``; a subsystem restart cuts it short with SubsystemDownError."""
+        if self.down.wait(seconds):
+            raise SubsystemDownError

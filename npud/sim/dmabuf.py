@@ -1,0 +1,162 @@
+"""The emulator's DMA-BUFs: sealed memfds, recognised by inode.
+
+ALLOC_DMA_BUFF returns a fresh memfd (named ``fastrpc-dmabuf``) sealed against
+growing and shrinking, so fd passing, mmap and leak tests are real. The
+registry remembers each buffer by ``(st_dev, st_ino)``, never by fd number:
+a ``dup``'d fd or one that came back over SCM_RIGHTS is still recognised.
+It keeps no fd and no mapping of its own, so the memory is freed when the
+caller closes its last fd and unmaps; only a MEM_MAP mapping or an in-flight
+invoke holds a mapping (the kernel's refcounts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import mmap
+import os
+import threading
+from typing import Final
+
+from npud.sim.errors import fault
+from npud.sim.usermem import find_vma, read_maps
+
+MEMFD_NAME: Final = "fastrpc-dmabuf"
+PAGE_SIZE: Final = mmap.PAGESIZE
+SEALS: Final = fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+
+
+@dataclasses.dataclass(frozen=True)
+class DmaBuf:
+    """What the emulated kernel knows about one buffer."""
+
+    device: int  # st_dev of the memfd
+    inode: int
+    size: int
+    serial: int
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.device, self.inode)
+
+    @property
+    def maps_identity(self) -> tuple[tuple[int, int], int]:
+        """How the buffer appears in ``/proc/self/maps``: ((major, minor), inode)."""
+        return ((os.major(self.device), os.minor(self.device)), self.inode)
+
+
+class DmaBufRegistry:
+    """Allocates buffers and answers "is this fd one of ours?"."""
+
+    def __init__(self, max_size: int) -> None:
+        self._max_size = max_size
+        self._lock = threading.Lock()
+        self._buffers: dict[tuple[int, int], DmaBuf] = {}
+        self._allocated = 0
+
+    def allocate(self, size: int) -> int:
+        """A new sealed memfd of ``size`` bytes; the caller owns the returned fd."""
+        if size == 0:
+            raise fault(errno.EINVAL, "ALLOC_DMA_BUFF: size 0")
+        if size > self._max_size:
+            raise fault(errno.ENOMEM, f"ALLOC_DMA_BUFF: {size} bytes exceeds the DMA pool")
+        try:
+            fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except OSError as exc:
+            # The kernel reports a failed fd install (EMFILE...) as EINVAL.
+            raise fault(errno.EINVAL, f"ALLOC_DMA_BUFF: no fd for the buffer: {exc}") from exc
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+            status = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            self._allocated += 1
+            buffer = DmaBuf(status.st_dev, status.st_ino, size, self._allocated)
+            self._buffers[buffer.key] = buffer
+        return fd
+
+    def identify(self, fd: int) -> DmaBuf | None:
+        """The buffer behind ``fd``, None when it is not one of ours; EBADF for a non-fd."""
+        status = os.fstat(fd)
+        with self._lock:
+            return self._buffers.get((status.st_dev, status.st_ino))
+
+    def require(self, fd: int, operation: str) -> DmaBuf:
+        """Like :meth:`identify`, but a foreign fd is EINVAL (the kernel's attach failure)."""
+        buffer = self.identify(fd)
+        if buffer is None:
+            raise fault(errno.EINVAL, f"{operation}: fd {fd} is not a dma-buf")
+        return buffer
+
+    @staticmethod
+    def locate(buffer: DmaBuf, ptr: int, length: int, operation: str) -> int:
+        """Offset of ``ptr`` in ``buffer``, checked like the kernel finds it: via the VMA.
+
+        The pointer must lie in a mapping of that same buffer made at offset 0,
+        and ``ptr..ptr+length`` must stay inside that mapping and the buffer.
+        The kernel silently computes a wrong address when these do not hold;
+        the emulator refuses with EINVAL, the kernel's error for mapping failures.
+        """
+        vma = find_vma(ptr)
+        if vma is None or (vma.device, vma.inode) != buffer.maps_identity:
+            raise fault(
+                errno.EINVAL, f"{operation}: {ptr:#x} is not inside a mapping of the dma-buf"
+            )
+        if vma.offset != 0:
+            raise fault(errno.EINVAL, f"{operation}: the dma-buf is mapped at a non-zero offset")
+        offset = ptr - vma.start
+        if ptr + length > vma.end or offset + length > buffer.size:
+            raise fault(errno.EINVAL, f"{operation}: {ptr:#x}+{length} runs past the mapping")
+        return offset
+
+    @staticmethod
+    def map(fd: int, buffer: DmaBuf) -> mmap.mmap:
+        """The emulated DSP's own mapping of the whole buffer (a reference that keeps it alive)."""
+        return mmap.mmap(
+            fd, buffer.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
+        )
+
+    @staticmethod
+    def check_user_mmap(buffer: DmaBuf, length: int, offset: int) -> None:
+        """dma_buf_mmap_internal: whole pages only, none past the buffer's last full page."""
+        if length <= 0 or offset < 0 or offset % PAGE_SIZE:
+            raise fault(errno.EINVAL, f"mmap: length {length} / offset {offset} not allowed")
+        pages = (length + PAGE_SIZE - 1) // PAGE_SIZE
+        if offset // PAGE_SIZE + pages > buffer.size // PAGE_SIZE:
+            raise fault(
+                errno.EINVAL,
+                f"mmap: {length} bytes at {offset} overflow the {buffer.size}-byte dma-buf"
+                " (the kernel maps whole pages of it only)",
+            )
+
+    @property
+    def allocated(self) -> int:
+        """Buffers handed out since the driver was created."""
+        with self._lock:
+            return self._allocated
+
+    def count_alive(self) -> int:
+        """Buffers this process still references through an fd or a mapping.
+
+        A buffer whose only fd was sent to another process is not counted:
+        the emulator cannot see into other processes.
+        """
+        with self._lock:
+            known = dict(self._buffers)
+        referenced: set[tuple[int, int]] = set()
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                status = os.stat(f"/proc/self/fd/{name}")
+            except OSError:
+                continue  # closed meanwhile (or the listing's own fd)
+            referenced.add((status.st_dev, status.st_ino))
+        by_maps = {buffer.maps_identity: key for key, buffer in known.items()}
+        for vma in read_maps():
+            key = by_maps.get((vma.device, vma.inode))
+            if key is not None:
+                referenced.add(key)
+        return sum(1 for key in known if key in referenced)

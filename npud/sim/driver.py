@@ -1,0 +1,557 @@
+"""EmulatedDriver: the FastRPC kernel driver and the CDSP, behind the Driver seam.
+
+Implements ``npud.fastrpc.driver.Driver`` (open/close/ioctl/mmap) for the two
+CDSP nodes. Requests are decoded from the raw bytes of the ioctl argument with
+the emulator's own layout (:mod:`npud.sim.layout`) and answered the way
+``drivers/misc/fastrpc.c`` does: same errnos, ENOTTY for any other command
+word, DSP result codes as return values. docs/emulator.md lists every rule and
+every place where the emulator had to choose.
+
+Threads: every call runs on the caller's thread; the emulator starts none.
+Locks: the driver lock guards the fd table, the channels and their sessions;
+each DSP process has its own locks (handles, mappings, reverse-RPC queue).
+Order: driver lock -> fault injector lock; no process lock is taken while the
+driver lock is held, except to read a process's counters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import errno
+import mmap
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from npu_protocol.aee import AEE
+from npud.sim import layout
+from npud.sim.addrspace import AddressSpaceFullError
+from npud.sim.channel import Channel
+from npud.sim.config import MAX_DSP_ATTRIBUTES, SimConfig
+from npud.sim.dmabuf import DmaBuf, DmaBufRegistry
+from npud.sim.errors import ERRNO_MAX, SubsystemDownError, fault
+from npud.sim.faults import FaultInjector
+from npud.sim.invoke import InvokeArguments
+from npud.sim.process import (
+    LAST_STATIC_HANDLE,
+    DspCall,
+    DspProcess,
+    ProcessInfo,
+    ProcessKind,
+    is_hexagon_elf,
+)
+from npud.sim.statistics import SimStatistics
+from npud.sim.usermem import UserMemory
+
+SECURE_NODE: Final = "/dev/fastrpc-cdsp-secure"
+NON_SECURE_NODE: Final = "/dev/fastrpc-cdsp"
+NODES: Final = {SECURE_NODE: True, NON_SECURE_NODE: False}  # path -> secure flavour
+
+INIT_HANDLE: Final = 1  # the kernel's own: EPERM from userspace
+INIT_FILELEN_MAX: Final = 2 * 1024 * 1024
+INIT_FILE_NAMELEN_MAX: Final = 128
+MODE_UNSIGNED_MODULE: Final = 0x8
+ADSP_MMAP_ADD_PAGES: Final = 0x1000
+ADSP_MMAP_REMOTE_HEAP_ADDR: Final = 0x8
+OLD_KERNEL_DEV_MAX: Final = 5  # FASTRPC_DEV_MAX before K-2026 (K-6.12ish)
+MDSP_DOMAIN_ID: Final = 1
+
+IoctlBuffer = ctypes.Structure | ctypes.Array[Any] | bytearray | memoryview | None
+"""What ``ioctl`` accepts as ``arg``: any writable buffer (or None)."""
+
+
+def _arg_view(arg: IoctlBuffer, size: int, *, writable: bool) -> memoryview:
+    """The first ``size`` bytes of the user's struct, as the kernel's copy_from_user sees them."""
+    if arg is None:
+        raise fault(errno.EFAULT, "NULL ioctl argument")
+    try:
+        view = memoryview(arg).cast("B")
+    except TypeError:
+        raise fault(errno.EFAULT, "the ioctl argument is not a buffer") from None
+    if view.nbytes < size:
+        raise fault(errno.EFAULT, f"the ioctl argument has {view.nbytes} bytes, needs {size}")
+    if writable and view.readonly:
+        raise fault(errno.EFAULT, "the ioctl argument is read-only")
+    return view[:size]
+
+
+def _ioctl_result(result: int) -> int:
+    """What ioctl(2) returns for the DSP's ``result`` (as libc would report it)."""
+    result &= 0xFFFFFFFF
+    signed = result - (1 << 32) if result & 0x8000_0000 else result
+    if -ERRNO_MAX <= signed < 0:
+        # libc cannot tell such a DSP result from an errno either.
+        raise fault(-signed, f"DSP result {result:#x} lies in libc's errno range")
+    return result
+
+
+@dataclasses.dataclass(eq=False)
+class _DeviceFile:
+    """One open of a device node: the kernel's ``struct fastrpc_user``."""
+
+    fd: int
+    path: str
+    secure: bool
+    channel: Channel
+    session: int
+    process: DspProcess | None = None
+    active_ioctls: int = 0
+    closed: bool = False
+    released: bool = False
+
+    @property
+    def client_id(self) -> int:
+        return self.session + 1
+
+
+class EmulatedDriver:
+    """The emulated kernel driver and DSP; see the module docstring and docs/emulator.md."""
+
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.config = config if config is not None else SimConfig()
+        self._lock = threading.Lock()
+        self._usermem = UserMemory()
+        self._dmabufs = DmaBufRegistry(self.config.max_dma_buf_size)
+        self._devices: dict[int, _DeviceFile] = {}  # open device fds
+        self._live: set[_DeviceFile] = set()  # open, or closed with a release pending
+        self._generation = 1
+        self._channel: Channel | None = Channel(self._generation, self.config.sessions)
+        self._down_until: float | None = None
+        self._restarts = 0
+        self._invokes_in_flight = 0
+        self.faults = FaultInjector(
+            restart=self._subsystem_restart,
+            boot=self._boot,
+            interrupt_listeners=self._interrupt_listeners,
+            sessions=self.config.sessions,
+        )
+        self._handlers: dict[int, Callable[[_DeviceFile, IoctlBuffer], int]] = {
+            layout.ALLOC_DMA_BUFF: self._alloc_dma_buff,
+            layout.INVOKE: self._invoke,
+            layout.INIT_ATTACH: self._init_attach,
+            layout.INIT_CREATE: self._init_create,
+            layout.MMAP: self._mmap,
+            layout.MUNMAP: self._munmap,
+            layout.INIT_ATTACH_SNS: self._init_attach_sns,
+            layout.INIT_CREATE_STATIC: self._init_create_static,
+            layout.MEM_MAP: self._mem_map,
+            layout.MEM_UNMAP: self._mem_unmap,
+            layout.GET_DSP_INFO: self._get_dsp_info,
+        }
+
+    # -- the Driver protocol -------------------------------------------------
+
+    def open(self, path: str, flags: int) -> int:
+        """A new fd bound to a free session of the current channel; the caller owns it.
+
+        ENOENT for any other path or while the DSP is down, EBUSY when no
+        session is free. ``flags`` are accepted and ignored, as by the misc device.
+        """
+        secure = NODES.get(path)
+        if secure is None:
+            raise fault(errno.ENOENT, f"{path}: not a node of the emulated DSP")
+        with self._lock:
+            channel = self._current_channel()
+            if channel is None:
+                raise fault(errno.ENOENT, f"{path}: the DSP is down (subsystem restart)")
+            session = channel.claim_session(self.faults.session_limit)
+            if session is None:
+                raise fault(errno.EBUSY, f"{path}: no free compute session")
+            try:
+                fd = os.eventfd(0, os.EFD_CLOEXEC)
+            except BaseException:
+                channel.release_session(session)
+                raise
+            device = _DeviceFile(fd, path, secure, channel, session)
+            self._devices[fd] = device
+            self._live.add(device)
+        return fd
+
+    def close(self, fd: int) -> None:
+        """Close ``fd``. A device fd releases its session and DSP process.
+
+        Like the kernel, the release waits for ioctls still running on the fd
+        in other threads: it happens when the last of them returns.
+        """
+        with self._lock:
+            device = self._devices.pop(fd, None)
+            release = device is not None and self._mark_closed(device)
+        os.close(fd)
+        if device is not None and release:
+            self._release(device)
+
+    def ioctl(self, fd: int, request: int, arg: IoctlBuffer) -> int:
+        """Run ``request`` on device ``fd``; the DSP's result, or OSError with the errno.
+
+        ENOTTY for fds that are not emulated device fds and for unknown commands.
+        """
+        device = self._enter(fd)
+        try:
+            handler = self._handlers.get(request)
+            if handler is None:
+                raise fault(errno.ENOTTY, f"{request:#010x} is not a FastRPC command")
+            return handler(device, arg)
+        finally:
+            self._leave(device)
+
+    def mmap(self, fd: int, length: int, offset: int = 0) -> mmap.mmap:
+        """A shared read-write mapping of ``fd``; the caller owns it.
+
+        A device fd is ENODEV (the misc device has no mmap). An emulator dma-buf
+        maps like the kernel's: whole pages at page-aligned offsets, none past
+        the buffer's last full page (EINVAL).
+        """
+        with self._lock:
+            if fd in self._devices:
+                raise fault(errno.ENODEV, "the FastRPC device cannot be mapped")
+        buffer = self._dmabufs.identify(fd)
+        if buffer is not None:
+            DmaBufRegistry.check_user_mmap(buffer, length, offset)
+        return mmap.mmap(
+            fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=offset
+        )
+
+    # -- observation ---------------------------------------------------------
+
+    def statistics(self) -> SimStatistics:
+        with self._lock:
+            live = list(self._live)
+            channel = self._channel
+            open_fds = len(self._devices)
+            in_flight = self._invokes_in_flight
+            restarts = self._restarts
+            sessions = channel.sessions_in_use if channel is not None else 0
+            dead = {device: not device.channel.alive for device in live}
+        processes = [(d.process, dead[d]) for d in live if d.process is not None]
+        return SimStatistics(
+            device_fds_open=open_fds,
+            releases_pending=sum(1 for device in live if device.closed),
+            sessions_in_use=sessions,
+            session_limit=self.faults.session_limit,
+            dsp_processes=sum(1 for p, down in processes if not down and not p.exited),
+            remote_handles_open=sum(p.handle_count for p, _ in processes),
+            mem_maps=sum(p.memory.map_count for p, _ in processes),
+            mmap_buffers=sum(p.memory.heap_count for p, _ in processes),
+            dma_bufs_allocated=self._dmabufs.allocated,
+            dma_bufs_alive=self._dmabufs.count_alive(),
+            invokes_in_flight=in_flight,
+            reverse_requests_pending=sum(p.reverse.pending for p, _ in processes),
+            restarts=restarts,
+            dsp_up=channel is not None,
+        )
+
+    def process_info(self, fd: int) -> ProcessInfo | None:
+        """What INIT_CREATE/INIT_ATTACH recorded for device ``fd`` (None before either)."""
+        with self._lock:
+            device = self._devices.get(fd)
+        if device is None:
+            raise fault(errno.EBADF, f"fd {fd} is not an open emulated device")
+        return device.process.info if device.process is not None else None
+
+    # -- fd bookkeeping ------------------------------------------------------
+
+    def _enter(self, fd: int) -> _DeviceFile:
+        with self._lock:
+            device = self._devices.get(fd)
+            if device is not None:
+                device.active_ioctls += 1
+                return device
+        os.fstat(fd)  # EBADF for a number that is not an fd at all
+        raise fault(errno.ENOTTY, f"fd {fd} is not an emulated FastRPC device")
+
+    def _leave(self, device: _DeviceFile) -> None:
+        with self._lock:
+            device.active_ioctls -= 1
+            release = device.closed and self._mark_closed(device)
+        if release:
+            self._release(device)
+
+    @staticmethod
+    def _mark_closed(device: _DeviceFile) -> bool:
+        """Under the lock: True when the caller must now release ``device``."""
+        device.closed = True
+        if device.active_ioctls or device.released:
+            return False
+        device.released = True
+        return True
+
+    def _release(self, device: _DeviceFile) -> None:
+        """The kernel's fastrpc_device_release: tear the DSP process down, free the session."""
+        if device.process is not None:
+            device.process.terminate()
+        with self._lock:
+            device.channel.release_session(device.session)
+            self._live.discard(device)
+
+    # -- the DSP's life ------------------------------------------------------
+
+    def _current_channel(self) -> Channel | None:
+        """Under the lock: the channel new opens bind to, booting when ``down_for`` ran out."""
+        if (
+            self._channel is None
+            and self._down_until is not None
+            and time.monotonic() >= self._down_until
+        ):
+            self._boot_locked()
+        return self._channel
+
+    def _boot_locked(self) -> None:
+        self._generation += 1
+        self._channel = Channel(self._generation, self.config.sessions)
+        self._down_until = None
+
+    def _boot(self) -> None:
+        with self._lock:
+            if self._channel is None:
+                self._boot_locked()
+
+    def _subsystem_restart(self, down_for: float | None) -> None:
+        with self._lock:
+            self._down_until = None if down_for is None else time.monotonic() + down_for
+            channel = self._channel
+            if channel is None:
+                return  # already down: only the time until it comes back changes
+            self._channel = None
+            self._restarts += 1
+            channel.kill()
+            processes = [
+                d.process for d in self._live if d.channel is channel and d.process is not None
+            ]
+        for process in processes:
+            process.channel_down()
+
+    def _interrupt_listeners(self) -> None:
+        with self._lock:
+            channel = self._channel
+            processes = [
+                d.process for d in self._live if d.channel is channel and d.process is not None
+            ]
+        for process in processes:
+            process.reverse.interrupt_listeners()
+
+    def _require_alive(self, device: _DeviceFile, operation: str) -> None:
+        with self._lock:
+            if not device.channel.alive:
+                raise fault(errno.EPIPE, f"{operation}: the DSP restarted; reopen the device")
+
+    # -- ioctl handlers ------------------------------------------------------
+
+    def _alloc_dma_buff(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
+        view = _arg_view(arg, layout.ALLOC_DMA_BUF_STRUCT.size, writable=True)
+        request = layout.AllocDmaBuf._make(layout.ALLOC_DMA_BUF_STRUCT.unpack(view))
+        fd = self._dmabufs.allocate(request.size)
+        layout.S32.pack_into(view, layout.ALLOC_DMA_BUF_FD_OFFSET, fd)
+        return 0
+
+    def _invoke(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
+        view = _arg_view(arg, layout.INVOKE_STRUCT.size, writable=False)
+        request = layout.InvokeRequest._make(layout.INVOKE_STRUCT.unpack(view))
+        scalars = layout.decode_scalars(request.sc)
+        size = layout.INVOKE_ARG_STRUCT.size
+        raw = self._usermem.read(request.args, scalars.length * size)
+        args = [
+            layout.InvokeArg._make(layout.INVOKE_ARG_STRUCT.unpack_from(raw, index * size))
+            for index in range(scalars.length)
+        ]
+        channel = device.channel
+        with self._lock:
+            if not channel.alive:
+                raise fault(errno.EPIPE, "INVOKE: the DSP restarted; reopen the device")
+            if request.handle == INIT_HANDLE:
+                raise fault(errno.EPERM, "INVOKE: handle 1 belongs to the kernel")
+            if not channel.claim_context():
+                raise fault(errno.ENOSPC, "INVOKE: 255 calls are already outstanding")
+            self._invokes_in_flight += 1
+        try:
+            with InvokeArguments(
+                self._usermem, self._dmabufs, scalars, args, self.config.max_dma_buf_size
+            ) as arguments:
+                inputs, outputs = arguments.prepare()
+                result = self._run_on_dsp(
+                    device, DspCall(request.handle, request.sc, inputs, outputs)
+                )
+                if not channel.alive:
+                    raise SubsystemDownError
+                arguments.copy_out()
+        except SubsystemDownError:
+            raise fault(errno.EPIPE, "INVOKE: the DSP restarted during the call") from None
+        finally:
+            with self._lock:
+                channel.release_context()
+                self._invokes_in_flight -= 1
+        return _ioctl_result(result)
+
+    def _run_on_dsp(self, device: _DeviceFile, call: DspCall) -> int:
+        process = device.process
+        if process is None:
+            return AEE.EBADSTATE.dsp  # no INIT_CREATE / INIT_ATTACH yet
+        injected = self.faults.take_invoke_failure(call.handle)
+        if injected is not None:
+            return injected
+        if call.handle > LAST_STATIC_HANDLE:
+            latency = self.faults.latency
+            if latency > 0:
+                device.channel.sleep(latency)
+        return process.invoke(call)
+
+    def _init_create(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
+        view = _arg_view(arg, layout.INIT_CREATE_STRUCT.size, writable=False)
+        request = layout.InitCreate._make(layout.INIT_CREATE_STRUCT.unpack(view))
+        if (
+            self.config.secure_channel
+            and not device.secure
+            and not (request.attrs & MODE_UNSIGNED_MODULE)
+        ):
+            raise fault(errno.ECONNREFUSED, "INIT_CREATE: signed PD through the non-secure node")
+        if request.filelen > INIT_FILELEN_MAX:
+            raise fault(errno.EINVAL, f"INIT_CREATE: filelen {request.filelen} exceeds 2 MiB")
+        image = self._read_shell(request)
+        info = ProcessInfo(
+            ProcessKind.USER_PD, device.client_id, request.attrs, request.siglen, len(image)
+        )
+        return self._create_process(device, info, image)
+
+    def _read_shell(self, request: layout.InitCreate) -> bytes:
+        """The shell image: from the dma-buf ``filefd`` when given, else from ``file``."""
+        if not request.filelen:
+            return b""
+        if request.filefd:
+            buffer = self._dmabufs.identify(request.filefd)  # EBADF for -1 too, as in the kernel
+            if buffer is None:
+                raise fault(errno.EINVAL, f"INIT_CREATE: filefd {request.filefd} is not a dma-buf")
+            if request.filelen > buffer.size:
+                raise fault(errno.EINVAL, "INIT_CREATE: filelen exceeds the dma-buf")
+            offset = DmaBufRegistry.locate(buffer, request.file, request.filelen, "INIT_CREATE")
+            with DmaBufRegistry.map(request.filefd, buffer) as mapping:
+                return bytes(mapping[offset : offset + request.filelen])
+        return bytes(self._usermem.read(request.file, request.filelen))
+
+    def _create_process(
+        self, device: _DeviceFile, info: ProcessInfo, image: bytes | None = None
+    ) -> int:
+        with self._lock:
+            if not device.channel.alive:
+                raise fault(errno.EPIPE, "INIT: the DSP restarted; reopen the device")
+            if device.process is not None:
+                return AEE.EALREADY.dsp
+            if image is not None and not is_hexagon_elf(image):
+                return AEE.EBADELF.dsp
+            device.process = DspProcess(info, self.config, device.channel.sleep)
+        return 0
+
+    def _init_attach(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
+        return self._create_process(device, ProcessInfo(ProcessKind.ROOT_PD, device.client_id))
+
+    def _init_attach_sns(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
+        self._require_alive(device, "INIT_ATTACH_SNS")
+        return AEE.EUNSUPPORTED.dsp  # the CDSP has no sensors PD
+
+    def _init_create_static(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
+        view = _arg_view(arg, layout.INIT_CREATE_STATIC_STRUCT.size, writable=False)
+        request = layout.InitCreateStatic._make(layout.INIT_CREATE_STATIC_STRUCT.unpack(view))
+        if request.namelen > INIT_FILE_NAMELEN_MAX:
+            raise fault(errno.EINVAL, f"INIT_CREATE_STATIC: namelen {request.namelen} > 128")
+        self._usermem.read(request.name, request.namelen)
+        self._require_alive(device, "INIT_CREATE_STATIC")
+        return AEE.EUNSUPPORTED.dsp  # static PDs (audiopd, sensorspd) live on the ADSP
+
+    def _mmap(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
+        view = _arg_view(arg, layout.REQ_MMAP_STRUCT.size, writable=True)
+        request = layout.ReqMmap._make(layout.REQ_MMAP_STRUCT.unpack(view))
+        if request.flags not in (ADSP_MMAP_ADD_PAGES, ADSP_MMAP_REMOTE_HEAP_ADDR):
+            raise fault(errno.EINVAL, f"MMAP: flags {request.flags:#x} not supported")
+        if request.vaddrin:
+            raise fault(errno.EINVAL, "MMAP: vaddrin must be 0")
+        if request.size == 0 or request.size > self.config.max_dma_buf_size:
+            raise fault(errno.ENOMEM, f"MMAP: cannot allocate {request.size} bytes")
+        self._require_alive(device, "MMAP")
+        process = device.process
+        if process is None or process.exited:
+            return AEE.EBADSTATE.dsp
+        try:
+            vaddr = process.memory.add_heap(request.size, request.flags)
+        except AddressSpaceFullError:
+            raise fault(errno.ENOMEM, "MMAP: the DSP address space is full") from None
+        layout.U64.pack_into(view, layout.REQ_MMAP_VADDROUT_OFFSET, vaddr)
+        return 0
+
+    def _munmap(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
+        view = _arg_view(arg, layout.REQ_MUNMAP_STRUCT.size, writable=False)
+        request = layout.ReqMunmap._make(layout.REQ_MUNMAP_STRUCT.unpack(view))
+        process = device.process
+        if process is None or not process.memory.has_heap(request.vaddrout, request.size):
+            raise fault(errno.EINVAL, "MUNMAP: no buffer with that address and size")
+        self._require_alive(device, "MUNMAP")
+        if not process.memory.remove_heap(request.vaddrout, request.size):
+            raise fault(errno.EINVAL, "MUNMAP: no buffer with that address and size")
+        return 0
+
+    def _mem_map(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
+        view = _arg_view(arg, layout.MEM_MAP_STRUCT.size, writable=True)
+        request = layout.MemMap._make(layout.MEM_MAP_STRUCT.unpack(view))
+        buffer = self._dmabufs.identify(request.fd)  # EBADF when not an fd
+        if buffer is None:
+            raise fault(errno.EINVAL, f"MEM_MAP: fd {request.fd} is not a dma-buf")
+        if request.length > buffer.size:
+            raise fault(errno.EINVAL, "MEM_MAP: length exceeds the dma-buf")
+        self._require_alive(device, "MEM_MAP")
+        process = device.process
+        if process is None or process.exited:
+            return AEE.EBADSTATE.dsp
+        if not self._fits(buffer, request.offset, request.length):
+            return AEE.EBADPARM.dsp
+        mapping = DmaBufRegistry.map(request.fd, buffer)
+        try:
+            vaddr = process.memory.add_map(
+                request.fd, buffer, mapping, request.offset, request.length, request.flags
+            )
+        except AddressSpaceFullError:
+            mapping.close()
+            raise fault(errno.ENOMEM, "MEM_MAP: the DSP address space is full") from None
+        layout.U64.pack_into(view, layout.MEM_MAP_VADDROUT_OFFSET, vaddr)
+        return 0
+
+    @staticmethod
+    def _fits(buffer: DmaBuf, offset: int, length: int) -> bool:
+        return length > 0 and offset >= 0 and offset + length <= buffer.size
+
+    def _mem_unmap(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
+        view = _arg_view(arg, layout.MEM_UNMAP_STRUCT.size, writable=False)
+        request = layout.MemUnmap._make(layout.MEM_UNMAP_STRUCT.unpack(view))
+        process = device.process
+        entry = process.memory.find_map(request.vaddr, request.fd) if process else None
+        if process is None or entry is None:
+            raise fault(errno.EINVAL, "MEM_UNMAP: no mapping at that address for that fd")
+        self._require_alive(device, "MEM_UNMAP")
+        if not process.memory.remove_map(entry):
+            raise fault(errno.EINVAL, "MEM_UNMAP: no mapping at that address for that fd")
+        return 0
+
+    def _get_dsp_info(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
+        view = _arg_view(arg, layout.CAPABILITY_STRUCT.size, writable=True)
+        request = layout.Capability._make(layout.CAPABILITY_STRUCT.unpack(view))
+        if self.config.capability_domain_check and (
+            request.domain >= OLD_KERNEL_DEV_MAX or request.domain == MDSP_DOMAIN_ID
+        ):
+            raise fault(errno.ECHRNG, f"GET_DSP_INFO: domain {request.domain} is invalid")
+        if request.attribute_id >= MAX_DSP_ATTRIBUTES:
+            raise fault(errno.EOVERFLOW, f"GET_DSP_INFO: attribute {request.attribute_id} >= 256")
+        channel = device.channel
+        with self._lock:
+            table = channel.capabilities
+            if table is None:
+                # The first query asks the DSP; the answer is cached for the channel's life.
+                if not channel.alive:
+                    raise fault(errno.EPIPE, "GET_DSP_INFO: the DSP restarted")
+                if not self.config.capability_api:
+                    raise fault(errno.EOPNOTSUPP, "GET_DSP_INFO: the DSP has no capability API")
+                table = channel.capabilities = self.config.capability_table()
+        value = table[request.attribute_id]
+        if self.config.capability_copyback_bug:
+            layout.U32.pack_into(view, layout.CAPABILITY_DOMAIN_OFFSET, value)
+        else:
+            layout.U32.pack_into(view, layout.CAPABILITY_VALUE_OFFSET, value)
+        return 0

@@ -1,0 +1,156 @@
+"""The kernel half of INVOKE: turning the user's argument array into DSP buffers and back.
+
+Mirrors ``fastrpc_get_args``/``fastrpc_put_args``:
+
+* a buffer with fd -1 or 0 (or length 0) is plain memory: input bytes are
+  copied in before the call, output bytes copied back to ``ptr`` after it
+  (whatever the DSP's result: the kernel copies back before it looks at it);
+  plain buffers that overlap in user memory share one payload region, so an
+  output overlapping an input starts out holding the input's bytes;
+* any other fd must be a dma-buf of this emulator and ``ptr..ptr+length`` must
+  lie in a mapping of it: the DSP then works on that memory directly (through
+  the emulator's own mapping, held for the duration of the call);
+* handle slots must carry dma-buf fds; nothing is passed for them.
+
+Failures: EINVAL for anything about a dma-buf argument, EFAULT for unreadable
+or unwritable plain memory, ENOMEM when the plain buffers together exceed
+what the kernel could allocate for its payload.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+from npud.sim.dmabuf import DmaBuf, DmaBufRegistry
+from npud.sim.errors import fault
+from npud.sim.layout import InvokeArg, Scalars
+from npud.sim.usermem import UserMemory
+
+
+def _is_plain(arg: InvokeArg) -> bool:
+    return arg.fd in (0, -1) or arg.length == 0
+
+
+class InvokeArguments:
+    """The buffers of one INVOKE; a context manager that releases every view and mapping."""
+
+    def __init__(
+        self,
+        usermem: UserMemory,
+        dmabufs: DmaBufRegistry,
+        scalars: Scalars,
+        args: Sequence[InvokeArg],
+        max_payload: int,
+    ) -> None:
+        self._usermem = usermem
+        self._max_payload = max_payload
+        self._dmabufs = dmabufs
+        self._inbufs = scalars.inbufs
+        self._nbufs = scalars.inbufs + scalars.outbufs
+        self._args = args
+        self._views: list[memoryview] = []  # every view handed out, released at exit
+        self._mappings: dict[tuple[int, int], mmap.mmap] = {}
+        self._buffers: list[memoryview] = []
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        for view in reversed(self._views):
+            view.release()
+        self._views.clear()
+        for mapping in self._mappings.values():
+            mapping.close()
+        self._mappings.clear()
+
+    def _track(self, view: memoryview) -> memoryview:
+        self._views.append(view)
+        return view
+
+    def prepare(self) -> tuple[list[memoryview], list[memoryview]]:
+        """Map dma-bufs, build the payload, copy inputs in: (inputs, outputs) for the DSP."""
+        buffers: list[memoryview | None] = [None] * self._nbufs
+        for index, arg in enumerate(self._args):
+            if _is_plain(arg):
+                continue
+            buffer = self._dma_buf(index, arg)
+            if index < self._nbufs:
+                offset = DmaBufRegistry.locate(buffer, arg.ptr, arg.length, f"INVOKE arg {index}")
+                whole = self._track(memoryview(self._mapping(arg.fd, buffer)))
+                buffers[index] = self._track(whole[offset : offset + arg.length])
+        complete = self._build_payload(buffers)
+        for index in range(self._inbufs):
+            arg = self._args[index]
+            if _is_plain(arg) and arg.length:
+                complete[index][:] = self._usermem.read(arg.ptr, arg.length)
+        self._buffers = complete
+        inputs = [self._track(view.toreadonly()) for view in complete[: self._inbufs]]
+        return inputs, complete[self._inbufs :]
+
+    def _dma_buf(self, index: int, arg: InvokeArg) -> DmaBuf:
+        try:
+            buffer = self._dmabufs.identify(arg.fd)
+        except OSError:
+            buffer = None
+        if buffer is None:
+            raise fault(errno.EINVAL, f"INVOKE arg {index}: fd {arg.fd} is not a dma-buf")
+        if arg.length > buffer.size:
+            raise fault(
+                errno.EINVAL,
+                f"INVOKE arg {index}: length {arg.length} exceeds the {buffer.size}-byte dma-buf",
+            )
+        return buffer
+
+    def _mapping(self, fd: int, buffer: DmaBuf) -> mmap.mmap:
+        mapping = self._mappings.get(buffer.key)
+        if mapping is None:
+            mapping = self._mappings[buffer.key] = DmaBufRegistry.map(fd, buffer)
+        return mapping
+
+    def _build_payload(self, buffers: list[memoryview | None]) -> list[memoryview]:
+        """Give plain buffers views of the payload: one zeroed region per overlapping run."""
+        spans = sorted(
+            (arg.ptr, arg.ptr + arg.length, index)
+            for index, arg in enumerate(self._args[: self._nbufs])
+            if buffers[index] is None and arg.length
+        )
+        regions: list[list[int]] = []  # [start, end]
+        owner: dict[int, int] = {}  # argument index -> region index
+        for start, end, index in spans:
+            if regions and start < regions[-1][1]:
+                regions[-1][1] = max(regions[-1][1], end)
+            else:
+                regions.append([start, end])
+            owner[index] = len(regions) - 1
+        size = sum(end - start for start, end in regions)
+        if size > self._max_payload:
+            raise fault(errno.ENOMEM, f"INVOKE: {size} bytes of plain buffers")
+        payload = [self._track(memoryview(bytearray(end - start))) for start, end in regions]
+        complete: list[memoryview] = []
+        for index, mapped in enumerate(buffers):
+            arg = self._args[index]
+            if mapped is not None:
+                complete.append(mapped)
+            elif not arg.length:
+                complete.append(self._track(memoryview(bytearray())))
+            else:
+                region = owner[index]
+                offset = arg.ptr - regions[region][0]
+                complete.append(self._track(payload[region][offset : offset + arg.length]))
+        return complete
+
+    def copy_out(self) -> None:
+        """put_args: plain output buffers go back to user memory (EFAULT when unwritable)."""
+        for index in range(self._inbufs, self._nbufs):
+            arg = self._args[index]
+            if _is_plain(arg) and arg.length:
+                self._usermem.write(arg.ptr, self._buffers[index])

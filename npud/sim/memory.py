@@ -1,0 +1,126 @@
+"""What an fd has mapped into its DSP process: MMAP heap buffers and MEM_MAP dma-bufs.
+
+The kernel keeps both lists per fd and drops them on close(); the DSP gives
+each a range of the process's 32-bit address space. A MEM_MAP mapping holds
+the emulator's own ``mmap`` of the dma-buf: that is the reference that keeps
+the memory alive after the caller closed its fd, like the kernel's map refcount.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import threading
+
+from npud.sim.addrspace import DspAddressSpace
+from npud.sim.dmabuf import DmaBuf
+
+
+@dataclasses.dataclass(eq=False)
+class HeapBuffer:
+    vaddr: int
+    size: int
+    flags: int
+
+
+@dataclasses.dataclass(eq=False)
+class MemMapping:
+    vaddr: int
+    fd: int  # the fd number given to MEM_MAP; MEM_UNMAP matches on it
+    buffer: DmaBuf
+    offset: int
+    length: int
+    flags: int
+    mapping: mmap.mmap
+    region: int  # start of the address-space range
+
+
+class ProcessMemory:
+    """Thread-safe bookkeeping of one DSP process's mappings."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._space = DspAddressSpace()
+        self._heap: list[HeapBuffer] = []
+        self._maps: list[MemMapping] = []
+
+    def add_heap(self, size: int, flags: int) -> int:
+        """Reserve DSP addresses for a heap buffer; raises AddressSpaceFullError."""
+        with self._lock:
+            vaddr = self._space.allocate(size)
+            self._heap.append(HeapBuffer(vaddr, size, flags))
+            return vaddr
+
+    def remove_heap(self, vaddr: int, size: int) -> bool:
+        """Drop the buffer with exactly this (address, size); False when there is none."""
+        with self._lock:
+            for buffer in self._heap:
+                if buffer.vaddr == vaddr and buffer.size == size:
+                    self._heap.remove(buffer)
+                    self._space.release(vaddr)
+                    return True
+            return False
+
+    def has_heap(self, vaddr: int, size: int) -> bool:
+        with self._lock:
+            return any(b.vaddr == vaddr and b.size == size for b in self._heap)
+
+    def add_map(
+        self,
+        fd: int,
+        buffer: DmaBuf,
+        mapping: mmap.mmap,
+        offset: int,
+        length: int,
+        flags: int,
+    ) -> int:
+        """Map ``length`` bytes of ``buffer`` from ``offset``; takes ownership of ``mapping``.
+
+        Returns the DSP address of byte ``offset``; raises AddressSpaceFullError
+        (``mapping`` then stays the caller's).
+        """
+        page_offset = offset % mmap.PAGESIZE
+        with self._lock:
+            region = self._space.allocate(page_offset + length)
+            entry = MemMapping(
+                region + page_offset, fd, buffer, offset, length, flags, mapping, region
+            )
+            self._maps.append(entry)
+            return entry.vaddr
+
+    def find_map(self, vaddr: int, fd: int) -> MemMapping | None:
+        """The mapping at ``vaddr`` made through ``fd`` (any fd when ``fd < 0``)."""
+        with self._lock:
+            for entry in self._maps:
+                if entry.vaddr == vaddr and (fd < 0 or entry.fd == fd):
+                    return entry
+            return None
+
+    def remove_map(self, entry: MemMapping) -> bool:
+        """Drop ``entry``; False when another thread already did."""
+        with self._lock:
+            if entry not in self._maps:
+                return False
+            self._maps.remove(entry)
+            self._space.release(entry.region)
+        entry.mapping.close()
+        return True
+
+    def release_all(self) -> None:
+        """close(): every mapping and heap buffer goes."""
+        with self._lock:
+            maps, self._maps = self._maps, []
+            self._heap.clear()
+            self._space = DspAddressSpace()
+        for entry in maps:
+            entry.mapping.close()
+
+    @property
+    def heap_count(self) -> int:
+        with self._lock:
+            return len(self._heap)
+
+    @property
+    def map_count(self) -> int:
+        with self._lock:
+            return len(self._maps)

@@ -1,0 +1,314 @@
+"""A simulated DSP process: what INIT_CREATE (or INIT_ATTACH) creates for an fd.
+
+It answers the static handles a client talks to, and the remote handles it
+opened:
+
+* 0 ``remotectl`` (and 8, ``remotectl1``): open (method 0 / 2, sc 0x00020200)
+  and close (method 1 / 3, sc 0x01010200) with the layouts of reference 5.3;
+* 3 ``adsp_listener`` (and 7, ``adsp_listener1``): init2, next2 and
+  get_in_bufs2 (methods 3/4/5, or 5/6/7), the reverse-RPC pump;
+* 4 ``adsp_current_process1``: method 2 ``exit`` (sc 0x02000000);
+* 2, 5, 6, 9, 10: modules this DSP does not have: AEE_ENOSUCHMOD;
+* any other number: a remote handle from remotectl open (AEE_EINVHANDLE when
+  unknown or closed; handles are never reused within a process).
+
+Once the process exited (handle 4 exit) every invoke answers AEE_EBADSTATE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from npu_protocol.aee import AEE
+from npud.sim.config import SimConfig
+from npud.sim.errors import ListenerInterruptedError, ProcessExitedError, SubsystemDownError
+from npud.sim.layout import decode_scalars
+from npud.sim.loader import LoadedSkel, LoadError, SkelLoader
+from npud.sim.memory import ProcessMemory
+from npud.sim.reverse import BadReverseMessageError, ListenerNotReadyError, ReverseRpc
+from npud.sim.skels import SkelCall, run_method
+
+REMOTECTL_METHODS: Final = {0: (0, 1), 8: (2, 3)}  # handle -> (open, close)
+LISTENER_METHODS: Final = {3: (3, 4, 5), 7: (5, 6, 7)}  # handle -> (init2, next2, get_in_bufs2)
+CURRENT_PROCESS_HANDLE: Final = 4
+EXIT_METHOD: Final = 2
+LAST_STATIC_HANDLE: Final = 10
+MAX_HANDLES_PER_PROCESS: Final = 0xFFFFF
+
+_U32: Final = struct.Struct("<I")
+_S32: Final = struct.Struct("<i")
+_U32_PAIR: Final = struct.Struct("<II")
+_OPEN_RESULT: Final = struct.Struct("<II")  # handle, dlopen error (an s32 on the wire)
+_NEXT2_IN: Final = struct.Struct("<IiII")  # prevCtx, prevResult, prevbufs len, bufs capacity
+_NEXT2_OUT: Final = struct.Struct("<IIII")  # ctx, handle, sc, bytes needed
+_GET_IN_BUFS2_IN: Final = struct.Struct("<III")  # ctx, offset, capacity
+
+ELF_MAGIC: Final = b"\x7fELF"
+ELFCLASS32: Final = 1
+ELFDATA2LSB: Final = 1
+EM_QDSP6: Final = 164
+ELF32_HEADER_SIZE: Final = 52
+
+
+def is_hexagon_elf(image: bytes) -> bool:
+    """The shell check of the simulated DSP: an ELF32 little-endian file for EM_QDSP6."""
+    if len(image) < ELF32_HEADER_SIZE or image[:4] != ELF_MAGIC:
+        return False
+    if image[4] != ELFCLASS32 or image[5] != ELFDATA2LSB:
+        return False
+    (machine,) = struct.unpack_from("<H", image, 18)
+    return bool(machine == EM_QDSP6)
+
+
+class ProcessKind(enum.Enum):
+    USER_PD = "user PD (INIT_CREATE)"
+    ROOT_PD = "root PD (INIT_ATTACH)"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessInfo:
+    """What the INIT ioctl told the DSP; kept for tests and statistics."""
+
+    kind: ProcessKind
+    client_id: int
+    attrs: int = 0
+    siglen: int = 0
+    image_size: int = 0
+
+    @property
+    def unsigned(self) -> bool:
+        """FASTRPC_MODE_UNSIGNED_MODULE (0x8): an unsigned PD."""
+        return bool(self.attrs & 0x8)
+
+    @property
+    def create_method(self) -> int | None:
+        """The kernel's remote method: 6 INIT_CREATE, 7 INIT_CREATE_ATTR (attrs != 0)."""
+        if self.kind is not ProcessKind.USER_PD:
+            return None
+        return 7 if self.attrs else 6
+
+
+@dataclasses.dataclass(frozen=True)
+class DspCall:
+    """An invocation as it reaches the DSP: buffers already copied in or mapped."""
+
+    handle: int
+    sc: int
+    inputs: Sequence[memoryview]
+    outputs: Sequence[memoryview]
+
+
+class _BadCallError(Exception):
+    """Arguments that do not fit the static method: AEE_EBADPARM."""
+
+
+def _expect_counts(call: DspCall, inbufs: int, outbufs: int) -> None:
+    if decode_scalars(call.sc).counts != (inbufs, outbufs, 0, 0):
+        raise _BadCallError
+
+
+def _unpack(view: memoryview, layout: struct.Struct) -> tuple[int, ...]:
+    if len(view) != layout.size:
+        raise _BadCallError
+    return layout.unpack(view)
+
+
+def _write_text(target: memoryview, text: str) -> None:
+    """A NUL-terminated message, truncated to the buffer."""
+    if len(target) == 0:
+        return
+    data = text.encode("utf-8")[: len(target) - 1] + b"\0"
+    target[: len(data)] = data
+
+
+class DspProcess:
+    """One process on the simulated DSP, bound to one device fd."""
+
+    def __init__(
+        self, info: ProcessInfo, config: SimConfig, sleep: Callable[[float], None]
+    ) -> None:
+        self.info = info
+        self.memory = ProcessMemory()
+        self.reverse = ReverseRpc()
+        self._loader = SkelLoader(self.reverse, config.skels, config.reverse_rpc_timeout)
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._handles: dict[int, LoadedSkel] = {}
+        self._issued = 0
+        self._exited = False
+
+    @property
+    def exited(self) -> bool:
+        with self._lock:
+            return self._exited
+
+    @property
+    def handle_count(self) -> int:
+        with self._lock:
+            return len(self._handles)
+
+    # -- invocation ----------------------------------------------------------
+
+    def invoke(self, call: DspCall) -> int:
+        """Run ``call``; the AEE result. SubsystemDownError when the DSP restarts meanwhile."""
+        if self.exited:
+            return AEE.EBADSTATE.dsp
+        try:
+            return self._dispatch(call)
+        except _BadCallError:
+            return AEE.EBADPARM.dsp
+        except ProcessExitedError:
+            return AEE.EBADSTATE.dsp
+
+    def _dispatch(self, call: DspCall) -> int:
+        handle = call.handle
+        if handle in REMOTECTL_METHODS:
+            return self._remotectl(call, *REMOTECTL_METHODS[handle])
+        if handle in LISTENER_METHODS:
+            return self._listener(call, *LISTENER_METHODS[handle])
+        if handle == CURRENT_PROCESS_HANDLE:
+            return self._current_process(call)
+        if handle <= LAST_STATIC_HANDLE:
+            return AEE.ENOSUCHMOD.dsp
+        with self._lock:
+            loaded = self._handles.get(handle)
+        if loaded is None:
+            return AEE.EINVHANDLE.dsp
+        skel_call = SkelCall(call.sc, call.inputs, call.outputs, self._sleep)
+        return run_method(loaded.skel, loaded.method_offset, skel_call)
+
+    # -- remotectl -----------------------------------------------------------
+
+    def _remotectl(self, call: DspCall, open_method: int, close_method: int) -> int:
+        method = decode_scalars(call.sc).method
+        if method == open_method:
+            return self._remotectl_open(call)
+        if method == close_method:
+            return self._remotectl_close(call)
+        return AEE.EUNSUPPORTED.dsp
+
+    def _remotectl_open(self, call: DspCall) -> int:
+        _expect_counts(call, 2, 2)
+        name_length, error_capacity = _unpack(call.inputs[0], _U32_PAIR)
+        name = call.inputs[1]
+        result, error_text = call.outputs
+        if len(name) != name_length or name_length == 0 or name[name_length - 1] != 0:
+            raise _BadCallError
+        if len(result) != _OPEN_RESULT.size or len(error_text) != error_capacity:
+            raise _BadCallError
+        uri = bytes(name[: name_length - 1]).split(b"\0", 1)[0].decode("utf-8", errors="replace")
+        try:
+            loaded = self._loader.load(uri)
+        except LoadError as exc:
+            result[:] = _OPEN_RESULT.pack(0, exc.code)
+            _write_text(error_text, exc.message)
+            return 0
+        with self._lock:
+            if self._exited:
+                loaded.skel.close()
+                return AEE.EBADSTATE.dsp
+            if self._issued >= MAX_HANDLES_PER_PROCESS:
+                loaded.skel.close()
+                return AEE.EOUTOFHANDLES.dsp
+            self._issued += 1
+            handle = (self.info.client_id << 24) | (self._issued << 4)
+            self._handles[handle] = loaded
+        result[:] = _OPEN_RESULT.pack(handle, 0)
+        return 0
+
+    def _remotectl_close(self, call: DspCall) -> int:
+        _expect_counts(call, 1, 2)
+        handle, error_capacity = _unpack(call.inputs[0], _U32_PAIR)
+        status, error_text = call.outputs
+        if len(status) != _S32.size or len(error_text) != error_capacity:
+            raise _BadCallError
+        with self._lock:
+            loaded = self._handles.pop(handle, None)
+        if loaded is None:
+            return AEE.EINVHANDLE.dsp
+        loaded.skel.close()
+        status[:] = _S32.pack(0)
+        return 0
+
+    # -- the listener (reverse RPC) -----------------------------------------
+
+    def _listener(self, call: DspCall, init2: int, next2: int, get_in_bufs2: int) -> int:
+        method = decode_scalars(call.sc).method
+        if method == init2:
+            _expect_counts(call, 0, 0)
+            self.reverse.init_listener()
+            return 0
+        if method == next2:
+            return self._next2(call)
+        if method == get_in_bufs2:
+            return self._get_in_bufs2(call)
+        return AEE.EUNSUPPORTED.dsp
+
+    def _next2(self, call: DspCall) -> int:
+        _expect_counts(call, 2, 2)
+        prev_ctx, prev_result, prev_length, capacity = _unpack(call.inputs[0], _NEXT2_IN)
+        prev_bufs = call.inputs[1]
+        header, bufs = call.outputs
+        if len(prev_bufs) != prev_length or len(bufs) != capacity:
+            raise _BadCallError
+        if len(header) != _NEXT2_OUT.size:
+            raise _BadCallError
+        try:
+            request = self.reverse.next(
+                prev_ctx, prev_result & 0xFFFFFFFF, bytes(prev_bufs), capacity
+            )
+        except ListenerInterruptedError:
+            return int(AEE.EINTERRUPTED)
+        except ListenerNotReadyError:
+            return AEE.ENOTINITIALIZED.dsp
+        header[:] = _NEXT2_OUT.pack(request.ctx, request.handle, request.sc, request.needed)
+        bufs[: len(request.data)] = request.data
+        return 0
+
+    def _get_in_bufs2(self, call: DspCall) -> int:
+        _expect_counts(call, 1, 2)
+        ctx, offset, capacity = _unpack(call.inputs[0], _GET_IN_BUFS2_IN)
+        header, bufs = call.outputs
+        if len(header) != _U32.size or len(bufs) != capacity:
+            raise _BadCallError
+        try:
+            data, needed = self.reverse.get_in_bufs(ctx, offset, capacity)
+        except BadReverseMessageError:
+            return AEE.EBADPARM.dsp
+        header[:] = _U32.pack(needed)
+        bufs[: len(data)] = data
+        return 0
+
+    # -- adsp_current_process1 -------------------------------------------------
+
+    def _current_process(self, call: DspCall) -> int:
+        if decode_scalars(call.sc).method != EXIT_METHOD:
+            return AEE.EUNSUPPORTED.dsp
+        _expect_counts(call, 0, 0)
+        self._end(ProcessExitedError)
+        return 0
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def _end(self, reason: type[ProcessExitedError] | type[SubsystemDownError]) -> None:
+        """The process stops existing on the DSP: handles go, waiters wake up."""
+        with self._lock:
+            self._exited = True
+            handles, self._handles = self._handles, {}
+        self.reverse.shutdown(reason)
+        for loaded in handles.values():
+            loaded.skel.close()
+
+    def channel_down(self) -> None:
+        """Subsystem restart: the DSP side is gone; kernel-side mappings stay until close."""
+        self._end(SubsystemDownError)
+
+    def terminate(self) -> None:
+        """close() of the fd (the kernel's INIT_RELEASE): everything goes."""
+        self._end(ProcessExitedError)
+        self.memory.release_all()

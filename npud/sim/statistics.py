@@ -1,0 +1,43 @@
+"""SimStatistics: a snapshot of what the emulated kernel and DSP hold right now."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class SimStatistics:
+    """Counts for leak tests; every number is "currently", except the totals marked so.
+
+    * ``device_fds_open``: device fds returned by open() and not yet closed.
+    * ``releases_pending``: closed device fds whose release waits for an ioctl
+      still running on another thread (the kernel's file refcount).
+    * ``sessions_in_use`` / ``session_limit``: on the current channel.
+    * ``dsp_processes``: processes alive on the DSP (created, not exited,
+      channel up).
+    * ``remote_handles_open``: handles from remotectl open, not closed.
+    * ``mem_maps`` / ``mmap_buffers``: MEM_MAP mappings and MMAP heap buffers
+      the kernel still records (fds not yet released, dead channels included).
+    * ``dma_bufs_allocated``: total ALLOC_DMA_BUFF successes (a total).
+    * ``dma_bufs_alive``: emulator buffers this process still references
+      through an fd or a mapping (the emulator's own mappings included).
+    * ``invokes_in_flight``: INVOKE ioctls executing now (blocked listeners too).
+    * ``reverse_requests_pending``: reverse-RPC requests queued or being served.
+    * ``restarts``: subsystem restarts so far (a total).
+    * ``dsp_up``: the device nodes exist.
+    """
+
+    device_fds_open: int
+    releases_pending: int
+    sessions_in_use: int
+    session_limit: int
+    dsp_processes: int
+    remote_handles_open: int
+    mem_maps: int
+    mmap_buffers: int
+    dma_bufs_allocated: int
+    dma_bufs_alive: int
+    invokes_in_flight: int
+    reverse_requests_pending: int
+    restarts: int
+    dsp_up: bool

@@ -1,0 +1,379 @@
+#!/usr/bin/env bash
+# Lay out npud's system integration: the systemd units, sysusers.d and
+# tmpfiles.d entries, the udev rule, the configuration, the QAIRT environment
+# script, the shell's signature reference files, and optionally the daemon's
+# venv. Idempotent: a file already in place with the right content, mode and
+# owner is left alone, and a run that changes nothing says so.
+# docs/deploy.md walks through the whole installation.
+set -euo pipefail
+umask 022
+
+readonly PROG=install.sh
+SOURCE_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
+readonly SOURCE_DIR
+# ExecStart in systemd/npud.service points into this venv.
+readonly VENV_DIR=/opt/npud/venv
+readonly CONFIG_DIR=/etc/npud
+readonly DSP_DIR=/usr/lib/dsp/cdsp
+readonly SHELL_NAME=fastrpc_shell_unsigned_3
+readonly PUBLIC_KEY_NAME=shell-signing.pub
+readonly SIGNATURE_SIZE=64
+# npud.fastrpc.shell.DEVELOPMENT_PUBLIC_KEY_HEX (a test keeps them equal): the
+# key whose private half is in the repository, refused for a device.
+readonly DEVELOPMENT_PUBLIC_KEY_HEX=e058d490c7ade196e48affcb26c314c9b7f069ab0ae2d8ed0f31fafb2b4e62cb
+
+usage() {
+    cat <<EOF
+Usage: $PROG [OPTIONS]
+
+Install npud's units, configuration and reference files.
+
+Options:
+  --root DIR         install below DIR instead of / (like DESTDIR; DIR must
+                     exist). Nothing is activated. Env: NPUD_INSTALL_ROOT.
+  --dry-run          print what would change; write and run nothing
+  --signing-dir DIR  install the shell's signature reference files from DIR:
+                     $PUBLIC_KEY_NAME, $SHELL_NAME.sha256 and
+                     $SHELL_NAME.sig, made with \`npud-sign-shell\` and your
+                     own key. npud's development key is refused.
+  --shell-image FILE check the .sha256 of --signing-dir against FILE instead of
+                     the shell installed in $DSP_DIR
+  --with-venv        also create $VENV_DIR and pip-install npud into it
+                     (the running system only; needs python3 >= 3.11)
+  --no-activate      on the running system, do not run systemd-sysusers,
+                     systemd-tmpfiles, udevadm and systemctl
+  -h, --help         show this help
+
+Files (below --root):
+  /etc/systemd/system/npud.service, npud.socket          0644
+  /etc/sysusers.d/npud.conf, /etc/tmpfiles.d/npud.conf    0644
+  /etc/udev/rules.d/90-npud-fastrpc.rules                 0644
+  $CONFIG_DIR/npud.toml   0644 (an edited one is kept; the shipped one goes to npud.toml.new)
+  $CONFIG_DIR/$PUBLIC_KEY_NAME                              0644 (--signing-dir)
+  $DSP_DIR/$SHELL_NAME.sha256, .sig   0644 (--signing-dir)
+  /usr/share/npud/portal-npu.sh, /usr/share/doc/npud/deploy.md  0644
+All owned by root when run as root.
+
+Exit status: 0 done (or nothing to do), 1 error, 2 bad usage.
+EOF
+}
+
+die() {
+    printf '%s: error: %s\n' "$PROG" "$*" >&2
+    exit 1
+}
+
+usage_error() {
+    printf '%s: %s\nTry %s --help.\n' "$PROG" "$*" "$PROG" >&2
+    exit 2
+}
+
+note() { printf '%s: %s\n' "$PROG" "$*"; }
+
+# report WHAT PATH: one line per file, aligned.
+report() { printf '%s: %-10s %s\n' "$PROG" "$1" "$2"; }
+
+warn() { printf '%s: warning: %s\n' "$PROG" "$*" >&2; }
+
+root=${NPUD_INSTALL_ROOT:-/}
+dry_run=0
+activate=1
+with_venv=0
+signing_dir=""
+shell_image=""
+
+need_value() {
+    [[ $# -ge 2 && -n $2 ]] || usage_error "$1 needs a value"
+}
+
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --root) need_value "$@"; root=$2; shift 2 ;;
+        --root=*) root=${1#*=}; shift ;;
+        --signing-dir) need_value "$@"; signing_dir=$2; shift 2 ;;
+        --signing-dir=*) signing_dir=${1#*=}; shift ;;
+        --shell-image) need_value "$@"; shell_image=$2; shift 2 ;;
+        --shell-image=*) shell_image=${1#*=}; shift ;;
+        --dry-run) dry_run=1; shift ;;
+        --with-venv) with_venv=1; shift ;;
+        --no-activate) activate=0; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) usage_error "unknown argument: $1" ;;
+    esac
+done
+
+[[ -n $root ]] || usage_error "--root needs a value"
+[[ -d $root ]] || die "--root $root is not a directory"
+root=$(cd -- "$root" && pwd -P)
+live=0
+[[ $root == / ]] && live=1
+
+if [[ $live == 1 && $dry_run == 0 && $EUID -ne 0 ]]; then
+    die "installing into the running system needs root (or use --dry-run, or --root DIR)"
+fi
+
+# Files are owned by root when we are root; otherwise (a --root test tree)
+# by whoever runs this.
+if [[ $EUID -eq 0 ]]; then
+    owner="0 0"
+else
+    owner="$(id -u) $(id -g)"
+fi
+
+changes=0
+pending_tmp=""
+cleanup() {
+    if [[ -n $pending_tmp ]]; then
+        rm -f -- "$pending_tmp"
+    fi
+}
+trap cleanup EXIT
+
+# target PATH: where absolute PATH of the installed system lies under --root.
+target() {
+    if [[ $live == 1 ]]; then
+        printf '%s\n' "$1"
+    else
+        printf '%s%s\n' "$root" "$1"
+    fi
+}
+
+ensure_dir() {
+    local path=$1 mode=$2 dest
+    dest=$(target "$path")
+    if [[ -d $dest && ! -L $dest ]]; then
+        if [[ $(stat -c '%a' -- "$dest") != "$mode" ]]; then
+            if [[ $dry_run == 1 ]]; then
+                note "would chmod $mode $path"
+            else
+                chmod "$mode" -- "$dest"
+                report "chmod $mode" "$path"
+            fi
+            changes=$((changes + 1))
+        fi
+        return
+    fi
+    if [[ -e $dest || -L $dest ]]; then
+        die "$dest exists and is not a directory"
+    fi
+    if [[ $dry_run == 1 ]]; then
+        note "would create $path/"
+    else
+        mkdir -p -- "$dest"
+        chmod "$mode" -- "$dest"
+        report created "$path/"
+    fi
+    changes=$((changes + 1))
+}
+
+# install_file SRC PATH MODE: put SRC at PATH (absolute, below --root) with
+# MODE unless it is already there. The copy goes to a temporary file in the
+# same directory and is renamed over PATH, so a reader never sees half a file.
+install_file() {
+    local src=$1 path=$2 mode=$3 dest dir action tmp
+    dest=$(target "$path")
+    if [[ -e $dest || -L $dest ]]; then
+        if [[ -L $dest || ! -f $dest ]]; then
+            die "$dest exists and is not a regular file; move it away first"
+        fi
+        if cmp -s -- "$src" "$dest" && [[ $(stat -c '%a %u %g' -- "$dest") == "$mode $owner" ]]; then
+            report unchanged "$path"
+            return
+        fi
+        action=update
+    else
+        action=install
+    fi
+    changes=$((changes + 1))
+    if [[ $dry_run == 1 ]]; then
+        note "would $action $path (mode $mode)"
+        return
+    fi
+    dir=$(dirname -- "$dest")
+    mkdir -p -- "$dir"
+    tmp=$(mktemp -- "$dir/.${dest##*/}.XXXXXX")
+    pending_tmp=$tmp
+    cp -- "$src" "$tmp"
+    chmod "$mode" -- "$tmp"
+    if [[ $EUID -eq 0 ]]; then
+        chown 0:0 -- "$tmp"
+    fi
+    mv -f -- "$tmp" "$dest"
+    pending_tmp=""
+    report "${action/%e/}ed" "$path"
+}
+
+# install_conffile SRC PATH: like install_file, but a PATH that the operator
+# edited is kept and the shipped file goes next to it as PATH.new.
+install_conffile() {
+    local src=$1 path=$2 dest
+    dest=$(target "$path")
+    if [[ -f $dest ]] && ! cmp -s -- "$src" "$dest"; then
+        warn "kept your $path; the shipped version is $path.new (merge by hand)"
+        install_file "$src" "$path.new" 644
+    else
+        install_file "$src" "$path" 644
+    fi
+}
+
+source_file() {
+    local path="$SOURCE_DIR/$1"
+    [[ -f $path ]] || die "missing source file $path"
+    printf '%s\n' "$path"
+}
+
+# --- Check everything before writing anything ----------------------------
+
+declare -a plan=(
+    "systemd/npud.service|/etc/systemd/system/npud.service"
+    "systemd/npud.socket|/etc/systemd/system/npud.socket"
+    "systemd/sysusers.d/npud.conf|/etc/sysusers.d/npud.conf"
+    "systemd/tmpfiles.d/npud.conf|/etc/tmpfiles.d/npud.conf"
+    "systemd/udev/90-npud-fastrpc.rules|/etc/udev/rules.d/90-npud-fastrpc.rules"
+    "config/portal-npu.sh|/usr/share/npud/portal-npu.sh"
+    "docs/deploy.md|/usr/share/doc/npud/deploy.md"
+)
+for entry in "${plan[@]}"; do
+    source_file "${entry%%|*}" >/dev/null
+done
+config_src=$(source_file config/npud.toml)
+
+# key_hex FILE: the Ed25519 public key in FILE as 64 lower-case hex digits,
+# from either form npud reads: hex digits, or PEM (a SubjectPublicKeyInfo
+# whose DER ends in the 32 key bytes). Anything else prints as is.
+key_hex() {
+    if grep -q -- '-----BEGIN PUBLIC KEY-----' "$1"; then
+        sed -n '/-----BEGIN PUBLIC KEY-----/,/-----END PUBLIC KEY-----/p' -- "$1" |
+            sed '1d;$d' | base64 -d 2>/dev/null | od -An -v -tx1 | tr -d ' \n' | tail -c 64
+    else
+        tr -d ' \t\r\n' <"$1" | tr 'A-F' 'a-f'
+    fi
+}
+
+check_signing_dir() {
+    local dir=$1 name digest_line expected actual image
+    [[ -d $dir ]] || die "--signing-dir $dir is not a directory"
+    for name in "$PUBLIC_KEY_NAME" "$SHELL_NAME.sha256" "$SHELL_NAME.sig"; do
+        [[ -f $dir/$name ]] || die "--signing-dir $dir has no $name (make it with npud-sign-shell)"
+    done
+    if [[ $(key_hex "$dir/$PUBLIC_KEY_NAME") == "$DEVELOPMENT_PUBLIC_KEY_HEX" ]]; then
+        die "$dir/$PUBLIC_KEY_NAME is the development key, whose private half is public; make your own with 'npud-sign-shell genkey' (docs/deploy.md)"
+    fi
+    [[ $(stat -c '%s' -- "$dir/$SHELL_NAME.sig") == "$SIGNATURE_SIZE" ]] ||
+        die "$dir/$SHELL_NAME.sig is not a $SIGNATURE_SIZE-byte Ed25519 signature"
+    digest_line=$(head -n 1 -- "$dir/$SHELL_NAME.sha256")
+    [[ $digest_line =~ ^([0-9a-fA-F]{64})([[:space:]]|$) ]] ||
+        die "$dir/$SHELL_NAME.sha256 is not in sha256sum format"
+    expected=${BASH_REMATCH[1],,}
+    image=${shell_image:-$(target "$DSP_DIR/$SHELL_NAME")}
+    if [[ -f $image ]]; then
+        actual=$(sha256sum -- "$image")
+        actual=${actual%% *}
+        [[ $actual == "$expected" ]] ||
+            die "$dir/$SHELL_NAME.sha256 does not match $image; sign the shell you deploy (npud-sign-shell sign)"
+    else
+        warn "no shell at $image yet; its digest will be checked by npud when it starts"
+    fi
+}
+
+if [[ -n $signing_dir ]]; then
+    check_signing_dir "$signing_dir"
+elif [[ -n $shell_image ]]; then
+    usage_error "--shell-image only makes sense with --signing-dir"
+fi
+
+if [[ $with_venv == 1 ]]; then
+    [[ $live == 1 ]] || die "--with-venv installs into $VENV_DIR of the running system; a venv cannot be moved, so it cannot go below --root"
+    python=${PYTHON:-python3}
+    command -v "$python" >/dev/null || die "$python not found (apt-get install python3 python3-venv)"
+    "$python" -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' ||
+        die "$python must be Python 3.11 or newer with the venv module (apt-get install python3-venv)"
+fi
+
+# --- Lay out the files ---------------------------------------------------
+
+if [[ $dry_run == 1 ]]; then
+    note "dry run: nothing will be written"
+fi
+note "installing from $SOURCE_DIR into $root"
+
+for entry in "${plan[@]}"; do
+    install_file "$SOURCE_DIR/${entry%%|*}" "${entry#*|}" 644
+done
+ensure_dir "$CONFIG_DIR" 755
+install_conffile "$config_src" "$CONFIG_DIR/npud.toml"
+
+if [[ -n $signing_dir ]]; then
+    install_file "$signing_dir/$PUBLIC_KEY_NAME" "$CONFIG_DIR/$PUBLIC_KEY_NAME" 644
+    install_file "$signing_dir/$SHELL_NAME.sha256" "$DSP_DIR/$SHELL_NAME.sha256" 644
+    install_file "$signing_dir/$SHELL_NAME.sig" "$DSP_DIR/$SHELL_NAME.sig" 644
+else
+    for path in "$CONFIG_DIR/$PUBLIC_KEY_NAME" "$DSP_DIR/$SHELL_NAME.sha256" "$DSP_DIR/$SHELL_NAME.sig"; do
+        [[ -f $(target "$path") ]] ||
+            warn "$path is missing: npud refuses to load the shell without it (use --signing-dir)"
+    done
+fi
+
+if [[ $with_venv == 1 ]]; then
+    if [[ $dry_run == 1 ]]; then
+        note "would create $VENV_DIR (if missing) and pip-install protocol/, client/ and npud into it"
+    else
+        [[ -x $VENV_DIR/bin/python ]] || "$python" -m venv -- "$VENV_DIR"
+        "$VENV_DIR/bin/python" -m pip install --quiet --upgrade \
+            "$SOURCE_DIR/protocol" "$SOURCE_DIR/client" "$SOURCE_DIR"
+        note "installed npud into $VENV_DIR"
+    fi
+    changes=$((changes + 1))
+elif [[ ! -x $(target "$VENV_DIR/bin/npud") ]]; then
+    warn "$VENV_DIR/bin/npud does not exist; npud.service cannot start until it does (use --with-venv)"
+fi
+
+# --- Activate on the running system --------------------------------------
+
+# run CMD...: run (or, in a dry run, show) one activation step. A step that
+# fails is reported and the rest still run: each is idempotent and can be
+# repeated by hand.
+run() {
+    if [[ $dry_run == 1 ]]; then
+        note "would run: $*"
+    elif "$@"; then
+        note "ran: $*"
+    else
+        warn "failed: $* (run it by hand once the cause is fixed)"
+    fi
+}
+
+if [[ $live == 0 ]]; then
+    note "not activating: $root is not the running system"
+elif [[ $activate == 0 ]]; then
+    note "not activating (--no-activate)"
+else
+    if command -v systemd-sysusers >/dev/null; then
+        run systemd-sysusers /etc/sysusers.d/npud.conf
+    else
+        warn "systemd-sysusers not found: create the users by hand (docs/deploy.md)"
+    fi
+    if command -v systemd-tmpfiles >/dev/null; then
+        run systemd-tmpfiles --create /etc/tmpfiles.d/npud.conf
+    fi
+    if command -v udevadm >/dev/null; then
+        run udevadm control --reload
+        run udevadm trigger --subsystem-match=misc --subsystem-match=remoteproc
+    else
+        warn "udevadm not found: the fastrpc device rule applies from the next boot"
+    fi
+    if [[ -d /run/systemd/system ]]; then
+        run systemctl daemon-reload
+        run systemctl enable --now npud.socket
+    else
+        warn "systemd is not running here: enable later with 'systemctl enable --now npud.socket'"
+    fi
+fi
+
+if [[ $changes == 0 ]]; then
+    note "nothing to change: every file is already in place"
+elif [[ $dry_run == 1 ]]; then
+    note "$changes change(s) would be made"
+else
+    note "$changes change(s) made"
+fi

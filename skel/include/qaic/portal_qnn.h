@@ -1,0 +1,47 @@
+/*
+ * Host stand-in for the header qaic generates from idl/portal_qnn.idl
+ * (`qaic -mdll idl/portal_qnn.idl` writes portal_qnn.h, portal_qnn_skel.c and
+ * portal_qnn_stub.c).
+ *
+ * IDL `unsigned long` is C `unsigned int`, `in string` is `const char *`,
+ * `in sequence<octet> x` is `const unsigned char *x, int xLen`, and
+ * `rout sequence<octet> x` is `unsigned char *x, int xLen` (xLen = capacity).
+ * skel/portal_qnn_imp.c compiles unchanged against either header.
+ */
+#ifndef NPUD_SKEL_QAIC_PORTAL_QNN_H
+#define NPUD_SKEL_QAIC_PORTAL_QNN_H
+
+#include "AEEStdDef.h"
+#include "remote.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int portal_qnn_open(const char *uri, remote_handle64 *h);
+int portal_qnn_close(remote_handle64 h);
+/* method 2 */
+int portal_qnn_model_load(remote_handle64 _h, const char *model_uri, unsigned int *model_index,
+                          unsigned int *num_graphs, unsigned int *qnn_status);
+/* method 3 */
+int portal_qnn_set_input(remote_handle64 _h, unsigned int model_index, unsigned int graph_index,
+                         unsigned int tensor_index, const unsigned char *data, int dataLen);
+/* method 4 */
+int portal_qnn_execute(remote_handle64 _h, unsigned int model_index, unsigned int graph_index,
+                       unsigned int *qnn_status);
+/* method 5 */
+int portal_qnn_get_output(remote_handle64 _h, unsigned int model_index, unsigned int graph_index,
+                          unsigned int tensor_index, unsigned char *data, int dataLen,
+                          unsigned int *data_len);
+/* method 6 */
+int portal_qnn_model_unload(remote_handle64 _h, unsigned int model_index);
+
+#ifndef portal_qnn_URI
+#define portal_qnn_URI "file:///libportal_qnn_skel.so?portal_qnn_skel_handle_invoke&_modver=1.0"
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NPUD_SKEL_QAIC_PORTAL_QNN_H */

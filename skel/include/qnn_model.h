@@ -1,0 +1,101 @@
+/*
+ * One loaded model: the graphs a model library composed, with a staging
+ * buffer per input and output tensor that the skel owns.
+ *
+ * Ownership: a qnn_model owns its dlopen handle (if any), the GraphInfo_t
+ * records until it gives them back through the library's freeGraphsInfo, and
+ * every staging buffer; qnn_model_unload releases all of them exactly once.
+ * The caller serializes calls on one model (portal_qnn holds the handle lock).
+ *
+ * Results: AEE codes for what the skel checks itself. Errors that come out of
+ * the model library (composeGraphs, graphFinalize, graphExecute) are QNN
+ * errors: the function returns AEE_SUCCESS and puts the QNN code (low 16 bits
+ * of Qnn_ErrorHandle_t, never 0 for a failure) in *qnn_status.
+ */
+#ifndef NPUD_SKEL_QNN_MODEL_H
+#define NPUD_SKEL_QNN_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "portal_qnn_api.h"
+#include "qnn_min.h"
+
+/* A skel-owned buffer behind one tensor. */
+typedef struct {
+    uint8_t *data;
+    uint32_t bytes;    /* size of data: the tensor's full size */
+    uint32_t produced; /* outputs: bytes the last execute produced */
+} qnn_buffer;
+
+typedef struct {
+    Qnn_GraphHandle_t handle;
+    uint32_t num_inputs;
+    uint32_t num_outputs;
+    /* Copies of the library's tensor records, their clientBuf pointing at our buffers. */
+    Qnn_Tensor_t *input_tensors;
+    Qnn_Tensor_t *output_tensors;
+    qnn_buffer *inputs;
+    qnn_buffer *outputs;
+    uint64_t inputs_set; /* bit i: input i has been written since load */
+    bool outputs_valid;  /* the last execute succeeded */
+} qnn_graph;
+
+typedef struct {
+    bool loaded;
+    void *library; /* dlopen handle, or NULL for a builtin */
+    QnnModel_FreeGraphsInfoFn_t free_graphs;
+    const QnnMin_Interface_t *interface;
+    GraphInfoPtr_t *graph_infos;
+    uint32_t num_graph_infos;
+    uint32_t num_graphs;
+    qnn_graph graphs[PORTAL_QNN_MAX_GRAPHS_PER_MODEL];
+} qnn_model;
+
+/*
+ * dlopen path and look up the two model entry points. On success *library owns
+ * the handle. AEE_EUNABLETOLOAD when dlopen fails, AEE_ENOSUCHSYMBOL when an
+ * entry point is missing (the library is closed again).
+ */
+int qnn_model_open_library(const char *path, void **library, QnnModel_ComposeGraphsFn_t *compose,
+                           QnnModel_FreeGraphsInfoFn_t *free_graphs);
+
+/*
+ * Compose, check and finalize the graphs into the empty model. Takes ownership
+ * of library (closed here on any failure). On AEE_SUCCESS with *qnn_status 0
+ * the model is loaded; otherwise it is left empty.
+ * AEE_EINVALIDFORMAT: the library broke the contract (no function table, no
+ * graphs or more than PORTAL_QNN_MAX_GRAPHS_PER_MODEL, a tensor the skel
+ * cannot size); AEE_ENOMEMORY: staging buffers could not be allocated or
+ * exceed PORTAL_QNN_MAX_MODEL_BYTES.
+ */
+int qnn_model_load(qnn_model *model, void *library, QnnModel_ComposeGraphsFn_t compose,
+                   QnnModel_FreeGraphsInfoFn_t free_graphs, uint32_t *qnn_status);
+
+/* Give everything back and leave the model empty. */
+void qnn_model_unload(qnn_model *model);
+
+/*
+ * Copy one input. AEE_EBADPARM: graph or tensor index out of range;
+ * AEE_EBADSIZE: length differs from the tensor's size.
+ */
+int qnn_model_set_input(qnn_model *model, uint32_t graph, uint32_t tensor, const uint8_t *data,
+                        size_t length);
+
+/*
+ * Run one graph on the inputs written so far. AEE_EBADPARM: graph index out
+ * of range; AEE_ENOTINITIALIZED: some input was never written.
+ */
+int qnn_model_execute(qnn_model *model, uint32_t graph, uint32_t *qnn_status);
+
+/*
+ * Copy one output of the last execute into out (capacity bytes, the tail
+ * zero-filled) and report its size in *produced. AEE_EBADPARM: index out of
+ * range; AEE_ENOTINITIALIZED: no successful execute yet; AEE_EBUFFERTOOSMALL:
+ * capacity is smaller than the output.
+ */
+int qnn_model_get_output(qnn_model *model, uint32_t graph, uint32_t tensor, uint8_t *out,
+                         size_t capacity, uint32_t *produced);
+
+#endif /* NPUD_SKEL_QNN_MODEL_H */

@@ -1,0 +1,151 @@
+/*
+ * portal_qnn_skel_handle_invoke: the hand-written unmarshalling of
+ * idl/portal_qnn.idl (qaic generates it on the Hexagon build).
+ *
+ * Layouts (qaic rules, shared/reference/fastrpc-abi.md 5.4; every scalar u32):
+ *
+ *   0 open          0x00020001  see skel_invoke_open
+ *   1 close         0x01000010  see skel_invoke_close
+ *   2 model_load    0x02020100  primIn {len(model_uri) with NUL}, model_uri,
+ *                               primROut {model_index, num_graphs, qnn_status}
+ *   3 set_input     0x03020000  primIn {model_index, graph_index, tensor_index, len(data)}, data
+ *   4 execute       0x04010100  primIn {model_index, graph_index}, primROut {qnn_status}
+ *   5 get_output    0x05010200  primIn {model_index, graph_index, tensor_index, capacity(data)},
+ *                               primROut {data_len}, data
+ *   6 model_unload  0x06010000  primIn {model_index}
+ *
+ * Every buffer is checked before the implementation runs, so a badly
+ * marshalled call never has a side effect. Wrong counts or lengths:
+ * AEE_EBADPARM; any other method: AEE_EUNSUPPORTED. rout values are written
+ * only on AEE_SUCCESS (the kernel copies outputs back only then).
+ */
+#include <stdint.h>
+
+#include "AEEStdErr.h"
+#include "portal_qnn.h"
+#include "remote.h"
+#include "skel_marshal.h"
+
+SKEL_EXPORT int portal_qnn_skel_handle_invoke(remote_handle64 h, uint32_t sc, remote_arg *pra);
+
+static int invoke_model_load(remote_handle64 h, uint32_t sc, remote_arg *pra) {
+    uint32_t uri_length = 0;
+    const char *uri = NULL;
+    int rc = skel_check_counts(sc, pra, 2, 1, 0, 0);
+    if (rc == AEE_SUCCESS) {
+        rc = skel_read_u32s(&pra[0], &uri_length, 1);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_read_string(&pra[1], uri_length, &uri);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_u32s_room(&pra[2], 3);
+    }
+    if (rc != AEE_SUCCESS) {
+        return rc;
+    }
+    unsigned int model_index = 0;
+    unsigned int num_graphs = 0;
+    unsigned int qnn_status = 0;
+    rc = portal_qnn_model_load(h, uri, &model_index, &num_graphs, &qnn_status);
+    if (rc == AEE_SUCCESS) {
+        const uint32_t prim_rout[3] = {model_index, num_graphs, qnn_status};
+        rc = skel_write_u32s(&pra[2], prim_rout, 3);
+    }
+    return rc;
+}
+
+static int invoke_set_input(remote_handle64 h, uint32_t sc, remote_arg *pra) {
+    uint32_t prim_in[4] = {0, 0, 0, 0};
+    int rc = skel_check_counts(sc, pra, 2, 0, 0, 0);
+    if (rc == AEE_SUCCESS) {
+        rc = skel_read_u32s(&pra[0], prim_in, 4);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_sequence(&pra[1], prim_in[3]);
+    }
+    if (rc != AEE_SUCCESS) {
+        return rc;
+    }
+    return portal_qnn_set_input(h, prim_in[0], prim_in[1], prim_in[2],
+                                (const unsigned char *)pra[1].buf.pv, (int)prim_in[3]);
+}
+
+static int invoke_execute(remote_handle64 h, uint32_t sc, remote_arg *pra) {
+    uint32_t prim_in[2] = {0, 0};
+    int rc = skel_check_counts(sc, pra, 1, 1, 0, 0);
+    if (rc == AEE_SUCCESS) {
+        rc = skel_read_u32s(&pra[0], prim_in, 2);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_u32s_room(&pra[1], 1);
+    }
+    if (rc != AEE_SUCCESS) {
+        return rc;
+    }
+    unsigned int qnn_status = 0;
+    rc = portal_qnn_execute(h, prim_in[0], prim_in[1], &qnn_status);
+    if (rc == AEE_SUCCESS) {
+        const uint32_t prim_rout[1] = {qnn_status};
+        rc = skel_write_u32s(&pra[1], prim_rout, 1);
+    }
+    return rc;
+}
+
+static int invoke_get_output(remote_handle64 h, uint32_t sc, remote_arg *pra) {
+    uint32_t prim_in[4] = {0, 0, 0, 0};
+    int rc = skel_check_counts(sc, pra, 1, 2, 0, 0);
+    if (rc == AEE_SUCCESS) {
+        rc = skel_read_u32s(&pra[0], prim_in, 4);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_u32s_room(&pra[1], 1);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_sequence(&pra[2], prim_in[3]);
+    }
+    if (rc != AEE_SUCCESS) {
+        return rc;
+    }
+    unsigned int data_len = 0;
+    rc = portal_qnn_get_output(h, prim_in[0], prim_in[1], prim_in[2],
+                               (unsigned char *)pra[2].buf.pv, (int)prim_in[3], &data_len);
+    if (rc == AEE_SUCCESS) {
+        const uint32_t prim_rout[1] = {data_len};
+        rc = skel_write_u32s(&pra[1], prim_rout, 1);
+    }
+    return rc;
+}
+
+static int invoke_model_unload(remote_handle64 h, uint32_t sc, remote_arg *pra) {
+    uint32_t model_index = 0;
+    int rc = skel_check_counts(sc, pra, 1, 0, 0, 0);
+    if (rc == AEE_SUCCESS) {
+        rc = skel_read_u32s(&pra[0], &model_index, 1);
+    }
+    if (rc != AEE_SUCCESS) {
+        return rc;
+    }
+    return portal_qnn_model_unload(h, model_index);
+}
+
+int portal_qnn_skel_handle_invoke(remote_handle64 h, uint32_t sc, remote_arg *pra) {
+    switch (REMOTE_SCALARS_METHOD(sc)) {
+    case 0:
+        return skel_invoke_open(portal_qnn_open, sc, pra);
+    case 1:
+        return skel_invoke_close(portal_qnn_close, sc, pra);
+    case 2:
+        return invoke_model_load(h, sc, pra);
+    case 3:
+        return invoke_set_input(h, sc, pra);
+    case 4:
+        return invoke_execute(h, sc, pra);
+    case 5:
+        return invoke_get_output(h, sc, pra);
+    case 6:
+        return invoke_model_unload(h, sc, pra);
+    default:
+        return AEE_EUNSUPPORTED;
+    }
+}

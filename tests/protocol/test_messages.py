@@ -1,0 +1,251 @@
+"""Messages on their own: validation rules, helpers, and hypothesis round-trips."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import npu_protocol as p
+from npu_protocol import ErrorCode
+from npu_protocol._scalars import make_scalars, split_scalars
+from npud.fastrpc import abi
+from tests.protocol.helpers import connected_pair, drain
+from tests.protocol.strategies import any_of, of
+
+# --- the scalars word ---------------------------------------------------------------------
+
+
+@given(st.integers(0, 31), st.integers(0, 255), st.integers(0, 255))
+def test_scalars_match_the_daemons_abi(method: int, nin: int, nout: int) -> None:
+    assert make_scalars(method, nin, nout) == abi.remote_scalars_make(method, nin, nout)
+
+
+@given(st.integers(0, 2**32 - 1))
+def test_split_scalars_matches_the_daemons_abi(sc: int) -> None:
+    fields = split_scalars(sc)
+    assert fields == (
+        abi.remote_scalars_attr(sc),
+        abi.remote_scalars_method(sc),
+        abi.remote_scalars_inbufs(sc),
+        abi.remote_scalars_outbufs(sc),
+        abi.remote_scalars_inhandles(sc),
+        abi.remote_scalars_outhandles(sc),
+    )
+
+
+def test_make_scalars_refuses_out_of_range_fields() -> None:
+    with pytest.raises(ValueError, match="scalars out of range"):
+        make_scalars(32, 0, 0)
+
+
+def test_invoke_scalars_from_method_or_given() -> None:
+    args: dict[str, Any] = {
+        "id": 1,
+        "handle": 1,
+        "inputs": (p.InlineInput(data=b"ab"), p.BufferSlice(buffer=1, length=3)),
+        "outputs": (p.InlineOutput(capacity=5),),
+    }
+    by_method = p.InvokeRequest(method=2, **args)
+    assert by_method.scalars == 0x02020100
+    assert p.InvokeRequest(sc=0xE2020100, **args).scalars == 0xE2020100  # attributes pass through
+    assert by_method.inline_input_bytes == 2
+    assert by_method.inline_output_bytes == 5
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({}, "exactly one of method and sc"),
+        ({"method": 1, "sc": 0x01000000}, "exactly one of method and sc"),
+        ({"sc": 0x00010000}, "sc 0x00010000 declares 1 inputs and 0 outputs"),
+        ({"sc": 0x00000010}, "declares handle arguments"),
+    ],
+)
+def test_invoke_consistency_is_checked_on_construction(
+    fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        p.InvokeRequest(id=1, handle=1, **fields)
+
+
+def test_limits_keep_room_for_an_inline_invoke() -> None:
+    with pytest.raises(ValueError, match="leaves less than"):
+        p.ClientLimits(priority=p.Priority.NORMAL, max_frame_size=1 << 20, max_inline_bytes=1 << 20)
+    with pytest.raises(ValueError, match="default_timeout_ms 10 exceeds max_timeout_ms 5"):
+        p.ClientLimits(priority=p.Priority.NORMAL, max_timeout_ms=5, default_timeout_ms=10)
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def test_error_message_renders_the_template_and_keeps_raw_fields() -> None:
+    error = p.ErrorMessage.for_code(ErrorCode.INVOKE_FAILED, id=3, code=0x8000040E)
+    assert error.code == 102
+    assert error.message == "remote invoke failed with DSP result 0x8000040E (AEE_EBADPARM)"
+    assert error.fields == {"code": 0x8000040E}
+    assert error.error_code is ErrorCode.INVOKE_FAILED
+    tried = p.ErrorMessage.for_code(ErrorCode.DEVICE_NOT_FOUND, tried=["/dev/a", "/dev/b"])
+    assert tried.fields == {"tried": "['/dev/a', '/dev/b']"}
+    flag = p.ErrorMessage.for_code(ErrorCode.INVALID_ARGUMENT, detail=True)
+    assert flag.fields == {"detail": "True"}
+
+
+def test_error_codes_unknown_to_this_package_still_decode() -> None:
+    raw = {"type": "error", "code": 999, "message": "from the future"}
+    error = msgspec.msgpack.decode(msgspec.msgpack.encode(raw), type=p.ErrorMessage)
+    assert error.error_code is None
+
+
+def test_protocol_errors_carry_code_fields_and_message() -> None:
+    error = p.RemoteProtocolError(ErrorCode.DUPLICATE_REQUEST_ID, request_id=7)
+    assert error.code is ErrorCode.DUPLICATE_REQUEST_ID
+    assert error.fields == {"request_id": 7}
+    assert error.message == str(error) == "request id 7 is already in flight"
+    assert isinstance(error, p.ProtocolError)
+    with pytest.raises(TypeError):
+        p.LocalProtocolError(ErrorCode.DUPLICATE_REQUEST_ID)  # a missing field is a bug
+
+
+def test_wire_error_codes_are_in_their_ranges() -> None:
+    wire = [c for c in ErrorCode if c.name in _WIRE_CODES]
+    assert [int(c) for c in wire] == list(range(500, 500 + len(_WIRE_CODES)))
+    admission = [
+        ErrorCode[n] for n in ("NOT_PERMITTED", "QUOTA_EXCEEDED", "TIMEOUT", "SHUTTING_DOWN")
+    ]
+    assert [int(c) for c in admission] == [600, 601, 602, 603]
+
+
+_WIRE_CODES = (
+    "FRAME_TOO_LARGE",
+    "BAD_FRAME_HEADER",
+    "TOO_MANY_FDS",
+    "MISSING_FDS",
+    "FD_COUNT_MISMATCH",
+    "FDS_TRUNCATED",
+    "BAD_MESSAGE",
+    "UNEXPECTED_MESSAGE",
+    "UNSUPPORTED_VERSION",
+    "DUPLICATE_REQUEST_ID",
+    "UNKNOWN_REQUEST_ID",
+    "TOO_MANY_IN_FLIGHT",
+    "TRUNCATED_FRAME",
+    "CONNECTION_CLOSED",
+)
+
+
+# --- the unions ----------------------------------------------------------------------------
+
+
+def test_every_request_has_exactly_one_reply_type() -> None:
+    requests = set(typing.get_args(p.AnyRequest))
+    replies = set(typing.get_args(p.AnyReply))
+    assert set(p.REPLY_TYPES) == requests
+    assert set(p.REPLY_TYPES.values()) == replies
+
+
+@pytest.mark.parametrize("union", [p.ClientMessage, p.ServerMessage])
+def test_tags_are_unique_per_direction(union: Any) -> None:
+    tags = [p.tag_of(cls) for cls in typing.get_args(union)]
+    assert len(tags) == len(set(tags))
+
+
+def test_only_alloc_reply_carries_an_fd() -> None:
+    carriers = {
+        cls
+        for union in (p.ClientMessage, p.ServerMessage)
+        for cls in typing.get_args(union)
+        if cls.fd_fields
+    }
+    assert carriers == {p.AllocReply}
+    assert p.AllocReply.fd_fields == ("fd",)
+
+
+def test_messages_are_immutable() -> None:
+    ping = p.PingRequest(id=1)
+    with pytest.raises(AttributeError):
+        ping.id = 2  # type: ignore[misc]
+
+
+# --- round trips ------------------------------------------------------------------------------
+
+_CLIENT = msgspec.msgpack.Decoder(p.ClientMessage)
+_SERVER = msgspec.msgpack.Decoder(p.ServerMessage)
+
+
+@settings(deadline=None)  # generation cost varies; speed is bench/'s business
+@given(any_of(p.ClientMessage))
+def test_client_messages_round_trip(message: p.Message) -> None:
+    assert _CLIENT.decode(msgspec.msgpack.encode(message)) == message
+
+
+@settings(deadline=None)  # generation cost varies; speed is bench/'s business
+@given(any_of(p.ServerMessage))
+def test_server_messages_round_trip(message: p.Message) -> None:
+    assert _SERVER.decode(msgspec.msgpack.encode(message)) == message
+
+
+@st.composite
+def _reply_to(draw: st.DrawFn, request: p.AnyRequest) -> p.Message:
+    """A valid answer to ``request``: its reply type, or sometimes an error."""
+    if draw(st.integers(0, 4)) == 0:
+        return p.ErrorMessage.for_code(ErrorCode.SESSION_BUSY, id=request.id)
+    reply_type = p.REPLY_TYPES[type(request)]
+    if isinstance(request, p.InvokeRequest):
+        outputs = tuple(
+            draw(st.binary(max_size=arg.capacity)) if isinstance(arg, p.InlineOutput) else None
+            for arg in request.outputs
+        )
+        return p.InvokeReply(id=request.id, outputs=outputs)
+    reply: p.Reply = draw(of(reply_type))
+    return msgspec.structs.replace(reply, id=request.id)
+
+
+@settings(deadline=None)  # generation cost varies; speed is bench/'s business
+@given(
+    st.lists(any_of(p.AnyRequest), max_size=8, unique_by=lambda r: r.id),
+    st.randoms(use_true_random=False),
+    st.data(),
+)
+def test_pipelined_sessions_round_trip_in_any_order_and_any_chunking(
+    requests: list[p.AnyRequest], random: Any, data: st.DataObject
+) -> None:
+    client, server = connected_pair()
+    wire = b"".join(client.send(request)[0] for request in requests)
+    _deliver(server, wire, [], data)
+    assert drain(server) == requests
+
+    answers = [data.draw(_reply_to(request)) for request in requests]
+    random.shuffle(answers)
+    for answer in answers:
+        frame, frame_fds = server.send(answer)  # type: ignore[arg-type]
+        _deliver(client, frame, frame_fds, data)  # each frame is its own sendmsg
+    received = drain(client)
+    assert received == answers
+    assert client.in_flight == server.in_flight == frozenset()
+
+
+def _deliver(conn: Any, frame: bytes, fds: list[int], data: st.DataObject) -> None:
+    """Feed ``frame`` in random pieces, its fds with the first piece (b"" would mean EOF)."""
+    if not frame:
+        return
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(frame) - 1)), max_size=6)))
+    start = 0
+    for cut in [*cuts, len(frame)]:
+        if cut > start:
+            conn.receive_data(frame[start:cut], fds if start == 0 else [])
+            start = cut
+
+
+def test_error_message_clips_long_text_so_it_stays_sendable() -> None:
+    error = p.ErrorMessage.for_code(ErrorCode.INVALID_ARGUMENT, detail="y" * 5000)
+    detail = error.fields["detail"]
+    assert isinstance(detail, str)
+    assert len(detail) == 1024
+    assert detail.endswith("...")
+    assert len(error.message) <= 4096
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(error), type=p.ServerMessage) == error
