@@ -49,6 +49,8 @@ T = TypeVar("T")
 
 BULK_PRIORITY = {p.Priority.NORMAL: 0, p.Priority.BACKGROUND: 1}
 RECOVERY_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+CONTROL_STUCK_SECONDS = 60.0
+"""Allocation, mapping and remotectl calls never take this long on a healthy DSP."""
 
 
 class BrokerError(Exception):
@@ -134,6 +136,7 @@ class Broker:
         self.restarts = 0
         self.clients: set[ClientState] = set()
         self.shutting_down = False
+        self.calls_total = 0
         self._recovering = False
         self._nursery: trio.Nursery | None = None
 
@@ -189,7 +192,20 @@ class Broker:
                 log.warning("lane still busy at exit", lane=pool.name)
 
     def healthy(self) -> bool:
-        return all(pool.alive() for pool in (self.control, self.realtime, self.bulk))
+        """Lane threads alive, and the control lane not wedged (it only runs short calls)."""
+        pools = (self.control, self.realtime, self.bulk)
+        if not all(pool.alive() for pool in pools):
+            return False
+        return self.control.statistics().oldest_running_seconds < CONTROL_STUCK_SECONDS
+
+    def describe(self) -> str:
+        """One line for systemd's STATUS=."""
+        if self.session is None:
+            dsp = "DSP restarting"
+        else:
+            arch = self.session.capabilities.arch
+            dsp = f"DSP up ({self.profile.kind}, {arch}, epoch {self.epoch})"
+        return f"{len(self.clients)} clients; {dsp}"
 
     # --------------------------------------------------------------- clients
     def admit(self, client: ClientState) -> None:
@@ -387,6 +403,7 @@ class Broker:
         finally:
             client.calls_in_flight -= 1
             client.calls_done += 1
+            self.calls_total += 1
         if result.rc != 0:
             raise BrokerError(ErrorCode.INVOKE_FAILED, code=result.rc)
         return result.outputs

@@ -10,12 +10,13 @@ import structlog
 import trio
 
 from npud import __version__
-from npud.backend import select_profile
+from npud.backend import device_present, select_profile
 from npud.broker import Broker
-from npud.config import DEFAULT_CONFIG, DEFAULT_SOCKET, ConfigError, load_config
+from npud.config import DEFAULT_CONFIG, DEFAULT_SOCKET, Config, ConfigError, load_config
 from npud.fastrpc.errors import FastRpcError
 from npud.logs import configure_logging
-from npud.server import Daemon, StartupError, bind_socket
+from npud.sd import ActivationError, Notifier, activated_socket
+from npud.server import BoundSocket, Daemon, StartupError, bind_socket
 
 log = structlog.get_logger("npud")
 
@@ -31,6 +32,15 @@ kernel driver and the DSP, with a development shell signed by a development key.
 EPILOG = """\
 exit status: 0 after a clean stop (SIGTERM/SIGINT); 1 when start-up fails (the
 one-line message says what and how to fix it); 2 for a bad command line or config.
+
+signals: SIGTERM/SIGINT stop cleanly (clients are told, calls on the DSP get
+daemon.shutdown_grace seconds); SIGHUP re-reads the config file: [access], the
+limits and log_level apply without dropping clients, other keys need a restart.
+
+systemd: socket activation (LISTEN_FDS, one AF_UNIX stream socket) is used when
+present, otherwise npud binds its own socket; with NOTIFY_SOCKET it reports
+READY, STATUS, RELOADING, STOPPING and, with WatchdogSec=, WATCHDOG pings while
+healthy.
 
 environment: NPUD_SOCKET is read by clients (npuctl, npu_client), not by npud.
 """
@@ -82,34 +92,62 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(args.log_format or config.daemon.log_format, config.daemon.log_level)
     profile = select_profile(config, args.backend)
-    socket_path = Path(args.socket or config.daemon.socket)
+    if profile.kind == "kernel" and not device_present(profile.nodes):
+        return _fail(
+            f"no FastRPC device node ({', '.join(profile.nodes)}): is the CDSP up "
+            "(cat /sys/class/remoteproc/*/state)? `npud doctor` explains; "
+            "--backend emulator runs without a device"
+        )
+    try:
+        activated = activated_socket()
+    except ActivationError as exc:
+        return _fail(f"socket activation: {exc}")
+    socket_path = Path(activated.path if activated else (args.socket or config.daemon.socket))
     log.info(
         "starting",
         version=__version__,
         backend=profile.kind,
         why=profile.reason,
         socket=str(socket_path),
+        socket_activated=activated is not None,
     )
-    try:
-        bound = bind_socket(socket_path, config.daemon.socket_mode_bits, config.daemon.socket_group)
-    except StartupError as exc:
-        return _fail(str(exc))
+    bound: BoundSocket | None = None
+    if activated is not None:
+        listener = activated.sock  # systemd owns the socket file
+    else:
+        try:
+            bound = bind_socket(
+                socket_path, config.daemon.socket_mode_bits, config.daemon.socket_group
+            )
+        except StartupError as exc:
+            return _fail(str(exc))
+        listener = bound.sock
+    notifier = Notifier()
+    config_path = args.config
+
+    def reload_config() -> Config:
+        return load_config(config_path)
+
     try:
         broker = Broker(config, profile)
-        trio.run(Daemon(config, broker, bound.sock).run)
+        daemon = Daemon(config, broker, listener, notifier=notifier, reload_config=reload_config)
+        trio.run(daemon.run)
     except FastRpcError as exc:
+        notifier.send(f"STATUS=start-up failed: {exc}")
         return _fail(f"cannot start the NPU session: {exc}")
     except KeyboardInterrupt:
         return 0
     finally:
-        bound.sock.close()
-        bound.unlink_if_ours()
+        listener.close()
+        if bound is not None:
+            bound.unlink_if_ours()
+        notifier.close()
     return 0
 
 
 def _fail(message: str) -> int:
-    log.error("start-up failed", error=message)
-    print(f"npud: {message}", file=sys.stderr)
+    """Exactly one line, for people and for `systemctl status` alike."""
+    print(f"npud: {message}", file=sys.stderr, flush=True)
     return 1
 
 

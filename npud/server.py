@@ -20,9 +20,12 @@ import os
 import signal
 import socket
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
+import msgspec
 import structlog
 import trio
 
@@ -30,10 +33,15 @@ import npu_protocol as p
 from npu_client.transport import fds_ancillary, peer_credentials
 from npu_protocol import ErrorCode
 from npud.broker import Broker, ClientState
-from npud.config import Config
+from npud.config import Config, ConfigError
 from npud.connection import ClientConnection
+from npud.logs import set_level
+from npud.sd import Notifier, watchdog_interval
 
 log = structlog.get_logger("npud.server")
+
+STATUS_INTERVAL: Final = 5.0
+"""Seconds between STATUS= updates to systemd."""
 
 
 class StartupError(Exception):
@@ -123,12 +131,21 @@ def peer_allowed(config: Config, uid: int, gid: int) -> bool:
 
 
 class Daemon:
-    def __init__(self, config: Config, broker: Broker, listener: socket.socket) -> None:
+    def __init__(
+        self,
+        config: Config,
+        broker: Broker,
+        listener: socket.socket,
+        *,
+        notifier: Notifier | None = None,
+        reload_config: Callable[[], Config] | None = None,
+    ) -> None:
         self.config = config
         self.broker = broker
         self.listener = trio.socket.from_stdlib_socket(listener)
+        self.notifier = notifier or Notifier("")
+        self._reload_config = reload_config
         self._connections: set[ClientConnection] = set()
-        self._requests_done = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the session, serve until SIGTERM/SIGINT, then shut down cleanly.
@@ -136,22 +153,71 @@ class Daemon:
         A start-up failure (shell refused, no device) is raised as is, after
         the lanes are stopped.
         """
+        signals_of_interest = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         try:
-            await self.broker.start()
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            with trio.open_signal_receiver(*signals_of_interest) as signals:
+                await self.broker.start()
                 async with trio.open_nursery() as nursery:
                     self.broker.attach(nursery)
                     nursery.start_soon(self._accept_loop, nursery)
+                    nursery.start_soon(self._report_status)
+                    interval = watchdog_interval()
+                    if interval is not None:
+                        nursery.start_soon(self._feed_watchdog, interval)
+                    self.notifier.ready(self.broker.describe())
+                    log.info("ready", socket=self.listener.getsockname())
                     task_status.started()
                     async for signum in signals:
+                        if signum == signal.SIGHUP:
+                            self._reload()
+                            continue
                         log.info("stopping", signal=signal.Signals(signum).name)
                         break
+                    self.notifier.stopping()
                     await self._shutdown(nursery)
         finally:
             with trio.CancelScope(shield=True):
                 await self.broker.close(self.config.daemon.shutdown_grace)
         log.info("stopped")
 
+    # ------------------------------------------------------------- systemd
+    async def _report_status(self) -> None:
+        last_calls, last_time = self.broker.calls_total, trio.current_time()
+        while True:
+            await trio.sleep(STATUS_INTERVAL)
+            now, calls = trio.current_time(), self.broker.calls_total
+            rate = (calls - last_calls) / max(now - last_time, 1e-9)
+            last_calls, last_time = calls, now
+            self.notifier.status(f"{self.broker.describe()}; {rate:.1f} calls/s")
+
+    async def _feed_watchdog(self, interval: float) -> None:
+        """Ping only while healthy: a wedged lane or a dead thread lets systemd restart us."""
+        while True:
+            if self.broker.healthy():
+                self.notifier.watchdog()
+            else:
+                log.error("unhealthy: withholding the watchdog ping")
+            await trio.sleep(interval)
+
+    def _reload(self) -> None:
+        """SIGHUP: re-read the config; access lists, limits and log level apply at once."""
+        self.notifier.reloading()
+        if self._reload_config is None:
+            log.warning("reload requested, but npud has no config file to re-read")
+        else:
+            try:
+                new = self._reload_config()
+            except ConfigError as exc:
+                log.error("reload failed; keeping the running configuration", error=str(exc))
+                self.notifier.ready(f"{self.broker.describe()}; reload failed: {exc}")
+                return
+            self.config = applied = apply_reload(self.config, new)
+            self.broker.config = applied
+            set_level(applied.daemon.log_level)
+            log.info("configuration reloaded", clients=len(self._connections))
+        self.notifier.ready(self.broker.describe())
+
+    # ------------------------------------------------------------- clients
     async def _accept_loop(self, clients: trio.Nursery) -> None:
         while True:
             try:
@@ -167,7 +233,7 @@ class Daemon:
             clients.start_soon(self._serve_client, sock)
 
     async def _serve_client(self, sock: trio.socket.SocketType) -> None:
-        pid, uid, gid = peer_credentials(sock)  # type: ignore[arg-type]
+        pid, uid, gid = peer_credentials(sock)
         if not peer_allowed(self.config, uid, gid):
             log.warning("connection refused: not on the allow-list", pid=pid, uid=uid, gid=gid)
             await _refuse(sock, f"uid {uid} (gid {gid}) is not allowed to use npud")
@@ -185,7 +251,7 @@ class Daemon:
         finally:
             self._connections.discard(connection)
 
-    async def _shutdown(self, clients: trio.Nursery) -> None:
+    async def _shutdown(self, nursery: trio.Nursery) -> None:
         grace = self.config.daemon.shutdown_grace
         self.broker.shutting_down = True
         self.listener.close()
@@ -195,7 +261,32 @@ class Daemon:
         with trio.move_on_after(grace):
             while any(c.client.calls_in_flight for c in self._connections):
                 await trio.sleep(0.05)
-        clients.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()
+
+
+def apply_reload(running: Config, new: Config) -> Config:
+    """What a reload may change: access, limits and log level. The rest needs a restart."""
+    fixed = {
+        "backend": (running.backend, new.backend),
+        "shell": (running.shell, new.shell),
+        "daemon.socket": (running.daemon.socket, new.daemon.socket),
+        "daemon.socket_mode": (running.daemon.socket_mode, new.daemon.socket_mode),
+        "daemon.socket_group": (running.daemon.socket_group, new.daemon.socket_group),
+        "daemon.log_format": (running.daemon.log_format, new.daemon.log_format),
+    }
+    for key, (old, wanted) in fixed.items():
+        if old != wanted:
+            log.warning("this change needs a restart; ignored until then", key=key)
+    return msgspec.structs.replace(
+        new,
+        backend=running.backend,
+        shell=running.shell,
+        daemon=msgspec.structs.replace(
+            running.daemon,
+            log_level=new.daemon.log_level,
+            shutdown_grace=new.daemon.shutdown_grace,
+        ),
+    )
 
 
 async def _refuse(sock: trio.socket.SocketType, detail: str) -> None:
