@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+SOCKET ?= /run/npud/npud.sock
 
 .PHONY: install run test lint typecheck unit bench clean
 
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml protocol/pyproject.toml client/pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/npud --backend auto
+	$(BIN)/npud --backend auto --socket $(SOCKET)
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .
