@@ -1,0 +1,1 @@
+"""Benchmarks for npud. Run with ``python -m bench`` (``make bench``)."""
