@@ -190,7 +190,7 @@ async def test_global_limits() -> None:
 async def test_timeout_answers_while_the_dsp_call_goes_on(broker: Broker) -> None:
     c = client(broker)
     handle = await broker.open(c, TEST_URI)
-    buffer_id, buffer = await broker.alloc(c, 4096)
+    _buffer_id, buffer = await broker.alloc(c, 4096)
     error = await refused(ErrorCode.TIMEOUT, broker.invoke(c, busy(handle, 300_000, timeout_ms=20)))
     assert str(error) == "invoke did not finish within 20 ms"
     # The call still runs on the DSP; releasing the client waits for nothing and
@@ -215,7 +215,8 @@ async def test_release_frees_everything_the_client_held(broker: Broker) -> None:
     assert broker.status().totals == p.Totals()
     assert sim.statistics().mem_maps == 0
     assert sim.statistics().remote_handles_open == 0
-    assert broker.session is not None and broker.session.statistics().buffers == 0
+    assert broker.session is not None
+    assert broker.session.statistics().buffers == 0
 
 
 async def test_an_alloc_cancelled_while_running_is_not_leaked(

@@ -8,7 +8,7 @@ import threading
 import pytest
 import trio
 
-from npud.lanes import LanePool
+from npud.lanes import LanePool, LaneTimeoutError
 
 
 @pytest.fixture
@@ -107,3 +107,48 @@ def test_stop_drains_and_ends_threads() -> None:
 def test_a_pool_needs_a_thread() -> None:
     with pytest.raises(ValueError, match="at least one thread"):
         LanePool("none", threads=0)
+
+
+async def test_a_timed_out_queued_job_is_dropped(pool: LanePool) -> None:
+    gate = threading.Event()
+    ran: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pool.call, gate.wait)
+        await trio.sleep(0.05)
+        with pytest.raises(LaneTimeoutError, match=r"no result within 0\.05 s"):
+            await pool.call(lambda: ran.append(1), timeout=0.05)
+        gate.set()
+    await pool.call(lambda: None)
+    assert ran == []
+
+
+async def test_a_timed_out_running_job_hands_its_result_to_on_abandoned(pool: LanePool) -> None:
+    release = threading.Event()
+    abandoned: list[str] = []
+    delivered = threading.Event()
+
+    def slow() -> str:
+        release.wait(5)
+        return "made something"
+
+    def cleanup(value: str) -> None:
+        abandoned.append(value)
+        delivered.set()
+
+    with pytest.raises(LaneTimeoutError):
+        await pool.call(slow, timeout=0.05, on_abandoned=cleanup)
+    release.set()
+    await trio.to_thread.run_sync(delivered.wait, 5)
+    assert abandoned == ["made something"]
+
+
+async def test_submit_runs_without_waiting_and_logs_failures(pool: LanePool) -> None:
+    done = threading.Event()
+
+    def boom() -> None:
+        done.set()
+        raise RuntimeError("lost")
+
+    pool.submit(boom)
+    await trio.to_thread.run_sync(done.wait, 5)
+    await pool.call(lambda: None)  # the lane survived the failure
