@@ -9,7 +9,7 @@ from pathlib import Path
 import structlog
 import trio
 
-from npud import __version__
+from npud import __version__, doctor
 from npud.backend import device_present, select_profile
 from npud.broker import Broker
 from npud.config import DEFAULT_CONFIG, DEFAULT_SOCKET, Config, ConfigError, load_config
@@ -42,7 +42,11 @@ present, otherwise npud binds its own socket; with NOTIFY_SOCKET it reports
 READY, STATUS, RELOADING, STOPPING and, with WatchdogSec=, WATCHDOG pings while
 healthy.
 
-environment: NPUD_SOCKET is read by clients (npuctl, npu_client), not by npud.
+environment: NPUD_SOCKET is read by clients (npuctl, npu_client, npud doctor), not
+by the daemon.
+
+npud doctor [--root DIR] [--config PATH] [--socket PATH] [--json]: check the NPU
+installation and the running daemon, one line per check with its fix (npud doctor --help).
 """
 
 
@@ -84,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == ["doctor"]:
+        return doctor.main(arguments[1:])
+    args = build_parser().parse_args(arguments)
     try:
         config = load_config(args.config)
     except ConfigError as exc:

@@ -371,6 +371,7 @@ def _open_failure(path: str, role: str, exc: OSError) -> str:
             "shell": "install the shell image there or fix the configured path",
             "digest file": "create it with npud-sign-shell sign",
             "signature file": "create it with npud-sign-shell sign",
+            "public key": "install the shell-signing public key there (install.sh --signing-dir)",
         }[role]
         return f"{role} {path} does not exist; {what}"
     if exc.errno == errno.ELOOP:
