@@ -19,7 +19,7 @@ import array
 import os
 import socket
 from collections.abc import Iterable, Sequence
-from typing import Final, Self
+from typing import Final, Protocol, Self
 
 MAX_FDS_PER_MESSAGE: Final = 16
 """Ancillary space reserved per recvmsg; more fds than this is MSG_CTRUNC."""
@@ -127,7 +127,11 @@ def recv_message(sock: socket.socket, size: int = RECV_BUFFER) -> tuple[bytes, l
     return data, parse_ancillary(ancdata, flags)
 
 
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+class _HasSockopt(Protocol):
+    def getsockopt(self, level: int, option: int, buflen: int, /) -> bytes: ...
+
+
+def peer_credentials(sock: _HasSockopt) -> tuple[int, int, int]:
     """(pid, uid, gid) of the peer from SO_PEERCRED, as the kernel recorded them at connect."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
     values = array.array("i")
