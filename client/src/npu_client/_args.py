@@ -25,6 +25,9 @@ from npu_protocol import (
     InvokeRequest,
 )
 
+# Not re-exported by npu_protocol's __init__ (yet); imported so the bounds cannot drift.
+from npu_protocol._wire import MAX_PING_PAYLOAD, MAX_URI_LENGTH
+
 InputArg: TypeAlias = bytes | bytearray | memoryview | Slice
 """An invoke input: bytes sent inline, or a slice the DSP reads in place."""
 
@@ -32,10 +35,6 @@ OutputArg: TypeAlias = int | Slice
 """An invoke output: a capacity (bytes come back inline), or a slice the DSP writes."""
 
 _U32_MAX = 0xFFFF_FFFF
-MAX_URI_LENGTH = 1023
-"""PROTOCOL.md 7.3: remotectl receives the URI NUL-terminated in 1 KiB."""
-MAX_PING_PAYLOAD = 4096
-"""PROTOCOL.md 7.6."""
 
 
 def invoke_request(
@@ -137,7 +136,8 @@ def _output(
 
 def _slice(what: str, arg: Slice, owns: Callable[[MappedBuffer], bool]) -> BufferSlice:
     if arg.buffer.freed:
-        raise ValueError(f"{what} is a slice of buffer {arg.buffer.id}, which is freed")
+        reason = arg.buffer._gone  # same package: "freed", or why else it went
+        raise ValueError(f"{what} is a slice of buffer {arg.buffer.id}, which is {reason}")
     if not owns(arg.buffer):
         raise ValueError(f"{what} is a slice of a buffer of another client")
     return BufferSlice(buffer=arg.buffer.id, offset=arg.offset, length=arg.length)

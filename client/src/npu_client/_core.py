@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from npu_client._errors import (
+    DspRestarted,
     NpuError,
     code_message,
     error_from_message,
@@ -27,9 +28,11 @@ from npu_client.transport import OwnedFd
 from npu_protocol import (
     NEED_DATA,
     AllocReply,
+    AnyRequest,
     ClientConnection,
     ClientLimits,
     ConnectionClosed,
+    ConnectionStatistics,
     ErrorCode,
     ErrorMessage,
     Hello,
@@ -37,7 +40,6 @@ from npu_protocol import (
     Priority,
     RemoteProtocolError,
     Reply,
-    Request,
     ServerEvent,
     SessionRestarted,
     ShuttingDown,
@@ -47,18 +49,25 @@ from npu_protocol import (
 
 R = TypeVar("R", bound=Reply)
 
+EventCallback = Callable[[ServerEvent], None]
+"""Called with each SessionRestarted and ShuttingDown by the caller that read it
+(a thread of the blocking client, a task of the trio client), with no lock held."""
+
 
 @dataclass(eq=False)
 class Pending:
     """One request in flight and, once answered, its reply or its error."""
 
-    request: Request
+    request: AnyRequest
     reply: Reply | None = None
     error: NpuError | None = None
     fd: OwnedFd | None = None
     """An AllocReply's DMA-BUF, owned here until :meth:`take_fd`."""
     abandoned: bool = False
     """The caller stopped waiting (timeout, cancellation): drop the answer."""
+    epoch: int = 0
+    """The session epoch when the answer arrived: a buffer allocated in an epoch
+    that has since ended is gone (the restart event came after its reply)."""
 
     @property
     def done(self) -> bool:
@@ -76,6 +85,22 @@ class Pending:
         fd, self.fd = self.fd, None
         assert fd is not None, "only an answered alloc carries an fd"
         return fd
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStatistics:
+    """A snapshot of one client."""
+
+    epoch: int
+    shutting_down: bool
+    closed: bool
+    """The connection is over (closed here, by the daemon, or broken)."""
+    requests_in_flight: int
+    """Requests sent and not answered, including ones whose callers gave up."""
+    buffers: int
+    buffer_bytes: int
+    connection: ConnectionStatistics
+    """The protocol connection's counters (frames, bytes, fds)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +164,7 @@ class ClientCore:
         """Whether one more request fits under the server's in-flight limit."""
         return len(self._conn.in_flight) < self.limits.max_in_flight
 
-    def begin(self, build: Callable[[int], Request]) -> tuple[Pending, bytes, list[int]]:
+    def begin(self, build: Callable[[int], AnyRequest]) -> tuple[Pending, bytes, list[int]]:
         """Register the request ``build(id)``; returns it and the bytes and fds to write.
 
         Call only when :meth:`has_room`. Raises the connection's error if it is
@@ -181,7 +206,7 @@ class ClientCore:
             except RemoteProtocolError as exc:
                 error = error_from_protocol(exc)
                 detail = f"npud broke the protocol: {error.message}"
-                self.die(ErrorCode(exc.code), detail, error.fields)
+                self.die(exc.code, detail, error.fields)
                 return
             if event is NEED_DATA:
                 return
@@ -224,12 +249,29 @@ class ClientCore:
                 fd.close()
             else:
                 pending.fd = fd
-        pending.reply, pending.error = reply, error
+        pending.reply, pending.error, pending.epoch = reply, error, self.epoch
+
+    def has_events(self) -> bool:
+        return bool(self._events)
+
+    def restarted_error(self) -> DspRestarted:
+        return DspRestarted(code_message(ErrorCode.DSP_RESTARTED))
 
     def take_events(self) -> list[ServerEvent]:
         """Server events received since the last call, oldest first."""
         events, self._events = self._events, []
         return events
+
+    def statistics(self, *, buffers: int, buffer_bytes: int) -> ClientStatistics:
+        return ClientStatistics(
+            epoch=self.epoch,
+            shutting_down=self.shutdown_notice is not None,
+            closed=self._death is not None,
+            requests_in_flight=len(self._pending),
+            buffers=buffers,
+            buffer_bytes=buffer_bytes,
+            connection=self._conn.statistics(),
+        )
 
     # --- the end -------------------------------------------------------------------------------
 

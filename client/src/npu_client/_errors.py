@@ -298,5 +298,9 @@ class ShuttingDown(NpuError, code=ErrorCode.SHUTTING_DOWN):
     """npud is shutting down."""
 
 
+class InternalError(NpuError, code=ErrorCode.INTERNAL_ERROR):
+    """A bug in npud; its log has the details."""
+
+
 ERROR_CLASSES: Mapping[int, type[NpuError]] = MappingProxyType(_REGISTRY)
 """Every registered class by code number."""

@@ -8,7 +8,7 @@ free) on top. The buffer owns exactly one fd (an :class:`OwnedFd`) and one
 
 from __future__ import annotations
 
-import abc
+import contextlib
 import mmap
 import sys
 from dataclasses import dataclass
@@ -27,18 +27,18 @@ def _map_shared(fd: int, size: int) -> mmap.mmap:
     return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=_PROT)
 
 
-class MappedBuffer(abc.ABC):
+class MappedBuffer:
     """A buffer's id, size, fd and memory.
 
     ``view()`` is a writable ``memoryview`` of the whole buffer (``size``
     bytes: the size asked for, rounded up to whole pages by the daemon), and
     on Python 3.12+ the buffer itself supports the buffer protocol. Once the
-    buffer is freed, or its client closed, the fd and the mapping are closed;
-    a view still held at that point keeps the memory mapped until it is
-    released, so release views (or let them go) before freeing.
+    buffer is freed, its client closed, or its DSP session restarted, the fd
+    and the mapping are closed; a view still held at that point keeps the
+    memory mapped until it is released, so release views before freeing.
     """
 
-    def __init__(self, buffer_id: int, size: int, fd: OwnedFd) -> None:
+    def __init__(self, buffer_id: int, size: int, fd: OwnedFd, epoch: int) -> None:
         """Take ownership of ``fd`` (closed here if it cannot be mapped)."""
         try:
             memory = _map_shared(fd.fileno(), size)
@@ -48,9 +48,10 @@ class MappedBuffer(abc.ABC):
         self._id = buffer_id
         self._size = size
         self._fd = fd
+        self._epoch = epoch
         self._mmap: mmap.mmap | None = memory
+        self._gone = ""
         self._dsp_address: int | None = None
-        self._mapped_epoch = 0
 
     # --- identity and memory ---------------------------------------------------------
 
@@ -60,6 +61,11 @@ class MappedBuffer(abc.ABC):
         return self._id
 
     @property
+    def epoch(self) -> int:
+        """The DSP session epoch it was allocated in; a restart releases it."""
+        return self._epoch
+
+    @property
     def size(self) -> int:
         """Bytes in the buffer: the requested size rounded up to whole pages."""
         return self._size
@@ -67,13 +73,13 @@ class MappedBuffer(abc.ABC):
     @property
     def fd(self) -> int:
         """The DMA-BUF's fd. The buffer owns it: do not close it (dup it to keep it)."""
-        if self._fd.closed:
-            raise ValueError(f"buffer {self._id} is freed")
+        self._memory()
         return self._fd.fd
 
     @property
     def freed(self) -> bool:
-        """True once the buffer was freed or its client closed."""
+        """True once the buffer was freed, its client closed, or its DSP session
+        restarted (the daemon released it then)."""
         return self._mmap is None
 
     def view(self) -> memoryview:
@@ -89,7 +95,7 @@ class MappedBuffer(abc.ABC):
 
     def slice(self, offset: int = 0, length: int | None = None) -> Slice:
         """Bytes ``[offset, offset + length)`` (to the end for None), for an invoke argument."""
-        self._memory()
+        self._memory()  # refuse a gone buffer first
         _check_index("offset", offset)
         if length is None:
             length = self._size - offset if offset <= self._size else -1
@@ -106,18 +112,11 @@ class MappedBuffer(abc.ABC):
 
     @property
     def dsp_address(self) -> int | None:
-        """The buffer's DSP address if it is mapped in the current session epoch."""
-        if self._dsp_address is not None and self._mapped_epoch == self._current_epoch():
-            return self._dsp_address
-        return None
+        """The buffer's DSP address while it is mapped, else None."""
+        return self._dsp_address
 
-    @abc.abstractmethod
-    def _current_epoch(self) -> int:
-        """The client's session epoch; mappings of earlier epochs are gone."""
-
-    def _remember_mapping(self, address: int, epoch: int) -> None:
+    def _remember_mapping(self, address: int) -> None:
         self._dsp_address = address
-        self._mapped_epoch = epoch
 
     def _forget_mapping(self) -> None:
         self._dsp_address = None
@@ -125,26 +124,33 @@ class MappedBuffer(abc.ABC):
     # --- ownership ---------------------------------------------------------------------
 
     def _memory(self) -> mmap.mmap:
+        """The mapping; ValueError saying why if the buffer is gone."""
         if self._mmap is None:
-            raise ValueError(f"buffer {self._id} is freed")
+            raise ValueError(f"buffer {self._id} is {self._gone}")
         return self._mmap
 
-    def _release_local(self) -> None:
-        """Close the mapping and the fd; idempotent."""
+    def _release_local(self, reason: str = "freed") -> None:
+        """Close the mapping and the fd; idempotent. ``reason`` completes
+        "buffer N is ..." in the errors of later uses."""
+        if self._mmap is not None:
+            self._gone = reason
         memory, self._mmap = self._mmap, None
         self._dsp_address = None
         if memory is not None:
-            try:
+            # BufferError: a view is still exported. The mapping then goes when the
+            # last view does (the mmap object is freed with it); nothing else holds it.
+            with contextlib.suppress(BufferError):
                 memory.close()
-            except BufferError:
-                # A view is still exported: the mapping goes when the last view
-                # does (the mmap object is freed with it). Nothing else holds it.
-                pass
         self._fd.close()
 
     def __repr__(self) -> str:
         state = "freed" if self.freed else f"fd {self._fd.fd}"
         return f"<{type(self).__name__} id={self._id} size={self._size} {state}>"
+
+
+def restart_reason(epoch: int) -> str:
+    """How a buffer released by a DSP restart explains itself ("buffer N is ...")."""
+    return f"gone: the DSP restarted (session epoch {epoch}); allocate a new buffer"
 
 
 def _check_index(what: str, value: object) -> None:

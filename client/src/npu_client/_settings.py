@@ -35,8 +35,9 @@ def client_name(name: str | None = None) -> str:
     """``name`` checked against the protocol's rule, or one made from the program name.
 
     The protocol allows 1 to 64 characters from ``A-Z a-z 0-9 . _ : @ + -``,
-    starting with a letter or digit. The default is the basename of
-    ``sys.argv[0]`` with other characters replaced by ``-``, clipped to 64.
+    starting with a letter or digit. The default is the program's name (the
+    basename of ``sys.argv[0]`` without ``.py``; the package for ``python -m``)
+    with other characters replaced by ``-``, clipped to 64.
     """
     if name is None:
         return default_client_name()
@@ -51,7 +52,11 @@ def client_name(name: str | None = None) -> str:
 
 
 def default_client_name() -> str:
-    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    argv0 = sys.argv[0] if sys.argv else ""
+    program = os.path.basename(argv0)
+    if program == "__main__.py":  # python -m package: the package says more
+        program = os.path.basename(os.path.dirname(argv0))
+    program = program.removesuffix(".py")
     cleaned = _NOT_NAME_CHAR.sub("-", program).lstrip("._:@+-")[:MAX_NAME_LENGTH]
     return cleaned or _FALLBACK_NAME
 
@@ -69,7 +74,10 @@ def connect_failure_message(path: str, exc: OSError) -> str:
     """One line for people: what failed, and what to try."""
     reason = exc.strerror or str(exc) or type(exc).__name__
     if isinstance(exc, PermissionError):
-        hint = "is your user in the socket's group (npu under systemd, else socket_group in npud's config)?"
+        hint = (
+            "is your user in the socket's group "
+            "(npu under systemd, else socket_group in npud's config)?"
+        )
     elif isinstance(exc, TimeoutError):
         hint = "npud is not accepting connections; is it overloaded or stopped?"
     else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import array
 import os
 import socket
+import struct
 from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, Self
 
@@ -134,7 +135,6 @@ class _HasSockopt(Protocol):
 def peer_credentials(sock: _HasSockopt) -> tuple[int, int, int]:
     """(pid, uid, gid) of the peer from SO_PEERCRED, as the kernel recorded them at connect."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    values = array.array("i")
-    values.frombytes(creds)
-    pid, uid, gid = values
-    return pid, uid, gid
+    # struct ucred: pid_t (signed), uid_t and gid_t (unsigned: uids above 2**31 exist).
+    pid, uid, gid = struct.unpack("iII", creds)
+    return int(pid), int(uid), int(gid)

@@ -1,0 +1,156 @@
+"""Client library for npud, the daemon that brokers the Hexagon NPU.
+
+>>> import npu_client
+>>> with npu_client.connect() as npu, npu.alloc(4096) as buffer:
+...     buffer.view()[:5] = b"hello"
+
+``connect()`` gives a blocking client that threads may share;
+``open_trio_client()`` (needs the ``trio`` extra) an async one with the same
+methods, awaited. Importing this package never imports trio.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
+
+from npu_client._args import InputArg, OutputArg
+from npu_client._blocking import Client, DmaBuffer, RemoteHandle, connect
+from npu_client._core import ClientStatistics, EventCallback
+from npu_client._errors import (
+    ERROR_CLASSES,
+    BadFrameHeader,
+    BadMessage,
+    ConnectFailed,
+    ConnectionClosed,
+    DeviceError,
+    DeviceNotFound,
+    DmaBufAllocFailed,
+    DmaExceedsMaxSize,
+    DmaSizeOverflow,
+    DspRestarted,
+    DuplicateRequestId,
+    FastRpcError,
+    FdCountMismatch,
+    FdsTruncated,
+    FrameTooLarge,
+    InternalError,
+    InvalidArgument,
+    InvalidFd,
+    InvalidTensorIndex,
+    InvokeFailed,
+    MissingFds,
+    MmapFailed,
+    ModelNotLoaded,
+    NoFreeSession,
+    NotPermitted,
+    NpuError,
+    OpenFailed,
+    QnnError,
+    QuotaExceeded,
+    SessionBusy,
+    SessionClosed,
+    ShellVerifyFailed,
+    ShuttingDown,
+    SliceOutOfRange,
+    Timeout,
+    TooManyFds,
+    TooManyInFlight,
+    TruncatedFrame,
+    UnexpectedMessage,
+    UnknownBuffer,
+    UnknownHandle,
+    UnknownRequestId,
+    Unsupported,
+    UnsupportedVersion,
+    error_class,
+)
+from npu_client._memory import Slice
+from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV, socket_path
+from npu_protocol import DaemonStatus, Priority
+
+if TYPE_CHECKING:
+    from npu_client.trio_client import TrioClient
+
+
+def open_trio_client(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    name: str | None = None,
+    priority: Priority | str = Priority.NORMAL,
+    on_event: EventCallback | None = None,
+) -> AbstractAsyncContextManager[TrioClient]:
+    """``async with npu_client.open_trio_client() as npu:`` a trio client, closed on exit.
+
+    The arguments are :func:`connect`'s. Needs trio (``pip install npu-client[trio]``);
+    trio is imported here, not when ``npu_client`` is.
+    """
+    from npu_client import trio_client  # noqa: PLC0415  (trio only when asked for)
+
+    return trio_client.open_trio_client(path, name=name, priority=priority, on_event=on_event)
+
+
+__all__ = [
+    "DEFAULT_SOCKET_PATH",
+    "ERROR_CLASSES",
+    "SOCKET_ENV",
+    "BadFrameHeader",
+    "BadMessage",
+    "Client",
+    "ClientStatistics",
+    "ConnectFailed",
+    "ConnectionClosed",
+    "DaemonStatus",
+    "DeviceError",
+    "DeviceNotFound",
+    "DmaBufAllocFailed",
+    "DmaBuffer",
+    "DmaExceedsMaxSize",
+    "DmaSizeOverflow",
+    "DspRestarted",
+    "DuplicateRequestId",
+    "EventCallback",
+    "FastRpcError",
+    "FdCountMismatch",
+    "FdsTruncated",
+    "FrameTooLarge",
+    "InputArg",
+    "InternalError",
+    "InvalidArgument",
+    "InvalidFd",
+    "InvalidTensorIndex",
+    "InvokeFailed",
+    "MissingFds",
+    "MmapFailed",
+    "ModelNotLoaded",
+    "NoFreeSession",
+    "NotPermitted",
+    "NpuError",
+    "OpenFailed",
+    "OutputArg",
+    "Priority",
+    "QnnError",
+    "QuotaExceeded",
+    "RemoteHandle",
+    "SessionBusy",
+    "SessionClosed",
+    "ShellVerifyFailed",
+    "ShuttingDown",
+    "Slice",
+    "SliceOutOfRange",
+    "Timeout",
+    "TooManyFds",
+    "TooManyInFlight",
+    "TruncatedFrame",
+    "UnexpectedMessage",
+    "UnknownBuffer",
+    "UnknownHandle",
+    "UnknownRequestId",
+    "Unsupported",
+    "UnsupportedVersion",
+    "connect",
+    "error_class",
+    "open_trio_client",
+    "socket_path",
+]

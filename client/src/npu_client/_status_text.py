@@ -1,0 +1,137 @@
+"""``npuctl status`` for people: the DaemonStatus record as aligned text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from npu_protocol import ClientRow, DaemonStatus, DspCapabilities, ShellStatus, Totals
+
+_LABEL: Final = 12
+_COLUMNS: Final = (
+    "PID",
+    "UID",
+    "NAME",
+    "PRIORITY",
+    "BUFFERS",
+    "BYTES",
+    "MAPPINGS",
+    "HANDLES",
+    "IN FLIGHT",
+    "DONE",
+)
+
+
+def render_status(status: DaemonStatus) -> str:
+    """Every field of ``status``, one section per line, then a table of clients."""
+    lines = [
+        _line("daemon", f"npud {status.daemon_version}"),
+        _line("uptime", format_duration(status.uptime_ms)),
+        _line("backend", status.backend),
+        _line("device", status.device),
+        _line("shell", _shell(status.shell)),
+        _line("session", f"epoch {status.epoch}, {_count(status.restarts, 'restart')}"),
+        _line("totals", _totals(status.totals)),
+        _line("dsp", status.dsp.domain),
+        *_capabilities(status.dsp),
+        "",
+    ]
+    if status.clients:
+        lines.extend(_table(status.clients))
+    else:
+        lines.append(_line("clients", "none"))
+    return "\n".join(lines)
+
+
+def _line(label: str, value: str) -> str:
+    return f"{label:<{_LABEL}}{value}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _shell(shell: ShellStatus) -> str:
+    text = "verified" if shell.verified else "NOT VERIFIED"
+    if shell.path:
+        text += f" {shell.path}"
+    about = [f"sha256 {shell.sha256}"] if shell.sha256 else []
+    if shell.detail:
+        about.append(shell.detail)
+    if not about:
+        return text
+    return f"{text} ({'; '.join(about)})" if shell.verified else f"{text}: {'; '.join(about)}"
+
+
+def _totals(totals: Totals) -> str:
+    return ", ".join(
+        [
+            _count(totals.clients, "client"),
+            f"{_count(totals.buffers, 'buffer')} ({format_bytes(totals.bytes)})",
+            _count(totals.mappings, "mapping"),
+            _count(totals.handles, "handle"),
+            f"{totals.calls_in_flight} calls in flight",
+            f"{totals.calls_done} calls done",
+        ]
+    )
+
+
+def _capabilities(dsp: DspCapabilities) -> list[str]:
+    """Each capability the DSP reported, by its FastRPC attribute name."""
+    lines = []
+    for name in dsp.__struct_fields__:
+        if name == "domain":
+            continue
+        value = getattr(dsp, name)
+        shown = f"{value:#x} (v{value:x})" if name == "arch_ver" and value else str(value)
+        lines.append(f"{'':<{_LABEL}}{name:<28}{shown}")
+    return lines
+
+
+def _table(clients: Sequence[ClientRow]) -> list[str]:
+    rows = [
+        (
+            str(row.pid),
+            str(row.uid),
+            row.name,
+            row.priority,
+            str(row.buffers),
+            format_bytes(row.bytes),
+            str(row.mappings),
+            str(row.handles),
+            str(row.calls_in_flight),
+            str(row.calls_done),
+        )
+        for row in clients
+    ]
+    widths = [max(len(cells[i]) for cells in [_COLUMNS, *rows]) for i in range(len(_COLUMNS))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+        for cells in [_COLUMNS, *rows]
+    ]
+
+
+def format_bytes(count: int) -> str:
+    """``1.5 MiB``; plain bytes below 1 KiB."""
+    if count < 1024:
+        return f"{count} B"
+    units = ("KiB", "MiB", "GiB", "TiB")
+    value, index = count / 1024, 0
+    while value >= 1024 and index < len(units) - 1:
+        value, index = value / 1024, index + 1
+    return f"{value:.1f} {units[index]}"
+
+
+def format_duration(milliseconds: int) -> str:
+    """``2d 3h 04m 05s``, leaving out leading zero units."""
+    seconds = milliseconds // 1000
+    days, seconds = divmod(seconds, 86400)
+    hours, seconds = divmod(seconds, 3600)
+    minutes, seconds = divmod(seconds, 60)
+    if days:
+        return f"{days}d {hours}h {minutes:02d}m {seconds:02d}s"
+    if hours:
+        return f"{hours}h {minutes:02d}m {seconds:02d}s"
+    if minutes:
+        return f"{minutes}m {seconds:02d}s"
+    return f"{seconds}s"

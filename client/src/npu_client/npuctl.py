@@ -1,0 +1,143 @@
+"""npuctl: look at npud and check the NPU through it.
+
+Exit status: 0 success; 1 failure (npud unreachable or refusing, an error
+from npud, a selftest step that did not pass); 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import msgspec
+
+from npu_client._blocking import Client, connect
+from npu_client._errors import ConnectFailed, NpuError
+from npu_client._selftest import render_report, run_selftest
+from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV
+from npu_client._status_text import render_status
+
+EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1
+EXIT_USAGE: Final = 2  # argparse's own
+EXIT_INTERRUPTED: Final = 130
+
+DEFAULT_TIMEOUT: Final = 30.0
+
+Command = Callable[[Client, argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="npuctl",
+        description="Show the state of npud, the Hexagon NPU broker, and test the NPU through it.",
+        epilog=(
+            "exit status: 0 success, 1 failure (npud unreachable, an error from npud, "
+            "a selftest step failed), 2 usage error"
+        ),
+    )
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        type=_socket_path,
+        help=f"npud's socket (default: ${SOCKET_ENV} if set, else {DEFAULT_SOCKET_PATH})",
+    )
+    parser.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=DEFAULT_TIMEOUT,
+        help=f"give up when npud does not answer within this long (default: {DEFAULT_TIMEOUT:g})",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    status = commands.add_parser(
+        "status",
+        help="daemon, DSP, shell, session and per-client state",
+        description=(
+            "Show npud's version, uptime, backend and device, the DSP's capabilities, the "
+            "shell verification result, the session epoch and restarts, totals, and one row "
+            "per connected client."
+        ),
+    )
+    status.add_argument(
+        "--json",
+        action="store_true",
+        help="print the status record as JSON (keys are stable; see the client README)",
+    )
+    status.set_defaults(run=_status)
+
+    selftest = commands.add_parser(
+        "selftest",
+        help="allocate, map, echo, fill and checksum through the DSP, and verify",
+        description=(
+            "Allocate 1 MiB, map it into the DSP, write a random pattern, run it through the "
+            "echo skel and the test skel's fill and checksum, read back and verify, then "
+            "unmap, close and free. Prints one line per step; exits 1 if any step failed."
+        ),
+    )
+    selftest.add_argument("--json", action="store_true", help="print the report as JSON")
+    selftest.set_defaults(run=_selftest)
+    return parser
+
+
+def _socket_path(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("the socket path is empty")
+    return text
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def _status(client: Client, args: argparse.Namespace) -> int:
+    status = client.status()
+    if args.json:
+        print(msgspec.json.encode(status).decode())
+    else:
+        print(render_status(status))
+    return EXIT_OK
+
+
+def _selftest(client: Client, args: argparse.Namespace) -> int:
+    report = run_selftest(client)
+    if args.json:
+        print(msgspec.json.encode(report).decode())
+    else:
+        print(render_report(report))
+    return EXIT_OK if report.ok else EXIT_FAILURE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run npuctl with ``argv`` (default: the command line); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    run: Command = args.run
+    try:
+        with connect(args.socket, name="npuctl", timeout=args.timeout) as client:
+            return run(client, args)
+    except ConnectFailed as exc:
+        _error(str(exc))
+    except NpuError as exc:
+        _error(f"{exc.message} ({exc.name}, error {exc.code})")
+    except TimeoutError:
+        _error(f"npud did not answer within {args.timeout:g} s")
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILURE
+
+
+def _error(message: str) -> None:
+    print(f"npuctl: {message}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
