@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -32,6 +32,7 @@ import structlog
 import trio
 
 import npu_protocol as p
+from npu_client.transport import OwnedFd, close_all
 from npu_protocol import ErrorCode
 from npud import __version__
 from npud.backend import Profile
@@ -128,8 +129,10 @@ class Broker:
         self.started = time.monotonic()
         self.driver = profile.make_driver()
         self.control = LanePool("control", 1)
+        self.loader = LanePool("loader", 1)  # remotectl open/close: skel loads can be slow
         self.realtime = LanePool("realtime", 1)
         self.bulk = LanePool("bulk", config.backend.lanes)
+        self.closer = LanePool("closer", 1)  # closes peer-supplied fds off the trio thread
         self.session: FastRpcSession | None = None
         self.shell: VerifiedShell | None = None
         self.epoch = 0
@@ -147,10 +150,11 @@ class Broker:
 
     async def start(self) -> None:
         """Verify the shell, open the session and load it. Raises on any failure."""
-        for pool in (self.control, self.realtime, self.bulk):
+        for pool in self._pools:
             pool.start()
         self.shell = await self.control.call(self.profile.verify_shell)
-        await self._open_session()
+        self.session = await self._open_session()
+        self.epoch = 1
         log.info(
             "session ready",
             backend=self.profile.kind,
@@ -161,7 +165,7 @@ class Broker:
             epoch=self.epoch,
         )
 
-    async def _open_session(self) -> None:
+    async def _open_session(self) -> FastRpcSession:
         assert self.shell is not None
         shell = self.shell
 
@@ -176,8 +180,7 @@ class Broker:
                 raise
             return session
 
-        self.session = await self.control.call(open_and_load)
-        self.epoch += 1
+        return await self.control.call(open_and_load)
 
     async def close(self, grace: float) -> None:
         """Close the session and stop the lanes; calls still on the DSP get ``grace`` seconds."""
@@ -187,16 +190,38 @@ class Broker:
                 await self.control.call(lambda: session.close(timeout=grace), timeout=grace + 5)
             except (FastRpcError, LaneTimeoutError) as exc:
                 log.error("session not closed cleanly; the kernel frees it at exit", error=str(exc))
-        for pool in (self.control, self.realtime, self.bulk):
+        for pool in self._pools:
             if not await trio.to_thread.run_sync(pool.stop, 1.0):
                 log.warning("lane still busy at exit", lane=pool.name)
 
+    @property
+    def _pools(self) -> tuple[LanePool, ...]:
+        return (self.control, self.loader, self.realtime, self.bulk, self.closer)
+
     def healthy(self) -> bool:
-        """Lane threads alive, and the control lane not wedged (it only runs short calls)."""
-        pools = (self.control, self.realtime, self.bulk)
-        if not all(pool.alive() for pool in pools):
+        """Lane threads alive, the control lane not wedged (it only runs short calls),
+        and the session usable or being recovered."""
+        if not all(pool.alive() for pool in self._pools):
             return False
-        return self.control.statistics().oldest_running_seconds < CONTROL_STUCK_SECONDS
+        if self.control.statistics().oldest_running_seconds >= CONTROL_STUCK_SECONDS:
+            return False
+        session = self.session
+        if session is None:
+            return self._recovering or self.shutting_down
+        if session.dead:
+            return self._recovering
+        return session.listener_running
+
+    def check_session(self) -> None:
+        """Notice a restart that no request has run into yet (the listener sees it first)."""
+        if self.session is not None and self.session.dead:
+            self._start_recovery("the DSP restarted (noticed while idle)")
+
+    def close_later(self, fds: Sequence[int]) -> None:
+        """Close peer-supplied fds on a lane: a close can block (SO_LINGER, FUSE...)."""
+        if fds:
+            owned = [OwnedFd(fd) for fd in fds]
+            self.closer.submit(lambda: close_all(owned))
 
     def describe(self) -> str:
         """One line for systemd's STATUS=."""
@@ -232,7 +257,7 @@ class Broker:
         limits = self.config.client_limits
         return p.ClientLimits(
             priority=client.priority,
-            max_in_flight=max(64, limits.max_calls_in_flight),
+            max_in_flight=limits.max_calls_in_flight,
             max_buffers=limits.max_buffers,
             max_buffer_bytes=limits.max_buffer_bytes,
             max_handles=limits.max_handles,
@@ -262,8 +287,8 @@ class Broker:
         client.buffers.clear()
         client.handles.clear()
         session = self.session
-        if session is None or (not buffers and not handles):
-            return
+        if session is None or (not buffers and not handles) or self.shutting_down:
+            return  # at shutdown, closing the session releases everything at once
 
         def release() -> None:
             for handle in handles:
@@ -281,25 +306,44 @@ class Broker:
             await self.control.call(release)
 
     # -------------------------------------------------------------- requests
-    async def alloc(self, client: ClientState, size: int) -> tuple[int, DmaBuffer]:
+    async def alloc(self, client: ClientState, size: int) -> tuple[int, DmaBuffer, OwnedFd]:
+        """A new buffer for ``client``, with a dup of its fd for the reply.
+
+        The dup is made on the lane, before any other request can free the
+        buffer: the reply must carry this buffer's file, never whatever file
+        reuses a closed fd number. The caller closes the dup once sent.
+        """
         session = self._session()
         try:
             rounded = checked_dma_size(size)
         except FastRpcError as exc:
             raise BrokerError(exc.code, **exc.fields) from None
         self._check_buffer_quota(client, rounded)
+
+        def allocate() -> tuple[DmaBuffer, OwnedFd]:
+            buffer = session.alloc(size)
+            try:
+                return buffer, OwnedFd(os.dup(buffer.fd))
+            except OSError as exc:
+                session.free(buffer)
+                raise FastRpcError(
+                    ErrorCode.DMA_BUF_ALLOC, msg=f"no fd for the reply: {exc.strerror}"
+                ) from None
+
+        def abandoned(result: tuple[DmaBuffer, OwnedFd]) -> None:
+            result[1].close()
+            session.free(result[0])
+
         client.reserved_buffers += 1
         client.reserved_bytes += rounded
         try:
-            buffer = await self._run(
-                self.control, lambda: session.alloc(size), on_abandoned=session.free
-            )
+            buffer, reply_fd = await self._run(self.control, allocate, on_abandoned=abandoned)
         finally:
             client.reserved_buffers -= 1
             client.reserved_bytes -= rounded
         buffer_id = client.new_id()
         client.buffers[buffer_id] = buffer
-        return buffer_id, buffer
+        return buffer_id, buffer, reply_fd
 
     def _check_buffer_quota(self, client: ClientState, size: int) -> None:
         mine = self.config.client_limits
@@ -327,7 +371,10 @@ class Broker:
         session = self._session()
         buffer = self._buffer(client, buffer_id)
         del client.buffers[buffer_id]
-        await self._run(self.control, lambda: session.free(buffer))
+        # Shielded: once out of the table, the buffer must be freed even if the
+        # client hangs up now (it is a short call).
+        with trio.CancelScope(shield=True):
+            await self._run(self.control, lambda: session.free(buffer))
 
     async def map(self, client: ClientState, buffer_id: int) -> int:
         session = self._session()
@@ -351,7 +398,7 @@ class Broker:
         client.reserved_handles += 1
         try:
             handle = await self._run(
-                self.control, lambda: session.remote_open(uri), on_abandoned=session.remote_close
+                self.loader, lambda: session.remote_open(uri), on_abandoned=session.remote_close
             )
         finally:
             client.reserved_handles -= 1
@@ -364,7 +411,8 @@ class Broker:
         handle = client.handles.pop(handle_id, None)
         if handle is None:
             raise client.missing(handle_id, ErrorCode.UNKNOWN_HANDLE, "handle")
-        await self._run(self.control, lambda: session.remote_close(handle))
+        with trio.CancelScope(shield=True):  # as for free: out of the table, so close it
+            await self._run(self.loader, lambda: session.remote_close(handle))
 
     async def invoke(
         self, client: ClientState, request: p.InvokeRequest
@@ -376,6 +424,21 @@ class Broker:
         limit = self.config.client_limits.max_calls_in_flight
         if client.calls_in_flight >= limit:
             raise BrokerError(ErrorCode.QUOTA_EXCEEDED, resource="calls in flight", limit=limit)
+        limits = self.client_limits(client)
+        for resource, used in (
+            ("inline input bytes", request.inline_input_bytes),
+            ("inline output bytes", request.inline_output_bytes),
+        ):
+            if used > limits.max_inline_bytes:
+                raise BrokerError(
+                    ErrorCode.QUOTA_EXCEEDED, resource=resource, limit=limits.max_inline_bytes
+                )
+        if request.timeout_ms is not None and request.timeout_ms > limits.max_timeout_ms:
+            raise BrokerError(
+                ErrorCode.INVALID_ARGUMENT,
+                detail=f"timeout_ms {request.timeout_ms} exceeds max_timeout_ms "
+                f"{limits.max_timeout_ms}",
+            )
         inputs: list[InArg] = [
             Inline(arg.data) if isinstance(arg, p.InlineInput) else self._slice(client, arg)
             for arg in request.inputs
@@ -447,7 +510,10 @@ class Broker:
     def _session(self) -> FastRpcSession:
         if self.shutting_down:
             raise BrokerError(ErrorCode.SHUTTING_DOWN)
-        if self.session is None or self.session.dead:
+        if self.session is None:
+            raise BrokerError(ErrorCode.DSP_RESTARTED)
+        if self.session.dead:
+            self._start_recovery("the DSP restarted")
             raise BrokerError(ErrorCode.DSP_RESTARTED)
         return self.session
 
@@ -484,7 +550,7 @@ class Broker:
         """Run on a lane; translate failures to BrokerError; notice DSP restarts."""
         session = self.session
         try:
-            return await pool.call(
+            result = await pool.call(
                 fn, priority=priority, timeout=timeout, on_abandoned=on_abandoned
             )
         except LaneTimeoutError:
@@ -495,6 +561,11 @@ class Broker:
             if exc.code is ErrorCode.DSP_RESTARTED and session is self.session:
                 self._start_recovery(str(exc))
             raise BrokerError(exc.code, **exc.fields) from None
+        if session is not self.session:
+            # The DSP restarted while this ran: what it made died with the old
+            # session (whose close releases it).
+            raise BrokerError(ErrorCode.DSP_RESTARTED)
+        return result
 
     # -------------------------------------------------------------- restarts
     def _start_recovery(self, reason: str) -> None:
@@ -514,22 +585,32 @@ class Broker:
             if self.shutting_down:
                 return
             try:
-                await self._open_session()
+                session = await self._open_session()
                 break
             except FastRpcError as exc:
                 delay = RECOVERY_BACKOFF[min(attempt, len(RECOVERY_BACKOFF) - 1)]
                 log.warning("DSP not back yet", error=str(exc), retry_in=delay)
                 await trio.sleep(delay)
+        self.epoch += 1
         self.restarts += 1
+        # Every client hears of the new epoch before any answer from the new
+        # session can reach it: clients drop what they held when they see it.
+        await self.broadcast(p.SessionRestarted(epoch=self.epoch, reason=reason))
+        self.session = session
         self._recovering = False
         log.info("session reopened", epoch=self.epoch)
-        await self.broadcast(p.SessionRestarted(epoch=self.epoch, reason=reason))
 
     async def _release_dead_session(self, session: FastRpcSession) -> None:
         with trio.CancelScope(shield=True):
             await self.control.call(session.close)
 
     async def broadcast(self, event: p.ServerEvent) -> None:
-        for client in list(self.clients):
-            if client.send_event is not None:
-                await client.send_event(event)
+        """Tell every client at once; one that cannot take it promptly is dropped."""
+        async with trio.open_nursery() as nursery:
+            for client in list(self.clients):
+                if client.send_event is not None:
+                    nursery.start_soon(client.send_event, event)
+
+    def stop_waiting(self) -> None:
+        for pool in self._pools:
+            pool.stop_waiting()

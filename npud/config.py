@@ -78,7 +78,8 @@ class ClientLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     max_buffers: _Count = 256
     max_buffer_bytes: _Bytes = 1 << 30
     max_handles: _Count = 32
-    max_calls_in_flight: _Count = 16
+    max_calls_in_flight: Annotated[int, msgspec.Meta(ge=1, le=0xFFFF)] = 16
+    """Requests a client may have unanswered; invokes beyond it are refused."""
 
 
 class GlobalLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

@@ -12,7 +12,6 @@ resources are released (after calls already on the DSP have returned).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import socket
 from typing import Final
@@ -26,7 +25,6 @@ from npu_client.transport import (
     RECV_BUFFER,
     OwnedFd,
     TransportError,
-    close_all,
     fds_ancillary,
     parse_ancillary,
 )
@@ -36,6 +34,10 @@ from npud.broker import Broker, BrokerError, ClientState
 
 SEND_TIMEOUT: Final = 30.0
 """A client that does not read its replies for this long is dropped."""
+EVENT_SEND_TIMEOUT: Final = 2.0
+"""Broadcast events (restart, shutdown) wait this long for a slow reader, then drop it."""
+HELLO_TIMEOUT: Final = 10.0
+"""A connection that has not said Hello by then is closed."""
 
 
 class ClientConnection:
@@ -49,6 +51,7 @@ class ClientConnection:
         )
         self._send_lock = trio.Lock()
         self._closing = False
+        self._welcomed = False
 
     # ------------------------------------------------------------------ run
     async def serve(self) -> None:
@@ -57,13 +60,22 @@ class ClientConnection:
         reason = "closed by the client"
         try:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._hello_deadline, nursery.cancel_scope)
                 reason = await self._receive_loop(nursery)
                 nursery.cancel_scope.cancel()
+            if not self._welcomed and reason == "closed by the client":
+                reason = "no Hello in time or closed before it"
         finally:
             with trio.CancelScope(shield=True):
                 await self.broker.release_client(self.client)
                 self.sock.close()
             self.log.info("client disconnected", reason=reason, calls_done=self.client.calls_done)
+
+    async def _hello_deadline(self, scope: trio.CancelScope) -> None:
+        await trio.sleep(HELLO_TIMEOUT)
+        if not self._welcomed:
+            self.log.warning("no Hello within the deadline; closing", seconds=HELLO_TIMEOUT)
+            scope.cancel()
 
     async def _receive_loop(self, nursery: trio.Nursery) -> str:
         while True:
@@ -92,7 +104,7 @@ class ClientConnection:
             try:
                 event = self.protocol.next_event()
             except p.RemoteProtocolError as exc:
-                self._close_fds(self.protocol.take_pending_fds())
+                self.broker.close_later(self.protocol.take_pending_fds())
                 self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
                 await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
                 return f"protocol violation: {exc}"
@@ -101,7 +113,7 @@ class ClientConnection:
             if isinstance(event, p.ConnectionClosed):
                 return "closed by the client"
             if isinstance(event, p.StrayFds):
-                self._close_fds(event.fds)
+                self.broker.close_later(event.fds)
                 self.log.warning("closed fds the client sent unasked", count=len(event.fds))
                 continue
             if isinstance(event, p.Hello):
@@ -143,39 +155,50 @@ class ClientConnection:
             epoch=self.broker.epoch,
         )
         await self._send(welcome)
+        self._welcomed = True
         self.log.info("client welcomed", priority=client.priority.value, asked=hello.priority.value)
         return True
 
     # ------------------------------------------------------------ requests
     async def _answer(self, request: p.AnyRequest) -> None:
+        reply_fd: OwnedFd | None = None
         try:
-            reply = await self._handle(request)
-        except Exception as exc:
-            if not isinstance(exc, BrokerError):
-                # A bug of ours: log it whole, answer the client, keep serving.
-                self.log.exception("request failed", request=p.tag_of(request), id=request.id)
-                exc = BrokerError(ErrorCode.INTERNAL_ERROR, detail=type(exc).__name__)
-            self.log.info(
-                "request refused",
-                request=p.tag_of(request),
-                id=request.id,
-                code=exc.code.name,
-                error=str(exc),
-            )
-            await self._send(p.ErrorMessage.for_code(exc.code, id=request.id, **exc.fields))
-            return
-        await self._send(reply)
+            try:
+                reply, reply_fd = await self._handle(request)
+            except Exception as exc:
+                if not isinstance(exc, BrokerError):
+                    # A bug of ours: log it whole, answer the client, keep serving.
+                    self.log.exception("request failed", request=p.tag_of(request), id=request.id)
+                    exc = BrokerError(ErrorCode.INTERNAL_ERROR, detail=type(exc).__name__)
+                self.log.info(
+                    "request refused",
+                    request=p.tag_of(request),
+                    id=request.id,
+                    code=exc.code.name,
+                    error=str(exc),
+                )
+                await self._send(p.ErrorMessage.for_code(exc.code, id=request.id, **exc.fields))
+                return
+            await self._send(reply)
+        finally:
+            if reply_fd is not None:
+                reply_fd.close()
 
-    async def _handle(self, request: p.AnyRequest) -> p.AnyReply:
+    async def _handle(self, request: p.AnyRequest) -> tuple[p.AnyReply, OwnedFd | None]:
         broker, client = self.broker, self.client
         if isinstance(request, p.InvokeRequest):
             outputs = await broker.invoke(client, request)
-            return p.InvokeReply(id=request.id, outputs=outputs)
+            return p.InvokeReply(id=request.id, outputs=outputs), None
         if isinstance(request, p.AllocRequest):
-            buffer_id, buffer = await broker.alloc(client, request.size)
-            return p.AllocReply(
-                id=request.id, buffer=buffer_id, size=buffer.mapped_size, fd=buffer.fd
+            buffer_id, buffer, reply_fd = await broker.alloc(client, request.size)
+            reply = p.AllocReply(
+                id=request.id, buffer=buffer_id, size=buffer.mapped_size, fd=reply_fd.fileno()
             )
+            return reply, reply_fd
+        return await self._handle_simple(request), None
+
+    async def _handle_simple(self, request: p.AnyRequest) -> p.AnyReply:
+        broker, client = self.broker, self.client
         if isinstance(request, p.FreeRequest):
             await broker.free(client, request.buffer)
             return p.FreeReply(id=request.id)
@@ -193,30 +216,44 @@ class ClientConnection:
             return p.CloseReply(id=request.id)
         if isinstance(request, p.StatusRequest):
             return p.StatusReply(id=request.id, status=broker.status())
+        assert isinstance(request, p.PingRequest)
         return p.PongReply(id=request.id, payload=request.payload)
 
     # ---------------------------------------------------------------- send
     async def _send_event(self, event: p.ServerEvent) -> None:
-        # A client that is leaving is cleaned up by its own connection task.
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            await self._send(event)
+        await self._send(event, timeout=EVENT_SEND_TIMEOUT)
 
-    async def _send(self, message: p.ServerMessage) -> None:
-        async with self._send_lock:
-            if self._closing:
-                return
-            try:
-                data, fds = self.protocol.send(message)
-            except p.LocalProtocolError as exc:
-                # Our own bug or a closed connection: never crash the daemon for it.
-                self.log.error("reply not sendable", error=str(exc), message=p.tag_of(message))
-                return
-            with trio.move_on_after(SEND_TIMEOUT) as scope:
+    async def _send(self, message: p.ServerMessage, *, timeout: float = SEND_TIMEOUT) -> None:
+        """Write one message; a peer that does not take it within ``timeout`` is dropped.
+
+        A write cut short leaves a partial frame on the stream, so the only
+        safe thing after a timeout is to close the connection.
+        """
+        with trio.move_on_after(timeout) as scope:
+            async with self._send_lock:
+                if self._closing:
+                    return
+                try:
+                    data, fds = self.protocol.send(message)
+                except p.LocalProtocolError as exc:
+                    # Our own bug, or a reply too large for the frame limit: the
+                    # request still gets its one answer.
+                    self.log.error("reply not sendable", error=str(exc), message=p.tag_of(message))
+                    request_id = getattr(message, "id", None)
+                    if request_id is None or isinstance(message, p.ErrorMessage):
+                        return
+                    fallback = p.ErrorMessage.for_code(
+                        ErrorCode.INTERNAL_ERROR, id=request_id, detail=f"reply not sendable: {exc}"
+                    )
+                    data, fds = self.protocol.send(fallback)
                 await self._write(data, fds)
-            if scope.cancelled_caught:
-                self.log.warning("client stopped reading; dropping it")
-                self._closing = True
-                self.sock.close()
+        if scope.cancelled_caught:
+            self.log.warning("client stopped reading; dropping it", timeout=timeout)
+            self._drop()
+
+    def _drop(self) -> None:
+        self._closing = True
+        self.sock.close()  # the receive loop sees it and the connection ends
 
     async def _send_final(self, message: p.ErrorMessage) -> None:
         await self._send(message)
@@ -229,11 +266,7 @@ class ClientConnection:
             while sent < len(view):
                 sent += await self.sock.send(view[sent:])
         except OSError as exc:
-            self._closing = True
             self.log.info("send failed", error=errno.errorcode.get(exc.errno or 0, str(exc)))
+            self._drop()
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self._closing = True
-
-    @staticmethod
-    def _close_fds(fds: list[int] | tuple[int, ...]) -> None:
-        close_all(OwnedFd(fd) for fd in fds)

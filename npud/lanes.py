@@ -95,6 +95,7 @@ class LanePool:
         self._running_since: dict[int, float] = {}
         self._completed = 0
         self._started = False
+        self._stop_waiting = False
 
     def start(self) -> None:
         self._started = True
@@ -143,18 +144,16 @@ class LanePool:
             if self._drop_if_queued(job):
                 raise
             with trio.CancelScope(shield=True):
-                await job.done.wait()
-            self._abandon(job, on_abandoned)
+                while not job.done.is_set() and not self._stop_waiting:
+                    with trio.move_on_after(0.1):
+                        await job.done.wait()
+            if job.done.is_set():
+                self._abandon(job, on_abandoned)
+            else:
+                self._hand_over(job, on_abandoned)
             raise
         if not job.done.is_set():
-            with job.lock:
-                finished_meanwhile = job.state == _DONE
-                if job.state == _QUEUED:
-                    job.state = _CANCELLED
-                elif job.state == _RUNNING:
-                    job.on_abandoned = on_abandoned  # the lane delivers the result to it
-            if finished_meanwhile:
-                self._abandon(job, on_abandoned)
+            self._hand_over(job, on_abandoned)
             raise LaneTimeoutError(timeout or 0.0)
         assert job.result is not None
         return job.result.unwrap()
@@ -182,6 +181,25 @@ class LanePool:
                 job.state = _CANCELLED
                 return True
             return False
+
+    def stop_waiting(self) -> None:
+        """Shutdown past its grace: cancelled callers stop waiting for running jobs.
+
+        The jobs go on (their memory is theirs; the session pins buffers), and
+        what they return goes to their ``on_abandoned``.
+        """
+        self._stop_waiting = True
+
+    def _hand_over(self, job: _Job[T], on_abandoned: Callable[[T], object] | None) -> None:
+        """The caller leaves: drop a queued job, or have the lane deliver a running one's result."""
+        with job.lock:
+            finished_meanwhile = job.state == _DONE
+            if job.state == _QUEUED:
+                job.state = _CANCELLED
+            elif job.state == _RUNNING:
+                job.on_abandoned = on_abandoned  # the lane delivers the result to it
+        if finished_meanwhile:
+            self._abandon(job, on_abandoned)
 
     def _abandon(self, job: _Job[T], on_abandoned: Callable[[T], object] | None) -> None:
         if on_abandoned is None or job.result is None or not isinstance(job.result, outcome.Value):

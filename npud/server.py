@@ -42,6 +42,10 @@ log = structlog.get_logger("npud.server")
 
 STATUS_INTERVAL: Final = 5.0
 """Seconds between STATUS= updates to systemd."""
+CONNECTION_SLACK: Final = 16
+"""Connections beyond max_clients allowed before their Hello (refused there if still over)."""
+REFUSE_LINGER: Final = 1.0
+REFUSE_DRAIN_BYTES: Final = 64 * 1024
 
 
 class StartupError(Exception):
@@ -188,11 +192,13 @@ class Daemon:
             now, calls = trio.current_time(), self.broker.calls_total
             rate = (calls - last_calls) / max(now - last_time, 1e-9)
             last_calls, last_time = calls, now
+            self.broker.check_session()
             self.notifier.status(f"{self.broker.describe()}; {rate:.1f} calls/s")
 
     async def _feed_watchdog(self, interval: float) -> None:
         """Ping only while healthy: a wedged lane or a dead thread lets systemd restart us."""
         while True:
+            self.broker.check_session()
             if self.broker.healthy():
                 self.notifier.watchdog()
             else:
@@ -225,15 +231,34 @@ class Daemon:
             except trio.ClosedResourceError:
                 return  # shutting down
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.error("accept failed; backing off", error=os.strerror(exc.errno or 0))
-                    await trio.sleep(0.1)
-                    continue
-                raise
+                if exc.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
+                    log.error("the listening socket is unusable", error=os.strerror(exc.errno))
+                    raise
+                # EMFILE, ENFILE, ENOBUFS, ECONNABORTED, EPERM...: transient or the
+                # peer's problem; never the end of the daemon.
+                log.error("accept failed; backing off", error=os.strerror(exc.errno or 0))
+                await trio.sleep(0.1)
+                continue
             clients.start_soon(self._serve_client, sock)
 
     async def _serve_client(self, sock: trio.socket.SocketType) -> None:
-        pid, uid, gid = peer_credentials(sock)
+        try:
+            pid, uid, gid = peer_credentials(sock)
+        except OSError as exc:
+            log.warning("connection dropped: no peer credentials", error=exc.strerror)
+            sock.close()
+            return
+        if len(self._connections) >= self.config.limits.max_clients + CONNECTION_SLACK:
+            log.warning("connection refused: too many connections", pid=pid, uid=uid)
+            await _refuse_code(
+                sock,
+                p.ErrorMessage.for_code(
+                    ErrorCode.QUOTA_EXCEEDED,
+                    resource="connections",
+                    limit=self.config.limits.max_clients + CONNECTION_SLACK,
+                ),
+            )
+            return
         if not peer_allowed(self.config, uid, gid):
             log.warning("connection refused: not on the allow-list", pid=pid, uid=uid, gid=gid)
             await _refuse(sock, f"uid {uid} (gid {gid}) is not allowed to use npud")
@@ -261,6 +286,9 @@ class Daemon:
         with trio.move_on_after(grace):
             while any(c.client.calls_in_flight for c in self._connections):
                 await trio.sleep(0.05)
+        # Past the grace, nobody waits for calls still on the DSP: the process
+        # exit releases them (the kernel closes the session).
+        self.broker.stop_waiting()
         nursery.cancel_scope.cancel()
 
 
@@ -294,8 +322,20 @@ async def _refuse(sock: trio.socket.SocketType, detail: str) -> None:
 
 
 async def _refuse_code(sock: trio.socket.SocketType, message: p.ErrorMessage) -> None:
-    """Send one ErrorMessage without reading anything from the peer, then close."""
+    """Send one ErrorMessage, then close without resetting the connection.
+
+    Closing a socket with unread data makes the kernel send a reset, which can
+    destroy the error before the peer reads it; so read (and discard) what the
+    peer sends, briefly and boundedly, after shutting down our side.
+    """
     data, fds = p.ServerConnection().send(message)
-    with trio.move_on_after(1.0), contextlib.suppress(OSError):
+    with trio.move_on_after(REFUSE_LINGER), contextlib.suppress(OSError):
         await sock.sendmsg([data], fds_ancillary(fds))
+        sock.shutdown(socket.SHUT_WR)
+        drained = 0
+        while drained < REFUSE_DRAIN_BYTES:
+            chunk = await sock.recv(4096)
+            if not chunk:
+                break
+            drained += len(chunk)
     sock.close()

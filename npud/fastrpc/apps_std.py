@@ -26,6 +26,8 @@ from npud.fastrpc.marshal import from_c_string
 
 APPS_REMOTECTL_HANDLE: Final = 0
 MAX_OPEN_FILES: Final = 64
+MAX_OUTPUT_CAPACITY: Final = 16 * 1024 * 1024
+NAME_MAX: Final = 255
 _APPS_STD_HANDLE: Final = 0x5354  # "ST": any non-static value works
 
 # apps_std method ids (reference 5.6)
@@ -72,6 +74,8 @@ class AppsStdServer:
         if abi.remote_scalars_inhandles(sc) or abi.remote_scalars_outhandles(sc):
             return _fail(AEE.EBADPARM)
         method = abi.remote_scalars_method(sc)
+        if any(cap > MAX_OUTPUT_CAPACITY for cap in caps):
+            return _fail(AEE.EBADPARM)  # we would allocate what the peer asks for
         try:
             if handle == APPS_REMOTECTL_HANDLE:
                 return self._remotectl(method, inputs, caps)
@@ -79,6 +83,8 @@ class AppsStdServer:
                 return self._apps_std(method, inputs, caps)
         except (struct.error, IndexError, ValueError):
             return _fail(AEE.EBADPARM)
+        except OSError:
+            return _fail(AEE.EFILE)
         return _fail(AEE.EINVHANDLE)
 
     def close(self) -> None:
@@ -160,7 +166,14 @@ class AppsStdServer:
         return self._files.get(file)
 
     def _resolve(self, name: str) -> Path | None:
-        if not name or "/" in name or "\\" in name or name.startswith(".") or "\0" in name:
+        if (
+            not name
+            or len(name.encode()) > NAME_MAX
+            or "/" in name
+            or "\\" in name
+            or name.startswith(".")
+            or "\0" in name
+        ):
             return None
         for directory in self._search_path:
             candidate = directory / name

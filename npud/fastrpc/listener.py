@@ -124,7 +124,12 @@ class ReverseRpcListener:
             caps = reader.lengths(abi.remote_scalars_outbufs(sc))
         except ValueError:
             return Reply(int(AEE.EBADPARM))
-        return self._server.dispatch(handle, sc, inputs, caps)
+        try:
+            return self._server.dispatch(handle, sc, inputs, caps)
+        except Exception:
+            # No single request may end the listener: without it no skel loads.
+            log.exception("reverse call 0x%x on handle %d failed", sc, handle)
+            return Reply(int(AEE.EFAILED))
 
     def _fetch(self, ctx: int, offset: int, remaining: int) -> bytes:
         capacity = min(remaining, REQUEST_CAPACITY)

@@ -111,6 +111,8 @@ class FastRpcSession:
         self._buffers: dict[int, DmaBuffer] = {}
         self._buffer_ids = itertools.count(1)
         self._handles: set[int] = set()
+        self._handle_calls: dict[int, int] = {}  # invokes on the DSP, per handle
+        self._closing_handles: set[int] = set()  # closed by the client, awaiting their end
         self._in_flight = 0
         self._invokes_done = 0
         self._shell: DmaBuffer | None = None
@@ -345,10 +347,21 @@ class FastRpcSession:
         transport failures raise FastRpcError.
         """
         with self._state_lock:
-            known = handle in self._handles
-        if not known:
-            raise FastRpcError(ErrorCode.UNKNOWN_HANDLE, handle=handle)
-        return self._invoke_raw(handle, sc, inputs, outputs)
+            if handle not in self._handles:
+                raise FastRpcError(ErrorCode.UNKNOWN_HANDLE, handle=handle)
+            self._handle_calls[handle] = self._handle_calls.get(handle, 0) + 1
+        try:
+            return self._invoke_raw(handle, sc, inputs, outputs)
+        finally:
+            with self._state_lock:
+                self._handle_calls[handle] -= 1
+                close_now = not self._handle_calls[handle] and handle in self._closing_handles
+                if not self._handle_calls[handle]:
+                    del self._handle_calls[handle]
+                if close_now:
+                    self._closing_handles.discard(handle)
+            if close_now:
+                self._remotectl_close_quietly(handle)
 
     def _invoke_raw(
         self, handle: int, sc: int, inputs: Sequence[InArg], outputs: Sequence[OutArg]
@@ -378,7 +391,14 @@ class FastRpcSession:
         finally:
             for buffer in pinned:
                 if buffer.unpin():
-                    self._release(buffer)
+                    self._release_quietly(buffer)
+
+    def _release_quietly(self, buffer: DmaBuffer) -> None:
+        """Release where a caller cannot act on a failure: log it, never strand the rest."""
+        try:
+            self._release(buffer)
+        except (FastRpcError, BufferError, OSError) as exc:
+            log.error("releasing buffer %d failed: %s", buffer.id, exc)
 
     def _marshal(
         self, inputs: Sequence[InArg], outputs: Sequence[OutArg], pinned: list[DmaBuffer]
@@ -436,11 +456,28 @@ class FastRpcSession:
         return reply.handle
 
     def remote_close(self, handle: int) -> None:
-        """remotectl close (handle 0) of a handle from :meth:`remote_open`."""
+        """remotectl close (handle 0) of a handle from :meth:`remote_open`.
+
+        While invokes on the handle are still on the DSP the close is deferred:
+        the last of them closes it (unloading a skel under a running call would
+        take the whole DSP process down).
+        """
         with self._state_lock:
             if handle not in self._handles:
                 raise FastRpcError(ErrorCode.UNKNOWN_HANDLE, handle=handle)
             self._handles.discard(handle)
+            if self._handle_calls.get(handle):
+                self._closing_handles.add(handle)
+                return
+        self._remotectl_close(handle)
+
+    def _remotectl_close_quietly(self, handle: int) -> None:
+        try:
+            self._remotectl_close(handle)
+        except FastRpcError as exc:
+            log.warning("deferred remotectl close of 0x%x failed: %s", handle, exc)
+
+    def _remotectl_close(self, handle: int) -> None:
         result = self._invoke_raw(
             abi.REMOTECTL_HANDLE,
             remotectl.CLOSE_SC,
@@ -472,6 +509,11 @@ class FastRpcSession:
             )
 
     @property
+    def listener_running(self) -> bool:
+        """False once the reverse-RPC listener has ended (skels can no longer load)."""
+        return self._listener is not None and self._listener.running
+
+    @property
     def dead(self) -> bool:
         """True once the DSP restarted under this session (every call now fails)."""
         return self._dead
@@ -496,20 +538,32 @@ class FastRpcSession:
             self._handles.clear()
             shell, self._shell = self._shell, None
             listener, self._listener = self._listener, None
+        listener_gone = True
         try:
             if listener is not None:
-                self._end_process(listener)
-            for buffer in buffers:
-                if buffer.request_release():
+                listener_gone = self._end_process(listener)
+            for buffer in [*buffers, *([shell] if shell is not None else [])]:
+                if buffer.request_release() or buffer is shell:
                     # The process is gone: closing rpc_fd drops its mappings, so
                     # skip per-buffer DSP unmaps.
                     buffer.dsp_address = None
-                    self._release(buffer)
-            if shell is not None:
-                self._release(shell)
+                    self._release_quietly(buffer)
         finally:
-            for fd in (self._rpc_fd, self._meta_fd):
-                self._driver.close(fd)
+            fds = [self._meta_fd]
+            if listener_gone:
+                fds.append(self._rpc_fd)
+            else:
+                # A thread may still enter INVOKE on rpc_fd: closing it could let
+                # that call land on whatever fd reuses the number. Keep it open
+                # (one fd) rather than risk that.
+                log.error(
+                    "keeping rpc_fd %d open: the listener thread is still in it", self._rpc_fd
+                )
+            for fd in fds:
+                try:
+                    self._driver.close(fd)
+                except OSError as exc:
+                    log.error("closing fd %d failed: %s", fd, exc.strerror)
             self._rpc_fd = self._meta_fd = -1
         log.info("fastrpc session on %s closed", self.device)
 
@@ -531,13 +585,16 @@ class FastRpcSession:
         except FastRpcError as exc:
             log.warning("DSP process exit failed: %s", exc)
 
-    def _end_process(self, listener: ReverseRpcListener) -> None:
-        """End the DSP process, which completes the listener's pending next2, and join it."""
+    def _end_process(self, listener: ReverseRpcListener) -> bool:
+        """End the DSP process, which completes the listener's pending next2, and join it.
+
+        Returns False when the listener thread is still running after the wait.
+        """
         self._exit_process()
-        if not listener.join(LISTENER_JOIN_TIMEOUT):
-            # Closing the fds below still works: the kernel releases the file
-            # once the listener's ioctl returns.
-            log.error("reverse-RPC listener did not stop within %.0f s", LISTENER_JOIN_TIMEOUT)
+        if listener.join(LISTENER_JOIN_TIMEOUT):
+            return True
+        log.error("reverse-RPC listener did not stop within %.0f s", LISTENER_JOIN_TIMEOUT)
+        return False
 
     # --------------------------------------------------------------- helpers
     def _ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:

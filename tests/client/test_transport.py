@@ -122,3 +122,13 @@ def test_peer_closed_reads_empty(pair: tuple[socket.socket, socket.socket]) -> N
 def test_peer_credentials_are_ours(pair: tuple[socket.socket, socket.socket]) -> None:
     a, _ = pair
     assert peer_credentials(a) == (os.getpid(), os.getuid(), os.getgid())
+
+
+def test_peer_credentials_read_uids_unsigned() -> None:
+    import struct
+
+    class Fake:
+        def getsockopt(self, level: int, option: int, buflen: int, /) -> bytes:
+            return struct.pack("iII", 4242, 3_000_000_000, 4_000_000_000)
+
+    assert peer_credentials(Fake()) == (4242, 3_000_000_000, 4_000_000_000)

@@ -491,3 +491,31 @@ def test_statistics_count_calls(session: FastRpcSession) -> None:
     assert stats.remote_handles == 1
     assert stats.listener_running
     assert stats.listener_requests > 0
+
+
+def test_a_hostile_skel_name_does_not_kill_the_listener(session: FastRpcSession) -> None:
+    with pytest.raises(FastRpcError) as caught:
+        session.remote_open("file:///" + "x" * 300 + "_skel.so?x_skel_handle_invoke")
+    assert code_of(caught) is ErrorCode.OPEN_FAILED
+    assert session.listener_running
+    handle = session.remote_open(ECHO_URI)  # skels still load
+    assert echo_inline(session, handle, b"ok", 2) == b"ok"
+
+
+def test_closing_a_handle_under_a_running_invoke_waits_for_it(
+    session: FastRpcSession, driver: object
+) -> None:
+    if not isinstance(driver, EmulatedDriver):
+        pytest.skip("needs the emulator's busy skel")
+    handle = session.remote_open(TEST_URI)
+    thread, outcome = _busy_on_thread(session, handle, 200_000)
+    _wait_in_flight(session, 1)
+    session.remote_close(handle)  # returns at once; the skel stays loaded
+    assert session.statistics().remote_handles == 0
+    assert driver.statistics().remote_handles_open == 1
+    with pytest.raises(FastRpcError) as caught:
+        session.invoke(handle, BUSY_SC, [Inline(struct.pack("<I", 1))], [])
+    assert code_of(caught) is ErrorCode.UNKNOWN_HANDLE
+    thread.join(10)
+    assert outcome == [0]
+    assert driver.statistics().remote_handles_open == 0  # closed by the last invoke

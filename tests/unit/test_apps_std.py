@@ -47,7 +47,7 @@ def _std_handle(server: AppsStdServer) -> int:
     )
     handle, err = struct.unpack("<Ii", reply.outputs[0])
     assert err == 0
-    return handle
+    return int(handle)
 
 
 def _open(server: AppsStdServer, name: str, mode: str = "r") -> Reply:
@@ -189,3 +189,12 @@ def test_open_file_limit_and_close_releases_fds(server: AppsStdServer) -> None:
     assert struct.unpack("<i", closed.outputs[0]) == (0,)
     assert server.open_files == 0
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_overlong_names_and_huge_capacities_are_refused(server: AppsStdServer) -> None:
+    assert _open(server, "x" * 300 + ".so").result == AEE.ENOSUCHFILE
+    handle = _std_handle(server)
+    huge = server.dispatch(
+        handle, abi.remote_scalars_make(FREAD, 1, 2), [struct.pack("<II", 1, 8)], [8, 1 << 30]
+    )
+    assert huge.result == AEE.EBADPARM

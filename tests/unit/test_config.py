@@ -36,6 +36,10 @@ def test_empty_config_is_all_defaults() -> None:
         ("[daemon]\nsocket_mode = '999'", "at `$.daemon.socket_mode`"),
         ("[backend]\nkind = 'gpu'", "at `$.backend.kind`"),
         ("[backend]\nlanes = 0", "at `$.backend.lanes`"),
+        (
+            "[client_limits]\nmax_calls_in_flight = 70000",
+            "at `$.client_limits.max_calls_in_flight`",
+        ),
         ("[access]\nallow_uids = ['root']", "at `$.access.allow_uids[0]`"),
         ("[daemon", "not valid TOML"),
     ],

@@ -660,5 +660,7 @@ def test_public_key_file_checked_like_the_shell(tmp_path: Path, key: Ed25519Priv
 
 
 def test_a_missing_trusted_key_file_is_a_clear_refusal(tmp_path: Path) -> None:
-    with pytest.raises(ShellVerifyError, match="does not exist; install the shell-signing public key"):
+    with pytest.raises(
+        ShellVerifyError, match="does not exist; install the shell-signing public key"
+    ):
         load_public_key_file(tmp_path / "missing.pub", trusted_uids={os.getuid()})
