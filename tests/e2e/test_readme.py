@@ -1,0 +1,40 @@
+"""The README's client example runs as written against a real npud."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e.daemon import start_npud
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_client_example_runs(tmp_path: Path) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+    assert len(blocks) == 1
+    daemon = start_npud(tmp_path)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", blocks[0]],
+            env={**os.environ, "NPUD_SOCKET": str(daemon.socket_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        assert daemon.stop() == 0
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "b'hello'\n"
+
+
+def test_the_readme_commands_exist() -> None:
+    text = README.read_text()
+    makefile = (README.parent / "Makefile").read_text()
+    for target in ("run", "test", "bench"):
+        assert f"make {target}" in text
+        assert f"\n{target}:" in makefile
