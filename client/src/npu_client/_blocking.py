@@ -30,7 +30,7 @@ from npu_client._args import (
     check_uri,
     invoke_request,
 )
-from npu_client._core import ClientCore, ClientStatistics, EventCallback, Pending
+from npu_client._core import ClientCore, ClientStatistics, DaemonView, EventCallback, Pending
 from npu_client._errors import ConnectFailed, ConnectionClosed, DspRestarted, NpuError
 from npu_client._memory import MappedBuffer, restart_reason
 from npu_client._settings import (
@@ -44,11 +44,9 @@ from npu_protocol import (
     AllocReply,
     AllocRequest,
     AnyRequest,
-    ClientLimits,
     CloseReply,
     CloseRequest,
     DaemonStatus,
-    DspCapabilities,
     ErrorCode,
     FreeReply,
     FreeRequest,
@@ -63,12 +61,10 @@ from npu_protocol import (
     Reply,
     ServerEvent,
     SessionRestarted,
-    ShuttingDown,
     StatusReply,
     StatusRequest,
     UnmapReply,
     UnmapRequest,
-    Welcome,
 )
 
 _log: Final = logging.getLogger("npu_client")
@@ -131,7 +127,7 @@ def _open_socket(path: str, timeout: float | None) -> socket.socket:
     return sock
 
 
-class Client:
+class Client(DaemonView):
     """A connection to npud. Make one with :func:`connect`; close it (or use ``with``).
 
     Closing releases everything the connection holds, here (every buffer's fd
@@ -171,60 +167,6 @@ class Client:
         self._buffers: dict[int, DmaBuffer] = {}
 
     # --- what the daemon said -----------------------------------------------------------
-
-    @property
-    def path(self) -> str:
-        """The socket this client connected to."""
-        return self._path
-
-    @property
-    def welcome(self) -> Welcome:
-        """The daemon's Welcome: versions, backend, DSP capabilities, limits, epoch."""
-        welcome = self._core.welcome
-        assert welcome is not None  # connect() returns only after it
-        return welcome
-
-    @property
-    def server_version(self) -> str:
-        return self.welcome.server_version
-
-    @property
-    def backend(self) -> str:
-        """``kernel`` (a real FastRPC device) or ``emulator``."""
-        return self.welcome.backend
-
-    @property
-    def dsp(self) -> DspCapabilities:
-        return self.welcome.dsp
-
-    @property
-    def limits(self) -> ClientLimits:
-        """The limits the daemon applies to this connection."""
-        return self._core.limits
-
-    @property
-    def priority(self) -> Priority:
-        """The priority class granted (possibly lower than asked)."""
-        return self._core.limits.priority
-
-    @property
-    def epoch(self) -> int:
-        """The DSP session epoch: from the Welcome, then from each SessionRestarted."""
-        return self._core.epoch
-
-    @property
-    def shutting_down(self) -> bool:
-        """True once the daemon announced that it is shutting down."""
-        return self._core.shutdown_notice is not None
-
-    @property
-    def shutdown_notice(self) -> ShuttingDown | None:
-        """The daemon's ShuttingDown event (reason, grace period), once it came."""
-        return self._core.shutdown_notice
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def buffers(self) -> tuple[DmaBuffer, ...]:

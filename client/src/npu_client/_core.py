@@ -33,6 +33,7 @@ from npu_protocol import (
     ClientLimits,
     ConnectionClosed,
     ConnectionStatistics,
+    DspCapabilities,
     ErrorCode,
     ErrorMessage,
     Hello,
@@ -291,3 +292,69 @@ class ClientCore:
             entry.error = self._death.error()
         for fd in self._conn.take_pending_fds():
             OwnedFd(fd).close()
+
+
+class DaemonView:
+    """What the daemon said, as both clients expose it (read-only properties).
+
+    Mixed into the blocking and the trio client, which set ``_core``, ``_path``
+    and ``_closed``.
+    """
+
+    _core: ClientCore
+    _path: str
+    _closed: bool
+
+    @property
+    def path(self) -> str:
+        """The socket this client connected to."""
+        return self._path
+
+    @property
+    def welcome(self) -> Welcome:
+        """The daemon's Welcome: versions, backend, DSP capabilities, limits, epoch."""
+        welcome = self._core.welcome
+        assert welcome is not None  # connect() returns only after it
+        return welcome
+
+    @property
+    def server_version(self) -> str:
+        return self.welcome.server_version
+
+    @property
+    def backend(self) -> str:
+        """``kernel`` (a real FastRPC device) or ``emulator``."""
+        return self.welcome.backend
+
+    @property
+    def dsp(self) -> DspCapabilities:
+        return self.welcome.dsp
+
+    @property
+    def limits(self) -> ClientLimits:
+        """The limits the daemon applies to this connection."""
+        return self._core.limits
+
+    @property
+    def priority(self) -> Priority:
+        """The priority class granted (possibly lower than asked)."""
+        return self._core.limits.priority
+
+    @property
+    def epoch(self) -> int:
+        """The DSP session epoch: from the Welcome, then from each SessionRestarted."""
+        return self._core.epoch
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once the daemon announced that it is shutting down."""
+        return self._core.shutdown_notice is not None
+
+    @property
+    def shutdown_notice(self) -> ShuttingDown | None:
+        """The daemon's ShuttingDown event (reason, grace period), once it came."""
+        return self._core.shutdown_notice
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

@@ -32,7 +32,7 @@ from npu_client._args import (
     check_uri,
     invoke_request,
 )
-from npu_client._core import ClientCore, ClientStatistics, EventCallback, Pending
+from npu_client._core import ClientCore, ClientStatistics, DaemonView, EventCallback, Pending
 from npu_client._errors import ConnectFailed, ConnectionClosed, DspRestarted, NpuError
 from npu_client._memory import MappedBuffer, restart_reason
 from npu_client._settings import (
@@ -53,11 +53,9 @@ from npu_protocol import (
     AllocReply,
     AllocRequest,
     AnyRequest,
-    ClientLimits,
     CloseReply,
     CloseRequest,
     DaemonStatus,
-    DspCapabilities,
     ErrorCode,
     FreeReply,
     FreeRequest,
@@ -72,12 +70,10 @@ from npu_protocol import (
     Reply,
     ServerEvent,
     SessionRestarted,
-    ShuttingDown,
     StatusReply,
     StatusRequest,
     UnmapReply,
     UnmapRequest,
-    Welcome,
 )
 
 __all__ = [
@@ -140,7 +136,7 @@ async def open_trio_client(
         client._close_now()
 
 
-class TrioClient:
+class TrioClient(DaemonView):
     """A connection to npud for trio code; see ``npu_client.Client`` for the semantics."""
 
     def __init__(
@@ -163,52 +159,6 @@ class TrioClient:
         self._buffers: dict[int, TrioDmaBuffer] = {}
 
     # --- what the daemon said -----------------------------------------------------------
-
-    @property
-    def path(self) -> str:
-        return self._path
-
-    @property
-    def welcome(self) -> Welcome:
-        welcome = self._core.welcome
-        assert welcome is not None  # connect() returns only after it
-        return welcome
-
-    @property
-    def server_version(self) -> str:
-        return self.welcome.server_version
-
-    @property
-    def backend(self) -> str:
-        return self.welcome.backend
-
-    @property
-    def dsp(self) -> DspCapabilities:
-        return self.welcome.dsp
-
-    @property
-    def limits(self) -> ClientLimits:
-        return self._core.limits
-
-    @property
-    def priority(self) -> Priority:
-        return self._core.limits.priority
-
-    @property
-    def epoch(self) -> int:
-        return self._core.epoch
-
-    @property
-    def shutting_down(self) -> bool:
-        return self._core.shutdown_notice is not None
-
-    @property
-    def shutdown_notice(self) -> ShuttingDown | None:
-        return self._core.shutdown_notice
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def buffers(self) -> tuple[TrioDmaBuffer, ...]:
