@@ -319,3 +319,36 @@ def test_hostile_clients_get_an_error_or_a_close_while_others_carry_on(
     _other_client_works(npud)
     wait_until_clean(npud, fds)
     assert npud.process.poll() is None
+
+
+SLOW = """
+import struct, npu_client
+events = []
+npu = npu_client.connect(name="slow", on_event=events.append)
+test = npu.open("{uri}")
+print("READY", flush=True)
+test.invoke(4, [struct.pack("<I", 1_000_000)], [])   # SIGTERM arrives meanwhile
+print("DONE", type(events[0]).__name__ if events else "no event", flush=True)
+"""
+
+
+def test_sigterm_lets_calls_on_the_dsp_finish_and_tells_clients(tmp_path: Path) -> None:
+    daemon = start_npud(tmp_path, "[daemon]\nshutdown_grace = 10.0\n")
+    worker = spawn(daemon, SLOW.format(uri=TEST_URI))
+    try:
+        wait_ready(worker)
+        deadline = time.monotonic() + 10
+        while status(daemon).totals.calls_in_flight == 0:
+            assert time.monotonic() < deadline, "the invoke never started"
+            time.sleep(0.01)
+        daemon.process.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=30)
+        assert worker.returncode == 0, err
+        assert out.splitlines()[-1] == "DONE ShuttingDown"  # the call finished, the client was told
+        assert daemon.process.wait(30) == 0
+        assert not daemon.socket_path.exists()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+        daemon.stop()
