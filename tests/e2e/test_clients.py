@@ -352,3 +352,27 @@ def test_sigterm_lets_calls_on_the_dsp_finish_and_tells_clients(tmp_path: Path) 
             worker.kill()
             worker.communicate()
         daemon.stop()
+
+
+def test_connections_without_a_hello_are_capped(tmp_path: Path) -> None:
+    daemon = start_npud(tmp_path, "[limits]\nmax_clients = 1\n")
+    silent: list[socket.socket] = []
+    try:
+        from npud.server import CONNECTION_SLACK
+
+        for _ in range(1 + CONNECTION_SLACK):
+            silent.append(_raw(daemon))
+        time.sleep(0.3)  # let the daemon accept them all
+        extra = _raw(daemon)
+        answer = p.ClientConnection()
+        data, _ = answer.send(p.Hello(client_name="one-too-many"))
+        extra.sendall(data)
+        answer.receive_data(_closed_after_error(extra))
+        refusal = answer.next_event()
+        assert isinstance(refusal, p.ErrorMessage)
+        assert refusal.code == p.ErrorCode.QUOTA_EXCEEDED
+        assert "connections quota exceeded" in refusal.message
+    finally:
+        for sock in silent:
+            sock.close()
+        assert daemon.stop() == 0
