@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import AsyncIterator
 
 import pytest
 import trio
@@ -16,11 +17,11 @@ from npud.connection import ClientConnection
 
 
 @pytest.fixture
-async def broker() -> Broker:
+async def broker() -> AsyncIterator[Broker]:
     config = parse_config("[backend]\nkind = 'emulator'\n")
     b = Broker(config, select_profile(config))
     await b.start()
-    yield b  # type: ignore[misc]
+    yield b
     await b.close(grace=5)
 
 
