@@ -39,7 +39,7 @@ from npu_client._settings import (
     priority_class,
     socket_path,
 )
-from npu_client.transport import OwnedFd, TransportError, recv_message, send_message
+from npu_client.transport import OwnedFd, TransportError, fds_ancillary, recv_message
 from npu_protocol import (
     AllocReply,
     AllocRequest,
@@ -189,7 +189,7 @@ class Client(DaemonView):
         fd = pending.take_fd()
         try:
             buffer = DmaBuffer(self, reply.buffer, reply.size, fd, pending.epoch)
-        except OSError:
+        except (OSError, ValueError):
             self._free_quietly(reply.buffer)
             raise
         with self._lock:
@@ -269,8 +269,8 @@ class Client(DaemonView):
                 if self._core.has_room():  # else another caller took the free slot first
                     pending, data, fds = self._core.begin(build)
                     break
-        self._write(data, fds)
         try:
+            self._write(data, fds, deadline)
             self._wait(lambda: pending.done, deadline)
         except BaseException:
             with self._lock:
@@ -278,13 +278,32 @@ class Client(DaemonView):
             raise
         return pending.result(expected), pending
 
-    def _write(self, data: bytes, fds: Sequence[int]) -> None:
+    def _write(self, data: bytes, fds: Sequence[int], deadline: float | None) -> None:
+        """Send one frame within the caller's deadline.
+
+        A daemon that stops reading must not hang the caller (nor the callers
+        queued behind it): the send waits at most until ``deadline``. A frame
+        cut off part-way garbles the stream, so the connection dies with it.
+        """
+        wait = _remaining(deadline)
+        if not self._send_lock.acquire(timeout=-1 if wait is None else wait):
+            raise TimeoutError("npud did not take our request in time (the send is blocked)")
         try:
-            with self._send_lock:
-                send_message(self._sock, data, fds)
+            sent = _send_within(self._sock, data, fds, deadline)
         except OSError as exc:
             with self._lock:
                 self._after_send_failed(exc)
+            return
+        finally:
+            self._send_lock.release()
+        if sent < len(data):
+            with self._lock:
+                if sent:
+                    self._core.die(ErrorCode.CONNECTION_CLOSED, "a request was cut off mid-frame")
+                    self._changed.notify_all()
+                    with contextlib.suppress(OSError):
+                        self._sock.shutdown(socket.SHUT_RDWR)
+            raise TimeoutError("npud did not take our request in time (the send is blocked)")
 
     def _after_send_failed(self, exc: OSError) -> None:
         """Under the lock: the server closed. What it said before closing (an error
@@ -331,7 +350,7 @@ class Client(DaemonView):
 
     def _handshake(self) -> None:
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
-        self._write(self._core.hello(), ())
+        self._write(self._core.hello(), (), deadline)
         self._wait(lambda: self._core.dead or self._core.welcome is not None, deadline)
         self._core.check_alive()
 
@@ -399,6 +418,33 @@ class Client(DaemonView):
                 # The event is recorded either way; a failing callback must not
                 # fail the unrelated request whose thread happened to read it.
                 _log.exception("npu_client: the on_event callback failed for %r", event)
+
+
+def _send_within(
+    sock: socket.socket, data: bytes, fds: Sequence[int], deadline: float | None
+) -> int:
+    """Send ``data`` (fds with its first byte) without blocking past ``deadline``.
+
+    Returns how many bytes went out: all of them, or fewer when time ran out.
+    """
+    view = memoryview(data)
+    sent = 0
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT)
+    while sent < len(view):
+        try:
+            if sent == 0:
+                sent = sock.sendmsg([view], fds_ancillary(fds), socket.MSG_DONTWAIT)
+            else:
+                sent += sock.send(view[sent:], socket.MSG_DONTWAIT)
+            continue
+        except BlockingIOError:
+            pass
+        wait = _remaining(deadline)
+        if wait is not None and wait <= 0:
+            return sent
+        poller.poll(None if wait is None else max(1, int(wait * 1000)))
+    return sent
 
 
 def _remaining(deadline: float | None) -> float | None:

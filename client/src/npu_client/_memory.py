@@ -9,7 +9,10 @@ free) on top. The buffer owns exactly one fd (an :class:`OwnedFd`) and one
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
+import os
+import stat
 import sys
 from dataclasses import dataclass
 from typing import Final
@@ -20,7 +23,23 @@ _PROT: Final = mmap.PROT_READ | mmap.PROT_WRITE
 
 
 def _map_shared(fd: int, size: int) -> mmap.mmap:
-    """``size`` bytes of ``fd``, shared and writable."""
+    """``size`` bytes of ``fd``, shared and writable.
+
+    A regular file (a memfd, as the emulator hands out) must be sealed against
+    shrinking: otherwise whoever else holds it could truncate it under our
+    mapping and the next access would kill this process with SIGBUS. A real
+    DMA-BUF is not a regular file and cannot shrink.
+    """
+    status = os.fstat(fd)
+    if stat.S_ISREG(status.st_mode):
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:
+            seals = 0
+        if not seals & fcntl.F_SEAL_SHRINK:
+            raise ValueError("the buffer npud sent is a file that can shrink; refusing to map it")
+        if status.st_size < size:
+            raise ValueError(f"the buffer npud sent holds {status.st_size} bytes, not {size}")
     if sys.version_info >= (3, 13):
         # Without trackfd the mmap object dup()s the fd: two fds per buffer.
         return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=_PROT, trackfd=False)

@@ -19,6 +19,7 @@ import array
 import os
 import socket
 import struct
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, Self
 
@@ -39,12 +40,15 @@ class OwnedFd:
     ``fd`` is -1 once closed or detached.
     """
 
-    __slots__ = ("fd",)
+    __slots__ = ("_lock", "fd")
 
     def __init__(self, fd: int) -> None:
         if fd < 0:
             raise ValueError(f"not a file descriptor: {fd}")
         self.fd = fd
+        # close() and detach() may race between threads; a second os.close
+        # could close an unrelated fd that reused the number.
+        self._lock = threading.Lock()
 
     def fileno(self) -> int:
         if self.fd < 0:
@@ -53,12 +57,14 @@ class OwnedFd:
 
     def detach(self) -> int:
         """Give up ownership: the caller now owns (and must close) the returned fd."""
-        fd, self.fd = self.fileno(), -1
+        with self._lock:
+            fd, self.fd = self.fileno(), -1
         return fd
 
     def close(self) -> None:
-        if self.fd >= 0:
+        with self._lock:
             fd, self.fd = self.fd, -1
+        if fd >= 0:
             os.close(fd)
 
     @property

@@ -177,7 +177,7 @@ class TrioClient(DaemonView):
         fd = pending.take_fd()
         try:
             buffer = TrioDmaBuffer(self, reply.buffer, reply.size, fd, pending.epoch)
-        except OSError:
+        except (OSError, ValueError):
             await self._free_quietly(reply.buffer)
             raise
         if self._core.dead:  # closed here or by the daemon while this call finished
@@ -248,8 +248,8 @@ class TrioClient(DaemonView):
         await self._wait(lambda: self._core.dead or self._core.has_room())
         # No checkpoint between the wait and begin(): the free slot is still free.
         pending, data, fds = self._core.begin(build)
-        await self._write(data, fds)
         try:
+            await self._write(data, fds)
             await self._wait(lambda: pending.done)
         except BaseException:
             self._core.abandon(pending)
@@ -257,21 +257,28 @@ class TrioClient(DaemonView):
         return pending.result(expected), pending
 
     async def _write(self, data: bytes, fds: Sequence[int]) -> None:
-        # Shielded: a frame cut off half-way would garble the stream for every task.
-        with trio.CancelScope(shield=True):
-            async with self._send_lock:
-                try:
-                    view = memoryview(data)
-                    sent = await self._sock.sendmsg([view], fds_ancillary(fds))
-                    while sent < len(view):
-                        sent += await self._sock.send(view[sent:])
-                except trio.ClosedResourceError:
-                    pass  # closed here: close() already failed every request
-                except OSError:
-                    # The server closed. What it said first (an error saying why, then
-                    # the end of the stream) is queued on our side: the next read
-                    # finds it, so requests fail with its reason, not a broken pipe.
-                    pass
+        """Send one frame. Cancellable: a caller whose frame has not started
+        leaves nothing behind; one cut off part-way garbles the stream for every
+        task, so the connection dies with it (never an unkillable wait)."""
+        async with self._send_lock:
+            view = memoryview(data)
+            sent = 0
+            try:
+                sent = await self._sock.sendmsg([view], fds_ancillary(fds))
+                while sent < len(view):
+                    sent += await self._sock.send(view[sent:])
+            except trio.Cancelled:
+                if sent:
+                    self._core.die(ErrorCode.CONNECTION_CLOSED, "a request was cut off mid-frame")
+                    self._sock.close()
+                raise
+            except trio.ClosedResourceError:
+                pass  # closed here: close() already failed every request
+            except OSError:
+                # The server closed. What it said first (an error saying why, then
+                # the end of the stream) is queued on our side: the next read
+                # finds it, so requests fail with its reason, not a broken pipe.
+                pass
 
     async def _free_quietly(self, buffer_id: int) -> None:
         with contextlib.suppress(NpuError):
