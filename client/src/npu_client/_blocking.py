@@ -30,7 +30,14 @@ from npu_client._args import (
     check_uri,
     invoke_request,
 )
-from npu_client._core import ClientCore, ClientStatistics, DaemonView, EventCallback, Pending
+from npu_client._core import (
+    ClientCore,
+    ClientStatistics,
+    DaemonView,
+    EventCallback,
+    HandleIdentity,
+    Pending,
+)
 from npu_client._errors import ConnectFailed, ConnectionClosed, DspRestarted, NpuError
 from npu_client._memory import MappedBuffer, restart_reason
 from npu_client._settings import (
@@ -524,34 +531,13 @@ class DmaBuffer(MappedBuffer):
         self.free()
 
 
-class RemoteHandle:
+class RemoteHandle(HandleIdentity):
     """A skel opened on the DSP; call its methods with :meth:`invoke`."""
 
     def __init__(self, client: Client, handle_id: int, uri: str, epoch: int) -> None:
         """Internal: use :meth:`Client.open`."""
+        super().__init__(handle_id, uri, epoch)
         self._client = client
-        self._id = handle_id
-        self._uri = uri
-        self._epoch = epoch
-        self._closed = False
-
-    @property
-    def id(self) -> int:
-        """The daemon's id for this handle (scoped to the connection)."""
-        return self._id
-
-    @property
-    def uri(self) -> str:
-        return self._uri
-
-    @property
-    def epoch(self) -> int:
-        """The session epoch it was opened in; a restart closes it in the daemon (re-open)."""
-        return self._epoch
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def invoke(
         self,

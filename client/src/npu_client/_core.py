@@ -358,3 +358,31 @@ class DaemonView:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+class HandleIdentity:
+    """What a remote handle is, as both clients' handles expose it."""
+
+    def __init__(self, handle_id: int, uri: str, epoch: int) -> None:
+        self._id = handle_id
+        self._uri = uri
+        self._epoch = epoch
+        self._closed = False
+
+    @property
+    def id(self) -> int:
+        """The daemon's id for this handle (scoped to the connection)."""
+        return self._id
+
+    @property
+    def uri(self) -> str:
+        return self._uri
+
+    @property
+    def epoch(self) -> int:
+        """The session epoch it was opened in; a restart closes it in the daemon (re-open)."""
+        return self._epoch
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

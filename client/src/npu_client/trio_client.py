@@ -32,7 +32,14 @@ from npu_client._args import (
     check_uri,
     invoke_request,
 )
-from npu_client._core import ClientCore, ClientStatistics, DaemonView, EventCallback, Pending
+from npu_client._core import (
+    ClientCore,
+    ClientStatistics,
+    DaemonView,
+    EventCallback,
+    HandleIdentity,
+    Pending,
+)
 from npu_client._errors import ConnectFailed, ConnectionClosed, DspRestarted, NpuError
 from npu_client._memory import MappedBuffer, restart_reason
 from npu_client._settings import (
@@ -410,31 +417,12 @@ class TrioDmaBuffer(MappedBuffer):
         await self.free()
 
 
-class TrioRemoteHandle:
+class TrioRemoteHandle(HandleIdentity):
     """``npu_client.RemoteHandle`` for trio: ``invoke`` and ``close`` are awaited."""
 
     def __init__(self, client: TrioClient, handle_id: int, uri: str, epoch: int) -> None:
+        super().__init__(handle_id, uri, epoch)
         self._client = client
-        self._id = handle_id
-        self._uri = uri
-        self._epoch = epoch
-        self._closed = False
-
-    @property
-    def id(self) -> int:
-        return self._id
-
-    @property
-    def uri(self) -> str:
-        return self._uri
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     async def invoke(
         self,

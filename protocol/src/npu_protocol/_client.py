@@ -5,16 +5,19 @@ from __future__ import annotations
 import typing
 from typing import Final
 
-import msgspec
-
-from npu_protocol._connection import Connection, Expectation
+from npu_protocol._connection import (
+    CLIENT_DECODER,
+    SERVER_DECODER,
+    Connection,
+    Expectation,
+    unexpected,
+)
 from npu_protocol._events import ConnectionState
 from npu_protocol._exceptions import LocalProtocolError, RemoteProtocolError
 from npu_protocol._messages import (
     ClientMessage,
     ErrorMessage,
     Hello,
-    Message,
     Reply,
     ServerMessage,
     Welcome,
@@ -23,8 +26,6 @@ from npu_protocol._messages import (
 from npu_protocol._wire import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from npu_protocol.errors import ErrorCode
 
-_SERVER_DECODER: Final = msgspec.msgpack.Decoder(ServerMessage)
-_CLIENT_DECODER: Final = msgspec.msgpack.Decoder(ClientMessage)
 _CLIENT_TYPES: Final = typing.get_args(ClientMessage)
 
 _REQUEST_ID_SPACE: Final = 1 << 32
@@ -34,7 +35,7 @@ class ClientConnection(Connection[ServerMessage, ClientMessage]):
     """Sans-IO client: ``send(Hello(...))`` first, then requests once the Welcome is in."""
 
     def __init__(self) -> None:
-        super().__init__(_SERVER_DECODER, _CLIENT_DECODER, _CLIENT_TYPES)
+        super().__init__(SERVER_DECODER, CLIENT_DECODER, _CLIENT_TYPES)
         self._hello: Hello | None = None
         self._welcome: Welcome | None = None
         self._next_id = 0
@@ -97,11 +98,11 @@ class ClientConnection(Connection[ServerMessage, ClientMessage]):
 
     def _on_receive(self, message: ServerMessage) -> None:
         if self._state is ConnectionState.START:
-            raise _unexpected(message, "the server spoke before the Hello")
+            raise unexpected(message, "the server spoke before the Hello")
         if self._state is ConnectionState.HANDSHAKE:
             self._on_handshake(message)
         elif isinstance(message, Welcome):
-            raise _unexpected(message, "the handshake is over")
+            raise unexpected(message, "the handshake is over")
         elif isinstance(message, ErrorMessage):
             self._on_error(message)
         elif isinstance(message, Reply):
@@ -113,7 +114,7 @@ class ClientConnection(Connection[ServerMessage, ClientMessage]):
             self._state = ConnectionState.CLOSED  # the server refused the Hello
             return
         if not isinstance(message, Welcome):
-            raise _unexpected(message, "the handshake is not finished")
+            raise unexpected(message, "the handshake is not finished")
         assert self._hello is not None  # HANDSHAKE implies a Hello was sent
         highest = min(self._hello.protocol_version, PROTOCOL_VERSION)
         if not MIN_PROTOCOL_VERSION <= message.protocol_version <= highest:
@@ -144,9 +145,5 @@ class ClientConnection(Connection[ServerMessage, ClientMessage]):
             )
         problem = expectation.problem_with(reply)
         if problem is not None:
-            raise _unexpected(reply, problem)
+            raise unexpected(reply, problem)
         del self._in_flight[reply.id]
-
-
-def _unexpected(message: Message, reason: str) -> RemoteProtocolError:
-    return RemoteProtocolError(ErrorCode.UNEXPECTED_MESSAGE, message=tag_of(message), reason=reason)

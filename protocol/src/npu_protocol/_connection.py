@@ -28,12 +28,14 @@ from npu_protocol._exceptions import LocalProtocolError, RemoteProtocolError
 from npu_protocol._framing import Frame, FrameReader, encode_frame_header
 from npu_protocol._messages import (
     REPLY_TYPES,
+    ClientMessage,
     InlineOutput,
     InvokeReply,
     InvokeRequest,
     Message,
     Reply,
     Request,
+    ServerMessage,
     tag_of,
 )
 from npu_protocol._records import ClientLimits
@@ -318,3 +320,18 @@ def _detach_fds(message: M) -> tuple[M, list[int]]:
     if not names:
         return message, fds
     return msgspec.structs.replace(message, **{n: i for i, n in enumerate(names)}), fds
+
+
+# One decoder per direction, shared: msgspec decoders hold no per-message state.
+SERVER_DECODER: Final = msgspec.msgpack.Decoder(ServerMessage)
+CLIENT_DECODER: Final = msgspec.msgpack.Decoder(ClientMessage)
+
+
+def unexpected(message: Message, reason: str) -> RemoteProtocolError:
+    """The peer sent ``message`` where the state machine does not allow it."""
+    return RemoteProtocolError(ErrorCode.UNEXPECTED_MESSAGE, message=tag_of(message), reason=reason)
+
+
+def refused(message: Message, reason: str) -> LocalProtocolError:
+    """We were asked to send ``message`` where the state machine does not allow it."""
+    return LocalProtocolError(ErrorCode.UNEXPECTED_MESSAGE, message=tag_of(message), reason=reason)

@@ -5,16 +5,20 @@ from __future__ import annotations
 import typing
 from typing import Final
 
-import msgspec
-
-from npu_protocol._connection import Connection, Expectation
+from npu_protocol._connection import (
+    CLIENT_DECODER,
+    SERVER_DECODER,
+    Connection,
+    Expectation,
+    refused,
+    unexpected,
+)
 from npu_protocol._events import ConnectionState
 from npu_protocol._exceptions import LocalProtocolError, RemoteProtocolError
 from npu_protocol._messages import (
     ClientMessage,
     ErrorMessage,
     Hello,
-    Message,
     Reply,
     ServerMessage,
     Welcome,
@@ -23,8 +27,6 @@ from npu_protocol._messages import (
 from npu_protocol._wire import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from npu_protocol.errors import ErrorCode
 
-_SERVER_DECODER: Final = msgspec.msgpack.Decoder(ServerMessage)
-_CLIENT_DECODER: Final = msgspec.msgpack.Decoder(ClientMessage)
 _SERVER_TYPES: Final = typing.get_args(ServerMessage)
 
 
@@ -40,7 +42,7 @@ class ServerConnection(Connection[ClientMessage, ServerMessage]):
     without id), then answer each request once, in any order."""
 
     def __init__(self) -> None:
-        super().__init__(_CLIENT_DECODER, _SERVER_DECODER, _SERVER_TYPES)
+        super().__init__(CLIENT_DECODER, SERVER_DECODER, _SERVER_TYPES)
         self._hello: Hello | None = None
 
     @property
@@ -62,14 +64,14 @@ class ServerConnection(Connection[ClientMessage, ServerMessage]):
             self._check_welcome(message)
             return
         if self._state is not ConnectionState.READY:
-            raise _refused(message, "the Welcome has not been sent")
+            raise refused(message, "the Welcome has not been sent")
         if isinstance(message, ErrorMessage | Reply):
             self._check_answer(message)
 
     def _check_welcome(self, welcome: Welcome) -> None:
         if self._state is not ConnectionState.HANDSHAKE:
             reason = "the Welcome was already sent" if self._hello else "no Hello has arrived"
-            raise _refused(welcome, reason)
+            raise refused(welcome, reason)
         assert self._hello is not None  # HANDSHAKE implies a Hello arrived
         highest = min(self._hello.protocol_version, PROTOCOL_VERSION)
         if not MIN_PROTOCOL_VERSION <= welcome.protocol_version <= highest:
@@ -90,7 +92,7 @@ class ServerConnection(Connection[ClientMessage, ServerMessage]):
         if isinstance(answer, Reply):
             problem = expectation.problem_with(answer)
             if problem is not None:
-                raise _refused(answer, problem)
+                raise refused(answer, problem)
 
     def _after_send(self, message: ServerMessage) -> None:
         if isinstance(message, ErrorMessage) and message.id is None:
@@ -107,14 +109,14 @@ class ServerConnection(Connection[ClientMessage, ServerMessage]):
     def _on_receive(self, message: ClientMessage) -> None:
         if self._state is ConnectionState.START:
             if not isinstance(message, Hello):
-                raise _unexpected(message, "the first message must be a Hello")
+                raise unexpected(message, "the first message must be a Hello")
             self._hello = message
             self._state = ConnectionState.HANDSHAKE
             return
         if self._state is ConnectionState.HANDSHAKE:
-            raise _unexpected(message, "the client must wait for the Welcome")
+            raise unexpected(message, "the client must wait for the Welcome")
         if isinstance(message, Hello):
-            raise _unexpected(message, "the handshake is over")
+            raise unexpected(message, "the handshake is over")
         if message.id in self._in_flight:
             raise RemoteProtocolError(ErrorCode.DUPLICATE_REQUEST_ID, request_id=message.id)
         assert self._limits is not None  # READY implies a Welcome
@@ -123,11 +125,3 @@ class ServerConnection(Connection[ClientMessage, ServerMessage]):
                 ErrorCode.TOO_MANY_IN_FLIGHT, limit=self._limits.max_in_flight
             )
         self._in_flight[message.id] = Expectation.of(message)
-
-
-def _unexpected(message: Message, reason: str) -> RemoteProtocolError:
-    return RemoteProtocolError(ErrorCode.UNEXPECTED_MESSAGE, message=tag_of(message), reason=reason)
-
-
-def _refused(message: Message, reason: str) -> LocalProtocolError:
-    return LocalProtocolError(ErrorCode.UNEXPECTED_MESSAGE, message=tag_of(message), reason=reason)
