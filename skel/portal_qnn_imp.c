@@ -133,19 +133,8 @@ SKEL_EXPORT int portal_qnn_open(const char *uri, remote_handle64 *h) {
     if (uri == NULL || h == NULL) {
         return AEE_EBADPARM;
     }
-    portal_context *context = calloc(1, sizeof(*context));
-    if (context == NULL) {
-        return AEE_ENOMEMORY;
-    }
-    int rc = skel_object_init(&context->base);
+    int rc = skel_registry_open(&g_portal_handles, sizeof(portal_context), NULL, h);
     if (rc != AEE_SUCCESS) {
-        free(context);
-        return rc;
-    }
-    rc = skel_registry_add(&g_portal_handles, &context->base, h);
-    if (rc != AEE_SUCCESS) {
-        skel_object_destroy(&context->base);
-        free(context);
         return rc;
     }
     FARF(MEDIUM, "portal_qnn: opened %s", uri);

@@ -2,6 +2,7 @@
 #include "skel_handles.h"
 
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "AEEStdErr.h"
 
@@ -33,6 +34,32 @@ int skel_registry_add(skel_registry *registry, skel_object *object, remote_handl
 }
 
 /* Index of handle in the table, or SKEL_MAX_HANDLES; the registry lock must be held. */
+int skel_registry_open(skel_registry *registry, size_t size, skel_object **object,
+                       remote_handle64 *handle) {
+    if (size < sizeof(skel_object) || handle == NULL) {
+        return AEE_EBADPARM;
+    }
+    skel_object *fresh = calloc(1, size);
+    if (fresh == NULL) {
+        return AEE_ENOMEMORY;
+    }
+    int rc = skel_object_init(fresh);
+    if (rc != AEE_SUCCESS) {
+        free(fresh);
+        return rc;
+    }
+    rc = skel_registry_add(registry, fresh, handle);
+    if (rc != AEE_SUCCESS) {
+        skel_object_destroy(fresh);
+        free(fresh);
+        return rc;
+    }
+    if (object != NULL) {
+        *object = fresh;
+    }
+    return AEE_SUCCESS;
+}
+
 static size_t find_locked(const skel_registry *registry, remote_handle64 handle) {
     if (handle == 0) {
         return SKEL_MAX_HANDLES;

@@ -49,6 +49,13 @@ void skel_object_destroy(skel_object *object);
 /* Register object and return its new handle in *handle; AEE_EOUTOFHANDLES when full. */
 int skel_registry_add(skel_registry *registry, skel_object *object, remote_handle64 *handle);
 
+/* What every skel's open does: allocate a zeroed per-handle state of `size`
+ * bytes whose first member is a skel_object, initialise it and register it.
+ * On success *object (when not NULL) is the new state and *handle its handle; on failure
+ * nothing is left allocated. */
+int skel_registry_open(skel_registry *registry, size_t size, skel_object **object,
+                       remote_handle64 *handle);
+
 /* The live object for handle, locked, or NULL when handle is not open. */
 skel_object *skel_registry_acquire(skel_registry *registry, remote_handle64 handle);
 
