@@ -22,7 +22,7 @@ serialize, and why:
 * INIT_CREATE runs once, under ``_load_lock`` (the kernel does not stop a
   second create on the same fd; the DSP's behaviour then is undefined).
 * Mapping changes of one buffer (MEM_MAP, MEM_UNMAP, release) hold that
-  buffer's ``map_lock``, so a buffer is never unmapped while being mapped.
+  buffer's ``lock``, so a buffer is never unmapped while being mapped.
 * A buffer in use by an invoke is pinned; freeing it defers the release
   until the last such invoke returns, because the DSP may still touch it.
 * ``close()`` waits for in-flight invokes: the kernel cannot release a file
@@ -543,7 +543,7 @@ class FastRpcSession:
             if listener is not None:
                 listener_gone = self._end_process(listener)
             for buffer in [*buffers, *([shell] if shell is not None else [])]:
-                if buffer.request_release() or buffer is shell:
+                if buffer.request_release():  # False: already released, or pending
                     # The process is gone: closing rpc_fd drops its mappings, so
                     # skip per-buffer DSP unmaps.
                     buffer.dsp_address = None
