@@ -74,15 +74,26 @@ class AccessConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     """Who may be granted the realtime class. Both empty: every allowed peer may."""
 
 
-class ClientLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+MAX_TIMEOUT_MS: Final = 600_000
+"""The ``max_timeout_ms`` every Welcome announces."""
+
+
+class ClientLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``[client_limits]``: what one connection may hold (announced in its Welcome)."""
+
     max_buffers: _Count = 256
     max_buffer_bytes: _Bytes = 1 << 30
     max_handles: _Count = 32
     max_calls_in_flight: Annotated[int, msgspec.Meta(ge=1, le=0xFFFF)] = 16
     """Requests a client may have unanswered; invokes beyond it are refused."""
+    default_timeout_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_TIMEOUT_MS)] = 0
+    """The timeout of invokes that carry none, announced in the Welcome; 0 waits for
+    the DSP. At most the largest timeout a client may ask for (600000)."""
 
 
-class GlobalLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class DaemonLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``[limits]``: what all connections together may hold."""
+
     max_clients: _Count = 64
     max_buffers: _Count = 4096
     max_buffer_bytes: _Bytes = 4 << 30
@@ -93,8 +104,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     backend: BackendConfig = msgspec.field(default_factory=BackendConfig)
     shell: ShellConfig = msgspec.field(default_factory=ShellConfig)
     access: AccessConfig = msgspec.field(default_factory=AccessConfig)
-    client_limits: ClientLimits = msgspec.field(default_factory=ClientLimits)
-    limits: GlobalLimits = msgspec.field(default_factory=GlobalLimits)
+    client_limits: ClientLimitsConfig = msgspec.field(default_factory=ClientLimitsConfig)
+    limits: DaemonLimitsConfig = msgspec.field(default_factory=DaemonLimitsConfig)
 
 
 class ConfigError(Exception):

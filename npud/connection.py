@@ -1,8 +1,10 @@
-"""One client connection: bytes and fds in, requests to the broker, replies out.
+"""One client connection: bytes and fds in, requests to their handlers, replies out.
 
 The sans-IO ``npu_protocol.ServerConnection`` does the framing and the
-bookkeeping; this module does the socket I/O on trio. Each request runs in its
-own task, so requests are pipelined and replies go out in completion order.
+bookkeeping; this module does the socket I/O on trio. Each request's arrival
+step runs in the receive loop, in arrival order (``npud.requests``); its work
+then runs in a task of its own, so requests are pipelined and replies go out
+in completion order.
 
 Peer garbage never becomes a traceback: a protocol violation is answered with
 one ErrorMessage (no id) and the connection is closed; a refused request gets
@@ -23,14 +25,15 @@ import npu_protocol as p
 from npu_client.transport import (
     ANCILLARY_SPACE,
     RECV_BUFFER,
-    OwnedFd,
     TransportError,
     fds_ancillary,
     parse_ancillary,
 )
-from npu_protocol import ErrorCode
+from npu_protocol import CodedError, ErrorCode
 from npud import __version__
-from npud.broker import Broker, BrokerError, ClientState
+from npud.broker import Broker
+from npud.clients import Client
+from npud.requests import HANDLERS, Answer, Handler
 
 SEND_TIMEOUT: Final = 30.0
 """A client that does not read its replies for this long is dropped."""
@@ -40,8 +43,10 @@ HELLO_TIMEOUT: Final = 10.0
 """A connection that has not said Hello by then is closed."""
 
 
-class ClientConnection:
-    def __init__(self, broker: Broker, sock: trio.socket.SocketType, client: ClientState) -> None:
+class PeerConnection:
+    """The daemon's end of one client's connection."""
+
+    def __init__(self, broker: Broker, sock: trio.socket.SocketType, client: Client) -> None:
         self.broker = broker
         self.sock = sock
         self.client = client
@@ -104,7 +109,7 @@ class ClientConnection:
             try:
                 event = self.protocol.next_event()
             except p.RemoteProtocolError as exc:
-                self.broker.close_later(self.protocol.take_pending_fds())
+                self.broker.dsp.close_later(self.protocol.take_pending_fds())
                 self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
                 await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
                 return f"protocol violation: {exc}"
@@ -113,14 +118,24 @@ class ClientConnection:
             if isinstance(event, p.ConnectionClosed):
                 return "closed by the client"
             if isinstance(event, p.StrayFds):
-                self.broker.close_later(event.fds)
+                self.broker.dsp.close_later(event.fds)
                 self.log.warning("closed fds the client sent unasked", count=len(event.fds))
                 continue
             if isinstance(event, p.Hello):
                 if not await self._welcome(event):
                     return "refused at hello"
                 continue
-            nursery.start_soon(self._answer, event)
+            self._arrive(event, nursery)
+
+    def _arrive(self, request: p.AnyRequest, nursery: trio.Nursery) -> None:
+        """The request's arrival step, here and now (arrival order); its work in a task."""
+        handler = HANDLERS[type(request)](self.broker, self.client, request)
+        try:
+            handler.start()
+        except CodedError as exc:
+            nursery.start_soon(self._refuse, request, exc)
+            return
+        nursery.start_soon(self._answer, handler)
 
     # ----------------------------------------------------------- handshake
     async def _welcome(self, hello: p.Hello) -> bool:
@@ -139,8 +154,8 @@ class ClientConnection:
             await self._send_final(error)
             return False
         try:
-            self.broker.admit(client)
-        except BrokerError as exc:
+            self.broker.clients.admit(client)
+        except CodedError as exc:
             self.log.warning("refused", code=exc.code.name, error=str(exc))
             await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
             return False
@@ -150,9 +165,9 @@ class ClientConnection:
             server_version=__version__,
             protocol_version=version,
             backend=self.broker.profile.kind,
-            dsp=self.broker.capabilities(),
+            dsp=self.broker.dsp.capabilities(),
             limits=self.broker.client_limits(client),
-            epoch=self.broker.epoch,
+            epoch=self.broker.dsp.epoch,
         )
         await self._send(welcome)
         self._welcomed = True
@@ -160,64 +175,41 @@ class ClientConnection:
         return True
 
     # ------------------------------------------------------------ requests
-    async def _answer(self, request: p.AnyRequest) -> None:
-        reply_fd: OwnedFd | None = None
+    async def _answer(self, handler: Handler[p.AnyRequest]) -> None:
+        """Run the request, send its one answer, then let go of what it held: a
+        later free or close of those objects answers after this request."""
+        answer: Answer | None = None
         try:
             try:
-                reply, reply_fd = await self._handle(request)
+                answer = await handler.run()
+            except CodedError as exc:
+                await self._refuse(handler.request, exc)
             except Exception as exc:
-                if not isinstance(exc, BrokerError):
-                    # A bug of ours: log it whole, answer the client, keep serving.
-                    self.log.exception("request failed", request=p.tag_of(request), id=request.id)
-                    exc = BrokerError(ErrorCode.INTERNAL_ERROR, detail=type(exc).__name__)
-                self.log.info(
-                    "request refused",
-                    request=p.tag_of(request),
-                    id=request.id,
-                    code=exc.code.name,
-                    error=str(exc),
+                # A bug of ours: log it whole, answer the client, keep serving.
+                self.log.exception(
+                    "request failed", request=p.tag_of(handler.request), id=handler.request.id
                 )
-                await self._send(p.ErrorMessage.for_code(exc.code, id=request.id, **exc.fields))
-                return
-            await self._send(reply)
+                await self._refuse(
+                    handler.request,
+                    CodedError(ErrorCode.INTERNAL_ERROR, detail=type(exc).__name__),
+                )
+            if answer is not None:
+                await self._send(answer.reply)
         finally:
-            if reply_fd is not None:
-                reply_fd.close()
+            if answer is not None and answer.fd is not None:
+                answer.fd.close()
+            handler.end()
 
-    async def _handle(self, request: p.AnyRequest) -> tuple[p.AnyReply, OwnedFd | None]:
-        broker, client = self.broker, self.client
-        if isinstance(request, p.InvokeRequest):
-            outputs = await broker.invoke(client, request)
-            return p.InvokeReply(id=request.id, outputs=outputs), None
-        if isinstance(request, p.AllocRequest):
-            buffer_id, buffer, reply_fd = await broker.alloc(client, request.size)
-            reply = p.AllocReply(
-                id=request.id, buffer=buffer_id, size=buffer.mapped_size, fd=reply_fd.fileno()
-            )
-            return reply, reply_fd
-        return await self._handle_simple(request), None
-
-    async def _handle_simple(self, request: p.AnyRequest) -> p.AnyReply:
-        broker, client = self.broker, self.client
-        if isinstance(request, p.FreeRequest):
-            await broker.free(client, request.buffer)
-            return p.FreeReply(id=request.id)
-        if isinstance(request, p.MapRequest):
-            address = await broker.map(client, request.buffer)
-            return p.MapReply(id=request.id, dsp_address=address)
-        if isinstance(request, p.UnmapRequest):
-            await broker.unmap(client, request.buffer)
-            return p.UnmapReply(id=request.id)
-        if isinstance(request, p.OpenRequest):
-            handle = await broker.open(client, request.uri)
-            return p.OpenReply(id=request.id, handle=handle)
-        if isinstance(request, p.CloseRequest):
-            await broker.close_handle(client, request.handle)
-            return p.CloseReply(id=request.id)
-        if isinstance(request, p.StatusRequest):
-            return p.StatusReply(id=request.id, status=broker.status())
-        assert isinstance(request, p.PingRequest)
-        return p.PongReply(id=request.id, payload=request.payload)
+    async def _refuse(self, request: p.AnyRequest, exc: CodedError) -> None:
+        """The one place where a refusal becomes the request's ``error`` reply."""
+        self.log.info(
+            "request refused",
+            request=p.tag_of(request),
+            id=request.id,
+            code=exc.code.name,
+            error=str(exc),
+        )
+        await self._send(p.ErrorMessage.for_code(exc.code, id=request.id, **exc.fields))
 
     # ---------------------------------------------------------------- send
     async def _send_event(self, event: p.ServerEvent) -> None:

@@ -13,7 +13,7 @@ from npud import __version__, doctor
 from npud.backend import device_present, select_profile
 from npud.broker import Broker
 from npud.config import DEFAULT_CONFIG, DEFAULT_SOCKET, Config, ConfigError, load_config
-from npud.fastrpc.errors import FastRpcError
+from npud.fastrpc.errors import RpcError
 from npud.logs import configure_logging
 from npud.sd import ActivationError, Notifier, activated_socket
 from npud.server import BoundSocket, Daemon, StartupError, bind_socket
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         broker = Broker(config, profile)
         daemon = Daemon(config, broker, listener, notifier=notifier, reload_config=reload_config)
         trio.run(daemon.run)
-    except FastRpcError as exc:
+    except RpcError as exc:
         notifier.send(f"STATUS=start-up failed: {exc}")
         return _fail(f"cannot start the NPU session: {exc}")
     except KeyboardInterrupt:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import glob
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+
+from npu_protocol import format_message
 
 
 def _have_device() -> bool:
@@ -18,3 +22,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "hardware" in item.keywords:
             item.add_marker(skip)
+
+
+# --- every refusal a daemon in this process sends names only the requester's ids ---------
+
+_LEAKS: list[str] = []
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _scan_refusals() -> Iterator[None]:
+    """Wrap the daemon's one refusal point; :func:`pytest_sessionfinish` reports leaks."""
+    from npud.connection import PeerConnection
+    from tests.error_scan import leaked_numbers
+
+    original = PeerConnection._refuse
+
+    async def scanned(self: PeerConnection, request: Any, exc: Any) -> None:
+        message = format_message(exc.code, **exc.fields)
+        limits = self.broker.client_limits(self.client)
+        for problem in leaked_numbers(request, exc.code, exc.fields, message, limits):
+            _LEAKS.append(f"{type(request).__name__} id {request.id}: {problem}")
+        await original(self, request, exc)
+
+    PeerConnection._refuse = scanned  # type: ignore[method-assign]
+    yield
+    PeerConnection._refuse = original  # type: ignore[method-assign]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _LEAKS:
+        print("\nerror messages that name numbers not of the request:", *_LEAKS, sep="\n  ")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -28,6 +28,8 @@ STATUS_KEYS = [
     "restarts",
     "totals",
     "clients",
+    "session",
+    "lanes",
 ]
 """The stable top-level keys of ``npuctl status --json`` (client/README.md)."""
 

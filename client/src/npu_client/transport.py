@@ -20,6 +20,7 @@ import os
 import socket
 import struct
 import threading
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, Self
 
@@ -78,8 +79,16 @@ class OwnedFd:
         self.close()
 
     def __del__(self) -> None:
-        # A leak is a bug, but closing late is better than never.
+        # A leak is a bug: say so (a ResourceWarning, as for an unclosed file or
+        # socket, so tests run with warnings as errors catch it), then close
+        # late rather than never.
         if getattr(self, "fd", -1) >= 0:
+            warnings.warn(
+                f"fd {self.fd} was never closed: closed by the garbage collector",
+                ResourceWarning,
+                stacklevel=2,
+                source=self,
+            )
             self.close()
 
     def __repr__(self) -> str:

@@ -62,7 +62,9 @@ from npu_protocol._records import (
     ClientRow,
     DaemonStatus,
     DspCapabilities,
+    LaneRow,
     Priority,
+    SessionRow,
     ShellStatus,
     Totals,
 )
@@ -83,7 +85,7 @@ from npu_protocol._wire import (
     PROTOCOL_VERSION,
 )
 from npu_protocol.aee import AEE, DSP_AEE_EOFFSET, aee_name, describe_result
-from npu_protocol.errors import MAX_DMA_SIZE, ErrorCode, format_message
+from npu_protocol.errors import MAX_DMA_SIZE, CodedError, ErrorCode, format_message
 
 __all__ = [
     "AEE",
@@ -115,6 +117,7 @@ __all__ = [
     "ClientRow",
     "CloseReply",
     "CloseRequest",
+    "CodedError",
     "Connection",
     "ConnectionClosed",
     "ConnectionState",
@@ -131,6 +134,7 @@ __all__ = [
     "InputArg",
     "InvokeReply",
     "InvokeRequest",
+    "LaneRow",
     "LocalProtocolError",
     "MapReply",
     "MapRequest",
@@ -150,6 +154,7 @@ __all__ = [
     "ServerEvent",
     "ServerMessage",
     "SessionRestarted",
+    "SessionRow",
     "ShellStatus",
     "ShuttingDown",
     "StatusReply",

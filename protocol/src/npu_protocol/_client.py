@@ -34,6 +34,8 @@ _REQUEST_ID_SPACE: Final = 1 << 32
 class ClientConnection(Connection[ServerMessage, ClientMessage]):
     """Sans-IO client: ``send(Hello(...))`` first, then requests once the Welcome is in."""
 
+    _role = "client"
+
     def __init__(self) -> None:
         super().__init__(SERVER_DECODER, CLIENT_DECODER, _CLIENT_TYPES)
         self._hello: Hello | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final, Generic, Literal, TypeVar
+from typing import ClassVar, Final, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -39,6 +39,7 @@ from npu_protocol._messages import (
     tag_of,
 )
 from npu_protocol._records import ClientLimits
+from npu_protocol._unique_keys import repeated_key
 from npu_protocol._wire import FRAME_HEADER_SIZE, HANDSHAKE_MAX_FRAME_SIZE
 from npu_protocol.errors import ErrorCode
 
@@ -87,6 +88,11 @@ class Expectation:
 
 class Connection(abc.ABC, Generic[InT, OutT]):
     """The sans-IO core of one end of an npud connection."""
+
+    _role: ClassVar[str]
+    """``"client"`` or ``"server"``: who this side is."""
+    _reject_repeated_keys: ClassVar[bool] = False
+    """Check every received payload for a map key given twice (section 4)."""
 
     def __init__(
         self,
@@ -266,14 +272,49 @@ class Connection(abc.ABC, Generic[InT, OutT]):
 
     def _decode(self, payload: bytes) -> InT:
         try:
-            return self._incoming.decode(payload)
+            message = self._incoming.decode(payload)
         except msgspec.DecodeError as exc:  # ValidationError included
+            tag = _misdirected_tag(payload, self._outgoing_types)
+            if tag is not None:
+                # A message we know, in the wrong direction: the state machine's
+                # code, as for a known message in the wrong state.
+                raise RemoteProtocolError(
+                    ErrorCode.UNEXPECTED_MESSAGE,
+                    message=tag,
+                    reason=f"only the {self._role} sends it",
+                ) from exc
             raise RemoteProtocolError(ErrorCode.BAD_MESSAGE, detail=_peer_text(str(exc))) from exc
         except RecursionError as exc:  # msgspec's answer to deeply nested (even ignored) values
             raise RemoteProtocolError(ErrorCode.BAD_MESSAGE, detail="nested too deeply") from exc
+        if self._reject_repeated_keys:
+            key = repeated_key(payload)
+            if key is not None:
+                raise RemoteProtocolError(
+                    ErrorCode.BAD_MESSAGE,
+                    detail=_peer_text(f"map key {key!r} appears twice in one map"),
+                )
+        return message
 
 
 M = TypeVar("M", bound=Message)
+
+
+class _TagOnly(msgspec.Struct):
+    type: str = ""
+
+
+_TAG_DECODER: Final = msgspec.msgpack.Decoder(_TagOnly)
+
+
+def _misdirected_tag(payload: bytes, outgoing: tuple[type[Message], ...]) -> str | None:
+    """The ``type`` of a payload that failed to decode, if it names a message that
+    travels the other way (one this side sends)."""
+    try:
+        tag = _TAG_DECODER.decode(payload).type
+    except msgspec.DecodeError:
+        return None
+    return tag if any(tag_of(cls) == tag for cls in outgoing) else None
+
 
 _PEER_TEXT_LIMIT: Final = 200
 

@@ -134,6 +134,34 @@ class ClientRow(_Record, frozen=True, kw_only=True):
     calls_done: U63 = 0
 
 
+class SessionRow(_Record, frozen=True, kw_only=True):
+    """The FastRPC session as the daemon sees it (for people and monitoring)."""
+
+    state: Name
+    """``up``, ``dead`` (a restart was seen, recovery is starting) or ``restarting``."""
+    buffers: U32 = 0
+    """DMA-BUFs the session holds (the clients' and its own)."""
+    remote_handles: U32 = 0
+    invokes_in_flight: U32 = 0
+    invokes_done: U63 = 0
+    """Invokes issued since this session opened (remotectl and listener calls included)."""
+    listener_running: bool = False
+    """The reverse-RPC listener serves the DSP (without it no skel can load)."""
+    listener_requests: U63 = 0
+    listener_stopped_because: Text = ""
+    """Why the listener ended, once it has; empty while it runs."""
+
+
+class LaneRow(_Record, frozen=True, kw_only=True):
+    """One pool of the daemon's worker threads."""
+
+    name: Name
+    threads: U32 = 0
+    queued: U32 = 0
+    running: U32 = 0
+    completed: U63 = 0
+
+
 class DaemonStatus(_Record, frozen=True, kw_only=True):
     """Everything ``npuctl status`` shows."""
 
@@ -150,3 +178,6 @@ class DaemonStatus(_Record, frozen=True, kw_only=True):
     restarts: U32 = 0
     totals: Totals = msgspec.field(default_factory=Totals)
     clients: Annotated[tuple[ClientRow, ...], msgspec.Meta(max_length=MAX_STATUS_CLIENTS)] = ()
+    session: SessionRow | None = None
+    """None while no session has been opened yet."""
+    lanes: Annotated[tuple[LaneRow, ...], msgspec.Meta(max_length=16)] = ()

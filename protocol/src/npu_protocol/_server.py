@@ -39,7 +39,14 @@ def choose_protocol_version(offered: int) -> int | None:
 
 class ServerConnection(Connection[ClientMessage, ServerMessage]):
     """Sans-IO server: receive a Hello, send a Welcome (or an ErrorMessage
-    without id), then answer each request once, in any order."""
+    without id), then answer each request once, in any order.
+
+    Received payloads are checked for repeated map keys (fatal BAD_MESSAGE):
+    the daemon must see exactly what a client meant.
+    """
+
+    _role = "server"
+    _reject_repeated_keys = True
 
     def __init__(self) -> None:
         super().__init__(CLIENT_DECODER, SERVER_DECODER, _SERVER_TYPES)
