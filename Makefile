@@ -7,7 +7,7 @@ SOCKET ?= /run/npud/npud.sock
 
 .PHONY: install run test lint typecheck unit bench clean
 
-$(STAMP): pyproject.toml protocol/pyproject.toml client/pyproject.toml
+$(STAMP): pyproject.toml protocol/pyproject.toml client/pyproject.toml protocol/src/npu_protocol/_version.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ./protocol -e './client[trio]' -e '.[test]'

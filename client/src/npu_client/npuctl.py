@@ -13,11 +13,13 @@ from typing import Final
 
 import msgspec
 
+import npu_protocol
 from npu_client._blocking import Client, connect
 from npu_client._errors import ConnectFailed, NpuError
 from npu_client._selftest import render_report, run_selftest
 from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV
 from npu_client._status_text import render_status
+from npu_client._version import __version__
 
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
@@ -51,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TIMEOUT,
         help=f"give up when npud does not answer within this long (default: {DEFAULT_TIMEOUT:g})",
     )
+    parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     status = commands.add_parser(
@@ -81,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("--json", action="store_true", help="print the report as JSON")
     selftest.set_defaults(run=_selftest)
     return parser
+
+
+def version_line() -> str:
+    """``npuctl X (npu-protocol Y, wire protocol N)``: X matches ``npud --version``."""
+    return (
+        f"npuctl {__version__} (npu-protocol {npu_protocol.__version__}, "
+        f"wire protocol {npu_protocol.PROTOCOL_VERSION})"
+    )
 
 
 def _socket_path(text: str) -> str:
