@@ -33,6 +33,7 @@ from tests.doctor.fake_tree import (
     only,
 )
 from tests.e2e.daemon import Npud, start_npud
+from tests.tools import require_tool
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 
@@ -321,10 +322,10 @@ def test_xz_compressed_firmware(tree: FakeTree) -> None:
     assert f"{packed} is {KNOWN_GOOD_FIRMWARE}" in finding.detail
 
 
-@pytest.mark.skipif(shutil.which("zstd") is None, reason="needs the zstd tool")
 def test_zstd_compressed_firmware(tree: FakeTree) -> None:
+    zstd = require_tool("zstd", "zstd")
     plain = tree.path(f"/usr/lib/firmware/{FIRMWARE_NAME}")
-    subprocess.run(["zstd", "-q", "--rm", str(plain)], check=True)
+    subprocess.run([zstd, "-q", "--rm", str(plain)], check=True)
     finding = only(tree.diagnose(), "CDSP firmware")
     assert finding.status is Status.OK
     assert f"{plain}.zst is {KNOWN_GOOD_FIRMWARE}" in finding.detail
