@@ -33,7 +33,7 @@ from typing import Final, Protocol
 
 import npu_client
 from npu_protocol import DaemonStatus
-from npud.backend import Profile, select_profile
+from npud.backend import EMULATED_SUFFIX, Profile, select_profile
 from npud.config import Config
 from npud.fastrpc.errors import ShellVerifyError
 from npud.fastrpc.shell import is_development_key, key_fingerprint, load_public_key_file
@@ -687,9 +687,9 @@ def _judge_status(target: Target, status: DaemonStatus) -> Finding:
         if status.shell.verified
         else f"shell NOT verified ({status.shell.detail or 'no detail'})"
     )
-    device = ""
-    if status.device:
-        device = f" on {status.device}" if status.backend == "kernel" else f" ({status.device})"
+    device = f" on {status.device}" if status.device else ""
+    if status.device and status.backend != "kernel" and EMULATED_SUFFIX not in status.device:
+        device += f" {EMULATED_SUFFIX}"  # from a daemon that does not label it itself
     detail = (
         f"npud {status.daemon_version} at {target.socket}: backend {status.backend}{device}, "
         f"epoch {status.epoch}, {status.restarts} DSP restart(s), {others} other client(s), "

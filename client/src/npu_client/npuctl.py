@@ -7,6 +7,10 @@ from npud, a selftest step that did not pass); 2 usage error.
 from __future__ import annotations
 
 import argparse
+import grp
+import os
+import pwd
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -25,6 +29,9 @@ EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2  # argparse's own
 EXIT_INTERRUPTED: Final = 130
+
+CLIENT_GROUP: Final = "npu"
+"""The group whose members may connect to the system's npud (systemd/npud.socket)."""
 
 DEFAULT_TIMEOUT: Final = 30.0
 
@@ -137,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(client, args)
     except ConnectFailed as exc:
         _error(str(exc))
+        if isinstance(exc.__cause__, PermissionError):
+            _error(f"hint: {permission_hint(exc.path)}")
     except NpuError as exc:
         _error(f"{exc.message} ({exc.name}, error {exc.code})")
     except TimeoutError:
@@ -144,6 +153,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return EXIT_FAILURE
+
+
+def permission_hint(path: str) -> str:
+    """What a person can do when the socket at ``path`` refused them (EACCES)."""
+    try:
+        st = os.stat(path)
+    except OSError:  # the directory refused us: /run/npud is npud:npu 0750 under systemd
+        owner = f"its directory {os.path.dirname(path) or '.'} is closed to you"
+        root_only = False
+    else:
+        owner = (
+            f"the socket is {_user_name(st.st_uid)}:{_group_name(st.st_gid)} "
+            f"{stat.S_IMODE(st.st_mode):04o}"
+        )
+        root_only = st.st_uid == 0 and st.st_gid == 0
+    system = (
+        f"to use the system's npud, join the {CLIENT_GROUP} group "
+        f"(sudo usermod -aG {CLIENT_GROUP} $USER, then log in again)"
+    )
+    own = (
+        "or run your own: `make run` as yourself (no sudo) picks a socket of your own and "
+        "prints it, `make run SOCKET=PATH` takes yours; then export NPUD_SOCKET=PATH"
+    )
+    if root_only:
+        return (
+            f"{owner}: a daemon started as root (`sudo make run`) serves root only; "
+            f"stop it and {own.removeprefix('or ')}; {system}"
+        )
+    return f"{owner}; {system}, {own}"
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def _error(message: str) -> None:
