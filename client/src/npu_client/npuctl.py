@@ -12,7 +12,9 @@ import os
 import pwd
 import stat
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Final
 
 import msgspec
@@ -20,6 +22,7 @@ import msgspec
 import npu_protocol
 from npu_client._blocking import Client, connect
 from npu_client._errors import ConnectFailed, NpuError
+from npu_client._metrics import render, render_down
 from npu_client._selftest import render_report, run_selftest
 from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV
 from npu_client._status_text import render_status
@@ -29,6 +32,9 @@ EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2  # argparse's own
 EXIT_INTERRUPTED: Final = 130
+
+NPUCTL_NAME: Final = "npuctl"
+"""The client name npuctl gives npud (its row in the status)."""
 
 CLIENT_GROUP: Final = "npu"
 """The group whose members may connect to the system's npud (systemd/npud.socket)."""
@@ -90,6 +96,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     selftest.add_argument("--json", action="store_true", help="print the report as JSON")
     selftest.set_defaults(run=_selftest)
+
+    metrics = commands.add_parser(
+        "metrics",
+        help="the status as Prometheus metrics (text exposition format)",
+        description=(
+            "Print npud's status as Prometheus metrics: daemon uptime, DSP restarts and session "
+            "epoch, totals, and per client (labelled pid, uid, name, priority) calls, buffers, "
+            "bytes, mappings and handles; npud_up is 1, or 0 when npud did not answer (exit "
+            "status 1). npuctl's own connection is left out of the per-client series."
+        ),
+        epilog=(
+            "for node_exporter's textfile collector, run it from a timer with --output "
+            "DIR/npud.prom (docs/deploy.md, Metrics)"
+        ),
+    )
+    metrics.add_argument(
+        "--output",
+        metavar="FILE",
+        type=Path,
+        help="write FILE instead of stdout, atomically (a temporary file renamed over it)",
+    )
+    metrics.set_defaults(run=_metrics, on_failure=_metrics_down)
     return parser
 
 
@@ -135,12 +163,58 @@ def _selftest(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILURE
 
 
+def _metrics(client: Client, args: argparse.Namespace) -> int:
+    _write_metrics(render(client.status(), exclude=(os.getpid(), NPUCTL_NAME)), args.output)
+    return EXIT_OK
+
+
+def _metrics_down(args: argparse.Namespace) -> None:
+    """npud did not answer: say so in the metrics too, so a stale file does not linger."""
+    _write_metrics(render_down(), args.output)
+
+
+class OutputError(Exception):
+    """--output could not be written; the message says which file and why."""
+
+
+def _write_metrics(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    # The collector may read at any moment: never let it see half a file.
+    try:
+        with tempfile.NamedTemporaryFile(
+            "w", dir=output.parent, prefix=f".{output.name}.", delete=False, encoding="utf-8"
+        ) as tmp:
+            tmp.write(text)
+    except OSError as exc:
+        raise OutputError(f"cannot write {output}: {exc.strerror}") from None
+    try:
+        os.chmod(tmp.name, 0o644)
+        os.replace(tmp.name, output)
+    except OSError as exc:
+        os.unlink(tmp.name)
+        raise OutputError(f"cannot write {output}: {exc.strerror}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run npuctl with ``argv`` (default: the command line); returns the exit status."""
     args = build_parser().parse_args(argv)
     run: Command = args.run
     try:
-        with connect(args.socket, name="npuctl", timeout=args.timeout) as client:
+        code = _connect_and_run(run, args)
+        on_failure: Callable[[argparse.Namespace], None] | None = getattr(args, "on_failure", None)
+        if code == EXIT_FAILURE and on_failure is not None:
+            on_failure(args)
+    except OutputError as exc:
+        _error(str(exc))
+        return EXIT_FAILURE
+    return code
+
+
+def _connect_and_run(run: Command, args: argparse.Namespace) -> int:
+    try:
+        with connect(args.socket, name=NPUCTL_NAME, timeout=args.timeout) as client:
             return run(client, args)
     except ConnectFailed as exc:
         _error(str(exc))
