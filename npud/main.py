@@ -42,6 +42,10 @@ present, otherwise npud binds its own socket; with NOTIFY_SOCKET it reports
 READY, STATUS, RELOADING, STOPPING and, with WatchdogSec=, WATCHDOG pings while
 healthy.
 
+logs: one line per event on stderr, JSON unless stderr is a terminal; event names
+are stable keys and values are fields. When stderr is the journal ($JOURNAL_STREAM)
+each line starts with its syslog priority: journalctl -u npud -p warning.
+
 environment: NPUD_SOCKET is read by clients (npuctl, npu_client, npud doctor), not
 by the daemon.
 

@@ -224,3 +224,13 @@ def test_an_explicit_socket_is_used_as_given(sandbox: Sandbox) -> None:
     result = run_dev(sandbox, str(socket))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"npud --backend auto --socket {socket}"
+
+
+def test_make_test_installs_the_tools_first_and_ci_forbids_skipping() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    assert "\ntest: test-deps lint typecheck unit\n" in makefile
+    assert "\ntest-deps:\n\t@bash scripts/test-deps.sh\n" in makefile
+    assert '\nrun: $(STAMP)\n\t@bash scripts/run-dev.sh "$(SOCKET)" $(ARGS)\n' in makefile
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert ci.index("export NPUD_REQUIRE_TOOLS=1") < ci.index("make test")
+    assert "scripts/check-client-install.sh" in ci
