@@ -178,7 +178,7 @@ class Broker:
             daemon_version=__version__,
             uptime_ms=int((time.monotonic() - self.started) * 1000),
             backend=self.profile.kind,
-            device=dsp.session.device if dsp.session else "",
+            device=self.profile.device_label(dsp.session.device) if dsp.session else "",
             dsp=dsp.capabilities(),
             shell=shell_status,
             epoch=dsp.epoch,

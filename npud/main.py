@@ -14,7 +14,7 @@ from npud.backend import device_present, select_profile
 from npud.broker import Broker
 from npud.config import DEFAULT_CONFIG, DEFAULT_SOCKET, Config, ConfigError, load_config
 from npud.fastrpc.errors import RpcError
-from npud.logs import configure_logging
+from npud.logs import configure_logging, print_error
 from npud.sd import ActivationError, Notifier, activated_socket
 from npud.server import BoundSocket, Daemon, StartupError, bind_socket
 
@@ -41,6 +41,10 @@ systemd: socket activation (LISTEN_FDS, one AF_UNIX stream socket) is used when
 present, otherwise npud binds its own socket; with NOTIFY_SOCKET it reports
 READY, STATUS, RELOADING, STOPPING and, with WatchdogSec=, WATCHDOG pings while
 healthy.
+
+logs: one line per event on stderr, JSON unless stderr is a terminal; event names
+are stable keys and values are fields. When stderr is the journal ($JOURNAL_STREAM)
+each line starts with its syslog priority: journalctl -u npud -p warning.
 
 environment: NPUD_SOCKET is read by clients (npuctl, npu_client, npud doctor), not
 by the daemon.
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        print(f"npud: bad configuration: {exc}", file=sys.stderr)
+        print_error(f"npud: bad configuration: {exc}")
         return 2
     configure_logging(args.log_format or config.daemon.log_format, config.daemon.log_level)
     profile = select_profile(config, args.backend)
@@ -153,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str) -> int:
-    """Exactly one line, for people and for `systemctl status` alike."""
-    print(f"npud: {message}", file=sys.stderr, flush=True)
+    """Exactly one line, for people and for `systemctl status` alike (an error in the journal)."""
+    print_error(f"npud: {message}")
     return 1
 
 

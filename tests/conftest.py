@@ -9,10 +9,27 @@ from typing import Any
 import pytest
 
 from npu_protocol import format_message
+from tests import tools
 
 
 def _have_device() -> bool:
     return bool(glob.glob("/dev/fastrpc-cdsp*"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--require-tools",
+        action="store_true",
+        default=tools.strict_from_environment(),
+        help=(
+            "fail, instead of skipping, a test whose tool (gcc, shellcheck, systemd-analyze...) "
+            f"is missing; default from ${tools.REQUIRE_TOOLS_ENV} (.ci/run sets it)"
+        ),
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    tools.set_strict(bool(config.getoption("require_tools")))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from tests.skel.portal_qnn_calls import PortalQnn
 from tests.skel.remote_args import SkelLibrary
+from tests.tools import require_tool
 
 REPO: Final = Path(__file__).resolve().parents[2]
 SKEL_DIR: Final = REPO / "skel"
@@ -48,9 +48,8 @@ FAKE_MODEL_VARIANTS: Final[dict[str, tuple[str, ...]]] = {
 
 
 def _need_compiler() -> None:
-    for tool in ("gcc", "make"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed: the host skel build needs gcc and make")
+    require_tool("gcc", "gcc")
+    require_tool("make", "make")
 
 
 def build_host_skels(out: Path) -> subprocess.CompletedProcess[str]:

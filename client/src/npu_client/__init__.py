@@ -68,6 +68,7 @@ from npu_client._errors import (
 )
 from npu_client._memory import Slice
 from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV, socket_path
+from npu_client._version import __version__ as __version__
 from npu_protocol import DaemonStatus, Priority
 
 if TYPE_CHECKING:

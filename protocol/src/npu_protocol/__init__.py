@@ -69,6 +69,7 @@ from npu_protocol._records import (
     Totals,
 )
 from npu_protocol._server import ServerConnection, choose_protocol_version
+from npu_protocol._version import __version__ as __version__
 from npu_protocol._wire import (
     DEFAULT_MAX_FRAME_SIZE,
     FRAME_HEADER_SIZE,
