@@ -136,7 +136,7 @@ class ReverseRpcListener:
             return self._server.dispatch(handle, sc, inputs, caps)
         except Exception:
             # No single request may end the listener: without it no skel loads.
-            log.exception("reverse call 0x%x on handle %d failed", sc, handle)
+            log.exception("reverse call failed", extra={"sc": f"0x{sc:08X}", "handle": handle})
             return Reply(int(AEE.EFAILED))
 
     def _fetch(self, ctx: int, offset: int, remaining: int) -> bytes:

@@ -212,7 +212,7 @@ class FastRpcSession:
                 raise
             self._shell = buffer
             self._listener = listener
-        log.info("DSP process created (%d-byte shell, attrs 0x%x)", len(shell), attrs)
+        log.info("DSP process created", extra={"shell_bytes": len(shell), "attrs": f"0x{attrs:x}"})
 
     # ------------------------------------------------------------------- DMA
     def alloc(self, size: int) -> SessionBuffer:
@@ -287,7 +287,9 @@ class FastRpcSession:
             if exc.errno == errno.ENOTTY:
                 self._free_supported = False
             else:
-                log.warning("FREE_DMA_BUFF failed (%s); closing the fd frees it", exc.strerror)
+                log.warning(
+                    "FREE_DMA_BUFF failed; closing the fd frees it", extra={"error": exc.strerror}
+                )
 
     # ------------------------------------------------------------ DSP mapping
     def map(self, buffer: SessionBuffer) -> int:
@@ -396,7 +398,7 @@ class FastRpcSession:
         try:
             self._release(buffer)
         except (RpcError, BufferError, OSError) as exc:
-            log.error("releasing buffer %d failed: %s", buffer.id, exc)
+            log.error("releasing buffer failed", extra={"buffer": buffer.id, "error": str(exc)})
 
     def _marshal(
         self, inputs: Sequence[InArg], outputs: Sequence[OutArg], pinned: list[SessionBuffer]
@@ -473,7 +475,10 @@ class FastRpcSession:
         try:
             self._remotectl_close(handle)
         except RpcError as exc:
-            log.warning("deferred remotectl close of 0x%x failed: %s", handle, exc)
+            log.warning(
+                "deferred remotectl close failed",
+                extra={"handle": f"0x{handle:x}", "error": str(exc)},
+            )
 
     def _remotectl_close(self, handle: int) -> None:
         result = self._invoke_raw(
@@ -486,7 +491,10 @@ class FastRpcSession:
             raise RpcError(ErrorCode.FASTRPC, rc=result.rc)
         error, dlerror = remotectl.unpack_close(result.output(0), result.output(1))
         if error != 0:
-            log.warning("remotectl close of 0x%x answered %#x: %s", handle, error, dlerror)
+            log.warning(
+                "remotectl close refused",
+                extra={"handle": f"0x{handle:x}", "result": f"0x{error:x}", "dlerror": dlerror},
+            )
 
     # ------------------------------------------------------------- lifecycle
     def statistics(self) -> SessionStatistics:
@@ -562,7 +570,7 @@ class FastRpcSession:
                 try:
                     fd.close()
                 except OSError as exc:
-                    log.error("closing a device fd failed: %s", exc.strerror)
+                    log.error("closing a device fd failed", extra={"error": exc.strerror})
         log.info("fastrpc session closed", extra={"device": self.device})
 
     def __enter__(self) -> FastRpcSession:
@@ -579,9 +587,9 @@ class FastRpcSession:
         try:
             rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
             if rc != 0:
-                log.warning("DSP process exit answered 0x%08X", rc)
+                log.warning("DSP process exit refused", extra={"result": f"0x{rc:08X}"})
         except RpcError as exc:
-            log.warning("DSP process exit failed: %s", exc)
+            log.warning("DSP process exit failed", extra={"error": str(exc)})
 
     def _end_process(self, listener: ReverseRpcListener) -> bool:
         """End the DSP process, which completes the listener's pending next2, and join it.
@@ -591,7 +599,7 @@ class FastRpcSession:
         self._exit_process()
         if listener.join(LISTENER_JOIN_TIMEOUT):
             return True
-        log.error("reverse-RPC listener did not stop within %.0f s", LISTENER_JOIN_TIMEOUT)
+        log.error("reverse-RPC listener did not stop", extra={"timeout_s": LISTENER_JOIN_TIMEOUT})
         return False
 
     # --------------------------------------------------------------- helpers
