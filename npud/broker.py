@@ -2,8 +2,11 @@
 
 :class:`Broker` ties the daemon's parts together for the connections: the
 session's life (:mod:`npud.dsp`), the clients and their quotas
-(:mod:`npud.clients`) and the configuration; the work of each request is in
-:mod:`npud.requests`. It runs on the trio thread.
+(:mod:`npud.clients`), the scheduler (:mod:`npud.scheduler`), the data path
+that carries requests (:mod:`npud.datapath`) and the configuration; the work of
+each request is in :mod:`npud.requests`. It lives on the trio thread; the
+methods the request handlers call (``release_now``, ``status``, ``count_call``)
+are safe from any thread.
 
 A client's resources are released when its connection ends, after any call of
 it already on the DSP has returned (the session defers releasing what an
@@ -13,6 +16,7 @@ invoke uses).
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import structlog
@@ -24,10 +28,20 @@ from npud import __version__
 from npud.backend import Profile
 from npud.clients import Client, Clients, Kind
 from npud.config import MAX_TIMEOUT_MS, Config
+from npud.datapath import DataPath
 from npud.dsp import Dsp
 from npud.fastrpc.dma import SessionBuffer
 from npud.fastrpc.session import FastRpcSession
-from npud.requests import release_session_objects
+from npud.requests import Route, release_session_objects
+from npud.scheduler import (
+    BACKGROUND,
+    NORMAL,
+    REALTIME,
+    AdmissionRefusedError,
+    Budget,
+    Policy,
+    Scheduler,
+)
 
 log = structlog.get_logger("npud.broker")
 
@@ -38,13 +52,26 @@ class Broker:
         self.profile = profile
         self.started = time.monotonic()
         self.clients = Clients(config)
-        self.dsp = Dsp(
-            profile,
-            invoke_lanes=config.backend.lanes,
-            forget_clients=self.clients.forget_all,
-            announce=self.broadcast,
+        self.dsp = Dsp(profile, forget_clients=self.clients.forget_all, announce=self.broadcast)
+        policy = config.scheduler
+        self.scheduler = Scheduler(
+            Policy(
+                mode=policy.mode,
+                dsp_slots=policy.dsp_slots,
+                realtime_reserve=policy.realtime_reserve,
+                background_max=policy.background_max,
+                background_wait=policy.background_wait_ms / 1000,
+                per_client_running=policy.per_client_running,
+                realtime_utilisation=policy.realtime_utilisation_pct / 100,
+            )
         )
-        self.calls_total = 0
+        self.datapath = DataPath(
+            self.scheduler,
+            {Route.CONTROL: self.dsp.control, Route.LOADER: self.dsp.loader},
+            workers=policy.worker_threads,
+        )
+        self._calls_total = 0
+        self._calls_lock = threading.Lock()
 
     @property
     def config(self) -> Config:
@@ -61,10 +88,28 @@ class Broker:
         self.dsp.attach(nursery)
 
     async def start(self) -> None:
-        await self.dsp.start()
+        try:
+            await self.dsp.start()
+        finally:
+            self.datapath.start()
 
     async def close(self, grace: float) -> None:
+        """Close the session and stop every thread; calls still on the DSP get ``grace``."""
         await self.dsp.close(grace)
+        if not await trio.to_thread.run_sync(self.datapath.stop, 1.0):
+            log.warning("data-path worker still in a DSP call at exit")
+
+    @property
+    def calls_total(self) -> int:
+        """DSP calls answered since start."""
+        return self._calls_total
+
+    def count_call(self) -> None:
+        with self._calls_lock:
+            self._calls_total += 1
+
+    def healthy(self) -> bool:
+        return self.dsp.healthy() and self.datapath.alive()
 
     def describe(self) -> str:
         """One line for systemd's STATUS=."""
@@ -95,9 +140,26 @@ class Broker:
             default_timeout_ms=limits.default_timeout_ms or None,
         )
 
+    def admit(self, client: Client, budget: p.Budget | None) -> None:
+        """Take ``client`` in (after its Hello): quotas, then the scheduler's admission."""
+        self.clients.admit(client)
+        klass = {p.Priority.REALTIME: REALTIME, p.Priority.NORMAL: NORMAL}.get(
+            client.priority, BACKGROUND
+        )
+        declared = (
+            None if budget is None else Budget(budget.period_us / 1e6, budget.budget_us / 1e6)
+        )
+        try:
+            client.account = self.scheduler.open_account(client.name, klass, declared)
+        except AdmissionRefusedError as exc:
+            self.clients.remove(client)
+            raise CodedError(ErrorCode.ADMISSION_REFUSED, detail=str(exc)) from None
+
     async def release_client(self, client: Client) -> None:
         """Free everything ``client`` holds. Call after its requests have ended."""
         self.clients.remove(client)
+        if client.account is not None:
+            self.scheduler.close_account(client.account)
         entries = client.objects.take_all()
         if self.dsp.stopping:
             return  # at shutdown, closing the session releases everything at once
@@ -113,9 +175,23 @@ class Broker:
         *,
         buffers: list[SessionBuffer] | None = None,
         handles: list[int] | None = None,
+    ) -> None:
+        """:meth:`release_now` on a lane (a disconnected client's leftovers), shielded."""
+        if not buffers and not handles:
+            return
+        pool = self.dsp.loader if handles else self.dsp.control
+        with trio.CancelScope(shield=True):
+            await pool.call(lambda: self.release_now(session, buffers=buffers, handles=handles))
+
+    def release_now(
+        self,
+        session: FastRpcSession | None,
+        *,
+        buffers: list[SessionBuffer] | None = None,
+        handles: list[int] | None = None,
         strict: bool = False,
     ) -> None:
-        """Close ``handles`` and free ``buffers`` of ``session``, shielded.
+        """Close ``handles`` and free ``buffers`` of ``session``, here (a lane thread).
 
         ``strict``: a client asked for it, so the first failure is raised (as
         the client's code); otherwise failures are logged. Objects of a session
@@ -128,26 +204,16 @@ class Broker:
             if strict:
                 raise CodedError(ErrorCode.DSP_RESTARTED)
             return
-        dsp = self.dsp
-        pool = dsp.loader if handles else dsp.control
-        with trio.CancelScope(shield=True):
-            failures = await dsp.call(
-                pool,
-                session,
-                lambda: release_session_objects(session, buffers, handles),
-                operation="release",
-            )
-        for failure in failures:
+        for failure in release_session_objects(session, buffers, handles):
             if strict:
-                raise dsp.translate(session, failure) from None
+                raise self.dsp.translate(session, failure) from None
             log.warning("release failed", code=failure.code.name, error=str(failure))
 
     async def broadcast(self, event: p.ServerEvent) -> None:
-        """Tell every client at once; one that cannot take it promptly is dropped."""
-        async with trio.open_nursery() as nursery:
-            for client in self.clients:
-                if client.send_event is not None:
-                    nursery.start_soon(client.send_event, event)
+        """Tell every client (sends never block: a slow reader is dropped by the data path)."""
+        for client in self.clients:
+            if client.send_event is not None:
+                client.send_event(event)
 
     # ---------------------------------------------------------------- status
     def status(self) -> p.DaemonStatus:
@@ -187,4 +253,22 @@ class Broker:
             clients=tuple(rows[: p.MAX_STATUS_CLIENTS]),
             session=dsp.session_row(),
             lanes=dsp.lane_rows(),
+            scheduler=self._scheduler_row(),
+        )
+
+    def _scheduler_row(self) -> p.SchedulerRow:
+        stats = self.scheduler.statistics()
+        return p.SchedulerRow(
+            mode=stats.mode,
+            dsp_slots=stats.dsp_slots,
+            queued_realtime=stats.queued[REALTIME],
+            queued_normal=stats.queued[NORMAL],
+            queued_background=stats.queued[BACKGROUND],
+            running_realtime=stats.running[REALTIME],
+            running_normal=stats.running[NORMAL],
+            running_background=stats.running[BACKGROUND],
+            utilisation_pct=round(stats.utilisation * 100),
+            realtime_declared_pct=round(stats.realtime_declared * 100),
+            dispatched=stats.dispatched,
+            late=stats.late,
         )

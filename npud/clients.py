@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ import trio
 import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
 from npud.config import Config
+from npud.scheduler import Account
 
 
 class Gate:
@@ -69,6 +70,11 @@ class Gate:
                 return False
             self._callbacks.append(callback)
             return True
+
+    def when_open(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the gate is open: now if it is, else on the opening thread."""
+        if not self._when_open(callback):
+            callback()
 
     async def wait(self) -> None:
         """Wait from trio (cancellable)."""
@@ -256,11 +262,26 @@ class Client:
     gid: int
     name: str = "?"
     priority: p.Priority = p.Priority.NORMAL
-    send_event: Callable[[p.ServerEvent], Awaitable[None]] | None = None
-    """How events reach this client (set once it is welcomed)."""
+    send_event: Callable[[p.ServerEvent], object] | None = None
+    """How events reach this client (set once it is welcomed; never blocks)."""
+    account: Account | None = None
+    """The scheduler's view of this client (set once it is welcomed)."""
     objects: ObjectTable = field(default_factory=ObjectTable)
     calls_in_flight: int = 0
     calls_done: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def begin_call(self, limit: int) -> None:
+        """One more DSP call arrived; refused past ``limit`` unanswered ones."""
+        with self._lock:
+            if self.calls_in_flight >= limit:
+                raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="calls in flight", limit=limit)
+            self.calls_in_flight += 1
+
+    def end_call(self) -> None:
+        with self._lock:
+            self.calls_in_flight -= 1
+            self.calls_done += 1
 
     @property
     def buffer_bytes(self) -> int:
@@ -268,6 +289,8 @@ class Client:
 
     def row(self) -> p.ClientRow:
         buffers = list(self.objects.entries(Kind.BUFFER))
+        account = self.account
+        budget = account.budget if account is not None else None
         return p.ClientRow(
             pid=self.pid,
             uid=self.uid,
@@ -279,7 +302,21 @@ class Client:
             handles=sum(1 for _ in self.objects.entries(Kind.HANDLE)),
             calls_in_flight=self.calls_in_flight,
             calls_done=self.calls_done,
+            dsp_us=_us(account.dsp_seconds) if account else 0,
+            queued=account.queued if account else 0,
+            running=account.running if account else 0,
+            wait_p50_us=_us(account.wait_percentile(0.5)) if account else 0,
+            wait_p99_us=_us(account.wait_percentile(0.99)) if account else 0,
+            misses=account.misses if account else 0,
+            late=account.late if account else 0,
+            overruns=account.overruns if account else 0,
+            budget_period_us=_us(budget.period) if budget else 0,
+            budget_us=_us(budget.budget) if budget else 0,
         )
+
+
+def _us(seconds: float) -> int:
+    return max(0, round(seconds * 1_000_000))
 
 
 class Clients:

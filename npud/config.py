@@ -96,11 +96,6 @@ class BackendConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
             "the emulator's own skel directory on the emulator."
         ),
     ] = ()
-    lanes: Annotated[
-        int,
-        msgspec.Meta(ge=1, le=16),
-        _doc("Threads that run normal and background invokes (realtime has its own lane)."),
-    ] = 2
 
 
 class ShellConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -190,6 +185,58 @@ class DaemonLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True
     ] = 4 << 30
 
 
+class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """How DSP-bound calls share the NPU (docs/scheduling.md). Changes need a restart."""
+
+    mode: Annotated[
+        Literal["fair", "fifo"],
+        _doc(
+            "fair: classes, deadlines, fair share by DSP time, realtime reserve; fifo: "
+            "arrival order with no policy (to measure what the policy buys)."
+        ),
+    ] = "fair"
+    dsp_slots: Annotated[
+        int, msgspec.Meta(ge=1, le=64), _doc("Calls npud keeps on the DSP at once.")
+    ] = 4
+    realtime_reserve: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=63),
+        _doc("Slots normal and background calls leave free, so a realtime call never waits."),
+    ] = 1
+    background_max: Annotated[
+        int, msgspec.Meta(ge=1, le=64), _doc("Background calls on the DSP at once, at most.")
+    ] = 2
+    background_wait_ms: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=60_000),
+        _doc("A background call that has waited this long goes before normal calls."),
+    ] = 500
+    per_client_running: Annotated[
+        int, msgspec.Meta(ge=1, le=64), _doc("Calls of one client on the DSP at once, at most.")
+    ] = 2
+    realtime_utilisation_pct: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=100),
+        _doc("Realtime budgets declared at hello are admitted up to this share of the DSP."),
+    ] = 50
+    workers: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=256),
+        _doc("Threads of the data path (they read requests and run DSP calls); 0: dsp_slots + 2."),
+    ] = 0
+
+    def __post_init__(self) -> None:
+        if self.realtime_reserve >= self.dsp_slots:
+            raise ValueError(
+                f"realtime_reserve {self.realtime_reserve} leaves no slot of {self.dsp_slots} "
+                "for normal and background calls"
+            )
+
+    @property
+    def worker_threads(self) -> int:
+        return self.workers or self.dsp_slots + 2
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """npud's configuration: one TOML table per section below."""
 
@@ -199,6 +246,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     access: AccessConfig = msgspec.field(default_factory=AccessConfig)
     client_limits: ClientLimitsConfig = msgspec.field(default_factory=ClientLimitsConfig)
     limits: DaemonLimitsConfig = msgspec.field(default_factory=DaemonLimitsConfig)
+    scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
 
 
 class ConfigError(Exception):

@@ -4,19 +4,21 @@
 calls for trio:
 
 * ``control``: allocation, mapping, client release. One thread, so these never
-  wait behind an invoke.
+  wait behind an invoke (invokes run on the data path's workers).
 * ``loader``: remotectl open/close (a skel load reads files through the
   listener and can be slow).
 * ``closer``: closes fds that peers sent, off the trio thread (a close can block).
 
 A DSP restart (EPIPE) ends the session: every client's buffers, mappings and
 handles are gone with it, a new session is opened as soon as the device is
-back, the epoch grows by one and every client is told. :meth:`Dsp.call` is the
-one place where a session call's failure becomes the code a client sees.
+back, the epoch grows by one and every client is told. :meth:`Dsp.translate` is
+the one place where a session call's failure becomes the code a client sees
+(:meth:`Dsp.run` on the threads that call the session, :meth:`Dsp.call` on trio).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -54,7 +56,6 @@ class Dsp:
         self,
         profile: Profile,
         *,
-        invoke_lanes: int,
         forget_clients: Callable[[], None],
         announce: Callable[[p.ServerEvent], Awaitable[None]],
     ) -> None:
@@ -62,8 +63,6 @@ class Dsp:
         self.driver = profile.make_driver()
         self.control = LanePool("control", 1)
         self.loader = LanePool("loader", 1)
-        self.realtime = LanePool("realtime", 1)
-        self.bulk = LanePool("bulk", invoke_lanes)
         self.closer = LanePool("closer", 1)
         self.session: FastRpcSession | None = None
         self.shell: VerifiedShell | None = None
@@ -74,15 +73,17 @@ class Dsp:
         self._announce = announce
         self._recovering = False
         self._nursery: trio.Nursery | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
 
     @property
     def pools(self) -> tuple[LanePool, ...]:
-        return (self.control, self.loader, self.realtime, self.bulk, self.closer)
+        return (self.control, self.loader, self.closer)
 
     # ------------------------------------------------------------------ life
     def attach(self, nursery: trio.Nursery) -> None:
         """Where background work (session recovery) runs."""
         self._nursery = nursery
+        self._token = trio.lowlevel.current_trio_token()
 
     async def start(self) -> None:
         """Verify the shell, open the session and load it. Raises on any failure."""
@@ -119,16 +120,22 @@ class Dsp:
         return await self.control.call(open_and_load)
 
     async def close(self, grace: float) -> None:
-        """Close the session and stop the lanes; calls still on the DSP get ``grace`` seconds."""
+        """Close the session and stop the lanes; calls still on the DSP get ``grace``
+        seconds, the lanes half a second more (all at once)."""
         session, self.session = self.session, None
         if session is not None:
             try:
                 await self.control.call(lambda: session.close(timeout=grace), timeout=grace + 5)
             except (RpcError, LaneTimeoutError) as exc:
                 log.error("session not closed cleanly; the kernel frees it at exit", error=str(exc))
-        for pool in self.pools:
-            if not await trio.to_thread.run_sync(pool.stop, 1.0):
-                log.warning("lane still busy at exit", lane=pool.name)
+        async with trio.open_nursery() as nursery:
+            for pool in self.pools:
+                nursery.start_soon(self._stop_pool, pool)
+
+    @staticmethod
+    async def _stop_pool(pool: LanePool) -> None:
+        if not await trio.to_thread.run_sync(pool.stop, 0.5):
+            log.warning("lane still busy at exit", lane=pool.name)
 
     def stop_waiting(self) -> None:
         """Shutdown past its grace: nobody waits for calls still on the DSP."""
@@ -210,7 +217,7 @@ class Dsp:
         if session is None:
             raise CodedError(ErrorCode.DSP_RESTARTED)
         if session.dead:
-            self._start_recovery("the DSP restarted")
+            self.notice_restart("the DSP restarted")
             raise CodedError(ErrorCode.DSP_RESTARTED)
         return session
 
@@ -245,12 +252,23 @@ class Dsp:
             raise CodedError(ErrorCode.DSP_RESTARTED)
         return result
 
+    def run(self, session: FastRpcSession, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (a call on ``session``) here, on a worker or lane thread; its
+        failure becomes a client's code, and a restart is noticed."""
+        try:
+            result = fn()
+        except CodedError as exc:
+            raise self.translate(session, exc) from None
+        if session is not self.session:
+            raise CodedError(ErrorCode.DSP_RESTARTED)
+        return result
+
     def translate(self, session: FastRpcSession, exc: CodedError) -> CodedError:
-        """What a client is told of a failed session call."""
+        """What a client is told of a failed session call. Any thread."""
         replaced = session is not self.session
         if exc.code is ErrorCode.DSP_RESTARTED or session.dead or replaced:
             if not replaced:
-                self._start_recovery(str(exc))
+                self.notice_restart(str(exc))
             return CodedError(ErrorCode.DSP_RESTARTED)
         if exc.code in _SESSION_INTERNAL:
             # The client's ids are checked before a call is made; the session
@@ -261,6 +279,14 @@ class Dsp:
         return exc
 
     # -------------------------------------------------------------- restarts
+    def notice_restart(self, reason: str) -> None:
+        """A restart seen on any thread: recovery starts on the trio thread."""
+        token = self._token
+        if token is None:
+            return
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(self._start_recovery, reason)
+
     def _start_recovery(self, reason: str) -> None:
         if self._recovering or self.stopping or self._nursery is None:
             return

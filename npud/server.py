@@ -31,7 +31,7 @@ import trio
 
 import npu_protocol as p
 from npu_client.transport import fds_ancillary, peer_credentials
-from npu_protocol import ErrorCode
+from npu_protocol import CodedError, ErrorCode
 from npud.broker import Broker
 from npud.clients import Client
 from npud.config import Config, ConfigError
@@ -179,7 +179,9 @@ class Daemon:
                     await self._shutdown(nursery)
         finally:
             with trio.CancelScope(shield=True):
-                await self.broker.close(self.config.daemon.shutdown_grace)
+                # The grace was spent waiting for the calls; what still runs now
+                # is left to the kernel, which frees it when the process exits.
+                await self.broker.close(0.0 if self._stop.is_set() else 1.0)
         log.info("stopped")
 
     def stop(self) -> None:
@@ -276,7 +278,9 @@ class Daemon:
         if self.broker.dsp.stopping:
             await _refuse_code(sock, p.ErrorMessage.for_code(ErrorCode.SHUTTING_DOWN))
             return
-        connection = PeerConnection(self.broker, sock, Client(pid=pid, uid=uid, gid=gid))
+        connection = PeerConnection(
+            self.broker, _stdlib_socket(sock), Client(pid=pid, uid=uid, gid=gid)
+        )
         self._connections.add(connection)
         try:
             await connection.serve()
@@ -293,11 +297,17 @@ class Daemon:
         await self.broker.broadcast(
             p.ShuttingDown(reason="npud is stopping", grace_ms=int(grace * 1000))
         )
+        datapath = self.broker.datapath
         with trio.move_on_after(grace):
-            while any(c.client.calls_in_flight for c in self._connections):
-                await trio.sleep(0.05)
-        # Past the grace, nobody waits for calls still on the DSP: the process
-        # exit releases them (the kernel closes the session).
+            while any(link.pending for link in datapath.links()):
+                await trio.sleep(0.02)
+        # Past the grace every request still unanswered is told (SHUTTING_DOWN,
+        # as shutting_down promised), the clients are closed, and nobody waits
+        # for calls still on the DSP: the process exit releases them.
+        stopping = CodedError(ErrorCode.SHUTTING_DOWN)
+        for link in datapath.links():
+            datapath.fail_unanswered(link, stopping)
+            link.drop("npud is stopping")
         self.broker.dsp.stop_waiting()
         nursery.cancel_scope.cancel()
 
@@ -349,3 +359,11 @@ async def _refuse_code(sock: trio.socket.SocketType, message: p.ErrorMessage) ->
                 break
             drained += len(chunk)
     sock.close()
+
+
+def _stdlib_socket(sock: trio.socket.SocketType) -> socket.socket:
+    """The accepted socket as a plain socket object: after the handshake it belongs
+    to the data path's threads, not to trio."""
+    plain = socket.socket(fileno=sock.detach())
+    plain.setblocking(False)
+    return plain

@@ -49,21 +49,21 @@ _LEAKS: list[str] = []
 @pytest.fixture(autouse=True, scope="session")
 def _scan_refusals() -> Iterator[None]:
     """Wrap the daemon's one refusal point; :func:`pytest_sessionfinish` reports leaks."""
-    from npud.connection import PeerConnection
+    from npud.datapath import DataPath
     from tests.error_scan import leaked_numbers
 
-    original = PeerConnection._refuse
+    original = DataPath._send_refusal
 
-    async def scanned(self: PeerConnection, request: Any, exc: Any) -> None:
+    def scanned(self: DataPath, link: Any, request: Any, exc: Any) -> None:
         message = format_message(exc.code, **exc.fields)
-        limits = self.broker.client_limits(self.client)
+        limits = link.protocol.limits  # the Welcome's, which a message may quote
         for problem in leaked_numbers(request, exc.code, exc.fields, message, limits):
             _LEAKS.append(f"{type(request).__name__} id {request.id}: {problem}")
-        await original(self, request, exc)
+        original(self, link, request, exc)
 
-    PeerConnection._refuse = scanned  # type: ignore[method-assign]
+    DataPath._send_refusal = scanned  # type: ignore[method-assign,assignment]
     yield
-    PeerConnection._refuse = original  # type: ignore[method-assign]
+    DataPath._send_refusal = original  # type: ignore[method-assign]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -30,6 +30,7 @@ STATUS_KEYS = [
     "clients",
     "session",
     "lanes",
+    "scheduler",
 ]
 """The stable top-level keys of ``npuctl status --json`` (client/README.md)."""
 

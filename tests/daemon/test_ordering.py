@@ -197,7 +197,9 @@ async def test_during_shutdown_releases_status_and_ping_are_still_served(tmp_pat
         peer = await RawPeer.connect(tmp_path / "npud.sock")
         handle = await opened(peer, 1, TEST_URI)
         buffer = await allocated(peer, 2, 4096)
-        await peer.write(busy(3, handle, 400_000))  # holds the daemon in its grace period
+        # The busy call holds the daemon in its grace period; the pong proves it arrived.
+        await peer.write(busy(3, handle, 400_000), p.PingRequest(id=10))
+        assert await peer.next() == p.PongReply(id=10)
         daemon.stop()
         assert isinstance(await peer.next(), p.ShuttingDown)
         await peer.write(

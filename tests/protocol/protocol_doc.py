@@ -145,6 +145,8 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.ShellStatus,
     p.SessionRow,
     p.LaneRow,
+    p.SchedulerRow,
+    p.Budget,
     p.Totals,
     p.ClientRow,
 )

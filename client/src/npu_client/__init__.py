@@ -20,10 +20,12 @@ from npu_client._blocking import Client, DmaBuffer, RemoteHandle, connect
 from npu_client._core import ClientStatistics, EventCallback
 from npu_client._errors import (
     ERROR_CLASSES,
+    AdmissionRefused,
     BadFrameHeader,
     BadMessage,
     ConnectFailed,
     ConnectionClosed,
+    DeadlineExceeded,
     DeviceError,
     DeviceNotFound,
     DmaBufAllocFailed,
@@ -96,6 +98,7 @@ __all__ = [
     "DEFAULT_SOCKET_PATH",
     "ERROR_CLASSES",
     "SOCKET_ENV",
+    "AdmissionRefused",
     "BadFrameHeader",
     "BadMessage",
     "Client",
@@ -103,6 +106,7 @@ __all__ = [
     "ConnectFailed",
     "ConnectionClosed",
     "DaemonStatus",
+    "DeadlineExceeded",
     "DeviceError",
     "DeviceNotFound",
     "DmaBufAllocFailed",

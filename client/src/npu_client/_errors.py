@@ -302,5 +302,13 @@ class InternalError(NpuError, code=ErrorCode.INTERNAL_ERROR):
     """A bug in npud; its log has the details."""
 
 
+class DeadlineExceeded(NpuError, code=ErrorCode.DEADLINE_EXCEEDED):
+    """The call's deadline passed before a DSP slot was free: it never ran."""
+
+
+class AdmissionRefused(NpuError, code=ErrorCode.ADMISSION_REFUSED):
+    """The realtime budget declared at connect would overcommit the DSP."""
+
+
 ERROR_CLASSES: Mapping[int, type[NpuError]] = MappingProxyType(_REGISTRY)
 """Every registered class by code number."""

@@ -51,6 +51,17 @@ DAEMON_METRICS: Final = (
     Metric("npud_handles", GAUGE, "totals.handles", "Remote handles open on the DSP."),
     Metric("npud_calls_in_flight", GAUGE, "totals.calls_in_flight", "Requests not yet answered."),
     Metric("npud_calls_total", COUNTER, "totals.calls_done", "Requests answered, all clients."),
+    Metric("npud_dsp_slots", GAUGE, "scheduler.dsp_slots", "Calls npud keeps on the DSP at once."),
+    Metric("npud_queued_realtime", GAUGE, "scheduler.queued_realtime", "Realtime calls waiting."),
+    Metric("npud_queued_normal", GAUGE, "scheduler.queued_normal", "Normal calls waiting."),
+    Metric("npud_queued_background", GAUGE, "scheduler.queued_background", "Background waiting."),
+    Metric("npud_running_realtime", GAUGE, "scheduler.running_realtime", "Realtime calls running."),
+    Metric("npud_running_normal", GAUGE, "scheduler.running_normal", "Normal calls on the DSP."),
+    Metric("npud_running_background", GAUGE, "scheduler.running_background", "Background running."),
+    Metric("npud_dsp_utilisation_percent", GAUGE, "scheduler.utilisation_pct", "Busy slots."),
+    Metric("npud_realtime_budget_percent", GAUGE, "scheduler.realtime_declared_pct", "Budgets."),
+    Metric("npud_dispatched_total", COUNTER, "scheduler.dispatched", "Calls dispatched."),
+    Metric("npud_late_total", COUNTER, "scheduler.late", "Calls refused: too late."),
 )
 """Daemon-wide metrics: fields of :class:`~npu_protocol.DaemonStatus` and its totals."""
 
@@ -61,6 +72,16 @@ CLIENT_METRICS: Final = (
     Metric("npud_client_buffer_bytes", GAUGE, "bytes", "Bytes of DMA-BUFs the client holds."),
     Metric("npud_client_mappings", GAUGE, "mappings", "The client's buffers mapped into the DSP."),
     Metric("npud_client_handles", GAUGE, "handles", "Remote handles the client has open."),
+    Metric("npud_client_dsp_seconds_total", COUNTER, "dsp_us", "DSP time the client's calls used."),
+    Metric("npud_client_queued", GAUGE, "queued", "Client calls waiting for a DSP slot."),
+    Metric("npud_client_running", GAUGE, "running", "Client calls on the DSP."),
+    Metric("npud_client_wait_p50_seconds", GAUGE, "wait_p50_us", "Median recent queue wait."),
+    Metric("npud_client_wait_p99_seconds", GAUGE, "wait_p99_us", "99th pct queue wait."),
+    Metric("npud_client_deadline_misses_total", COUNTER, "misses", "Calls finished late."),
+    Metric("npud_client_late_total", COUNTER, "late", "Calls refused: too late."),
+    Metric("npud_client_budget_overruns_total", COUNTER, "overruns", "Periods over budget."),
+    Metric("npud_client_budget_period_seconds", GAUGE, "budget_period_us", "Declared period."),
+    Metric("npud_client_budget_seconds", GAUGE, "budget_us", "Declared DSP budget per period."),
 )
 """Per-client metrics, labelled pid, uid, name and priority: fields of each client row."""
 # fmt: on
@@ -92,6 +113,9 @@ def render(status: DaemonStatus, *, exclude: tuple[int, str] | None = None) -> s
         [(tuple(info.items()), 1)],
     )
     for metric in DAEMON_METRICS:
+        section = metric.field.partition(".")[0] if "." in metric.field else ""
+        if section and record.get(section) is None:
+            continue  # a part of the record that this daemon does not report
         lines += _family(metric, [((), _value(record, metric.field))])
     rows = [row for row in record["clients"] if (row["pid"], row["name"]) != exclude]
     for metric in CLIENT_METRICS:

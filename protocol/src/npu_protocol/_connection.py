@@ -107,6 +107,7 @@ class Connection(abc.ABC, Generic[InT, OutT]):
         self._reader = FrameReader(max_payload=HANDSHAKE_MAX_FRAME_SIZE)
         self._send_limit = HANDSHAKE_MAX_FRAME_SIZE
         self._state = ConnectionState.START
+        self._peer_finished = False  # the peer's stream ended (it may still read: half-close)
         self._error: RemoteProtocolError | None = None
         self._orphaned_fds: list[int] = []  # fds of frames that failed to become events
         self._in_flight: dict[int, Expectation] = {}
@@ -171,6 +172,7 @@ class Connection(abc.ABC, Generic[InT, OutT]):
             if frame is None:
                 if self._reader.at_eof:
                     self._state = ConnectionState.CLOSED
+                    self._peer_finished = True
                     return ConnectionClosed()
                 return NEED_DATA
             return self._receive_frame(frame)

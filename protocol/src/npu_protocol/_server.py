@@ -66,6 +66,15 @@ class ServerConnection(Connection[ClientMessage, ServerMessage]):
             if self._state is ConnectionState.CLOSED:
                 raise LocalProtocolError(ErrorCode.CONNECTION_CLOSED)
             return
+        if (
+            self._state is ConnectionState.CLOSED
+            and self._peer_finished
+            and isinstance(message, ErrorMessage | Reply)
+        ):
+            # The client ended its stream after its last request (a half-close):
+            # the requests in flight still get their answers.
+            self._check_answer(message)
+            return
         self._refuse_when_closed()
         if isinstance(message, Welcome):
             self._check_welcome(message)

@@ -74,6 +74,8 @@ class ErrorCode(enum.IntEnum):
     TIMEOUT = 602
     SHUTTING_DOWN = 603
     INTERNAL_ERROR = 604
+    DEADLINE_EXCEEDED = 605
+    ADMISSION_REFUSED = 606
 
 
 # Templates use str.format fields; fields named ``rc`` or ``code`` are DSP
@@ -140,6 +142,10 @@ _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.TIMEOUT: "{operation} did not finish within {timeout_ms} ms",
     ErrorCode.SHUTTING_DOWN: "npud is shutting down",
     ErrorCode.INTERNAL_ERROR: "internal error in npud ({detail}); see the daemon's log",
+    ErrorCode.DEADLINE_EXCEEDED: (
+        "{operation} was not dispatched within its deadline of {deadline_ms} ms"
+    ),
+    ErrorCode.ADMISSION_REFUSED: "realtime budget refused: {detail}",
 }
 
 _RESULT_FIELDS: Final = frozenset({"rc", "code"})
