@@ -73,7 +73,7 @@ async def test_connect_and_close_without_a_context_manager(peer: Peer) -> None:
     await npu.close()
     await npu.aclose()  # idempotent
     assert buffer.freed
-    with pytest.raises(npu_client.ConnectionClosed, match="this client was closed"):
+    with pytest.raises(npu_client.ConnectionClosedError, match="this client was closed"):
         await npu.ping()
 
 
@@ -174,13 +174,13 @@ async def test_a_server_that_closes_mid_request_fails_every_waiter(peer: Peer) -
         echo = await npu.open(ECHO_URI)
 
         async def status() -> None:
-            with pytest.raises(npu_client.ConnectionClosed) as caught:
+            with pytest.raises(npu_client.ConnectionClosedError) as caught:
                 await npu.status()
             failures.append(caught.value.message)
 
         async def invoke() -> None:
             await trio.to_thread.run_sync(hold.wait_held)
-            with pytest.raises(npu_client.ConnectionClosed) as caught:
+            with pytest.raises(npu_client.ConnectionClosedError) as caught:
                 await echo.invoke(2, [struct.pack("<II", 1, 1), buffer.slice(0, 1)], [1])
             failures.append(caught.value.message)
 
@@ -189,7 +189,7 @@ async def test_a_server_that_closes_mid_request_fails_every_waiter(peer: Peer) -
                 nursery.start_soon(status)
                 nursery.start_soon(invoke)
         assert failures == ["the connection is closed: npud closed the connection"] * 2
-        with pytest.raises(npu_client.ConnectionClosed):
+        with pytest.raises(npu_client.ConnectionClosedError):
             await npu.ping()
     assert buffer.freed
     peer.wait_closed()
@@ -242,7 +242,7 @@ async def test_a_request_to_a_daemon_that_already_left_fails_with_its_reason(pee
         conn.send(p.ErrorMessage.for_code(p.ErrorCode.SHUTTING_DOWN))
         conn.hang_up()
         assert await trio.to_thread.run_sync(conn.closed.wait, 30)
-        with pytest.raises(npu_client.ShuttingDown, match="npud is shutting down"):
+        with pytest.raises(npu_client.ShuttingDownError, match="npud is shutting down"):
             await npu.ping()
-        with pytest.raises(npu_client.ShuttingDown):
+        with pytest.raises(npu_client.ShuttingDownError):
             await npu.status()

@@ -15,7 +15,7 @@ import os
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
-from npu_client._args import InputArg, OutputArg
+from npu_client._args import InvokeInput, InvokeOutput
 from npu_client._blocking import Client, DmaBuffer, RemoteHandle, connect
 from npu_client._core import ClientStatistics, EventCallback
 from npu_client._errors import (
@@ -23,7 +23,7 @@ from npu_client._errors import (
     BadFrameHeader,
     BadMessage,
     ConnectFailed,
-    ConnectionClosed,
+    ConnectionClosedError,
     DeviceError,
     DeviceNotFound,
     DmaBufAllocFailed,
@@ -52,7 +52,7 @@ from npu_client._errors import (
     SessionBusy,
     SessionClosed,
     ShellVerifyFailed,
-    ShuttingDown,
+    ShuttingDownError,
     SliceOutOfRange,
     Timeout,
     TooManyFds,
@@ -101,7 +101,7 @@ __all__ = [
     "Client",
     "ClientStatistics",
     "ConnectFailed",
-    "ConnectionClosed",
+    "ConnectionClosedError",
     "DaemonStatus",
     "DeviceError",
     "DeviceNotFound",
@@ -116,12 +116,13 @@ __all__ = [
     "FdCountMismatch",
     "FdsTruncated",
     "FrameTooLarge",
-    "InputArg",
     "InternalError",
     "InvalidArgument",
     "InvalidFd",
     "InvalidTensorIndex",
     "InvokeFailed",
+    "InvokeInput",
+    "InvokeOutput",
     "MissingFds",
     "MmapFailed",
     "ModelNotLoaded",
@@ -129,7 +130,6 @@ __all__ = [
     "NotPermitted",
     "NpuError",
     "OpenFailed",
-    "OutputArg",
     "Priority",
     "QnnError",
     "QuotaExceeded",
@@ -137,7 +137,7 @@ __all__ = [
     "SessionBusy",
     "SessionClosed",
     "ShellVerifyFailed",
-    "ShuttingDown",
+    "ShuttingDownError",
     "Slice",
     "SliceOutOfRange",
     "Timeout",

@@ -18,6 +18,8 @@ from npu_protocol import (
     MAX_ARGS,
     MAX_DMA_SIZE,
     MAX_METHOD,
+    MAX_PING_PAYLOAD,
+    MAX_URI_LENGTH,
     BufferSlice,
     ClientLimits,
     InlineInput,
@@ -25,13 +27,10 @@ from npu_protocol import (
     InvokeRequest,
 )
 
-# Not re-exported by npu_protocol's __init__ (yet); imported so the bounds cannot drift.
-from npu_protocol._wire import MAX_PING_PAYLOAD, MAX_URI_LENGTH
-
-InputArg: TypeAlias = bytes | bytearray | memoryview | Slice
+InvokeInput: TypeAlias = bytes | bytearray | memoryview | Slice
 """An invoke input: bytes sent inline, or a slice the DSP reads in place."""
 
-OutputArg: TypeAlias = int | Slice
+InvokeOutput: TypeAlias = int | Slice
 """An invoke output: a capacity (bytes come back inline), or a slice the DSP writes."""
 
 _U32_MAX = 0xFFFF_FFFF
@@ -42,8 +41,8 @@ def invoke_request(
     handle: int,
     method: int | None,
     sc: int | None,
-    inputs: Sequence[InputArg],
-    outputs: Sequence[OutputArg],
+    inputs: Sequence[InvokeInput],
+    outputs: Sequence[InvokeOutput],
     timeout: float | None,
     limits: ClientLimits,
     owns: Callable[[MappedBuffer], bool],

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import Final, Self, TypeVar
 
 from npu_client._args import (
-    InputArg,
-    OutputArg,
+    InvokeInput,
+    InvokeOutput,
     check_ping_payload,
     check_size,
     check_uri,
@@ -38,7 +38,7 @@ from npu_client._core import (
     HandleIdentity,
     Pending,
 )
-from npu_client._errors import ConnectFailed, ConnectionClosed, DspRestarted, NpuError
+from npu_client._errors import ConnectFailed, ConnectionClosedError, DspRestarted, NpuError
 from npu_client._memory import MappedBuffer, restart_reason
 from npu_client._settings import (
     client_name,
@@ -147,7 +147,7 @@ class Client(DaemonView):
     ``freed``); allocate, open and map again. A ``ShuttingDown`` sets
     :attr:`shutting_down`. Each event is then passed to ``on_event``.
     Requests naming what is gone, or made while the daemon shuts down, fail
-    with its errors (``DspRestarted``, ``ShuttingDown``); once the connection
+    with its errors (``DspRestarted``, ``ShuttingDownError``); once the connection
     is over, every request fails with the reason it ended.
     """
 
@@ -234,7 +234,7 @@ class Client(DaemonView):
     def close(self) -> None:
         """Close the connection and every buffer's fd and mapping. Idempotent.
 
-        Requests still waiting fail with :class:`ConnectionClosed`.
+        Requests still waiting fail with :class:`ConnectionClosedError`.
         """
         with self._lock:
             if self._closed:
@@ -519,7 +519,7 @@ class DmaBuffer(MappedBuffer):
         """
         if self.freed:
             return
-        with contextlib.suppress(ConnectionClosed):
+        with contextlib.suppress(ConnectionClosedError):
             self._client._call(lambda rid: FreeRequest(id=rid, buffer=self.id), FreeReply)
         self._client._forget_buffer(self)
         self._release_local()
@@ -542,8 +542,8 @@ class RemoteHandle(HandleIdentity):
     def invoke(
         self,
         method: int | None,
-        inputs: Sequence[InputArg] = (),
-        outputs: Sequence[OutputArg] = (),
+        inputs: Sequence[InvokeInput] = (),
+        outputs: Sequence[InvokeOutput] = (),
         *,
         sc: int | None = None,
         timeout: float | None = None,
@@ -577,7 +577,7 @@ class RemoteHandle(HandleIdentity):
         gone with the connection or with a DSP restart."""
         if self._closed:
             return
-        with contextlib.suppress(ConnectionClosed, DspRestarted):
+        with contextlib.suppress(ConnectionClosedError, DspRestarted):
             self._client._call(lambda rid: CloseRequest(id=rid, handle=self._id), CloseReply)
         self._closed = True
 

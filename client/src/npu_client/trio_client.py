@@ -25,8 +25,8 @@ from typing import Final, Self, TypeVar
 import trio
 
 from npu_client._args import (
-    InputArg,
-    OutputArg,
+    InvokeInput,
+    InvokeOutput,
     check_ping_payload,
     check_size,
     check_uri,
@@ -40,7 +40,7 @@ from npu_client._core import (
     HandleIdentity,
     Pending,
 )
-from npu_client._errors import ConnectFailed, ConnectionClosed, DspRestarted, NpuError
+from npu_client._errors import ConnectFailed, ConnectionClosedError, DspRestarted, NpuError
 from npu_client._memory import MappedBuffer, restart_reason
 from npu_client._settings import (
     client_name,
@@ -405,7 +405,7 @@ class TrioDmaBuffer(MappedBuffer):
         if self.freed:
             await trio.lowlevel.checkpoint()
             return
-        with contextlib.suppress(ConnectionClosed):
+        with contextlib.suppress(ConnectionClosedError):
             await self._client._call(lambda rid: FreeRequest(id=rid, buffer=self.id), FreeReply)
         self._client._forget_buffer(self)
         self._release_local()
@@ -427,8 +427,8 @@ class TrioRemoteHandle(HandleIdentity):
     async def invoke(
         self,
         method: int | None,
-        inputs: Sequence[InputArg] = (),
-        outputs: Sequence[OutputArg] = (),
+        inputs: Sequence[InvokeInput] = (),
+        outputs: Sequence[InvokeOutput] = (),
         *,
         sc: int | None = None,
         timeout: float | None = None,
@@ -452,7 +452,7 @@ class TrioRemoteHandle(HandleIdentity):
         if self._closed:
             await trio.lowlevel.checkpoint()
             return
-        with contextlib.suppress(ConnectionClosed, DspRestarted):
+        with contextlib.suppress(ConnectionClosedError, DspRestarted):
             await self._client._call(lambda rid: CloseRequest(id=rid, handle=self._id), CloseReply)
         self._closed = True
 
