@@ -298,3 +298,44 @@ def test_surplus_fds_from_the_daemon_are_closed(peer: Peer) -> None:
         assert client.statistics().connection.fds_received == 0
     peer.wait_closed()
     assert open_fds() == before
+
+
+def _too_many_fds(conn: PeerConnection, request: p.AnyRequest) -> object:
+    """Answer a ping with its pong and more fds than any frame may carry (the
+    client's ancillary buffer has room for 16: the kernel truncates)."""
+    if not isinstance(request, p.PingRequest):
+        return None
+    data, _ = conn.server.send(p.PongReply(id=request.id, payload=request.payload))
+    pipes = [os.pipe() for _ in range(10)]
+    fds = [fd for pair in pipes for fd in pair]
+    try:
+        rights = (socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))
+        conn.sock.sendmsg([data], [rights])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return HANDLED
+
+
+def test_fds_truncated_by_the_kernel_end_the_connection_and_none_leak(peer: Peer) -> None:
+    before = open_fds()
+    with npu_client.connect(peer.path, name="ctrunc") as client:
+        peer.intercept = _too_many_fds
+        with pytest.raises(npu_client.FdsTruncated, match="MSG_CTRUNC"):
+            client.ping(b"x")
+        with pytest.raises(npu_client.FdsTruncated):
+            client.ping(b"again")  # the connection is over, for the same reason
+        assert client.statistics().closed
+    peer.wait_closed()
+    assert open_fds() == before
+
+
+async def test_the_trio_client_handles_truncated_fds_the_same(peer: Peer) -> None:
+    before = open_fds()
+    async with npu_client.open_trio_client(peer.path, name="ctrunc") as npu:
+        peer.intercept = _too_many_fds
+        with pytest.raises(npu_client.FdsTruncated, match="MSG_CTRUNC"):
+            await npu.ping(b"x")
+        assert npu.statistics().closed
+    peer.wait_closed()
+    assert open_fds() == before

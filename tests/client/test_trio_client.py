@@ -10,7 +10,7 @@ import trio
 
 import npu_client
 import npu_protocol as p
-from npu_client import trio_client
+from npu_client import _requests, trio_client
 from npu_protocol.aee import AEE
 from tests.client.conftest import open_fds
 from tests.client.peer import (
@@ -154,7 +154,7 @@ async def test_events_are_recorded_and_old_buffers_released(peer: Peer) -> None:
         assert seen == [p.SessionRestarted(epoch=3, reason="SSR"), p.ShuttingDown(reason="stop")]
         assert buffer.freed
         with pytest.raises(npu_client.DspRestarted):
-            await npu._call(lambda rid: p.FreeRequest(id=rid, buffer=buffer.id), p.FreeReply)
+            await npu._run(_requests.discard(buffer.id))
 
 
 async def test_a_server_that_closes_mid_request_fails_every_waiter(peer: Peer) -> None:
@@ -246,3 +246,33 @@ async def test_a_request_to_a_daemon_that_already_left_fails_with_its_reason(pee
             await npu.ping()
         with pytest.raises(npu_client.ShuttingDownError):
             await npu.status()
+
+
+async def test_answers_larger_than_the_receive_buffer_arrive_whole(peer: Peer) -> None:
+    data = bytes(range(256)) * 1200  # 300 KiB: several reads of the client's 64 KiB buffer
+    async with (
+        npu_client.open_trio_client(peer.path, name="big") as npu,
+        await npu.open(ECHO_URI) as echo,
+    ):
+        for size in (65_536, len(data)):
+            [out] = await echo.invoke(2, [struct.pack("<II", size, size), data[:size]], [size])
+            assert out == data[:size]
+
+
+async def test_tasks_beyond_the_in_flight_limit_wait_for_a_free_slot(socket_path: str) -> None:
+    limits = p.ClientLimits(priority=p.Priority.NORMAL, max_in_flight=2)
+    with Peer(socket_path, limits=limits) as peer:
+        holder = HoldThenReverse(2)
+        peer.intercept = holder
+        results: list[bytes] = []
+        async with npu_client.open_trio_client(peer.path, name="bounded") as npu:
+
+            async def ping(index: int) -> None:
+                results.append(await npu.ping(bytes([index])))
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for index in range(6):
+                        nursery.start_soon(ping, index)
+        assert sorted(results) == [bytes([i]) for i in range(6)]
+        assert holder.most_held == 2  # the peer refuses a third in flight (fatal)
