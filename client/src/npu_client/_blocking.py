@@ -44,6 +44,7 @@ from npu_client._settings import (
 from npu_client._views import DaemonView, HandleIdentity
 from npu_client.transport import (
     ANCILLARY_SPACE,
+    RECEIVE_BUFFER_SIZE,
     OwnedFd,
     TransportError,
     fds_ancillary,
@@ -52,9 +53,6 @@ from npu_client.transport import (
 from npu_protocol import DaemonStatus, ErrorCode, Priority
 
 T = TypeVar("T")
-
-RECEIVE_BUFFER_SIZE: Final = 64 * 1024
-"""The connection's one receive buffer; a larger answer takes several reads."""
 
 # Plain ints: the socket module's flags are IntFlag members, and ``flags & MSG_CTRUNC``
 # on them runs enum code in Python on every read.

@@ -38,6 +38,7 @@ from npu_client._settings import (
 from npu_client._views import DaemonView, HandleIdentity
 from npu_client.transport import (
     ANCILLARY_SPACE,
+    RECEIVE_BUFFER_SIZE,
     OwnedFd,
     TransportError,
     fds_ancillary,
@@ -55,8 +56,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-RECEIVE_BUFFER_SIZE = 64 * 1024
-"""The connection's one receive buffer; a larger answer takes several reads."""
+_CLOEXEC = int(socket.MSG_CMSG_CLOEXEC)  # an IntFlag member as a plain int
 
 
 async def connect(
@@ -272,7 +272,7 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
     async def _read_once(self) -> None:
         try:
             size, ancdata, flags, _ = await self._sock.recvmsg_into(
-                [self._receive_buffer], ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC
+                [self._receive_buffer], ANCILLARY_SPACE, _CLOEXEC
             )
             fds = parse_ancillary(ancdata, flags)
         except TransportError as exc:
