@@ -324,20 +324,37 @@ def test_sending_the_wrong_direction_is_a_type_error() -> None:
         server.send(p.PingRequest(id=1))  # type: ignore[arg-type]
 
 
-def test_invalid_outgoing_values_are_refused_before_anything_is_sent() -> None:
+def test_values_the_encoder_cannot_encode_are_refused_before_anything_is_sent() -> None:
     client, _ = connected_pair()
-    with pytest.raises(p.LocalProtocolError) as info:
-        client.send(p.AllocRequest(id=1, size=p.MAX_DMA_SIZE + 1))
-    assert info.value.code is ErrorCode.BAD_MESSAGE
-    assert "$.size" in str(info.value)
-    with pytest.raises(p.LocalProtocolError) as info:
-        client.send(p.PingRequest(id=1, payload="text"))  # type: ignore[arg-type]
-    assert info.value.code is ErrorCode.BAD_MESSAGE
     with pytest.raises(p.LocalProtocolError) as info:
         client.send(p.PingRequest(id=1, payload=object()))  # type: ignore[arg-type]
     assert info.value.code is ErrorCode.BAD_MESSAGE
     assert client.in_flight == frozenset()
     assert client.statistics().frames_sent == 1  # only the Hello
+
+
+def test_send_does_not_decode_what_it_encoded_the_peer_checks_the_bounds() -> None:
+    # The message types give the shape; their bounds (Meta constraints) are the
+    # receiving decoder's to enforce. Building a message outside them is the
+    # sender's bug, and the peer refuses it as BAD_MESSAGE naming the field.
+    client, server = connected_pair()
+    data, fds = client.send(p.AllocRequest(id=1, size=p.MAX_DMA_SIZE + 1))
+    assert client.in_flight == frozenset({1})
+    feed(server, data, fds)
+    with pytest.raises(p.RemoteProtocolError) as info:
+        server.next_event()
+    assert info.value.code is ErrorCode.BAD_MESSAGE
+    assert "$.size" in str(info.value)
+
+
+def test_only_the_exact_message_types_of_the_direction_are_sent() -> None:
+    class Disguised(p.PingRequest, frozen=True, kw_only=True):
+        pass
+
+    client, _ = connected_pair()
+    with pytest.raises(TypeError, match="ClientConnection cannot send Disguised"):
+        client.send(Disguised(id=1))
+    assert client.in_flight == frozenset()
 
 
 def test_negative_fd_is_refused() -> None:

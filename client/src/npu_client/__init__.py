@@ -15,7 +15,7 @@ import os
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
-from npu_client._args import InputArg, OutputArg
+from npu_client._args import InvokeInput, InvokeOutput
 from npu_client._blocking import Client, DmaBuffer, RemoteHandle, connect
 from npu_client._core import ClientStatistics, EventCallback
 from npu_client._errors import (
@@ -24,7 +24,7 @@ from npu_client._errors import (
     BadFrameHeader,
     BadMessage,
     ConnectFailed,
-    ConnectionClosed,
+    ConnectionClosedError,
     DeadlineExceeded,
     DeviceError,
     DeviceNotFound,
@@ -54,7 +54,7 @@ from npu_client._errors import (
     SessionBusy,
     SessionClosed,
     ShellVerifyFailed,
-    ShuttingDown,
+    ShuttingDownError,
     SliceOutOfRange,
     Timeout,
     TooManyFds,
@@ -104,7 +104,7 @@ __all__ = [
     "Client",
     "ClientStatistics",
     "ConnectFailed",
-    "ConnectionClosed",
+    "ConnectionClosedError",
     "DaemonStatus",
     "DeadlineExceeded",
     "DeviceError",
@@ -120,12 +120,13 @@ __all__ = [
     "FdCountMismatch",
     "FdsTruncated",
     "FrameTooLarge",
-    "InputArg",
     "InternalError",
     "InvalidArgument",
     "InvalidFd",
     "InvalidTensorIndex",
     "InvokeFailed",
+    "InvokeInput",
+    "InvokeOutput",
     "MissingFds",
     "MmapFailed",
     "ModelNotLoaded",
@@ -133,7 +134,6 @@ __all__ = [
     "NotPermitted",
     "NpuError",
     "OpenFailed",
-    "OutputArg",
     "Priority",
     "QnnError",
     "QuotaExceeded",
@@ -141,7 +141,7 @@ __all__ = [
     "SessionBusy",
     "SessionClosed",
     "ShellVerifyFailed",
-    "ShuttingDown",
+    "ShuttingDownError",
     "Slice",
     "SliceOutOfRange",
     "Timeout",

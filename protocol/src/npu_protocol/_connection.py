@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import ClassVar, Final, Generic, Literal, TypeVar
 
 import msgspec
@@ -28,6 +27,7 @@ from npu_protocol._exceptions import LocalProtocolError, RemoteProtocolError
 from npu_protocol._framing import Frame, FrameReader, encode_frame_header
 from npu_protocol._messages import (
     REPLY_TYPES,
+    BufferSlice,
     ClientMessage,
     InlineOutput,
     InvokeReply,
@@ -47,27 +47,36 @@ InT = TypeVar("InT", bound=Message)
 OutT = TypeVar("OutT", bound=Message)
 
 
-@dataclass(frozen=True, slots=True)
 class Expectation:
-    """What may answer one request in flight (an ErrorMessage always may)."""
+    """What may answer one request in flight (an ErrorMessage always may).
 
-    request: type[Request]
-    reply: type[Reply]
-    output_capacities: tuple[int | None, ...] = ()
-    """Invoke only: the capacity of each inline output, None for a buffer slice."""
+    Made for every request sent or received, so it only keeps references
+    (the request's type and, for an invoke, its outputs) and works out the
+    rest when a reply comes.
+    """
+
+    __slots__ = ("_outputs", "request")
+
+    def __init__(
+        self, request: type[Request], outputs: tuple[InlineOutput | BufferSlice, ...] = ()
+    ) -> None:
+        self.request = request
+        self._outputs = outputs
+        """Invoke only: the requested outputs, an inline capacity or a buffer slice each."""
 
     @classmethod
     def of(cls, request: Request) -> Expectation:
-        capacities: tuple[int | None, ...] = ()
         if isinstance(request, InvokeRequest):
-            capacities = tuple(
-                arg.capacity if isinstance(arg, InlineOutput) else None for arg in request.outputs
-            )
-        return cls(type(request), REPLY_TYPES[type(request)], capacities)
+            return cls(InvokeRequest, request.outputs)
+        return cls(type(request))
+
+    @property
+    def reply(self) -> type[Reply]:
+        return REPLY_TYPES[self.request]
 
     def problem_with(self, reply: Reply) -> str | None:
         """Why ``reply`` cannot answer this request, or None if it can."""
-        if type(reply) is not self.reply:
+        if type(reply) is not REPLY_TYPES[self.request]:
             request, expected = tag_of(self.request), tag_of(self.reply)
             return f"request {reply.id} is a {request}, whose reply is {expected}"
         if isinstance(reply, InvokeReply):
@@ -75,14 +84,15 @@ class Expectation:
         return None
 
     def _outputs_problem(self, outputs: tuple[bytes | None, ...]) -> str | None:
-        if len(outputs) != len(self.output_capacities):
-            return f"{len(outputs)} outputs for {len(self.output_capacities)} requested"
-        for index, (data, capacity) in enumerate(zip(outputs, self.output_capacities, strict=True)):
-            if capacity is None and data is not None:
-                return f"output {index} is a buffer slice but bytes came back"
-            if capacity is not None and (data is None or len(data) > capacity):
+        if len(outputs) != len(self._outputs):
+            return f"{len(outputs)} outputs for {len(self._outputs)} requested"
+        for index, (data, arg) in enumerate(zip(outputs, self._outputs, strict=True)):
+            if not isinstance(arg, InlineOutput):
+                if data is not None:
+                    return f"output {index} is a buffer slice but bytes came back"
+            elif data is None or len(data) > arg.capacity:
                 got = "nothing" if data is None else f"{len(data)} bytes"
-                return f"output {index} has capacity {capacity}, {got} came back"
+                return f"output {index} has capacity {arg.capacity}, {got} came back"
         return None
 
 
@@ -97,12 +107,12 @@ class Connection(abc.ABC, Generic[InT, OutT]):
     def __init__(
         self,
         incoming: msgspec.msgpack.Decoder[InT],
-        outgoing: msgspec.msgpack.Decoder[OutT],
         outgoing_types: tuple[type[Message], ...],
     ) -> None:
         self._incoming = incoming
-        self._outgoing = outgoing  # validates what we send, so bad messages fail here
         self._outgoing_types = outgoing_types
+        # Exact types: a subclass of a message would travel under its parent's tag.
+        self._sendable = frozenset(outgoing_types)
         self._encoder = msgspec.msgpack.Encoder()
         self._reader = FrameReader(max_payload=HANDSHAKE_MAX_FRAME_SIZE)
         self._send_limit = HANDSHAKE_MAX_FRAME_SIZE
@@ -186,21 +196,27 @@ class Connection(abc.ABC, Generic[InT, OutT]):
 
         The fds are read from the message's fd fields and stay the caller's.
         Raises LocalProtocolError, with nothing sent and nothing changed, if
-        the message is invalid or not allowed now.
+        the message may not be sent now (the state machine, the answer it
+        claims to be), is over the frame limit, carries an fd field that is
+        not an fd, or cannot be encoded.
+
+        What the message types say (field types, bounds) is not checked again
+        here: the payload is encoded once and never decoded on this side. A
+        value built outside its bounds reaches the peer, whose decoder refuses
+        it (BAD_MESSAGE); build messages from checked values.
         """
-        if not isinstance(message, self._outgoing_types):
+        if type(message) not in self._sendable:
             raise TypeError(f"{type(self).__name__} cannot send {type(message).__name__}")
         self._check_send(message)
-        wire, fds = _detach_fds(message)
+        if message.fd_fields:
+            wire, fds = _detach_fds(message)
+        else:
+            wire, fds = message, []
         payload = self._encode(wire)
         if len(payload) > self._send_limit:
             raise LocalProtocolError(
                 ErrorCode.FRAME_TOO_LARGE, size=len(payload), limit=self._send_limit
             )
-        try:
-            self._outgoing.decode(payload)
-        except msgspec.DecodeError as exc:
-            raise LocalProtocolError(ErrorCode.BAD_MESSAGE, detail=str(exc)) from exc
         self._after_send(message)
         self._frames_sent += 1
         self._bytes_sent += FRAME_HEADER_SIZE + len(payload)

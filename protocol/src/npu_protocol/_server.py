@@ -7,7 +7,6 @@ from typing import Final
 
 from npu_protocol._connection import (
     CLIENT_DECODER,
-    SERVER_DECODER,
     Connection,
     Expectation,
     refused,
@@ -49,7 +48,7 @@ class ServerConnection(Connection[ClientMessage, ServerMessage]):
     _reject_repeated_keys = True
 
     def __init__(self) -> None:
-        super().__init__(CLIENT_DECODER, SERVER_DECODER, _SERVER_TYPES)
+        super().__init__(CLIENT_DECODER, _SERVER_TYPES)
         self._hello: Hello | None = None
 
     @property
