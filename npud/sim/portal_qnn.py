@@ -29,10 +29,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
+
+# onnxruntime's Linux wheels (1.32) carry a telemetry client that, at import,
+# opens an event store under ~/.cache/Microsoft/DeveloperTools and would send it
+# to a Microsoft collector. A daemon on a voice pipeline sends nothing anywhere:
+# opt out before the import (an operator who sets the variable keeps their value).
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 import numpy as np
 import numpy.typing as npt
