@@ -53,6 +53,8 @@ QNN_SUFFIX: Final = {"kernel": ".so", "emulator": ".onnx"}
 
 Backend = Literal["kernel", "emulator"]
 TensorKey = int | str
+TensorSlices = Mapping[str, Slice] | Mapping[int, Slice] | Mapping[TensorKey, Slice]
+"""Slices by tensor name or index (Mapping is invariant in its key type)."""
 
 _IDL: Final = idl.load("portal_qnn")
 _LOAD: Final = _IDL.method("model_load")
@@ -386,8 +388,8 @@ class PortalQnn:
     def run(
         self,
         slot: int,
-        inputs: Mapping[TensorKey, Slice],
-        outputs: Mapping[TensorKey, Slice],
+        inputs: TensorSlices,
+        outputs: TensorSlices,
         *,
         graph: int = 0,
     ) -> dict[str, int]:

@@ -321,9 +321,7 @@ class PortalQnnSkel(Skel):
         self._threads = intra_op_threads
         self._lock = threading.Lock()  # one call at a time per handle, as on the C skel
         self._models: list[OnnxModel | None] = [None] * MAX_MODELS
-
-    def methods(self) -> Mapping[int, SkelMethod]:
-        return idl_methods(
+        self._methods = idl_methods(
             PORTAL_IDL,
             {
                 "model_load": self._model_load,
@@ -334,6 +332,9 @@ class PortalQnnSkel(Skel):
                 "graph_info": self._graph_info,
             },
         )
+
+    def methods(self) -> Mapping[int, SkelMethod]:
+        return self._methods
 
     def close(self) -> None:
         with self._lock:

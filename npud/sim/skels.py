@@ -172,8 +172,11 @@ class EchoSkel(Skel):
     name = "echo"
     _ECHO: Final = ECHO_IDL.method("echo")
 
+    def __init__(self) -> None:
+        self._methods = idl_methods(ECHO_IDL, {"echo": self._echo})
+
     def methods(self) -> Mapping[int, SkelMethod]:
-        return idl_methods(ECHO_IDL, {"echo": self._echo})
+        return self._methods
 
     @classmethod
     def _echo(cls, call: SkelCall) -> int:
@@ -193,10 +196,13 @@ class NpuTestSkel(Skel):
     _CHECKSUM: Final = NPU_TEST_IDL.method("checksum")
     _BUSY: Final = NPU_TEST_IDL.method("busy")
 
-    def methods(self) -> Mapping[int, SkelMethod]:
-        return idl_methods(
+    def __init__(self) -> None:
+        self._methods = idl_methods(
             NPU_TEST_IDL, {"fill": self._fill, "checksum": self._checksum, "busy": self._busy}
         )
+
+    def methods(self) -> Mapping[int, SkelMethod]:
+        return self._methods
 
     @classmethod
     def _fill(cls, call: SkelCall) -> int:

@@ -58,6 +58,7 @@ from npud.fastrpc.idl._types import (
     StructType,
     Value,
     Values,
+    is_buffer_ref,
 )
 
 __all__ = [
@@ -83,6 +84,7 @@ __all__ = [
     "StructType",
     "Value",
     "Values",
+    "is_buffer_ref",
     "load",
     "make_scalars",
     "parse",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Final, Literal
 
@@ -21,6 +22,7 @@ from npud.fastrpc.idl._types import (
     Value,
     Values,
     as_list,
+    is_buffer_ref,
     text_bytes,
 )
 
@@ -122,31 +124,31 @@ class Method:
         return method
 
     # -- derived shape ----------------------------------------------------
-    @property
+    @functools.cached_property
     def in_buffers(self) -> tuple[Param, ...]:
         return tuple(p for p in self.params if p.is_buffer and p.direction == "in")
 
-    @property
+    @functools.cached_property
     def rout_buffers(self) -> tuple[Param, ...]:
         return tuple(p for p in self.params if p.is_buffer and p.direction == "rout")
 
-    @property
+    @functools.cached_property
     def inbufs(self) -> int:
         return int(bool(self.prim_in)) + len(self.in_buffers)
 
-    @property
+    @functools.cached_property
     def outbufs(self) -> int:
         return int(bool(self.prim_rout)) + len(self.rout_buffers)
 
-    @property
+    @functools.cached_property
     def inhandles(self) -> int:
         return sum(isinstance(p.type, HandleType) and p.direction == "in" for p in self.params)
 
-    @property
+    @functools.cached_property
     def outhandles(self) -> int:
         return sum(isinstance(p.type, HandleType) and p.direction == "rout" for p in self.params)
 
-    @property
+    @functools.cached_property
     def sc(self) -> int:
         """The scalars word (method 31 carries the real index in primIn)."""
         number = min(self.index, ESCAPE_METHOD)
@@ -159,6 +161,10 @@ class Method:
         raise KeyError(f"{self.name} has no parameter {name!r}")
 
     # -- the stub side ----------------------------------------------------
+    @functools.cached_property
+    def _argument_names(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.params if p.direction == "in" or p.is_buffer)
+
     def encode(self, **arguments: object) -> EncodedCall:
         """Marshal a call. Give every ``in`` parameter its value and every ``rout``
         sequence either its capacity in elements or a :class:`BufferRef`.
@@ -168,10 +174,10 @@ class Method:
         """
         if self.inhandles or self.outhandles:
             raise MarshalError(f"{self.name} passes handles: remotectl runs it, not a stub")
-        wanted = {p.name for p in self.params if p.direction == "in" or p.is_buffer}
-        missing = wanted - set(arguments)
-        extra = set(arguments) - wanted
-        if missing or extra:
+        wanted = self._argument_names
+        if arguments.keys() != wanted:
+            missing = wanted - arguments.keys()
+            extra = arguments.keys() - wanted
             problem = f"missing {sorted(missing)}" if missing else f"unexpected {sorted(extra)}"
             raise MarshalError(f"{self.name}: {problem}")
         counts: dict[str, int] = {}
@@ -300,7 +306,7 @@ def _encode_in_buffer(param: Param, value: object) -> tuple[bytes | BufferRef, i
         if len(data) % element.size:
             raise MarshalError(f"{what}: {len(data)} bytes is not a whole number of {element.name}")
         return data, len(data) // element.size
-    if isinstance(value, BufferRef):
+    if is_buffer_ref(value):
         if value.length % element.size:
             raise MarshalError(
                 f"{what}: {value.length} bytes is not a whole number of {element.name}"
@@ -315,7 +321,7 @@ def _encode_in_buffer(param: Param, value: object) -> tuple[bytes | BufferRef, i
 
 def _encode_rout_buffer(param: Param, value: object) -> tuple[int | BufferRef, int]:
     element_size = param.element_size
-    if isinstance(value, BufferRef):
+    if is_buffer_ref(value):
         if value.length % element_size:
             raise MarshalError(f"{param.name}: {value.length} bytes is not a whole number of items")
         return value, value.length // element_size
