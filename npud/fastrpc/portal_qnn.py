@@ -1,7 +1,7 @@
 """portal_qnn, typed: load a model from a client's fd, run it on DMA-BUF slices, unload it.
 
 The synchronous API the daemon calls for models (no trio here), built on the
-stubs that :mod:`npud.fastrpc.idl` derives from ``idl/portal_qnn.idl``::
+stubs that :mod:`npud.idl` derives from ``idl/portal_qnn.idl``::
 
     with PortalQnn.open(session, backend="emulator") as portal:
         model = portal.load(fd, shapes={"input": (1, 576)})   # the caller keeps fd
@@ -18,8 +18,8 @@ DSP for the time of ``model_load`` (:meth:`FastRpcSession.expose_file`): the
 DSP's loader reads it through the reverse-RPC listener; no path is opened.
 Tensor data travels only as slices of session DMA-BUFs.
 
-Errors: :class:`ModelError` (a FastRpcError) with a :class:`ModelFailure`
-saying what went wrong; transport failures stay FastRpcErrors. Thread-safe:
+Errors: :class:`ModelError` (a RpcError) with a :class:`ModelFailure`
+saying what went wrong; transport failures stay RpcErrors. Thread-safe:
 calls that name one model run one at a time (a per-model lock; :meth:`run`
 holds it for its whole sequence); calls on different models do not wait for
 each other on the host.
@@ -36,8 +36,8 @@ from contextlib import contextmanager
 from typing import Final, Literal
 
 from npu_protocol import AEE, ErrorCode
-from npud.fastrpc import idl
-from npud.fastrpc.errors import FastRpcError
+from npud import idl
+from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, OutArg, Slice
 from npud.fastrpc.model_format import ModelFileError, ModelFormat, Sniffed, check_model_file
 from npud.fastrpc.session import FastRpcSession
@@ -194,7 +194,7 @@ class ModelFailure(enum.Enum):
     NOT_EXECUTED = 310  # proposed NO_OUTPUTS: get_output before a successful execute
 
 
-class ModelError(FastRpcError):
+class ModelError(RpcError):
     """A model call failed; ``failure`` says how, ``str()`` is the message."""
 
     def __init__(self, failure: ModelFailure, message: str) -> None:
@@ -349,7 +349,7 @@ class PortalQnn:
             _GRAPH_INFO, model_index=slot, graph_index=graph, inputs=capacity, outputs=capacity
         )
         if rc != 0:
-            raise FastRpcError(ErrorCode.INVOKE_FAILED, code=rc)
+            raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
         inputs = values.records("inputs")[: values.integer("num_inputs")]
         outputs = values.records("outputs")[: values.integer("num_outputs")]
         return GraphSpec(
@@ -415,7 +415,7 @@ class PortalQnn:
         if rc == AEE.EBADSTATE.dsp:
             raise ModelError(ModelFailure.NOT_LOADED, f"slot {slot}")
         if rc != 0:
-            raise FastRpcError(ErrorCode.INVOKE_FAILED, code=rc)
+            raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
 
     def close(self) -> None:
         """Close the handle: the DSP unloads whatever is still loaded. Idempotent."""
@@ -541,7 +541,7 @@ class PortalQnn:
         if rc == AEE.EBADSTATE.dsp:
             raise ModelError(ModelFailure.NOT_LOADED, f"slot {model.loaded.slot}")
         if rc != 0:
-            raise FastRpcError(ErrorCode.INVOKE_FAILED, code=rc)
+            raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
 
     def _call(self, method: idl.Method, **arguments: object) -> tuple[int, idl.Values]:
         """Invoke ``method``; (AEE result, rout values, which are empty unless it is 0)."""
@@ -573,7 +573,7 @@ def _out_arg(item: int | idl.BufferRef) -> OutArg:
     return item
 
 
-def _load_error(rc: int, sniffed: Sniffed) -> FastRpcError:
+def _load_error(rc: int, sniffed: Sniffed) -> RpcError:
     if rc == AEE.EOUTOFHANDLES.dsp:
         return ModelError(
             ModelFailure.SLOTS_FULL, f"all {MAX_MODELS} model slots of this handle are in use"
@@ -601,4 +601,4 @@ def _load_error(rc: int, sniffed: Sniffed) -> FastRpcError:
         return ModelError(
             ModelFailure.MODEL_REJECTED, "the model's tensors need more than 256 MiB on the DSP"
         )
-    return FastRpcError(ErrorCode.INVOKE_FAILED, code=rc)
+    return RpcError(ErrorCode.INVOKE_FAILED, code=rc)

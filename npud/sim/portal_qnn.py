@@ -47,7 +47,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 from npu_protocol.aee import AEE
-from npud.fastrpc import idl
+from npud import idl
 from npud.sim.skels import HostFileError, Skel, SkelCall, SkelMethod, idl_methods
 
 log = logging.getLogger(__name__)

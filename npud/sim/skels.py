@@ -23,7 +23,7 @@ Interfaces (idl/echo.idl, idl/npu_test.idl), domain method numbers and sc:
 * portal_qnn (idl/portal_qnn.idl): ONNX models on onnxruntime, in
   :mod:`npud.sim.portal_qnn` (imported when a process first opens it).
 
-The layouts come from the IDL files themselves (:mod:`npud.fastrpc.idl`, pure
+The layouts come from the IDL files themselves (:mod:`npud.idl`, pure
 and independent of ``npud.fastrpc.abi``), so a skel and its IDL cannot drift.
 Every method checks the counts in ``sc`` and that the lengths announced in
 primIn equal the buffers it got; any mismatch is AEE_EBADPARM. An unknown
@@ -41,7 +41,7 @@ from types import MappingProxyType
 from typing import ClassVar, Final, Protocol
 
 from npu_protocol.aee import AEE
-from npud.fastrpc import idl
+from npud import idl
 from npud.sim.layout import decode_scalars
 
 DOMAIN_METHOD_OFFSET: Final = 2

@@ -17,8 +17,8 @@ import pytest
 
 from npu_protocol import ErrorCode
 from npud.backend import DEV_SHELL
-from npud.fastrpc.dma import DmaBuffer
-from npud.fastrpc.errors import FastRpcError
+from npud.fastrpc.dma import SessionBuffer
+from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Slice
 from npud.fastrpc.portal_qnn import (
     MAX_MODELS,
@@ -65,7 +65,7 @@ class Tensors:
     """Arrays in and out of one DMA-BUF, a SLOT_BYTES slot each."""
 
     def __init__(self, session: FastRpcSession) -> None:
-        self.buffer: DmaBuffer = session.alloc(64 * SLOT_BYTES)
+        self.buffer: SessionBuffer = session.alloc(64 * SLOT_BYTES)
         self._next = 0
 
     def slot(self, length: int) -> Slice:
@@ -397,7 +397,7 @@ def test_close_unloads_everything(
     assert driver.statistics().remote_handles_open == 0
     with pytest.raises(ModelError, match="no model is loaded"):
         portal.execute(model.slot)
-    with pytest.raises(FastRpcError) as closed:
+    with pytest.raises(RpcError) as closed:
         load(portal, tmp_path, onnx_models.add_one())
     assert closed.value.code is ErrorCode.UNKNOWN_HANDLE
     assert session.exposed_files == 0

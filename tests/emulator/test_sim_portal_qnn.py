@@ -1,6 +1,6 @@
 """The emulator's portal_qnn skel at the wire: the AEE codes skel/portal_qnn_imp.c gives for the same calls.
 
-Calls are marshalled by npud.fastrpc.idl and sent with FastRpcSession.invoke
+Calls are marshalled by npud.idl and sent with FastRpcSession.invoke
 (inline buffers), below the typed API, so the host-side checks of
 npud.fastrpc.portal_qnn do not hide the skel's own.
 """
@@ -15,8 +15,8 @@ from typing import Final
 import pytest
 
 from npu_protocol import AEE
+from npud import idl
 from npud.backend import DEV_SHELL
-from npud.fastrpc import idl
 from npud.fastrpc.invoke_args import Capacity, Inline
 from npud.fastrpc.portal_qnn import PORTAL_QNN_URI
 from npud.fastrpc.session import FastRpcSession

@@ -1,4 +1,4 @@
-"""npud.fastrpc.idl against the C skels: its sc words, layouts and struct, byte for byte.
+"""npud.idl against the C skels: its sc words, layouts and struct, byte for byte.
 
 The C skels' own tests (test_echo_skel.py, test_portal_qnn_skel.py) pin the
 scalars words and lay the buffers out by hand; here the stubs that idl.py
@@ -15,7 +15,7 @@ from typing import Final
 
 import pytest
 
-from npud.fastrpc import idl
+from npud import idl
 from tests.emulator.sim_helpers import SC_BUSY, SC_CHECKSUM, SC_ECHO, SC_FILL
 from tests.skel.conftest import SKEL_DIR
 from tests.skel.portal_qnn_calls import TENSOR_SPEC

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npud.fastrpc import abi, idl
+from npud import idl
+from npud.fastrpc import abi
 
 MIXED = """
 // apps_mem_request_map64's shape (reference 5.4): primIn at 0, 4, 8, 16, 24; 32 bytes

@@ -1,4 +1,4 @@
-"""The IDL's types and the values that travel in them (see npud.fastrpc.idl)."""
+"""The IDL's types and the values that travel in them (see npud.idl)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The IDL subset's tokenizer and parser (see npud.fastrpc.idl)."""
+"""The IDL subset's tokenizer and parser (see npud.idl)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 from typing import Final, Literal
 
-from npud.fastrpc.idl._method import Interface, Method, implicit_methods
-from npud.fastrpc.idl._types import (
+from npud.idl._method import Interface, Method, implicit_methods
+from npud.idl._types import (
     ALIASES,
     DOMAIN_BASE,
     PRIMITIVES,
@@ -24,7 +24,7 @@ from npud.fastrpc.idl._types import (
     StructType,
 )
 
-IDL_DIR: Final = Path(__file__).resolve().parents[2] / "idl"
+IDL_DIR: Final = Path(__file__).resolve().parent / "files"
 """The IDL files that ship with npud (the repository's ``idl/``, linked into the package)."""
 
 

@@ -30,10 +30,12 @@ structs, ``string`` (``in`` only) and ``sequence<T>`` (T a primitive or a
 struct). Anything else is an :class:`IdlError` naming the line.
 
 Pure Python, standard library only: no I/O besides :func:`load`, no other
-npud module, so the parser could move to a shared package unchanged.
+npud module (tests/unit/test_layering.py), because both sides use it: the
+stubs in ``npud.fastrpc`` and the emulator's skels in ``npud.sim``, which must
+not import each other. It could move to a package the client shares unchanged.
 """
 
-from npud.fastrpc.idl._method import (
+from npud.idl._method import (
     DOMAIN_FIRST_METHOD,
     ESCAPE_METHOD,
     EncodedCall,
@@ -43,8 +45,8 @@ from npud.fastrpc.idl._method import (
     Slot,
     make_scalars,
 )
-from npud.fastrpc.idl._parser import IDL_DIR, IdlFile, load, parse
-from npud.fastrpc.idl._types import (
+from npud.idl._parser import IDL_DIR, IdlFile, load, parse
+from npud.idl._types import (
     DOMAIN_BASE,
     BufferRef,
     HandleType,

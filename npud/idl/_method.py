@@ -1,4 +1,4 @@
-"""One method's marshalling, both directions (see npud.fastrpc.idl)."""
+"""One method's marshalling, both directions (see npud.idl)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Final, Literal
 
-from npud.fastrpc.idl._types import (
+from npud.idl._types import (
     U32,
     BufferRef,
     Element,
