@@ -572,7 +572,7 @@ class FastRpcSession:
         try:
             leftover = self._exposed.close_all()
             if leftover:
-                log.warning("closed %d exposed file(s) that were still lent to the DSP", leftover)
+                log.warning("exposed files still lent at close", extra={"closed": leftover})
             if listener is not None:
                 listener_gone = self._end_process(listener)
             for buffer in [*buffers, *([shell] if shell is not None else [])]:

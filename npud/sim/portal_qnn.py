@@ -282,17 +282,14 @@ class OnnxModel:
         try:
             produced = self._session.run(None, feeds, self._run_options)
         except Exception as exc:  # the runtime failed the graph: a QNN error, like graphExecute
-            log.warning("portal_qnn: execute failed: %s", exc)
+            log.warning("portal_qnn execute failed", extra={"error": str(exc)})
             return 0, _qnn_status(exc)
         arrays = [np.ascontiguousarray(array) for array in produced]
         for spec, array in zip(self.outputs, arrays, strict=True):
             if array.dtype != spec.dtype or array.nbytes > spec.nbytes:
                 log.error(
-                    "portal_qnn: output %s came out %s %s, larger than its %d bytes",
-                    spec.name,
-                    array.dtype,
-                    array.shape,
-                    spec.nbytes,
+                    "portal_qnn output overgrew its buffer",
+                    extra={"output": spec.name, "shape": array.shape, "bytes": spec.nbytes},
                 )
                 return AEE.EINVALIDFORMAT.dsp, 0
         self._produced = arrays
@@ -358,10 +355,10 @@ class PortalQnnSkel(Skel):
             try:
                 model = self._compose(call, uri)
             except RefusedError as exc:
-                log.warning("portal_qnn: model_load(%s) refused: %s", uri, exc)
+                log.warning("portal_qnn model_load refused", extra={"uri": uri, "reason": str(exc)})
                 return exc.code.dsp
             except QnnFailureError as exc:
-                log.warning("portal_qnn: model_load(%s) failed: %s", uri, exc)
+                log.warning("portal_qnn model_load failed", extra={"uri": uri, "reason": str(exc)})
                 call.pack_routs(
                     _LOAD, {"model_index": NO_MODEL, "num_graphs": 0, "qnn_status": exc.status}
                 )
