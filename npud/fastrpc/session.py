@@ -57,6 +57,7 @@ from npud.fastrpc.capabilities import DspInfo, query_capabilities
 from npud.fastrpc.dma import DeviceFd, SessionBuffer, checked_dma_size
 from npud.fastrpc.driver import Driver, IoctlArg
 from npud.fastrpc.errors import DriverCall, RpcError, translate_os_error
+from npud.fastrpc.exposed_files import ExposedFile, ExposedFiles
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
 from npud.fastrpc.listener import ReverseRpcListener
 
@@ -118,6 +119,7 @@ class FastRpcSession:
         self._invokes_done = 0
         self._shell: SessionBuffer | None = None
         self._listener: ReverseRpcListener | None = None
+        self._exposed = ExposedFiles()  # descriptors lent to the DSP's loader
         self._free_supported = True
         self._dead = False
         self._closing = False
@@ -200,7 +202,7 @@ class FastRpcSession:
                 if rc != 0:
                     raise RpcError(ErrorCode.FASTRPC, rc=rc)
                 listener = ReverseRpcListener(
-                    self._invoke_untracked, AppsStdServer(self._library_path)
+                    self._invoke_untracked, AppsStdServer(self._library_path, self._exposed)
                 )
                 try:
                     listener.start()
@@ -496,6 +498,25 @@ class FastRpcSession:
                 extra={"handle": f"0x{handle:x}", "result": f"0x{error:x}", "dlerror": dlerror},
             )
 
+    # -------------------------------------------------------- exposed files
+    def expose_file(self, fd: int, *, suffix: str = "") -> ExposedFile:
+        """Let the DSP read the regular file open on ``fd`` under a generated name.
+
+        The name (``ExposedFile.name``, ``npud-fd-<hex><suffix>``) is what a
+        skel's loader asks the listener's apps_std for; no other name reaches
+        the descriptor. The caller keeps ``fd``; the returned ExposedFile owns a
+        duplicate and must be closed (it is a context manager) when the load is
+        done. ValueError when ``fd`` is not a regular file open for reading.
+        """
+        self._check_usable()
+        self._require_process()
+        return self._exposed.expose(fd, suffix=suffix)
+
+    @property
+    def exposed_files(self) -> int:
+        """Descriptors currently lent to the DSP (leak checks)."""
+        return len(self._exposed)
+
     # ------------------------------------------------------------- lifecycle
     def statistics(self) -> SessionStatistics:
         with self._state_lock:
@@ -549,6 +570,9 @@ class FastRpcSession:
             listener, self._listener = self._listener, None
         listener_gone = True
         try:
+            leftover = self._exposed.close_all()
+            if leftover:
+                log.warning("exposed files still lent at close", extra={"closed": leftover})
             if listener is not None:
                 listener_gone = self._end_process(listener)
             for buffer in [*buffers, *([shell] if shell is not None else [])]:

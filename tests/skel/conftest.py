@@ -42,6 +42,10 @@ FAKE_MODEL_VARIANTS: Final[dict[str, tuple[str, ...]]] = {
     "compose_fails": ("-DFAKE_MODEL_COMPOSE_ERROR=0xABCD00001774ull",),
     "finalize_fails": ("-DFAKE_MODEL_FINALIZE_ERROR=6022",),
     "unknown_type": ("-DFAKE_MODEL_INPUT_TYPE=0xDEAD",),
+    # The longest name a spec holds (127 bytes), and one byte more: refused at load.
+    "longest_name": (f'-DFAKE_MODEL_INPUT_NAME="{"n" * 127}"',),
+    "long_name": (f'-DFAKE_MODEL_INPUT_NAME="{"n" * 128}"',),
+    "unnamed": ("-DFAKE_MODEL_INPUT_NAME=NULL",),
     "no_free": ("-DFAKE_MODEL_NO_FREE",),
     "gated": ("-DFAKE_MODEL_GATED",),
 }

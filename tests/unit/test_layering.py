@@ -27,6 +27,8 @@ NPUD = pathlib.Path(npud.__file__).parent
 RULES = {
     "npud.fastrpc": ("trio", "npu_client", "npud.sim"),
     "npud.sim": ("trio", "npu_client", "npud.fastrpc"),
+    # Shared by both of the above: the IDL stubs are pure, standard library only.
+    "npud.idl": ("trio", "npu_client", "npud.fastrpc", "npud.sim", "npu_protocol"),
 }
 
 
