@@ -90,6 +90,11 @@ class ExposedFile:
         with self._lock:
             return os.fstat(self._checked_fd()).st_size
 
+    def stat(self) -> os.stat_result:
+        """The descriptor's fstat; OSError(EBADF) once closed."""
+        with self._lock:
+            return os.fstat(self._checked_fd())
+
     def pread(self, offset: int, count: int) -> bytes:
         """Up to ``count`` bytes at ``offset``; OSError(EBADF) once closed."""
         with self._lock:

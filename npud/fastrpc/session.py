@@ -33,7 +33,22 @@ allocation never waits behind a long invoke.
 
 Signals: KernelDriver does not retry EINTR. Threads that call into the
 session (the daemon's DSP lanes) block signals, so a signal never interrupts
-an INVOKE that the DSP would then run anyway.
+an INVOKE that the DSP would then run anyway. Should one still come back
+with EINTR (the suspend freezer), it fails with a DEVICE_ERROR that says the
+DSP may have run it; the session never repeats it.
+
+Stale mappings. Before linux-next the kernel finds a mapping by fd number
+only. If a MEM_UNMAP fails (a DSP error, ETIMEDOUT), the kernel still holds
+that mapping under the buffer's fd number; closing the fd would let a later
+buffer that gets the same number alias the stale mapping (the DSP would
+read and write the old buffer). So the session then keeps that fd open,
+unmapped on the host, until it closes (``SessionStatistics.stale_fds``).
+
+Errors that look like errnos. The kernel returns the DSP's result as the
+ioctl's return value; one in -4095..-1 reaches us as an errno. An INVOKE
+errno the kernel never produces (``errors.INVOKE_ERRNOS``) is therefore the
+DSP's result and is returned as ``rc``; one it does produce is taken as the
+kernel's (an ambiguity no userspace can resolve).
 """
 
 from __future__ import annotations
@@ -50,16 +65,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from npu_protocol import MAX_DMA_SIZE, ErrorCode
+from npu_protocol import AEE, MAX_DMA_SIZE, ErrorCode, describe_result
 from npud.fastrpc import abi, remotectl
-from npud.fastrpc.apps_std import AppsStdServer
+from npud.fastrpc.apps_mem import AppsMemServer
+from npud.fastrpc.apps_std import AppsStdServer, SharedSource, SharingError
 from npud.fastrpc.capabilities import DspInfo, query_capabilities
 from npud.fastrpc.dma import DeviceFd, SessionBuffer, checked_dma_size
 from npud.fastrpc.driver import Driver, IoctlArg
-from npud.fastrpc.errors import DriverCall, RpcError, translate_os_error
+from npud.fastrpc.errors import (
+    DriverCall,
+    RpcError,
+    dsp_result_in_errno_range,
+    translate_os_error,
+)
 from npud.fastrpc.exposed_files import ExposedFile, ExposedFiles
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
 from npud.fastrpc.listener import ReverseRpcListener
+from npud.fastrpc.reverse_modules import ReverseModules, ReverseObserver, aee_for_errno
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +91,9 @@ DEFAULT_PROCESS_ATTRS: Final = abi.FASTRPC_MODE_UNSIGNED_MODULE
 EXIT_SC: Final = abi.remote_scalars_make(2, 0, 0)  # adsp_current_process1.exit
 LISTENER_JOIN_TIMEOUT: Final = 10.0  # the kernel's own timeout for internal calls
 OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK
+REMOTECTL_FALLBACK: Final = frozenset({AEE.ERPC.dsp, AEE.ENOSUCHMOD.dsp})
+"""A DSP without remotectl1 (static handle 8) answers one of these; libcdsprpc falls back."""
+SHARE_CHUNK: Final = 1024 * 1024
 
 _RawBuffer = ctypes.Array[ctypes.c_char]
 
@@ -87,6 +112,12 @@ class SessionStatistics:
     listener_running: bool
     listener_requests: int
     listener_stopped_because: str
+    stale_fds: int = 0
+    """DMA-BUF fds kept open because their MEM_UNMAP failed (see the module docstring)."""
+    remotectl: str = ""
+    """The remotectl interface the DSP answered on (remotectl1 or remotectl), once known."""
+    listener: str = ""
+    """The listener interface the DSP answered on (adsp_listener1 or adsp_listener)."""
 
 
 class FastRpcSession:
@@ -120,7 +151,12 @@ class FastRpcSession:
         self._shell: SessionBuffer | None = None
         self._listener: ReverseRpcListener | None = None
         self._exposed = ExposedFiles()  # descriptors lent to the DSP's loader
+        self._shared_files: dict[int, SessionBuffer] = {}  # apps_std *_fd files, by fd
+        self._stale: list[SessionBuffer] = []  # MEM_UNMAP failed: fds kept until close
+        self._remotectl: remotectl.RemotectlGeneration | None = None
+        self._reverse_observer: ReverseObserver | None = None
         self._free_supported = True
+        self._process_ended = False  # exit sent: the DSP side of every mapping is gone
         self._dead = False
         self._closing = False
         self._closed = False
@@ -201,9 +237,15 @@ class FastRpcSession:
                 rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INIT_CREATE, create)
                 if rc != 0:
                     raise RpcError(ErrorCode.FASTRPC, rc=rc)
-                listener = ReverseRpcListener(
-                    self._invoke_untracked, AppsStdServer(self._library_path, self._exposed)
+                host = _ReverseHost(self)
+                modules = ReverseModules(
+                    [
+                        AppsStdServer(self._library_path, self._exposed, sharing=host),
+                        AppsMemServer(host),
+                    ],
+                    observer=self._reverse_observer,
                 )
+                listener = ReverseRpcListener(self._invoke_untracked, modules)
                 try:
                     listener.start()
                 except BaseException:
@@ -266,15 +308,28 @@ class FastRpcSession:
             self._release(buffer)
 
     def _release(self, buffer: SessionBuffer) -> None:
-        """Free order of the seed: DSP unmap → host munmap → FREE_DMA_BUFF → close."""
+        """Free order of the seed: DSP unmap → host munmap → FREE_DMA_BUFF → close.
+
+        When the DSP unmap fails the kernel keeps the mapping under the fd's
+        number: the fd stays open (unmapped on the host) until the session
+        closes, so no later buffer can get that number and alias the mapping.
+        """
         with buffer.lock:
             if buffer.released:
                 return
-            try:
-                if buffer.dsp_address is not None and not self._dead:
+            if buffer.dsp_address is not None and not (self._dead or self._process_ended):
+                try:
                     self._mem_unmap(buffer)
-            finally:
-                buffer.release(self._free_dma_buff)
+                except RpcError as exc:
+                    buffer.release_host_mapping()
+                    with self._state_lock:
+                        self._stale.append(buffer)
+                    log.warning(
+                        "MEM_UNMAP failed: keeping the buffer's fd open until the session closes",
+                        extra={"buffer": buffer.id, "error": str(exc)},
+                    )
+                    raise
+            buffer.release(self._free_dma_buff)
 
     def _free_dma_buff(self, fd: int) -> None:
         """FREE_DMA_BUFF where a kernel implements it; ENOTTY means closing frees."""
@@ -384,7 +439,7 @@ class FastRpcSession:
             invoke = abi.fastrpc_invoke(
                 handle=handle, sc=sc, args=ctypes.addressof(args) if len(args) else 0
             )
-            rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
+            rc = self._invoke_ioctl(invoke)
             results = tuple(
                 None if isinstance(arg, Slice) else (raw.raw if raw is not None else b"")
                 for arg, raw in zip(outputs, memory[len(inputs) :], strict=True)
@@ -394,6 +449,23 @@ class FastRpcSession:
             for buffer in pinned:
                 if buffer.unpin():
                     self._release_quietly(buffer)
+
+    def _invoke_ioctl(self, invoke: abi.fastrpc_invoke) -> int:
+        """INVOKE; a DSP result that reached us as an errno is returned as that result."""
+        try:
+            return self._driver.ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
+        except OSError as exc:
+            rc = dsp_result_in_errno_range(exc, abi.FASTRPC_IOCTL_INVOKE)
+            if rc is None:
+                error = translate_os_error(exc, abi.FASTRPC_IOCTL_INVOKE, device=self.device)
+                if error.code is ErrorCode.DSP_RESTARTED:
+                    self._dead = True
+                raise error from None
+            log.warning(
+                "a DSP result in the errno range came back as errno",
+                extra={"errno": exc.errno, "result": describe_result(rc)},
+            )
+            return rc
 
     def _release_quietly(self, buffer: SessionBuffer) -> None:
         """Release where a caller cannot act on a failure: log it, never strand the rest."""
@@ -432,15 +504,37 @@ class FastRpcSession:
 
     # ------------------------------------------------------------- remotectl
     def remote_open(self, uri: str) -> int:
-        """remotectl open (handle 0): load the skel named by ``uri``; returns its handle."""
+        """remotectl open: load the skel named by ``uri``; returns its handle.
+
+        The first open tries ``remotectl1`` (handle 8) and falls back to
+        ``remotectl`` (handle 0) for good when the DSP answers AEE_ERPC or
+        AEE_ENOSUCHMOD, as libcdsprpc does.
+        """
         self._require_process()
         request = remotectl.pack_open(uri)
-        result = self._invoke_raw(
-            abi.REMOTECTL_HANDLE,
-            remotectl.OPEN_SC,
-            (Inline(request.prim_in), Inline(request.name)),
-            (Capacity(8), Capacity(remotectl.DLERROR_CAPACITY)),
-        )
+
+        def call(generation: remotectl.RemotectlGeneration) -> InvokeResult:
+            return self._invoke_raw(
+                generation.handle,
+                generation.open_sc,
+                (Inline(request.prim_in), Inline(request.name)),
+                (Capacity(8), Capacity(remotectl.DLERROR_CAPACITY)),
+            )
+
+        generation = self._remotectl
+        if generation is None:
+            result = call(remotectl.REMOTECTL1)
+            if result.rc in REMOTECTL_FALLBACK:
+                log.info(
+                    "no remotectl1 on the DSP; using remotectl",
+                    extra={"result": describe_result(result.rc)},
+                )
+                self._remotectl = remotectl.REMOTECTL
+                result = call(remotectl.REMOTECTL)
+            elif result.rc == 0:
+                self._remotectl = remotectl.REMOTECTL1
+        else:
+            result = call(generation)
         if result.rc != 0:
             raise RpcError(
                 ErrorCode.OPEN_FAILED, uri=uri, code=result.rc, detail="remotectl call failed"
@@ -483,9 +577,10 @@ class FastRpcSession:
             )
 
     def _remotectl_close(self, handle: int) -> None:
+        generation = self._remotectl or remotectl.REMOTECTL
         result = self._invoke_raw(
-            abi.REMOTECTL_HANDLE,
-            remotectl.CLOSE_SC,
+            generation.handle,
+            generation.close_sc,
             (Inline(remotectl.pack_close(handle)),),
             (Capacity(4), Capacity(remotectl.DLERROR_CAPACITY)),
         )
@@ -536,6 +631,9 @@ class FastRpcSession:
                 listener_stopped_because=(
                     self._listener.stats.stopped_because if self._listener else ""
                 ),
+                stale_fds=len(self._stale),
+                remotectl=self._remotectl.name if self._remotectl else "",
+                listener=self._listener.stats.generation if self._listener else "",
             )
 
     @property
@@ -575,7 +673,10 @@ class FastRpcSession:
                 log.warning("exposed files still lent at close", extra={"closed": leftover})
             if listener is not None:
                 listener_gone = self._end_process(listener)
-            for buffer in [*buffers, *([shell] if shell is not None else [])]:
+            with self._state_lock:
+                shared = list(self._shared_files.values())
+                self._shared_files.clear()
+            for buffer in [*buffers, *shared, *([shell] if shell is not None else [])]:
                 if buffer.request_release():  # False: already released, or pending
                     # The process is gone: closing rpc_fd drops its mappings, so
                     # skip per-buffer DSP unmaps.
@@ -585,6 +686,8 @@ class FastRpcSession:
             fds = [self._meta_fd]
             if listener_gone:
                 fds.append(self._rpc_fd)
+                # Stale mappings died with rpc_fd: their fds may be reused now.
+                fds.extend(self._take_stale())
             else:
                 # A thread may still enter INVOKE on rpc_fd: closing it could let
                 # that call land on whatever fd reuses the number. Keep it open
@@ -597,6 +700,11 @@ class FastRpcSession:
                     log.error("closing a device fd failed", extra={"error": exc.strerror})
         log.info("fastrpc session closed", extra={"device": self.device})
 
+    def _take_stale(self) -> list[DeviceFd]:
+        with self._state_lock:
+            stale, self._stale = self._stale, []
+        return [buffer.detach_fd() for buffer in stale]
+
     def __enter__(self) -> FastRpcSession:
         return self
 
@@ -604,16 +712,21 @@ class FastRpcSession:
         self.close()
 
     def _exit_process(self) -> None:
-        """Ask the DSP process to exit (adsp_current_process1.exit); best effort."""
-        if self._dead:
-            return
+        """Ask the DSP process to exit (adsp_current_process1.exit); best effort.
+
+        Sent even when the session believes the DSP restarted: on a real restart it
+        fails at once (EPIPE), and a DSP result of -32 that only looked like EPIPE
+        must not leave the listener blocked in next2 forever.
+        """
+        self._process_ended = True
         invoke = abi.fastrpc_invoke(handle=abi.ADSP_CURRENT_PROCESS1_HANDLE, sc=EXIT_SC, args=0)
         try:
             rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
             if rc != 0:
                 log.warning("DSP process exit refused", extra={"result": f"0x{rc:08X}"})
         except RpcError as exc:
-            log.warning("DSP process exit failed", extra={"error": str(exc)})
+            if not self._dead:
+                log.warning("DSP process exit failed", extra={"error": str(exc)})
 
     def _end_process(self, listener: ReverseRpcListener) -> bool:
         """End the DSP process, which completes the listener's pending next2, and join it.
@@ -722,3 +835,84 @@ def _open_first(driver: Driver, nodes: Sequence[str]) -> tuple[str, int]:
                 continue
             raise translate_os_error(exc, DriverCall.OPEN, device=path) from None
     raise RpcError(ErrorCode.DEVICE_NOT_FOUND, tried=", ".join(failures))
+
+
+class _ReverseHost:
+    """What the reverse modules need from the session: heap growth (MMAP / MUNMAP on
+    ``rpc_fd``) for apps_mem, and shared files (a DMA-BUF MEM_MAP'd with
+    FASTRPC_MAP_FD) for the apps_std ``_fd`` calls. Runs on the listener thread."""
+
+    def __init__(self, session: FastRpcSession) -> None:
+        self._session = session
+
+    # -- apps_mem ---------------------------------------------------------------
+    def heap_map(self, size: int, flags: int) -> tuple[int, int]:
+        request = abi.fastrpc_req_mmap(fd=-1, flags=flags, vaddrin=0, size=size)
+        rc = self._raw_ioctl(abi.FASTRPC_IOCTL_MMAP, request)
+        return rc, int(request.vaddrout)
+
+    def heap_unmap(self, vaddr: int, size: int) -> int:
+        request = abi.fastrpc_req_munmap(vaddrout=vaddr, size=size)
+        return self._raw_ioctl(abi.FASTRPC_IOCTL_MUNMAP, request)
+
+    def _raw_ioctl(self, request: int, arg: IoctlArg) -> int:
+        """The errno stays an OSError here: apps_mem answers the DSP with an AEE code."""
+        session = self._session
+        try:
+            return session._driver.ioctl(session._rpc_fd.fileno(), request, arg)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                session._dead = True
+            raise
+
+    # -- apps_std *_fd ------------------------------------------------------------
+    def share(self, source: SharedSource, size: int) -> int:
+        session = self._session
+        try:
+            buffer = session._allocate(max(size, 1))
+        except RpcError as exc:
+            log.warning("no DMA-BUF for a file the DSP reads", extra={"error": str(exc)})
+            raise SharingError(int(AEE.ENOMEMORY)) from None
+        try:
+            view = buffer.view()
+            done = 0
+            while done < size:
+                data = source.read_at(done, min(SHARE_CHUNK, size - done))
+                if not data:
+                    raise SharingError(int(AEE.EFREAD))
+                view[done : done + len(data)] = data
+                done += len(data)
+            del view
+            request = abi.fastrpc_mem_map(
+                version=0,
+                fd=buffer.fd,
+                offset=0,
+                flags=abi.FASTRPC_MAP_FD,
+                vaddrin=buffer.host_address,
+                length=buffer.size,
+                attrs=0,
+            )
+            try:
+                rc = self._raw_ioctl(abi.FASTRPC_IOCTL_MEM_MAP, request)
+            except OSError as exc:
+                raise SharingError(aee_for_errno(exc.errno)) from None
+            if rc != 0:
+                raise SharingError(rc)
+            buffer.mapped_at(int(request.vaddrout))
+        except BaseException:
+            session._release_quietly(buffer)
+            raise
+        with session._state_lock:
+            session._shared_files[buffer.fd] = buffer
+        return buffer.fd
+
+    def unshare(self, fd: int) -> None:
+        session = self._session
+        with session._state_lock:
+            buffer = session._shared_files.pop(fd, None)
+        if buffer is None:
+            raise SharingError(int(AEE.EBADFD))
+        try:
+            session._release(buffer)
+        except RpcError:
+            raise SharingError(int(AEE.EFAILED)) from None
