@@ -10,7 +10,11 @@ Mirrors ``fastrpc_get_args``/``fastrpc_put_args``:
 * any other fd must be a dma-buf of this emulator and ``ptr..ptr+length`` must
   lie in a mapping of it: the DSP then works on that memory directly (through
   the emulator's own mapping, held for the duration of the call);
-* handle slots must carry dma-buf fds; nothing is passed for them.
+* handle slots must carry dma-buf fds; nothing is passed for them;
+* with an ``alias`` lookup (kernels that find a map by fd number only,
+  ``SimConfig.map_match_fd_only``), an fd number that a recorded mapping was
+  made through uses that mapping's memory, whatever the fd names now; the
+  offset comes from the VMA that contains ``ptr``, as the kernel computes it.
 
 Failures: EINVAL for anything about a dma-buf argument, EFAULT for unreadable
 or unwritable plain memory, ENOMEM when the plain buffers together exceed
@@ -21,14 +25,21 @@ from __future__ import annotations
 
 import errno
 import mmap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 from npud.sim.dmabuf import DmaBuf, DmaBufRegistry
 from npud.sim.errors import fault
 from npud.sim.layout import InvokeArg, Scalars
-from npud.sim.usermem import UserMemory
+from npud.sim.usermem import UserMemory, find_vma
+
+
+class StaleMapping(Protocol):
+    """What an fd-number lookup finds: a recorded mapping's buffer and memory."""
+
+    buffer: DmaBuf
+    mapping: mmap.mmap
 
 
 def _is_plain(arg: InvokeArg) -> bool:
@@ -45,8 +56,10 @@ class InvokeArguments:
         scalars: Scalars,
         args: Sequence[InvokeArg],
         max_payload: int,
+        alias: Callable[[int], StaleMapping | None] | None = None,
     ) -> None:
         self._usermem = usermem
+        self._alias = alias
         self._max_payload = max_payload
         self._dmabufs = dmabufs
         self._inbufs = scalars.inbufs
@@ -82,6 +95,11 @@ class InvokeArguments:
         for index, arg in enumerate(self._args):
             if _is_plain(arg):
                 continue
+            stale = self._alias(arg.fd) if self._alias is not None else None
+            if stale is not None:
+                if index < self._nbufs:
+                    buffers[index] = self._aliased(index, arg, stale)
+                continue
             buffer = self._dma_buf(index, arg)
             if index < self._nbufs:
                 offset = DmaBufRegistry.locate(buffer, arg.ptr, arg.length, f"INVOKE arg {index}")
@@ -109,6 +127,14 @@ class InvokeArguments:
                 f"INVOKE arg {index}: length {arg.length} exceeds the {buffer.size}-byte dma-buf",
             )
         return buffer
+
+    def _aliased(self, index: int, arg: InvokeArg, stale: StaleMapping) -> memoryview:
+        vma = find_vma(arg.ptr)
+        offset = arg.ptr - vma.start if vma is not None else -1
+        if offset < 0 or offset + arg.length > stale.buffer.size:
+            raise fault(errno.EINVAL, f"INVOKE arg {index}: outside the mapped buffer")
+        whole = self._track(memoryview(stale.mapping))
+        return self._track(whole[offset : offset + arg.length])
 
     def _mapping(self, fd: int, buffer: DmaBuf) -> mmap.mmap:
         mapping = self._mappings.get(buffer.key)
