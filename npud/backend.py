@@ -32,6 +32,7 @@ from npud.fastrpc.shell import (
     load_public_key_file,
     verify_shell,
 )
+from npud.fastrpc.trace import TraceWriter, TracingDriver
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 
 BackendKind = Literal["kernel", "emulator"]
@@ -55,6 +56,8 @@ class Profile:
     public_key_path: Path
     trusted_uids: frozenset[int]
     allow_development_key: bool
+    trace: TraceWriter | None = None
+    """Where every Driver call is recorded (``npud --trace``); the caller owns the writer."""
 
     def device_label(self, node: str) -> str:
         """How status and logs name the device node in use.
@@ -67,9 +70,10 @@ class Profile:
         return f"{node} {EMULATED_SUFFIX}"
 
     def make_driver(self) -> Driver:
-        if self.kind == "kernel":
-            return KernelDriver()
-        return EmulatedDriver()
+        driver: Driver = KernelDriver() if self.kind == "kernel" else EmulatedDriver()
+        if self.trace is not None:
+            return TracingDriver(driver, self.trace)
+        return driver
 
     def verify_shell(self) -> VerifiedShell:
         """Load the key and verify the shell; ShellVerifyError on any problem (fail closed)."""

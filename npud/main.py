@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import socket
 import sys
 from pathlib import Path
+from typing import Final
 
 import structlog
 import trio
 
-from npud import __version__, doctor
-from npud.backend import device_present, select_profile
+from npud import __version__, doctor, trace_cli
+from npud.backend import Profile, device_present, select_profile
 from npud.broker import Broker
 from npud.config import DEFAULT_CONFIG, DEFAULT_SOCKET, Config, ConfigError, load_config
 from npud.fastrpc.errors import RpcError
+from npud.fastrpc.trace import TraceWriter
 from npud.logs import configure_logging, print_error
 from npud.sd import ActivationError, Notifier, activated_socket
 from npud.server import BoundSocket, Daemon, StartupError, bind_socket
@@ -51,6 +55,9 @@ by the daemon.
 
 npud doctor [--root DIR] [--config PATH] [--socket PATH] [--json]: check the NPU
 installation and the running daemon, one line per check with its fix (npud doctor --help).
+
+npud trace record|replay: record a FastRPC trace of a fixed scenario, or replay a trace
+against this npud and report the first divergence (npud trace --help).
 """
 
 
@@ -87,14 +94,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="json for the journal, console for people (default: json unless stderr is a terminal)",
     )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="record every FastRPC driver call, session operation and reverse-RPC call to FILE "
+        "(docs/trace-format.md; it holds buffer and file bytes: keep it private) "
+        "(default: daemon.trace of the config, none)",
+    )
     parser.add_argument("--version", action="version", version=f"npud {__version__}")
     return parser
 
 
+SUBCOMMANDS: Final = {"doctor": doctor.main, "trace": trace_cli.main}
+"""Commands npud dispatches by hand before parsing its own options."""
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
-    if arguments[:1] == ["doctor"]:
-        return doctor.main(arguments[1:])
+    if arguments[:1] and arguments[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[arguments[0]](arguments[1:])
     args = build_parser().parse_args(arguments)
     try:
         config = load_config(args.config)
@@ -134,11 +154,37 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(str(exc))
         listener = bound.sock
     notifier = Notifier()
+    try:
+        return _run_daemon(config, profile, listener, notifier, args)
+    finally:
+        listener.close()
+        if bound is not None:
+            bound.unlink_if_ours()
+        notifier.close()
+
+
+def _run_daemon(
+    config: Config,
+    profile: Profile,
+    listener: socket.socket,
+    notifier: Notifier,
+    args: argparse.Namespace,
+) -> int:
+    """Serve until stopped; the trace (``--trace`` or daemon.trace) lives as long."""
     config_path = args.config
 
     def reload_config() -> Config:
         return load_config(config_path)
 
+    trace_path = args.trace or (Path(config.daemon.trace) if config.daemon.trace else None)
+    trace: TraceWriter | None = None
+    if trace_path is not None:
+        try:
+            trace = TraceWriter(trace_path, backend=profile.kind)
+        except OSError as exc:
+            return _fail(f"cannot write the trace {trace_path}: {exc.strerror}")
+        profile = dataclasses.replace(profile, trace=trace)
+        log.info("tracing FastRPC calls", file=str(trace_path))
     try:
         broker = Broker(config, profile)
         daemon = Daemon(config, broker, listener, notifier=notifier, reload_config=reload_config)
@@ -149,10 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        listener.close()
-        if bound is not None:
-            bound.unlink_if_ours()
-        notifier.close()
+        if trace is not None:
+            trace.close()
     return 0
 
 

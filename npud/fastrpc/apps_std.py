@@ -251,7 +251,7 @@ class AppsStdServer:
             name, mode = (from_c_string(b) for b in inputs[1:3])
             return self._fopen(name, mode, caps)
         if method == FILE_EXISTS:
-            found = self._resolve(from_c_string(inputs[1])) is not None
+            found = self.resolve(from_c_string(inputs[1])) is not None
             return Reply(0, (fit(bytes([found]), caps[0]),))
         if method == GET_SEARCH_PATHS_WITH_ENV:
             return self._search_paths(inputs, caps)
@@ -354,7 +354,7 @@ class AppsStdServer:
     def _fopen(self, name: str, mode: str, caps: list[int]) -> Reply:
         if mode not in _READ_MODES:
             return fail(AEE.EBADPERMS)
-        if self._resolve(name) is None:
+        if self.resolve(name) is None:
             return fail(AEE.ENOSUCHFILE)
         if len(self._files) >= MAX_OPEN_FILES:
             return fail(AEE.EOUTOFHANDLES)
@@ -461,7 +461,7 @@ class AppsStdServer:
         return found
 
     # --- name resolution -----------------------------------------------------
-    def _resolve(self, name: str) -> Path | ExposedFile | None:
+    def resolve(self, name: str) -> Path | ExposedFile | None:
         """Where ``name`` leads, or None (unknown, refused, or not a regular file)."""
         if not name or "\0" in name or len(name.encode()) > PATH_MAX:
             return None
@@ -489,7 +489,7 @@ class AppsStdServer:
 
     def _open(self, name: str) -> _OpenFile:
         """Open what ``name`` leads to; FileNotFoundError when it leads nowhere."""
-        target = self._resolve(name)
+        target = self.resolve(name)
         if target is None:
             raise FileNotFoundError(errno.ENOENT, name)
         if isinstance(target, ExposedFile):

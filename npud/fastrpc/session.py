@@ -53,17 +53,19 @@ kernel's (an ambiguity no userspace can resolve).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import hashlib
 import itertools
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from npu_protocol import AEE, MAX_DMA_SIZE, ErrorCode, describe_result
 from npud.fastrpc import abi, remotectl
@@ -81,7 +83,14 @@ from npud.fastrpc.errors import (
 from npud.fastrpc.exposed_files import ExposedFile, ExposedFiles
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
 from npud.fastrpc.listener import ReverseRpcListener
-from npud.fastrpc.reverse_modules import ReverseModules, ReverseObserver, aee_for_errno
+from npud.fastrpc.reverse_modules import (
+    CallDescription,
+    ReverseModules,
+    ReverseObserver,
+    aee_for_errno,
+)
+from npud.fastrpc.trace import TraceHooks, trace_hooks_of
+from npud.fastrpc.trace_format import Record, encode_data
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +105,7 @@ REMOTECTL_FALLBACK: Final = frozenset({AEE.ERPC.dsp, AEE.ENOSUCHMOD.dsp})
 SHARE_CHUNK: Final = 1024 * 1024
 
 _RawBuffer = ctypes.Array[ctypes.c_char]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -131,8 +141,11 @@ class FastRpcSession:
         rpc_fd: DeviceFd,
         capabilities: DspInfo,
         library_path: Sequence[Path],
+        trace_session: int = 0,
     ) -> None:
         self._driver = driver
+        self._hooks: TraceHooks | None = trace_hooks_of(driver)
+        self._trace_session = trace_session
         self.device = device
         self._meta_fd = meta_fd
         self._rpc_fd = rpc_fd
@@ -176,6 +189,23 @@ class FastRpcSession:
         node, as libcdsprpc does. EBUSY does not: both nodes share one pool.
         GET_DSP_INFO proves the DSP answers before anything else is done.
         """
+        hooks = trace_hooks_of(driver)
+        if hooks is None:
+            return cls._open(driver, nodes, library_path, 0)
+        trace_session = hooks.new_session()
+        with hooks.operation("open", trace_session, nodes=list(nodes)) as op:
+            session = cls._open(driver, nodes, library_path, trace_session)
+            op.result(device=session.device)
+            return session
+
+    @classmethod
+    def _open(
+        cls,
+        driver: Driver,
+        nodes: Sequence[str],
+        library_path: Sequence[Path],
+        trace_session: int,
+    ) -> FastRpcSession:
         device, meta = _open_first(driver, nodes)
         meta_fd = DeviceFd(meta, driver.close)
         fds = [meta_fd]
@@ -195,7 +225,7 @@ class FastRpcSession:
                 fd.close()
             raise
         log.info("fastrpc session opened", extra={"device": device, "arch": capabilities.arch})
-        return cls(driver, device, meta_fd, rpc_fd, capabilities, library_path)
+        return cls(driver, device, meta_fd, rpc_fd, capabilities, library_path, trace_session)
 
     # ------------------------------------------------------------- the shell
     @property
@@ -212,6 +242,17 @@ class FastRpcSession:
         the session's lifetime (the kernel maps it into the process; when the
         DSP reads it is driver-specific). Loading twice is a no-op.
         """
+        self._traced(
+            "load_shell",
+            lambda: {
+                "size": len(shell),
+                "sha256": hashlib.sha256(shell).hexdigest(),
+                "attrs": attrs,
+            },
+            lambda: self._load_shell(shell, attrs),
+        )
+
+    def _load_shell(self, shell: bytes, attrs: int) -> None:
         with self._load_lock:
             self._check_usable()
             if self._shell is not None:
@@ -238,14 +279,12 @@ class FastRpcSession:
                 if rc != 0:
                     raise RpcError(ErrorCode.FASTRPC, rc=rc)
                 host = _ReverseHost(self)
+                apps_std = AppsStdServer(self._library_path, self._exposed, sharing=host)
                 modules = ReverseModules(
-                    [
-                        AppsStdServer(self._library_path, self._exposed, sharing=host),
-                        AppsMemServer(host),
-                    ],
-                    observer=self._reverse_observer,
+                    [apps_std, AppsMemServer(host)],
+                    observer=self._reverse_observer or self._trace_observer(apps_std),
                 )
-                listener = ReverseRpcListener(self._invoke_untracked, modules)
+                listener = ReverseRpcListener(self._listener_invoke(), modules)
                 try:
                     listener.start()
                 except BaseException:
@@ -261,6 +300,14 @@ class FastRpcSession:
     # ------------------------------------------------------------------- DMA
     def alloc(self, size: int) -> SessionBuffer:
         """Allocate a DMA-BUF of ``size`` bytes (page-rounded) with a host mapping."""
+        return self._traced(
+            "alloc",
+            lambda: {"size": size},
+            lambda: self._alloc(size),
+            lambda buffer: {"buffer": buffer.id, "size": buffer.size},
+        )
+
+    def _alloc(self, size: int) -> SessionBuffer:
         self._check_usable()
         buffer = self._allocate(size)
         with self._state_lock:
@@ -300,6 +347,9 @@ class FastRpcSession:
 
     def free(self, buffer: SessionBuffer) -> None:
         """Release ``buffer``: DSP unmap, host munmap, close. Deferred while an invoke uses it."""
+        self._traced("free", lambda: {"buffer": buffer.id}, lambda: self._free(buffer))
+
+    def _free(self, buffer: SessionBuffer) -> None:
         with self._state_lock:
             if self._buffers.get(buffer.id) is not buffer:
                 raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
@@ -351,6 +401,14 @@ class FastRpcSession:
     # ------------------------------------------------------------ DSP mapping
     def map(self, buffer: SessionBuffer) -> int:
         """Map ``buffer`` into the DSP process (MEM_MAP); idempotent. Returns the DSP address."""
+        return self._traced(
+            "map",
+            lambda: {"buffer": buffer.id},
+            lambda: self._map(buffer),
+            lambda address: {"address": address},
+        )
+
+    def _map(self, buffer: SessionBuffer) -> int:
         self._check_usable()
         self._check_owned(buffer)
         self._require_process()
@@ -377,6 +435,9 @@ class FastRpcSession:
 
     def unmap(self, buffer: SessionBuffer) -> None:
         """Undo :meth:`map`; a buffer that is not mapped is left as it is."""
+        self._traced("unmap", lambda: {"buffer": buffer.id}, lambda: self._unmap(buffer))
+
+    def _unmap(self, buffer: SessionBuffer) -> None:
         self._check_usable()
         self._check_owned(buffer)
         with buffer.lock:
@@ -403,6 +464,25 @@ class FastRpcSession:
         Returns the DSP's result code (0 = success) and the output bytes;
         transport failures raise RpcError.
         """
+        hooks = self._hooks
+        if hooks is None:
+            return self._invoke(handle, sc, inputs, outputs)
+        limit = hooks.capture_limit
+        args = {
+            "handle": handle,
+            "sc": sc,
+            "inputs": [_traced_arg(arg, limit, data=True) for arg in inputs],
+            "outputs": [_traced_arg(arg, limit, data=False) for arg in outputs],
+        }
+        with hooks.operation("invoke", self._trace_session, **args) as op:
+            result = self._invoke(handle, sc, inputs, outputs)
+            outs = [None if out is None else encode_data(out, limit) for out in result.outputs]
+            op.result(rc=result.rc, outputs=outs)
+            return result
+
+    def _invoke(
+        self, handle: int, sc: int, inputs: Sequence[InArg], outputs: Sequence[OutArg]
+    ) -> InvokeResult:
         with self._state_lock:
             if handle not in self._handles:
                 raise RpcError(ErrorCode.UNKNOWN_HANDLE, handle=handle)
@@ -510,6 +590,14 @@ class FastRpcSession:
         ``remotectl`` (handle 0) for good when the DSP answers AEE_ERPC or
         AEE_ENOSUCHMOD, as libcdsprpc does.
         """
+        return self._traced(
+            "remote_open",
+            lambda: {"uri": uri},
+            lambda: self._remote_open(uri),
+            lambda handle: {"handle": handle},
+        )
+
+    def _remote_open(self, uri: str) -> int:
         self._require_process()
         request = remotectl.pack_open(uri)
 
@@ -558,6 +646,9 @@ class FastRpcSession:
         the last of them closes it (unloading a skel under a running call would
         take the whole DSP process down).
         """
+        self._traced("remote_close", lambda: {"handle": handle}, lambda: self._remote_close(handle))
+
+    def _remote_close(self, handle: int) -> None:
         with self._state_lock:
             if handle not in self._handles:
                 raise RpcError(ErrorCode.UNKNOWN_HANDLE, handle=handle)
@@ -603,6 +694,26 @@ class FastRpcSession:
         duplicate and must be closed (it is a context manager) when the load is
         done. ValueError when ``fd`` is not a regular file open for reading.
         """
+        hooks = self._hooks
+        if hooks is None:
+            return self._expose_file(fd, suffix)
+        limit = hooks.capture_limit
+        args: Record = {"suffix": suffix, "data": None}
+        with contextlib.suppress(OSError):  # expose() says what is wrong with the descriptor
+            args["data"] = _file_record(fd, limit)
+        with hooks.operation("expose_file", self._trace_session, **args) as op:
+            exposed = self._expose_file(fd, suffix)
+            op.result(name=exposed.name)
+        session = self._trace_session
+
+        def closed() -> None:
+            with hooks.operation("unexpose", session, name=exposed.name):
+                pass
+
+        exposed.on_close = closed
+        return exposed
+
+    def _expose_file(self, fd: int, suffix: str) -> ExposedFile:
         self._check_usable()
         self._require_process()
         return self._exposed.expose(fd, suffix=suffix)
@@ -654,6 +765,11 @@ class FastRpcSession:
         DSP after that many seconds; nothing is released then (their memory may
         still be in use), and a later close() can finish the job.
         """
+        if self._closed:
+            return
+        self._traced("close", lambda: {"timeout": timeout}, lambda: self._close(timeout))
+
+    def _close(self, timeout: float | None) -> None:
         with self._state_lock:
             if self._closed:
                 return
@@ -739,6 +855,68 @@ class FastRpcSession:
         log.error("reverse-RPC listener did not stop", extra={"timeout_s": LISTENER_JOIN_TIMEOUT})
         return False
 
+    # ----------------------------------------------------------------- trace
+    def _traced(
+        self,
+        name: str,
+        args: Callable[[], Record],
+        run: Callable[[], T],
+        result: Callable[[T], Record] | None = None,
+    ) -> T:
+        """Run ``run`` as trace operation ``name`` when the driver traces; plainly otherwise."""
+        hooks = self._hooks
+        if hooks is None:
+            return run()
+        with hooks.operation(name, self._trace_session, **args()) as op:
+            value = run()
+            if result is not None:
+                op.result(**result(value))
+            return value
+
+    def _listener_invoke(
+        self,
+    ) -> Callable[[int, int, Sequence[InArg], Sequence[OutArg]], InvokeResult]:
+        hooks, session = self._hooks, self._trace_session
+        if hooks is None:
+            return self._invoke_untracked
+
+        def invoke(
+            handle: int, sc: int, inputs: Sequence[InArg], outputs: Sequence[OutArg]
+        ) -> InvokeResult:
+            hooks.listener_thread(session)
+            return self._invoke_untracked(handle, sc, inputs, outputs)
+
+        return invoke
+
+    def _trace_observer(self, apps_std: AppsStdServer) -> ReverseObserver | None:
+        hooks, session = self._hooks, self._trace_session
+        if hooks is None:
+            return None
+
+        def observe(
+            handle: int, module: str, method: int, description: CallDescription, result: int
+        ) -> None:
+            call: Record = {
+                "handle": handle,
+                "module": module,
+                "method": method,
+                "name": description.method,
+                "file": description.file,
+                "result": result,
+            }
+            hooks.reverse_call(session, call)
+            if result == 0 and description.file and module == "apps_std":
+                target = apps_std.resolve(description.file)
+                if isinstance(target, Path):
+                    try:
+                        with open(target, "rb") as file:
+                            data = file.read(hooks.capture_limit + 1)
+                    except OSError:
+                        return
+                    hooks.file_served(session, target.name, data)
+
+        return observe
+
     # --------------------------------------------------------------- helpers
     def _ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:
         try:
@@ -777,6 +955,40 @@ class FastRpcSession:
                 self._invokes_done += 1
                 if not self._in_flight:
                     self._idle.notify_all()
+
+
+def _traced_arg(arg: InArg | OutArg, limit: int, *, data: bool) -> Record:
+    """An invoke argument as a trace records it (a slice's bytes too, for inputs)."""
+    if isinstance(arg, Slice):
+        record: Record = {"slice": [arg.buffer.id, arg.offset, arg.length]}
+        if data:
+            view = arg.buffer.view()
+            record["data"] = encode_data(bytes(view[arg.offset : arg.offset + arg.length]), limit)
+            del view
+        return record
+    if isinstance(arg, Inline):
+        return {"inline": encode_data(arg.data, limit)}
+    return {"capacity": arg.size}
+
+
+def _file_record(fd: int, limit: int) -> Record:
+    """The file behind ``fd`` as a trace data record, read with pread (the offset stays
+    the caller's); past ``limit`` only its length and SHA-256, hashed as it streams."""
+    size = os.fstat(fd).st_size
+    digest = hashlib.sha256()
+    chunks: list[bytes] = []
+    offset = 0
+    while offset < size:
+        chunk = os.pread(fd, min(1 << 20, size - offset), offset)
+        if not chunk:
+            break
+        digest.update(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        offset += len(chunk)
+    if size <= limit:
+        return encode_data(b"".join(chunks), limit)
+    return {"len": offset, "sha256": digest.hexdigest()}
 
 
 def _capacity(arg: InArg | OutArg) -> int:
