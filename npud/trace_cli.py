@@ -12,6 +12,7 @@ docs/trace-format.md; ``npud --trace FILE`` records a whole daemon run.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import struct
 import sys
@@ -123,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    # The replayed sessions run on recorded answers: after a divergence they fail in
+    # every way, and their logs are consequences, not causes. The report says it all.
+    logging.getLogger("npud").setLevel(logging.CRITICAL)
     try:
         report = replay(
             args.trace,
