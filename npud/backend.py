@@ -32,7 +32,7 @@ from npud.fastrpc.shell import (
     load_public_key_file,
     verify_shell,
 )
-from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
+from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 
 BackendKind = Literal["kernel", "emulator"]
 
@@ -55,6 +55,8 @@ class Profile:
     public_key_path: Path
     trusted_uids: frozenset[int]
     allow_development_key: bool
+    emulator_dsp_units: int = 0
+    """The emulated DSP's shared execution units (``[emulator] dsp_units``)."""
 
     def device_label(self, node: str) -> str:
         """How status and logs name the device node in use.
@@ -69,7 +71,7 @@ class Profile:
     def make_driver(self) -> Driver:
         if self.kind == "kernel":
             return KernelDriver()
-        return EmulatedDriver()
+        return EmulatedDriver(SimConfig(dsp_units=self.emulator_dsp_units))
 
     def verify_shell(self) -> VerifiedShell:
         """Load the key and verify the shell; ShellVerifyError on any problem (fail closed)."""
@@ -130,4 +132,5 @@ def select_profile(config: Config, override: str | None = None) -> Profile:
         public_key_path=Path(shell_cfg.public_key) if shell_cfg.public_key else DEV_PUBLIC_KEY,
         trusted_uids=frozenset(shell_cfg.trusted_uids) | {os.getuid()},
         allow_development_key=True,
+        emulator_dsp_units=config.emulator.dsp_units,
     )

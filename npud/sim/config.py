@@ -64,6 +64,9 @@ class SimConfig:
       listener to answer a reverse call before a skel load fails.
     * ``max_dma_buf_size``: larger ALLOC_DMA_BUFF requests fail with ENOMEM
       (a memfd could be sparse and huge; the kernel's DMA allocator cannot).
+    * ``dsp_units``: execution units the DSP's calls share (processor sharing:
+      with n calls working each runs at min(1, units / n) of full speed, see
+      :mod:`npud.sim.compute`); 0 models none (every call runs as if alone).
     * ``skels``: skel name -> factory, the simulated DSP's "installed" skels;
       a descriptor file names one of these.
     """
@@ -79,6 +82,7 @@ class SimConfig:
     secure_channel: bool = False
     reverse_rpc_timeout: float = 10.0
     max_dma_buf_size: int = 1 << 30
+    dsp_units: int = 0
     skels: Mapping[str, SkelFactory] = dataclasses.field(default_factory=lambda: BUILTIN_SKELS)
 
     def __post_init__(self) -> None:
@@ -96,6 +100,8 @@ class SimConfig:
                 raise ValueError(f"capability {attribute}={value} does not fit in 32 bits")
         if not self.reverse_rpc_timeout > 0:
             raise ValueError(f"reverse_rpc_timeout={self.reverse_rpc_timeout} must be positive")
+        if self.dsp_units < 0:
+            raise ValueError(f"dsp_units={self.dsp_units}: 0 (unlimited) or more")
         if self.max_dma_buf_size <= 0:
             raise ValueError(f"max_dma_buf_size={self.max_dma_buf_size} must be positive")
 
