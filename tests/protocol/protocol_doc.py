@@ -55,6 +55,8 @@ def describe_type(info: mi.Type) -> str:
             return "nil"
         case mi.EnumType(cls=cls):
             return " \\| ".join(f'"{member.value}"' for member in cls)
+        case mi.LiteralType(values=values):
+            return " \\| ".join(f'"{value}"' for value in sorted(values, key=str))
         case mi.StructType(cls=cls):
             return f"{cls.__name__} map"
         case mi.UnionType(types=types):
@@ -137,6 +139,8 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.StatusReply,
     p.PingRequest,
     p.PongReply,
+    p.DebugRequest,
+    p.DebugReply,
     p.SessionRestarted,
     p.ShuttingDown,
     p.DspCapabilities,
@@ -347,6 +351,16 @@ def _conversation() -> Iterator[tuple[str, Callable[[], p.Message], str]]:
     yield "`close_reply`", lambda: p.CloseReply(id=9), "s"
     yield "`free`", lambda: p.FreeRequest(id=10, buffer=1), "c"
     yield "`free_reply`", lambda: p.FreeReply(id=10), "s"
+    yield (
+        "`debug`: a subsystem restart of 1 s on the emulator",
+        lambda: p.DebugRequest(id=11, action="ssr", duration_ms=1000),
+        "c",
+    )
+    yield (
+        "`debug_reply`",
+        lambda: p.DebugReply(id=11, detail="subsystem restart: the DSP is away for 1 s"),
+        "s",
+    )
     yield "`session_restarted`", lambda: p.SessionRestarted(epoch=2, reason="DSP crashed"), "s"
     yield "`shutting_down`", lambda: p.ShuttingDown(reason="systemctl stop", grace_ms=5000), "s"
 
