@@ -53,10 +53,8 @@ def describe_type(info: mi.Type) -> str:
             return "bool"
         case mi.NoneType():
             return "nil"
-        case mi.EnumType(cls=cls):
-            return " \\| ".join(f'"{member.value}"' for member in cls)
-        case mi.LiteralType(values=values):
-            return " \\| ".join(f'"{value}"' for value in sorted(values, key=str))
+        case mi.EnumType() | mi.LiteralType():
+            return _choices(info)
         case mi.StructType(cls=cls):
             return f"{cls.__name__} map"
         case mi.UnionType(types=types):
@@ -69,6 +67,15 @@ def describe_type(info: mi.Type) -> str:
         case mi.DictType(key_type=key, value_type=value, max_length=max_length):
             return f"map ≤ {max_length} of ({describe_type(key)}) → ({describe_type(value)})"
     raise TypeError(f"no description for {info!r}")
+
+
+def _choices(info: mi.EnumType | mi.LiteralType) -> str:
+    """A closed set of strings: an enum's values in order, a literal's sorted."""
+    if isinstance(info, mi.EnumType):
+        values = [str(member.value) for member in info.cls]
+    else:
+        values = sorted(str(value) for value in info.values)
+    return " \\| ".join(f'"{value}"' for value in values)
 
 
 def describe_default(field: mi.Field) -> str:
