@@ -64,6 +64,14 @@ class SimConfig:
       listener to answer a reverse call before a skel load fails.
     * ``max_dma_buf_size``: larger ALLOC_DMA_BUFF requests fail with ENOMEM
       (a memfd could be sparse and huge; the kernel's DMA allocator cannot).
+    * ``address_cache``: remember where this process mapped its dma-bufs
+      through ``EmulatedDriver.mmap`` and keep the DSP's mapping of a buffer
+      while that lives (:mod:`npud.sim.mappings`). False asks the kernel for
+      every dma-buf argument and maps every buffer for each call only: the
+      behaviour before the cache, for tests that compare and for benchmarks.
+    * ``procmap_query``: ask the kernel with the ``PROCMAP_QUERY`` ioctl (Linux
+      6.11+) where it has it; False always reads ``/proc/self/maps``, as on
+      older kernels.
     * ``skels``: skel name -> factory, the simulated DSP's "installed" skels;
       a descriptor file names one of these.
     """
@@ -79,6 +87,8 @@ class SimConfig:
     secure_channel: bool = False
     reverse_rpc_timeout: float = 10.0
     max_dma_buf_size: int = 1 << 30
+    address_cache: bool = True
+    procmap_query: bool = True
     skels: Mapping[str, SkelFactory] = dataclasses.field(default_factory=lambda: BUILTIN_SKELS)
 
     def __post_init__(self) -> None:

@@ -20,7 +20,7 @@ import threading
 from typing import Final
 
 from npud.sim.errors import fault
-from npud.sim.usermem import find_vma, read_maps
+from npud.sim.vmas import read_maps
 
 MEMFD_NAME: Final = "fastrpc-dmabuf"
 PAGE_SIZE: Final = mmap.PAGESIZE
@@ -91,34 +91,6 @@ class DmaBufRegistry:
         if buffer is None:
             raise fault(errno.EINVAL, f"{operation}: fd {fd} is not a dma-buf")
         return buffer
-
-    @staticmethod
-    def locate(buffer: DmaBuf, ptr: int, length: int, operation: str) -> int:
-        """Offset of ``ptr`` in ``buffer``, checked like the kernel finds it: via the VMA.
-
-        The pointer must lie in a mapping of that same buffer made at offset 0,
-        and ``ptr..ptr+length`` must stay inside that mapping and the buffer.
-        The kernel silently computes a wrong address when these do not hold;
-        the emulator refuses with EINVAL, the kernel's error for mapping failures.
-        """
-        vma = find_vma(ptr)
-        if vma is None or (vma.device, vma.inode) != buffer.maps_identity:
-            raise fault(
-                errno.EINVAL, f"{operation}: {ptr:#x} is not inside a mapping of the dma-buf"
-            )
-        if vma.offset != 0:
-            raise fault(errno.EINVAL, f"{operation}: the dma-buf is mapped at a non-zero offset")
-        offset = ptr - vma.start
-        if ptr + length > vma.end or offset + length > buffer.size:
-            raise fault(errno.EINVAL, f"{operation}: {ptr:#x}+{length} runs past the mapping")
-        return offset
-
-    @staticmethod
-    def map(fd: int, buffer: DmaBuf) -> mmap.mmap:
-        """The emulated DSP's own mapping of the whole buffer (a reference that keeps it alive)."""
-        return mmap.mmap(
-            fd, buffer.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
-        )
 
     @staticmethod
     def check_user_mmap(buffer: DmaBuf, length: int, offset: int) -> None:
