@@ -244,6 +244,7 @@ class EmulatedDriver:
             mmap_buffers=sum(p.memory.heap_count for p, _ in processes),
             dma_bufs_allocated=self._dmabufs.allocated,
             dma_bufs_alive=self._dmabufs.count_alive(),
+            dma_bufs_registered=self._dmabufs.registered,
             user_mappings_cached=user_mappings,
             dsp_mappings_cached=dsp_mappings,
             invokes_in_flight=in_flight,

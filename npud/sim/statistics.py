@@ -21,6 +21,8 @@ class SimStatistics:
     * ``dma_bufs_allocated``: total ALLOC_DMA_BUFF successes (a total).
     * ``dma_bufs_alive``: emulator buffers this process still references
       through an fd or a mapping (the emulator's own mappings included).
+    * ``dma_bufs_registered``: buffers the emulated driver remembers: the live
+      ones, and dead ones until its next sweep (about twice the live ones at most).
     * ``user_mappings_cached``: mappings made by ``EmulatedDriver.mmap`` that
       are still mapped (the address cache answers for them).
     * ``dsp_mappings_cached``: the DSP's own mappings of buffers kept with
@@ -41,6 +43,7 @@ class SimStatistics:
     mmap_buffers: int
     dma_bufs_allocated: int
     dma_bufs_alive: int
+    dma_bufs_registered: int
     user_mappings_cached: int
     dsp_mappings_cached: int
     invokes_in_flight: int
