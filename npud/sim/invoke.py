@@ -134,7 +134,8 @@ class InvokeArguments:
         return offset, memory
 
     def _build_payload(self, buffers: list[memoryview | None]) -> list[memoryview]:
-        """Give plain buffers views of the payload: one zeroed region per overlapping run."""
+        """Give plain buffers views of the payload: one zeroed region per overlapping run,
+        the regions one after the other in one buffer."""
         spans = sorted(
             (arg.ptr, arg.ptr + arg.length, index)
             for index, arg in enumerate(self._args[: self._nbufs])
@@ -151,20 +152,31 @@ class InvokeArguments:
         size = sum(end - start for start, end in regions)
         if size > self._max_payload:
             raise fault(errno.ENOMEM, f"INVOKE: {size} bytes of plain buffers")
-        memory = [ctypes.create_string_buffer(end - start) for start, end in regions]
-        payload = [self._track(memoryview(region).cast("B")) for region in memory]
+        # One payload for all regions, as the kernel allocates it.
+        payload = bytearray(size)
+        base = 0
+        if size:
+            anchor = ctypes.c_char.from_buffer(payload)
+            base = ctypes.addressof(anchor)
+            del anchor  # the payload is never resized; the views below keep it alive
+        whole = self._track(memoryview(payload))
+        placed: list[int] = []  # region index -> its offset in the payload
+        offset = 0
+        for start, end in regions:
+            placed.append(offset)
+            offset += end - start
         complete: list[memoryview] = []
         for index, mapped in enumerate(buffers):
             arg = self._args[index]
             if mapped is not None:
                 complete.append(mapped)
             elif not arg.length:
-                complete.append(self._track(memoryview(bytearray())))
+                complete.append(self._track(whole[0:0]))
             else:
                 region = owner[index]
-                offset = arg.ptr - regions[region][0]
-                self._local[index] = ctypes.addressof(memory[region]) + offset
-                complete.append(self._track(payload[region][offset : offset + arg.length]))
+                offset = placed[region] + arg.ptr - regions[region][0]
+                self._local[index] = base + offset
+                complete.append(self._track(whole[offset : offset + arg.length]))
         return complete
 
     def copy_out(self) -> None:

@@ -63,9 +63,10 @@ class UserMemory:
         """``length`` bytes from address ``ptr`` (EFAULT when not all readable)."""
         data = bytearray(length)
         if length:
-            local = (ctypes.c_char * length).from_buffer(data)
-            self.read_many([Copy(ptr, ctypes.addressof(local), length)])
-            del local  # release the export so the bytearray is an ordinary one again
+            anchor = ctypes.c_char.from_buffer(data)
+            local = ctypes.addressof(anchor)
+            del anchor  # no export may outlive the call; the bytearray is never resized
+            self._copy((Copy(ptr, local, length),), write=False)
         return data
 
     def write(self, ptr: int, data: bytes | bytearray | memoryview) -> None:
@@ -73,7 +74,7 @@ class UserMemory:
         length = len(data)
         if length:
             local = ctypes.create_string_buffer(bytes(data), length)
-            self.write_many([Copy(ptr, ctypes.addressof(local), length)])
+            self._copy((Copy(ptr, ctypes.addressof(local), length),), write=True)
 
     def read_many(self, copies: Sequence[Copy]) -> None:
         """Copy each user range to its local memory, in order; EFAULT at the first bad one."""
@@ -84,34 +85,40 @@ class UserMemory:
         self._copy(copies, write=True)
 
     def _copy(self, copies: Sequence[Copy], *, write: bool) -> None:
-        copies = [copy for copy in copies if copy.length]
-        for copy in copies:
-            if copy.user == 0 or copy.user + copy.length > _ADDRESS_LIMIT:
-                raise fault(errno.EFAULT, f"bad user pointer {copy.user:#x}+{copy.length}")
-        for start in range(0, len(copies), IOV_MAX):
-            batch = copies[start : start + IOV_MAX]
-            if not (self._use_process_vm and self._copy_process_vm(batch, write=write)):
-                self._copy_checked(batch, write=write)
-
-    def _copy_process_vm(self, copies: Sequence[Copy], *, write: bool) -> bool:
-        """Copy with the kernel's own fault handling; False when the syscall is unavailable."""
-        count = len(copies)
+        local: list[int] = []
+        remote: list[int] = []
+        total = 0
+        for user, address, length in copies:
+            if not length:
+                continue
+            if user == 0 or user + length > _ADDRESS_LIMIT:
+                raise fault(errno.EFAULT, f"bad user pointer {user:#x}+{length}")
+            local += (address, length)
+            remote += (user, length)
+            total += length
+        count = len(local) // 2
         if not count:
-            return True
-        layout = _iovecs(count)
-        # The kernel only reads the iovec arrays: immutable bytes will do.
-        local = layout.pack(*[part for copy in copies for part in (copy.local, copy.length)])
-        remote = layout.pack(*[part for copy in copies for part in (copy.user, copy.length)])
-        function = self._writev if write else self._readv
-        done = function(os.getpid(), local, count, remote, count, 0)
-        if done >= 0 and done == sum(copy.length for copy in copies):
-            return True
-        err = ctypes.get_errno() if done < 0 else errno.EFAULT
-        if done < 0 and err in (errno.ENOSYS, errno.EPERM):
+            return
+        if count > IOV_MAX:  # more than one call may take
+            live = [copy for copy in copies if copy.length]
+            for start in range(0, count, IOV_MAX):
+                self._copy(live[start : start + IOV_MAX], write=write)
+            return
+        if self._use_process_vm:
+            layout = _iovecs(count)
+            # The kernel only reads the iovec arrays: immutable bytes will do.
+            function = self._writev if write else self._readv
+            done = function(_own_pid(), layout.pack(*local), count, layout.pack(*remote), count, 0)
+            if done == total:
+                return
+            err = ctypes.get_errno() if done < 0 else errno.EFAULT
+            if not (done < 0 and err in (errno.ENOSYS, errno.EPERM)):
+                raise fault(
+                    errno.EFAULT, f"user range {_first_short(copies, done)} is not accessible"
+                )
             # Forbidden by a seccomp profile: from now on check /proc/self/maps.
             self._use_process_vm = False
-            return False
-        raise fault(errno.EFAULT, f"user range {_first_short(copies, done)} is not accessible")
+        self._copy_checked([copy for copy in copies if copy.length], write=write)
 
     @staticmethod
     def _copy_checked(copies: Sequence[Copy], *, write: bool) -> None:
@@ -130,8 +137,24 @@ def _iovecs(count: int) -> struct.Struct:
     return struct.Struct("<" + "QQ" * count)
 
 
+_pid = os.getpid()
+
+
+def _own_pid() -> int:
+    return _pid
+
+
+def _forked() -> None:
+    global _pid  # noqa: PLW0603  (the one process-wide fact this module caches)
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def _first_short(copies: Sequence[Copy], done: int) -> str:
     """The range a partial transfer stopped in (the calls never split an iovec)."""
+    copies = [copy for copy in copies if copy.length]
     for copy in copies:
         if done < copy.length:
             return f"{copy.user:#x}+{copy.length}"
