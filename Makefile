@@ -3,11 +3,16 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-SOCKET ?= /run/npud/npud.sock
+# Empty: /run/npud/npud.sock as root, a socket of your own otherwise (scripts/run-dev.sh).
+SOCKET ?=
+# More npud options for `make run`, e.g. ARGS='--config my.toml'.
+ARGS   ?=
 
-.PHONY: install run test lint typecheck unit bench clean
+.PHONY: install run test test-deps lint typecheck unit docs bench clean
 
-$(STAMP): pyproject.toml protocol/pyproject.toml client/pyproject.toml
+$(STAMP): pyproject.toml protocol/pyproject.toml client/pyproject.toml protocol/src/npu_protocol/_version.py
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || { \
+		echo "make: $(PYTHON) cannot create a venv: sudo apt-get install python3-venv" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ./protocol -e './client[trio]' -e '.[test]'
@@ -16,7 +21,11 @@ $(STAMP): pyproject.toml protocol/pyproject.toml client/pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/npud --backend auto --socket $(SOCKET)
+	@bash scripts/run-dev.sh "$(SOCKET)" $(ARGS)
+
+# Installs the tools of the tool-backed tests as root; lists what is missing otherwise.
+test-deps:
+	@bash scripts/test-deps.sh
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .
@@ -28,7 +37,11 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck unit
+test: test-deps lint typecheck unit
+
+# Regenerate the man pages and bash completion from the argparse parsers and the config schema.
+docs: $(STAMP)
+	$(BIN)/python scripts/generate_docs.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -1,3 +1,5 @@
 """npud: the daemon that brokers the Hexagon NPU (CDSP) over FastRPC."""
 
-__version__ = "0.1.0"
+from npud._version import __version__
+
+__all__ = ["__version__"]

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 BackendKind = Literal["kernel", "emulator"]
 
+EMULATED_SUFFIX = "(emulated)"
+"""Appended to the emulator's device node wherever it is shown (:meth:`Profile.device_label`)."""
+
 DEV_SHELL_DIR = Path(__file__).resolve().parent / "devshell"
 DEV_SHELL = DEV_SHELL_DIR / "fastrpc_shell_unsigned_3"
 DEV_PUBLIC_KEY = DEV_SHELL_DIR / "shell-signing.pub"
@@ -76,6 +79,16 @@ class Profile:
     trusted_uids: frozenset[int]
     allow_development_key: bool
     _verifier: _VerifierSlot = field(default_factory=_VerifierSlot, compare=False, repr=False)
+
+    def device_label(self, node: str) -> str:
+        """How status and logs name the device node in use.
+
+        The emulator opens the real nodes' names (the session code is the same on
+        both), but no such node exists: say so, so no one looks for it in /dev.
+        """
+        if self.kind == "kernel" or not node:
+            return node
+        return f"{node} {EMULATED_SUFFIX}"
 
     def make_driver(self) -> Driver:
         if self.kind == "kernel":

@@ -32,15 +32,41 @@ _Seconds = Annotated[float, msgspec.Meta(ge=0, le=3600)]
 _Id = Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)]
 
 
+def _doc(text: str) -> msgspec.Meta:
+    """A key's description: npud.toml(5) is generated from these (scripts/generate_docs.py)."""
+    return msgspec.Meta(description=text)
+
+
 class DaemonConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    socket: str = DEFAULT_SOCKET
-    socket_mode: Annotated[str, msgspec.Meta(pattern=r"^0?[0-7]{3}$")] = "0660"
-    socket_group: str = ""
-    """Group that owns the socket; empty keeps the daemon's own group."""
-    log_format: LogFormat = "auto"
-    log_level: LogLevel = "info"
-    shutdown_grace: _Seconds = 10.0
-    """How long calls already on the DSP may take to finish at shutdown."""
+    """The socket, logging and shutdown. A reload (SIGHUP) applies log_level; the rest
+    needs a restart."""
+
+    socket: Annotated[
+        str, _doc("Listening socket, when systemd does not pass one (socket activation).")
+    ] = DEFAULT_SOCKET
+    socket_mode: Annotated[
+        str,
+        msgspec.Meta(pattern=r"^0?[0-7]{3}$"),
+        _doc("Permission bits of the socket, octal, as a string."),
+    ] = "0660"
+    socket_group: Annotated[
+        str,
+        _doc(
+            "Group that owns the socket; empty keeps the daemon's own group. Under systemd "
+            "leave it empty: the socket unit sets the group (npu)."
+        ),
+    ] = ""
+    log_format: Annotated[
+        LogFormat,
+        _doc(
+            "auto: JSON lines when stderr is not a terminal (the journal, with syslog "
+            "priority prefixes), readable text on a terminal."
+        ),
+    ] = "auto"
+    log_level: Annotated[LogLevel, _doc("The least severe level that is logged.")] = "info"
+    shutdown_grace: Annotated[
+        _Seconds, _doc("Seconds that calls already running on the DSP get to finish at shutdown.")
+    ] = 10.0
 
     @property
     def socket_mode_bits(self) -> int:
@@ -48,53 +74,179 @@ class DaemonConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
 
 
 class BackendConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    kind: Backend = "auto"
-    nodes: tuple[str, ...] = abi.CDSP_NODES
-    library_path: tuple[str, ...] = ()
-    """DSP library search path served to the DSP. Empty: the profile's default."""
-    lanes: Annotated[int, msgspec.Meta(ge=1, le=16)] = 2
-    """Invoke lanes for normal and background work (realtime has its own)."""
+    """The driver npud runs on: the kernel's FastRPC device, or the built-in emulator.
+    Changes need a restart."""
+
+    kind: Annotated[
+        Backend,
+        _doc(
+            "auto uses the kernel driver where a device node exists and the emulator "
+            "otherwise; kernel fails without a device (--backend overrides this key)."
+        ),
+    ] = "auto"
+    nodes: Annotated[
+        tuple[str, ...],
+        _doc("Device nodes to try, in order (libcdsprpc's order: the secure node first)."),
+    ] = abi.CDSP_NODES
+    library_path: Annotated[
+        tuple[str, ...],
+        _doc(
+            "Directories the DSP may load skel libraries from, served through reverse RPC. "
+            "Empty: /usr/lib/dsp/cdsp, /usr/lib/dsp and /usr/lib/rfsa/adsp on the device; "
+            "the emulator's own skel directory on the emulator."
+        ),
+    ] = ()
 
 
 class ShellConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    path: str = ""
-    """The DSP shell. Empty: the profile's default (the development shell on the emulator)."""
-    public_key: str = ""
-    """File with the Ed25519 public key (64 hex chars or PEM). Empty: the profile's default."""
-    trusted_uids: tuple[_Id, ...] = (0,)
-    """Owners allowed for the shell and its .sha256/.sig files."""
+    """The DSP shell npud verifies (SHA-256 and an Ed25519 signature, fail-closed) and
+    loads. Changes need a restart."""
+
+    path: Annotated[
+        str,
+        _doc(
+            "The DSP shell. Empty: /usr/lib/dsp/cdsp/fastrpc_shell_unsigned_3 on the device; "
+            "the development shell that ships with npud on the emulator. PATH.sha256 and "
+            "PATH.sig sit beside it."
+        ),
+    ] = ""
+    public_key: Annotated[
+        str,
+        _doc(
+            "File with the Ed25519 public key (64 hex characters or PEM). Empty: "
+            "/etc/npud/shell-signing.pub on the device; the development key on the emulator. "
+            "The kernel backend refuses the development key."
+        ),
+    ] = ""
+    trusted_uids: Annotated[
+        tuple[_Id, ...],
+        _doc("Owners allowed for the shell, its .sha256 and .sig, and the key file."),
+    ] = (0,)
 
 
 class AccessConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    allow_uids: tuple[_Id, ...] = ()
-    allow_gids: tuple[_Id, ...] = ()
-    """Peers allowed to connect, by SO_PEERCRED. Root and the daemon's own uid always are."""
-    realtime_uids: tuple[_Id, ...] = ()
-    realtime_gids: tuple[_Id, ...] = ()
-    """Who may be granted the realtime class. Both empty: every allowed peer may."""
+    """Who may connect and who may have the realtime class, checked with SO_PEERCRED.
+    A reload (SIGHUP) applies changes without dropping clients."""
+
+    allow_uids: Annotated[
+        tuple[_Id, ...],
+        _doc(
+            "Users allowed to connect, besides root and the daemon's own user. Under "
+            "systemd the socket's group (npu) already limits who can reach the socket."
+        ),
+    ] = ()
+    allow_gids: Annotated[tuple[_Id, ...], _doc("Primary groups allowed to connect.")] = ()
+    realtime_uids: Annotated[
+        tuple[_Id, ...],
+        _doc(
+            "Users who may be granted the realtime class (voice); others asking for it get "
+            "normal. With realtime_gids also empty: every allowed peer may."
+        ),
+    ] = ()
+    realtime_gids: Annotated[
+        tuple[_Id, ...], _doc("Primary groups who may be granted the realtime class.")
+    ] = ()
 
 
-class ClientLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    max_buffers: _Count = 256
-    max_buffer_bytes: _Bytes = 1 << 30
-    max_handles: _Count = 32
-    max_calls_in_flight: Annotated[int, msgspec.Meta(ge=1, le=0xFFFF)] = 16
-    """Requests a client may have unanswered; invokes beyond it are refused."""
+MAX_TIMEOUT_MS: Final = 600_000
+"""The ``max_timeout_ms`` every Welcome announces."""
 
 
-class GlobalLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    max_clients: _Count = 64
-    max_buffers: _Count = 4096
-    max_buffer_bytes: _Bytes = 4 << 30
+class ClientLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Limits per connection, announced in its Welcome. A reload (SIGHUP) applies changes
+    without dropping clients."""
+
+    max_buffers: Annotated[_Count, _doc("DMA-BUFs one client may hold.")] = 256
+    max_buffer_bytes: Annotated[_Bytes, _doc("Bytes of DMA-BUFs one client may hold.")] = 1 << 30
+    max_handles: Annotated[_Count, _doc("Remote handles one client may have open.")] = 32
+    max_calls_in_flight: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=0xFFFF),
+        _doc("Requests a client may have unanswered; invokes beyond it are refused."),
+    ] = 16
+    default_timeout_ms: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=MAX_TIMEOUT_MS),
+        _doc(
+            "The timeout of invokes that carry none, announced in the Welcome; 0 waits for "
+            "the DSP. At most 600000, the largest timeout a client may ask for."
+        ),
+    ] = 0
+
+
+class DaemonLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Limits for the whole daemon. A reload (SIGHUP) applies changes without dropping
+    clients."""
+
+    max_clients: Annotated[_Count, _doc("Connections at once.")] = 64
+    max_buffers: Annotated[_Count, _doc("DMA-BUFs held for all clients together.")] = 4096
+    max_buffer_bytes: Annotated[
+        _Bytes, _doc("Bytes of DMA-BUFs held for all clients together.")
+    ] = 4 << 30
+
+
+class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """How DSP-bound calls share the NPU (docs/scheduling.md). Changes need a restart."""
+
+    mode: Annotated[
+        Literal["fair", "fifo"],
+        _doc(
+            "fair: classes, deadlines, fair share by DSP time, realtime reserve; fifo: "
+            "arrival order with no policy (to measure what the policy buys)."
+        ),
+    ] = "fair"
+    dsp_slots: Annotated[
+        int, msgspec.Meta(ge=1, le=64), _doc("Calls npud keeps on the DSP at once.")
+    ] = 4
+    realtime_reserve: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=63),
+        _doc("Slots normal and background calls leave free, so a realtime call never waits."),
+    ] = 1
+    background_max: Annotated[
+        int, msgspec.Meta(ge=1, le=64), _doc("Background calls on the DSP at once, at most.")
+    ] = 2
+    background_wait_ms: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=60_000),
+        _doc("A background call that has waited this long goes before normal calls."),
+    ] = 500
+    per_client_running: Annotated[
+        int, msgspec.Meta(ge=1, le=64), _doc("Calls of one client on the DSP at once, at most.")
+    ] = 2
+    realtime_utilisation_pct: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=100),
+        _doc("Realtime budgets declared at hello are admitted up to this share of the DSP."),
+    ] = 50
+    workers: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=256),
+        _doc("Threads of the data path (they read requests and run DSP calls); 0: dsp_slots + 2."),
+    ] = 0
+
+    def __post_init__(self) -> None:
+        if self.realtime_reserve >= self.dsp_slots:
+            raise ValueError(
+                f"realtime_reserve {self.realtime_reserve} leaves no slot of {self.dsp_slots} "
+                "for normal and background calls"
+            )
+
+    @property
+    def worker_threads(self) -> int:
+        return self.workers or self.dsp_slots + 2
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """npud's configuration: one TOML table per section below."""
+
     daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
     backend: BackendConfig = msgspec.field(default_factory=BackendConfig)
     shell: ShellConfig = msgspec.field(default_factory=ShellConfig)
     access: AccessConfig = msgspec.field(default_factory=AccessConfig)
-    client_limits: ClientLimits = msgspec.field(default_factory=ClientLimits)
-    limits: GlobalLimits = msgspec.field(default_factory=GlobalLimits)
+    client_limits: ClientLimitsConfig = msgspec.field(default_factory=ClientLimitsConfig)
+    limits: DaemonLimitsConfig = msgspec.field(default_factory=DaemonLimitsConfig)
+    scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
 
 
 class ConfigError(Exception):

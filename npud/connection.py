@@ -1,20 +1,25 @@
-"""One client connection: bytes and fds in, requests to the broker, replies out.
+"""One client connection on the trio side: the handshake, then the hand-over.
 
-The sans-IO ``npu_protocol.ServerConnection`` does the framing and the
-bookkeeping; this module does the socket I/O on trio. Each request runs in its
-own task, so requests are pipelined and replies go out in completion order.
+The peer's first frame must be a Hello within ``HELLO_TIMEOUT``; it is
+answered with a Welcome (or an error without id, and the connection ends).
+From the Welcome on, the connection's requests travel on the data path
+(:mod:`npud.datapath`): this module waits, without touching a request, until
+the data path reports the connection finished (the peer left, broke the
+protocol or was dropped, and every request of it ended), then releases what
+the client held and closes the socket. Events reach the client through the
+data path's link, which never blocks.
 
 Peer garbage never becomes a traceback: a protocol violation is answered with
-one ErrorMessage (no id) and the connection is closed; a refused request gets
-an ErrorMessage with its id. However the connection ends, the client's
-resources are released (after calls already on the DSP have returned).
+one ErrorMessage (no id) and the connection is closed; a client leaving,
+however it leaves, is one info line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
-from typing import Final
+from typing import Any, Final
 
 import structlog
 import trio
@@ -22,251 +27,188 @@ import trio
 import npu_protocol as p
 from npu_client.transport import (
     ANCILLARY_SPACE,
-    RECV_BUFFER,
-    OwnedFd,
     TransportError,
     fds_ancillary,
     parse_ancillary,
 )
-from npu_protocol import ErrorCode
+from npu_protocol import CodedError, ErrorCode
 from npud import __version__
-from npud.broker import Broker, BrokerError, ClientState
+from npud.broker import Broker
+from npud.clients import Client
+from npud.link import Link
+from npud.requests import HANDLERS, Handler
 
-SEND_TIMEOUT: Final = 30.0
-"""A client that does not read its replies for this long is dropped."""
-EVENT_SEND_TIMEOUT: Final = 2.0
-"""Broadcast events (restart, shutdown) wait this long for a slow reader, then drop it."""
 HELLO_TIMEOUT: Final = 10.0
 """A connection that has not said Hello by then is closed."""
+HANDSHAKE_READ: Final = 64 * 1024
 
 
-class ClientConnection:
-    def __init__(self, broker: Broker, sock: trio.socket.SocketType, client: ClientState) -> None:
+class PeerConnection:
+    """The daemon's end of one client's connection."""
+
+    def __init__(self, broker: Broker, sock: socket.socket, client: Client) -> None:
         self.broker = broker
         self.sock = sock
+        self._trio_sock = trio.socket.from_stdlib_socket(sock)
         self.client = client
         self.protocol = p.ServerConnection()
         self.log = structlog.get_logger("npud.client").bind(
             pid=client.pid, uid=client.uid, client="?"
         )
-        self._send_lock = trio.Lock()
-        self._closing = False
-        self._welcomed = False
+        self._admitted = False
 
     # ------------------------------------------------------------------ run
     async def serve(self) -> None:
         """Serve until the peer leaves or breaks the protocol; then release everything."""
         self.log.info("client connected")
         reason = "closed by the client"
+        link: Link | None = None
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._hello_deadline, nursery.cancel_scope)
-                reason = await self._receive_loop(nursery)
-                nursery.cancel_scope.cancel()
-            if not self._welcomed and reason == "closed by the client":
-                reason = "no Hello in time or closed before it"
+            with trio.move_on_after(HELLO_TIMEOUT) as hello_deadline:
+                welcomed, reason = await self._handshake()
+            if hello_deadline.cancelled_caught:
+                self.log.warning("no Hello within the deadline; closing", seconds=HELLO_TIMEOUT)
+                welcomed, reason = False, "no Hello in time"
+            if welcomed:
+                link = self._make_link()
+                finished = trio.Event()
+                token = trio.lowlevel.current_trio_token()
+                link.on_finished = lambda _link: _set_soon(token, finished)
+                self.client.send_event = link.send
+                self.broker.datapath.add(link)
+                await finished.wait()
+                reason = link.reason or "closed by the client"
         finally:
             with trio.CancelScope(shield=True):
-                await self.broker.release_client(self.client)
-                self.sock.close()
+                if link is not None:
+                    self.broker.datapath.remove(link)
+                if self._admitted:
+                    await self.broker.release_client(self.client)
+                self._trio_sock.close()
             self.log.info("client disconnected", reason=reason, calls_done=self.client.calls_done)
 
-    async def _hello_deadline(self, scope: trio.CancelScope) -> None:
-        await trio.sleep(HELLO_TIMEOUT)
-        if not self._welcomed:
-            self.log.warning("no Hello within the deadline; closing", seconds=HELLO_TIMEOUT)
-            scope.cancel()
+    def _make_link(self) -> Link:
+        broker, client = self.broker, self.client
 
-    async def _receive_loop(self, nursery: trio.Nursery) -> str:
+        def arrive(request: p.AnyRequest) -> Handler[Any]:
+            handler = HANDLERS[type(request)](broker, client, request)
+            handler.start()
+            return handler
+
+        return Link(
+            self.sock,
+            self.protocol,
+            log_context=self.log,
+            arrive=arrive,
+            on_finished=lambda _link: None,
+            close_later=broker.dsp.close_later,
+        )
+
+    # ----------------------------------------------------------- handshake
+    async def _handshake(self) -> tuple[bool, str]:
+        """Read until the Hello and answer it: (welcomed, why not)."""
         while True:
             try:
-                data, ancdata, flags, _ = await self.sock.recvmsg(
-                    RECV_BUFFER, ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC
+                data, ancdata, flags, _ = await self._trio_sock.recvmsg(
+                    HANDSHAKE_READ, ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC
                 )
             except OSError as exc:
-                return f"receive failed: {errno.errorcode.get(exc.errno or 0, exc)}"
-            except trio.ClosedResourceError:
-                return "dropped by npud"
+                return False, f"receive failed: {errno.errorcode.get(exc.errno or 0, exc)}"
             truncated = False
             try:
                 fds = parse_ancillary(ancdata, flags)
             except TransportError:
                 fds, truncated = [], True
-            # Ownership of the fds passes to the protocol object, which hands
-            # each one back (as a stray or pending fd) for us to close.
+            # The protocol object owns the fds from here; it hands each back.
             self.protocol.receive_data(data, [fd.detach() for fd in fds], fds_truncated=truncated)
-            outcome = await self._drain_events(nursery)
-            if outcome is not None:
-                return outcome
+            while True:
+                try:
+                    event = self.protocol.next_event()
+                except p.RemoteProtocolError as exc:
+                    self.broker.dsp.close_later(self.protocol.take_pending_fds())
+                    self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
+                    await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
+                    return False, f"protocol violation: {exc}"
+                if event is p.NEED_DATA:
+                    break
+                if isinstance(event, p.ConnectionClosed):
+                    return False, "closed before its Hello"
+                if isinstance(event, p.StrayFds):
+                    self.broker.dsp.close_later(event.fds)
+                    self.log.warning("closed fds the client sent unasked", count=len(event.fds))
+                    continue
+                assert isinstance(event, p.Hello)  # the protocol allows nothing else first
+                if await self._welcome(event):
+                    return True, ""
+                return False, "refused at hello"
 
-    async def _drain_events(self, nursery: trio.Nursery) -> str | None:
-        while True:
-            try:
-                event = self.protocol.next_event()
-            except p.RemoteProtocolError as exc:
-                self.broker.close_later(self.protocol.take_pending_fds())
-                self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
-                await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
-                return f"protocol violation: {exc}"
-            if event is p.NEED_DATA:
-                return None
-            if isinstance(event, p.ConnectionClosed):
-                return "closed by the client"
-            if isinstance(event, p.StrayFds):
-                self.broker.close_later(event.fds)
-                self.log.warning("closed fds the client sent unasked", count=len(event.fds))
-                continue
-            if isinstance(event, p.Hello):
-                if not await self._welcome(event):
-                    return "refused at hello"
-                continue
-            nursery.start_soon(self._answer, event)
-
-    # ----------------------------------------------------------- handshake
     async def _welcome(self, hello: p.Hello) -> bool:
         version = p.choose_protocol_version(hello.protocol_version)
         client = self.client
         client.name = hello.client_name
         self.log = self.log.bind(client=hello.client_name)
         if version is None:
-            error = p.ErrorMessage.for_code(
-                ErrorCode.UNSUPPORTED_VERSION,
-                version=hello.protocol_version,
-                minimum=p.MIN_PROTOCOL_VERSION,
-                maximum=p.PROTOCOL_VERSION,
-            )
             self.log.warning("refused: protocol version", offered=hello.protocol_version)
-            await self._send_final(error)
+            await self._send_final(
+                p.ErrorMessage.for_code(
+                    ErrorCode.UNSUPPORTED_VERSION,
+                    version=hello.protocol_version,
+                    minimum=p.MIN_PROTOCOL_VERSION,
+                    maximum=p.PROTOCOL_VERSION,
+                )
+            )
             return False
+        client.priority = self.broker.grant_priority(client, hello.priority)
         try:
-            self.broker.admit(client)
-        except BrokerError as exc:
+            self.broker.admit(client, hello.budget)
+        except CodedError as exc:
             self.log.warning("refused", code=exc.code.name, error=str(exc))
             await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
             return False
-        client.priority = self.broker.grant_priority(client, hello.priority)
-        client.send_event = self._send_event
+        self._admitted = True
         welcome = p.Welcome(
             server_version=__version__,
             protocol_version=version,
             backend=self.broker.profile.kind,
-            dsp=self.broker.capabilities(),
+            dsp=self.broker.dsp.capabilities(),
             limits=self.broker.client_limits(client),
-            epoch=self.broker.epoch,
+            epoch=self.broker.dsp.epoch,
         )
-        await self._send(welcome)
-        self._welcomed = True
-        self.log.info("client welcomed", priority=client.priority.value, asked=hello.priority.value)
+        if not await self._send(welcome):
+            return False
+        self.log.info(
+            "client welcomed",
+            priority=client.priority.value,
+            asked=hello.priority.value,
+            protocol_version=version,
+            budget_us=None if hello.budget is None else hello.budget.budget_us,
+            period_us=None if hello.budget is None else hello.budget.period_us,
+        )
         return True
 
-    # ------------------------------------------------------------ requests
-    async def _answer(self, request: p.AnyRequest) -> None:
-        reply_fd: OwnedFd | None = None
-        try:
-            try:
-                reply, reply_fd = await self._handle(request)
-            except Exception as exc:
-                if not isinstance(exc, BrokerError):
-                    # A bug of ours: log it whole, answer the client, keep serving.
-                    self.log.exception("request failed", request=p.tag_of(request), id=request.id)
-                    exc = BrokerError(ErrorCode.INTERNAL_ERROR, detail=type(exc).__name__)
-                self.log.info(
-                    "request refused",
-                    request=p.tag_of(request),
-                    id=request.id,
-                    code=exc.code.name,
-                    error=str(exc),
-                )
-                await self._send(p.ErrorMessage.for_code(exc.code, id=request.id, **exc.fields))
-                return
-            await self._send(reply)
-        finally:
-            if reply_fd is not None:
-                reply_fd.close()
-
-    async def _handle(self, request: p.AnyRequest) -> tuple[p.AnyReply, OwnedFd | None]:
-        broker, client = self.broker, self.client
-        if isinstance(request, p.InvokeRequest):
-            outputs = await broker.invoke(client, request)
-            return p.InvokeReply(id=request.id, outputs=outputs), None
-        if isinstance(request, p.AllocRequest):
-            buffer_id, buffer, reply_fd = await broker.alloc(client, request.size)
-            reply = p.AllocReply(
-                id=request.id, buffer=buffer_id, size=buffer.mapped_size, fd=reply_fd.fileno()
-            )
-            return reply, reply_fd
-        return await self._handle_simple(request), None
-
-    async def _handle_simple(self, request: p.AnyRequest) -> p.AnyReply:
-        broker, client = self.broker, self.client
-        if isinstance(request, p.FreeRequest):
-            await broker.free(client, request.buffer)
-            return p.FreeReply(id=request.id)
-        if isinstance(request, p.MapRequest):
-            address = await broker.map(client, request.buffer)
-            return p.MapReply(id=request.id, dsp_address=address)
-        if isinstance(request, p.UnmapRequest):
-            await broker.unmap(client, request.buffer)
-            return p.UnmapReply(id=request.id)
-        if isinstance(request, p.OpenRequest):
-            handle = await broker.open(client, request.uri)
-            return p.OpenReply(id=request.id, handle=handle)
-        if isinstance(request, p.CloseRequest):
-            await broker.close_handle(client, request.handle)
-            return p.CloseReply(id=request.id)
-        if isinstance(request, p.StatusRequest):
-            return p.StatusReply(id=request.id, status=broker.status())
-        assert isinstance(request, p.PingRequest)
-        return p.PongReply(id=request.id, payload=request.payload)
-
     # ---------------------------------------------------------------- send
-    async def _send_event(self, event: p.ServerEvent) -> None:
-        await self._send(event, timeout=EVENT_SEND_TIMEOUT)
-
-    async def _send(self, message: p.ServerMessage, *, timeout: float = SEND_TIMEOUT) -> None:
-        """Write one message; a peer that does not take it within ``timeout`` is dropped.
-
-        A write cut short leaves a partial frame on the stream, so the only
-        safe thing after a timeout is to close the connection.
-        """
-        with trio.move_on_after(timeout) as scope:
-            async with self._send_lock:
-                if self._closing:
-                    return
-                try:
-                    data, fds = self.protocol.send(message)
-                except p.LocalProtocolError as exc:
-                    # Our own bug, or a reply too large for the frame limit: the
-                    # request still gets its one answer.
-                    self.log.error("reply not sendable", error=str(exc), message=p.tag_of(message))
-                    request_id = getattr(message, "id", None)
-                    if request_id is None or isinstance(message, p.ErrorMessage):
-                        return
-                    fallback = p.ErrorMessage.for_code(
-                        ErrorCode.INTERNAL_ERROR, id=request_id, detail=f"reply not sendable: {exc}"
-                    )
-                    data, fds = self.protocol.send(fallback)
-                await self._write(data, fds)
-        if scope.cancelled_caught:
-            self.log.warning("client stopped reading; dropping it", timeout=timeout)
-            self._drop()
-
-    def _drop(self) -> None:
-        self._closing = True
-        self.sock.close()  # the receive loop sees it and the connection ends
-
-    async def _send_final(self, message: p.ErrorMessage) -> None:
-        await self._send(message)
-        self._closing = True
-
-    async def _write(self, data: bytes, fds: list[int]) -> None:
+    async def _send(self, message: p.ServerMessage) -> bool:
+        """Write one handshake message; False if the peer is gone."""
+        try:
+            data, fds = self.protocol.send(message)
+        except p.LocalProtocolError as exc:
+            self.log.info("message not sent", error=str(exc), message=p.tag_of(message))
+            return False
         view = memoryview(data)
         try:
-            sent = await self.sock.sendmsg([view], fds_ancillary(fds))
+            sent = await self._trio_sock.sendmsg([view], fds_ancillary(fds))
             while sent < len(view):
-                sent += await self.sock.send(view[sent:])
+                sent += await self._trio_sock.send(view[sent:])
         except OSError as exc:
             self.log.info("send failed", error=errno.errorcode.get(exc.errno or 0, str(exc)))
-            self._drop()
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            self._closing = True
+            return False
+        return True
+
+    async def _send_final(self, message: p.ErrorMessage) -> None:
+        with trio.move_on_after(1.0):
+            await self._send(message)
+
+
+def _set_soon(token: trio.lowlevel.TrioToken, event: trio.Event) -> None:
+    with contextlib.suppress(trio.RunFinishedError):
+        token.run_sync_soon(event.set)

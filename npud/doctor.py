@@ -16,7 +16,7 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, NoReturn
 
@@ -60,8 +60,9 @@ configuration (shell, key, DSP library path, daemon.socket) and ${QAIRT_ENV}
 (default {DEFAULT_QAIRT_ROOT}). --config, --socket and ${SOCKET_ENV} are used as
 given. Under a --root other than / any file stands for a device node.
 
-exit status: 0 when no check FAILs (WARN and SKIP allowed), 1 when one does
-(including "no NPU on this machine"), 2 for a bad command line.
+exit status: 0 when no check FAILs (WARN and SKIP allowed), 1 when one does, 2 for
+a bad command line. A machine without an NPU is not a failure: npud runs there on
+its emulator, and the report says so (a stopped daemon is then a WARN).
 """
 
 
@@ -73,6 +74,9 @@ class Report:
     npu_present: bool
     headline: str
     """One sentence for the top of the report; empty when the machine has an NPU."""
+    uses: str
+    """The backend npud runs on, or will run on when started: ``kernel`` or ``emulator``;
+    ``none`` when it will refuse to start (``backend.kind = "kernel"`` without an NPU)."""
 
     @property
     def failed(self) -> bool:
@@ -82,18 +86,29 @@ class Report:
     def exit_status(self) -> int:
         return 1 if self.failed else 0
 
-    def summary(self) -> str:
-        counts = Counter(finding.status for finding in self.findings)
-        tally = ", ".join(f"{counts[status]} {status}" for status in Status)
+    def counts(self) -> dict[str, int]:
+        tally = Counter(finding.status for finding in self.findings)
+        return {status.value: tally[status] for status in Status}
+
+    @property
+    def verdict(self) -> str:
+        """The report in one sentence: the summary line's conclusion."""
+        counts = self.counts()
         if not self.npu_present:
-            verdict = self.headline + " The device checks are skipped."
-        elif counts[Status.FAIL]:
-            verdict = "the NPU is not usable until the FAIL lines are fixed."
-        elif counts[Status.WARN]:
-            verdict = "the NPU is usable; read the WARN lines."
-        else:
-            verdict = "the NPU is ready."
-        return f"summary: {tally}: {verdict}"
+            if counts[Status.FAIL]:
+                return self.headline + " Fix the FAIL lines."
+            if counts[Status.WARN]:
+                return self.headline + " Read the WARN lines; the device checks are skipped."
+            return self.headline + " The device checks are skipped."
+        if counts[Status.FAIL]:
+            return "the NPU is not usable until the FAIL lines are fixed."
+        if counts[Status.WARN]:
+            return "the NPU is usable; read the WARN lines."
+        return "the NPU is ready."
+
+    def summary(self) -> str:
+        tally = ", ".join(f"{count} {status}" for status, count in self.counts().items())
+        return f"summary: {tally}: {self.verdict}"
 
 
 def diagnose(
@@ -149,9 +164,17 @@ def diagnose(
             )
         ]
     daemon_finding, status = check_daemon(target, timeout=timeout)
+    if not present and daemon_finding.status is Status.FAIL and status is None:
+        # Without an NPU a stopped daemon is news, not a fault of the machine.
+        daemon_finding = replace(daemon_finding, status=Status.WARN)
     findings.append(daemon_finding)
     headline = "" if present else _no_npu_headline(config, status)
-    return Report(findings=tuple(findings), npu_present=present, headline=headline)
+    return Report(
+        findings=tuple(findings),
+        npu_present=present,
+        headline=headline,
+        uses=_backend_used(config, present, status),
+    )
 
 
 def _load_config(root: Path, given: Path | None) -> tuple[Config, Finding]:
@@ -194,16 +217,27 @@ def _judge_backend_choice(found: Finding, config: Config, present: bool) -> Find
     return Finding("config", Status.OK, detail)
 
 
+def _backend_used(config: Config, present: bool, status: DaemonStatus | None) -> str:
+    if status is not None:
+        return status.backend
+    kind = config.backend.kind
+    if kind == "auto":
+        return "kernel" if present else "emulator"
+    if kind == "kernel" and not present:
+        return "none"
+    return kind
+
+
 def _no_npu_headline(config: Config, status: DaemonStatus | None) -> str:
     if status is not None:
-        return f"No NPU present on this machine: npud is running on the {status.backend}."
+        return f"No NPU on this machine: npud is running on the {status.backend}."
     kind = config.backend.kind
     if kind == "kernel":
         return (
-            "No NPU present on this machine, and backend.kind = kernel: npud will not start "
+            "No NPU on this machine, and backend.kind = kernel: npud will not start "
             "(backend auto would use the emulator)."
         )
-    return f"No NPU present on this machine: npud uses the emulator (backend {kind})."
+    return f"No NPU on this machine: npud will use the emulator (backend {kind})."
 
 
 # --- Output -----------------------------------------------------------------------------
@@ -224,23 +258,28 @@ def format_report(report: Report) -> str:
 
 
 def report_json(report: Report) -> str:
-    """The findings as a JSON list of {check, status, detail, fix}; fix is null if none."""
-    return (
-        json.dumps(
-            [
-                {
-                    "check": finding.check,
-                    "status": finding.status.value,
-                    "detail": finding.detail,
-                    "fix": finding.fix or None,
-                }
-                for finding in report.findings
-            ],
-            indent=2,
-            ensure_ascii=False,
-        )
-        + "\n"
-    )
+    """The report as one JSON object: the verdict and summary, then each check.
+
+    ``{"verdict", "npu_present", "uses", "exit_status", "summary": {"OK": n, ...},
+    "checks": [{"check", "status", "detail", "fix"}, ...]}``; ``fix`` is null if none.
+    """
+    document = {
+        "verdict": report.verdict,
+        "npu_present": report.npu_present,
+        "uses": report.uses,
+        "exit_status": report.exit_status,
+        "summary": report.counts(),
+        "checks": [
+            {
+                "check": finding.check,
+                "status": finding.status.value,
+                "detail": finding.detail,
+                "fix": finding.fix or None,
+            }
+            for finding in report.findings
+        ],
+    }
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 
 # --- Command line -----------------------------------------------------------------------
@@ -281,7 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"npud's socket (default: ${SOCKET_ENV}, else daemon.socket of the config)",
     )
     parser.add_argument(
-        "--json", action="store_true", help="print the checks as a JSON list instead"
+        "--json",
+        action="store_true",
+        help="print the report as one JSON object: verdict, summary and the checks",
     )
     return parser
 

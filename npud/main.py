@@ -45,6 +45,10 @@ present, otherwise npud binds its own socket; with NOTIFY_SOCKET it reports
 READY, STATUS, RELOADING, STOPPING and, with WatchdogSec=, WATCHDOG pings while
 healthy.
 
+logs: one line per event on stderr, JSON unless stderr is a terminal; event names
+are stable keys and values are fields. When stderr is the journal ($JOURNAL_STREAM)
+each line starts with its syslog priority: journalctl -u npud -p warning.
+
 environment: NPUD_SOCKET is read by clients (npuctl, npu_client, npud doctor), not
 by the daemon.
 
@@ -109,12 +113,12 @@ def _start(args: argparse.Namespace, verifier: ShellVerifier) -> int:
     # Imported here, after the verifier started: see the module docstring.
     from npud.backend import device_present, select_profile  # noqa: PLC0415
     from npud.config import ConfigError, load_config  # noqa: PLC0415
-    from npud.logs import configure_logging  # noqa: PLC0415
+    from npud.logs import configure_logging, print_error  # noqa: PLC0415
 
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        print(f"npud: bad configuration: {exc}", file=sys.stderr)
+        print_error(f"npud: bad configuration: {exc}")
         return 2
     configure_logging(args.log_format or config.daemon.log_format, config.daemon.log_level)
     profile = select_profile(config, args.backend)
@@ -135,7 +139,7 @@ def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
 
     from npud.broker import Broker  # noqa: PLC0415
     from npud.config import load_config  # noqa: PLC0415
-    from npud.fastrpc.errors import FastRpcError  # noqa: PLC0415
+    from npud.fastrpc.errors import RpcError  # noqa: PLC0415
     from npud.sd import ActivationError, Notifier, activated_socket  # noqa: PLC0415
     from npud.server import Daemon, StartupError, bind_socket  # noqa: PLC0415
 
@@ -175,7 +179,7 @@ def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
         broker = Broker(config, profile)
         daemon = Daemon(config, broker, listener, notifier=notifier, reload_config=reload_config)
         trio.run(daemon.run)
-    except FastRpcError as exc:
+    except RpcError as exc:
         notifier.send(f"STATUS=start-up failed: {exc}")
         return _fail(f"cannot start the NPU session: {exc}")
     except KeyboardInterrupt:
@@ -189,8 +193,10 @@ def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
 
 
 def _fail(message: str) -> int:
-    """Exactly one line, for people and for `systemctl status` alike."""
-    print(f"npud: {message}", file=sys.stderr, flush=True)
+    """Exactly one line, for people and for `systemctl status` alike (an error in the journal)."""
+    from npud.logs import print_error  # noqa: PLC0415  (structlog: after the verifier started)
+
+    print_error(f"npud: {message}")
     return 1
 
 

@@ -20,7 +20,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -31,10 +31,11 @@ import trio
 
 import npu_protocol as p
 from npu_client.transport import fds_ancillary, peer_credentials
-from npu_protocol import ErrorCode
-from npud.broker import Broker, ClientState
+from npu_protocol import CodedError, ErrorCode
+from npud.broker import Broker
+from npud.clients import Client
 from npud.config import Config, ConfigError
-from npud.connection import ClientConnection
+from npud.connection import PeerConnection
 from npud.logs import set_level
 from npud.sd import Notifier, watchdog_interval
 
@@ -149,7 +150,8 @@ class Daemon:
         self.listener = trio.socket.from_stdlib_socket(listener)
         self.notifier = notifier or Notifier("")
         self._reload_config = reload_config
-        self._connections: set[ClientConnection] = set()
+        self._connections: set[PeerConnection] = set()
+        self._stop = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the session, serve until SIGTERM/SIGINT, then shut down cleanly.
@@ -165,24 +167,34 @@ class Daemon:
                     self.broker.attach(nursery)
                     nursery.start_soon(self._accept_loop, nursery)
                     nursery.start_soon(self._report_status)
+                    nursery.start_soon(self._watch_signals, signals)
                     interval = watchdog_interval()
                     if interval is not None:
                         nursery.start_soon(self._feed_watchdog, interval)
                     self.notifier.ready(self.broker.describe())
                     log.info("ready", socket=self.listener.getsockname())
                     task_status.started()
-                    async for signum in signals:
-                        if signum == signal.SIGHUP:
-                            self._reload()
-                            continue
-                        log.info("stopping", signal=signal.Signals(signum).name)
-                        break
+                    await self._stop.wait()
                     self.notifier.stopping()
                     await self._shutdown(nursery)
         finally:
             with trio.CancelScope(shield=True):
-                await self.broker.close(self.config.daemon.shutdown_grace)
+                # The grace was spent waiting for the calls; what still runs now
+                # is left to the kernel, which frees it when the process exits.
+                await self.broker.close(0.0 if self._stop.is_set() else 1.0)
         log.info("stopped")
+
+    def stop(self) -> None:
+        """Shut down as on SIGTERM (call on the trio thread)."""
+        self._stop.set()
+
+    async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            if signum == signal.SIGHUP:
+                self._reload()
+                continue
+            log.info("stopping", signal=signal.Signals(signum).name)
+            self.stop()
 
     # ------------------------------------------------------------- systemd
     async def _report_status(self) -> None:
@@ -192,14 +204,14 @@ class Daemon:
             now, calls = trio.current_time(), self.broker.calls_total
             rate = (calls - last_calls) / max(now - last_time, 1e-9)
             last_calls, last_time = calls, now
-            self.broker.check_session()
+            self.broker.dsp.check_session()
             self.notifier.status(f"{self.broker.describe()}; {rate:.1f} calls/s")
 
     async def _feed_watchdog(self, interval: float) -> None:
         """Ping only while healthy: a wedged lane or a dead thread lets systemd restart us."""
         while True:
-            self.broker.check_session()
-            if self.broker.healthy():
+            self.broker.dsp.check_session()
+            if self.broker.dsp.healthy():
                 self.notifier.watchdog()
             else:
                 log.error("unhealthy: withholding the watchdog ping")
@@ -263,10 +275,12 @@ class Daemon:
             log.warning("connection refused: not on the allow-list", pid=pid, uid=uid, gid=gid)
             await _refuse(sock, f"uid {uid} (gid {gid}) is not allowed to use npud")
             return
-        if self.broker.shutting_down:
+        if self.broker.dsp.stopping:
             await _refuse_code(sock, p.ErrorMessage.for_code(ErrorCode.SHUTTING_DOWN))
             return
-        connection = ClientConnection(self.broker, sock, ClientState(pid=pid, uid=uid, gid=gid))
+        connection = PeerConnection(
+            self.broker, _stdlib_socket(sock), Client(pid=pid, uid=uid, gid=gid)
+        )
         self._connections.add(connection)
         try:
             await connection.serve()
@@ -278,17 +292,23 @@ class Daemon:
 
     async def _shutdown(self, nursery: trio.Nursery) -> None:
         grace = self.config.daemon.shutdown_grace
-        self.broker.shutting_down = True
+        self.broker.dsp.stopping = True
         self.listener.close()
         await self.broker.broadcast(
             p.ShuttingDown(reason="npud is stopping", grace_ms=int(grace * 1000))
         )
+        datapath = self.broker.datapath
         with trio.move_on_after(grace):
-            while any(c.client.calls_in_flight for c in self._connections):
-                await trio.sleep(0.05)
-        # Past the grace, nobody waits for calls still on the DSP: the process
-        # exit releases them (the kernel closes the session).
-        self.broker.stop_waiting()
+            while any(link.pending for link in datapath.links()):
+                await trio.sleep(0.02)
+        # Past the grace every request still unanswered is told (SHUTTING_DOWN,
+        # as shutting_down promised), the clients are closed, and nobody waits
+        # for calls still on the DSP: the process exit releases them.
+        stopping = CodedError(ErrorCode.SHUTTING_DOWN)
+        for link in datapath.links():
+            datapath.fail_unanswered(link, stopping)
+            link.drop("npud is stopping")
+        self.broker.dsp.stop_waiting()
         nursery.cancel_scope.cancel()
 
 
@@ -339,3 +359,11 @@ async def _refuse_code(sock: trio.socket.SocketType, message: p.ErrorMessage) ->
                 break
             drained += len(chunk)
     sock.close()
+
+
+def _stdlib_socket(sock: trio.socket.SocketType) -> socket.socket:
+    """The accepted socket as a plain socket object: after the handshake it belongs
+    to the data path's threads, not to trio."""
+    plain = socket.socket(fileno=sock.detach())
+    plain.setblocking(False)
+    return plain

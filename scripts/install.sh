@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Lay out npud's system integration: the systemd units, sysusers.d and
-# tmpfiles.d entries, the udev rule, the configuration, the QAIRT environment
-# script, the shell's signature reference files, and optionally the daemon's
-# venv. Idempotent: a file already in place with the right content, mode and
-# owner is left alone, and a run that changes nothing says so.
-# docs/deploy.md walks through the whole installation.
+# tmpfiles.d entries, the udev rule, the man pages and bash completion, the
+# QAIRT environment script (vendor files, under --prefix, /usr by default),
+# the configuration (the admin's, in /etc: never overwritten), the shell's
+# signature reference files, and optionally the daemon's venv. Idempotent: a
+# file already in place with the right content, mode and owner is left alone,
+# and a run that changes nothing says so. docs/deploy.md walks through it.
 set -euo pipefail
 umask 022
 
@@ -14,6 +15,7 @@ readonly SOURCE_DIR
 # ExecStart in systemd/npud.service points into this venv.
 readonly VENV_DIR=/opt/npud/venv
 readonly CONFIG_DIR=/etc/npud
+readonly DEFAULT_PREFIX=/usr
 readonly DSP_DIR=/usr/lib/dsp/cdsp
 readonly SHELL_NAME=fastrpc_shell_unsigned_3
 readonly PUBLIC_KEY_NAME=shell-signing.pub
@@ -31,6 +33,9 @@ Install npud's units, configuration and reference files.
 Options:
   --root DIR         install below DIR instead of / (like DESTDIR; DIR must
                      exist). Nothing is activated. Env: NPUD_INSTALL_ROOT.
+  --prefix DIR       where the vendor files go (default $DEFAULT_PREFIX; /usr/local
+                     also works: systemd, udev and man search both). The
+                     admin's files stay in /etc.
   --dry-run          print what would change; write and run nothing
   --signing-dir DIR  install the shell's signature reference files from DIR:
                      $PUBLIC_KEY_NAME, $SHELL_NAME.sha256 and
@@ -44,15 +49,23 @@ Options:
                      systemd-tmpfiles, udevadm and systemctl
   -h, --help         show this help
 
-Files (below --root):
-  /etc/systemd/system/npud.service, npud.socket          0644
-  /etc/sysusers.d/npud.conf, /etc/tmpfiles.d/npud.conf    0644
-  /etc/udev/rules.d/90-npud-fastrpc.rules                 0644
-  $CONFIG_DIR/npud.toml   0644 (an edited one is kept; the shipped one goes to npud.toml.new)
-  $CONFIG_DIR/$PUBLIC_KEY_NAME                              0644 (--signing-dir)
-  $DSP_DIR/$SHELL_NAME.sha256, .sig   0644 (--signing-dir)
-  /usr/share/npud/portal-npu.sh, /usr/share/doc/npud/deploy.md  0644
-All owned by root when run as root.
+Vendor files (below --root, under --prefix; replaced when they differ):
+  PREFIX/lib/systemd/system/npud.service, npud.socket
+  PREFIX/lib/sysusers.d/npud.conf, PREFIX/lib/tmpfiles.d/npud.conf
+  PREFIX/lib/udev/rules.d/90-npud-fastrpc.rules
+  PREFIX/share/man/man8/npud.8, man1/npuctl.1, man5/npud.toml.5
+  PREFIX/share/bash-completion/completions/npud, npuctl
+  PREFIX/share/npud/portal-npu.sh, PREFIX/share/doc/npud/deploy.md
+The admin's files (below --root; never overwritten: when yours differs, the
+shipped one is written beside it as FILE.new and the script says so):
+  $CONFIG_DIR/npud.toml
+  $CONFIG_DIR/$PUBLIC_KEY_NAME                (--signing-dir)
+With the shell (replaced, like the shell itself):
+  $DSP_DIR/$SHELL_NAME.sha256, .sig   (--signing-dir)
+Mode 0644, owned by root when run as root. Copies an older install.sh put in
+/etc/systemd/system, /etc/sysusers.d, /etc/tmpfiles.d or /etc/udev/rules.d
+override the vendor files: an unchanged copy is removed, an edited one is
+kept and named (move your changes to a drop-in: systemctl edit npud.service).
 
 Exit status: 0 done (or nothing to do), 1 error, 2 bad usage.
 EOF
@@ -76,6 +89,7 @@ report() { printf '%s: %-10s %s\n' "$PROG" "$1" "$2"; }
 warn() { printf '%s: warning: %s\n' "$PROG" "$*" >&2; }
 
 root=${NPUD_INSTALL_ROOT:-/}
+prefix=$DEFAULT_PREFIX
 dry_run=0
 activate=1
 with_venv=0
@@ -90,6 +104,8 @@ while [[ $# -gt 0 ]]; do
     case $1 in
         --root) need_value "$@"; root=$2; shift 2 ;;
         --root=*) root=${1#*=}; shift ;;
+        --prefix) need_value "$@"; prefix=$2; shift 2 ;;
+        --prefix=*) prefix=${1#*=}; shift ;;
         --signing-dir) need_value "$@"; signing_dir=$2; shift 2 ;;
         --signing-dir=*) signing_dir=${1#*=}; shift ;;
         --shell-image) need_value "$@"; shell_image=$2; shift 2 ;;
@@ -103,6 +119,10 @@ while [[ $# -gt 0 ]]; do
 done
 
 [[ -n $root ]] || usage_error "--root needs a value"
+[[ $prefix == /* && $prefix != *//* && $prefix != */ ]] ||
+    usage_error "--prefix must be an absolute path without a trailing slash: $prefix"
+[[ $prefix != /etc && $prefix != /etc/* ]] ||
+    usage_error "--prefix $prefix: /etc is the admin's; vendor files go under /usr (or /usr/local)"
 [[ -d $root ]] || die "--root $root is not a directory"
 root=$(cd -- "$root" && pwd -P)
 live=0
@@ -138,11 +158,13 @@ target() {
     fi
 }
 
+# ensure_dir PATH MODE [keep]: PATH is a directory with MODE; with "keep", an
+# existing directory (the admin's) keeps whatever mode it has.
 ensure_dir() {
-    local path=$1 mode=$2 dest
+    local path=$1 mode=$2 keep=${3:-} dest
     dest=$(target "$path")
     if [[ -d $dest && ! -L $dest ]]; then
-        if [[ $(stat -c '%a' -- "$dest") != "$mode" ]]; then
+        if [[ -z $keep && $(stat -c '%a' -- "$dest") != "$mode" ]]; then
             if [[ $dry_run == 1 ]]; then
                 note "would chmod $mode $path"
             else
@@ -203,16 +225,43 @@ install_file() {
     report "${action/%e/}ed" "$path"
 }
 
-# install_conffile SRC PATH: like install_file, but a PATH that the operator
-# edited is kept and the shipped file goes next to it as PATH.new.
+# install_conffile SRC PATH WHAT: like install_file, for a file of the admin's:
+# a PATH that differs from SRC (edited, or another key) is never touched, and
+# SRC goes next to it as PATH.new; WHAT says what to do with that.
 install_conffile() {
-    local src=$1 path=$2 dest
+    local src=$1 path=$2 what=$3 dest
     dest=$(target "$path")
-    if [[ -f $dest ]] && ! cmp -s -- "$src" "$dest"; then
-        warn "kept your $path; the shipped version is $path.new (merge by hand)"
+    if [[ -e $dest || -L $dest ]] && ! { [[ -f $dest && ! -L $dest ]] && cmp -s -- "$src" "$dest"; }; then
+        if [[ $dry_run == 1 ]]; then
+            warn "would keep your $path; the shipped one would go to $path.new ($what)"
+        else
+            warn "kept your $path; the shipped one is $path.new ($what)"
+        fi
         install_file "$src" "$path.new" 644
+    elif [[ -e $dest ]]; then
+        report unchanged "$path"  # the shipped content; its mode and owner are the admin's
     else
         install_file "$src" "$path" 644
+    fi
+}
+
+# retire_legacy OLD NEW SRC: OLD is where an older install.sh put the vendor
+# file now at NEW; a file in /etc overrides it. A copy equal to the shipped one
+# is ours and goes; anything else is the admin's and stays, named.
+retire_legacy() {
+    local old=$1 new=$2 src=$3 dest
+    dest=$(target "$old")
+    [[ -e $dest || -L $dest ]] || return 0
+    if [[ -f $dest && ! -L $dest ]] && cmp -s -- "$src" "$dest"; then
+        changes=$((changes + 1))
+        if [[ $dry_run == 1 ]]; then
+            note "would remove $old: an unchanged copy that would override $new"
+        else
+            rm -f -- "$dest"
+            report removed "$old (overrode $new)"
+        fi
+    else
+        warn "$old overrides $new: an older install.sh's copy or your edit; kept. Put your changes in a drop-in (systemctl edit, or ${old%/*}/<name>.d/) and remove it"
     fi
 }
 
@@ -224,18 +273,26 @@ source_file() {
 
 # --- Check everything before writing anything ----------------------------
 
+# source|installed path|where an older install.sh put it (if it did)
 declare -a plan=(
-    "systemd/npud.service|/etc/systemd/system/npud.service"
-    "systemd/npud.socket|/etc/systemd/system/npud.socket"
-    "systemd/sysusers.d/npud.conf|/etc/sysusers.d/npud.conf"
-    "systemd/tmpfiles.d/npud.conf|/etc/tmpfiles.d/npud.conf"
-    "systemd/udev/90-npud-fastrpc.rules|/etc/udev/rules.d/90-npud-fastrpc.rules"
-    "config/portal-npu.sh|/usr/share/npud/portal-npu.sh"
-    "docs/deploy.md|/usr/share/doc/npud/deploy.md"
+    "systemd/npud.service|$prefix/lib/systemd/system/npud.service|/etc/systemd/system/npud.service"
+    "systemd/npud.socket|$prefix/lib/systemd/system/npud.socket|/etc/systemd/system/npud.socket"
+    "systemd/sysusers.d/npud.conf|$prefix/lib/sysusers.d/npud.conf|/etc/sysusers.d/npud.conf"
+    "systemd/tmpfiles.d/npud.conf|$prefix/lib/tmpfiles.d/npud.conf|/etc/tmpfiles.d/npud.conf"
+    "systemd/udev/90-npud-fastrpc.rules|$prefix/lib/udev/rules.d/90-npud-fastrpc.rules|/etc/udev/rules.d/90-npud-fastrpc.rules"
+    "man/npud.8|$prefix/share/man/man8/npud.8|"
+    "man/npuctl.1|$prefix/share/man/man1/npuctl.1|"
+    "man/npud.toml.5|$prefix/share/man/man5/npud.toml.5|"
+    "completions/bash/npud|$prefix/share/bash-completion/completions/npud|"
+    "completions/bash/npuctl|$prefix/share/bash-completion/completions/npuctl|"
+    "config/portal-npu.sh|$prefix/share/npud/portal-npu.sh|"
+    "docs/deploy.md|$prefix/share/doc/npud/deploy.md|"
 )
 for entry in "${plan[@]}"; do
     source_file "${entry%%|*}" >/dev/null
 done
+sysusers_conf=$prefix/lib/sysusers.d/npud.conf
+tmpfiles_conf=$prefix/lib/tmpfiles.d/npud.conf
 config_src=$(source_file config/npud.toml)
 
 # key_hex FILE: the Ed25519 public key in FILE as 64 lower-case hex digits,
@@ -298,13 +355,18 @@ fi
 note "installing from $SOURCE_DIR into $root"
 
 for entry in "${plan[@]}"; do
-    install_file "$SOURCE_DIR/${entry%%|*}" "${entry#*|}" 644
+    IFS='|' read -r src path legacy <<<"$entry"
+    install_file "$SOURCE_DIR/$src" "$path" 644
+    if [[ -n $legacy ]]; then
+        retire_legacy "$legacy" "$path" "$SOURCE_DIR/$src"
+    fi
 done
-ensure_dir "$CONFIG_DIR" 755
-install_conffile "$config_src" "$CONFIG_DIR/npud.toml"
+ensure_dir "$CONFIG_DIR" 755 keep
+install_conffile "$config_src" "$CONFIG_DIR/npud.toml" "merge it into yours by hand"
 
 if [[ -n $signing_dir ]]; then
-    install_file "$signing_dir/$PUBLIC_KEY_NAME" "$CONFIG_DIR/$PUBLIC_KEY_NAME" 644
+    install_conffile "$signing_dir/$PUBLIC_KEY_NAME" "$CONFIG_DIR/$PUBLIC_KEY_NAME" \
+        "a different key: to change keys, move it over yours and restart npud"
     install_file "$signing_dir/$SHELL_NAME.sha256" "$DSP_DIR/$SHELL_NAME.sha256" 644
     install_file "$signing_dir/$SHELL_NAME.sig" "$DSP_DIR/$SHELL_NAME.sig" 644
 else
@@ -349,12 +411,12 @@ elif [[ $activate == 0 ]]; then
     note "not activating (--no-activate)"
 else
     if command -v systemd-sysusers >/dev/null; then
-        run systemd-sysusers /etc/sysusers.d/npud.conf
+        run systemd-sysusers "$sysusers_conf"
     else
         warn "systemd-sysusers not found: create the users by hand (docs/deploy.md)"
     fi
     if command -v systemd-tmpfiles >/dev/null; then
-        run systemd-tmpfiles --create /etc/tmpfiles.d/npud.conf
+        run systemd-tmpfiles --create "$tmpfiles_conf"
     fi
     if command -v udevadm >/dev/null; then
         run udevadm control --reload

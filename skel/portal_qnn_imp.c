@@ -18,7 +18,8 @@
  *   AEE_EBADSIZE         set_input data is not exactly the tensor's size
  *   AEE_ENOTINITIALIZED  execute before every input was set; get_output
  *                        before a successful execute
- *   AEE_EBUFFERTOOSMALL  get_output capacity below the output's size
+ *   AEE_EBUFFERTOOSMALL  get_output capacity below the output's size; graph_info
+ *                        capacity below the graph's tensor count
  *   AEE_EUNABLETOLOAD / AEE_ENOSUCHSYMBOL / AEE_ERESOURCENOTFOUND
  *                        library not loadable / entry point missing /
  *                        no such builtin
@@ -346,6 +347,34 @@ SKEL_EXPORT int portal_qnn_model_unload(remote_handle64 _h, unsigned int model_i
     qnn_model *model = loaded_model(context, model_index, &rc);
     if (model != NULL) {
         qnn_model_unload(model);
+    }
+    release(context);
+    return rc;
+}
+
+SKEL_EXPORT int portal_qnn_graph_info(remote_handle64 _h, unsigned int model_index,
+                                      unsigned int graph_index, portal_qnn_tensor_spec *inputs,
+                                      int inputsLen, portal_qnn_tensor_spec *outputs,
+                                      int outputsLen, unsigned int *num_inputs,
+                                      unsigned int *num_outputs) {
+    if (inputsLen < 0 || outputsLen < 0 || num_inputs == NULL || num_outputs == NULL) {
+        return AEE_EBADPARM;
+    }
+    portal_context *context = acquire(_h);
+    if (context == NULL) {
+        return AEE_EINVHANDLE;
+    }
+    int rc = AEE_SUCCESS;
+    const qnn_model *model = loaded_model(context, model_index, &rc);
+    if (model != NULL) {
+        uint32_t inputs_found = 0;
+        uint32_t outputs_found = 0;
+        rc = qnn_model_describe(model, graph_index, inputs, (size_t)inputsLen, outputs,
+                                (size_t)outputsLen, &inputs_found, &outputs_found);
+        if (rc == AEE_SUCCESS) {
+            *num_inputs = inputs_found;
+            *num_outputs = outputs_found;
+        }
     }
     release(context);
     return rc;

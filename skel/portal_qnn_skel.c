@@ -13,6 +13,9 @@
  *   5 get_output    0x05010200  primIn {model_index, graph_index, tensor_index, capacity(data)},
  *                               primROut {data_len}, data
  *   6 model_unload  0x06010000  primIn {model_index}
+ *   7 graph_info    0x07010300  primIn {model_index, graph_index, capacity(inputs),
+ *                               capacity(outputs)} (capacities in records),
+ *                               primROut {num_inputs, num_outputs}, inputs, outputs
  *
  * Every buffer is checked before the implementation runs, so a badly
  * marshalled call never has a side effect. Wrong counts or lengths:
@@ -129,6 +132,36 @@ static int invoke_model_unload(remote_handle64 h, uint32_t sc, remote_arg *pra) 
     return portal_qnn_model_unload(h, model_index);
 }
 
+static int invoke_graph_info(remote_handle64 h, uint32_t sc, remote_arg *pra) {
+    uint32_t prim_in[4] = {0, 0, 0, 0};
+    int rc = skel_check_counts(sc, pra, 1, 3, 0, 0);
+    if (rc == AEE_SUCCESS) {
+        rc = skel_read_u32s(&pra[0], prim_in, 4);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_u32s_room(&pra[1], 2);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_records(&pra[2], prim_in[2], sizeof(portal_qnn_tensor_spec));
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_records(&pra[3], prim_in[3], sizeof(portal_qnn_tensor_spec));
+    }
+    if (rc != AEE_SUCCESS) {
+        return rc;
+    }
+    unsigned int num_inputs = 0;
+    unsigned int num_outputs = 0;
+    rc = portal_qnn_graph_info(h, prim_in[0], prim_in[1], (portal_qnn_tensor_spec *)pra[2].buf.pv,
+                               (int)prim_in[2], (portal_qnn_tensor_spec *)pra[3].buf.pv,
+                               (int)prim_in[3], &num_inputs, &num_outputs);
+    if (rc == AEE_SUCCESS) {
+        const uint32_t prim_rout[2] = {num_inputs, num_outputs};
+        rc = skel_write_u32s(&pra[1], prim_rout, 2);
+    }
+    return rc;
+}
+
 int portal_qnn_skel_handle_invoke(remote_handle64 h, uint32_t sc, remote_arg *pra) {
     switch (REMOTE_SCALARS_METHOD(sc)) {
     case 0:
@@ -145,6 +178,8 @@ int portal_qnn_skel_handle_invoke(remote_handle64 h, uint32_t sc, remote_arg *pr
         return invoke_get_output(h, sc, pra);
     case 6:
         return invoke_model_unload(h, sc, pra);
+    case 7:
+        return invoke_graph_info(h, sc, pra);
     default:
         return AEE_EUNSUPPORTED;
     }

@@ -68,6 +68,32 @@ static uint32_t element_bytes(uint32_t data_type) {
 }
 
 /*
+ * The description graph_info reports, or AEE_EINVALIDFORMAT for a name that
+ * does not fit (a truncated name could collide with another tensor's).
+ * tensor_bytes has already bounded the rank.
+ */
+static int describe_tensor(const Qnn_Tensor_t *tensor, uint32_t bytes,
+                           portal_qnn_tensor_spec *spec) {
+    memset(spec, 0, sizeof(*spec));
+    if (tensor->name != NULL) {
+        size_t length = strnlen(tensor->name, PORTAL_QNN_MAX_NAME_BYTES);
+        if (length == PORTAL_QNN_MAX_NAME_BYTES) {
+            FARF(ERROR, "portal_qnn: a tensor name is longer than %u bytes",
+                 (unsigned)(PORTAL_QNN_MAX_NAME_BYTES - 1u));
+            return AEE_EINVALIDFORMAT;
+        }
+        memcpy(spec->name, tensor->name, length);
+    }
+    spec->data_type = tensor->dataType;
+    spec->rank = tensor->rank;
+    for (uint32_t i = 0; i < tensor->rank; i++) {
+        spec->dims[i] = tensor->dimensions[i];
+    }
+    spec->bytes = bytes;
+    return AEE_SUCCESS;
+}
+
+/*
  * Size of a tensor in bytes, or 0 when the skel cannot size it: unknown type,
  * rank above PORTAL_QNN_MAX_RANK, missing dimensions, a zero dimension, or
  * more than PORTAL_QNN_MAX_TENSOR_BYTES. Rank 0 is a scalar (one element).
@@ -130,6 +156,10 @@ static int stage_tensors(const Qnn_Tensor_t *source, uint32_t count, Qnn_Tensor_
             FARF(ERROR, "portal_qnn: tensor %u (type 0x%x, rank %u) cannot be sized",
                  (unsigned)i, (unsigned)source[i].dataType, (unsigned)source[i].rank);
             return AEE_EINVALIDFORMAT;
+        }
+        int rc = describe_tensor(&source[i], bytes, &(*buffers)[i].spec);
+        if (rc != AEE_SUCCESS) {
+            return rc;
         }
         *total_bytes += bytes;
         if (*total_bytes > PORTAL_QNN_MAX_MODEL_BYTES) {
@@ -336,5 +366,33 @@ int qnn_model_get_output(qnn_model *model, uint32_t graph_index, uint32_t tensor
         memset(out + buffer->produced, 0, capacity - buffer->produced);
     }
     *produced = buffer->produced;
+    return AEE_SUCCESS;
+}
+
+static void copy_specs(const qnn_buffer *buffers, uint32_t count, portal_qnn_tensor_spec *specs,
+                       size_t capacity) {
+    if (capacity != 0) {
+        memset(specs, 0, capacity * sizeof(*specs));
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        specs[i] = buffers[i].spec;
+    }
+}
+
+int qnn_model_describe(const qnn_model *model, uint32_t graph_index, portal_qnn_tensor_spec *inputs,
+                       size_t input_capacity, portal_qnn_tensor_spec *outputs,
+                       size_t output_capacity, uint32_t *num_inputs, uint32_t *num_outputs) {
+    if (graph_index >= model->num_graphs || (input_capacity != 0 && inputs == NULL) ||
+        (output_capacity != 0 && outputs == NULL)) {
+        return AEE_EBADPARM;
+    }
+    const qnn_graph *graph = &model->graphs[graph_index];
+    if (input_capacity < graph->num_inputs || output_capacity < graph->num_outputs) {
+        return AEE_EBUFFERTOOSMALL;
+    }
+    copy_specs(graph->inputs, graph->num_inputs, inputs, input_capacity);
+    copy_specs(graph->outputs, graph->num_outputs, outputs, output_capacity);
+    *num_inputs = graph->num_inputs;
+    *num_outputs = graph->num_outputs;
     return AEE_SUCCESS;
 }

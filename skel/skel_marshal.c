@@ -2,6 +2,7 @@
 #include "skel_marshal.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "AEEStdErr.h"
@@ -58,6 +59,18 @@ int skel_check_sequence(const remote_arg *arg, uint32_t announced) {
         return AEE_EBADPARM;
     }
     if (announced > (uint32_t)INT_MAX || (announced != 0 && arg->buf.pv == NULL)) {
+        return AEE_EBADPARM;
+    }
+    return AEE_SUCCESS;
+}
+
+int skel_check_records(const remote_arg *arg, uint32_t count, size_t record_size) {
+    if (record_size == 0 || count > (uint32_t)INT_MAX || (size_t)count > SIZE_MAX / record_size) {
+        return AEE_EBADPARM;
+    }
+    size_t bytes = (size_t)count * record_size;
+    if (arg->buf.nLen != bytes || (bytes != 0 && arg->buf.pv == NULL)) {
+        FARF(HIGH, "records: primIn announces %zu bytes, buffer has %zu", bytes, arg->buf.nLen);
         return AEE_EBADPARM;
     }
     return AEE_SUCCESS;

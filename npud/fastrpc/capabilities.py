@@ -9,7 +9,7 @@ from typing import Final
 
 from npu_protocol import ErrorCode
 from npud.fastrpc import abi
-from npud.fastrpc.errors import FastRpcError
+from npud.fastrpc.errors import RpcError
 
 # The attributes we ask for at session start (reference section 2).
 QUERIED_ATTRIBUTES: Final = (
@@ -28,7 +28,7 @@ QUERIED_ATTRIBUTES: Final = (
 
 
 @dataclass(frozen=True)
-class DspCapabilities:
+class DspInfo:
     """A snapshot of the capability table; ``available`` is False on DSPs without the API."""
 
     available: bool
@@ -110,13 +110,13 @@ def query_capability(ioctl: Ioctl, attribute: int) -> int:
     cap = abi.fastrpc_ioctl_capability(domain=abi.CDSP_DOMAIN_ID, attribute_id=attribute)
     rc = ioctl(cap)
     if rc != 0:
-        raise FastRpcError(ErrorCode.FASTRPC, rc=rc)
+        raise RpcError(ErrorCode.FASTRPC, rc=rc)
     if cap.capability == 0 and cap.domain != abi.CDSP_DOMAIN_ID:
         return int(cap.domain)
     return int(cap.capability)
 
 
-def query_capabilities(ioctl: Ioctl) -> DspCapabilities:
+def query_capabilities(ioctl: Ioctl) -> DspInfo:
     """Read the table; EOPNOTSUPP (a DSP without the API) yields ``available=False``.
 
     Other OSErrors (EPIPE: the DSP is down) propagate: the caller translates them.
@@ -127,6 +127,6 @@ def query_capabilities(ioctl: Ioctl) -> DspCapabilities:
             raw[attribute] = query_capability(ioctl, attribute)
         except OSError as exc:
             if exc.errno == errno.EOPNOTSUPP:
-                return DspCapabilities(available=False)
+                return DspInfo(available=False)
             raise
-    return DspCapabilities(available=True, raw=raw)
+    return DspInfo(available=True, raw=raw)

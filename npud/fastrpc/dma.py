@@ -1,9 +1,9 @@
 """DMA-BUF sizing rules and the host side of one DMA-BUF.
 
-A :class:`DmaBuffer` is owned by the FastRpcSession that allocated it: the
-session closes its fd and its host mapping exactly once (see
-``FastRpcSession.free``). Users get the buffer's memory through
-:meth:`DmaBuffer.view` and pass slices of it to invokes.
+A :class:`SessionBuffer` owns its fd and its host mapping and releases them exactly
+once; the FastRpcSession that allocated it decides when (``FastRpcSession.free``
+defers the release while an invoke uses the buffer). Users get the buffer's
+memory through :meth:`SessionBuffer.view` and pass slices of it to invokes.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import ctypes
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from typing import Final
 
 from npu_protocol import MAX_DMA_SIZE, ErrorCode
-from npud.fastrpc.errors import FastRpcError
+from npud.fastrpc.errors import RpcError
 
 PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
 _U64_MAX: Final = (1 << 64) - 1
@@ -27,10 +28,10 @@ def page_round_up(size: int, page_size: int = PAGE_SIZE) -> int:
     Raises DMA_SIZE_OVERFLOW where the rounded size would not fit in 64 bits.
     """
     if size < 0:
-        raise FastRpcError(ErrorCode.INVALID_ARGUMENT, detail=f"negative size {size}")
+        raise RpcError(ErrorCode.INVALID_ARGUMENT, detail=f"negative size {size}")
     rounded = (size + page_size - 1) // page_size * page_size
     if rounded > _U64_MAX:
-        raise FastRpcError(ErrorCode.DMA_SIZE_OVERFLOW, size=size)
+        raise RpcError(ErrorCode.DMA_SIZE_OVERFLOW, size=size)
     return rounded
 
 
@@ -40,54 +41,96 @@ def checked_dma_size(size: int) -> int:
     The order is the crate's: the 256 MB ceiling first, then page rounding.
     """
     if isinstance(size, bool) or not isinstance(size, int):
-        raise FastRpcError(
-            ErrorCode.INVALID_ARGUMENT, detail=f"size must be an integer, got {size!r}"
-        )
+        raise RpcError(ErrorCode.INVALID_ARGUMENT, detail=f"size must be an integer, got {size!r}")
     if size == 0:
-        raise FastRpcError(ErrorCode.DMA_BUF_ALLOC, msg="size 0: a DMA-BUF holds at least one byte")
+        raise RpcError(ErrorCode.DMA_BUF_ALLOC, msg="size 0: a DMA-BUF holds at least one byte")
     if size < 0:
-        raise FastRpcError(ErrorCode.INVALID_ARGUMENT, detail=f"negative size {size}")
+        raise RpcError(ErrorCode.INVALID_ARGUMENT, detail=f"negative size {size}")
     if size > MAX_DMA_SIZE:
-        raise FastRpcError(ErrorCode.DMA_EXCEEDS_MAX_SIZE, size=size)
+        raise RpcError(ErrorCode.DMA_EXCEEDS_MAX_SIZE, size=size)
     return page_round_up(size)
 
 
-class DmaBuffer:
+class DeviceFd:
+    """One fd from ``Driver.open`` or ALLOC_DMA_BUFF: closed through the Driver exactly once."""
+
+    __slots__ = ("_close", "_fd")
+
+    def __init__(self, fd: int, close: Callable[[int], None]) -> None:
+        self._fd = fd
+        self._close = close
+
+    @property
+    def closed(self) -> bool:
+        return self._fd == -1
+
+    def fileno(self) -> int:
+        """The fd number; -1 once closed (callers check ``closed`` first)."""
+        return self._fd
+
+    def close(self) -> None:
+        """Close once; later calls do nothing. The number is -1 from here on."""
+        fd, self._fd = self._fd, -1
+        if fd != -1:
+            self._close(fd)
+
+
+class SessionBuffer:
     """One DMA-BUF: its fd, its shared host mapping and, once mapped, its DSP address.
 
-    ``fd`` is owned by the allocating session and is -1 once released. The
-    host mapping is created at allocation, so invokes can pass a pointer
-    inside it (the kernel requires one).
+    The buffer owns its fd and its host mapping and releases both exactly once
+    in :meth:`release`. Its DSP mapping is made and undone by the session
+    (ioctls on the session's fd), which reports each change here with
+    :meth:`mapped_at` and :meth:`unmapped`; nothing outside changes its state.
+
+    ``size`` is the allocated size, a whole number of pages: the one size that
+    slices are checked against and that quotas count.
     """
 
-    def __init__(self, buffer_id: int, fd: int, size: int, mapped_size: int, host: mmap.mmap):
+    def __init__(self, buffer_id: int, fd: DeviceFd, size: int, host: mmap.mmap) -> None:
         self.id = buffer_id
-        self.fd = fd
+        self._fd = fd
         self.size = size
-        self.mapped_size = mapped_size
         self._host: mmap.mmap | None = host
         anchor = ctypes.c_char.from_buffer(host)
         self.host_address = ctypes.addressof(anchor)
         del anchor  # drop the buffer export so the mapping can be closed later
-        self.dsp_address: int | None = None
+        self._dsp_address: int | None = None
         # In-flight invokes using this buffer; release waits for zero.
         self._pins = 0
         self._release_pending = False
         self.lock = threading.Lock()
+        """Held by the session across a change of the DSP mapping and the release."""
+
+    @property
+    def fd(self) -> int:
+        """The DMA-BUF's fd (owned here); -1 once released."""
+        return self._fd.fileno()
 
     @property
     def released(self) -> bool:
-        return self.fd == -1
+        return self._fd.closed
+
+    @property
+    def dsp_address(self) -> int | None:
+        """Where the buffer is mapped in the DSP process, or None."""
+        return self._dsp_address
+
+    def mapped_at(self, address: int) -> None:
+        self._dsp_address = address
+
+    def unmapped(self) -> None:
+        self._dsp_address = None
 
     def view(self) -> memoryview:
-        """Read-write view of the buffer's ``size`` bytes (not the page padding)."""
+        """Read-write view of the whole buffer."""
         if self._host is None:
-            raise FastRpcError(ErrorCode.UNKNOWN_BUFFER, buffer=self.id)
-        return memoryview(self._host)[: self.size]
+            raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=self.id)
+        return memoryview(self._host)
 
     def check_slice(self, offset: int, length: int) -> None:
         if offset < 0 or length < 0 or offset + length > self.size:
-            raise FastRpcError(
+            raise RpcError(
                 ErrorCode.SLICE_OUT_OF_RANGE,
                 offset=offset,
                 length=length,
@@ -99,7 +142,7 @@ class DmaBuffer:
     def pin(self) -> None:
         with self.lock:
             if self.released or self._release_pending:
-                raise FastRpcError(ErrorCode.UNKNOWN_BUFFER, buffer=self.id)
+                raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=self.id)
             self._pins += 1
 
     def unpin(self) -> bool:
@@ -116,9 +159,22 @@ class DmaBuffer:
             self._release_pending = True
             return self._pins == 0
 
-    def take_host_mapping(self) -> mmap.mmap | None:
+    def release(self, before_close: Callable[[int], None]) -> None:
+        """Unmap the host mapping, then close the fd; ``before_close(fd)`` runs in
+        between (the session's FREE_DMA_BUFF). Exactly once; the caller holds
+        ``lock`` and has undone the DSP mapping."""
+        if self.released:
+            return
+        self._dsp_address = None
         host, self._host = self._host, None
-        return host
+        try:
+            if host is not None:
+                host.close()
+        finally:
+            try:
+                before_close(self._fd.fileno())
+            finally:
+                self._fd.close()
 
     def __repr__(self) -> str:
-        return f"<DmaBuffer id={self.id} fd={self.fd} size={self.size} dsp={self.dsp_address}>"
+        return f"<SessionBuffer id={self.id} fd={self.fd} size={self.size} dsp={self._dsp_address}>"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from npud.fastrpc.dma import DmaBuffer
+from npud.fastrpc.dma import SessionBuffer
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,7 @@ class Capacity:
 
 @dataclass(frozen=True, slots=True)
 class Slice:
-    buffer: DmaBuffer
+    buffer: SessionBuffer
     offset: int
     length: int
 

@@ -23,7 +23,7 @@ from typing import Final
 from npu_protocol import AEE, ErrorCode
 from npud.fastrpc import abi
 from npud.fastrpc.apps_std import AppsStdServer, Reply
-from npud.fastrpc.errors import FastRpcError
+from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg
 from npud.fastrpc.marshal import PackedReader, pack_buffers
 
@@ -33,6 +33,8 @@ INIT2_SC: Final = abi.remote_scalars_make(3, 0, 0)  # 0x03000000
 NEXT2_SC: Final = abi.remote_scalars_make(4, 2, 2)  # 0x04020200
 GET_IN_BUFS2_SC: Final = abi.remote_scalars_make(5, 1, 2)  # 0x05010200
 REQUEST_CAPACITY: Final = 64 * 1024
+PROCESS_EXITED: Final = "the DSP process exited"
+"""The listener's stop reason when the session ended the DSP process (the normal end)."""
 MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024  # a peer's length is bounded before we fetch
 
 RawInvoke = Callable[[int, int, Sequence[InArg], Sequence[OutArg]], InvokeResult]
@@ -57,7 +59,7 @@ class ReverseRpcListener:
             raise RuntimeError("listener already started")
         result = self._invoke(abi.ADSP_LISTENER_HANDLE, INIT2_SC, (), ())
         if result.rc != 0:
-            raise FastRpcError(ErrorCode.FASTRPC, rc=result.rc)
+            raise RpcError(ErrorCode.FASTRPC, rc=result.rc)
         self._thread = threading.Thread(target=self._run, name="fastrpc-listener", daemon=True)
         self._thread.start()
 
@@ -76,13 +78,19 @@ class ReverseRpcListener:
     def _run(self) -> None:
         try:
             self.stats.stopped_because = self._serve()
-        except FastRpcError as exc:
+        except RpcError as exc:
             self.stats.stopped_because = str(exc)
         except Exception:  # the thread must log, not vanish silently
             log.exception("reverse-RPC listener failed")
             self.stats.stopped_because = "internal error (see log)"
         finally:
             self._server.close()
+            reason = self.stats.stopped_because
+            log.log(
+                logging.INFO if reason == PROCESS_EXITED else logging.WARNING,
+                "reverse-RPC listener stopped",
+                extra={"reason": reason},
+            )
 
     def _serve(self) -> str:
         ctx, result, reply = 0, -1, b""
@@ -98,7 +106,7 @@ class ReverseRpcListener:
                 ctx, result, reply = 0, -1, b""
                 continue
             if res.rc == AEE.EBADSTATE.dsp:
-                return "the DSP process exited"
+                return PROCESS_EXITED
             if res.rc != 0:
                 return f"next2 answered 0x{res.rc:08X}"
             ctx, handle, sc, needed = struct.unpack("<IIII", res.output(0))
@@ -128,7 +136,7 @@ class ReverseRpcListener:
             return self._server.dispatch(handle, sc, inputs, caps)
         except Exception:
             # No single request may end the listener: without it no skel loads.
-            log.exception("reverse call 0x%x on handle %d failed", sc, handle)
+            log.exception("reverse call failed", extra={"sc": f"0x{sc:08X}", "handle": handle})
             return Reply(int(AEE.EFAILED))
 
     def _fetch(self, ctx: int, offset: int, remaining: int) -> bytes:

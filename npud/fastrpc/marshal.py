@@ -9,18 +9,18 @@ import struct
 from collections.abc import Sequence
 
 from npu_protocol import ErrorCode
-from npud.fastrpc.errors import FastRpcError
+from npud.fastrpc.errors import RpcError
 
 
 def c_string(text: str, *, what: str, max_len: int) -> bytes:
     """UTF-8 with a terminating NUL, as IDL ``string`` arguments travel."""
     data = text.encode("utf-8")
     if not data:
-        raise FastRpcError(ErrorCode.INVALID_ARGUMENT, detail=f"{what} is empty")
+        raise RpcError(ErrorCode.INVALID_ARGUMENT, detail=f"{what} is empty")
     if b"\0" in data:
-        raise FastRpcError(ErrorCode.INVALID_ARGUMENT, detail=f"{what} contains a NUL byte")
+        raise RpcError(ErrorCode.INVALID_ARGUMENT, detail=f"{what} contains a NUL byte")
     if len(data) + 1 > max_len:
-        raise FastRpcError(
+        raise RpcError(
             ErrorCode.INVALID_ARGUMENT,
             detail=f"{what} is {len(data)} bytes; the limit is {max_len - 1}",
         )

@@ -53,10 +53,11 @@ from typing import Final
 from npu_protocol import MAX_DMA_SIZE, ErrorCode
 from npud.fastrpc import abi, remotectl
 from npud.fastrpc.apps_std import AppsStdServer
-from npud.fastrpc.capabilities import DspCapabilities, query_capabilities
-from npud.fastrpc.dma import DmaBuffer, checked_dma_size
+from npud.fastrpc.capabilities import DspInfo, query_capabilities
+from npud.fastrpc.dma import DeviceFd, SessionBuffer, checked_dma_size
 from npud.fastrpc.driver import Driver, IoctlArg
-from npud.fastrpc.errors import FastRpcError, translate_os_error
+from npud.fastrpc.errors import DriverCall, RpcError, translate_os_error
+from npud.fastrpc.exposed_files import ExposedFile, ExposedFiles
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
 from npud.fastrpc.listener import ReverseRpcListener
 
@@ -85,6 +86,7 @@ class SessionStatistics:
     invokes_done: int
     listener_running: bool
     listener_requests: int
+    listener_stopped_because: str
 
 
 class FastRpcSession:
@@ -94,9 +96,9 @@ class FastRpcSession:
         self,
         driver: Driver,
         device: str,
-        meta_fd: int,
-        rpc_fd: int,
-        capabilities: DspCapabilities,
+        meta_fd: DeviceFd,
+        rpc_fd: DeviceFd,
+        capabilities: DspInfo,
         library_path: Sequence[Path],
     ) -> None:
         self._driver = driver
@@ -108,15 +110,16 @@ class FastRpcSession:
         self._state_lock = threading.Lock()
         self._load_lock = threading.Lock()  # INIT_CREATE runs once
         self._idle = threading.Condition(self._state_lock)
-        self._buffers: dict[int, DmaBuffer] = {}
+        self._buffers: dict[int, SessionBuffer] = {}
         self._buffer_ids = itertools.count(1)
         self._handles: set[int] = set()
         self._handle_calls: dict[int, int] = {}  # invokes on the DSP, per handle
         self._closing_handles: set[int] = set()  # closed by the client, awaiting their end
         self._in_flight = 0
         self._invokes_done = 0
-        self._shell: DmaBuffer | None = None
+        self._shell: SessionBuffer | None = None
         self._listener: ReverseRpcListener | None = None
+        self._exposed = ExposedFiles()  # descriptors lent to the DSP's loader
         self._free_supported = True
         self._dead = False
         self._closing = False
@@ -137,22 +140,25 @@ class FastRpcSession:
         node, as libcdsprpc does. EBUSY does not: both nodes share one pool.
         GET_DSP_INFO proves the DSP answers before anything else is done.
         """
-        device, meta_fd = _open_first(driver, nodes)
+        device, meta = _open_first(driver, nodes)
+        meta_fd = DeviceFd(meta, driver.close)
         fds = [meta_fd]
         try:
-            rpc_fd = _open_node(driver, device)
+            rpc_fd = DeviceFd(_open_node(driver, device), driver.close)
             fds.append(rpc_fd)
             try:
                 capabilities = query_capabilities(
-                    lambda arg: driver.ioctl(meta_fd, abi.FASTRPC_IOCTL_GET_DSP_INFO, arg)
+                    lambda arg: driver.ioctl(meta, abi.FASTRPC_IOCTL_GET_DSP_INFO, arg)
                 )
             except OSError as exc:
-                raise translate_os_error(exc, "GET_DSP_INFO", device=device) from None
+                raise translate_os_error(
+                    exc, abi.FASTRPC_IOCTL_GET_DSP_INFO, device=device
+                ) from None
         except BaseException:
             for fd in fds:
-                driver.close(fd)
+                fd.close()
             raise
-        log.info("fastrpc session opened on %s (arch %s)", device, capabilities.arch)
+        log.info("fastrpc session opened", extra={"device": device, "arch": capabilities.arch})
         return cls(driver, device, meta_fd, rpc_fd, capabilities, library_path)
 
     # ------------------------------------------------------------- the shell
@@ -175,16 +181,16 @@ class FastRpcSession:
             if self._shell is not None:
                 return
             if not shell:
-                raise FastRpcError(ErrorCode.SHELL_VERIFY, reason="the shell image is empty")
+                raise RpcError(ErrorCode.SHELL_VERIFY, reason="the shell image is empty")
             if len(shell) > abi.INIT_FILELEN_MAX:
-                raise FastRpcError(
+                raise RpcError(
                     ErrorCode.SHELL_VERIFY,
                     reason=f"the shell is {len(shell)} bytes; the kernel accepts at most "
                     f"{abi.INIT_FILELEN_MAX}",
                 )
             buffer = self._allocate(len(shell))
             try:
-                buffer.view()[:] = shell
+                buffer.view()[: len(shell)] = shell
                 create = abi.fastrpc_init_create(
                     filelen=len(shell),
                     filefd=buffer.fd,
@@ -192,11 +198,11 @@ class FastRpcSession:
                     siglen=0,
                     file=buffer.host_address,
                 )
-                rc = self._ioctl(self._rpc_fd, abi.FASTRPC_IOCTL_INIT_CREATE, create)
+                rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INIT_CREATE, create)
                 if rc != 0:
-                    raise FastRpcError(ErrorCode.FASTRPC, rc=rc)
+                    raise RpcError(ErrorCode.FASTRPC, rc=rc)
                 listener = ReverseRpcListener(
-                    self._invoke_untracked, AppsStdServer(self._library_path)
+                    self._invoke_untracked, AppsStdServer(self._library_path, self._exposed)
                 )
                 try:
                     listener.start()
@@ -208,10 +214,10 @@ class FastRpcSession:
                 raise
             self._shell = buffer
             self._listener = listener
-        log.info("DSP process created (%d-byte shell, attrs 0x%x)", len(shell), attrs)
+        log.info("DSP process created", extra={"shell_bytes": len(shell), "attrs": f"0x{attrs:x}"})
 
     # ------------------------------------------------------------------- DMA
-    def alloc(self, size: int) -> DmaBuffer:
+    def alloc(self, size: int) -> SessionBuffer:
         """Allocate a DMA-BUF of ``size`` bytes (page-rounded) with a host mapping."""
         self._check_usable()
         buffer = self._allocate(size)
@@ -223,44 +229,43 @@ class FastRpcSession:
                 self._buffers[buffer.id] = buffer
         if closing:
             self._release(buffer)
-            raise FastRpcError(ErrorCode.SESSION_CLOSED)
+            raise RpcError(ErrorCode.SESSION_CLOSED)
         return buffer
 
-    def _allocate(self, size: int) -> DmaBuffer:
-        mapped_size = checked_dma_size(size)
-        req = abi.fastrpc_alloc_dma_buf(fd=-1, flags=0, size=mapped_size)
-        self._ioctl(self._meta_fd, abi.FASTRPC_IOCTL_ALLOC_DMA_BUFF, req)
-        fd = int(req.fd)
-        if fd < 0:  # pragma: no cover - a kernel that succeeds always sets it
-            raise FastRpcError(ErrorCode.DMA_BUF_ALLOC, msg="the driver returned no fd")
+    def _allocate(self, size: int) -> SessionBuffer:
+        """A DMA-BUF of ``size`` bytes rounded up to whole pages, mapped on the host."""
+        allocated = checked_dma_size(size)
+        req = abi.fastrpc_alloc_dma_buf(fd=-1, flags=0, size=allocated)
+        self._ioctl(self._meta_fd.fileno(), abi.FASTRPC_IOCTL_ALLOC_DMA_BUFF, req)
+        if int(req.fd) < 0:  # pragma: no cover - a kernel that succeeds always sets it
+            raise RpcError(ErrorCode.DMA_BUF_ALLOC, msg="the driver returned no fd")
+        fd = DeviceFd(int(req.fd), self._driver.close)
         try:
-            host = self._driver.mmap(fd, mapped_size)
+            host = self._driver.mmap(fd.fileno(), allocated)
         except OSError as exc:
-            self._driver.close(fd)
-            raise FastRpcError(
-                ErrorCode.DMA_BUF_ALLOC, msg=f"mmap of the new DMA-BUF failed: {exc.strerror}"
-            ) from None
+            fd.close()
+            raise translate_os_error(exc, DriverCall.MMAP, device=self.device) from None
         except BaseException:
-            self._driver.close(fd)
+            fd.close()
             raise
-        return DmaBuffer(next(self._buffer_ids), fd, size, mapped_size, host)
+        return SessionBuffer(next(self._buffer_ids), fd, allocated, host)
 
-    def buffer(self, buffer_id: int) -> DmaBuffer:
+    def buffer(self, buffer_id: int) -> SessionBuffer:
         try:
             return self._buffers[buffer_id]
         except KeyError:
-            raise FastRpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer_id) from None
+            raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer_id) from None
 
-    def free(self, buffer: DmaBuffer) -> None:
+    def free(self, buffer: SessionBuffer) -> None:
         """Release ``buffer``: DSP unmap, host munmap, close. Deferred while an invoke uses it."""
         with self._state_lock:
             if self._buffers.get(buffer.id) is not buffer:
-                raise FastRpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
+                raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
             del self._buffers[buffer.id]
         if buffer.request_release():
             self._release(buffer)
 
-    def _release(self, buffer: DmaBuffer) -> None:
+    def _release(self, buffer: SessionBuffer) -> None:
         """Free order of the seed: DSP unmap → host munmap → FREE_DMA_BUFF → close."""
         with buffer.lock:
             if buffer.released:
@@ -269,15 +274,7 @@ class FastRpcSession:
                 if buffer.dsp_address is not None and not self._dead:
                     self._mem_unmap(buffer)
             finally:
-                buffer.dsp_address = None
-                host = buffer.take_host_mapping()
-                try:
-                    if host is not None:
-                        host.close()
-                finally:
-                    fd, buffer.fd = buffer.fd, -1
-                    self._free_dma_buff(fd)
-                    self._driver.close(fd)
+                buffer.release(self._free_dma_buff)
 
     def _free_dma_buff(self, fd: int) -> None:
         """FREE_DMA_BUFF where a kernel implements it; ENOTTY means closing frees."""
@@ -285,22 +282,26 @@ class FastRpcSession:
             return
         arg = ctypes.c_uint32(fd)
         try:
-            self._driver.ioctl(self._meta_fd, abi.FASTRPC_IOCTL_FREE_DMA_BUFF, _as_arg(arg))
+            self._driver.ioctl(
+                self._meta_fd.fileno(), abi.FASTRPC_IOCTL_FREE_DMA_BUFF, _as_arg(arg)
+            )
         except OSError as exc:
             if exc.errno == errno.ENOTTY:
                 self._free_supported = False
             else:
-                log.warning("FREE_DMA_BUFF failed (%s); closing the fd frees it", exc.strerror)
+                log.warning(
+                    "FREE_DMA_BUFF failed; closing the fd frees it", extra={"error": exc.strerror}
+                )
 
     # ------------------------------------------------------------ DSP mapping
-    def map(self, buffer: DmaBuffer) -> int:
+    def map(self, buffer: SessionBuffer) -> int:
         """Map ``buffer`` into the DSP process (MEM_MAP); idempotent. Returns the DSP address."""
         self._check_usable()
         self._check_owned(buffer)
         self._require_process()
         with buffer.lock:
             if buffer.released:
-                raise FastRpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
+                raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
             if buffer.dsp_address is not None:
                 return buffer.dsp_address
             req = abi.fastrpc_mem_map(
@@ -309,16 +310,17 @@ class FastRpcSession:
                 offset=0,
                 flags=abi.FASTRPC_MAP_FD,
                 vaddrin=buffer.host_address,
-                length=buffer.mapped_size,
+                length=buffer.size,
                 attrs=0,
             )
-            rc = self._ioctl(self._rpc_fd, abi.FASTRPC_IOCTL_MEM_MAP, req)
+            rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_MEM_MAP, req)
             if rc != 0:
-                raise FastRpcError(ErrorCode.MMAP_FAILED, code=rc)
-            buffer.dsp_address = int(req.vaddrout)
-            return buffer.dsp_address
+                raise RpcError(ErrorCode.MMAP_FAILED, code=rc)
+            address = int(req.vaddrout)
+            buffer.mapped_at(address)
+            return address
 
-    def unmap(self, buffer: DmaBuffer) -> None:
+    def unmap(self, buffer: SessionBuffer) -> None:
         """Undo :meth:`map`; a buffer that is not mapped is left as it is."""
         self._check_usable()
         self._check_owned(buffer)
@@ -326,16 +328,16 @@ class FastRpcSession:
             if buffer.dsp_address is None:
                 return
             self._mem_unmap(buffer)
-            buffer.dsp_address = None
+            buffer.unmapped()
 
-    def _mem_unmap(self, buffer: DmaBuffer) -> None:
+    def _mem_unmap(self, buffer: SessionBuffer) -> None:
         assert buffer.dsp_address is not None
         req = abi.fastrpc_mem_unmap(
-            vesion=0, fd=buffer.fd, vaddr=buffer.dsp_address, length=buffer.mapped_size
+            vesion=0, fd=buffer.fd, vaddr=buffer.dsp_address, length=buffer.size
         )
-        rc = self._ioctl(self._rpc_fd, abi.FASTRPC_IOCTL_MEM_UNMAP, req)
+        rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_MEM_UNMAP, req)
         if rc != 0:
-            raise FastRpcError(ErrorCode.MMAP_FAILED, code=rc)
+            raise RpcError(ErrorCode.MMAP_FAILED, code=rc)
 
     # ---------------------------------------------------------------- invoke
     def invoke(
@@ -344,11 +346,11 @@ class FastRpcSession:
         """Invoke method ``sc`` on a handle opened by :meth:`remote_open`.
 
         Returns the DSP's result code (0 = success) and the output bytes;
-        transport failures raise FastRpcError.
+        transport failures raise RpcError.
         """
         with self._state_lock:
             if handle not in self._handles:
-                raise FastRpcError(ErrorCode.UNKNOWN_HANDLE, handle=handle)
+                raise RpcError(ErrorCode.UNKNOWN_HANDLE, handle=handle)
             self._handle_calls[handle] = self._handle_calls.get(handle, 0) + 1
         try:
             return self._invoke_raw(handle, sc, inputs, outputs)
@@ -376,13 +378,13 @@ class FastRpcSession:
         """The INVOKE itself. The listener uses it directly: its next2 stays pending
         until the DSP process exits, which close() itself brings about."""
         _check_scalars(sc, inputs, outputs)
-        pinned: list[DmaBuffer] = []
+        pinned: list[SessionBuffer] = []
         try:
             args, memory = self._marshal(inputs, outputs, pinned)
             invoke = abi.fastrpc_invoke(
                 handle=handle, sc=sc, args=ctypes.addressof(args) if len(args) else 0
             )
-            rc = self._ioctl(self._rpc_fd, abi.FASTRPC_IOCTL_INVOKE, invoke)
+            rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
             results = tuple(
                 None if isinstance(arg, Slice) else (raw.raw if raw is not None else b"")
                 for arg, raw in zip(outputs, memory[len(inputs) :], strict=True)
@@ -393,15 +395,15 @@ class FastRpcSession:
                 if buffer.unpin():
                     self._release_quietly(buffer)
 
-    def _release_quietly(self, buffer: DmaBuffer) -> None:
+    def _release_quietly(self, buffer: SessionBuffer) -> None:
         """Release where a caller cannot act on a failure: log it, never strand the rest."""
         try:
             self._release(buffer)
-        except (FastRpcError, BufferError, OSError) as exc:
-            log.error("releasing buffer %d failed: %s", buffer.id, exc)
+        except (RpcError, BufferError, OSError) as exc:
+            log.error("releasing buffer failed", extra={"buffer": buffer.id, "error": str(exc)})
 
     def _marshal(
-        self, inputs: Sequence[InArg], outputs: Sequence[OutArg], pinned: list[DmaBuffer]
+        self, inputs: Sequence[InArg], outputs: Sequence[OutArg], pinned: list[SessionBuffer]
     ) -> tuple[ctypes.Array[abi.fastrpc_invoke_args], list[_RawBuffer | None]]:
         """Fill the args array; returns it and, per argument, the ctypes memory behind it."""
         args = (abi.fastrpc_invoke_args * (len(inputs) + len(outputs)))()
@@ -440,12 +442,12 @@ class FastRpcSession:
             (Capacity(8), Capacity(remotectl.DLERROR_CAPACITY)),
         )
         if result.rc != 0:
-            raise FastRpcError(
+            raise RpcError(
                 ErrorCode.OPEN_FAILED, uri=uri, code=result.rc, detail="remotectl call failed"
             )
         reply = remotectl.unpack_open(result.output(0), result.output(1))
         if reply.error != 0:
-            raise FastRpcError(
+            raise RpcError(
                 ErrorCode.OPEN_FAILED,
                 uri=uri,
                 code=reply.error,
@@ -464,7 +466,7 @@ class FastRpcSession:
         """
         with self._state_lock:
             if handle not in self._handles:
-                raise FastRpcError(ErrorCode.UNKNOWN_HANDLE, handle=handle)
+                raise RpcError(ErrorCode.UNKNOWN_HANDLE, handle=handle)
             self._handles.discard(handle)
             if self._handle_calls.get(handle):
                 self._closing_handles.add(handle)
@@ -474,8 +476,11 @@ class FastRpcSession:
     def _remotectl_close_quietly(self, handle: int) -> None:
         try:
             self._remotectl_close(handle)
-        except FastRpcError as exc:
-            log.warning("deferred remotectl close of 0x%x failed: %s", handle, exc)
+        except RpcError as exc:
+            log.warning(
+                "deferred remotectl close failed",
+                extra={"handle": f"0x{handle:x}", "error": str(exc)},
+            )
 
     def _remotectl_close(self, handle: int) -> None:
         result = self._invoke_raw(
@@ -485,10 +490,32 @@ class FastRpcSession:
             (Capacity(4), Capacity(remotectl.DLERROR_CAPACITY)),
         )
         if result.rc != 0:
-            raise FastRpcError(ErrorCode.FASTRPC, rc=result.rc)
+            raise RpcError(ErrorCode.FASTRPC, rc=result.rc)
         error, dlerror = remotectl.unpack_close(result.output(0), result.output(1))
         if error != 0:
-            log.warning("remotectl close of 0x%x answered %#x: %s", handle, error, dlerror)
+            log.warning(
+                "remotectl close refused",
+                extra={"handle": f"0x{handle:x}", "result": f"0x{error:x}", "dlerror": dlerror},
+            )
+
+    # -------------------------------------------------------- exposed files
+    def expose_file(self, fd: int, *, suffix: str = "") -> ExposedFile:
+        """Let the DSP read the regular file open on ``fd`` under a generated name.
+
+        The name (``ExposedFile.name``, ``npud-fd-<hex><suffix>``) is what a
+        skel's loader asks the listener's apps_std for; no other name reaches
+        the descriptor. The caller keeps ``fd``; the returned ExposedFile owns a
+        duplicate and must be closed (it is a context manager) when the load is
+        done. ValueError when ``fd`` is not a regular file open for reading.
+        """
+        self._check_usable()
+        self._require_process()
+        return self._exposed.expose(fd, suffix=suffix)
+
+    @property
+    def exposed_files(self) -> int:
+        """Descriptors currently lent to the DSP (leak checks)."""
+        return len(self._exposed)
 
     # ------------------------------------------------------------- lifecycle
     def statistics(self) -> SessionStatistics:
@@ -506,6 +533,9 @@ class FastRpcSession:
                 invokes_done=self._invokes_done,
                 listener_running=self._listener is not None and self._listener.running,
                 listener_requests=self._listener.stats.requests if self._listener else 0,
+                listener_stopped_because=(
+                    self._listener.stats.stopped_because if self._listener else ""
+                ),
             )
 
     @property
@@ -531,7 +561,7 @@ class FastRpcSession:
                 return
             self._closing = True
             if not self._idle.wait_for(lambda: not self._in_flight, timeout):
-                raise FastRpcError(ErrorCode.SESSION_BUSY)
+                raise RpcError(ErrorCode.SESSION_BUSY)
             self._closed = True
             buffers = list(self._buffers.values())
             self._buffers.clear()
@@ -540,13 +570,16 @@ class FastRpcSession:
             listener, self._listener = self._listener, None
         listener_gone = True
         try:
+            leftover = self._exposed.close_all()
+            if leftover:
+                log.warning("exposed files still lent at close", extra={"closed": leftover})
             if listener is not None:
                 listener_gone = self._end_process(listener)
             for buffer in [*buffers, *([shell] if shell is not None else [])]:
                 if buffer.request_release():  # False: already released, or pending
                     # The process is gone: closing rpc_fd drops its mappings, so
                     # skip per-buffer DSP unmaps.
-                    buffer.dsp_address = None
+                    buffer.unmapped()
                     self._release_quietly(buffer)
         finally:
             fds = [self._meta_fd]
@@ -555,17 +588,14 @@ class FastRpcSession:
             else:
                 # A thread may still enter INVOKE on rpc_fd: closing it could let
                 # that call land on whatever fd reuses the number. Keep it open
-                # (one fd) rather than risk that.
-                log.error(
-                    "keeping rpc_fd %d open: the listener thread is still in it", self._rpc_fd
-                )
+                # (one fd, until the process exits) rather than risk that.
+                log.error("keeping rpc_fd open: the listener thread is still in it")
             for fd in fds:
                 try:
-                    self._driver.close(fd)
+                    fd.close()
                 except OSError as exc:
-                    log.error("closing fd %d failed: %s", fd, exc.strerror)
-            self._rpc_fd = self._meta_fd = -1
-        log.info("fastrpc session on %s closed", self.device)
+                    log.error("closing a device fd failed", extra={"error": exc.strerror})
+        log.info("fastrpc session closed", extra={"device": self.device})
 
     def __enter__(self) -> FastRpcSession:
         return self
@@ -579,11 +609,11 @@ class FastRpcSession:
             return
         invoke = abi.fastrpc_invoke(handle=abi.ADSP_CURRENT_PROCESS1_HANDLE, sc=EXIT_SC, args=0)
         try:
-            rc = self._ioctl(self._rpc_fd, abi.FASTRPC_IOCTL_INVOKE, invoke)
+            rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
             if rc != 0:
-                log.warning("DSP process exit answered 0x%08X", rc)
-        except FastRpcError as exc:
-            log.warning("DSP process exit failed: %s", exc)
+                log.warning("DSP process exit refused", extra={"result": f"0x{rc:08X}"})
+        except RpcError as exc:
+            log.warning("DSP process exit failed", extra={"error": str(exc)})
 
     def _end_process(self, listener: ReverseRpcListener) -> bool:
         """End the DSP process, which completes the listener's pending next2, and join it.
@@ -593,33 +623,33 @@ class FastRpcSession:
         self._exit_process()
         if listener.join(LISTENER_JOIN_TIMEOUT):
             return True
-        log.error("reverse-RPC listener did not stop within %.0f s", LISTENER_JOIN_TIMEOUT)
+        log.error("reverse-RPC listener did not stop", extra={"timeout_s": LISTENER_JOIN_TIMEOUT})
         return False
 
     # --------------------------------------------------------------- helpers
     def _ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:
         try:
             return _ioctl(self._driver, fd, request, arg, self.device)
-        except FastRpcError as exc:
+        except RpcError as exc:
             if exc.code is ErrorCode.DSP_RESTARTED:
                 self._dead = True
             raise
 
     def _check_usable(self) -> None:
         if self._closing or self._closed:
-            raise FastRpcError(ErrorCode.SESSION_CLOSED)
+            raise RpcError(ErrorCode.SESSION_CLOSED)
         if self._dead:
-            raise FastRpcError(ErrorCode.DSP_RESTARTED)
+            raise RpcError(ErrorCode.DSP_RESTARTED)
 
     def _require_process(self) -> None:
         if self._shell is None:
-            raise FastRpcError(
+            raise RpcError(
                 ErrorCode.INVALID_ARGUMENT, detail="no DSP process yet: load the shell first"
             )
 
-    def _check_owned(self, buffer: DmaBuffer) -> None:
+    def _check_owned(self, buffer: SessionBuffer) -> None:
         if self._buffers.get(buffer.id) is not buffer:
-            raise FastRpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
+            raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
 
     @contextmanager
     def _tracked_call(self) -> Iterator[None]:
@@ -639,25 +669,25 @@ class FastRpcSession:
 def _capacity(arg: InArg | OutArg) -> int:
     if isinstance(arg, Capacity):
         if arg.size < 0:
-            raise FastRpcError(ErrorCode.INVALID_ARGUMENT, detail=f"negative capacity {arg.size}")
+            raise RpcError(ErrorCode.INVALID_ARGUMENT, detail=f"negative capacity {arg.size}")
         if arg.size > MAX_DMA_SIZE:
-            raise FastRpcError(ErrorCode.DMA_EXCEEDS_MAX_SIZE, size=arg.size)
+            raise RpcError(ErrorCode.DMA_EXCEEDS_MAX_SIZE, size=arg.size)
         return arg.size
     raise TypeError(f"not an invoke argument: {arg!r}")
 
 
 def _check_scalars(sc: int, inputs: Sequence[InArg], outputs: Sequence[OutArg]) -> None:
     if not 0 <= sc <= 0xFFFFFFFF:
-        raise FastRpcError(ErrorCode.INVALID_ARGUMENT, detail=f"scalars word {sc:#x} is not u32")
+        raise RpcError(ErrorCode.INVALID_ARGUMENT, detail=f"scalars word {sc:#x} is not u32")
     expected = (abi.remote_scalars_inbufs(sc), abi.remote_scalars_outbufs(sc))
     if expected != (len(inputs), len(outputs)):
-        raise FastRpcError(
+        raise RpcError(
             ErrorCode.INVALID_ARGUMENT,
             detail=f"scalars word 0x{sc:08X} declares {expected[0]} inputs and {expected[1]} "
             f"outputs; {len(inputs)} and {len(outputs)} were given",
         )
     if abi.remote_scalars_inhandles(sc) or abi.remote_scalars_outhandles(sc):
-        raise FastRpcError(ErrorCode.UNSUPPORTED, what="handle arguments in invokes")
+        raise RpcError(ErrorCode.UNSUPPORTED, what="handle arguments in invokes")
 
 
 def _as_arg(value: ctypes.c_uint32) -> IoctlArg:
@@ -668,22 +698,20 @@ def _ioctl(driver: Driver, fd: int, request: int, arg: IoctlArg, device: str) ->
     try:
         return driver.ioctl(fd, request, arg)
     except OSError as exc:
-        raise translate_os_error(
-            exc, abi.IOCTL_NAMES.get(request, hex(request)), device=device
-        ) from None
+        raise translate_os_error(exc, request, device=device) from None
 
 
 def _open_node(driver: Driver, path: str) -> int:
     try:
         return driver.open(path, OPEN_FLAGS)
     except OSError as exc:
-        raise translate_os_error(exc, "open", device=path) from None
+        raise translate_os_error(exc, DriverCall.OPEN, device=path) from None
 
 
 def _open_first(driver: Driver, nodes: Sequence[str]) -> tuple[str, int]:
     """The first node that opens; ENOENT/EACCES/ENODEV try the next one."""
     if not nodes:
-        raise FastRpcError(ErrorCode.DEVICE_NOT_FOUND, tried="(no device nodes configured)")
+        raise RpcError(ErrorCode.DEVICE_NOT_FOUND, tried="(no device nodes configured)")
     failures: list[str] = []
     for path in nodes:
         try:
@@ -692,5 +720,5 @@ def _open_first(driver: Driver, nodes: Sequence[str]) -> tuple[str, int]:
             if exc.errno in (errno.ENOENT, errno.EACCES, errno.ENODEV, errno.ENXIO):
                 failures.append(f"{path} ({errno.errorcode.get(exc.errno or 0, '?')})")
                 continue
-            raise translate_os_error(exc, "open", device=path) from None
-    raise FastRpcError(ErrorCode.DEVICE_NOT_FOUND, tried=", ".join(failures))
+            raise translate_os_error(exc, DriverCall.OPEN, device=path) from None
+    raise RpcError(ErrorCode.DEVICE_NOT_FOUND, tried=", ".join(failures))

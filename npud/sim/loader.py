@@ -40,11 +40,13 @@ from typing import Final, NamedTuple
 from npu_protocol.aee import AEE, describe_result
 from npud.sim.errors import ReverseTimeoutError
 from npud.sim.reverse import ReverseReply, ReverseRpc
-from npud.sim.skels import DOMAIN_METHOD_OFFSET, Skel, SkelFactory
+from npud.sim.skels import DOMAIN_METHOD_OFFSET, HostFileError, Skel, SkelFactory
 
 DESCRIPTOR_MAGIC: Final = "NPUD-SIM-SKEL 1"
 MAX_LIBRARY_SIZE: Final = 64 * 1024
 READ_CHUNK: Final = 16 * 1024
+HOST_FILE_CHUNK: Final = 1024 * 1024
+"""fread size for data files (models): what a loader streaming a large file would ask."""
 DLERROR_CAPACITY: Final = 256
 
 APPS_STD_MODULE: Final = "apps_std"
@@ -158,7 +160,11 @@ def _text(buffer: bytes) -> str:
 
 
 class SkelLoader:
-    """Loads skels for one DSP process; its reverse-RPC calls run on the caller's thread."""
+    """Loads skels for one DSP process; its reverse-RPC calls run on the caller's thread.
+
+    It is also the process's :class:`~npud.sim.skels.HostFiles`: skel code reads
+    data files (models) the same way, through apps_std on the host.
+    """
 
     def __init__(
         self, reverse: ReverseRpc, skels: Mapping[str, SkelFactory], timeout: float
@@ -191,6 +197,18 @@ class SkelLoader:
                 AEE.ENOSUCHSYMBOL.dsp,
             )
         return LoadedSkel(factory(), offset, library, request.symbol)
+
+    def read_host_file(self, name: str, *, limit: int) -> bytes:
+        """Read ``name`` whole through apps_std, in chunks of HOST_FILE_CHUNK.
+
+        HostFileError(AEE_EUNABLETOLOAD) when it cannot be opened or read or is
+        larger than ``limit``; SubsystemDownError / ProcessExitedError pass through.
+        """
+        try:
+            apps_std = self._open_apps_std(name)
+            return self._read_library(apps_std, name, limit=limit, chunk=HOST_FILE_CHUNK)
+        except LoadError as exc:
+            raise HostFileError(exc.message, AEE.EUNABLETOLOAD.dsp) from None
 
     def _call(
         self, library: str, handle: int, sc: int, inputs: Sequence[bytes], caps: Sequence[int]
@@ -229,7 +247,14 @@ class SkelLoader:
                 self._apps_std = handle
             return self._apps_std
 
-    def _read_library(self, apps_std: int, library: str) -> bytes:
+    def _read_library(
+        self,
+        apps_std: int,
+        library: str,
+        *,
+        limit: int = MAX_LIBRARY_SIZE,
+        chunk: int = READ_CHUNK,
+    ) -> bytes:
         strings = [
             _c_string(LIBRARY_PATH_VARIABLE),
             _c_string(LIBRARY_PATH_DELIMITER),
@@ -245,25 +270,27 @@ class SkelLoader:
             )
         (file,) = _U32.unpack(reply.outputs[0])
         try:
-            data = self._read_file(apps_std, file, library)
+            data = self._read_file(apps_std, file, library, limit, chunk)
         except LoadError:
             self._close_file(apps_std, file, library)
             raise
         self._close_file(apps_std, file, library)
         return data
 
-    def _read_file(self, apps_std: int, file: int, library: str) -> bytes:
+    def _read_file(
+        self, apps_std: int, file: int, library: str, limit: int, read_chunk: int
+    ) -> bytes:
         reply = self._call(library, apps_std, SC_FLEN, [_U32.pack(file)], [_U64.size])
         if reply.result:
             raise LoadError(
                 f"{library}: cannot read file: apps_std flen: {describe_result(reply.result)}"
             )
         (length,) = _U64.unpack(reply.outputs[0])
-        if length > MAX_LIBRARY_SIZE:
-            raise LoadError(f"{library}: {length} bytes is too large for a skel descriptor")
+        if length > limit:
+            raise LoadError(f"{library}: {length} bytes is too large (at most {limit})")
         data = bytearray()
         while len(data) < length:
-            chunk = min(READ_CHUNK, length - len(data))
+            chunk = min(read_chunk, length - len(data))
             reply = self._call(
                 library, apps_std, SC_FREAD, [_U32_PAIR.pack(file, chunk)], [_S32_PAIR.size, chunk]
             )

@@ -179,7 +179,7 @@ class DspProcess:
             loaded = self._handles.get(handle)
         if loaded is None:
             return AEE.EINVHANDLE.dsp
-        skel_call = SkelCall(call.sc, call.inputs, call.outputs, self._sleep)
+        skel_call = SkelCall(call.sc, call.inputs, call.outputs, self._sleep, self._loader)
         return run_method(loaded.skel, loaded.method_offset, skel_call)
 
     # -- remotectl -----------------------------------------------------------

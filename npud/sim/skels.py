@@ -20,6 +20,11 @@ Interfaces (idl/echo.idl, idl/npu_test.idl), domain method numbers and sc:
   method 4, sc 0x04010000; primIn {u32 us}; blocks that long; a subsystem
   restart interrupts it and the invoke fails with EPIPE.
 
+* portal_qnn (idl/portal_qnn.idl): ONNX models on onnxruntime, in
+  :mod:`npud.sim.portal_qnn` (imported when a process first opens it).
+
+The layouts come from the IDL files themselves (:mod:`npud.idl`, pure
+and independent of ``npud.fastrpc.abi``), so a skel and its IDL cannot drift.
 Every method checks the counts in ``sc`` and that the lengths announced in
 primIn equal the buffers it got; any mismatch is AEE_EBADPARM. An unknown
 method is AEE_EUNSUPPORTED.
@@ -33,9 +38,10 @@ import struct
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import ClassVar, Final
+from typing import ClassVar, Final, Protocol
 
 from npu_protocol.aee import AEE
+from npud import idl
 from npud.sim.layout import decode_scalars
 
 DOMAIN_METHOD_OFFSET: Final = 2
@@ -49,10 +55,31 @@ class BadParameterError(Exception):
     """Marshalled arguments that do not match the method: AEE_EBADPARM."""
 
 
-class SkelCall:
-    """One invocation as a skel sees it: buffers in qaic order and a way to wait."""
+class HostFileError(Exception):
+    """A file the DSP process could not read from the host; ``code`` is the AEE result."""
 
-    __slots__ = ("_sleep", "inputs", "outputs", "sc")
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class HostFiles(Protocol):
+    """How DSP code reads a file from the host: apps_std through the reverse-RPC listener."""
+
+    def read_host_file(self, name: str, *, limit: int) -> bytes:
+        """The whole file ``name`` (at most ``limit`` bytes); HostFileError otherwise."""
+        ...
+
+
+class _NoHostFiles:
+    def read_host_file(self, name: str, *, limit: int) -> bytes:
+        raise HostFileError(f"{name}: this DSP process has no reverse-RPC channel", AEE.EFAILED)
+
+
+class SkelCall:
+    """One invocation as a skel sees it: buffers in qaic order, a way to wait, host files."""
+
+    __slots__ = ("_sleep", "host_files", "inputs", "outputs", "sc")
 
     def __init__(
         self,
@@ -60,11 +87,13 @@ class SkelCall:
         inputs: Sequence[memoryview],
         outputs: Sequence[memoryview],
         sleep: Callable[[float], None],
+        host_files: HostFiles | None = None,
     ) -> None:
         self.sc = sc
         self.inputs = inputs
         self.outputs = outputs
         self._sleep = sleep
+        self.host_files: HostFiles = host_files if host_files is not None else _NoHostFiles()
 
     def sleep(self, seconds: float) -> None:
         """Block; a subsystem restart interrupts it (the invoke then fails with EPIPE)."""
@@ -74,18 +103,19 @@ class SkelCall:
         """Unpack primIn (input buffer 0), which must have exactly ``layout.size`` bytes."""
         return _unpack_exact(self.inputs[0], layout, "primIn")
 
+    def unpack(self, method: idl.Method) -> idl.Values:
+        """The arguments, checked against ``method``'s IDL layout (MarshalError: EBADPARM)."""
+        return method.unpack(self.inputs, self.outputs)
+
+    def pack_routs(self, method: idl.Method, values: Mapping[str, object]) -> None:
+        """Write rout values (call it only when returning 0)."""
+        method.pack_routs(self.outputs, values)
+
 
 def _unpack_exact(view: memoryview, layout: struct.Struct, what: str) -> tuple[int, ...]:
     if len(view) != layout.size:
         raise BadParameterError(f"{what} has {len(view)} bytes, expected {layout.size}")
     return layout.unpack(view)
-
-
-def _expect_length(view: memoryview, announced: int, what: str) -> None:
-    if len(view) != announced:
-        raise BadParameterError(
-            f"{what}: primIn announces {announced} bytes, buffer has {len(view)}"
-        )
 
 
 SkelMethodHandler = Callable[[SkelCall], int]
@@ -99,6 +129,22 @@ class SkelMethod:
     inbufs: int
     outbufs: int
     handler: SkelMethodHandler
+
+    @classmethod
+    def of(cls, method: idl.Method, handler: SkelMethodHandler) -> SkelMethod:
+        return cls(method.name, method.inbufs, method.outbufs, handler)
+
+
+def idl_methods(
+    interface: idl.Interface, handlers: Mapping[str, SkelMethodHandler]
+) -> Mapping[int, SkelMethod]:
+    """``Skel.methods()`` for an IDL interface: every user method needs its handler."""
+    user = interface.user_methods
+    missing = {m.name for m in user} ^ set(handlers)
+    if missing:
+        raise ValueError(f"{interface.name}: handlers do not match the IDL: {sorted(missing)}")
+    first = user[0].index if user else 0
+    return {m.index - first: SkelMethod.of(m, handlers[m.name]) for m in user}
 
 
 class Skel(abc.ABC):
@@ -116,27 +162,29 @@ class Skel(abc.ABC):
 
 SkelFactory = Callable[[], Skel]
 
-_U32: Final = struct.Struct("<I")
-_U32_PAIR: Final = struct.Struct("<II")
+ECHO_IDL: Final = idl.load("echo")
+NPU_TEST_IDL: Final = idl.load("npu_test")
 
 
 class EchoSkel(Skel):
     """``interface echo : remote_handle64``: one method, echo (see idl/echo.idl)."""
 
     name = "echo"
+    _ECHO: Final = ECHO_IDL.method("echo")
+
+    def __init__(self) -> None:
+        self._methods = idl_methods(ECHO_IDL, {"echo": self._echo})
 
     def methods(self) -> Mapping[int, SkelMethod]:
-        return {0: SkelMethod("echo", inbufs=2, outbufs=1, handler=self._echo)}
+        return self._methods
 
-    @staticmethod
-    def _echo(call: SkelCall) -> int:
-        in_len, capacity = call.prim_in(_U32_PAIR)
-        source, target = call.inputs[1], call.outputs[0]
-        _expect_length(source, in_len, "in_buf")
-        _expect_length(target, capacity, "out_buf")
-        count = min(in_len, capacity)
+    @classmethod
+    def _echo(cls, call: SkelCall) -> int:
+        args = call.unpack(cls._ECHO)
+        source, target = args.view("in_buf"), args.view("out_buf")
+        count = min(len(source), len(target))
         target[:count] = source[:count]
-        target[count:] = bytes(capacity - count)
+        target[count:] = bytes(len(target) - count)
         return 0
 
 
@@ -144,43 +192,50 @@ class NpuTestSkel(Skel):
     """Test methods for the daemon: fill, checksum and busy (see the module docstring)."""
 
     name = "npu_test"
+    _FILL: Final = NPU_TEST_IDL.method("fill")
+    _CHECKSUM: Final = NPU_TEST_IDL.method("checksum")
+    _BUSY: Final = NPU_TEST_IDL.method("busy")
+
+    def __init__(self) -> None:
+        self._methods = idl_methods(
+            NPU_TEST_IDL, {"fill": self._fill, "checksum": self._checksum, "busy": self._busy}
+        )
 
     def methods(self) -> Mapping[int, SkelMethod]:
-        return {
-            0: SkelMethod("fill", inbufs=1, outbufs=1, handler=self._fill),
-            1: SkelMethod("checksum", inbufs=2, outbufs=1, handler=self._checksum),
-            2: SkelMethod("busy", inbufs=1, outbufs=0, handler=self._busy),
-        }
+        return self._methods
 
-    @staticmethod
-    def _fill(call: SkelCall) -> int:
-        seed, capacity = call.prim_in(_U32_PAIR)
-        target = call.outputs[0]
-        _expect_length(target, capacity, "buf")
-        start = seed & 0xFF
+    @classmethod
+    def _fill(cls, call: SkelCall) -> int:
+        args = call.unpack(cls._FILL)
+        target = args.view("buf")
+        start = args.integer("seed") & 0xFF
         cycle = bytes(range(start, 256)) + bytes(range(start))
-        target[:] = (cycle * (capacity // 256 + 1))[:capacity]
+        target[:] = (cycle * (len(target) // 256 + 1))[: len(target)]
         return 0
 
-    @staticmethod
-    def _checksum(call: SkelCall) -> int:
-        (length,) = call.prim_in(_U32)
-        source = call.inputs[1]
-        _expect_length(source, length, "buf")
-        if len(call.outputs[0]) != _U32.size:
-            raise BadParameterError("primROut must hold one u32")
-        call.outputs[0][:] = _U32.pack(zlib.crc32(source))
+    @classmethod
+    def _checksum(cls, call: SkelCall) -> int:
+        args = call.unpack(cls._CHECKSUM)
+        call.pack_routs(cls._CHECKSUM, {"crc": zlib.crc32(args.view("buf"))})
         return 0
 
-    @staticmethod
-    def _busy(call: SkelCall) -> int:
-        (microseconds,) = call.prim_in(_U32)
-        call.sleep(microseconds / 1_000_000)
+    @classmethod
+    def _busy(cls, call: SkelCall) -> int:
+        args = call.unpack(cls._BUSY)
+        call.sleep(args.integer("microseconds") / 1_000_000)
         return 0
+
+
+def _portal_qnn() -> Skel:
+    # Imported on first open: onnxruntime costs a daemon that never runs a model
+    # tens of milliseconds of start-up and memory.
+    from npud.sim.portal_qnn import PortalQnnSkel  # noqa: PLC0415
+
+    return PortalQnnSkel()
 
 
 BUILTIN_SKELS: Final[Mapping[str, SkelFactory]] = MappingProxyType(
-    {EchoSkel.name: EchoSkel, NpuTestSkel.name: NpuTestSkel}
+    {EchoSkel.name: EchoSkel, NpuTestSkel.name: NpuTestSkel, "portal_qnn": _portal_qnn}
 )
 
 
@@ -196,5 +251,5 @@ def run_method(skel: Skel, method_offset: int, call: SkelCall) -> int:
         return AEE.EBADPARM.dsp
     try:
         return method.handler(call)
-    except BadParameterError:
+    except (BadParameterError, idl.MarshalError):
         return AEE.EBADPARM.dsp

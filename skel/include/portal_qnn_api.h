@@ -23,8 +23,10 @@
 #define PORTAL_QNN_MAX_GRAPHS_PER_MODEL 8u
 /* Input tensors and output tensors per graph (each). */
 #define PORTAL_QNN_MAX_TENSORS_PER_GRAPH 32u
-/* Dimensions per tensor. */
+/* Dimensions per tensor (the size of portal_qnn_tensor_spec.dims). */
 #define PORTAL_QNN_MAX_RANK 8u
+/* A tensor name with its NUL (the size of portal_qnn_tensor_spec.name). */
+#define PORTAL_QNN_MAX_NAME_BYTES 128u
 /* Bytes of one tensor, and of all staging buffers of one model. */
 #define PORTAL_QNN_MAX_TENSOR_BYTES (64u * 1024u * 1024u)
 #define PORTAL_QNN_MAX_MODEL_BYTES (256u * 1024u * 1024u)

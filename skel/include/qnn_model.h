@@ -19,14 +19,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "portal_qnn.h"
 #include "portal_qnn_api.h"
 #include "qnn_min.h"
 
-/* A skel-owned buffer behind one tensor. */
+/* A skel-owned buffer behind one tensor, and the tensor's description taken at load. */
 typedef struct {
     uint8_t *data;
     uint32_t bytes;    /* size of data: the tensor's full size */
     uint32_t produced; /* outputs: bytes the last execute produced */
+    portal_qnn_tensor_spec spec; /* what graph_info reports (copied: the library may change its records) */
 } qnn_buffer;
 
 typedef struct {
@@ -67,7 +69,7 @@ int qnn_model_open_library(const char *path, void **library, QnnModel_ComposeGra
  * the model is loaded; otherwise it is left empty.
  * AEE_EINVALIDFORMAT: the library broke the contract (no function table, no
  * graphs or more than PORTAL_QNN_MAX_GRAPHS_PER_MODEL, a tensor the skel
- * cannot size); AEE_ENOMEMORY: staging buffers could not be allocated or
+ * cannot size, a tensor name of PORTAL_QNN_MAX_NAME_BYTES or more); AEE_ENOMEMORY: staging buffers could not be allocated or
  * exceed PORTAL_QNN_MAX_MODEL_BYTES.
  */
 int qnn_model_load(qnn_model *model, void *library, QnnModel_ComposeGraphsFn_t compose,
@@ -97,5 +99,14 @@ int qnn_model_execute(qnn_model *model, uint32_t graph, uint32_t *qnn_status);
  */
 int qnn_model_get_output(qnn_model *model, uint32_t graph, uint32_t tensor, uint8_t *out,
                          size_t capacity, uint32_t *produced);
+
+/*
+ * Describe graph's tensors: inputs[0..num_inputs-1] and outputs[0..num_outputs-1]
+ * are filled, the rest of each array zeroed. AEE_EBADPARM: graph index out of
+ * range; AEE_EBUFFERTOOSMALL: a capacity (in records) below the tensor count.
+ */
+int qnn_model_describe(const qnn_model *model, uint32_t graph, portal_qnn_tensor_spec *inputs,
+                       size_t input_capacity, portal_qnn_tensor_spec *outputs,
+                       size_t output_capacity, uint32_t *num_inputs, uint32_t *num_outputs);
 
 #endif /* NPUD_SKEL_QNN_MODEL_H */

@@ -42,6 +42,13 @@ int skel_check_u32s_room(const remote_arg *arg, size_t count);
 int skel_check_sequence(const remote_arg *arg, uint32_t announced);
 
 /*
+ * A `rout sequence<S>` of records of record_size bytes whose count primIn
+ * announced: the byte length must equal count * record_size, and the count
+ * must fit the `int` length qaic passes to the implementation.
+ */
+int skel_check_records(const remote_arg *arg, uint32_t count, size_t record_size);
+
+/*
  * An `in string`: announced counts the terminating NUL, so it is at least 1;
  * the buffer holds exactly that many bytes, ends with NUL and has no NUL
  * before the end (a string cut short by an embedded NUL is refused).

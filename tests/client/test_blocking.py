@@ -226,7 +226,7 @@ def test_close_releases_every_buffer_and_nothing_leaks(peer: Peer) -> None:
     assert all(b.freed for b in buffers)
     peer.wait_closed()
     assert open_fds() == before
-    with pytest.raises(npu_client.ConnectionClosed, match="this client was closed"):
+    with pytest.raises(npu_client.ConnectionClosedError, match="this client was closed"):
         client.ping()
     buffers[4].free()  # the connection freed it: no error
     with pytest.raises(ValueError, match="buffer 5 is gone: its client was closed"):

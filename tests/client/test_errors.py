@@ -37,8 +37,8 @@ def test_class_names_follow_the_code_names() -> None:
         p.ErrorCode.QUOTA_EXCEEDED: "QuotaExceeded",
         p.ErrorCode.NOT_PERMITTED: "NotPermitted",
         p.ErrorCode.UNKNOWN_HANDLE: "UnknownHandle",
-        p.ErrorCode.CONNECTION_CLOSED: "ConnectionClosed",
-        p.ErrorCode.SHUTTING_DOWN: "ShuttingDown",
+        p.ErrorCode.CONNECTION_CLOSED: "ConnectionClosedError",
+        p.ErrorCode.SHUTTING_DOWN: "ShuttingDownError",
         p.ErrorCode.TIMEOUT: "Timeout",
     }
     for code, name in expected.items():
@@ -68,7 +68,7 @@ def test_a_subclass_knows_its_code_and_fields_are_read_only() -> None:
 
 def test_connect_failed_is_a_connection_closed() -> None:
     error = npu_client.ConnectFailed("cannot connect", path="/x")
-    assert isinstance(error, npu_client.ConnectionClosed)
+    assert isinstance(error, npu_client.ConnectionClosedError)
     assert error.code is p.ErrorCode.CONNECTION_CLOSED
     assert error.path == "/x"
 

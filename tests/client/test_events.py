@@ -97,15 +97,15 @@ def test_shutting_down_is_recorded_and_requests_fail_with_the_servers_error(peer
             return p.ErrorMessage.for_code(p.ErrorCode.SHUTTING_DOWN, id=request.id)
 
         peer.intercept = refuse
-        with pytest.raises(npu_client.ShuttingDown, match="npud is shutting down"):
+        with pytest.raises(npu_client.ShuttingDownError, match="npud is shutting down"):
             client.status()
         assert client.shutting_down
         assert client.shutdown_notice == p.ShuttingDown(reason="systemctl stop", grace_ms=5000)
         assert seen == [client.shutdown_notice]
-        with pytest.raises(npu_client.ShuttingDown):
+        with pytest.raises(npu_client.ShuttingDownError):
             client.ping(b"last")
         # The server said why it closed: later requests fail with that, without sending.
-        with pytest.raises(npu_client.ShuttingDown):
+        with pytest.raises(npu_client.ShuttingDownError):
             client.ping()
         assert client.statistics().closed
 
@@ -157,18 +157,18 @@ def test_a_server_that_closes_mid_request_fails_every_waiter(peer: Peer) -> None
     def status() -> None:
         try:
             client.status()
-        except npu_client.ConnectionClosed as exc:
+        except npu_client.ConnectionClosedError as exc:
             errors.append(exc)
 
     waiter = threading.Thread(target=status)
     waiter.start()
     hold.wait_held()
-    with client.open(ECHO_URI) as echo, pytest.raises(npu_client.ConnectionClosed) as caught:
+    with client.open(ECHO_URI) as echo, pytest.raises(npu_client.ConnectionClosedError) as caught:
         echo.invoke(2, [struct.pack("<II", 1, 1), buffer.slice(0, 1)], [1])
     assert caught.value.message == "the connection is closed: npud closed the connection"
     waiter.join(timeout=30)
     assert len(errors) == 1
-    with pytest.raises(npu_client.ConnectionClosed):
+    with pytest.raises(npu_client.ConnectionClosedError):
         client.ping()
     client.close()
     assert buffer.freed
@@ -192,7 +192,7 @@ def test_a_refused_hello_raises_the_servers_error(peer: Peer) -> None:
 def test_a_server_that_closes_during_the_handshake(socket_path: str) -> None:
     thread = serve_once(socket_path, b"")
     with pytest.raises(
-        npu_client.ConnectionClosed, match="closed the connection during the handshake"
+        npu_client.ConnectionClosedError, match="closed the connection during the handshake"
     ):
         npu_client.connect(socket_path, name="early")
     thread.join(timeout=30)
@@ -267,9 +267,9 @@ def test_a_request_to_a_daemon_that_already_left_fails_with_its_reason(peer: Pee
         conn.hang_up()
         assert conn.closed.wait(timeout=30)
         # Sending finds a broken pipe; the reason the daemon gave is what we report.
-        with pytest.raises(npu_client.ShuttingDown, match="npud is shutting down"):
+        with pytest.raises(npu_client.ShuttingDownError, match="npud is shutting down"):
             client.ping()
-        with pytest.raises(npu_client.ShuttingDown):
+        with pytest.raises(npu_client.ShuttingDownError):
             client.alloc(4096)
 
 
@@ -296,5 +296,46 @@ def test_surplus_fds_from_the_daemon_are_closed(peer: Peer) -> None:
         assert sent.wait(timeout=30)  # the peer has closed its copies
         assert open_fds() == before + 2  # the two ends of the connection, nothing more
         assert client.statistics().connection.fds_received == 0
+    peer.wait_closed()
+    assert open_fds() == before
+
+
+def _too_many_fds(conn: PeerConnection, request: p.AnyRequest) -> object:
+    """Answer a ping with its pong and more fds than any frame may carry (the
+    client's ancillary buffer has room for 16: the kernel truncates)."""
+    if not isinstance(request, p.PingRequest):
+        return None
+    data, _ = conn.server.send(p.PongReply(id=request.id, payload=request.payload))
+    pipes = [os.pipe() for _ in range(10)]
+    fds = [fd for pair in pipes for fd in pair]
+    try:
+        rights = (socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))
+        conn.sock.sendmsg([data], [rights])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return HANDLED
+
+
+def test_fds_truncated_by_the_kernel_end_the_connection_and_none_leak(peer: Peer) -> None:
+    before = open_fds()
+    with npu_client.connect(peer.path, name="ctrunc") as client:
+        peer.intercept = _too_many_fds
+        with pytest.raises(npu_client.FdsTruncated, match="MSG_CTRUNC"):
+            client.ping(b"x")
+        with pytest.raises(npu_client.FdsTruncated):
+            client.ping(b"again")  # the connection is over, for the same reason
+        assert client.statistics().closed
+    peer.wait_closed()
+    assert open_fds() == before
+
+
+async def test_the_trio_client_handles_truncated_fds_the_same(peer: Peer) -> None:
+    before = open_fds()
+    async with npu_client.open_trio_client(peer.path, name="ctrunc") as npu:
+        peer.intercept = _too_many_fds
+        with pytest.raises(npu_client.FdsTruncated, match="MSG_CTRUNC"):
+            await npu.ping(b"x")
+        assert npu.statistics().closed
     peer.wait_closed()
     assert open_fds() == before

@@ -28,6 +28,9 @@ STATUS_KEYS = [
     "restarts",
     "totals",
     "clients",
+    "session",
+    "lanes",
+    "scheduler",
 ]
 """The stable top-level keys of ``npuctl status --json`` (client/README.md)."""
 

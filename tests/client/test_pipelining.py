@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import struct
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -166,3 +168,82 @@ def test_a_waiting_thread_times_out_while_another_reads(peer: Peer) -> None:
         assert isinstance(outcome[0], TimeoutError)
         hold.release()
         assert client.ping() == b""
+
+
+def test_when_the_reader_is_answered_first_a_waiting_thread_reads_on(
+    client: npu_client.Client, peer: Peer
+) -> None:
+    # The first caller reads; three more wait. Answered in the order they were
+    # sent, one at a time, each answer ends the wait of the thread that reads
+    # while others still wait, so reading must pass to one of them every time.
+    # A client that does not hand reading over leaves them waiting for ever.
+    hold = Hold(p.PingRequest)
+    peer.intercept = hold
+    done = threading.Semaphore(0)
+    results: dict[int, bytes] = {}
+
+    def ping(index: int) -> None:
+        results[index] = client.ping(bytes([index]))
+        done.release()
+
+    threads = [threading.Thread(target=ping, args=(i,)) for i in range(4)]
+    threads[0].start()
+    hold.wait_held()
+    _wait_for(lambda: client._reading)  # the first caller is the one reading
+    for thread in threads[1:]:
+        thread.start()
+    hold.wait_held(3)
+    held, hold.held = hold.held, []
+    for answered, (conn, request) in enumerate(held):
+        conn.send(conn.serve(request))
+        if not done.acquire(timeout=30):
+            for connection in peer.connections:
+                connection.hang_up()
+            pytest.fail(f"{answered} of 4 callers got their answer, then reading stopped")
+    for thread in threads:
+        thread.join(timeout=30)
+    assert results == {i: bytes([i]) for i in range(4)}
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never came true"
+        time.sleep(0.001)
+
+
+def test_close_fails_the_callers_that_wait_and_returns(peer: Peer) -> None:
+    before = open_fds()
+    hold = Hold(p.StatusRequest)
+    peer.intercept = hold
+    client = npu_client.connect(peer.path, name="closing")
+    errors: list[BaseException] = []
+
+    def status() -> None:
+        try:
+            client.status()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=status) for _ in range(3)]  # one reads, two are parked
+    for thread in threads:
+        thread.start()
+    hold.wait_held(3)
+    client.close()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert [type(error) for error in errors] == [npu_client.ConnectionClosedError] * 3
+    assert {str(error) for error in errors} == {"the connection is closed: this client was closed"}
+    peer.wait_closed()
+    assert open_fds() == before
+
+
+def test_answers_larger_than_the_receive_buffer_arrive_whole(
+    client: npu_client.Client,
+) -> None:
+    data = os.urandom(300_000)  # several reads of the client's 64 KiB buffer
+    with client.open(ECHO_URI) as echo:
+        for size in (65_536 - 100, 65_536, 300_000):
+            [out] = echo.invoke(2, [struct.pack("<II", size, size), data[:size]], [size])
+            assert out == data[:size]

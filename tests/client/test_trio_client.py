@@ -10,7 +10,7 @@ import trio
 
 import npu_client
 import npu_protocol as p
-from npu_client import trio_client
+from npu_client import _requests, trio_client
 from npu_protocol.aee import AEE
 from tests.client.conftest import open_fds
 from tests.client.peer import (
@@ -73,7 +73,7 @@ async def test_connect_and_close_without_a_context_manager(peer: Peer) -> None:
     await npu.close()
     await npu.aclose()  # idempotent
     assert buffer.freed
-    with pytest.raises(npu_client.ConnectionClosed, match="this client was closed"):
+    with pytest.raises(npu_client.ConnectionClosedError, match="this client was closed"):
         await npu.ping()
 
 
@@ -154,7 +154,7 @@ async def test_events_are_recorded_and_old_buffers_released(peer: Peer) -> None:
         assert seen == [p.SessionRestarted(epoch=3, reason="SSR"), p.ShuttingDown(reason="stop")]
         assert buffer.freed
         with pytest.raises(npu_client.DspRestarted):
-            await npu._call(lambda rid: p.FreeRequest(id=rid, buffer=buffer.id), p.FreeReply)
+            await npu._run(_requests.discard(buffer.id))
 
 
 async def test_a_server_that_closes_mid_request_fails_every_waiter(peer: Peer) -> None:
@@ -174,13 +174,13 @@ async def test_a_server_that_closes_mid_request_fails_every_waiter(peer: Peer) -
         echo = await npu.open(ECHO_URI)
 
         async def status() -> None:
-            with pytest.raises(npu_client.ConnectionClosed) as caught:
+            with pytest.raises(npu_client.ConnectionClosedError) as caught:
                 await npu.status()
             failures.append(caught.value.message)
 
         async def invoke() -> None:
             await trio.to_thread.run_sync(hold.wait_held)
-            with pytest.raises(npu_client.ConnectionClosed) as caught:
+            with pytest.raises(npu_client.ConnectionClosedError) as caught:
                 await echo.invoke(2, [struct.pack("<II", 1, 1), buffer.slice(0, 1)], [1])
             failures.append(caught.value.message)
 
@@ -189,7 +189,7 @@ async def test_a_server_that_closes_mid_request_fails_every_waiter(peer: Peer) -
                 nursery.start_soon(status)
                 nursery.start_soon(invoke)
         assert failures == ["the connection is closed: npud closed the connection"] * 2
-        with pytest.raises(npu_client.ConnectionClosed):
+        with pytest.raises(npu_client.ConnectionClosedError):
             await npu.ping()
     assert buffer.freed
     peer.wait_closed()
@@ -242,7 +242,37 @@ async def test_a_request_to_a_daemon_that_already_left_fails_with_its_reason(pee
         conn.send(p.ErrorMessage.for_code(p.ErrorCode.SHUTTING_DOWN))
         conn.hang_up()
         assert await trio.to_thread.run_sync(conn.closed.wait, 30)
-        with pytest.raises(npu_client.ShuttingDown, match="npud is shutting down"):
+        with pytest.raises(npu_client.ShuttingDownError, match="npud is shutting down"):
             await npu.ping()
-        with pytest.raises(npu_client.ShuttingDown):
+        with pytest.raises(npu_client.ShuttingDownError):
             await npu.status()
+
+
+async def test_answers_larger_than_the_receive_buffer_arrive_whole(peer: Peer) -> None:
+    data = bytes(range(256)) * 1200  # 300 KiB: several reads of the client's 64 KiB buffer
+    async with (
+        npu_client.open_trio_client(peer.path, name="big") as npu,
+        await npu.open(ECHO_URI) as echo,
+    ):
+        for size in (65_536, len(data)):
+            [out] = await echo.invoke(2, [struct.pack("<II", size, size), data[:size]], [size])
+            assert out == data[:size]
+
+
+async def test_tasks_beyond_the_in_flight_limit_wait_for_a_free_slot(socket_path: str) -> None:
+    limits = p.ClientLimits(priority=p.Priority.NORMAL, max_in_flight=2)
+    with Peer(socket_path, limits=limits) as peer:
+        holder = HoldThenReverse(2)
+        peer.intercept = holder
+        results: list[bytes] = []
+        async with npu_client.open_trio_client(peer.path, name="bounded") as npu:
+
+            async def ping(index: int) -> None:
+                results.append(await npu.ping(bytes([index])))
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for index in range(6):
+                        nursery.start_soon(ping, index)
+        assert sorted(results) == [bytes([i]) for i in range(6)]
+        assert holder.most_held == 2  # the peer refuses a third in flight (fatal)

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 import trio
 
 import npu_protocol as p
-from npu_protocol import ErrorCode
+from npu_protocol import CodedError, ErrorCode, format_message
 from npud.backend import select_profile
-from npud.broker import Broker, BrokerError, ClientState
-from npud.config import parse_config
-from npud.fastrpc.dma import DmaBuffer
+from npud.broker import Broker
+from npud.clients import Client, Kind
+from npud.config import ConfigError, parse_config
+from npud.fastrpc.dma import SessionBuffer
+from npud.requests import HANDLERS, Answer
 from npud.sim import EmulatedDriver
+from tests.error_scan import leaked_numbers
 
 ECHO_URI = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
 TEST_URI = "file:///libnpu_test_skel.so?npu_test_skel_handle_invoke&_modver=1.0&_dom=cdsp"
@@ -37,15 +38,41 @@ async def broker() -> AsyncIterator[Broker]:
         yield b
         nursery.cancel_scope.cancel()
     await b.close(grace=5)
-    assert b.driver.statistics().device_fds_open == 0  # type: ignore[attr-defined]
+    assert b.dsp.driver.statistics().device_fds_open == 0  # type: ignore[attr-defined]
 
 
-def client(
-    broker: Broker, priority: p.Priority = p.Priority.NORMAL, uid: int = 1000
-) -> ClientState:
-    c = ClientState(pid=4242, uid=uid, gid=uid, name="test", priority=priority)
-    broker.admit(c)
+def client(broker: Broker, priority: p.Priority = p.Priority.NORMAL, uid: int = 1000) -> Client:
+    c = Client(pid=4242, uid=uid, gid=uid, name="test", priority=priority)
+    broker.clients.admit(c)
     return c
+
+
+async def answer(broker: Broker, c: Client, request: p.AnyRequest) -> Answer:
+    """What the data path does with one request: arrive, wait for its objects, run
+    (on a thread: handlers block in ioctls), end."""
+    handler = HANDLERS[type(request)](broker, c, request)
+    try:
+        handler.start()
+        try:
+            for gate in handler.gates():
+                await gate.wait()
+            return await trio.to_thread.run_sync(handler.run)
+        finally:
+            handler.end()
+    except CodedError as exc:
+        # What the client would be told names only its own ids.
+        message = format_message(exc.code, **exc.fields)
+        leaks = leaked_numbers(request, exc.code, exc.fields, message, broker.client_limits(c))
+        if leaks:
+            raise AssertionError(f"{message!r} leaks: {leaks}") from exc
+        raise
+
+
+async def call(broker: Broker, c: Client, request: p.AnyRequest) -> p.AnyReply:
+    result = await answer(broker, c, request)
+    if result.fd is not None:
+        result.fd.close()
+    return result.reply
 
 
 def echo(handle: int, data: bytes, capacity: int, timeout_ms: int | None = None) -> p.InvokeRequest:
@@ -72,16 +99,36 @@ def busy(handle: int, micros: int, timeout_ms: int | None = None) -> p.InvokeReq
     )
 
 
-async def alloc(broker: Broker, c: ClientState, size: int) -> tuple[int, DmaBuffer]:
+async def invoke(broker: Broker, c: Client, request: p.InvokeRequest) -> tuple[bytes | None, ...]:
+    reply = await call(broker, c, request)
+    assert isinstance(reply, p.InvokeReply)
+    return reply.outputs
+
+
+async def open_handle(broker: Broker, c: Client, uri: str) -> int:
+    reply = await call(broker, c, p.OpenRequest(id=1, uri=uri))
+    assert isinstance(reply, p.OpenReply)
+    return reply.handle
+
+
+async def alloc(broker: Broker, c: Client, size: int) -> tuple[int, SessionBuffer]:
     """Allocate as the connection does, closing the reply's dup of the fd."""
-    buffer_id, buffer, reply_fd = await broker.alloc(c, size)
-    reply_fd.close()
-    return buffer_id, buffer
+    reply = await call(broker, c, p.AllocRequest(id=1, size=size))
+    assert isinstance(reply, p.AllocReply)
+    return reply.buffer, buffer_of(c, reply.buffer)
 
 
-async def refused(code: ErrorCode, call: object) -> BrokerError:
-    with pytest.raises(BrokerError) as caught:
-        await call  # type: ignore[misc]
+def buffer_of(c: Client, buffer_id: int) -> SessionBuffer:
+    for entry in c.objects.entries(Kind.BUFFER):
+        if entry.id == buffer_id:
+            assert isinstance(entry.value, SessionBuffer)
+            return entry.value
+    raise AssertionError(f"no buffer {buffer_id}")
+
+
+async def refused(code: ErrorCode, call: Awaitable[object]) -> CodedError:
+    with pytest.raises(CodedError) as caught:
+        await call
     assert caught.value.code is code, str(caught.value)
     return caught.value
 
@@ -90,56 +137,67 @@ async def test_alloc_map_invoke_free(broker: Broker) -> None:
     c = client(broker)
     buffer_id, buffer = await alloc(broker, c, 5000)
     assert buffer_id == 1
-    assert buffer.mapped_size == 8192
-    address = await broker.map(c, buffer_id)
-    assert await broker.map(c, buffer_id) == address
-    handle = await broker.open(c, ECHO_URI)
+    assert buffer.size == 8192  # the allocated size: whole pages
+    address = await call(broker, c, p.MapRequest(id=1, buffer=buffer_id))
+    assert await call(broker, c, p.MapRequest(id=1, buffer=buffer_id)) == address
+    handle = await open_handle(broker, c, ECHO_URI)
     assert handle == 2  # ids are per connection and never reused
-    assert await broker.invoke(c, echo(handle, b"hi", 4)) == (b"hi\0\0",)
+    assert await invoke(broker, c, echo(handle, b"hi", 4)) == (b"hi\0\0",)
     status = broker.status()
     assert status.totals.buffers == 1
     assert status.totals.mappings == 1
     assert status.clients[0].calls_done == 1
-    await broker.unmap(c, buffer_id)
-    await refused(ErrorCode.INVALID_ARGUMENT, broker.unmap(c, buffer_id))
-    await broker.free(c, buffer_id)
-    await refused(ErrorCode.UNKNOWN_BUFFER, broker.free(c, buffer_id))
-    await broker.close_handle(c, handle)
-    await refused(ErrorCode.UNKNOWN_HANDLE, broker.close_handle(c, handle))
+    await call(broker, c, p.UnmapRequest(id=1, buffer=buffer_id))
+    await refused(
+        ErrorCode.INVALID_ARGUMENT, call(broker, c, p.UnmapRequest(id=1, buffer=buffer_id))
+    )
+    await call(broker, c, p.FreeRequest(id=1, buffer=buffer_id))
+    await refused(ErrorCode.UNKNOWN_BUFFER, call(broker, c, p.FreeRequest(id=1, buffer=buffer_id)))
+    await call(broker, c, p.CloseRequest(id=1, handle=handle))
+    await refused(ErrorCode.UNKNOWN_HANDLE, call(broker, c, p.CloseRequest(id=1, handle=handle)))
 
 
 async def test_ids_from_another_client_mean_nothing(broker: Broker) -> None:
     a, b = client(broker), client(broker)
     buffer_id, _ = await alloc(broker, a, 4096)
-    handle = await broker.open(a, ECHO_URI)
-    await refused(ErrorCode.UNKNOWN_BUFFER, broker.map(b, buffer_id))
-    await refused(ErrorCode.UNKNOWN_BUFFER, broker.free(b, buffer_id))
-    await refused(ErrorCode.UNKNOWN_HANDLE, broker.invoke(b, echo(handle, b"x", 1)))
+    handle = await open_handle(broker, a, ECHO_URI)
+    await refused(ErrorCode.UNKNOWN_BUFFER, call(broker, b, p.MapRequest(id=1, buffer=buffer_id)))
+    await refused(ErrorCode.UNKNOWN_BUFFER, call(broker, b, p.FreeRequest(id=1, buffer=buffer_id)))
+    await refused(ErrorCode.UNKNOWN_HANDLE, invoke(broker, b, echo(handle, b"x", 1)))
 
 
 async def test_bad_sizes_and_slices(broker: Broker) -> None:
     c = client(broker)
-    await refused(ErrorCode.DMA_BUF_ALLOC, broker.alloc(c, 0))
-    await refused(ErrorCode.DMA_EXCEEDS_MAX_SIZE, broker.alloc(c, (256 << 20) + 1))
-    buffer_id, _ = await alloc(broker, c, 4096)
-    handle = await broker.open(c, ECHO_URI)
-    request = p.InvokeRequest(
-        id=1,
-        handle=handle,
-        method=2,
-        inputs=(
-            p.InlineInput(data=struct.pack("<II", 8, 8)),
-            p.BufferSlice(buffer=buffer_id, offset=4092, length=8),
-        ),
-        outputs=(p.InlineOutput(capacity=8),),
+    await refused(ErrorCode.DMA_BUF_ALLOC, call(broker, c, p.AllocRequest(id=1, size=0)))
+    await refused(
+        ErrorCode.DMA_EXCEEDS_MAX_SIZE, call(broker, c, p.AllocRequest(id=1, size=(256 << 20) + 1))
     )
-    error = await refused(ErrorCode.SLICE_OUT_OF_RANGE, broker.invoke(c, request))
-    assert "outside buffer 1 of 4096 bytes" in str(error)
+    buffer_id, buffer = await alloc(broker, c, 5000)
+    assert buffer.size == 8192
+    handle = await open_handle(broker, c, ECHO_URI)
+
+    def echo_slice(offset: int) -> p.InvokeRequest:
+        return p.InvokeRequest(
+            id=1,
+            handle=handle,
+            method=2,
+            inputs=(
+                p.InlineInput(data=struct.pack("<II", 8, 8)),
+                p.BufferSlice(buffer=buffer_id, offset=offset, length=8),
+            ),
+            outputs=(p.InlineOutput(capacity=8),),
+        )
+
+    # Past the 5000 bytes asked for, inside the 8192 allocated: one size, the allocated one.
+    buffer.view()[5000:5008] = b"pagetail"
+    assert await invoke(broker, c, echo_slice(5000)) == (b"pagetail",)
+    error = await refused(ErrorCode.SLICE_OUT_OF_RANGE, invoke(broker, c, echo_slice(8188)))
+    assert str(error) == "slice offset 8188 length 8 is outside buffer id 1 of 8192 bytes"
 
 
 async def test_a_failing_skel_is_invoke_failed_with_the_code(broker: Broker) -> None:
     c = client(broker)
-    handle = await broker.open(c, ECHO_URI)
+    handle = await open_handle(broker, c, ECHO_URI)
     lying = p.InvokeRequest(
         id=1,
         handle=handle,
@@ -147,10 +205,11 @@ async def test_a_failing_skel_is_invoke_failed_with_the_code(broker: Broker) -> 
         inputs=(p.InlineInput(data=struct.pack("<II", 99, 1)), p.InlineInput(data=b"x")),
         outputs=(p.InlineOutput(capacity=1),),
     )
-    error = await refused(ErrorCode.INVOKE_FAILED, broker.invoke(c, lying))
+    error = await refused(ErrorCode.INVOKE_FAILED, invoke(broker, c, lying))
     assert error.fields == {"code": 0x8000040E}
     await refused(
-        ErrorCode.OPEN_FAILED, broker.open(c, "file:///libnone_skel.so?none_skel_handle_invoke")
+        ErrorCode.OPEN_FAILED,
+        open_handle(broker, c, "file:///libnone_skel.so?none_skel_handle_invoke"),
     )
 
 
@@ -165,23 +224,25 @@ async def test_per_client_quotas() -> None:
             b.attach(nursery)
             c = client(b)
             await alloc(b, c, 4096)
-            error = await refused(ErrorCode.QUOTA_EXCEEDED, b.alloc(c, 16384))
+            error = await refused(
+                ErrorCode.QUOTA_EXCEEDED, call(b, c, p.AllocRequest(id=1, size=16384))
+            )
             assert str(error) == "buffer bytes quota exceeded: the limit is 16384"
             await alloc(b, c, 4096)
-            await refused(ErrorCode.QUOTA_EXCEEDED, b.alloc(c, 4096))
-            handle = await b.open(c, TEST_URI)
-            error = await refused(ErrorCode.QUOTA_EXCEEDED, b.open(c, ECHO_URI))
+            await refused(ErrorCode.QUOTA_EXCEEDED, call(b, c, p.AllocRequest(id=1, size=4096)))
+            handle = await open_handle(b, c, TEST_URI)
+            error = await refused(ErrorCode.QUOTA_EXCEEDED, open_handle(b, c, ECHO_URI))
             assert "handles quota" in str(error)
             started = trio.Event()
 
             async def long_call() -> None:
                 started.set()
-                await b.invoke(c, busy(handle, 200_000))
+                await invoke(b, c, busy(handle, 200_000))
 
             nursery.start_soon(long_call)
             await started.wait()
             await trio.sleep(0.01)
-            error = await refused(ErrorCode.QUOTA_EXCEEDED, b.invoke(c, busy(handle, 1)))
+            error = await refused(ErrorCode.QUOTA_EXCEEDED, invoke(b, c, busy(handle, 1)))
             assert "calls in flight" in str(error)
     finally:
         await b.close(grace=5)
@@ -192,109 +253,37 @@ async def test_global_limits() -> None:
     await b.start()
     try:
         c = client(b)
-        with pytest.raises(BrokerError) as caught:
+        with pytest.raises(CodedError) as caught:
             client(b)
         assert caught.value.code is ErrorCode.QUOTA_EXCEEDED
         await alloc(b, c, 4096)
-        error = await refused(ErrorCode.QUOTA_EXCEEDED, b.alloc(c, 4096))
+        error = await refused(ErrorCode.QUOTA_EXCEEDED, call(b, c, p.AllocRequest(id=1, size=4096)))
         assert "daemon buffers" in str(error)
     finally:
         await b.close(grace=5)
-
-
-async def test_timeout_answers_while_the_dsp_call_goes_on(broker: Broker) -> None:
-    c = client(broker)
-    handle = await broker.open(c, TEST_URI)
-    _buffer_id, buffer = await alloc(broker, c, 4096)
-    error = await refused(ErrorCode.TIMEOUT, broker.invoke(c, busy(handle, 300_000, timeout_ms=20)))
-    assert str(error) == "invoke did not finish within 20 ms"
-    # The call still runs on the DSP; releasing the client waits for nothing and
-    # leaks nothing.
-    await broker.release_client(c)
-    with trio.fail_after(10):
-        while broker.session is not None and broker.session.statistics().invokes_in_flight:
-            await trio.sleep(0.01)
-    assert buffer.released
 
 
 async def test_release_frees_everything_the_client_held(broker: Broker) -> None:
     c = client(broker)
     for _ in range(10):
         buffer_id, _ = await alloc(broker, c, 65536)
-        await broker.map(c, buffer_id)
-    await broker.open(c, ECHO_URI)
-    sim = broker.driver
+        await call(broker, c, p.MapRequest(id=1, buffer=buffer_id))
+    await open_handle(broker, c, ECHO_URI)
+    sim = broker.dsp.driver
     assert isinstance(sim, EmulatedDriver)
     assert sim.statistics().mem_maps == 10
     await broker.release_client(c)
     assert broker.status().totals == p.Totals()
     assert sim.statistics().mem_maps == 0
     assert sim.statistics().remote_handles_open == 0
-    assert broker.session is not None
-    assert broker.session.statistics().buffers == 0
-
-
-async def test_an_alloc_cancelled_while_running_is_not_leaked(
-    broker: Broker, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    c = client(broker)
-    session = broker.session
-    assert session is not None
-    real_alloc = session.alloc
-    running = threading.Event()
-
-    def slow_alloc(size: int) -> DmaBuffer:
-        running.set()
-        time.sleep(0.2)  # the caller is cancelled meanwhile
-        return real_alloc(size)
-
-    monkeypatch.setattr(session, "alloc", slow_alloc)
-    with trio.move_on_after(5) as scope:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(alloc, broker, c, 4096)
-            await trio.to_thread.run_sync(running.wait)
-            nursery.cancel_scope.cancel()
-    assert not scope.cancelled_caught
-    with trio.fail_after(5):
-        while session.statistics().buffers:
-            await trio.sleep(0.01)  # the lane frees what the cancelled caller never got
-    assert c.buffers == {}
-    assert session.statistics().buffers == 0
-
-
-async def test_an_alloc_cancelled_before_it_ran_never_runs(broker: Broker) -> None:
-    c = client(broker)
-    with trio.move_on_after(0):
-        await alloc(broker, c, 4096)
-    assert broker.session is not None
-    await broker.control.call(lambda: None)  # the lane has drained past it
-    assert broker.session.statistics().buffers == 0
-
-
-async def test_realtime_invokes_do_not_queue_behind_background_work(broker: Broker) -> None:
-    llm = client(broker, p.Priority.BACKGROUND)
-    voice = client(broker, p.Priority.REALTIME)
-    llm_handle = await broker.open(llm, TEST_URI)
-    voice_handle = await broker.open(voice, ECHO_URI)
-    finished: list[str] = []
-    async with trio.open_nursery() as nursery:
-
-        async def decode() -> None:
-            await broker.invoke(llm, busy(llm_handle, 400_000))
-            finished.append("llm")
-
-        for _ in range(broker.config.backend.lanes):
-            nursery.start_soon(decode)
-        await trio.sleep(0.05)  # every bulk lane is now busy with the LLM
-        assert await broker.invoke(voice, echo(voice_handle, b"vad", 3)) == (b"vad",)
-        finished.append("voice")
-    assert finished[0] == "voice"
+    assert broker.dsp.session is not None
+    assert broker.dsp.session.statistics().buffers == 0
 
 
 async def test_realtime_is_granted_only_to_listed_peers() -> None:
     b = make_broker("[access]\nrealtime_uids = [1234]\n")
-    stranger = ClientState(pid=1, uid=999, gid=999)
-    friend = ClientState(pid=2, uid=1234, gid=999)
+    stranger = Client(pid=1, uid=999, gid=999)
+    friend = Client(pid=2, uid=1234, gid=999)
     assert b.grant_priority(stranger, p.Priority.REALTIME) is p.Priority.NORMAL
     assert b.grant_priority(friend, p.Priority.REALTIME) is p.Priority.REALTIME
     assert b.grant_priority(stranger, p.Priority.BACKGROUND) is p.Priority.BACKGROUND
@@ -303,70 +292,62 @@ async def test_realtime_is_granted_only_to_listed_peers() -> None:
 async def test_a_dsp_restart_releases_everyone_and_opens_a_new_epoch(broker: Broker) -> None:
     c = client(broker)
     events: list[p.ServerEvent] = []
-
-    async def record(event: p.ServerEvent) -> None:
-        events.append(event)
-
-    c.send_event = record
+    c.send_event = events.append
     buffer_id, _ = await alloc(broker, c, 4096)
-    handle = await broker.open(c, ECHO_URI)
-    sim = broker.driver
+    handle = await open_handle(broker, c, ECHO_URI)
+    sim = broker.dsp.driver
     assert isinstance(sim, EmulatedDriver)
     sim.faults.subsystem_restart(down_for=0.3)
-    await refused(ErrorCode.DSP_RESTARTED, broker.invoke(c, echo(handle, b"x", 1)))
+    await refused(ErrorCode.DSP_RESTARTED, invoke(broker, c, echo(handle, b"x", 1)))
     with trio.fail_after(10):
         while not events:
             await trio.sleep(0.02)
     assert len(events) == 1
     assert isinstance(events[0], p.SessionRestarted)
     assert events[0].epoch == 2
-    assert broker.epoch == 2
-    assert broker.restarts == 1
+    assert broker.dsp.epoch == 2
+    assert broker.dsp.restarts == 1
     # What the client held is gone, and says why.
-    await refused(ErrorCode.DSP_RESTARTED, broker.map(c, buffer_id))
-    await refused(ErrorCode.DSP_RESTARTED, broker.invoke(c, echo(handle, b"x", 1)))
+    await refused(ErrorCode.DSP_RESTARTED, call(broker, c, p.MapRequest(id=1, buffer=buffer_id)))
+    await refused(ErrorCode.DSP_RESTARTED, invoke(broker, c, echo(handle, b"x", 1)))
     # New work goes through the new session.
-    new_handle = await broker.open(c, ECHO_URI)
+    new_handle = await open_handle(broker, c, ECHO_URI)
     assert new_handle > handle
-    assert await broker.invoke(c, echo(new_handle, b"ok", 2)) == (b"ok",)
+    assert await invoke(broker, c, echo(new_handle, b"ok", 2)) == (b"ok",)
     assert broker.status().restarts == 1
 
 
 async def test_shutting_down_refuses_new_work(broker: Broker) -> None:
     c = client(broker)
-    broker.shutting_down = True
-    await refused(ErrorCode.SHUTTING_DOWN, broker.alloc(c, 4096))
-    broker.shutting_down = False
+    broker.dsp.stopping = True
+    await refused(ErrorCode.SHUTTING_DOWN, call(broker, c, p.AllocRequest(id=1, size=4096)))
+    broker.dsp.stopping = False
 
 
 async def test_a_restart_noticed_only_by_the_listener_is_recovered(broker: Broker) -> None:
     c = client(broker)
     events: list[p.ServerEvent] = []
-
-    async def record(event: p.ServerEvent) -> None:
-        events.append(event)
-
-    c.send_event = record
-    sim = broker.driver
+    c.send_event = events.append
+    sim = broker.dsp.driver
     assert isinstance(sim, EmulatedDriver)
     sim.faults.subsystem_restart(down_for=0.2)
-    session = broker.session
+    session = broker.dsp.session
     assert session is not None
     with trio.fail_after(10):
         while not session.dead:  # the listener's pending next2 got EPIPE
             await trio.sleep(0.01)
-    assert not broker.healthy()  # dead and nobody recovering: the watchdog would stop
-    broker.check_session()  # what the status and watchdog loops do while idle
+    assert not broker.dsp.healthy()  # dead and nobody recovering: the watchdog would stop
+    broker.dsp.check_session()  # what the status and watchdog loops do while idle
     with trio.fail_after(10):
         while not events:
             await trio.sleep(0.02)
-    assert broker.epoch == 2
-    assert broker.healthy()
+    assert broker.dsp.epoch == 2
+    assert broker.dsp.healthy()
 
 
 async def test_inline_limits_and_timeouts_are_enforced_by_the_daemon(broker: Broker) -> None:
     c = client(broker)
-    handle = await broker.open(c, ECHO_URI)
+    handle = await open_handle(broker, c, ECHO_URI)
     limit = broker.client_limits(c).max_inline_bytes
     greedy = p.InvokeRequest(
         id=1,
@@ -375,38 +356,49 @@ async def test_inline_limits_and_timeouts_are_enforced_by_the_daemon(broker: Bro
         inputs=(p.InlineInput(data=struct.pack("<II", 1, 1)), p.InlineInput(data=b"x")),
         outputs=tuple(p.InlineOutput(capacity=limit // 2 + 1) for _ in range(2)),
     )
-    error = await refused(ErrorCode.QUOTA_EXCEEDED, broker.invoke(c, greedy))
+    error = await refused(ErrorCode.QUOTA_EXCEEDED, invoke(broker, c, greedy))
     assert "inline output bytes quota exceeded" in str(error)
     patient = echo(handle, b"x", 1, timeout_ms=broker.client_limits(c).max_timeout_ms + 1)
-    await refused(ErrorCode.INVALID_ARGUMENT, broker.invoke(c, patient))
-
-
-async def test_a_free_cancelled_while_queued_still_frees(broker: Broker) -> None:
-    c = client(broker)
-    buffer_id, buffer = await alloc(broker, c, 4096)
-    gate = threading.Event()
-
-    async def open_gate_later() -> None:
-        await trio.sleep(0.2)
-        gate.set()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(broker.control.call, gate.wait)  # the control lane is busy
-        nursery.start_soon(open_gate_later)
-        await trio.sleep(0.02)
-        with trio.move_on_after(0.05):
-            await broker.free(c, buffer_id)  # the client hangs up while it is queued
-    assert buffer_id not in c.buffers
-    assert buffer.released  # freed all the same: it had already left the table
+    await refused(ErrorCode.INVALID_ARGUMENT, invoke(broker, c, patient))
 
 
 async def test_the_reply_fd_is_this_buffers_even_if_it_is_freed_at_once(broker: Broker) -> None:
     c = client(broker)
-    buffer_id, buffer, reply_fd = await broker.alloc(c, 8192)
-    await broker.free(c, buffer_id)  # a pipelined Free ran before the reply went out
+    allocated = await answer(broker, c, p.AllocRequest(id=1, size=8192))
+    assert isinstance(allocated.reply, p.AllocReply)
+    assert allocated.fd is not None
+    reply_fd, buffer = allocated.fd, buffer_of(c, allocated.reply.buffer)
+    # A pipelined Free runs before the reply goes out.
+    await call(broker, c, p.FreeRequest(id=2, buffer=allocated.reply.buffer))
     assert buffer.released
     try:
         assert os.fstat(reply_fd.fileno()).st_size == 8192  # still that DMA-BUF
         assert os.readlink(f"/proc/self/fd/{reply_fd.fileno()}").startswith("/memfd:")
     finally:
         reply_fd.close()
+
+
+async def test_no_default_timeout_is_announced_unless_configured(broker: Broker) -> None:
+    assert broker.client_limits(client(broker)).default_timeout_ms is None
+
+
+def test_a_default_timeout_above_the_largest_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"client_limits\.default_timeout_ms"):
+        parse_config("[client_limits]\ndefault_timeout_ms = 600001\n")
+
+
+async def test_a_client_gone_while_its_alloc_runs_leaks_nothing(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = client(broker)
+    session = broker.dsp.session
+    assert session is not None
+    real_alloc = session.alloc
+
+    def alloc_while_the_client_leaves(size: int) -> SessionBuffer:
+        c.objects.take_all()  # the connection ended meanwhile
+        return real_alloc(size)
+
+    monkeypatch.setattr(session, "alloc", alloc_while_the_client_leaves)
+    await refused(ErrorCode.DSP_RESTARTED, call(broker, c, p.AllocRequest(id=1, size=4096)))
+    assert session.statistics().buffers == 0  # what nobody will ever name was freed

@@ -11,9 +11,10 @@ import trio
 import npu_protocol as p
 from npud import connection as connection_module
 from npud.backend import select_profile
-from npud.broker import Broker, ClientState
+from npud.broker import Broker
+from npud.clients import Client
 from npud.config import parse_config
-from npud.connection import ClientConnection
+from npud.connection import PeerConnection
 
 
 @pytest.fixture
@@ -21,7 +22,10 @@ async def broker() -> AsyncIterator[Broker]:
     config = parse_config("[backend]\nkind = 'emulator'\n")
     b = Broker(config, select_profile(config))
     await b.start()
-    yield b
+    async with trio.open_nursery() as nursery:
+        b.attach(nursery)
+        yield b
+        nursery.cancel_scope.cancel()
     await b.close(grace=5)
 
 
@@ -30,9 +34,8 @@ async def test_a_peer_that_never_says_hello_is_closed(
 ) -> None:
     monkeypatch.setattr(connection_module, "HELLO_TIMEOUT", 0.2)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn = ClientConnection(
-        broker, trio.socket.from_stdlib_socket(ours), ClientState(pid=1, uid=0, gid=0)
-    )
+    ours.setblocking(False)
+    conn = PeerConnection(broker, ours, Client(pid=1, uid=0, gid=0))
     with trio.fail_after(10):
         await conn.serve()  # returns by itself once the deadline passes
     theirs.setblocking(False)
@@ -45,9 +48,8 @@ async def test_a_welcomed_peer_is_not_cut_by_the_hello_deadline(
 ) -> None:
     monkeypatch.setattr(connection_module, "HELLO_TIMEOUT", 0.2)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn = ClientConnection(
-        broker, trio.socket.from_stdlib_socket(ours), ClientState(pid=1, uid=0, gid=0)
-    )
+    ours.setblocking(False)
+    conn = PeerConnection(broker, ours, Client(pid=1, uid=0, gid=0))
     peer = p.ClientConnection()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(conn.serve)

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import trio
+from structlog.testing import capture_logs
 
 from npud.lanes import LanePool, LaneTimeoutError
 
@@ -149,6 +150,8 @@ async def test_submit_runs_without_waiting_and_logs_failures(pool: LanePool) -> 
         done.set()
         raise RuntimeError("lost")
 
-    pool.submit(boom)
-    await trio.to_thread.run_sync(done.wait, 5)
-    await pool.call(lambda: None)  # the lane survived the failure
+    with capture_logs() as logs:
+        pool.submit(boom)
+        assert await trio.to_thread.run_sync(done.wait, 5)
+        await pool.call(lambda: None)  # the lane survived the failure
+    assert [(e["event"], e["lane"]) for e in logs] == [("lane job failed", "test")]

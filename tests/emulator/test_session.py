@@ -12,7 +12,7 @@ import pytest
 from npu_protocol import AEE, MAX_DMA_SIZE, ErrorCode
 from npud.fastrpc import abi
 from npud.fastrpc.dma import PAGE_SIZE
-from npud.fastrpc.errors import FastRpcError
+from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Capacity, Inline, Slice
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
@@ -24,7 +24,7 @@ CHECKSUM_SC = abi.remote_scalars_make(3, 2, 1)
 BUSY_SC = abi.remote_scalars_make(4, 1, 0)
 
 
-def code_of(exc: pytest.ExceptionInfo[FastRpcError]) -> ErrorCode:
+def code_of(exc: pytest.ExceptionInfo[RpcError]) -> ErrorCode:
     return exc.value.code
 
 
@@ -55,7 +55,7 @@ def test_a_missing_secure_node_falls_back_to_the_plain_node(emulator: EmulatedDr
 
 def test_no_device_node_is_device_not_found(emulator: EmulatedDriver) -> None:
     before = open_fds()
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         FastRpcSession.open(emulator, nodes=("/dev/fastrpc-adsp", "/dev/nothing"))
     assert code_of(caught) is ErrorCode.DEVICE_NOT_FOUND
     assert "/dev/fastrpc-adsp (ENOENT), /dev/nothing (ENOENT)" in str(caught.value)
@@ -65,7 +65,7 @@ def test_no_device_node_is_device_not_found(emulator: EmulatedDriver) -> None:
 def test_a_busy_device_is_no_free_session_and_leaks_nothing(emulator: EmulatedDriver) -> None:
     before = open_fds()
     emulator.faults.limit_sessions(1)  # room for meta_fd, not for rpc_fd
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         FastRpcSession.open(emulator)
     assert code_of(caught) is ErrorCode.NO_FREE_SESSION
     assert open_fds() == before
@@ -75,7 +75,7 @@ def test_a_busy_device_is_no_free_session_and_leaks_nothing(emulator: EmulatedDr
 def test_six_sessions_fill_the_twelve_context_banks(emulator: EmulatedDriver) -> None:
     sessions = [FastRpcSession.open(emulator) for _ in range(6)]
     try:
-        with pytest.raises(FastRpcError) as caught:
+        with pytest.raises(RpcError) as caught:
             FastRpcSession.open(emulator)
         assert code_of(caught) is ErrorCode.NO_FREE_SESSION
     finally:
@@ -107,7 +107,7 @@ def test_loading_twice_is_a_no_op(session: FastRpcSession, shell_bytes: bytes) -
 def test_a_shell_the_dsp_rejects_is_undone(emulator: EmulatedDriver) -> None:
     before = open_fds()
     with FastRpcSession.open(emulator, library_path=[DSP_LIBRARY_DIR]) as s:
-        with pytest.raises(FastRpcError) as caught:
+        with pytest.raises(RpcError) as caught:
             s.load_shell(b"not an ELF image at all")
         assert code_of(caught) is ErrorCode.FASTRPC
         assert "AEE_EBADELF" in str(caught.value)
@@ -120,7 +120,7 @@ def test_a_shell_the_dsp_rejects_is_undone(emulator: EmulatedDriver) -> None:
 @pytest.mark.parametrize(("size", "needle"), [(0, "empty"), (abi.INIT_FILELEN_MAX + 1, "at most")])
 def test_shell_size_bounds(emulator: EmulatedDriver, size: int, needle: str) -> None:
     with FastRpcSession.open(emulator) as s:
-        with pytest.raises(FastRpcError, match=needle) as caught:
+        with pytest.raises(RpcError, match=needle) as caught:
             s.load_shell(b"\x7fELF" * (size // 4) + b"x" * (size % 4))
         assert code_of(caught) is ErrorCode.SHELL_VERIFY
         assert emulator.statistics().dma_bufs_alive == 0
@@ -129,9 +129,9 @@ def test_shell_size_bounds(emulator: EmulatedDriver, size: int, needle: str) -> 
 def test_calls_that_need_the_process_refuse_before_the_shell(emulator: EmulatedDriver) -> None:
     with FastRpcSession.open(emulator) as s:
         buffer = s.alloc(4096)
-        with pytest.raises(FastRpcError, match="load the shell first"):
+        with pytest.raises(RpcError, match="load the shell first"):
             s.map(buffer)
-        with pytest.raises(FastRpcError, match="load the shell first"):
+        with pytest.raises(RpcError, match="load the shell first"):
             s.remote_open(ECHO_URI)
 
 
@@ -152,7 +152,7 @@ def test_bad_sizes_leave_nothing_behind(
     session: FastRpcSession, size: int, code: ErrorCode
 ) -> None:
     before = open_fds()
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         session.alloc(size)
     assert code_of(caught) is code
     assert open_fds() == before
@@ -162,18 +162,17 @@ def test_bad_sizes_leave_nothing_behind(
 def test_alloc_is_page_rounded_shared_and_freed(session: FastRpcSession) -> None:
     before = open_fds()
     buffer = session.alloc(100)
-    assert buffer.size == 100
-    assert buffer.mapped_size == PAGE_SIZE
+    assert buffer.size == PAGE_SIZE  # the allocated size, the one size there is
     # Its fd, and the private dup CPython's mmap keeps of it.
     assert open_fds() == before + 2
     view = buffer.view()
     view[:5] = b"hello"
-    assert len(view) == 100
+    assert len(view) == PAGE_SIZE
     view.release()
     session.free(buffer)
     assert buffer.released
     assert open_fds() == before
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         session.free(buffer)
     assert code_of(caught) is ErrorCode.UNKNOWN_BUFFER
 
@@ -181,7 +180,7 @@ def test_alloc_is_page_rounded_shared_and_freed(session: FastRpcSession) -> None
 def test_the_largest_buffer_is_allowed(emulator: EmulatedDriver) -> None:
     with FastRpcSession.open(emulator) as s:
         buffer = s.alloc(MAX_DMA_SIZE)
-        assert buffer.mapped_size == MAX_DMA_SIZE
+        assert buffer.size == MAX_DMA_SIZE
         s.free(buffer)
 
 
@@ -222,7 +221,7 @@ def test_buffers_of_another_session_are_refused(
     with FastRpcSession.open(emulator) as other:
         foreign = other.alloc(4096)
         for call in (session.free, session.map, session.unmap):
-            with pytest.raises(FastRpcError) as caught:
+            with pytest.raises(RpcError) as caught:
                 call(foreign)
             assert code_of(caught) is ErrorCode.UNKNOWN_BUFFER
 
@@ -258,7 +257,7 @@ def test_echo_through_dma_buffer_slices(session: FastRpcSession) -> None:
 def test_slices_out_of_range_are_refused(session: FastRpcSession, offset: int, length: int) -> None:
     handle = session.remote_open(ECHO_URI)
     buffer = session.alloc(4096)
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         session.invoke(
             handle, ECHO_SC, [Inline(struct.pack("<II", 4, 4)), Slice(buffer, offset, length)],
             [Capacity(4)],
@@ -269,22 +268,22 @@ def test_slices_out_of_range_are_refused(session: FastRpcSession, offset: int, l
 
 def test_unknown_and_closed_handles_are_refused(session: FastRpcSession) -> None:
     for handle in (0, 1, 3, 0x12345):
-        with pytest.raises(FastRpcError) as caught:
+        with pytest.raises(RpcError) as caught:
             session.invoke(handle, ECHO_SC, [Inline(b""), Inline(b"")], [Capacity(0)])
         assert code_of(caught) is ErrorCode.UNKNOWN_HANDLE
     handle = session.remote_open(ECHO_URI)
     session.remote_close(handle)
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         session.remote_close(handle)
     assert code_of(caught) is ErrorCode.UNKNOWN_HANDLE
 
 
 def test_scalars_that_disagree_with_the_arguments_are_refused(session: FastRpcSession) -> None:
     handle = session.remote_open(ECHO_URI)
-    with pytest.raises(FastRpcError, match="declares 2 inputs and 1 outputs; 1 and 1") as caught:
+    with pytest.raises(RpcError, match="declares 2 inputs and 1 outputs; 1 and 1") as caught:
         session.invoke(handle, ECHO_SC, [Inline(b"x")], [Capacity(1)])
     assert code_of(caught) is ErrorCode.INVALID_ARGUMENT
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         session.invoke(handle, abi.remote_scalars_makex(0, 2, 0, 0, 1, 0), [], [])
     assert code_of(caught) is ErrorCode.UNSUPPORTED
 
@@ -325,16 +324,16 @@ def test_the_test_skel_fills_and_checksums_shared_memory(
 
 
 def test_remote_open_failures_carry_the_dlerror(session: FastRpcSession) -> None:
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         session.remote_open("file:///libmissing_skel.so?missing_skel_handle_invoke&_modver=1.0")
     assert code_of(caught) is ErrorCode.OPEN_FAILED
     assert "libmissing_skel.so" in str(caught.value)
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         session.remote_open("file:///libecho_skel.so?nope_skel_handle_invoke&_modver=1.0")
     assert code_of(caught) is ErrorCode.OPEN_FAILED
     assert "nope_skel_handle_invoke" in str(caught.value)
     for bad in ("", "a\0b", "x" * 2000):
-        with pytest.raises(FastRpcError) as caught:
+        with pytest.raises(RpcError) as caught:
             session.remote_open(bad)
         assert code_of(caught) is ErrorCode.INVALID_ARGUMENT
     assert session.statistics().remote_handles == 0
@@ -365,7 +364,7 @@ def _busy_on_thread(
             outcome.append(
                 session.invoke(handle, BUSY_SC, [Inline(struct.pack("<I", micros))], []).rc
             )
-        except FastRpcError as exc:
+        except RpcError as exc:
             outcome.append(exc.code)
 
     thread = threading.Thread(target=run)
@@ -443,18 +442,18 @@ def test_a_subsystem_restart_fails_everything_and_close_still_releases(
     buffer = s.alloc(4096)
     s.map(buffer)
     emulator.faults.subsystem_restart()
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         echo_inline(s, handle, b"x", 1)
     assert code_of(caught) is ErrorCode.DSP_RESTARTED
     assert s.dead
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         s.alloc(4096)
     assert code_of(caught) is ErrorCode.DSP_RESTARTED
     s.close()
     assert open_fds() == before
     assert not fastrpc_threads()
     # The nodes are gone until the DSP boots again.
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         FastRpcSession.open(emulator)
     assert code_of(caught) is ErrorCode.DEVICE_NOT_FOUND
     emulator.faults.boot()
@@ -470,10 +469,10 @@ def test_close_waits_for_invokes_and_refuses_new_calls(
     handle = session.remote_open(TEST_URI)
     thread, outcome = _busy_on_thread(session, handle, 50_000)
     _wait_in_flight(session, 1)
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         session.close(timeout=0.001)
     assert code_of(caught) is ErrorCode.SESSION_BUSY
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         session.alloc(4096)
     assert code_of(caught) is ErrorCode.SESSION_CLOSED
     session.close()  # waits for the busy call
@@ -494,7 +493,7 @@ def test_statistics_count_calls(session: FastRpcSession) -> None:
 
 
 def test_a_hostile_skel_name_does_not_kill_the_listener(session: FastRpcSession) -> None:
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         session.remote_open("file:///" + "x" * 300 + "_skel.so?x_skel_handle_invoke")
     assert code_of(caught) is ErrorCode.OPEN_FAILED
     assert session.listener_running
@@ -513,7 +512,7 @@ def test_closing_a_handle_under_a_running_invoke_waits_for_it(
     session.remote_close(handle)  # returns at once; the skel stays loaded
     assert session.statistics().remote_handles == 0
     assert driver.statistics().remote_handles_open == 1
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         session.invoke(handle, BUSY_SC, [Inline(struct.pack("<I", 1))], [])
     assert code_of(caught) is ErrorCode.UNKNOWN_HANDLE
     thread.join(10)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import pathlib
+import struct
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -142,6 +143,10 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.ClientLimits,
     p.DaemonStatus,
     p.ShellStatus,
+    p.SessionRow,
+    p.LaneRow,
+    p.SchedulerRow,
+    p.Budget,
     p.Totals,
     p.ClientRow,
 )
@@ -268,6 +273,10 @@ _STATUS: Final = p.DaemonStatus(
             calls_done=12,
         ),
     ),
+    session=p.SessionRow(
+        state="up", buffers=2, remote_handles=1, invokes_done=15, listener_running=True
+    ),
+    lanes=(p.LaneRow(name="control", threads=1, completed=4),),
 )
 
 
@@ -285,38 +294,47 @@ def _conversation() -> Iterator[tuple[str, Callable[[], p.Message], str]]:
     yield "`map_reply`", lambda: p.MapReply(id=2, dsp_address=0xC0000000), "s"
     uri = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
     yield "`open`", lambda: p.OpenRequest(id=3, uri=uri), "c"
-    yield "`open_reply`", lambda: p.OpenReply(id=3, handle=1), "s"
     yield (
-        "`invoke` by method index: one inline input, one slice input, one inline output",
+        "`open_reply` (ids are one space per connection: buffer 1, then handle 2)",
+        (lambda: p.OpenReply(id=3, handle=2)),
+        "s",
+    )
+    yield (
+        "`invoke` of echo (method 2): primIn {u32 in_len 5, u32 out_capacity 5} inline, "
+        "the input as a slice of buffer 1, the output inline",
         lambda: p.InvokeRequest(
             id=4,
-            handle=1,
+            handle=2,
             method=2,
-            inputs=(p.InlineInput(data=b"hi"), p.BufferSlice(buffer=1, offset=0, length=4096)),
-            outputs=(p.InlineOutput(capacity=4),),
+            inputs=(
+                p.InlineInput(data=struct.pack("<II", 5, 5)),
+                p.BufferSlice(buffer=1, offset=0, length=5),
+            ),
+            outputs=(p.InlineOutput(capacity=5),),
             timeout_ms=1000,
         ),
         "c",
     )
     yield (
-        "`invoke` by raw scalars word 0x02010100, output into a slice",
+        "`invoke` of echo by raw scalars word 0x02020100, whose primIn claims 99 input "
+        "bytes where 1 is given, output into a slice",
         lambda: p.InvokeRequest(
             id=5,
-            handle=1,
-            sc=0x02010100,
-            inputs=(p.InlineInput(data=b"\x01\x00\x00\x00"),),
+            handle=2,
+            sc=0x02020100,
+            inputs=(p.InlineInput(data=struct.pack("<II", 99, 4096)), p.InlineInput(data=b"x")),
             outputs=(p.BufferSlice(buffer=1, offset=4096, length=4096),),
         ),
         "c",
     )
     yield (
-        "`error` answering id 5 (the DSP returned AEE_EBADPARM)",
+        "`error` answering id 5 (the skel returned AEE_EBADPARM)",
         lambda: p.ErrorMessage.for_code(p.ErrorCode.INVOKE_FAILED, id=5, code=0x8000040E),
         "s",
     )
     yield (
-        "`invoke_reply` answering id 4",
-        lambda: p.InvokeReply(id=4, outputs=(b"ok\x00\x00",)),
+        "`invoke_reply` answering id 4: the 5 bytes echoed",
+        lambda: p.InvokeReply(id=4, outputs=(b"hello",)),
         "s",
     )
     yield "`ping`", lambda: p.PingRequest(id=6), "c"
@@ -325,7 +343,7 @@ def _conversation() -> Iterator[tuple[str, Callable[[], p.Message], str]]:
     yield "`status_reply`", lambda: p.StatusReply(id=7, status=_STATUS), "s"
     yield "`unmap`", lambda: p.UnmapRequest(id=8, buffer=1), "c"
     yield "`unmap_reply`", lambda: p.UnmapReply(id=8), "s"
-    yield "`close`", lambda: p.CloseRequest(id=9, handle=1), "c"
+    yield "`close`", lambda: p.CloseRequest(id=9, handle=2), "c"
     yield "`close_reply`", lambda: p.CloseReply(id=9), "s"
     yield "`free`", lambda: p.FreeRequest(id=10, buffer=1), "c"
     yield "`free_reply`", lambda: p.FreeReply(id=10), "s"

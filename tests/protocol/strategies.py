@@ -84,7 +84,14 @@ def _invokes(draw: st.DrawFn) -> p.InvokeRequest:
         inputs=tuple(inputs),
         outputs=tuple(outputs),
         timeout_ms=draw(st.none() | st.integers(1, p.MAX_TIMEOUT_MS)),
+        deadline_ms=draw(st.none() | st.integers(1, p.MAX_TIMEOUT_MS)),
     )
+
+
+@st.composite
+def _budgets(draw: st.DrawFn) -> p.Budget:
+    period = draw(st.integers(100, 10_000_000))
+    return p.Budget(period_us=period, budget_us=draw(st.integers(1, period)))
 
 
 @st.composite
@@ -108,6 +115,7 @@ _OVERRIDES: Final[dict[type[Any], st.SearchStrategy[Any]]] = {
     p.BufferSlice: _buffer_slices(),
     p.InvokeRequest: _invokes(),
     p.ClientLimits: _limits(),
+    p.Budget: _budgets(),
 }
 
 

@@ -166,29 +166,44 @@ def test_a_newer_client_is_answered_with_our_version() -> None:
     feed(server, frame(msgspec.msgpack.encode(hello)))
     [received] = drain(server)
     assert isinstance(received, p.Hello)
-    assert p.choose_protocol_version(received.protocol_version) == 1
+    assert p.choose_protocol_version(received.protocol_version) == p.PROTOCOL_VERSION
     with pytest.raises(p.LocalProtocolError) as info:
-        server.send(msgspec.structs.replace(WELCOME, protocol_version=2))
+        server.send(msgspec.structs.replace(WELCOME, protocol_version=p.PROTOCOL_VERSION + 1))
     assert info.value.code is ErrorCode.UNSUPPORTED_VERSION
     server.send(WELCOME)
     assert server.state is ConnectionState.READY
 
 
-def test_client_refuses_a_welcome_in_a_version_it_does_not_speak() -> None:
+@pytest.mark.parametrize(("offered", "answered"), [(1, 2), (2, 3), (1, 3)])
+def test_client_refuses_a_welcome_in_a_version_it_does_not_speak(
+    offered: int, answered: int
+) -> None:
     client = p.ClientConnection()
-    client.send(p.Hello(client_name="c"))
-    feed(
-        client, frame(msgspec.msgpack.encode(msgspec.structs.replace(WELCOME, protocol_version=2)))
-    )
+    client.send(p.Hello(client_name="c", protocol_version=offered))
+    welcome = msgspec.structs.replace(WELCOME, protocol_version=answered)
+    feed(client, frame(msgspec.msgpack.encode(welcome)))
     with pytest.raises(p.RemoteProtocolError) as info:
         client.next_event()
     assert info.value.code is ErrorCode.UNSUPPORTED_VERSION
-    assert str(info.value) == ("protocol version 2 is not supported: this side speaks 1 to 1")
+    assert str(info.value) == (
+        f"protocol version {answered} is not supported: this side speaks 1 to {offered}"
+    )
+
+
+def test_a_version_1_peer_is_still_spoken_to() -> None:
+    client, server = p.ClientConnection(), p.ServerConnection()
+    feed(server, client.send(p.Hello(client_name="old", protocol_version=1))[0])
+    [hello] = drain(server)
+    assert isinstance(hello, p.Hello)
+    assert p.choose_protocol_version(hello.protocol_version) == 1
+    welcome = msgspec.structs.replace(WELCOME, protocol_version=1)
+    feed(client, server.send(welcome)[0])
+    assert drain(client) == [welcome]
 
 
 def test_client_only_offers_versions_it_speaks() -> None:
     with pytest.raises(p.LocalProtocolError) as info:
-        p.ClientConnection().send(p.Hello(client_name="c", protocol_version=2))
+        p.ClientConnection().send(p.Hello(client_name="c", protocol_version=p.PROTOCOL_VERSION + 1))
     assert info.value.code is ErrorCode.UNSUPPORTED_VERSION
 
 
@@ -309,20 +324,37 @@ def test_sending_the_wrong_direction_is_a_type_error() -> None:
         server.send(p.PingRequest(id=1))  # type: ignore[arg-type]
 
 
-def test_invalid_outgoing_values_are_refused_before_anything_is_sent() -> None:
+def test_values_the_encoder_cannot_encode_are_refused_before_anything_is_sent() -> None:
     client, _ = connected_pair()
-    with pytest.raises(p.LocalProtocolError) as info:
-        client.send(p.AllocRequest(id=1, size=p.MAX_DMA_SIZE + 1))
-    assert info.value.code is ErrorCode.BAD_MESSAGE
-    assert "$.size" in str(info.value)
-    with pytest.raises(p.LocalProtocolError) as info:
-        client.send(p.PingRequest(id=1, payload="text"))  # type: ignore[arg-type]
-    assert info.value.code is ErrorCode.BAD_MESSAGE
     with pytest.raises(p.LocalProtocolError) as info:
         client.send(p.PingRequest(id=1, payload=object()))  # type: ignore[arg-type]
     assert info.value.code is ErrorCode.BAD_MESSAGE
     assert client.in_flight == frozenset()
     assert client.statistics().frames_sent == 1  # only the Hello
+
+
+def test_send_does_not_decode_what_it_encoded_the_peer_checks_the_bounds() -> None:
+    # The message types give the shape; their bounds (Meta constraints) are the
+    # receiving decoder's to enforce. Building a message outside them is the
+    # sender's bug, and the peer refuses it as BAD_MESSAGE naming the field.
+    client, server = connected_pair()
+    data, fds = client.send(p.AllocRequest(id=1, size=p.MAX_DMA_SIZE + 1))
+    assert client.in_flight == frozenset({1})
+    feed(server, data, fds)
+    with pytest.raises(p.RemoteProtocolError) as info:
+        server.next_event()
+    assert info.value.code is ErrorCode.BAD_MESSAGE
+    assert "$.size" in str(info.value)
+
+
+def test_only_the_exact_message_types_of_the_direction_are_sent() -> None:
+    class Disguised(p.PingRequest, frozen=True, kw_only=True):
+        pass
+
+    client, _ = connected_pair()
+    with pytest.raises(TypeError, match="ClientConnection cannot send Disguised"):
+        client.send(Disguised(id=1))
+    assert client.in_flight == frozenset()
 
 
 def test_negative_fd_is_refused() -> None:

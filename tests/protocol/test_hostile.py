@@ -378,3 +378,102 @@ def test_peer_text_in_errors_is_escaped_clipped_and_still_sendable() -> None:
     assert len(detail) <= 200
     goodbye, _ = server.send(p.ErrorMessage.for_code(error.code, **error.fields))
     assert len(goodbye) < 1024
+
+
+# --- repeated keys and messages in the wrong direction -------------------------------------
+
+
+def _map(*pairs: tuple[bytes, bytes]) -> bytes:
+    """A msgpack map written by hand, so a key can appear twice."""
+    assert len(pairs) < 16
+    return bytes([0x80 | len(pairs)]) + b"".join(k + v for k, v in pairs)
+
+
+def _str(text: str) -> bytes:
+    return msgspec.msgpack.encode(text)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        # the last value would win: id 2 is what the code would act on
+        _map((_str("type"), _str("ping")), (_str("id"), b"\x01"), (_str("id"), b"\x02")),
+        # the same key as a fixstr and as a str8
+        _map((_str("type"), _str("ping")), (_str("id"), b"\x01"), (b"\xd9\x02id", b"\x02")),
+        # the tag itself twice
+        _map((_str("type"), _str("ping")), (_str("id"), b"\x01"), (_str("type"), _str("ping"))),
+        # inside a value under an unknown key, which is otherwise ignored
+        _map(
+            (_str("type"), _str("ping")),
+            (_str("id"), b"\x01"),
+            (_str("extra"), _map((b"\x01", b"\xc0"), (b"\xcc\x01", b"\xc0"))),
+        ),
+    ],
+)
+def test_a_key_given_twice_is_fatal(payload: bytes) -> None:
+    server = connected_pair()[1]
+    error = fatal(server, frame(payload))
+    assert error.code is ErrorCode.BAD_MESSAGE
+    assert "appears twice in one map" in str(error)
+
+
+def test_a_key_given_twice_in_a_nested_argument_is_fatal() -> None:
+    inline = _map(
+        (_str("type"), _str("inline")), (_str("data"), b"\xc4\x00"), (_str("data"), b"\xc4\x01x")
+    )
+    payload = _map(
+        (_str("type"), _str("invoke")),
+        (_str("id"), b"\x01"),
+        (_str("handle"), b"\x01"),
+        (_str("method"), b"\x00"),
+        (_str("inputs"), b"\x91" + inline),
+    )
+    error = fatal(connected_pair()[1], frame(payload))
+    assert "'data' appears twice" in str(error)
+
+
+def test_distinct_keys_of_every_shape_pass() -> None:
+    server = connected_pair()[1]
+    payload = _map(
+        (_str("type"), _str("ping")),
+        (_str("id"), b"\x01"),
+        (_str("x"), _map((b"\x01", b"\xc0"), (b"\xcc\x02", b"\xc0"), (b"\xff", b"\xc0"))),
+        (_str("y"), b"\xd4\x01\x00"),  # an extension value under an unknown key is skipped
+    )
+    feed(server, frame(payload))
+    assert server.next_event() == p.PingRequest(id=1)
+
+
+def test_an_extension_value_under_a_known_key_is_bad() -> None:
+    payload = _map((_str("type"), _str("ping")), (_str("id"), b"\xd4\x01\x00"))
+    assert fatal(connected_pair()[1], frame(payload)).code is ErrorCode.BAD_MESSAGE
+
+
+@pytest.mark.parametrize("ready", [False, True])
+@pytest.mark.parametrize(
+    "message",
+    [
+        WELCOME,
+        p.PongReply(id=1),
+        p.ShuttingDown(),
+        p.ErrorMessage.for_code(ErrorCode.TIMEOUT, id=1, operation="x", timeout_ms=1),
+    ],
+    ids=p.tag_of,
+)
+def test_a_server_message_sent_to_the_server_is_unexpected(message: p.Message, ready: bool) -> None:
+    server = connected_pair()[1] if ready else p.ServerConnection()
+    error = fatal(server, packed(message))
+    assert error.code is ErrorCode.UNEXPECTED_MESSAGE
+    assert str(error) == f"unexpected {p.tag_of(message)} message: only the server sends it"
+
+
+def test_a_client_message_sent_to_the_client_is_unexpected() -> None:
+    client = connected_pair()[0]
+    error = fatal(client, packed(p.PingRequest(id=1)))
+    assert error.code is ErrorCode.UNEXPECTED_MESSAGE
+    assert str(error) == "unexpected ping message: only the client sends it"
+
+
+def test_a_misdirected_message_with_bad_fields_is_still_unexpected() -> None:
+    error = fatal(p.ServerConnection(), packed({"type": "welcome", "epoch": "soon"}))
+    assert error.code is ErrorCode.UNEXPECTED_MESSAGE

@@ -114,7 +114,7 @@ def test_dry_run_writes_nothing(site: Site, snapshot: Path) -> None:
     assert "nothing was written" in result.stdout
     assert f"new        /{FIRMWARE_PATH}" in result.stdout
     assert 'would write "on"' in result.stdout
-    assert "would install /etc/systemd/system/npud.service" in result.stdout
+    assert "would install /usr/lib/systemd/system/npud.service" in result.stdout
 
 
 def test_deploy_installs_the_snapshot_the_units_and_runtime_pm(site: Site, snapshot: Path) -> None:
@@ -127,7 +127,7 @@ def test_deploy_installs_the_snapshot_the_units_and_runtime_pm(site: Site, snaps
         assert installed.stat().st_uid == os.geteuid()
     assert site.control("remoteproc1") == "on"
     assert site.control("remoteproc0") == "auto"  # the ADSP is not ours to touch
-    unit = site.root / "etc/systemd/system/npud.service"
+    unit = site.root / "usr/lib/systemd/system/npud.service"
     assert unit.read_bytes() == (REPO / "systemd/npud.service").read_bytes()
     assert "reboot to load it" in result.stdout
     # Nothing existed before, so nothing was backed up; the new files are listed.

@@ -20,16 +20,33 @@ from tests.scripts.snapshots import DEV_PUBLIC_KEY, INSTALL, REPO, run_script, t
 
 SHELL = "usr/lib/dsp/cdsp/fastrpc_shell_unsigned_3"
 
-# Installed path -> source in the repository (None: from --signing-dir).
+# Vendor files: path under the prefix -> source in the repository.
+VENDOR = {
+    "lib/systemd/system/npud.service": "systemd/npud.service",
+    "lib/systemd/system/npud.socket": "systemd/npud.socket",
+    "lib/sysusers.d/npud.conf": "systemd/sysusers.d/npud.conf",
+    "lib/tmpfiles.d/npud.conf": "systemd/tmpfiles.d/npud.conf",
+    "lib/udev/rules.d/90-npud-fastrpc.rules": "systemd/udev/90-npud-fastrpc.rules",
+    "share/man/man8/npud.8": "man/npud.8",
+    "share/man/man1/npuctl.1": "man/npuctl.1",
+    "share/man/man5/npud.toml.5": "man/npud.toml.5",
+    "share/bash-completion/completions/npud": "completions/bash/npud",
+    "share/bash-completion/completions/npuctl": "completions/bash/npuctl",
+    "share/npud/portal-npu.sh": "config/portal-npu.sh",
+    "share/doc/npud/deploy.md": "docs/deploy.md",
+}
+# Installed path -> source in the repository, with the default prefix /usr.
 EXPECTED = {
+    **{f"usr/{path}": source for path, source in VENDOR.items()},
+    "etc/npud/npud.toml": "config/npud.toml",
+}
+# Where an older install.sh put the vendor files that systemd and udev read.
+LEGACY = {
     "etc/systemd/system/npud.service": "systemd/npud.service",
     "etc/systemd/system/npud.socket": "systemd/npud.socket",
     "etc/sysusers.d/npud.conf": "systemd/sysusers.d/npud.conf",
     "etc/tmpfiles.d/npud.conf": "systemd/tmpfiles.d/npud.conf",
     "etc/udev/rules.d/90-npud-fastrpc.rules": "systemd/udev/90-npud-fastrpc.rules",
-    "etc/npud/npud.toml": "config/npud.toml",
-    "usr/share/npud/portal-npu.sh": "config/portal-npu.sh",
-    "usr/share/doc/npud/deploy.md": "docs/deploy.md",
 }
 SIGNING = {
     "etc/npud/shell-signing.pub": "shell-signing.pub",
@@ -79,6 +96,8 @@ def test_help_lists_what_goes_where(tmp_path: Path) -> None:
     assert result.returncode == 0
     for installed in EXPECTED:
         assert Path(installed).name in result.stdout
+    assert "--prefix" in result.stdout
+    assert ".new" in result.stdout
 
 
 def test_lays_out_the_files_with_their_modes(root: Path) -> None:
@@ -90,6 +109,11 @@ def test_lays_out_the_files_with_their_modes(root: Path) -> None:
         assert _mode(path) == 0o644, installed
         assert path.stat().st_uid == os.geteuid()
     assert _mode(root / "etc/npud") == 0o755
+    # The admin's /etc holds only npud.toml: every vendor file is under /usr.
+    assert sorted(p.relative_to(root).as_posix() for p in (root / "etc").rglob("*")) == [
+        "etc/npud",
+        "etc/npud/npud.toml",
+    ]
     assert "not activating" in result.stdout
     # Without --signing-dir and without a venv it says what is still missing.
     assert "shell-signing.pub is missing" in result.stderr
@@ -101,7 +125,7 @@ def test_dry_run_writes_nothing(root: Path) -> None:
     result = install(root, "--dry-run")
     assert result.returncode == 0, result.stderr
     assert tree_state(root) == before
-    assert "would install /etc/systemd/system/npud.service (mode 644)" in result.stdout
+    assert "would install /usr/lib/systemd/system/npud.service (mode 644)" in result.stdout
 
 
 def test_second_run_changes_nothing_and_says_so(root: Path) -> None:
@@ -116,9 +140,9 @@ def test_second_run_changes_nothing_and_says_so(root: Path) -> None:
 
 def test_drift_is_repaired(root: Path) -> None:
     assert install(root).returncode == 0
-    unit = root / "etc/systemd/system/npud.service"
+    unit = root / "usr/lib/systemd/system/npud.service"
     unit.write_text("[Service]\nExecStart=/bin/false\n")
-    rules = root / "etc/udev/rules.d/90-npud-fastrpc.rules"
+    rules = root / "usr/lib/udev/rules.d/90-npud-fastrpc.rules"
     rules.chmod(0o666)
     result = install(root)
     assert result.returncode == 0, result.stderr
@@ -138,6 +162,69 @@ def test_an_edited_config_is_kept_and_the_new_one_goes_beside_it(root: Path) -> 
         REPO / "config/npud.toml"
     ).read_bytes()
     assert "kept your /etc/npud/npud.toml" in result.stderr
+    assert "npud.toml.new" in result.stderr
+    # Said again on every run, and the admin's file is still untouched.
+    again = install(root)
+    assert config.read_text() == "[daemon]\nlog_level = 'debug'\n"
+    assert "kept your /etc/npud/npud.toml" in again.stderr
+
+
+def test_the_admins_modes_in_etc_are_kept(root: Path) -> None:
+    assert install(root).returncode == 0
+    (root / "etc/npud").chmod(0o750)
+    (root / "etc/npud/npud.toml").chmod(0o600)
+    result = install(root)
+    assert result.returncode == 0, result.stderr
+    assert _mode(root / "etc/npud") == 0o750
+    assert _mode(root / "etc/npud/npud.toml") == 0o600
+    assert "nothing to change" in result.stdout
+
+
+def test_a_prefix_moves_every_vendor_file_and_leaves_etc_alone(root: Path) -> None:
+    result = install(root, "--prefix", "/usr/local")
+    assert result.returncode == 0, result.stderr
+    for path, source in VENDOR.items():
+        assert (root / "usr/local" / path).read_bytes() == (REPO / source).read_bytes(), path
+    assert not (root / "usr/lib").exists()
+    assert not (root / "usr/share").exists()
+    assert (root / "etc/npud/npud.toml").is_file()
+
+
+@pytest.mark.parametrize("prefix", ["usr", "/usr/", "/etc", "/etc/npud", ""])
+def test_a_bad_prefix_is_a_usage_error(root: Path, prefix: str) -> None:
+    before = tree_state(root)
+    result = install(root, f"--prefix={prefix}")
+    assert result.returncode == 2, result.stderr
+    assert "--prefix" in result.stderr
+    assert tree_state(root) == before
+
+
+def test_unchanged_copies_from_an_older_install_are_removed(root: Path) -> None:
+    for legacy, source in LEGACY.items():
+        (root / legacy).parent.mkdir(parents=True, exist_ok=True)
+        (root / legacy).write_bytes((REPO / source).read_bytes())
+    dry = install(root, "--dry-run")
+    assert "would remove /etc/systemd/system/npud.service" in dry.stdout
+    assert all((root / legacy).exists() for legacy in LEGACY)
+    result = install(root)
+    assert result.returncode == 0, result.stderr
+    for legacy in LEGACY:
+        assert not (root / legacy).exists(), legacy
+    assert "removed    /etc/systemd/system/npud.service" in result.stdout
+
+
+def test_an_edited_copy_in_etc_is_kept_and_named(root: Path) -> None:
+    unit = root / "etc/systemd/system/npud.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_text("[Service]\nExecStart=/usr/local/bin/my-npud\n")
+    result = install(root)
+    assert result.returncode == 0, result.stderr
+    assert unit.read_text() == "[Service]\nExecStart=/usr/local/bin/my-npud\n"
+    assert (
+        "/etc/systemd/system/npud.service overrides /usr/lib/systemd/system/npud.service"
+        in result.stderr
+    )
+    assert "drop-in" in result.stderr
 
 
 def test_signing_files_are_installed_and_checked_against_the_installed_shell(
@@ -153,6 +240,19 @@ def test_signing_files_are_installed_and_checked_against_the_installed_shell(
         assert (root / installed).read_bytes() == (signing / name).read_bytes()
         assert _mode(root / installed) == 0o644
     assert "is missing" not in result.stderr
+
+
+def test_another_public_key_never_replaces_the_admins(root: Path, tmp_path: Path) -> None:
+    shell = b"\x7fELF shell"
+    (root / SHELL).parent.mkdir(parents=True)
+    (root / SHELL).write_bytes(shell)
+    assert install(root, "--signing-dir", make_signing_dir(tmp_path / "a", shell)).returncode == 0
+    other = make_signing_dir(tmp_path / "b", shell, key=b"ef" * 32 + b"\n")
+    result = install(root, "--signing-dir", other)
+    assert result.returncode == 0, result.stderr
+    assert (root / "etc/npud/shell-signing.pub").read_bytes() == PUBLIC_KEY
+    assert (root / "etc/npud/shell-signing.pub.new").read_bytes() == b"ef" * 32 + b"\n"
+    assert "kept your /etc/npud/shell-signing.pub" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.scripts.snapshots import REPO
+from tests.tools import require_tool
 
 SCRIPT = REPO / "config" / "portal-npu.sh"
 SHOW = 'printf "%s\\n" "$QAIRT_ROOT" "$LD_LIBRARY_PATH" "$ADSP_LIBRARY_PATH"'
@@ -76,8 +76,7 @@ def test_defaults_are_the_deployed_locations_and_missing_ones_are_reported() -> 
 
 @pytest.mark.parametrize("shell", ["sh", "dash"])
 def test_posix_shells_give_the_same_result(shell: str, runtime: dict[str, str]) -> None:
-    if shutil.which(shell) is None:
-        pytest.skip(f"{shell} not installed")
+    require_tool(shell, "dash")
     env = {**runtime, "LD_LIBRARY_PATH": "/a"}
     result = source_and_show(shell, env)
     assert result.returncode == 0, result.stderr

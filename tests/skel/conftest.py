@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from tests.skel.portal_qnn_calls import PortalQnn
 from tests.skel.remote_args import SkelLibrary
+from tests.tools import require_tool
 
 REPO: Final = Path(__file__).resolve().parents[2]
 SKEL_DIR: Final = REPO / "skel"
@@ -42,15 +42,18 @@ FAKE_MODEL_VARIANTS: Final[dict[str, tuple[str, ...]]] = {
     "compose_fails": ("-DFAKE_MODEL_COMPOSE_ERROR=0xABCD00001774ull",),
     "finalize_fails": ("-DFAKE_MODEL_FINALIZE_ERROR=6022",),
     "unknown_type": ("-DFAKE_MODEL_INPUT_TYPE=0xDEAD",),
+    # The longest name a spec holds (127 bytes), and one byte more: refused at load.
+    "longest_name": (f'-DFAKE_MODEL_INPUT_NAME="{"n" * 127}"',),
+    "long_name": (f'-DFAKE_MODEL_INPUT_NAME="{"n" * 128}"',),
+    "unnamed": ("-DFAKE_MODEL_INPUT_NAME=NULL",),
     "no_free": ("-DFAKE_MODEL_NO_FREE",),
     "gated": ("-DFAKE_MODEL_GATED",),
 }
 
 
 def _need_compiler() -> None:
-    for tool in ("gcc", "make"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed: the host skel build needs gcc and make")
+    require_tool("gcc", "gcc")
+    require_tool("make", "make")
 
 
 def build_host_skels(out: Path) -> subprocess.CompletedProcess[str]:

@@ -3,15 +3,16 @@
  * against skel/include/qnn_min.h.
  *
  * Default build: two graphs.
- *   graph 0 "add_one":  in0 UINT_8 [4,4] -> out0 UINT_8 [4,4] = in0 + 1;
- *                       fails with QNN_GRAPH_ERROR_ABORTED when in0[0] == 0xFF
- *   graph 1 "add_pair": in0, in1 UINT_8 [8] -> out0 UINT_8 [8] = in0 + in1,
- *                       out1 UINT_32 scalar (rank 0) = sum of out0's bytes
+ *   graph 0 "add_one":  "in" UINT_8 [4,4] -> "out" UINT_8 [4,4] = in + 1;
+ *                       fails with QNN_GRAPH_ERROR_ABORTED when in[0] == 0xFF
+ *   graph 1 "add_pair": "a", "b" UINT_8 [8] -> "sum" UINT_8 [8] = a + b,
+ *                       "total" UINT_32 scalar (rank 0) = sum of sum's bytes
  * Variants (-D):
  *   FAKE_MODEL_GRAPHS=n           n graphs, graph g = "add g+1" on [4,4]
  *   FAKE_MODEL_COMPOSE_ERROR=e    composeGraphs fails with e
  *   FAKE_MODEL_FINALIZE_ERROR=e   graphFinalize fails with e
  *   FAKE_MODEL_INPUT_TYPE=t       data type of graph 0's input
+ *   FAKE_MODEL_INPUT_NAME="s"     name of graph 0's input ("in" by default)
  *   FAKE_MODEL_NO_FREE            no QnnModel_freeGraphsInfo export
  *   FAKE_MODEL_GATED              execute waits until fake_model_open_gate();
  *                                 fake_model_waiting() counts callers held there
@@ -42,6 +43,9 @@
 #endif
 #ifndef FAKE_MODEL_INPUT_TYPE
 #define FAKE_MODEL_INPUT_TYPE QNN_DATATYPE_UINT_8
+#endif
+#ifndef FAKE_MODEL_INPUT_NAME
+#define FAKE_MODEL_INPUT_NAME "in"
 #endif
 
 enum { KIND_ADD = 1, KIND_PAIR = 2 };
@@ -107,11 +111,12 @@ static void wait_at_gate(void) {
 }
 #endif
 
-static Qnn_Tensor_t tensor(uint32_t id, uint32_t type, uint32_t rank, const uint32_t *dims) {
+static Qnn_Tensor_t tensor(uint32_t id, const char *name, uint32_t type, uint32_t rank,
+                           const uint32_t *dims) {
     Qnn_Tensor_t t;
     memset(&t, 0, sizeof(t));
     t.id = id;
-    t.name = "t";
+    t.name = name;
     t.dataType = type;
     t.rank = rank;
     t.dimensions = dims;
@@ -194,8 +199,8 @@ static const QnnMin_Interface_t g_interface = {QNN_MIN_INTERFACE_VERSION, finali
 static void build_add(fake_entry *entry, uint8_t addend) {
     entry->graph.kind = KIND_ADD;
     entry->graph.addend = addend;
-    entry->inputs[0] = tensor(1, FAKE_MODEL_INPUT_TYPE, 2, dims_4x4);
-    entry->outputs[0] = tensor(2, QNN_DATATYPE_UINT_8, 2, dims_4x4);
+    entry->inputs[0] = tensor(1, FAKE_MODEL_INPUT_NAME, FAKE_MODEL_INPUT_TYPE, 2, dims_4x4);
+    entry->outputs[0] = tensor(2, "out", QNN_DATATYPE_UINT_8, 2, dims_4x4);
     entry->info.graphName = "add";
     entry->info.numInputTensors = 1;
     entry->info.numOutputTensors = 1;
@@ -203,10 +208,10 @@ static void build_add(fake_entry *entry, uint8_t addend) {
 
 static void build_pair(fake_entry *entry) {
     entry->graph.kind = KIND_PAIR;
-    entry->inputs[0] = tensor(1, QNN_DATATYPE_UINT_8, 1, dims_8);
-    entry->inputs[1] = tensor(2, QNN_DATATYPE_UINT_8, 1, dims_8);
-    entry->outputs[0] = tensor(3, QNN_DATATYPE_UINT_8, 1, dims_8);
-    entry->outputs[1] = tensor(4, QNN_DATATYPE_UINT_32, 0, NULL);
+    entry->inputs[0] = tensor(1, "a", QNN_DATATYPE_UINT_8, 1, dims_8);
+    entry->inputs[1] = tensor(2, "b", QNN_DATATYPE_UINT_8, 1, dims_8);
+    entry->outputs[0] = tensor(3, "sum", QNN_DATATYPE_UINT_8, 1, dims_8);
+    entry->outputs[1] = tensor(4, "total", QNN_DATATYPE_UINT_32, 0, NULL);
     entry->info.graphName = "add_pair";
     entry->info.numInputTensors = 2;
     entry->info.numOutputTensors = 2;

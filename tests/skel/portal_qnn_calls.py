@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import struct
 from typing import Final
 
 from tests.skel.remote_args import Out, Result, SkelLibrary, sc, u32s, unpack_u32s
@@ -12,6 +13,10 @@ SET_INPUT: Final = 3
 EXECUTE: Final = 4
 GET_OUTPUT: Final = 5
 MODEL_UNLOAD: Final = 6
+GRAPH_INFO: Final = 7
+
+TENSOR_SPEC: Final = struct.Struct("<II8II128s")
+"""portal_qnn_tensor_spec: data_type, rank, dims[8], bytes, name[128] (172 bytes)."""
 
 NO_MODEL: Final = 0xFFFFFFFF
 UNTOUCHED_U32: Final = 0xA5A5A5A5
@@ -37,6 +42,34 @@ class Output:
     rc: int
     data_len: int
     data: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    data_type: int
+    dims: tuple[int, ...]
+    size: int
+    name: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphInfo:
+    rc: int
+    num_inputs: int
+    num_outputs: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    raw: tuple[bytes, bytes]
+
+
+def unpack_specs(data: bytes | None) -> tuple[TensorSpec, ...]:
+    assert data is not None
+    specs = []
+    for offset in range(0, len(data), TENSOR_SPEC.size):
+        data_type, rank, *rest = TENSOR_SPEC.unpack_from(data, offset)
+        dims, size, name = rest[:8], rest[8], rest[9]
+        specs.append(TensorSpec(data_type, tuple(dims[: min(rank, 8)]), size, name.rstrip(b"\0")))
+    return tuple(specs)
 
 
 class PortalQnn:
@@ -74,3 +107,25 @@ class PortalQnn:
 
     def model_unload(self, model: int) -> int:
         return self.invoke(sc(MODEL_UNLOAD, 1, 0), [u32s(model)]).rc
+
+    def graph_info(self, model: int, graph: int, inputs: int = 32, outputs: int = 32) -> GraphInfo:
+        """Capacities are in records; every spec the skel returned comes back (filled or not)."""
+        slots: list[bytes | Out] = [
+            u32s(model, graph, inputs, outputs),
+            Out(8),
+            Out(inputs * TENSOR_SPEC.size),
+            Out(outputs * TENSOR_SPEC.size),
+        ]
+        result = self.invoke(sc(GRAPH_INFO, 1, 3), slots)
+        num_inputs, num_outputs = unpack_u32s(result.buffers[1])
+        raw_in, raw_out = result.buffers[2], result.buffers[3]
+        assert raw_in is not None
+        assert raw_out is not None
+        return GraphInfo(
+            result.rc,
+            num_inputs,
+            num_outputs,
+            unpack_specs(raw_in),
+            unpack_specs(raw_out),
+            (raw_in, raw_out),
+        )

@@ -1,4 +1,4 @@
-"""The build scripts: shellcheck, the host Makefile's outputs, and build_skel.sh against a fake SDK.
+"""The build scripts: strict mode, the host Makefile's outputs, and build_skel.sh against a fake SDK.
 
 The real Hexagon SDK cannot be installed here, so build_skel.sh runs against a
 tree laid out like one whose qaic, hexagon-clang and nm are small scripts that
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Final
@@ -19,26 +18,13 @@ from typing import Final
 import pytest
 
 from tests.skel.conftest import REPO, SKEL_DIR, build_host_skels
+from tests.tools import require_tool
 
 BUILD_SKEL: Final = REPO / "docker" / "build_skel.sh"
 
 
 def _shell_scripts() -> list[Path]:
     return sorted([*(REPO / "docker").glob("*.sh"), *SKEL_DIR.glob("**/*.sh")])
-
-
-def test_shell_scripts_are_shellcheck_clean() -> None:
-    if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck is not installed (.ci/run installs it)")
-    scripts = _shell_scripts()
-    assert BUILD_SKEL in scripts
-    checked = subprocess.run(
-        ["shellcheck", "--severity=style", *map(str, scripts)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_shell_scripts_are_strict_and_executable() -> None:
@@ -54,8 +40,8 @@ def _tree(root: Path) -> dict[str, int]:
 
 
 def test_host_build_writes_only_to_out_and_clean_removes_it(tmp_path: Path) -> None:
-    if shutil.which("gcc") is None or shutil.which("make") is None:
-        pytest.skip("gcc and make are needed to build the host skels")
+    require_tool("gcc", "gcc")
+    require_tool("make", "make")
     before = _tree(SKEL_DIR)
     out = tmp_path / "host"
     built = build_host_skels(out)

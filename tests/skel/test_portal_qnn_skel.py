@@ -22,6 +22,7 @@ from npu_protocol.aee import AEE
 from tests.skel.portal_qnn_calls import (
     EXECUTE,
     GET_OUTPUT,
+    GRAPH_INFO,
     MODEL_LOAD,
     MODEL_UNLOAD,
     NO_MODEL,
@@ -30,12 +31,16 @@ from tests.skel.portal_qnn_calls import (
     Executed,
     Loaded,
     PortalQnn,
+    TensorSpec,
 )
 from tests.skel.remote_args import NullBuffer, Out, SkelLibrary, Slot, sc, u32s
 
 QNN_GRAPH_ERROR_INVALID_TENSOR = 6004
 QNN_GRAPH_ERROR_FINALIZE_FAILED = 6022
 QNN_GRAPH_ERROR_ABORTED = 6031
+QNN_DATATYPE_UINT_8 = 0x0108
+QNN_DATATYPE_UINT_32 = 0x0132
+SPEC_BYTES = 172
 
 NEVER_OPENED = 1 << 63
 """Handles are serial numbers from 1, so this one is never live."""
@@ -63,6 +68,7 @@ def test_sc_words_match_the_idl() -> None:
     assert sc(EXECUTE, 1, 1) == 0x04010100
     assert sc(GET_OUTPUT, 1, 2) == 0x05010200
     assert sc(MODEL_UNLOAD, 1, 0) == 0x06010000
+    assert sc(GRAPH_INFO, 1, 3) == 0x07010300
     assert sc(0, 2, 0, 0, 1) == 0x00020001
     assert sc(1, 0, 0, 1, 0) == 0x01000010
 
@@ -354,6 +360,52 @@ def test_load_from_function_pointers(
     assert portal.model_unload(0) == 0
 
 
+def test_graph_info_describes_every_tensor(portal: PortalQnn, fake_models: dict[str, Path]) -> None:
+    index = load(portal, fake_models["default"])
+    add = portal.graph_info(index, 0)
+    assert (add.rc, add.num_inputs, add.num_outputs) == (0, 1, 1)
+    assert add.inputs[0] == TensorSpec(QNN_DATATYPE_UINT_8, (4, 4), 16, b"in")
+    assert add.outputs[0] == TensorSpec(QNN_DATATYPE_UINT_8, (4, 4), 16, b"out")
+    # Records past the tensor count are zeroed, not left as they were.
+    assert add.raw[0][SPEC_BYTES:] == bytes(31 * SPEC_BYTES)
+    assert add.raw[1][SPEC_BYTES:] == bytes(31 * SPEC_BYTES)
+    pair = portal.graph_info(index, 1, inputs=2, outputs=2)
+    assert (pair.rc, pair.num_inputs, pair.num_outputs) == (0, 2, 2)
+    assert pair.inputs == (
+        TensorSpec(QNN_DATATYPE_UINT_8, (8,), 8, b"a"),
+        TensorSpec(QNN_DATATYPE_UINT_8, (8,), 8, b"b"),
+    )
+    assert pair.outputs == (
+        TensorSpec(QNN_DATATYPE_UINT_8, (8,), 8, b"sum"),
+        TensorSpec(QNN_DATATYPE_UINT_32, (), 4, b"total"),  # rank 0: a scalar
+    )
+    # The dims past the rank are zero: the raw record of the scalar output.
+    assert pair.raw[1][SPEC_BYTES + 4 : SPEC_BYTES + 40] == bytes(36)
+
+
+def test_graph_info_checks(portal: PortalQnn, fake_models: dict[str, Path]) -> None:
+    assert portal.graph_info(0, 0).rc == AEE.EBADSTATE
+    index = load(portal, fake_models["default"])
+    assert portal.graph_info(4, 0).rc == AEE.EBADPARM
+    assert portal.graph_info(index, 2).rc == AEE.EBADPARM
+    short = portal.graph_info(index, 1, inputs=1, outputs=2)
+    assert (short.rc, short.num_inputs) == (AEE.EBUFFERTOOSMALL, UNTOUCHED_U32)
+    assert portal.graph_info(index, 1, inputs=2, outputs=1).rc == AEE.EBUFFERTOOSMALL
+    assert portal.graph_info(index, 0, inputs=0, outputs=0).rc == AEE.EBUFFERTOOSMALL
+    assert portal.model_unload(index) == 0
+    assert portal.graph_info(index, 0).rc == AEE.EBADSTATE
+
+
+def test_tensor_names_up_to_127_bytes(portal: PortalQnn, fake_models: dict[str, Path]) -> None:
+    longest = load(portal, fake_models["longest_name"])
+    assert portal.graph_info(longest, 0).inputs[0].name == b"n" * 127
+    unnamed = load(portal, fake_models["unnamed"])
+    assert portal.graph_info(unnamed, 0).inputs[0].name == b""
+    too_long = portal.model_load(str(fake_models["long_name"]))
+    assert (too_long.rc, too_long.model_index) == (AEE.EINVALIDFORMAT, UNTOUCHED_U32)
+    assert live_sets(fake_models["long_name"]) == 0  # what compose returned was given back
+
+
 BAD_PORTAL_CALLS: list[tuple[str, int, list[Slot]]] = [
     ("load: no primROut", sc(MODEL_LOAD, 2, 0), [u32s(2), b"x\0"]),
     ("load: primROut too small", sc(MODEL_LOAD, 2, 1), [u32s(2), b"x\0", Out(8)]),
@@ -374,6 +426,32 @@ BAD_PORTAL_CALLS: list[tuple[str, int, list[Slot]]] = [
     ("unload: extra buffer", sc(MODEL_UNLOAD, 2, 0), [u32s(0), b"x"]),
     ("unload: primIn long", sc(MODEL_UNLOAD, 1, 0), [u32s(0, 0)]),
     ("unload: in handle", sc(MODEL_UNLOAD, 1, 0, 1, 0), [u32s(0)]),
+    ("info: no spec buffers", sc(GRAPH_INFO, 1, 1), [u32s(0, 0, 1, 1), Out(8)]),
+    (
+        "info: capacity lies",
+        sc(GRAPH_INFO, 1, 3),
+        [u32s(0, 0, 2, 1), Out(8), Out(SPEC_BYTES), Out(SPEC_BYTES)],
+    ),
+    (
+        "info: records cut short",
+        sc(GRAPH_INFO, 1, 3),
+        [u32s(0, 0, 1, 1), Out(8), Out(SPEC_BYTES - 4), Out(SPEC_BYTES)],
+    ),
+    (
+        "info: primROut short",
+        sc(GRAPH_INFO, 1, 3),
+        [u32s(0, 0, 1, 1), Out(4), Out(SPEC_BYTES), Out(SPEC_BYTES)],
+    ),
+    (
+        "info: count overflows",
+        sc(GRAPH_INFO, 1, 3),
+        [u32s(0, 0, 0x80000000, 1), Out(8), NullBuffer(0), Out(SPEC_BYTES)],
+    ),
+    (
+        "info: specs NULL",
+        sc(GRAPH_INFO, 1, 3),
+        [u32s(0, 0, 1, 1), Out(8), NullBuffer(SPEC_BYTES), Out(SPEC_BYTES)],
+    ),
 ]
 
 
@@ -398,7 +476,7 @@ def test_badly_marshalled_calls_have_no_effect(
     assert portal.model_unload(0) == 0
 
 
-@pytest.mark.parametrize("method", [7, 8, 30, 31])
+@pytest.mark.parametrize("method", [8, 9, 30, 31])
 def test_unknown_method(portal: PortalQnn, method: int) -> None:
     assert portal.skel.invoke(portal.handle, sc(method, 1, 0), [u32s(0)]).rc == AEE.EUNSUPPORTED
 

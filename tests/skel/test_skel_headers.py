@@ -9,7 +9,6 @@ remote_arg.
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Final
@@ -20,6 +19,7 @@ from npu_protocol.aee import AEE
 from npud.fastrpc import abi
 from tests.skel.conftest import SKEL_DIR
 from tests.skel.remote_args import remote_arg, remote_buf, remote_dma_handle
+from tests.tools import require_tool
 
 AEE_MACROS: Final = (
     "EFAILED",
@@ -85,8 +85,7 @@ def _program() -> str:
 
 def _compile_and_run(tmp_path: Path, *defines: str) -> dict[str, str]:
     """Build and run the probe program; its lines become {"key words": "value"}."""
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed: the header check compiles a C program")
+    require_tool("gcc", "gcc")
     source = tmp_path / "headers.c"
     source.write_text(_program())
     binary = tmp_path / "headers"

@@ -1,7 +1,7 @@
 """The units as systemd itself judges them: `systemd-analyze verify` and `security`.
 
-`systemd-analyze` comes with Debian's `systemd` package (.ci/run installs it).
-Without it these tests skip and say so.
+`systemd-analyze` comes with Debian's `systemd` package (`make test` installs
+it as root; tests/tools.py says what happens without it).
 
 `verify` checks that every Exec*= binary exists. The unit names the venv the
 install script creates on the laptop (/opt/npud/venv/bin/npud), which does not
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.systemd.units import SERVICE, SOCKET, read_unit
+from tests.tools import require_tool
 
 EXPOSURE_LIMIT = 2.0
 _EXPOSURE = re.compile(r"Overall exposure level for npud\.service: (\d+(?:\.\d+)?)")
@@ -29,10 +30,7 @@ _EXPOSURE = re.compile(r"Overall exposure level for npud\.service: (\d+(?:\.\d+)
 
 @pytest.fixture
 def systemd_analyze() -> str:
-    path = shutil.which("systemd-analyze")
-    if path is None:
-        pytest.skip("systemd-analyze not found: apt-get install systemd")
-    return path
+    return require_tool("systemd-analyze", "systemd")
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,6 @@ systemd-sysusers and systemd-tmpfiles take --root, so the users, groups and
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -15,13 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.systemd.units import SERVICE, SOCKET, SYSUSERS, TMPFILES, read_unit
+from tests.tools import require_tool
 
 
 def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} not found: apt-get install systemd")
-    return path
+    return require_tool(name, "systemd")
 
 
 def _table(path: Path) -> dict[str, list[str]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npud.fastrpc import abi
+from tests.tools import require_file, require_tool
 
 HEADER = Path("/usr/include/misc/fastrpc.h")
 
@@ -82,11 +82,8 @@ def _c_program() -> str:
 
 @pytest.fixture(scope="module")
 def compiler_view(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        pytest.skip("no C compiler on this machine")
-    if not HEADER.exists():
-        pytest.skip(f"{HEADER} is missing (install linux-libc-dev)")
+    gcc = require_tool("gcc", "gcc")
+    require_file(HEADER, "linux-libc-dev")
     work = tmp_path_factory.mktemp("abi")
     source = work / "abi.c"
     source.write_text(_c_program())

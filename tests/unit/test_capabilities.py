@@ -8,8 +8,8 @@ import pytest
 
 from npu_protocol import ErrorCode
 from npud.fastrpc import abi
-from npud.fastrpc.capabilities import DspCapabilities, query_capabilities, query_capability
-from npud.fastrpc.errors import FastRpcError
+from npud.fastrpc.capabilities import DspInfo, query_capabilities, query_capability
+from npud.fastrpc.errors import RpcError
 
 TABLE = {abi.ARCH_VER: 0x73, abi.UNSIGNED_PD_SUPPORT: 1, abi.HVX_SUPPORT_128B: 4}
 
@@ -68,11 +68,11 @@ def test_a_dsp_error_code_is_a_fastrpc_error() -> None:
     def kernel(cap: abi.fastrpc_ioctl_capability) -> int:
         return 0x80000401
 
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         query_capabilities(kernel)
     assert caught.value.code is ErrorCode.FASTRPC
     assert "0x80000401 (AEE_EFAILED)" in str(caught.value)
 
 
 def test_empty_capabilities() -> None:
-    assert DspCapabilities(available=False).as_dict()["available"] is False
+    assert DspInfo(available=False).as_dict()["available"] is False

@@ -35,7 +35,10 @@ def test_empty_config_is_all_defaults() -> None:
         ("[client_limits]\nmax_buffers = -1", "at `$.client_limits.max_buffers`"),
         ("[daemon]\nsocket_mode = '999'", "at `$.daemon.socket_mode`"),
         ("[backend]\nkind = 'gpu'", "at `$.backend.kind`"),
-        ("[backend]\nlanes = 0", "at `$.backend.lanes`"),
+        ("[backend]\nlanes = 2", "unknown field `lanes` - at `$.backend`"),
+        ("[scheduler]\ndsp_slots = 0", "at `$.scheduler.dsp_slots`"),
+        ("[scheduler]\nmode = 'lifo'", "at `$.scheduler.mode`"),
+        ("[scheduler]\ndsp_slots = 2\nrealtime_reserve = 2", "leaves no slot of 2"),
         (
             "[client_limits]\nmax_calls_in_flight = 70000",
             "at `$.client_limits.max_calls_in_flight`",

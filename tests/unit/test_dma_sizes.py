@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from npu_protocol import MAX_DMA_SIZE, ErrorCode
 from npud.fastrpc.dma import PAGE_SIZE, checked_dma_size, page_round_up
-from npud.fastrpc.errors import FastRpcError
+from npud.fastrpc.errors import RpcError
 
 U64_MAX = 2**64 - 1
 
@@ -25,7 +25,7 @@ def test_page_rounding_is_a_page_multiple_never_smaller_and_less_than_a_page_mor
 
 @given(size=st.integers(U64_MAX - PAGE_SIZE + 2, U64_MAX))
 def test_page_rounding_past_u64_is_an_overflow(size: int) -> None:
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         page_round_up(size)
     assert caught.value.code is ErrorCode.DMA_SIZE_OVERFLOW
     assert str(size) in str(caught.value)
@@ -51,13 +51,13 @@ def test_page_rounding_holds_for_other_page_sizes(page: int, size: int) -> None:
     ],
 )
 def test_bad_sizes_get_their_specific_error(size: object, code: ErrorCode) -> None:
-    with pytest.raises(FastRpcError) as caught:
+    with pytest.raises(RpcError) as caught:
         checked_dma_size(size)  # type: ignore[arg-type]
     assert caught.value.code is code
 
 
 def test_exceeds_max_names_256_mb() -> None:
-    with pytest.raises(FastRpcError, match="exceeds the maximum of 256 MB"):
+    with pytest.raises(RpcError, match="exceeds the maximum of 256 MB"):
         checked_dma_size(MAX_DMA_SIZE + 1)
 
 

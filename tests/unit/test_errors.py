@@ -7,7 +7,8 @@ import errno
 import pytest
 
 from npu_protocol import AEE, ErrorCode, aee_name, describe_result, format_message
-from npud.fastrpc.errors import FastRpcError, ShellVerifyError, translate_os_error
+from npud.fastrpc import abi
+from npud.fastrpc.errors import DriverCall, RpcError, ShellVerifyError, translate_os_error
 
 # Numbers never change and are never reused.
 PINNED_NUMBERS = {
@@ -43,8 +44,11 @@ def test_error_numbers_are_stable(name: str, number: int) -> None:
 
 
 def test_error_numbers_are_unique() -> None:
-    values = [int(code) for code in ErrorCode]
-    assert len(values) == len(set(values))
+    # Iterating an IntEnum skips aliases, so count the members by name: two
+    # names with one number would be one member and an alias.
+    members = ErrorCode.__members__
+    assert len({int(code) for code in members.values()}) == len(members)
+    assert all(name == code.name for name, code in members.items())
 
 
 @pytest.mark.parametrize(
@@ -58,7 +62,7 @@ def test_error_numbers_are_unique() -> None:
         (
             ErrorCode.OPEN_FAILED,
             {"uri": "file:///libx_skel.so?x", "code": 0x8000043E, "detail": "no such file"},
-            "cannot open remote module 'file:///libx_skel.so?x': 0x8000043E (AEE_ENOSUCHMOD): no such file",
+            "cannot open remote module file:///libx_skel.so?x: 0x8000043E (AEE_ENOSUCHMOD): no such file",
         ),
         (
             ErrorCode.INVOKE_FAILED,
@@ -101,17 +105,17 @@ def test_error_numbers_are_unique() -> None:
             "DSP shell verification failed: bad signature",
         ),
         (ErrorCode.INVALID_FD, {"fd": -3}, "invalid file descriptor -3"),
-        (ErrorCode.UNKNOWN_HANDLE, {"handle": 9}, "unknown remote handle 9"),
+        (ErrorCode.UNKNOWN_HANDLE, {"handle": 9}, "unknown handle id 9"),
         (
             ErrorCode.SLICE_OUT_OF_RANGE,
             {"offset": 10, "length": 20, "buffer": 3, "size": 16},
-            "slice offset 10 length 20 is outside buffer 3 of 16 bytes",
+            "slice offset 10 length 20 is outside buffer id 3 of 16 bytes",
         ),
     ],
 )
 def test_messages_are_pinned(code: ErrorCode, fields: dict[str, object], message: str) -> None:
     assert format_message(code, **fields) == message
-    assert str(FastRpcError(code, **fields)) == message
+    assert str(RpcError(code, **fields)) == message
 
 
 def test_every_code_has_a_template() -> None:
@@ -146,27 +150,38 @@ def test_shell_verify_error_keeps_its_reason() -> None:
 
 
 @pytest.mark.parametrize(
-    ("err", "operation", "code"),
+    ("err", "call", "code"),
     [
-        (errno.EPIPE, "INVOKE", ErrorCode.DSP_RESTARTED),
-        (errno.EPIPE, "open", ErrorCode.DSP_RESTARTED),
-        (errno.EBUSY, "open", ErrorCode.NO_FREE_SESSION),
-        (errno.ENOENT, "open", ErrorCode.DEVICE_NOT_FOUND),
-        (errno.ENOTTY, "FREE_DMA_BUFF", ErrorCode.UNSUPPORTED),
-        (errno.EOPNOTSUPP, "GET_DSP_INFO", ErrorCode.UNSUPPORTED),
-        (errno.ENOMEM, "ALLOC_DMA_BUFF", ErrorCode.DMA_BUF_ALLOC),
-        (errno.EINVAL, "MEM_MAP", ErrorCode.MMAP_FAILED),
-        (errno.EINVAL, "INVOKE", ErrorCode.DEVICE_ERROR),
-        (errno.EBUSY, "INVOKE", ErrorCode.DEVICE_ERROR),
+        (errno.EPIPE, abi.FASTRPC_IOCTL_INVOKE, ErrorCode.DSP_RESTARTED),
+        (errno.EPIPE, DriverCall.OPEN, ErrorCode.DSP_RESTARTED),
+        (errno.EBUSY, DriverCall.OPEN, ErrorCode.NO_FREE_SESSION),
+        (errno.ENOENT, DriverCall.OPEN, ErrorCode.DEVICE_NOT_FOUND),
+        (errno.ENOTTY, abi.FASTRPC_IOCTL_FREE_DMA_BUFF, ErrorCode.UNSUPPORTED),
+        (errno.EOPNOTSUPP, abi.FASTRPC_IOCTL_GET_DSP_INFO, ErrorCode.UNSUPPORTED),
+        (errno.ENOMEM, abi.FASTRPC_IOCTL_ALLOC_DMA_BUFF, ErrorCode.DMA_BUF_ALLOC),
+        (errno.ENOMEM, DriverCall.MMAP, ErrorCode.DMA_BUF_ALLOC),
+        (errno.EINVAL, abi.FASTRPC_IOCTL_MEM_MAP, ErrorCode.MMAP_FAILED),
+        (errno.EINVAL, abi.FASTRPC_IOCTL_INVOKE, ErrorCode.DEVICE_ERROR),
+        (errno.EBUSY, abi.FASTRPC_IOCTL_INVOKE, ErrorCode.DEVICE_ERROR),
+        (errno.EBUSY, 0x12345678, ErrorCode.DEVICE_ERROR),
     ],
 )
-def test_os_errors_translate_in_one_place(err: int, operation: str, code: ErrorCode) -> None:
-    translated = translate_os_error(OSError(err, "x"), operation, device="/dev/fastrpc-cdsp")
+def test_os_errors_translate_in_one_place(
+    err: int, call: int | DriverCall, code: ErrorCode
+) -> None:
+    translated = translate_os_error(OSError(err, "x"), call, device="/dev/fastrpc-cdsp")
     assert translated.code is code
 
 
+def test_an_unknown_ioctl_is_named_by_its_number() -> None:
+    exc = translate_os_error(OSError(errno.EIO, "x"), 0x12345678)
+    assert str(exc) == ("ioctl 0x12345678 failed on the FastRPC device: EIO (Input/output error)")
+
+
 def test_translated_device_error_names_the_errno() -> None:
-    exc = translate_os_error(OSError(errno.EINVAL, "x"), "INVOKE", device="/dev/fastrpc-cdsp")
+    exc = translate_os_error(
+        OSError(errno.EINVAL, "x"), abi.FASTRPC_IOCTL_INVOKE, device="/dev/fastrpc-cdsp"
+    )
     assert (
         str(exc)
         == "INVOKE on /dev/fastrpc-cdsp failed on the FastRPC device: EINVAL (Invalid argument)"

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from npu_protocol import ErrorCode
 from npud.fastrpc import remotectl
-from npud.fastrpc.errors import FastRpcError
+from npud.fastrpc.errors import RpcError
 from npud.fastrpc.marshal import PackedReader, c_string, from_c_string, pack_buffers, pack_lengths
 
 
@@ -50,7 +50,7 @@ def test_c_string_rules() -> None:
     assert from_c_string(b"abc\0junk") == "abc"
     assert from_c_string(b"no-nul") == "no-nul"
     for bad, match in (("", "is empty"), ("a\0b", "NUL"), ("a" * 10, "limit is 9")):
-        with pytest.raises(FastRpcError, match=match) as caught:
+        with pytest.raises(RpcError, match=match) as caught:
             c_string(bad, what="x", max_len=10)
         assert caught.value.code is ErrorCode.INVALID_ARGUMENT
 
@@ -74,5 +74,5 @@ def test_remotectl_close_layout() -> None:
 
 
 def test_overlong_uri_is_refused() -> None:
-    with pytest.raises(FastRpcError, match="limit is 1023"):
+    with pytest.raises(RpcError, match="limit is 1023"):
         remotectl.pack_open("x" * 2000)

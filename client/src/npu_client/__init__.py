@@ -15,15 +15,17 @@ import os
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
-from npu_client._args import InputArg, OutputArg
+from npu_client._args import InvokeInput, InvokeOutput
 from npu_client._blocking import Client, DmaBuffer, RemoteHandle, connect
 from npu_client._core import ClientStatistics, EventCallback
 from npu_client._errors import (
     ERROR_CLASSES,
+    AdmissionRefused,
     BadFrameHeader,
     BadMessage,
     ConnectFailed,
-    ConnectionClosed,
+    ConnectionClosedError,
+    DeadlineExceeded,
     DeviceError,
     DeviceNotFound,
     DmaBufAllocFailed,
@@ -52,7 +54,7 @@ from npu_client._errors import (
     SessionBusy,
     SessionClosed,
     ShellVerifyFailed,
-    ShuttingDown,
+    ShuttingDownError,
     SliceOutOfRange,
     Timeout,
     TooManyFds,
@@ -68,6 +70,7 @@ from npu_client._errors import (
 )
 from npu_client._memory import Slice
 from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV, socket_path
+from npu_client._version import __version__ as __version__
 from npu_protocol import DaemonStatus, Priority
 
 if TYPE_CHECKING:
@@ -95,13 +98,15 @@ __all__ = [
     "DEFAULT_SOCKET_PATH",
     "ERROR_CLASSES",
     "SOCKET_ENV",
+    "AdmissionRefused",
     "BadFrameHeader",
     "BadMessage",
     "Client",
     "ClientStatistics",
     "ConnectFailed",
-    "ConnectionClosed",
+    "ConnectionClosedError",
     "DaemonStatus",
+    "DeadlineExceeded",
     "DeviceError",
     "DeviceNotFound",
     "DmaBufAllocFailed",
@@ -115,12 +120,13 @@ __all__ = [
     "FdCountMismatch",
     "FdsTruncated",
     "FrameTooLarge",
-    "InputArg",
     "InternalError",
     "InvalidArgument",
     "InvalidFd",
     "InvalidTensorIndex",
     "InvokeFailed",
+    "InvokeInput",
+    "InvokeOutput",
     "MissingFds",
     "MmapFailed",
     "ModelNotLoaded",
@@ -128,7 +134,6 @@ __all__ = [
     "NotPermitted",
     "NpuError",
     "OpenFailed",
-    "OutputArg",
     "Priority",
     "QnnError",
     "QuotaExceeded",
@@ -136,7 +141,7 @@ __all__ = [
     "SessionBusy",
     "SessionClosed",
     "ShellVerifyFailed",
-    "ShuttingDown",
+    "ShuttingDownError",
     "Slice",
     "SliceOutOfRange",
     "Timeout",

@@ -1,9 +1,11 @@
-"""Invoke arguments: check what the caller passed and build the protocol's request.
+"""Request arguments: check what the caller passed, before anything is sent.
 
 Everything the daemon would refuse for a reason this side can see (a slice
 of a freed or foreign buffer, too many arguments, inline data over the
-connection's limit, a timeout above it) is refused here with a ValueError or
-TypeError naming the argument, before anything is sent.
+connection's limit, a timeout above it, a bad size or URI) is refused here
+with a ValueError or TypeError naming the argument. What passes is what the
+protocol's message types accept, so the request built from it is sent as it
+is (the protocol does not check it again).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from npu_protocol import (
     MAX_ARGS,
     MAX_DMA_SIZE,
     MAX_METHOD,
+    MAX_PING_PAYLOAD,
+    MAX_URI_LENGTH,
     BufferSlice,
     ClientLimits,
     InlineInput,
@@ -25,49 +29,48 @@ from npu_protocol import (
     InvokeRequest,
 )
 
-# Not re-exported by npu_protocol's __init__ (yet); imported so the bounds cannot drift.
-from npu_protocol._wire import MAX_PING_PAYLOAD, MAX_URI_LENGTH
-
-InputArg: TypeAlias = bytes | bytearray | memoryview | Slice
+InvokeInput: TypeAlias = bytes | bytearray | memoryview | Slice
 """An invoke input: bytes sent inline, or a slice the DSP reads in place."""
 
-OutputArg: TypeAlias = int | Slice
+InvokeOutput: TypeAlias = int | Slice
 """An invoke output: a capacity (bytes come back inline), or a slice the DSP writes."""
 
 _U32_MAX = 0xFFFF_FFFF
+_BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
 def invoke_request(
-    *,
     handle: int,
     method: int | None,
     sc: int | None,
-    inputs: Sequence[InputArg],
-    outputs: Sequence[OutputArg],
+    inputs: Sequence[InvokeInput],
+    outputs: Sequence[InvokeOutput],
     timeout: float | None,
     limits: ClientLimits,
     owns: Callable[[MappedBuffer], bool],
 ) -> Callable[[int], InvokeRequest]:
-    """A checked invoke, waiting only for its request id.
+    """A checked invoke, waiting only for its request id (it is built once, then).
 
     ``owns(buffer)`` says whether a slice's buffer is a live buffer of this
     connection. ``timeout`` is in seconds.
     """
-    _check_selector(method, sc)
-    wire_inputs = tuple(_input(i, arg, owns) for i, arg in enumerate(_args("inputs", inputs)))
-    wire_outputs = tuple(_output(i, arg, owns) for i, arg in enumerate(_args("outputs", outputs)))
-    inline_in = sum(len(arg.data) for arg in wire_inputs if isinstance(arg, InlineInput))
-    inline_out = sum(arg.capacity for arg in wire_outputs if isinstance(arg, InlineOutput))
-    for what, total in (("inputs", inline_in), ("output capacities", inline_out)):
-        if total > limits.max_inline_bytes:
-            raise ValueError(
-                f"inline {what} total {total} bytes, over this connection's limit of "
-                f"{limits.max_inline_bytes}: pass large data as a buffer slice"
-            )
-    timeout_ms = _timeout_ms(timeout, limits)
+    # Every call of every client comes through here: the common cases are
+    # tested first and cheaply; anything unusual gets the careful check.
+    if sc is not None or type(method) is not int or not 0 <= method <= MAX_METHOD:
+        _check_selector(method, sc)
+    wire_inputs, inline_in = _inputs(inputs, owns)
+    wire_outputs, inline_out = _outputs(outputs, owns)
+    if inline_in > limits.max_inline_bytes or inline_out > limits.max_inline_bytes:
+        what, total = ("inputs", inline_in)
+        if inline_in <= limits.max_inline_bytes:
+            what, total = ("output capacities", inline_out)
+        raise ValueError(
+            f"inline {what} total {total} bytes, over this connection's limit of "
+            f"{limits.max_inline_bytes}: pass large data as a buffer slice"
+        )
+    timeout_ms = None if timeout is None else _timeout_ms(timeout, limits)
 
     def build(request_id: int) -> InvokeRequest:
-        # InvokeRequest checks sc against the argument counts (ValueError).
         return InvokeRequest(
             id=request_id,
             handle=handle,
@@ -78,7 +81,8 @@ def invoke_request(
             timeout_ms=timeout_ms,
         )
 
-    build(0)  # refuse a bad sc now, not when the request is being sent
+    if sc is not None:
+        build(0)  # InvokeRequest checks sc against the argument counts: refuse a bad one now
     return build
 
 
@@ -99,6 +103,7 @@ def _check_int(what: str, value: object, low: int, high: int) -> None:
 
 
 def _args(what: str, args: object) -> Sequence[object]:
+    """``args`` if it is a sequence of at most MAX_ARGS arguments."""
     if isinstance(args, bytes | bytearray | memoryview | str | Slice):
         raise TypeError(f"{what} must be a sequence of arguments; wrap a single one: [arg]")
     if not isinstance(args, Sequence):
@@ -108,44 +113,67 @@ def _args(what: str, args: object) -> Sequence[object]:
     return args
 
 
-def _input(
-    index: int, arg: object, owns: Callable[[MappedBuffer], bool]
-) -> InlineInput | BufferSlice:
-    if isinstance(arg, Slice):
-        return _slice(f"inputs[{index}]", arg, owns)
-    if isinstance(arg, bytes | bytearray | memoryview):
-        return InlineInput(data=bytes(arg))
-    raise TypeError(
-        f"inputs[{index}] must be bytes-like or a buffer slice, not {type(arg).__name__}"
-    )
+def _inputs(
+    args: object, owns: Callable[[MappedBuffer], bool]
+) -> tuple[tuple[InlineInput | BufferSlice, ...], int]:
+    """The wire inputs and the total of their inline bytes."""
+    if (type(args) is not list and type(args) is not tuple) or len(args) > MAX_ARGS:
+        args = _args("inputs", args)
+    wire: list[InlineInput | BufferSlice] = []
+    inline = 0
+    for arg in args:
+        if type(arg) is bytes:
+            inline += len(arg)
+            wire.append(InlineInput(data=arg))
+        elif isinstance(arg, _BYTES_LIKE):
+            data = bytes(arg)
+            inline += len(data)
+            wire.append(InlineInput(data=data))
+        elif isinstance(arg, Slice):
+            wire.append(_slice("inputs", len(wire), arg, owns))
+        else:
+            raise TypeError(
+                f"inputs[{len(wire)}] must be bytes-like or a buffer slice, "
+                f"not {type(arg).__name__}"
+            )
+    return tuple(wire), inline
 
 
-def _output(
-    index: int, arg: object, owns: Callable[[MappedBuffer], bool]
-) -> InlineOutput | BufferSlice:
-    if isinstance(arg, Slice):
-        return _slice(f"outputs[{index}]", arg, owns)
-    if isinstance(arg, int) and not isinstance(arg, bool):
-        if arg < 0:
-            raise ValueError(f"outputs[{index}] capacity must not be negative, got {arg}")
-        return InlineOutput(capacity=arg)
-    raise TypeError(
-        f"outputs[{index}] must be an int capacity or a buffer slice, not {type(arg).__name__}"
-    )
+def _outputs(
+    args: object, owns: Callable[[MappedBuffer], bool]
+) -> tuple[tuple[InlineOutput | BufferSlice, ...], int]:
+    """The wire outputs and the total of their inline capacities."""
+    if (type(args) is not list and type(args) is not tuple) or len(args) > MAX_ARGS:
+        args = _args("outputs", args)
+    wire: list[InlineOutput | BufferSlice] = []
+    inline = 0
+    for arg in args:
+        if type(arg) is int or (isinstance(arg, int) and not isinstance(arg, bool)):
+            if arg < 0:
+                raise ValueError(f"outputs[{len(wire)}] capacity must not be negative, got {arg}")
+            inline += arg
+            wire.append(InlineOutput(capacity=arg))
+        elif isinstance(arg, Slice):
+            wire.append(_slice("outputs", len(wire), arg, owns))
+        else:
+            raise TypeError(
+                f"outputs[{len(wire)}] must be an int capacity or a buffer slice, "
+                f"not {type(arg).__name__}"
+            )
+    return tuple(wire), inline
 
 
-def _slice(what: str, arg: Slice, owns: Callable[[MappedBuffer], bool]) -> BufferSlice:
-    if arg.buffer.freed:
-        reason = arg.buffer._gone  # same package: "freed", or why else it went
-        raise ValueError(f"{what} is a slice of buffer {arg.buffer.id}, which is {reason}")
-    if not owns(arg.buffer):
-        raise ValueError(f"{what} is a slice of a buffer of another client")
-    return BufferSlice(buffer=arg.buffer.id, offset=arg.offset, length=arg.length)
+def _slice(what: str, index: int, arg: Slice, owns: Callable[[MappedBuffer], bool]) -> BufferSlice:
+    buffer = arg.buffer
+    if buffer.freed:
+        reason = buffer._gone  # same package: "freed", or why else it went
+        raise ValueError(f"{what}[{index}] is a slice of buffer {buffer.id}, which is {reason}")
+    if not owns(buffer):
+        raise ValueError(f"{what}[{index}] is a slice of a buffer of another client")
+    return BufferSlice(buffer=buffer.id, offset=arg.offset, length=arg.length)
 
 
-def _timeout_ms(timeout: float | None, limits: ClientLimits) -> int | None:
-    if timeout is None:
-        return None
+def _timeout_ms(timeout: object, limits: ClientLimits) -> int:
     if not isinstance(timeout, int | float) or isinstance(timeout, bool):
         raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
     if not timeout > 0 or math.isinf(timeout):
@@ -184,7 +212,7 @@ def check_uri(uri: object) -> str:
 
 
 def check_ping_payload(payload: object) -> bytes:
-    if not isinstance(payload, bytes | bytearray | memoryview):
+    if not isinstance(payload, _BYTES_LIKE):
         raise TypeError(f"ping payload must be bytes-like, not {type(payload).__name__}")
     data = bytes(payload)
     if len(data) > MAX_PING_PAYLOAD:

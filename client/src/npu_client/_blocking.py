@@ -3,17 +3,25 @@
 Requests are pipelined: any number of threads may call at once, each waits
 only for its own answer. There is no reader thread. Whichever waiting caller
 finds nobody reading becomes the reader: it reads one chunk from the socket
-with the lock released, dispatches every complete answer under the lock,
-and wakes the other waiters; when its own answer is in, it hands the reading
-over. Writes go through a separate lock, so a caller that is sending never
-stops another from receiving (and never deadlocks against a server that is
-busy writing to us).
+with the lock released, dispatches every complete answer under the lock, and
+wakes the callers whose answers came; when its own answer is in, it hands
+the reading over to a caller still waiting. Writes go through a separate
+lock, so a caller that is sending never stops another from receiving (and
+never deadlocks against a server that is busy writing to us).
+
+The path of a call that has the connection to itself is short on purpose
+(measured by ``bench/client_cost.py``): the request is built and encoded
+once, written with one non-blocking send and answered by one recvmsg into a
+buffer the client keeps; no thread is parked and nothing is allocated for
+waiting. Parking (a lock per waiting thread) and polling (two poll objects
+made once per connection) happen only when a caller must wait for another
+thread or for a deadline.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
+import math
 import os
 import select
 import socket
@@ -22,61 +30,35 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final, Self, TypeVar
 
-from npu_client._args import (
-    InputArg,
-    OutputArg,
-    check_ping_payload,
-    check_size,
-    check_uri,
-    invoke_request,
-)
-from npu_client._core import (
-    ClientCore,
-    ClientStatistics,
-    DaemonView,
-    EventCallback,
-    HandleIdentity,
-    Pending,
-)
-from npu_client._errors import ConnectFailed, ConnectionClosed, DspRestarted, NpuError
-from npu_client._memory import MappedBuffer, restart_reason
+from npu_client import _requests as requests
+from npu_client._args import InvokeInput, InvokeOutput
+from npu_client._core import Call, ClientCore, ClientStatistics, EventCallback, deliver_events
+from npu_client._errors import ConnectFailed, NpuError
+from npu_client._memory import MappedBuffer
 from npu_client._settings import (
     client_name,
     connect_failure_message,
     priority_class,
     socket_path,
 )
-from npu_client.transport import OwnedFd, TransportError, fds_ancillary, recv_message
-from npu_protocol import (
-    AllocReply,
-    AllocRequest,
-    AnyRequest,
-    CloseReply,
-    CloseRequest,
-    DaemonStatus,
-    ErrorCode,
-    FreeReply,
-    FreeRequest,
-    InvokeReply,
-    MapReply,
-    MapRequest,
-    OpenReply,
-    OpenRequest,
-    PingRequest,
-    PongReply,
-    Priority,
-    Reply,
-    ServerEvent,
-    SessionRestarted,
-    StatusReply,
-    StatusRequest,
-    UnmapReply,
-    UnmapRequest,
+from npu_client._views import DaemonView, HandleIdentity
+from npu_client.transport import (
+    ANCILLARY_SPACE,
+    RECEIVE_BUFFER_SIZE,
+    OwnedFd,
+    TransportError,
+    fds_ancillary,
+    parse_ancillary,
 )
+from npu_protocol import DaemonStatus, ErrorCode, Priority
 
-_log: Final = logging.getLogger("npu_client")
+T = TypeVar("T")
 
-R = TypeVar("R", bound=Reply)
+# Plain ints: the socket module's flags are IntFlag members, and ``flags & MSG_CTRUNC``
+# on them runs enum code in Python on every read.
+_CTRUNC: Final = int(socket.MSG_CTRUNC)
+_DONTWAIT: Final = int(socket.MSG_DONTWAIT)
+_CLOEXEC: Final = int(socket.MSG_CMSG_CLOEXEC)
 
 
 def connect(
@@ -101,7 +83,7 @@ def connect(
     the daemon refused the connection with (e.g. :class:`NotPermitted`).
     """
     resolved = socket_path(path)
-    core = ClientCore(client_name(name), priority_class(priority))
+    core: ClientCore[DmaBuffer] = ClientCore(client_name(name), priority_class(priority))
     _check_timeout(timeout)
     sock = _open_socket(resolved, timeout)
     client = Client(sock, core, path=resolved, timeout=timeout, on_event=on_event)
@@ -127,14 +109,37 @@ def _open_socket(path: str, timeout: float | None) -> socket.socket:
     try:
         sock.settimeout(timeout)
         sock.connect(path)
-        sock.settimeout(None)  # answers wait by poll(), so the socket itself stays blocking
+        sock.settimeout(None)  # deadlines are kept by poll(), so the socket itself stays blocking
     except OSError as exc:
         sock.close()
         raise ConnectFailed(connect_failure_message(path, exc), path=path) from exc
     return sock
 
 
-class Client(DaemonView):
+class _Parked:
+    """A thread waiting for another one (the reader, a free slot): its own lock, held
+    from the start, released by whoever finds the thread's wait over."""
+
+    __slots__ = ("_lock", "reads", "ready", "woken")
+
+    def __init__(self, ready: Callable[[], bool], *, reads: bool) -> None:
+        self.ready = ready
+        self.reads = reads
+        """Whether the thread would take over reading (close() only waits)."""
+        self.woken = False
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def wake(self) -> None:
+        if not self.woken:
+            self.woken = True
+            self._lock.release()
+
+    def wait(self, timeout: float | None) -> bool:
+        return self._lock.acquire(timeout=-1 if timeout is None else timeout)
+
+
+class Client(DaemonView["DmaBuffer"]):
     """A connection to npud. Make one with :func:`connect`; close it (or use ``with``).
 
     Closing releases everything the connection holds, here (every buffer's fd
@@ -147,14 +152,14 @@ class Client(DaemonView):
     ``freed``); allocate, open and map again. A ``ShuttingDown`` sets
     :attr:`shutting_down`. Each event is then passed to ``on_event``.
     Requests naming what is gone, or made while the daemon shuts down, fail
-    with its errors (``DspRestarted``, ``ShuttingDown``); once the connection
-    is over, every request fails with the reason it ended.
+    with its errors (``DspRestarted``, ``ShuttingDownError``); once the
+    connection is over, every request fails with the reason it ended.
     """
 
     def __init__(
         self,
         sock: socket.socket,
-        core: ClientCore,
+        core: ClientCore[DmaBuffer],
         *,
         path: str,
         timeout: float | None,
@@ -167,11 +172,20 @@ class Client(DaemonView):
         self._timeout = timeout
         self._on_event = on_event
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
+        """Guards the core, ``_reading`` and ``_parked``; never held while blocked."""
         self._send_lock = threading.Lock()
+        """Held by the one caller writing a frame (frames must not interleave)."""
         self._reading = False
+        self._parked: list[_Parked] = []
         self._closed = False
-        self._buffers: dict[int, DmaBuffer] = {}
+        # Used by the reader only (one at a time), reused by every read.
+        self._receive_buffer = bytearray(RECEIVE_BUFFER_SIZE)
+        self._received = memoryview(self._receive_buffer)
+        # Made once: a deadline needs a poll, and one per call would cost one each.
+        self._readable = select.poll()
+        self._readable.register(sock, select.POLLIN)
+        self._writable = select.poll()  # used by the send-lock holder only
+        self._writable.register(sock, select.POLLOUT)
 
     # --- what the daemon said -----------------------------------------------------------
 
@@ -179,80 +193,60 @@ class Client(DaemonView):
     def buffers(self) -> tuple[DmaBuffer, ...]:
         """The live buffers of this connection."""
         with self._lock:
-            return tuple(self._buffers.values())
+            return self._core.buffers
 
     def statistics(self) -> ClientStatistics:
         with self._lock:
-            return self._core.statistics(
-                buffers=len(self._buffers), buffer_bytes=sum(b.size for b in self._buffers.values())
-            )
+            return self._core.statistics()
 
     # --- requests ---------------------------------------------------------------------------
 
     def alloc(self, size: int) -> DmaBuffer:
         """Allocate a DMA-BUF of at least ``size`` bytes (rounded up to whole pages)."""
-        size = check_size(size)
-        reply, pending = self._call(lambda rid: AllocRequest(id=rid, size=size), AllocReply)
-        fd = pending.take_fd()
+        allocation = self._run(requests.alloc(size))
         try:
-            buffer = DmaBuffer(self, reply.buffer, reply.size, fd, pending.epoch)
+            buffer = DmaBuffer(self, *allocation)
         except (OSError, ValueError):
-            self._free_quietly(reply.buffer)
+            self._free_quietly(allocation.buffer)
             raise
         with self._lock:
-            if self._core.dead:  # closed here or by the daemon while this call finished
-                buffer._release_local()
-                self._core.check_alive()
-            if buffer.epoch < self._core.epoch:
-                # Its session ended before this caller saw it: the daemon released it.
-                buffer._release_local(restart_reason(self._core.epoch))
-                raise self._core.restarted_error()
-            self._buffers[buffer.id] = buffer
-        return buffer
+            return self._core.adopt(buffer)
 
     def open(self, uri: str) -> RemoteHandle:
         """Open a skel on the DSP (remotectl), e.g.
         ``file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp``."""
-        uri = check_uri(uri)
-        epoch = self.epoch
-        reply, _ = self._call(lambda rid: OpenRequest(id=rid, uri=uri), OpenReply)
-        return RemoteHandle(self, reply.handle, uri, epoch)
+        return RemoteHandle(self, *self._run(requests.open_skel(self._core, uri)))
 
     def status(self) -> DaemonStatus:
         """The daemon's status: what ``npuctl status`` shows."""
-        reply, _ = self._call(lambda rid: StatusRequest(id=rid), StatusReply)
-        return reply.status
+        return self._run(requests.status())
 
     def ping(self, payload: bytes | bytearray | memoryview = b"") -> bytes:
         """A round trip through the daemon; returns the payload it echoed."""
-        data = check_ping_payload(payload)
-        reply, _ = self._call(lambda rid: PingRequest(id=rid, payload=data), PongReply)
-        return reply.payload
+        return self._run(requests.ping(payload))
 
     # --- closing -------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Close the connection and every buffer's fd and mapping. Idempotent.
 
-        Requests still waiting fail with :class:`ConnectionClosed`.
+        Requests still waiting fail with :class:`ConnectionClosedError`.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._core.die(ErrorCode.CONNECTION_CLOSED, "this client was closed")
-            self._changed.notify_all()
+            self._wake(handoff=False)
             # Wakes a reader blocked in recvmsg and a writer blocked in sendmsg
             # (OSError: not connected any more, nothing to wake).
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)
-            while self._reading:
-                self._changed.wait()
-            buffers, self._buffers = self._buffers, {}
+            while self._reading:  # the socket is closed only once nobody is in recvmsg
+                self._park(lambda: not self._reading, None, reads=False)
+            self._core.release_buffers("gone: its client was closed")
         with self._send_lock:
             self._sock.close()
-        for buffer in buffers.values():
-            buffer._release_local("gone: its client was closed")
 
     def __enter__(self) -> Self:
         return self
@@ -264,53 +258,105 @@ class Client(DaemonView):
         state = "closed" if self._closed else f"epoch {self.epoch}"
         return f"<npu_client.Client {self._path} {state}>"
 
-    # --- internals: one request -----------------------------------------------------------------
+    # --- internals: one call ---------------------------------------------------------------------
 
-    def _call(self, build: Callable[[int], AnyRequest], expected: type[R]) -> tuple[R, Pending]:
-        """Send ``build(id)`` and wait for its answer; raise the error it got."""
+    def _run(self, call: Call[T]) -> T:
+        """Send ``call``'s request, wait for its answer, and return what it becomes."""
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
-        while True:
-            self._wait(lambda: self._core.dead or self._core.has_room(), deadline)
-            with self._lock:
-                self._core.check_alive()
-                if self._core.has_room():  # else another caller took the free slot first
-                    pending, data, fds = self._core.begin(build)
-                    break
+        core = self._core
+        lock = self._lock
+        lock.acquire()
         try:
-            self._write(data, fds, deadline)
-            self._wait(lambda: pending.done, deadline)
-        except BaseException:
-            with self._lock:
-                self._core.abandon(pending)
-            raise
-        return pending.result(expected), pending
+            begun = core.begin(call)
+            while begun is None:  # every slot is taken: wait (reading) for one
+                self._wait_until(core.can_begin, deadline)
+                begun = core.begin(call)
+            pending, data, fds = begun
+            if data:  # empty when the connection is over: the Pending says why
+                try:
+                    lock.release()
+                    try:
+                        self._write(data, fds, deadline)
+                    finally:
+                        lock.acquire()
+                    self._wait_until(lambda: pending.done, deadline)
+                except BaseException:
+                    core.abandon(pending)
+                    raise
+            return call.finish(pending)
+        finally:
+            lock.release()
+
+    def _free_quietly(self, buffer_id: int) -> None:
+        """Free a buffer this side could not use; the connection's end frees it anyway."""
+        with contextlib.suppress(NpuError, TimeoutError):
+            self._run(requests.discard(buffer_id))
+
+    def _handshake(self) -> None:
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        self._write(self._core.hello(), (), deadline)
+        with self._lock:
+            self._wait_until(self._core.welcomed_or_dead, deadline)
+            self._core.check_alive()
+
+    # --- internals: writing ------------------------------------------------------------------
 
     def _write(self, data: bytes, fds: Sequence[int], deadline: float | None) -> None:
-        """Send one frame within the caller's deadline.
+        """Send one frame (fds with its first byte) within the caller's deadline.
 
         A daemon that stops reading must not hang the caller (nor the callers
         queued behind it): the send waits at most until ``deadline``. A frame
         cut off part-way garbles the stream, so the connection dies with it.
         """
-        wait = _remaining(deadline)
-        if not self._send_lock.acquire(timeout=-1 if wait is None else wait):
-            raise TimeoutError("npud did not take our request in time (the send is blocked)")
+        send_lock = self._send_lock
+        if not send_lock.acquire(False):
+            wait = _remaining(deadline)
+            if not send_lock.acquire(True, -1 if wait is None else wait):
+                raise TimeoutError("npud did not take our request in time (the send is blocked)")
         try:
-            sent = _send_within(self._sock, data, fds, deadline)
+            sock = self._sock
+            try:
+                if fds:
+                    sent = sock.sendmsg([data], fds_ancillary(fds), _DONTWAIT)
+                else:
+                    sent = sock.send(data, _DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(data):
+                sent = self._send_rest(data, fds, sent, deadline)
         except OSError as exc:
             with self._lock:
                 self._after_send_failed(exc)
             return
         finally:
-            self._send_lock.release()
+            send_lock.release()
         if sent < len(data):
             with self._lock:
                 if sent:
                     self._core.die(ErrorCode.CONNECTION_CLOSED, "a request was cut off mid-frame")
-                    self._changed.notify_all()
+                    self._wake(handoff=False)
                     with contextlib.suppress(OSError):
                         self._sock.shutdown(socket.SHUT_RDWR)
             raise TimeoutError("npud did not take our request in time (the send is blocked)")
+
+    def _send_rest(self, data: bytes, fds: Sequence[int], sent: int, deadline: float | None) -> int:
+        """Under the send lock, the socket's buffer full: send the rest of ``data`` as
+        room appears, until ``deadline``. Returns how many bytes went out in all."""
+        sock = self._sock
+        view = memoryview(data)
+        while sent < len(view):
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                return sent
+            self._writable.poll(None if wait is None else _milliseconds(wait))
+            try:
+                if sent == 0:  # nothing went yet: the fds still go with the first byte
+                    sent = sock.sendmsg([view], fds_ancillary(fds), _DONTWAIT)
+                else:
+                    sent += sock.send(view[sent:], _DONTWAIT)
+            except BlockingIOError:
+                pass
+        return sent
 
     def _after_send_failed(self, exc: OSError) -> None:
         """Under the lock: the server closed. What it said before closing (an error
@@ -318,143 +364,99 @@ class Client(DaemonView):
         the socket; read it, so requests fail with its reason, not a broken pipe."""
         if self._core.dead or self._reading:
             return  # dead already, or the reader is about to find out
-        self._reading = True
         try:
-            poller = select.poll()
-            poller.register(self._sock, select.POLLIN)
-            while not self._core.dead and poller.poll(0):
+            while not self._core.dead and self._readable.poll(0):
                 self._read_once(None)
-            self._core.die(ErrorCode.CONNECTION_CLOSED, f"sending failed: {_reason(exc)}")
         finally:
-            self._reading = False
-            self._changed.notify_all()
-
-    def _drop_buffers_before(self, epoch: int) -> None:
-        """The daemon released every buffer of earlier sessions: close ours."""
-        with self._lock:
-            stale = [b for b in self._buffers.values() if b.epoch < epoch]
-            for buffer in stale:
-                del self._buffers[buffer.id]
-        for buffer in stale:
-            buffer._release_local(restart_reason(epoch))
-
-    def _owns(self, buffer: MappedBuffer) -> bool:
-        """Whether ``buffer`` is a live buffer of this connection."""
-        with self._lock:
-            return self._buffers.get(buffer.id) is buffer
-
-    def _forget_buffer(self, buffer: DmaBuffer) -> None:
-        with self._lock:
-            if self._buffers.get(buffer.id) is buffer:
-                del self._buffers[buffer.id]
-
-    def _free_quietly(self, buffer_id: int) -> None:
-        """Free a buffer this side could not use; the connection's end frees it anyway."""
-        with contextlib.suppress(NpuError, TimeoutError):
-            self._call(lambda rid: FreeRequest(id=rid, buffer=buffer_id), FreeReply)
+            self._core.die(ErrorCode.CONNECTION_CLOSED, f"sending failed: {_reason(exc)}")
+            self._wake(handoff=True)
 
     # --- internals: waiting and reading ------------------------------------------------------
 
-    def _handshake(self) -> None:
-        deadline = None if self._timeout is None else time.monotonic() + self._timeout
-        self._write(self._core.hello(), (), deadline)
-        self._wait(lambda: self._core.dead or self._core.welcome is not None, deadline)
-        self._core.check_alive()
+    def _wait_until(self, ready: Callable[[], bool], deadline: float | None) -> None:
+        """Under the lock: return once ``ready()``, reading for everyone while nobody
+        else reads. Server events read meanwhile are handed to ``on_event`` with
+        the lock released, so the callback may call the client."""
+        core = self._core
+        try:
+            while True:
+                if core.events:
+                    events = core.take_events()
+                    self._lock.release()
+                    try:
+                        deliver_events(events, self._on_event)
+                    finally:
+                        self._lock.acquire()
+                elif ready():
+                    return
+                elif self._reading:
+                    self._park(ready, deadline, reads=True)
+                else:
+                    self._read_once(deadline)
+        finally:
+            if self._parked and not self._reading:
+                self._wake(handoff=True)  # others wait: one of them reads now
 
-    def _wait(self, ready: Callable[[], bool], deadline: float | None) -> None:
-        """Block until ``ready()`` (checked under the lock), reading when nobody else is.
-
-        Server events are handed to ``on_event`` with no lock held, so the
-        callback may call the client.
-        """
-        while True:
-            with self._lock:
-                satisfied = self._read_until(ready, deadline)
-                events = self._core.take_events()
-            self._apply(events)
-            if satisfied:
-                return
-
-    def _read_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
-        """Under the lock: wait or read until ``ready()`` or events need delivering."""
-        while not ready():
-            if self._core.has_events():
-                return False
-            remaining = _remaining(deadline)
-            if self._reading:
-                self._changed.wait(remaining)
-                continue
-            self._reading = True
-            try:
-                self._read_once(deadline)
-            finally:
-                self._reading = False
-                self._changed.notify_all()
-        return True
-
-    def _read_once(self, deadline: float | None) -> None:
-        """Under the lock (released while blocked): one recvmsg, then dispatch."""
+    def _park(self, ready: Callable[[], bool], deadline: float | None, *, reads: bool) -> None:
+        """Under the lock (released while parked): wait to be woken, or until ``deadline``."""
+        remaining = _remaining(deadline)
+        parked = _Parked(ready, reads=reads)
+        self._parked.append(parked)
         self._lock.release()
         try:
-            received = _receive(self._sock, deadline)
-        except (OSError, TransportError) as exc:
+            woken = parked.wait(remaining)
+        finally:
             self._lock.acquire()
-            if isinstance(exc, TimeoutError):
-                raise
+            self._parked.remove(parked)
+        if not woken and not ready():
+            raise TimeoutError("npud did not answer in time")
+
+    def _wake(self, *, handoff: bool) -> None:
+        """Under the lock: wake every parked thread whose wait is over; with
+        ``handoff`` (nobody reads now), make sure one that would read is awake."""
+        reader_awake = False
+        for parked in self._parked:
+            if not parked.woken and parked.ready():
+                parked.wake()
+                reader_awake = reader_awake or parked.reads
+        if handoff and not reader_awake:
+            for parked in self._parked:
+                if parked.reads:
+                    parked.wake()  # no-op if it is awake already
+                    return
+
+    def _read_once(self, deadline: float | None) -> None:
+        """Under the lock (released while blocked): one recvmsg into the connection's
+        buffer, then dispatch. The end of the stream, a broken connection and
+        MSG_CTRUNC end the connection; a deadline that passes raises TimeoutError."""
+        self._reading = True
+        self._lock.release()
+        try:
+            if deadline is not None and not self._readable.poll(_poll_timeout(deadline)):
+                raise TimeoutError("npud did not answer in time")
+            size, ancdata, flags, _ = self._sock.recvmsg_into(
+                [self._receive_buffer], ANCILLARY_SPACE, _CLOEXEC
+            )
+            fds = parse_ancillary(ancdata, flags) if ancdata or flags & _CTRUNC else []
+        except BaseException as exc:
+            self._lock.acquire()
+            self._reading = False
             if isinstance(exc, TransportError):
                 self._core.die(ErrorCode.FDS_TRUNCATED, str(exc))
-            else:
+            elif isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
                 self._core.die(ErrorCode.CONNECTION_CLOSED, f"reading failed: {_reason(exc)}")
-            return
-        except BaseException:
-            self._lock.acquire()
-            raise
-        self._lock.acquire()
-        self._core.receive(*received)
-
-    def _apply(self, events: list[ServerEvent]) -> None:
-        """Act on server events (with no lock held), then tell ``on_event``."""
-        for event in events:
-            if isinstance(event, SessionRestarted):
-                self._drop_buffers_before(event.epoch)
-            if self._on_event is None:
-                continue
-            try:
-                self._on_event(event)
-            except Exception:
-                # The event is recorded either way; a failing callback must not
-                # fail the unrelated request whose thread happened to read it.
-                _log.exception("npu_client: the on_event callback failed for %r", event)
-
-
-def _send_within(
-    sock: socket.socket, data: bytes, fds: Sequence[int], deadline: float | None
-) -> int:
-    """Send ``data`` (fds with its first byte) without blocking past ``deadline``.
-
-    Returns how many bytes went out: all of them, or fewer when time ran out.
-    """
-    view = memoryview(data)
-    sent = 0
-    poller = select.poll()
-    poller.register(sock, select.POLLOUT)
-    while sent < len(view):
-        try:
-            if sent == 0:
-                sent = sock.sendmsg([view], fds_ancillary(fds), socket.MSG_DONTWAIT)
             else:
-                sent += sock.send(view[sent:], socket.MSG_DONTWAIT)
-            continue
-        except BlockingIOError:
-            pass
-        wait = _remaining(deadline)
-        if wait is not None and wait <= 0:
-            return sent
-        poller.poll(None if wait is None else max(1, int(wait * 1000)))
-    return sent
+                raise
+        else:
+            self._lock.acquire()
+            self._reading = False
+            self._core.receive(self._received[:size].tobytes(), fds)
+        if self._parked:
+            self._wake(handoff=False)
 
 
 def _remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (None: no deadline); TimeoutError once it passed."""
     if deadline is None:
         return None
     remaining = deadline - time.monotonic()
@@ -463,15 +465,16 @@ def _remaining(deadline: float | None) -> float | None:
     return remaining
 
 
-def _receive(sock: socket.socket, deadline: float | None) -> tuple[bytes, list[OwnedFd]]:
-    """One recvmsg, waiting at most until ``deadline``."""
+def _milliseconds(seconds: float) -> int:
+    """A poll timeout: at least 1 ms, so a deadline a few µs away is still waited for."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _poll_timeout(deadline: float) -> int:
+    """Milliseconds to poll until ``deadline``; TimeoutError once it passed."""
     remaining = _remaining(deadline)
-    if remaining is not None:
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-        if not poller.poll(max(1, int(remaining * 1000))):
-            raise TimeoutError("npud did not answer in time")
-    return recv_message(sock)
+    assert remaining is not None
+    return _milliseconds(remaining)
 
 
 def _reason(exc: OSError) -> str:
@@ -499,17 +502,12 @@ class DmaBuffer(MappedBuffer):
         address = self.dsp_address
         if address is not None:
             return address
-        self._memory()  # refuse a freed buffer before asking
-        reply, _ = self._client._call(lambda rid: MapRequest(id=rid, buffer=self.id), MapReply)
-        self._remember_mapping(reply.dsp_address)
-        return reply.dsp_address
+        return self._client._run(requests.map_buffer(self))
 
     def unmap(self) -> None:
         """Remove the DSP mapping; nothing to do if it is not mapped."""
-        if self.dsp_address is None:
-            return
-        self._client._call(lambda rid: UnmapRequest(id=rid, buffer=self.id), UnmapReply)
-        self._forget_mapping()
+        if self.dsp_address is not None:
+            self._client._run(requests.unmap_buffer(self))
 
     def free(self) -> None:
         """Release the buffer in the daemon, then its fd and mapping here. Idempotent.
@@ -517,12 +515,8 @@ class DmaBuffer(MappedBuffer):
         If the connection is gone the daemon already freed it: no error. Other
         errors leave the buffer as it was (the client's close releases it).
         """
-        if self.freed:
-            return
-        with contextlib.suppress(ConnectionClosed):
-            self._client._call(lambda rid: FreeRequest(id=rid, buffer=self.id), FreeReply)
-        self._client._forget_buffer(self)
-        self._release_local()
+        if not self.freed:
+            self._client._run(requests.free(self._client._core, self))
 
     def __enter__(self) -> Self:
         return self
@@ -542,8 +536,8 @@ class RemoteHandle(HandleIdentity):
     def invoke(
         self,
         method: int | None,
-        inputs: Sequence[InputArg] = (),
-        outputs: Sequence[OutputArg] = (),
+        inputs: Sequence[InvokeInput] = (),
+        outputs: Sequence[InvokeOutput] = (),
         *,
         sc: int | None = None,
         timeout: float | None = None,
@@ -557,29 +551,16 @@ class RemoteHandle(HandleIdentity):
         wait for the DSP. A non-zero result from the method raises
         :class:`InvokeFailed` with ``fields["code"]``.
         """
-        if self._closed:
-            raise ValueError(f"remote handle {self._id} is closed")
-        build = invoke_request(
-            handle=self._id,
-            method=method,
-            sc=sc,
-            inputs=inputs,
-            outputs=outputs,
-            timeout=timeout,
-            limits=self._client.limits,
-            owns=self._client._owns,
+        client = self._client
+        return client._run(
+            requests.invoke(client._core, self, method, inputs, outputs, sc, timeout)
         )
-        reply, _ = self._client._call(build, InvokeReply)
-        return list(reply.outputs)
 
     def close(self) -> None:
         """Close the handle on the DSP. Idempotent; no error if the handle is already
         gone with the connection or with a DSP restart."""
-        if self._closed:
-            return
-        with contextlib.suppress(ConnectionClosed, DspRestarted):
-            self._client._call(lambda rid: CloseRequest(id=rid, handle=self._id), CloseReply)
-        self._closed = True
+        if not self._closed:
+            self._client._run(requests.close_skel(self))
 
     def __enter__(self) -> Self:
         return self

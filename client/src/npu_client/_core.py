@@ -1,20 +1,24 @@
-"""The client's bookkeeping, without I/O: requests in flight, answers, events, failure.
+"""The client's bookkeeping, without I/O: the one core both clients drive.
 
-Both the blocking and the trio client wrap one :class:`ClientCore` around a
-``npu_protocol.ClientConnection``: they write what :meth:`ClientCore.begin`
-returns, feed what the socket delivered to :meth:`ClientCore.receive`, and
-wait until the request's :class:`Pending` is done. The core turns every
-answer into a reply or an exception on its Pending, records server events,
-and owns every fd that arrives until a Pending hands it to its caller.
+A client (the blocking one, the trio one) is a driver around one
+:class:`ClientCore`: it asks :meth:`ClientCore.begin` for the frame of a
+:class:`Call`, writes it, feeds what the socket delivered to
+:meth:`ClientCore.receive`, waits until the call's :class:`Pending` is
+done, and hands it to the call's ``finish``. The core turns every answer
+into a reply or an exception on its Pending, keeps the connection's buffers
+(adopted, released by a session restart, forgotten when freed), records
+server events, and owns every fd that arrives until a Pending hands it on.
 
-It is not thread-safe: the blocking client calls it under its lock.
+Nothing here blocks, sleeps or locks: the blocking client calls the core
+under its lock, the trio client from its one thread.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Final, Generic, TypeVar
 
 from npu_client._errors import (
     DspRestarted,
@@ -24,16 +28,15 @@ from npu_client._errors import (
     error_from_protocol,
     make_error,
 )
+from npu_client._memory import MappedBuffer, restart_reason
 from npu_client.transport import OwnedFd
 from npu_protocol import (
     NEED_DATA,
-    AllocReply,
     AnyRequest,
     ClientConnection,
     ClientLimits,
     ConnectionClosed,
     ConnectionStatistics,
-    DspCapabilities,
     ErrorCode,
     ErrorMessage,
     Hello,
@@ -48,31 +51,34 @@ from npu_protocol import (
     Welcome,
 )
 
+_log: Final = logging.getLogger("npu_client")
+
+T = TypeVar("T")
 R = TypeVar("R", bound=Reply)
+B = TypeVar("B", bound=MappedBuffer)
 
 EventCallback = Callable[[ServerEvent], None]
 """Called with each SessionRestarted and ShuttingDown by the caller that read it
 (a thread of the blocking client, a task of the trio client), with no lock held."""
 
 
-@dataclass(eq=False)
 class Pending:
-    """One request in flight and, once answered, its reply or its error."""
+    """One request in flight and, once answered, its reply or its error.
 
-    request: AnyRequest
+    One is made per call, so it has no ``__init__``: an attribute is set on the
+    instance when it changes, and reads the class's default until then.
+    """
+
+    done: bool = False
     reply: Reply | None = None
     error: NpuError | None = None
-    fd: OwnedFd | None = None
-    """An AllocReply's DMA-BUF, owned here until :meth:`take_fd`."""
+    fds: tuple[OwnedFd, ...] = ()
+    """The reply's fds (an AllocReply's DMA-BUF), owned here until :meth:`take_fd`."""
     abandoned: bool = False
     """The caller stopped waiting (timeout, cancellation): drop the answer."""
     epoch: int = 0
     """The session epoch when the answer arrived: a buffer allocated in an epoch
     that has since ended is gone (the restart event came after its reply)."""
-
-    @property
-    def done(self) -> bool:
-        return self.reply is not None or self.error is not None
 
     def result(self, expected: type[R]) -> R:
         """The reply, or raise the error the server (or the connection) gave."""
@@ -82,10 +88,32 @@ class Pending:
         return self.reply
 
     def take_fd(self) -> OwnedFd:
-        """Hand over the fd that came with the reply (the caller owns it now)."""
-        fd, self.fd = self.fd, None
-        assert fd is not None, "only an answered alloc carries an fd"
+        """Hand over the one fd that came with the reply (the caller owns it now)."""
+        assert len(self.fds) == 1, "only an answered alloc carries an fd"
+        (fd,), self.fds = self.fds, ()
         return fd
+
+    def close_fds(self) -> None:
+        fds, self.fds = self.fds, ()
+        for fd in fds:
+            fd.close()
+
+
+class Call(Generic[T]):
+    """One request, checked and ready to be numbered, and what its answer becomes.
+
+    ``build(request_id)`` makes the request (once, when it is sent);
+    ``finish(pending)`` runs when the answer is in (under the blocking
+    client's lock) and returns what the caller gets, or raises. Adding a
+    request kind is adding one function that returns a Call
+    (``npu_client._requests``); both clients run it the same way.
+    """
+
+    __slots__ = ("build", "finish")
+
+    def __init__(self, build: Callable[[int], AnyRequest], finish: Callable[[Pending], T]) -> None:
+        self.build = build
+        self.finish = finish
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,14 +144,18 @@ class _Death:
         return make_error(self.code, self.message, self.fields)
 
 
-class ClientCore:
-    """One connection's state: handshake, requests in flight, events, death."""
+class ClientCore(Generic[B]):
+    """One connection's state: handshake, requests in flight, buffers, events, death."""
 
     def __init__(self, name: str, priority: Priority) -> None:
         self._conn = ClientConnection()
         self._hello = Hello(client_name=name, priority=priority)
         self._pending: dict[int, Pending] = {}
-        self._events: list[ServerEvent] = []
+        self._max_in_flight = 0  # from the Welcome: nothing is sent before it
+        self._limits: ClientLimits | None = None
+        self._buffers: dict[int, B] = {}
+        self.events: list[ServerEvent] = []
+        """Server events received and not yet taken (:meth:`take_events`)."""
         self._death: _Death | None = None
         self.epoch = 0
         """The session epoch: from the Welcome, then from each SessionRestarted."""
@@ -146,10 +178,13 @@ class ClientCore:
 
     @property
     def limits(self) -> ClientLimits:
-        limits = self._conn.limits
-        if limits is None:
+        """The limits from the Welcome."""
+        if self._limits is None:
             raise RuntimeError("the handshake has not finished")
-        return limits
+        return self._limits
+
+    def welcomed_or_dead(self) -> bool:
+        return self._death is not None or self._conn.welcome is not None
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -161,77 +196,83 @@ class ClientCore:
         if self._death is not None:
             raise self._death.error()
 
-    def has_room(self) -> bool:
-        """Whether one more request fits under the server's in-flight limit."""
-        return len(self._conn.in_flight) < self.limits.max_in_flight
+    def can_begin(self) -> bool:
+        """Whether :meth:`begin` may be called now: one more request fits under the
+        server's in-flight limit, or the connection is over (begin says so)."""
+        return self._death is not None or len(self._pending) < self._max_in_flight
 
-    def begin(self, build: Callable[[int], AnyRequest]) -> tuple[Pending, bytes, list[int]]:
-        """Register the request ``build(id)``; returns it and the bytes and fds to write.
+    def begin(self, call: Call[T]) -> tuple[Pending, bytes, list[int]] | None:
+        """Number and frame ``call``'s request; returns its Pending and the bytes and
+        fds to write, or None while the server's in-flight limit is reached (wait
+        until :meth:`can_begin`).
 
-        Call only when :meth:`has_room`. Raises the connection's error if it is
-        over, ValueError if the request is not valid.
+        On a connection that is over nothing is framed: the Pending comes back
+        done, with the reason, and there is nothing to write. A request the
+        protocol refuses (too large for a frame) raises ValueError.
         """
-        self.check_alive()
-        request = build(self._conn.next_request_id())
+        pending = Pending()
+        if self._death is not None:
+            pending.error = self._death.error()
+            pending.done = True
+            return pending, b"", []
+        if len(self._pending) >= self._max_in_flight:
+            return None
+        request = call.build(self._conn.next_request_id())
         try:
             data, fds = self._conn.send(request)
         except LocalProtocolError as exc:
             raise ValueError(exc.message) from exc
-        pending = Pending(request)
         self._pending[request.id] = pending
         return pending, data, fds
 
     def abandon(self, pending: Pending) -> None:
         """The caller gives up on ``pending``; its answer, fds included, is dropped."""
         pending.abandoned = True
-        if pending.fd is not None:
-            pending.take_fd().close()
+        pending.close_fds()
 
     # --- input ----------------------------------------------------------------------------
 
     def receive(self, data: bytes, fds: list[OwnedFd]) -> None:
-        """Feed one recvmsg's bytes and fds (``b""``: the server closed), then process
+        """Feed one read's bytes and fds (``b""``: the server closed), then process
         everything complete. The connection takes the fds; nothing leaks on error."""
         if self._death is not None:
             for fd in fds:
                 fd.close()
             return
-        self._conn.receive_data(data, [fd.detach() for fd in fds])
-        self.process()
-
-    def process(self) -> None:
-        """Turn every complete frame into answers and events."""
+        self._conn.receive_data(data, [fd.detach() for fd in fds] if fds else ())
         while self._death is None:
             try:
                 event = self._conn.next_event()
             except RemoteProtocolError as exc:
                 error = error_from_protocol(exc)
-                detail = f"npud broke the protocol: {error.message}"
-                self.die(exc.code, detail, error.fields)
+                self.die(exc.code, f"npud broke the protocol: {error.message}", error.fields)
                 return
             if event is NEED_DATA:
                 return
-            self._handle(event)
+            if isinstance(event, Reply):  # the common case first
+                self._answer(event.id, event, None)
+            else:
+                self._handle(event)
 
     def _handle(
-        self,
-        event: Welcome | ErrorMessage | Reply | ServerEvent | StrayFds | ConnectionClosed,
+        self, event: Welcome | ErrorMessage | ServerEvent | StrayFds | ConnectionClosed
     ) -> None:
-        if isinstance(event, Reply):
-            self._answer(event.id, reply=event)
-        elif isinstance(event, ErrorMessage):
+        if isinstance(event, ErrorMessage):
             if event.id is not None:
-                self._answer(event.id, error=error_from_message(event))
+                self._answer(event.id, None, error_from_message(event))
             else:
                 self.die(event.code, event.message, event.fields)
         elif isinstance(event, Welcome):
             self.epoch = event.epoch
+            self._limits = event.limits
+            self._max_in_flight = event.limits.max_in_flight
         elif isinstance(event, SessionRestarted):
             self.epoch = event.epoch
-            self._events.append(event)
+            self._release_buffers_before(event.epoch)
+            self.events.append(event)
         elif isinstance(event, ShuttingDown):
             self.shutdown_notice = event
-            self._events.append(event)
+            self.events.append(event)
         elif isinstance(event, StrayFds):
             for fd in event.fds:
                 OwnedFd(fd).close()
@@ -239,38 +280,78 @@ class ClientCore:
             during = "during the handshake" if self.welcome is None else ""
             self.die(ErrorCode.CONNECTION_CLOSED, f"npud closed the connection {during}".strip())
 
-    def _answer(
-        self, request_id: int, *, reply: Reply | None = None, error: NpuError | None = None
-    ) -> None:
+    def _answer(self, request_id: int, reply: Reply | None, error: NpuError | None) -> None:
         # The protocol object already refused answers to ids not in flight.
         pending = self._pending.pop(request_id)
-        if isinstance(reply, AllocReply):
-            fd = OwnedFd(reply.fd)
+        if reply is not None and reply.fd_fields:
+            # Owned from here on, whatever happens to the caller.
+            pending.fds = tuple(OwnedFd(getattr(reply, name)) for name in reply.fd_fields)
             if pending.abandoned:
-                fd.close()
-            else:
-                pending.fd = fd
+                pending.close_fds()
         pending.reply, pending.error, pending.epoch = reply, error, self.epoch
+        pending.done = True
 
-    def has_events(self) -> bool:
-        return bool(self._events)
+    # --- buffers ----------------------------------------------------------------------------
 
-    def restarted_error(self) -> DspRestarted:
-        return DspRestarted(code_message(ErrorCode.DSP_RESTARTED))
+    @property
+    def buffers(self) -> tuple[B, ...]:
+        """The live buffers of this connection."""
+        return tuple(self._buffers.values())
+
+    def adopt(self, buffer: B) -> B:
+        """Make a freshly allocated and mapped ``buffer`` one of this connection's.
+
+        If the connection ended, or the session the buffer was allocated in
+        restarted, the daemon has already released it: it is released here
+        too, and the reason raised.
+        """
+        if self._death is not None:
+            buffer._release_local()
+            raise self._death.error()
+        if buffer.epoch < self.epoch:
+            buffer._release_local(restart_reason(self.epoch))
+            raise DspRestarted(code_message(ErrorCode.DSP_RESTARTED))
+        self._buffers[buffer.id] = buffer
+        return buffer
+
+    def owns(self, buffer: MappedBuffer) -> bool:
+        """Whether ``buffer`` is a live buffer of this connection."""
+        return self._buffers.get(buffer.id) is buffer
+
+    def forget(self, buffer: MappedBuffer) -> None:
+        """``buffer`` was freed: it is no longer this connection's."""
+        if self._buffers.get(buffer.id) is buffer:
+            del self._buffers[buffer.id]
+
+    def release_buffers(self, reason: str) -> None:
+        """Close every buffer's mapping and fd (the connection is closing)."""
+        buffers, self._buffers = self._buffers, {}
+        for buffer in buffers.values():
+            buffer._release_local(reason)
+
+    def _release_buffers_before(self, epoch: int) -> None:
+        """The daemon released every buffer of earlier sessions: close ours."""
+        stale = [buffer for buffer in self._buffers.values() if buffer.epoch < epoch]
+        for buffer in stale:
+            del self._buffers[buffer.id]
+            buffer._release_local(restart_reason(epoch))
+
+    # --- events and statistics ---------------------------------------------------------------
 
     def take_events(self) -> list[ServerEvent]:
-        """Server events received since the last call, oldest first."""
-        events, self._events = self._events, []
+        """Server events received since the last call, oldest first (already acted
+        on: the epoch moved, old buffers released); for ``on_event``."""
+        events, self.events = self.events, []
         return events
 
-    def statistics(self, *, buffers: int, buffer_bytes: int) -> ClientStatistics:
+    def statistics(self) -> ClientStatistics:
         return ClientStatistics(
             epoch=self.epoch,
             shutting_down=self.shutdown_notice is not None,
             closed=self._death is not None,
             requests_in_flight=len(self._pending),
-            buffers=buffers,
-            buffer_bytes=buffer_bytes,
+            buffers=len(self._buffers),
+            buffer_bytes=sum(buffer.size for buffer in self._buffers.values()),
             connection=self._conn.statistics(),
         )
 
@@ -290,99 +371,19 @@ class ClientCore:
         pending, self._pending = self._pending, {}
         for entry in pending.values():
             entry.error = self._death.error()
+            entry.done = True
         for fd in self._conn.take_pending_fds():
             OwnedFd(fd).close()
 
 
-class DaemonView:
-    """What the daemon said, as both clients expose it (read-only properties).
-
-    Mixed into the blocking and the trio client, which set ``_core``, ``_path``
-    and ``_closed``.
-    """
-
-    _core: ClientCore
-    _path: str
-    _closed: bool
-
-    @property
-    def path(self) -> str:
-        """The socket this client connected to."""
-        return self._path
-
-    @property
-    def welcome(self) -> Welcome:
-        """The daemon's Welcome: versions, backend, DSP capabilities, limits, epoch."""
-        welcome = self._core.welcome
-        assert welcome is not None  # connect() returns only after it
-        return welcome
-
-    @property
-    def server_version(self) -> str:
-        return self.welcome.server_version
-
-    @property
-    def backend(self) -> str:
-        """``kernel`` (a real FastRPC device) or ``emulator``."""
-        return self.welcome.backend
-
-    @property
-    def dsp(self) -> DspCapabilities:
-        return self.welcome.dsp
-
-    @property
-    def limits(self) -> ClientLimits:
-        """The limits the daemon applies to this connection."""
-        return self._core.limits
-
-    @property
-    def priority(self) -> Priority:
-        """The priority class granted (possibly lower than asked)."""
-        return self._core.limits.priority
-
-    @property
-    def epoch(self) -> int:
-        """The DSP session epoch: from the Welcome, then from each SessionRestarted."""
-        return self._core.epoch
-
-    @property
-    def shutting_down(self) -> bool:
-        """True once the daemon announced that it is shutting down."""
-        return self._core.shutdown_notice is not None
-
-    @property
-    def shutdown_notice(self) -> ShuttingDown | None:
-        """The daemon's ShuttingDown event (reason, grace period), once it came."""
-        return self._core.shutdown_notice
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-
-class HandleIdentity:
-    """What a remote handle is, as both clients' handles expose it."""
-
-    def __init__(self, handle_id: int, uri: str, epoch: int) -> None:
-        self._id = handle_id
-        self._uri = uri
-        self._epoch = epoch
-        self._closed = False
-
-    @property
-    def id(self) -> int:
-        """The daemon's id for this handle (scoped to the connection)."""
-        return self._id
-
-    @property
-    def uri(self) -> str:
-        return self._uri
-
-    @property
-    def epoch(self) -> int:
-        """The session epoch it was opened in; a restart closes it in the daemon (re-open)."""
-        return self._epoch
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+def deliver_events(events: list[ServerEvent], on_event: EventCallback | None) -> None:
+    """Tell ``on_event`` (with no lock held, so it may call the client)."""
+    if on_event is None:
+        return
+    for event in events:
+        try:
+            on_event(event)
+        except Exception:
+            # The event is recorded either way; a failing callback must not
+            # fail the unrelated request whose caller happened to read it.
+            _log.exception("npu_client: the on_event callback failed for %r", event)

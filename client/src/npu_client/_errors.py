@@ -6,7 +6,10 @@ server's rendered message and the template's fields. A number this version
 does not know (a newer daemon) raises the base class, :class:`NpuError`.
 
 The class names are the ErrorCode names in CamelCase (``DSP_RESTARTED`` is
-``DspRestarted``), which is why they do not all end in ``Error``.
+``DspRestarted``), which is why they do not all end in ``Error``. Two codes
+name something ``npu_protocol`` also has (its ``ConnectionClosed`` and
+``ShuttingDown`` events): their classes add ``Error``, so no name of this
+package means something else in the protocol's.
 """
 
 # ruff: noqa: N818  (the names mirror the stable ErrorCode names; see above)
@@ -267,11 +270,11 @@ class TruncatedFrame(NpuError, code=ErrorCode.TRUNCATED_FRAME):
     """The stream ended inside a frame."""
 
 
-class ConnectionClosed(NpuError, code=ErrorCode.CONNECTION_CLOSED):
+class ConnectionClosedError(NpuError, code=ErrorCode.CONNECTION_CLOSED):
     """The connection to npud ended (or was closed here) before the answer came."""
 
 
-class ConnectFailed(ConnectionClosed):
+class ConnectFailed(ConnectionClosedError):
     """npud could not be reached at ``path``; the message says why and what to do."""
 
     def __init__(self, message: str, *, path: str) -> None:
@@ -290,16 +293,28 @@ class QuotaExceeded(NpuError, code=ErrorCode.QUOTA_EXCEEDED):
     """A per-client or global quota would be exceeded; ``fields`` names it and its limit."""
 
 
-class Timeout(NpuError, code=ErrorCode.TIMEOUT):
-    """The daemon gave up waiting (the call may still finish on the DSP)."""
+class Timeout(NpuError, TimeoutError, code=ErrorCode.TIMEOUT):
+    """The daemon gave up waiting (the call may still finish on the DSP).
+
+    A ``TimeoutError``, like the one this side raises when npud does not
+    answer in time, so ``except TimeoutError`` catches both.
+    """
 
 
-class ShuttingDown(NpuError, code=ErrorCode.SHUTTING_DOWN):
-    """npud is shutting down."""
+class ShuttingDownError(NpuError, code=ErrorCode.SHUTTING_DOWN):
+    """npud is shutting down (``npu_protocol.ShuttingDown`` is the event that says so)."""
 
 
 class InternalError(NpuError, code=ErrorCode.INTERNAL_ERROR):
     """A bug in npud; its log has the details."""
+
+
+class DeadlineExceeded(NpuError, code=ErrorCode.DEADLINE_EXCEEDED):
+    """The call's deadline passed before a DSP slot was free: it never ran."""
+
+
+class AdmissionRefused(NpuError, code=ErrorCode.ADMISSION_REFUSED):
+    """The realtime budget declared at connect would overcommit the DSP."""
 
 
 ERROR_CLASSES: Mapping[int, type[NpuError]] = MappingProxyType(_REGISTRY)

@@ -7,22 +7,37 @@ from npud, a selftest step that did not pass); 2 usage error.
 from __future__ import annotations
 
 import argparse
+import grp
+import os
+import pwd
+import stat
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Final
 
 import msgspec
 
+import npu_protocol
 from npu_client._blocking import Client, connect
 from npu_client._errors import ConnectFailed, NpuError
+from npu_client._metrics import render, render_down
 from npu_client._selftest import render_report, run_selftest
 from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV
 from npu_client._status_text import render_status
+from npu_client._version import __version__
 
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2  # argparse's own
 EXIT_INTERRUPTED: Final = 130
+
+NPUCTL_NAME: Final = "npuctl"
+"""The client name npuctl gives npud (its row in the status)."""
+
+CLIENT_GROUP: Final = "npu"
+"""The group whose members may connect to the system's npud (systemd/npud.socket)."""
 
 DEFAULT_TIMEOUT: Final = 30.0
 
@@ -51,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TIMEOUT,
         help=f"give up when npud does not answer within this long (default: {DEFAULT_TIMEOUT:g})",
     )
+    parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     status = commands.add_parser(
@@ -80,7 +96,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     selftest.add_argument("--json", action="store_true", help="print the report as JSON")
     selftest.set_defaults(run=_selftest)
+
+    metrics = commands.add_parser(
+        "metrics",
+        help="the status as Prometheus metrics (text exposition format)",
+        description=(
+            "Print npud's status as Prometheus metrics: daemon uptime, DSP restarts and session "
+            "epoch, totals, and per client (labelled pid, uid, name, priority) calls, buffers, "
+            "bytes, mappings and handles; npud_up is 1, or 0 when npud did not answer (exit "
+            "status 1). npuctl's own connection is left out of the per-client series."
+        ),
+        epilog=(
+            "for node_exporter's textfile collector, run it from a timer with --output "
+            "DIR/npud.prom (docs/deploy.md, Metrics)"
+        ),
+    )
+    metrics.add_argument(
+        "--output",
+        metavar="FILE",
+        type=Path,
+        help="write FILE instead of stdout, atomically (a temporary file renamed over it)",
+    )
+    metrics.set_defaults(run=_metrics, on_failure=_metrics_down)
     return parser
+
+
+def version_line() -> str:
+    """``npuctl X (npu-protocol Y, wire protocol N)``: X matches ``npud --version``."""
+    return (
+        f"npuctl {__version__} (npu-protocol {npu_protocol.__version__}, "
+        f"wire protocol {npu_protocol.PROTOCOL_VERSION})"
+    )
 
 
 def _socket_path(text: str) -> str:
@@ -117,15 +163,63 @@ def _selftest(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILURE
 
 
+def _metrics(client: Client, args: argparse.Namespace) -> int:
+    _write_metrics(render(client.status(), exclude=(os.getpid(), NPUCTL_NAME)), args.output)
+    return EXIT_OK
+
+
+def _metrics_down(args: argparse.Namespace) -> None:
+    """npud did not answer: say so in the metrics too, so a stale file does not linger."""
+    _write_metrics(render_down(), args.output)
+
+
+class OutputError(Exception):
+    """--output could not be written; the message says which file and why."""
+
+
+def _write_metrics(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    # The collector may read at any moment: never let it see half a file.
+    try:
+        with tempfile.NamedTemporaryFile(
+            "w", dir=output.parent, prefix=f".{output.name}.", delete=False, encoding="utf-8"
+        ) as tmp:
+            tmp.write(text)
+    except OSError as exc:
+        raise OutputError(f"cannot write {output}: {exc.strerror}") from None
+    try:
+        os.chmod(tmp.name, 0o644)
+        os.replace(tmp.name, output)
+    except OSError as exc:
+        os.unlink(tmp.name)
+        raise OutputError(f"cannot write {output}: {exc.strerror}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run npuctl with ``argv`` (default: the command line); returns the exit status."""
     args = build_parser().parse_args(argv)
     run: Command = args.run
     try:
-        with connect(args.socket, name="npuctl", timeout=args.timeout) as client:
+        code = _connect_and_run(run, args)
+        on_failure: Callable[[argparse.Namespace], None] | None = getattr(args, "on_failure", None)
+        if code == EXIT_FAILURE and on_failure is not None:
+            on_failure(args)
+    except OutputError as exc:
+        _error(str(exc))
+        return EXIT_FAILURE
+    return code
+
+
+def _connect_and_run(run: Command, args: argparse.Namespace) -> int:
+    try:
+        with connect(args.socket, name=NPUCTL_NAME, timeout=args.timeout) as client:
             return run(client, args)
     except ConnectFailed as exc:
         _error(str(exc))
+        if isinstance(exc.__cause__, PermissionError):
+            _error(f"hint: {permission_hint(exc.path)}")
     except NpuError as exc:
         _error(f"{exc.message} ({exc.name}, error {exc.code})")
     except TimeoutError:
@@ -133,6 +227,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return EXIT_FAILURE
+
+
+def permission_hint(path: str) -> str:
+    """What a person can do when the socket at ``path`` refused them (EACCES)."""
+    try:
+        st = os.stat(path)
+    except OSError:  # the directory refused us: /run/npud is npud:npu 0750 under systemd
+        owner = f"its directory {os.path.dirname(path) or '.'} is closed to you"
+        root_only = False
+    else:
+        owner = (
+            f"the socket is {_user_name(st.st_uid)}:{_group_name(st.st_gid)} "
+            f"{stat.S_IMODE(st.st_mode):04o}"
+        )
+        root_only = st.st_uid == 0 and st.st_gid == 0
+    system = (
+        f"to use the system's npud, join the {CLIENT_GROUP} group "
+        f"(sudo usermod -aG {CLIENT_GROUP} $USER, then log in again)"
+    )
+    own = (
+        "or run your own: `make run` as yourself (no sudo) picks a socket of your own and "
+        "prints it, `make run SOCKET=PATH` takes yours; then export NPUD_SOCKET=PATH"
+    )
+    if root_only:
+        return (
+            f"{owner}: a daemon started as root (`sudo make run`) serves root only; "
+            f"stop it and {own.removeprefix('or ')}; {system}"
+        )
+    return f"{owner}; {system}, {own}"
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def _error(message: str) -> None:

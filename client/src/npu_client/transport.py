@@ -20,6 +20,7 @@ import os
 import socket
 import struct
 import threading
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, Self
 
@@ -27,7 +28,17 @@ MAX_FDS_PER_MESSAGE: Final = 16
 """Ancillary space reserved per recvmsg; more fds than this is MSG_CTRUNC."""
 
 RECV_BUFFER: Final = 256 * 1024
+"""What :func:`recv_message` reads at most (a new bytes object each time)."""
+
+RECEIVE_BUFFER_SIZE: Final = 64 * 1024
+"""The one receive buffer each client connection keeps and reads into; a larger
+answer takes several reads."""
+
 ANCILLARY_SPACE: Final = socket.CMSG_SPACE(MAX_FDS_PER_MESSAGE * array.array("i").itemsize)
+
+# A plain int: socket.MSG_CTRUNC is an IntFlag, and ``flags & MSG_CTRUNC`` on it
+# runs the enum's Python code (its __rand__) on every read.
+_CTRUNC: Final = int(socket.MSG_CTRUNC)
 
 
 class TransportError(Exception):
@@ -78,8 +89,16 @@ class OwnedFd:
         self.close()
 
     def __del__(self) -> None:
-        # A leak is a bug, but closing late is better than never.
+        # A leak is a bug: say so (a ResourceWarning, as for an unclosed file or
+        # socket, so tests run with warnings as errors catch it), then close
+        # late rather than never.
         if getattr(self, "fd", -1) >= 0:
+            warnings.warn(
+                f"fd {self.fd} was never closed: closed by the garbage collector",
+                ResourceWarning,
+                stacklevel=2,
+                source=self,
+            )
             self.close()
 
     def __repr__(self) -> str:
@@ -111,7 +130,7 @@ def parse_ancillary(ancdata: list[tuple[int, int, bytes]], msg_flags: int) -> li
             received.extend(OwnedFd(fd) for fd in fds)
         else:
             unexpected = True
-    if msg_flags & socket.MSG_CTRUNC:
+    if msg_flags & _CTRUNC:
         close_all(received)
         raise TransportError("ancillary data truncated (MSG_CTRUNC): too many fds in one message")
     if unexpected:

@@ -5,83 +5,46 @@ import this module. Use ``async with npu_client.open_trio_client() as npu:``
 or ``npu = await npu_client.trio_client.connect()`` (then ``await
 npu.close()``).
 
-Like the blocking client it has no background task: whichever waiting task
-finds nobody reading reads for everyone. Tasks may call concurrently; each
-waits only for its own answer. Cancelling a call abandons its answer (the
-request itself has already gone to the daemon and runs to its end; an
+Like the blocking client it drives the shared core (``npu_client._core``)
+and runs the same request kinds (``npu_client._requests``), and it has no
+background task: whichever waiting task finds nobody reading reads for
+everyone, into one buffer the client keeps. Tasks may call concurrently;
+each waits only for its own answer. Cancelling a call abandons its answer
+(the request itself has already gone to the daemon and runs to its end; an
 abandoned alloc's fd is closed, its buffer lives until the connection ends).
 """
 
 from __future__ import annotations
 
-import array
 import contextlib
-import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Final, Self, TypeVar
+from typing import Self, TypeVar
 
 import trio
 
-from npu_client._args import (
-    InputArg,
-    OutputArg,
-    check_ping_payload,
-    check_size,
-    check_uri,
-    invoke_request,
-)
-from npu_client._core import (
-    ClientCore,
-    ClientStatistics,
-    DaemonView,
-    EventCallback,
-    HandleIdentity,
-    Pending,
-)
-from npu_client._errors import ConnectFailed, ConnectionClosed, DspRestarted, NpuError
-from npu_client._memory import MappedBuffer, restart_reason
+from npu_client import _requests as requests
+from npu_client._args import InvokeInput, InvokeOutput
+from npu_client._core import Call, ClientCore, ClientStatistics, EventCallback, deliver_events
+from npu_client._errors import ConnectFailed, NpuError
+from npu_client._memory import MappedBuffer
 from npu_client._settings import (
     client_name,
     connect_failure_message,
     priority_class,
     socket_path,
 )
+from npu_client._views import DaemonView, HandleIdentity
 from npu_client.transport import (
-    MAX_FDS_PER_MESSAGE,
-    RECV_BUFFER,
+    ANCILLARY_SPACE,
+    RECEIVE_BUFFER_SIZE,
     OwnedFd,
     TransportError,
     fds_ancillary,
     parse_ancillary,
 )
-from npu_protocol import (
-    AllocReply,
-    AllocRequest,
-    AnyRequest,
-    CloseReply,
-    CloseRequest,
-    DaemonStatus,
-    ErrorCode,
-    FreeReply,
-    FreeRequest,
-    InvokeReply,
-    MapReply,
-    MapRequest,
-    OpenReply,
-    OpenRequest,
-    PingRequest,
-    PongReply,
-    Priority,
-    Reply,
-    ServerEvent,
-    SessionRestarted,
-    StatusReply,
-    StatusRequest,
-    UnmapReply,
-    UnmapRequest,
-)
+from npu_protocol import DaemonStatus, ErrorCode, Priority
 
 __all__ = [
     "TrioClient",
@@ -91,10 +54,9 @@ __all__ = [
     "open_trio_client",
 ]
 
-_log: Final = logging.getLogger("npu_client")
-_ANCILLARY_SPACE: Final = socket.CMSG_SPACE(MAX_FDS_PER_MESSAGE * array.array("i").itemsize)
+T = TypeVar("T")
 
-R = TypeVar("R", bound=Reply)
+_CLOEXEC = int(socket.MSG_CMSG_CLOEXEC)  # an IntFlag member as a plain int
 
 
 async def connect(
@@ -108,7 +70,7 @@ async def connect(
     ``trio.move_on_after`` / ``fail_after`` for timeouts). Close with ``await
     client.close()``."""
     resolved = socket_path(path)
-    core = ClientCore(client_name(name), priority_class(priority))
+    core: ClientCore[TrioDmaBuffer] = ClientCore(client_name(name), priority_class(priority))
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         await sock.connect(resolved)
@@ -143,13 +105,13 @@ async def open_trio_client(
         client._close_now()
 
 
-class TrioClient(DaemonView):
+class TrioClient(DaemonView["TrioDmaBuffer"]):
     """A connection to npud for trio code; see ``npu_client.Client`` for the semantics."""
 
     def __init__(
         self,
         sock: trio.socket.SocketType,
-        core: ClientCore,
+        core: ClientCore[TrioDmaBuffer],
         *,
         path: str,
         on_event: EventCallback | None,
@@ -163,53 +125,37 @@ class TrioClient(DaemonView):
         self._reading = False
         self._progress = trio.Event()
         self._closed = False
-        self._buffers: dict[int, TrioDmaBuffer] = {}
+        self._receive_buffer = bytearray(RECEIVE_BUFFER_SIZE)  # the reader's, reused
+        self._received = memoryview(self._receive_buffer)
 
     # --- what the daemon said -----------------------------------------------------------
 
     @property
     def buffers(self) -> tuple[TrioDmaBuffer, ...]:
-        return tuple(self._buffers.values())
+        return self._core.buffers
 
     def statistics(self) -> ClientStatistics:
-        return self._core.statistics(
-            buffers=len(self._buffers), buffer_bytes=sum(b.size for b in self._buffers.values())
-        )
+        return self._core.statistics()
 
     # --- requests ---------------------------------------------------------------------------
 
     async def alloc(self, size: int) -> TrioDmaBuffer:
-        size = check_size(size)
-        reply, pending = await self._call(lambda rid: AllocRequest(id=rid, size=size), AllocReply)
-        fd = pending.take_fd()
+        allocation = await self._run(requests.alloc(size))
         try:
-            buffer = TrioDmaBuffer(self, reply.buffer, reply.size, fd, pending.epoch)
+            buffer = TrioDmaBuffer(self, *allocation)
         except (OSError, ValueError):
-            await self._free_quietly(reply.buffer)
+            await self._free_quietly(allocation.buffer)
             raise
-        if self._core.dead:  # closed here or by the daemon while this call finished
-            buffer._release_local()
-            self._core.check_alive()
-        if buffer.epoch < self._core.epoch:
-            buffer._release_local(restart_reason(self._core.epoch))
-            raise self._core.restarted_error()
-        self._buffers[buffer.id] = buffer
-        return buffer
+        return self._core.adopt(buffer)
 
     async def open(self, uri: str) -> TrioRemoteHandle:
-        uri = check_uri(uri)
-        epoch = self.epoch
-        reply, _ = await self._call(lambda rid: OpenRequest(id=rid, uri=uri), OpenReply)
-        return TrioRemoteHandle(self, reply.handle, uri, epoch)
+        return TrioRemoteHandle(self, *await self._run(requests.open_skel(self._core, uri)))
 
     async def status(self) -> DaemonStatus:
-        reply, _ = await self._call(lambda rid: StatusRequest(id=rid), StatusReply)
-        return reply.status
+        return await self._run(requests.status())
 
     async def ping(self, payload: bytes | bytearray | memoryview = b"") -> bytes:
-        data = check_ping_payload(payload)
-        reply, _ = await self._call(lambda rid: PingRequest(id=rid, payload=data), PongReply)
-        return reply.payload
+        return await self._run(requests.ping(payload))
 
     # --- closing -------------------------------------------------------------------------------
 
@@ -232,9 +178,7 @@ class TrioClient(DaemonView):
         self._notify()
         # A task blocked on the socket gets trio.ClosedResourceError (handled as closed).
         self._sock.close()
-        buffers, self._buffers = self._buffers, {}
-        for buffer in buffers.values():
-            buffer._release_local("gone: its client was closed")
+        self._core.release_buffers("gone: its client was closed")
 
     async def __aenter__(self) -> Self:
         return self
@@ -246,22 +190,37 @@ class TrioClient(DaemonView):
         state = "closed" if self._closed else f"epoch {self.epoch}"
         return f"<npu_client.trio_client.TrioClient {self._path} {state}>"
 
-    # --- internals: one request ---------------------------------------------------------------
+    # --- internals: one call ---------------------------------------------------------------------
 
-    async def _call(
-        self, build: Callable[[int], AnyRequest], expected: type[R]
-    ) -> tuple[R, Pending]:
+    async def _run(self, call: Call[T]) -> T:
+        """Send ``call``'s request, wait for its answer, and return what it becomes."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        await self._wait(lambda: self._core.dead or self._core.has_room())
-        # No checkpoint between the wait and begin(): the free slot is still free.
-        pending, data, fds = self._core.begin(build)
-        try:
-            await self._write(data, fds)
-            await self._wait(lambda: pending.done)
-        except BaseException:
-            self._core.abandon(pending)
-            raise
-        return pending.result(expected), pending
+        core = self._core
+        begun = core.begin(call)
+        while begun is None:  # every slot is taken: wait (reading) for one
+            await self._wait_until(core.can_begin)
+            # No checkpoint between the wait and begin(): the free slot is still free.
+            begun = core.begin(call)
+        pending, data, fds = begun
+        if data:  # empty when the connection is over: the Pending says why
+            try:
+                await self._write(data, fds)
+                await self._wait_until(lambda: pending.done)
+            except BaseException:
+                core.abandon(pending)
+                raise
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return call.finish(pending)
+
+    async def _free_quietly(self, buffer_id: int) -> None:
+        with contextlib.suppress(NpuError):
+            await self._run(requests.discard(buffer_id))
+
+    async def _handshake(self) -> None:
+        await self._write(self._core.hello(), ())
+        await self._wait_until(self._core.welcomed_or_dead)
+        self._core.check_alive()
 
     async def _write(self, data: bytes, fds: Sequence[int]) -> None:
         """Send one frame. Cancellable: a caller whose frame has not started
@@ -271,7 +230,10 @@ class TrioClient(DaemonView):
             view = memoryview(data)
             sent = 0
             try:
-                sent = await self._sock.sendmsg([view], fds_ancillary(fds))
+                if fds:
+                    sent = await self._sock.sendmsg([view], fds_ancillary(fds))
+                else:
+                    sent = await self._sock.send(view)
                 while sent < len(view):
                     sent += await self._sock.send(view[sent:])
             except trio.Cancelled:
@@ -287,57 +249,30 @@ class TrioClient(DaemonView):
                 # finds it, so requests fail with its reason, not a broken pipe.
                 pass
 
-    async def _free_quietly(self, buffer_id: int) -> None:
-        with contextlib.suppress(NpuError):
-            await self._call(lambda rid: FreeRequest(id=rid, buffer=buffer_id), FreeReply)
-
-    def _drop_buffers_before(self, epoch: int) -> None:
-        """The daemon released every buffer of earlier sessions: close ours."""
-        stale = [b for b in self._buffers.values() if b.epoch < epoch]
-        for buffer in stale:
-            del self._buffers[buffer.id]
-            buffer._release_local(restart_reason(epoch))
-
-    def _owns(self, buffer: MappedBuffer) -> bool:
-        return self._buffers.get(buffer.id) is buffer
-
-    def _forget_buffer(self, buffer: TrioDmaBuffer) -> None:
-        if self._buffers.get(buffer.id) is buffer:
-            del self._buffers[buffer.id]
-
     # --- internals: waiting and reading ------------------------------------------------------
 
-    async def _handshake(self) -> None:
-        await self._write(self._core.hello(), ())
-        await self._wait(lambda: self._core.dead or self._core.welcome is not None)
-        self._core.check_alive()
-
-    async def _wait(self, ready: Callable[[], bool]) -> None:
+    async def _wait_until(self, ready: Callable[[], bool]) -> None:
+        """Return once ``ready()``, reading for every task while nobody else reads;
+        server events read meanwhile are handed to ``on_event``."""
         while True:
-            satisfied = await self._read_until(ready)
-            self._apply(self._core.take_events())
-            if satisfied:
+            if self._core.events:
+                deliver_events(self._core.take_events(), self._on_event)
+            elif ready():
                 return
-
-    async def _read_until(self, ready: Callable[[], bool]) -> bool:
-        while not ready():
-            if self._core.has_events():
-                return False
-            if self._reading:
+            elif self._reading:
                 await self._progress.wait()
-                continue
-            self._reading = True
-            try:
-                await self._read_once()
-            finally:
-                self._reading = False
-                self._notify()
-        return True
+            else:
+                self._reading = True
+                try:
+                    await self._read_once()
+                finally:
+                    self._reading = False
+                    self._notify()
 
     async def _read_once(self) -> None:
         try:
-            data, ancdata, flags, _ = await self._sock.recvmsg(
-                RECV_BUFFER, _ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC
+            size, ancdata, flags, _ = await self._sock.recvmsg_into(
+                [self._receive_buffer], ANCILLARY_SPACE, _CLOEXEC
             )
             fds = parse_ancillary(ancdata, flags)
         except TransportError as exc:
@@ -345,24 +280,12 @@ class TrioClient(DaemonView):
         except (OSError, trio.ClosedResourceError) as exc:
             self._core.die(ErrorCode.CONNECTION_CLOSED, f"reading failed: {_reason(exc)}")
         else:
-            self._core.receive(data, fds)
+            self._core.receive(self._received[:size].tobytes(), fds)
 
     def _notify(self) -> None:
         """Wake every waiting task to look at its request again."""
         self._progress.set()
         self._progress = trio.Event()
-
-    def _apply(self, events: list[ServerEvent]) -> None:
-        """Act on server events, then tell ``on_event``."""
-        for event in events:
-            if isinstance(event, SessionRestarted):
-                self._drop_buffers_before(event.epoch)
-            if self._on_event is None:
-                continue
-            try:
-                self._on_event(event)
-            except Exception:
-                _log.exception("npu_client: the on_event callback failed for %r", event)
 
 
 def _reason(exc: BaseException) -> str:
@@ -387,28 +310,19 @@ class TrioDmaBuffer(MappedBuffer):
         if address is not None:
             await trio.lowlevel.checkpoint()
             return address
-        self._memory()
-        reply, _ = await self._client._call(
-            lambda rid: MapRequest(id=rid, buffer=self.id), MapReply
-        )
-        self._remember_mapping(reply.dsp_address)
-        return reply.dsp_address
+        return await self._client._run(requests.map_buffer(self))
 
     async def unmap(self) -> None:
         if self.dsp_address is None:
             await trio.lowlevel.checkpoint()
             return
-        await self._client._call(lambda rid: UnmapRequest(id=rid, buffer=self.id), UnmapReply)
-        self._forget_mapping()
+        await self._client._run(requests.unmap_buffer(self))
 
     async def free(self) -> None:
         if self.freed:
             await trio.lowlevel.checkpoint()
             return
-        with contextlib.suppress(ConnectionClosed):
-            await self._client._call(lambda rid: FreeRequest(id=rid, buffer=self.id), FreeReply)
-        self._client._forget_buffer(self)
-        self._release_local()
+        await self._client._run(requests.free(self._client._core, self))
 
     async def __aenter__(self) -> Self:
         return self
@@ -427,34 +341,22 @@ class TrioRemoteHandle(HandleIdentity):
     async def invoke(
         self,
         method: int | None,
-        inputs: Sequence[InputArg] = (),
-        outputs: Sequence[OutputArg] = (),
+        inputs: Sequence[InvokeInput] = (),
+        outputs: Sequence[InvokeOutput] = (),
         *,
         sc: int | None = None,
         timeout: float | None = None,
     ) -> list[bytes | None]:
-        if self._closed:
-            raise ValueError(f"remote handle {self._id} is closed")
-        build = invoke_request(
-            handle=self._id,
-            method=method,
-            sc=sc,
-            inputs=inputs,
-            outputs=outputs,
-            timeout=timeout,
-            limits=self._client.limits,
-            owns=self._client._owns,
+        client = self._client
+        return await client._run(
+            requests.invoke(client._core, self, method, inputs, outputs, sc, timeout)
         )
-        reply, _ = await self._client._call(build, InvokeReply)
-        return list(reply.outputs)
 
     async def close(self) -> None:
         if self._closed:
             await trio.lowlevel.checkpoint()
             return
-        with contextlib.suppress(ConnectionClosed, DspRestarted):
-            await self._client._call(lambda rid: CloseRequest(id=rid, handle=self._id), CloseReply)
-        self._closed = True
+        await self._client._run(requests.close_skel(self))
 
     async def __aenter__(self) -> Self:
         return self

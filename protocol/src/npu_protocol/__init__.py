@@ -58,15 +58,20 @@ from npu_protocol._messages import (
     tag_of,
 )
 from npu_protocol._records import (
+    Budget,
     ClientLimits,
     ClientRow,
     DaemonStatus,
     DspCapabilities,
+    LaneRow,
     Priority,
+    SchedulerRow,
+    SessionRow,
     ShellStatus,
     Totals,
 )
 from npu_protocol._server import ServerConnection, choose_protocol_version
+from npu_protocol._version import __version__ as __version__
 from npu_protocol._wire import (
     DEFAULT_MAX_FRAME_SIZE,
     FRAME_HEADER_SIZE,
@@ -77,13 +82,15 @@ from npu_protocol._wire import (
     MAX_FDS_PER_FRAME,
     MAX_FRAME_SIZE_CEILING,
     MAX_METHOD,
+    MAX_PING_PAYLOAD,
     MAX_STATUS_CLIENTS,
     MAX_TIMEOUT_MS,
+    MAX_URI_LENGTH,
     MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
 )
 from npu_protocol.aee import AEE, DSP_AEE_EOFFSET, aee_name, describe_result
-from npu_protocol.errors import MAX_DMA_SIZE, ErrorCode, format_message
+from npu_protocol.errors import MAX_DMA_SIZE, CodedError, ErrorCode, format_message
 
 __all__ = [
     "AEE",
@@ -98,8 +105,10 @@ __all__ = [
     "MAX_FDS_PER_FRAME",
     "MAX_FRAME_SIZE_CEILING",
     "MAX_METHOD",
+    "MAX_PING_PAYLOAD",
     "MAX_STATUS_CLIENTS",
     "MAX_TIMEOUT_MS",
+    "MAX_URI_LENGTH",
     "MIN_PROTOCOL_VERSION",
     "NEED_DATA",
     "PROTOCOL_VERSION",
@@ -108,6 +117,7 @@ __all__ = [
     "AllocRequest",
     "AnyReply",
     "AnyRequest",
+    "Budget",
     "BufferSlice",
     "ClientConnection",
     "ClientLimits",
@@ -115,6 +125,7 @@ __all__ = [
     "ClientRow",
     "CloseReply",
     "CloseRequest",
+    "CodedError",
     "Connection",
     "ConnectionClosed",
     "ConnectionState",
@@ -131,6 +142,7 @@ __all__ = [
     "InputArg",
     "InvokeReply",
     "InvokeRequest",
+    "LaneRow",
     "LocalProtocolError",
     "MapReply",
     "MapRequest",
@@ -146,10 +158,12 @@ __all__ = [
     "RemoteProtocolError",
     "Reply",
     "Request",
+    "SchedulerRow",
     "ServerConnection",
     "ServerEvent",
     "ServerMessage",
     "SessionRestarted",
+    "SessionRow",
     "ShellStatus",
     "ShuttingDown",
     "StatusReply",

@@ -6,7 +6,6 @@ import typing
 from typing import Final
 
 from npu_protocol._connection import (
-    CLIENT_DECODER,
     SERVER_DECODER,
     Connection,
     Expectation,
@@ -34,8 +33,10 @@ _REQUEST_ID_SPACE: Final = 1 << 32
 class ClientConnection(Connection[ServerMessage, ClientMessage]):
     """Sans-IO client: ``send(Hello(...))`` first, then requests once the Welcome is in."""
 
+    _role = "client"
+
     def __init__(self) -> None:
-        super().__init__(SERVER_DECODER, CLIENT_DECODER, _CLIENT_TYPES)
+        super().__init__(SERVER_DECODER, _CLIENT_TYPES)
         self._hello: Hello | None = None
         self._welcome: Welcome | None = None
         self._next_id = 0

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Final, Generic, Literal, TypeVar
+from typing import ClassVar, Final, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -28,6 +27,7 @@ from npu_protocol._exceptions import LocalProtocolError, RemoteProtocolError
 from npu_protocol._framing import Frame, FrameReader, encode_frame_header
 from npu_protocol._messages import (
     REPLY_TYPES,
+    BufferSlice,
     ClientMessage,
     InlineOutput,
     InvokeReply,
@@ -39,6 +39,7 @@ from npu_protocol._messages import (
     tag_of,
 )
 from npu_protocol._records import ClientLimits
+from npu_protocol._unique_keys import repeated_key
 from npu_protocol._wire import FRAME_HEADER_SIZE, HANDSHAKE_MAX_FRAME_SIZE
 from npu_protocol.errors import ErrorCode
 
@@ -46,27 +47,36 @@ InT = TypeVar("InT", bound=Message)
 OutT = TypeVar("OutT", bound=Message)
 
 
-@dataclass(frozen=True, slots=True)
 class Expectation:
-    """What may answer one request in flight (an ErrorMessage always may)."""
+    """What may answer one request in flight (an ErrorMessage always may).
 
-    request: type[Request]
-    reply: type[Reply]
-    output_capacities: tuple[int | None, ...] = ()
-    """Invoke only: the capacity of each inline output, None for a buffer slice."""
+    Made for every request sent or received, so it only keeps references
+    (the request's type and, for an invoke, its outputs) and works out the
+    rest when a reply comes.
+    """
+
+    __slots__ = ("_outputs", "request")
+
+    def __init__(
+        self, request: type[Request], outputs: tuple[InlineOutput | BufferSlice, ...] = ()
+    ) -> None:
+        self.request = request
+        self._outputs = outputs
+        """Invoke only: the requested outputs, an inline capacity or a buffer slice each."""
 
     @classmethod
     def of(cls, request: Request) -> Expectation:
-        capacities: tuple[int | None, ...] = ()
         if isinstance(request, InvokeRequest):
-            capacities = tuple(
-                arg.capacity if isinstance(arg, InlineOutput) else None for arg in request.outputs
-            )
-        return cls(type(request), REPLY_TYPES[type(request)], capacities)
+            return cls(InvokeRequest, request.outputs)
+        return cls(type(request))
+
+    @property
+    def reply(self) -> type[Reply]:
+        return REPLY_TYPES[self.request]
 
     def problem_with(self, reply: Reply) -> str | None:
         """Why ``reply`` cannot answer this request, or None if it can."""
-        if type(reply) is not self.reply:
+        if type(reply) is not REPLY_TYPES[self.request]:
             request, expected = tag_of(self.request), tag_of(self.reply)
             return f"request {reply.id} is a {request}, whose reply is {expected}"
         if isinstance(reply, InvokeReply):
@@ -74,33 +84,40 @@ class Expectation:
         return None
 
     def _outputs_problem(self, outputs: tuple[bytes | None, ...]) -> str | None:
-        if len(outputs) != len(self.output_capacities):
-            return f"{len(outputs)} outputs for {len(self.output_capacities)} requested"
-        for index, (data, capacity) in enumerate(zip(outputs, self.output_capacities, strict=True)):
-            if capacity is None and data is not None:
-                return f"output {index} is a buffer slice but bytes came back"
-            if capacity is not None and (data is None or len(data) > capacity):
+        if len(outputs) != len(self._outputs):
+            return f"{len(outputs)} outputs for {len(self._outputs)} requested"
+        for index, (data, arg) in enumerate(zip(outputs, self._outputs, strict=True)):
+            if not isinstance(arg, InlineOutput):
+                if data is not None:
+                    return f"output {index} is a buffer slice but bytes came back"
+            elif data is None or len(data) > arg.capacity:
                 got = "nothing" if data is None else f"{len(data)} bytes"
-                return f"output {index} has capacity {capacity}, {got} came back"
+                return f"output {index} has capacity {arg.capacity}, {got} came back"
         return None
 
 
 class Connection(abc.ABC, Generic[InT, OutT]):
     """The sans-IO core of one end of an npud connection."""
 
+    _role: ClassVar[str]
+    """``"client"`` or ``"server"``: who this side is."""
+    _reject_repeated_keys: ClassVar[bool] = False
+    """Check every received payload for a map key given twice (section 4)."""
+
     def __init__(
         self,
         incoming: msgspec.msgpack.Decoder[InT],
-        outgoing: msgspec.msgpack.Decoder[OutT],
         outgoing_types: tuple[type[Message], ...],
     ) -> None:
         self._incoming = incoming
-        self._outgoing = outgoing  # validates what we send, so bad messages fail here
         self._outgoing_types = outgoing_types
+        # Exact types: a subclass of a message would travel under its parent's tag.
+        self._sendable = frozenset(outgoing_types)
         self._encoder = msgspec.msgpack.Encoder()
         self._reader = FrameReader(max_payload=HANDSHAKE_MAX_FRAME_SIZE)
         self._send_limit = HANDSHAKE_MAX_FRAME_SIZE
         self._state = ConnectionState.START
+        self._peer_finished = False  # the peer's stream ended (it may still read: half-close)
         self._error: RemoteProtocolError | None = None
         self._orphaned_fds: list[int] = []  # fds of frames that failed to become events
         self._in_flight: dict[int, Expectation] = {}
@@ -165,6 +182,7 @@ class Connection(abc.ABC, Generic[InT, OutT]):
             if frame is None:
                 if self._reader.at_eof:
                     self._state = ConnectionState.CLOSED
+                    self._peer_finished = True
                     return ConnectionClosed()
                 return NEED_DATA
             return self._receive_frame(frame)
@@ -178,21 +196,27 @@ class Connection(abc.ABC, Generic[InT, OutT]):
 
         The fds are read from the message's fd fields and stay the caller's.
         Raises LocalProtocolError, with nothing sent and nothing changed, if
-        the message is invalid or not allowed now.
+        the message may not be sent now (the state machine, the answer it
+        claims to be), is over the frame limit, carries an fd field that is
+        not an fd, or cannot be encoded.
+
+        What the message types say (field types, bounds) is not checked again
+        here: the payload is encoded once and never decoded on this side. A
+        value built outside its bounds reaches the peer, whose decoder refuses
+        it (BAD_MESSAGE); build messages from checked values.
         """
-        if not isinstance(message, self._outgoing_types):
+        if type(message) not in self._sendable:
             raise TypeError(f"{type(self).__name__} cannot send {type(message).__name__}")
         self._check_send(message)
-        wire, fds = _detach_fds(message)
+        if message.fd_fields:
+            wire, fds = _detach_fds(message)
+        else:
+            wire, fds = message, []
         payload = self._encode(wire)
         if len(payload) > self._send_limit:
             raise LocalProtocolError(
                 ErrorCode.FRAME_TOO_LARGE, size=len(payload), limit=self._send_limit
             )
-        try:
-            self._outgoing.decode(payload)
-        except msgspec.DecodeError as exc:
-            raise LocalProtocolError(ErrorCode.BAD_MESSAGE, detail=str(exc)) from exc
         self._after_send(message)
         self._frames_sent += 1
         self._bytes_sent += FRAME_HEADER_SIZE + len(payload)
@@ -266,14 +290,49 @@ class Connection(abc.ABC, Generic[InT, OutT]):
 
     def _decode(self, payload: bytes) -> InT:
         try:
-            return self._incoming.decode(payload)
+            message = self._incoming.decode(payload)
         except msgspec.DecodeError as exc:  # ValidationError included
+            tag = _misdirected_tag(payload, self._outgoing_types)
+            if tag is not None:
+                # A message we know, in the wrong direction: the state machine's
+                # code, as for a known message in the wrong state.
+                raise RemoteProtocolError(
+                    ErrorCode.UNEXPECTED_MESSAGE,
+                    message=tag,
+                    reason=f"only the {self._role} sends it",
+                ) from exc
             raise RemoteProtocolError(ErrorCode.BAD_MESSAGE, detail=_peer_text(str(exc))) from exc
         except RecursionError as exc:  # msgspec's answer to deeply nested (even ignored) values
             raise RemoteProtocolError(ErrorCode.BAD_MESSAGE, detail="nested too deeply") from exc
+        if self._reject_repeated_keys:
+            key = repeated_key(payload)
+            if key is not None:
+                raise RemoteProtocolError(
+                    ErrorCode.BAD_MESSAGE,
+                    detail=_peer_text(f"map key {key!r} appears twice in one map"),
+                )
+        return message
 
 
 M = TypeVar("M", bound=Message)
+
+
+class _TagOnly(msgspec.Struct):
+    type: str = ""
+
+
+_TAG_DECODER: Final = msgspec.msgpack.Decoder(_TagOnly)
+
+
+def _misdirected_tag(payload: bytes, outgoing: tuple[type[Message], ...]) -> str | None:
+    """The ``type`` of a payload that failed to decode, if it names a message that
+    travels the other way (one this side sends)."""
+    try:
+        tag = _TAG_DECODER.decode(payload).type
+    except msgspec.DecodeError:
+        return None
+    return tag if any(tag_of(cls) == tag for cls in outgoing) else None
+
 
 _PEER_TEXT_LIMIT: Final = 200
 

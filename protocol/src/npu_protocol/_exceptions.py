@@ -7,25 +7,11 @@ daemon can turn a RemoteProtocolError into ``ErrorMessage.for_code(exc.code,
 
 from __future__ import annotations
 
-from typing import Any
-
-from npu_protocol.errors import ErrorCode, format_message
+from npu_protocol.errors import CodedError
 
 
-class ProtocolError(Exception):
+class ProtocolError(CodedError):
     """A violation of the npud wire protocol."""
-
-    code: ErrorCode
-    fields: dict[str, Any]
-
-    def __init__(self, code: ErrorCode, /, **fields: Any) -> None:
-        self.code = code
-        self.fields = fields
-        super().__init__(format_message(code, **fields))
-
-    @property
-    def message(self) -> str:
-        return str(self)
 
 
 class LocalProtocolError(ProtocolError):

@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Final, TypeAlias
 
 import msgspec
 
-from npu_protocol._records import ClientLimits, DaemonStatus, DspCapabilities, Priority
+from npu_protocol._records import Budget, ClientLimits, DaemonStatus, DspCapabilities, Priority
 from npu_protocol._scalars import make_scalars, split_scalars
 from npu_protocol._wire import (
     MAX_ARGS,
@@ -60,6 +60,8 @@ class Hello(Message, tag="hello", frozen=True, kw_only=True):
     client_name: ClientName
     priority: Priority = Priority.NORMAL
     """The class the client asks for."""
+    budget: Budget | None = None
+    """Version 2: a realtime client's declared period and budget (admission control)."""
 
 
 class Welcome(Message, tag="welcome", frozen=True, kw_only=True):
@@ -212,6 +214,9 @@ class InvokeRequest(Request, tag="invoke", frozen=True, kw_only=True):
     outputs: Annotated[tuple[OutputArg, ...], msgspec.Meta(max_length=MAX_ARGS)] = ()
     timeout_ms: TimeoutMs | None = None
     """None: the connection's default_timeout_ms applies."""
+    deadline_ms: TimeoutMs | None = None
+    """Version 2: the call must be dispatched within this many ms of its arrival, or it
+    fails with DEADLINE_EXCEEDED; finishing later counts as a miss. None: no deadline."""
 
     def __post_init__(self) -> None:
         if (self.method is None) == (self.sc is None):

@@ -132,6 +132,86 @@ class ClientRow(_Record, frozen=True, kw_only=True):
     handles: U32 = 0
     calls_in_flight: U32 = 0
     calls_done: U63 = 0
+    dsp_us: U63 = 0
+    """DSP time this client's calls used (wall time from dispatch to return), µs."""
+    queued: U32 = 0
+    """Calls waiting for a DSP slot."""
+    running: U32 = 0
+    """Calls on the DSP now."""
+    wait_p50_us: U63 = 0
+    wait_p99_us: U63 = 0
+    """Recent queue waits (arrival to dispatch), median and 99th percentile, µs."""
+    misses: U63 = 0
+    """Calls that finished after their deadline."""
+    late: U63 = 0
+    """Calls refused because their deadline passed before dispatch."""
+    overruns: U63 = 0
+    """Periods in which a budgeted realtime client used more than its budget."""
+    budget_period_us: U63 = 0
+    budget_us: U63 = 0
+    """The declared realtime budget (0: none)."""
+
+
+class SchedulerRow(_Record, frozen=True, kw_only=True):
+    """The scheduler: what waits, what runs, how busy the DSP is."""
+
+    mode: Name = "fair"
+    """``fair`` (classes, deadlines, fair share) or ``fifo`` (arrival order)."""
+    dsp_slots: U32 = 0
+    queued_realtime: U32 = 0
+    queued_normal: U32 = 0
+    queued_background: U32 = 0
+    running_realtime: U32 = 0
+    running_normal: U32 = 0
+    running_background: U32 = 0
+    utilisation_pct: U32 = 0
+    """Recent average of busy slots, percent of ``dsp_slots``."""
+    realtime_declared_pct: U32 = 0
+    """Admitted realtime budgets, percent of the DSP."""
+    dispatched: U63 = 0
+    late: U63 = 0
+
+
+class Budget(_Record, frozen=True, kw_only=True):
+    """A realtime client's declaration in its Hello: at most ``budget_us`` of DSP time
+    every ``period_us``."""
+
+    period_us: Annotated[int, msgspec.Meta(ge=100, le=10_000_000)]
+    budget_us: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)]
+
+    def __post_init__(self) -> None:
+        if self.budget_us > self.period_us:
+            raise ValueError(
+                f"budget_us {self.budget_us} is more than its period_us {self.period_us}"
+            )
+
+
+class SessionRow(_Record, frozen=True, kw_only=True):
+    """The FastRPC session as the daemon sees it (for people and monitoring)."""
+
+    state: Name
+    """``up``, ``dead`` (a restart was seen, recovery is starting) or ``restarting``."""
+    buffers: U32 = 0
+    """DMA-BUFs the session holds (the clients' and its own)."""
+    remote_handles: U32 = 0
+    invokes_in_flight: U32 = 0
+    invokes_done: U63 = 0
+    """Invokes issued since this session opened (remotectl and listener calls included)."""
+    listener_running: bool = False
+    """The reverse-RPC listener serves the DSP (without it no skel can load)."""
+    listener_requests: U63 = 0
+    listener_stopped_because: Text = ""
+    """Why the listener ended, once it has; empty while it runs."""
+
+
+class LaneRow(_Record, frozen=True, kw_only=True):
+    """One pool of the daemon's worker threads."""
+
+    name: Name
+    threads: U32 = 0
+    queued: U32 = 0
+    running: U32 = 0
+    completed: U63 = 0
 
 
 class DaemonStatus(_Record, frozen=True, kw_only=True):
@@ -150,3 +230,7 @@ class DaemonStatus(_Record, frozen=True, kw_only=True):
     restarts: U32 = 0
     totals: Totals = msgspec.field(default_factory=Totals)
     clients: Annotated[tuple[ClientRow, ...], msgspec.Meta(max_length=MAX_STATUS_CLIENTS)] = ()
+    session: SessionRow | None = None
+    """None while no session has been opened yet."""
+    lanes: Annotated[tuple[LaneRow, ...], msgspec.Meta(max_length=16)] = ()
+    scheduler: SchedulerRow | None = None

@@ -7,7 +7,6 @@ from typing import Final
 
 from npu_protocol._connection import (
     CLIENT_DECODER,
-    SERVER_DECODER,
     Connection,
     Expectation,
     refused,
@@ -39,10 +38,17 @@ def choose_protocol_version(offered: int) -> int | None:
 
 class ServerConnection(Connection[ClientMessage, ServerMessage]):
     """Sans-IO server: receive a Hello, send a Welcome (or an ErrorMessage
-    without id), then answer each request once, in any order."""
+    without id), then answer each request once, in any order.
+
+    Received payloads are checked for repeated map keys (fatal BAD_MESSAGE):
+    the daemon must see exactly what a client meant.
+    """
+
+    _role = "server"
+    _reject_repeated_keys = True
 
     def __init__(self) -> None:
-        super().__init__(CLIENT_DECODER, SERVER_DECODER, _SERVER_TYPES)
+        super().__init__(CLIENT_DECODER, _SERVER_TYPES)
         self._hello: Hello | None = None
 
     @property
@@ -58,6 +64,15 @@ class ServerConnection(Connection[ClientMessage, ServerMessage]):
             # point until the connection is closed, even after a peer error.
             if self._state is ConnectionState.CLOSED:
                 raise LocalProtocolError(ErrorCode.CONNECTION_CLOSED)
+            return
+        if (
+            self._state is ConnectionState.CLOSED
+            and self._peer_finished
+            and isinstance(message, ErrorMessage | Reply)
+        ):
+            # The client ended its stream after its last request (a half-close):
+            # the requests in flight still get their answers.
+            self._check_answer(message)
             return
         self._refuse_when_closed()
         if isinstance(message, Welcome):

@@ -15,8 +15,8 @@ from npu_protocol.errors import MAX_DMA_SIZE
 
 # --- versions ----------------------------------------------------------------
 
-PROTOCOL_VERSION: Final = 1
-"""The newest protocol version this package speaks."""
+PROTOCOL_VERSION: Final = 2
+"""The newest protocol version this package speaks (PROTOCOL.md section 12)."""
 
 MIN_PROTOCOL_VERSION: Final = 1
 """The oldest protocol version this package still speaks."""

@@ -21,6 +21,7 @@ MAX_DMA_SIZE: Final = 256 * 1024 * 1024
 """Largest DMA-BUF the daemon allocates (the crate's "256 MB" ceiling)."""
 
 
+@enum.unique
 class ErrorCode(enum.IntEnum):
     """Stable numbers. 1xx FastRPC/DSP, 2xx memory, 3xx models, 4xx session,
     5xx wire protocol, 6xx admission and service."""
@@ -73,13 +74,15 @@ class ErrorCode(enum.IntEnum):
     TIMEOUT = 602
     SHUTTING_DOWN = 603
     INTERNAL_ERROR = 604
+    DEADLINE_EXCEEDED = 605
+    ADMISSION_REFUSED = 606
 
 
 # Templates use str.format fields; fields named ``rc`` or ``code`` are DSP
 # result codes and are rendered by describe_result().
 _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.FASTRPC: "FastRPC call failed with DSP result {rc}",
-    ErrorCode.OPEN_FAILED: "cannot open remote module {uri!r}: {code}: {detail}",
+    ErrorCode.OPEN_FAILED: "cannot open remote module {uri}: {code}: {detail}",
     ErrorCode.INVOKE_FAILED: "remote invoke failed with DSP result {code}",
     ErrorCode.MMAP_FAILED: "mapping buffer into the DSP failed: {code}",
     ErrorCode.DSP_RESTARTED: (
@@ -92,16 +95,16 @@ _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.UNSUPPORTED: "not supported: {what}",
     ErrorCode.DEVICE_NOT_FOUND: "no FastRPC device node: tried {tried}",
     ErrorCode.DEVICE_ERROR: "{operation} failed on the FastRPC device: {reason}",
-    ErrorCode.UNKNOWN_HANDLE: "unknown remote handle {handle}",
+    ErrorCode.UNKNOWN_HANDLE: "unknown handle id {handle}",
     ErrorCode.SESSION_CLOSED: "the FastRPC session is closed",
     ErrorCode.DMA_BUF_ALLOC: "DMA-BUF allocation failed: {msg}",
     ErrorCode.DMA_SIZE_OVERFLOW: "DMA buffer size {size} overflows when rounded up to a page",
     ErrorCode.DMA_EXCEEDS_MAX_SIZE: "DMA buffer size {size} exceeds the maximum of 256 MB",
     ErrorCode.INVALID_FD: "invalid file descriptor {fd}",
     ErrorCode.SLICE_OUT_OF_RANGE: (
-        "slice offset {offset} length {length} is outside buffer {buffer} of {size} bytes"
+        "slice offset {offset} length {length} is outside buffer id {buffer} of {size} bytes"
     ),
-    ErrorCode.UNKNOWN_BUFFER: "unknown buffer {buffer}",
+    ErrorCode.UNKNOWN_BUFFER: "unknown buffer id {buffer}",
     ErrorCode.INVALID_ARGUMENT: "invalid argument: {detail}",
     ErrorCode.QNN: "QNN error: {msg}",
     ErrorCode.MODEL_NOT_LOADED: "no model is loaded",
@@ -139,6 +142,10 @@ _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.TIMEOUT: "{operation} did not finish within {timeout_ms} ms",
     ErrorCode.SHUTTING_DOWN: "npud is shutting down",
     ErrorCode.INTERNAL_ERROR: "internal error in npud ({detail}); see the daemon's log",
+    ErrorCode.DEADLINE_EXCEEDED: (
+        "{operation} was not dispatched within its deadline of {deadline_ms} ms"
+    ),
+    ErrorCode.ADMISSION_REFUSED: "realtime budget refused: {detail}",
 }
 
 _RESULT_FIELDS: Final = frozenset({"rc", "code"})
@@ -163,3 +170,26 @@ def format_message(code: ErrorCode, /, **fields: Any) -> str:
         for name, value in fields.items()
     }
     return _TEMPLATES[code].format(**shown)
+
+
+class CodedError(Exception):
+    """Base of every failure that carries a stable code: ``code`` and the
+    template's ``fields``; ``str()`` is the rendered, stable message.
+
+    The protocol's errors, the FastRPC session's and the daemon's all have this
+    one shape, so the daemon turns any of them into an ``ErrorMessage`` in one
+    place (``ErrorMessage.for_code(exc.code, **exc.fields)``), without copying
+    one kind into another.
+    """
+
+    code: ErrorCode
+    fields: dict[str, Any]
+
+    def __init__(self, code: ErrorCode, /, **fields: Any) -> None:
+        self.code = code
+        self.fields = fields
+        super().__init__(format_message(code, **fields))
+
+    @property
+    def message(self) -> str:
+        return str(self)

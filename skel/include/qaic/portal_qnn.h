@@ -5,7 +5,8 @@
  *
  * IDL `unsigned long` is C `unsigned int`, `in string` is `const char *`,
  * `in sequence<octet> x` is `const unsigned char *x, int xLen`, and
- * `rout sequence<octet> x` is `unsigned char *x, int xLen` (xLen = capacity).
+ * `rout sequence<octet> x` is `unsigned char *x, int xLen` (xLen = capacity),
+ * `rout sequence<S> x` of a struct S is `S *x, int xLen` (xLen = records).
  * skel/portal_qnn_imp.c compiles unchanged against either header.
  */
 #ifndef NPUD_SKEL_QAIC_PORTAL_QNN_H
@@ -17,6 +18,16 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* struct portal_qnn_tensor_spec of the IDL: only `unsigned long` and `char` members, no padding. */
+typedef struct portal_qnn_tensor_spec portal_qnn_tensor_spec;
+struct portal_qnn_tensor_spec {
+    unsigned int data_type;
+    unsigned int rank;
+    unsigned int dims[8];
+    unsigned int bytes;
+    char name[128];
+};
 
 int portal_qnn_open(const char *uri, remote_handle64 *h);
 int portal_qnn_close(remote_handle64 h);
@@ -35,6 +46,11 @@ int portal_qnn_get_output(remote_handle64 _h, unsigned int model_index, unsigned
                           unsigned int *data_len);
 /* method 6 */
 int portal_qnn_model_unload(remote_handle64 _h, unsigned int model_index);
+/* method 7; inputsLen / outputsLen count records */
+int portal_qnn_graph_info(remote_handle64 _h, unsigned int model_index, unsigned int graph_index,
+                          portal_qnn_tensor_spec *inputs, int inputsLen,
+                          portal_qnn_tensor_spec *outputs, int outputsLen,
+                          unsigned int *num_inputs, unsigned int *num_outputs);
 
 #ifndef portal_qnn_URI
 #define portal_qnn_URI "file:///libportal_qnn_skel.so?portal_qnn_skel_handle_invoke&_modver=1.0"

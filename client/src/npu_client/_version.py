@@ -1,0 +1,1 @@
+../../../protocol/src/npu_protocol/_version.py

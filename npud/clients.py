@@ -1,0 +1,375 @@
+"""Per-client state: identity, the table of what a connection owns, and quotas.
+
+Every object a client creates (a buffer, a skel handle) gets an id from one
+space per connection: ids start at 1 and are never reused, so an id names one
+object for the connection's whole life, and another connection's ids mean
+nothing here.
+
+Arrival order. The :class:`ObjectTable` is consulted when a request *arrives*,
+in the order the requests arrived, not when it runs. So a pipelined client can
+rely on order:
+
+* a creating request (alloc, open) reserves its id at arrival; a later request
+  naming that id waits until the object exists (or fails with "unknown" if the
+  creation failed);
+* a request that uses an object (an invoke naming a buffer or a handle, a map)
+  holds it from arrival until it ends;
+* a destroying request (free, close) marks the object at arrival, so later
+  requests naming it are refused as unknown, and takes effect only when every
+  earlier request holding it has ended: its reply comes after theirs.
+
+The table is shared by the trio thread and the threads that run DSP calls, so
+it is guarded by a lock; waiting for an object is done with a :class:`Gate`,
+which trio tasks and threads can both wait on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+import npu_protocol as p
+from npu_protocol import CodedError, ErrorCode
+from npud.config import Config
+from npud.scheduler import Account
+
+
+class Gate:
+    """Opens once; trio tasks and threads may wait for it to open."""
+
+    __slots__ = ("_callbacks", "_lock", "_open")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    def open(self) -> None:
+        with self._lock:
+            if self._open:
+                return
+            self._open = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def _when_open(self, callback: Callable[[], None]) -> bool:
+        """Run ``callback`` when the gate opens; False (and no call) if it already is."""
+        with self._lock:
+            if self._open:
+                return False
+            self._callbacks.append(callback)
+            return True
+
+    def when_open(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the gate is open: now if it is, else on the opening thread."""
+        if not self._when_open(callback):
+            callback()
+
+    async def wait(self) -> None:
+        """Wait from trio (cancellable)."""
+        if self._open:
+            return
+        token = trio.lowlevel.current_trio_token()
+        opened = trio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(opened.set)
+
+        if self._when_open(wake):
+            await opened.wait()
+
+    def wait_blocking(self, timeout: float | None = None) -> bool:
+        """Wait from a thread; True once open."""
+        if self._open:
+            return True
+        opened = threading.Event()
+        if not self._when_open(opened.set):
+            return True
+        return opened.wait(timeout)
+
+
+class Kind(enum.Enum):
+    """What an id names; the error for an id of the wrong kind names the kind asked for."""
+
+    BUFFER = "buffer"
+    HANDLE = "handle"
+
+    @property
+    def unknown(self) -> ErrorCode:
+        return ErrorCode.UNKNOWN_BUFFER if self is Kind.BUFFER else ErrorCode.UNKNOWN_HANDLE
+
+
+@dataclass(eq=False)
+class Entry:
+    """One object of a connection, from the arrival of the request that creates it."""
+
+    kind: Kind
+    id: int
+    size: int = 0
+    """Bytes counted against the quotas (buffers only)."""
+    value: Any = None
+    """The session's object once created: a SessionBuffer, or a DSP handle (int)."""
+    created: Gate = field(default_factory=Gate)
+    """Open once the creating request has ended, whether it succeeded or not."""
+    live: bool = False
+    lost: bool = False
+    """Released by a session restart (requests naming it get DSP_RESTARTED)."""
+    doomed: bool = False
+    """A destroying request has arrived: the id is unknown to later requests."""
+    users: int = 0
+    """Requests that named this object, have arrived and have not ended."""
+    idle: Gate | None = None
+    """For the destroying request: opens when ``users`` drops to zero."""
+
+
+class ObjectTable:
+    """One connection's buffers and handles, in one id space, in arrival order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[int, Entry] = {}
+        self._next_id = 1
+        self._lost_below = 1  # ids below this were released by a session restart
+
+    # --- at arrival (the request's order on the connection) ------------------
+    def reserve(self, kind: Kind, size: int = 0) -> Entry:
+        """A new id for an object that a request is about to create."""
+        with self._lock:
+            entry = Entry(kind, self._next_id, size)
+            self._next_id += 1
+            self._entries[entry.id] = entry
+            return entry
+
+    def use(self, object_id: int, kind: Kind) -> Entry:
+        """Hold ``object_id`` for a request until :meth:`done_with`; raises if unknown."""
+        with self._lock:
+            entry = self._find(object_id, kind)
+            entry.users += 1
+            return entry
+
+    def doom(self, object_id: int, kind: Kind) -> Entry:
+        """Mark ``object_id`` for destruction; later requests no longer find it."""
+        with self._lock:
+            entry = self._find(object_id, kind)
+            entry.doomed = True
+            if entry.users:
+                entry.idle = Gate()
+            return entry
+
+    # --- as requests end -------------------------------------------------------
+    def done_with(self, entry: Entry) -> None:
+        """A request that held ``entry`` has ended."""
+        with self._lock:
+            entry.users -= 1
+            idle = entry.idle if entry.users == 0 else None
+        if idle is not None:
+            idle.open()
+
+    def created(self, entry: Entry, value: object) -> bool:
+        """The creating request succeeded: ``entry`` now stands for ``value``.
+
+        False when the table no longer has the entry (the connection ended or
+        the session restarted meanwhile): the caller still owns ``value`` and
+        releases it.
+        """
+        with self._lock:
+            entry.value = value
+            entry.live = self._entries.get(entry.id) is entry
+        entry.created.open()
+        return entry.live
+
+    def failed(self, entry: Entry) -> None:
+        """The creating request failed: the id names nothing."""
+        self.remove(entry)
+        entry.created.open()
+
+    def remove(self, entry: Entry) -> None:
+        with self._lock:
+            if self._entries.get(entry.id) is entry:
+                del self._entries[entry.id]
+            entry.live = False
+
+    # --- the whole table --------------------------------------------------------
+    def forget_all(self) -> None:
+        """A session restart released everything: every id issued so far is gone
+        (DSP_RESTARTED, not unknown, for requests naming one)."""
+        with self._lock:
+            entries = list(self._entries.values())
+            self._entries.clear()
+            self._lost_below = self._next_id
+        for entry in entries:
+            entry.live = False
+            entry.lost = True
+            entry.created.open()
+            if entry.idle is not None:
+                entry.idle.open()
+
+    def take_all(self) -> list[Entry]:
+        """Empty the table (the connection ended); the live entries, for release."""
+        with self._lock:
+            entries = list(self._entries.values())
+            self._entries.clear()
+            self._lost_below = self._next_id
+        for entry in entries:
+            entry.created.open()
+        return [entry for entry in entries if entry.live]
+
+    def entries(self, kind: Kind) -> Iterator[Entry]:
+        """Live entries of ``kind`` (a snapshot)."""
+        with self._lock:
+            snapshot = list(self._entries.values())
+        return (e for e in snapshot if e.kind is kind and e.live)
+
+    def pending(self, kind: Kind) -> tuple[int, int]:
+        """(count, bytes) of ``kind`` counted against the quotas: live or being created."""
+        with self._lock:
+            counted = [e for e in self._entries.values() if e.kind is kind]
+        return len(counted), sum(e.size for e in counted)
+
+    def _find(self, object_id: int, kind: Kind) -> Entry:
+        entry = self._entries.get(object_id)
+        if entry is None or entry.doomed:
+            if entry is None and object_id < self._lost_below and object_id >= 1:
+                raise CodedError(ErrorCode.DSP_RESTARTED)
+            raise unknown(kind, object_id)
+        if entry.kind is not kind:
+            raise unknown(kind, object_id)
+        return entry
+
+
+def unknown(kind: Kind, object_id: int) -> CodedError:
+    return CodedError(kind.unknown, **{kind.value: object_id})
+
+
+@dataclass(eq=False)
+class Client:
+    """One connection's view of the NPU."""
+
+    pid: int
+    uid: int
+    gid: int
+    name: str = "?"
+    priority: p.Priority = p.Priority.NORMAL
+    send_event: Callable[[p.ServerEvent], object] | None = None
+    """How events reach this client (set once it is welcomed; never blocks)."""
+    account: Account | None = None
+    """The scheduler's view of this client (set once it is welcomed)."""
+    objects: ObjectTable = field(default_factory=ObjectTable)
+    calls_in_flight: int = 0
+    calls_done: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def begin_call(self, limit: int) -> None:
+        """One more DSP call arrived; refused past ``limit`` unanswered ones."""
+        with self._lock:
+            if self.calls_in_flight >= limit:
+                raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="calls in flight", limit=limit)
+            self.calls_in_flight += 1
+
+    def end_call(self) -> None:
+        with self._lock:
+            self.calls_in_flight -= 1
+            self.calls_done += 1
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(entry.size for entry in self.objects.entries(Kind.BUFFER))
+
+    def row(self) -> p.ClientRow:
+        buffers = list(self.objects.entries(Kind.BUFFER))
+        account = self.account
+        budget = account.budget if account is not None else None
+        return p.ClientRow(
+            pid=self.pid,
+            uid=self.uid,
+            name=self.name,
+            priority=self.priority.value,
+            buffers=len(buffers),
+            bytes=sum(entry.size for entry in buffers),
+            mappings=sum(entry.value.dsp_address is not None for entry in buffers),
+            handles=sum(1 for _ in self.objects.entries(Kind.HANDLE)),
+            calls_in_flight=self.calls_in_flight,
+            calls_done=self.calls_done,
+            dsp_us=_us(account.dsp_seconds) if account else 0,
+            queued=account.queued if account else 0,
+            running=account.running if account else 0,
+            wait_p50_us=_us(account.wait_percentile(0.5)) if account else 0,
+            wait_p99_us=_us(account.wait_percentile(0.99)) if account else 0,
+            misses=account.misses if account else 0,
+            late=account.late if account else 0,
+            overruns=account.overruns if account else 0,
+            budget_period_us=_us(budget.period) if budget else 0,
+            budget_us=_us(budget.budget) if budget else 0,
+        )
+
+
+def _us(seconds: float) -> int:
+    return max(0, round(seconds * 1_000_000))
+
+
+class Clients:
+    """Every connected client, admission and the quotas that span clients."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._all: set[Client] = set()
+
+    def __iter__(self) -> Iterator[Client]:
+        return iter(list(self._all))
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def admit(self, client: Client) -> None:
+        limit = self.config.limits.max_clients
+        if len(self._all) >= limit:
+            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="clients", limit=limit)
+        self._all.add(client)
+
+    def remove(self, client: Client) -> None:
+        self._all.discard(client)
+
+    def check_buffer(self, client: Client, size: int) -> None:
+        """Room for one more buffer of ``size`` bytes, for this client and for the daemon."""
+        mine = self.config.client_limits
+        count, used = client.objects.pending(Kind.BUFFER)
+        if count >= mine.max_buffers:
+            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="buffers", limit=mine.max_buffers)
+        if used + size > mine.max_buffer_bytes:
+            raise CodedError(
+                ErrorCode.QUOTA_EXCEEDED, resource="buffer bytes", limit=mine.max_buffer_bytes
+            )
+        everyone = self.config.limits
+        totals = [c.objects.pending(Kind.BUFFER) for c in self._all]
+        if sum(n for n, _ in totals) >= everyone.max_buffers:
+            raise CodedError(
+                ErrorCode.QUOTA_EXCEEDED, resource="daemon buffers", limit=everyone.max_buffers
+            )
+        if sum(b for _, b in totals) + size > everyone.max_buffer_bytes:
+            raise CodedError(
+                ErrorCode.QUOTA_EXCEEDED,
+                resource="daemon buffer bytes",
+                limit=everyone.max_buffer_bytes,
+            )
+
+    def check_handle(self, client: Client) -> None:
+        limit = self.config.client_limits.max_handles
+        if client.objects.pending(Kind.HANDLE)[0] >= limit:
+            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="handles", limit=limit)
+
+    def forget_all(self) -> None:
+        """A session restart released every client's objects."""
+        for client in self._all:
+            client.objects.forget_all()

@@ -1,0 +1,469 @@
+"""The hot path: worker threads over one epoll read requests, run DSP calls and reply.
+
+Every welcomed connection's socket is registered in one epoll, one-shot. A
+worker thread that wakes for a socket reads what is there, runs each request's
+arrival step in order (``npud.requests``), re-arms the socket (so another
+worker reads the connection's next requests), and then carries the requests:
+
+* a DSP-bound call (``Route.DSP``) goes to the :class:`Scheduler`; when it may
+  start at once, **this worker runs it and writes the reply itself**: the
+  client's write wakes one thread, which answers, so a call costs one wake-up
+  on each side, as a bare server's would;
+* a call that must wait is run later by the worker whose call ends and frees
+  its slot (or by an idle worker, woken for it);
+* control requests (allocation, mapping, remotectl) go to the control and
+  loader lanes, which run them and write the reply themselves; status and
+  ping are answered on the spot.
+
+Nothing on this path ever blocks on a client: replies that a socket cannot
+take wait in the connection's outbox (:class:`Link`). Timeouts, deadlines of
+queued calls and slow readers are handled by one timer thread
+(:class:`Timers`). The trio thread keeps accept, the handshake, events,
+recovery, signals and systemd; it never touches a request.
+
+Guarantees kept: ids resolve in arrival order; a request's objects are held
+until its answer is out; a call that is on the DSP is never abandoned (its
+memory stays pinned until it returns, even when its timeout answered the
+client or the client left); a connection's resources are released only
+after every request of it has ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import select
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+import structlog
+
+import npu_protocol as p
+from npu_protocol import CodedError, ErrorCode
+from npud.clients import Gate
+from npud.lanes import LanePool
+from npud.link import RECV_CHUNK, Link
+from npud.requests import Answer, Handler, Route
+from npud.scheduler import Job, Outcome, Scheduler
+from npud.timers import Timer, Timers
+
+log = structlog.get_logger("npud.datapath")
+
+SEND_TIMEOUT: Final = 30.0
+"""A client that takes no reply bytes for this long is dropped."""
+
+_READ: Final = select.EPOLLIN | select.EPOLLONESHOT
+_WRITE: Final = select.EPOLLOUT | select.EPOLLONESHOT
+_STOP: Final = object()
+
+
+class Call:
+    """A request on its way: its handler, its link, and whether it was answered."""
+
+    __slots__ = ("answered", "handler", "job", "link", "lock", "timer")
+
+    def __init__(self, handler: Handler[Any], link: Link) -> None:
+        self.handler = handler
+        self.link = link
+        self.lock = threading.Lock()
+        self.answered = False
+        self.job: Job | None = None
+        self.timer: Timer | None = None
+
+    def claim(self) -> bool:
+        """True once: the caller gives the request its one answer."""
+        with self.lock:
+            if self.answered:
+                return False
+            self.answered = True
+            return True
+
+
+class DataPath:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        lanes: dict[Route, LanePool],
+        *,
+        workers: int,
+    ) -> None:
+        self.scheduler = scheduler
+        self._lanes = lanes
+        self._epoll = select.epoll()
+        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._epoll.register(self._wake_read, select.EPOLLIN | select.EPOLLONESHOT)
+        self._ready: deque[Callable[[], None] | object] = deque()
+        self._ready_lock = threading.Lock()
+        self._links: dict[int, Link] = {}
+        self._links_lock = threading.Lock()
+        self.timers = Timers("npud-timers")
+        self._threads = [
+            threading.Thread(target=self._work, name=f"npud-worker-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        self._started = False
+
+    # --- life ----------------------------------------------------------------------
+    def start(self) -> None:
+        self._started = True
+        self.timers.start()
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float) -> bool:
+        """End the workers (those inside a DSP call finish it first); True if all ended."""
+        if not self._started:
+            self._close_fds()
+            return True
+        deadline = time.monotonic() + timeout
+        for _ in self._threads:
+            self._post(_STOP)
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self.timers.stop(max(0.0, deadline - time.monotonic()))
+        alive = any(thread.is_alive() for thread in self._threads)
+        if not alive:
+            self._close_fds()
+        return not alive
+
+    def _close_fds(self) -> None:
+        self._epoll.close()
+        for fd in (self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def alive(self) -> bool:
+        return all(thread.is_alive() for thread in self._threads)
+
+    # --- connections ------------------------------------------------------------------
+    def add(self, link: Link) -> None:
+        """Start serving ``link`` (its protocol may already hold bytes to process)."""
+        link.needs_write_arm = self._arm_write
+        with self._links_lock:
+            self._links[link.fd] = link
+            self._links[link.write_fd.fileno()] = link
+        # Both registrations start disarmed (one-shot with no events: a hang-up
+        # is reported once, not in a loop). The first read below arms reading.
+        self._epoll.register(link.write_fd.fileno(), select.EPOLLONESHOT)
+        self._epoll.register(link.fd, select.EPOLLONESHOT)
+        self._post(lambda: self._serve_read(link))
+
+    def remove(self, link: Link) -> None:
+        """Forget a finished link (before its owner closes the socket)."""
+        with self._links_lock:
+            self._links.pop(link.fd, None)
+            self._links.pop(link.write_fd.fileno(), None)
+        for fd in (link.fd, link.write_fd.fileno()):
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(fd)
+        link.close()
+
+    def links(self) -> list[Link]:
+        with self._links_lock:
+            return list({id(link): link for link in self._links.values()}.values())
+
+    # --- the workers ---------------------------------------------------------------------
+    def _work(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        buffer = bytearray(RECV_CHUNK)
+        self._buffer.value = buffer
+        while True:
+            try:
+                events = self._epoll.poll(-1, 1)
+            except InterruptedError:
+                continue
+            except (OSError, ValueError):  # the epoll was closed: stopping
+                return
+            for fd, mask in events:
+                if fd == self._wake_read:
+                    task = self._take_ready()
+                    if task is _STOP:
+                        return
+                    if task is not None:
+                        self._run_task(task)  # type: ignore[arg-type]
+                    continue
+                with self._links_lock:
+                    link = self._links.get(fd)
+                if link is None:
+                    continue
+                if fd == link.fd:
+                    self._serve_read(link)
+                elif mask & (select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP):
+                    link.flush()
+
+    _buffer = threading.local()
+
+    def _run_task(self, task: Callable[[], None]) -> None:
+        try:
+            task()
+        except Exception:
+            log.exception("data path task failed")
+
+    def _post(self, task: Callable[[], None] | object) -> None:
+        """Have an idle worker run ``task``.
+
+        The wake pipe holds a byte whenever tasks wait; its one-shot
+        registration wakes one worker, which re-arms it for the next.
+        """
+        with self._ready_lock:
+            self._ready.append(task)
+            if len(self._ready) == 1:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    os.write(self._wake_write, b"\0")
+        self._rearm_wake()
+
+    def _take_ready(self) -> Callable[[], None] | object | None:
+        with self._ready_lock:
+            task = self._ready.popleft() if self._ready else None
+            if not self._ready:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    os.read(self._wake_read, 4096)
+        self._rearm_wake()  # another worker takes the next one, if any
+        return task
+
+    def _rearm_wake(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._epoll.modify(self._wake_read, select.EPOLLIN | select.EPOLLONESHOT)
+
+    def _arm_write(self, link: Link) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._epoll.modify(link.write_fd.fileno(), _WRITE)
+        self.timers.call_later(SEND_TIMEOUT, lambda: self._check_backlog(link))
+
+    def _check_backlog(self, link: Link) -> None:
+        since = link.backlog_since
+        if since is not None and time.monotonic() - since >= SEND_TIMEOUT:
+            link.log.warning("client stopped reading; dropping it", timeout=SEND_TIMEOUT)
+            link.drop("stopped reading its replies")
+
+    # --- reading and arrival ------------------------------------------------------------
+    def _serve_read(self, link: Link) -> None:
+        """Read what the link has, let its requests arrive in order, re-arm, carry them."""
+        # One reader at a time: a hang-up can be reported while the read posted
+        # when the link was added runs. The loser leaves: the winner re-arms
+        # after it lets go, so nothing is missed.
+        if not link.read_lock.acquire(blocking=False):
+            return
+        try:
+            buffer = getattr(self._buffer, "value", None) or bytearray(RECV_CHUNK)
+            calls: list[Call] = []
+            for message in link.read(buffer):
+                if isinstance(message, p.ConnectionClosed):
+                    break
+                if isinstance(message, p.Hello):  # the protocol refuses a second one
+                    continue
+                call = self._arrive(link, message)
+                if call is not None:
+                    calls.append(call)
+        finally:
+            link.read_lock.release()
+        if link.reading:
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.modify(link.fd, _READ)
+        else:
+            link.check_finished()
+        inline: Call | None = None
+        for call in calls:
+            inline = self._carry(call, inline)
+        if inline is not None:
+            self._run_dsp(inline)
+
+    def _arrive(self, link: Link, request: p.AnyRequest) -> Call | None:
+        try:
+            handler = link.arrive(request)
+        except CodedError as exc:
+            self._refuse_unstarted(link, request, exc)
+            return None
+        call = Call(handler, link)
+        link.arrived(call)
+        return call
+
+    def _carry(self, call: Call, inline: Call | None) -> Call | None:
+        """Send ``call`` on its way; returns the DSP call this worker runs itself."""
+        gates = [gate for gate in call.handler.gates() if not gate.is_open]
+        if gates:
+            _when_all_open(gates, lambda: self._post(lambda: self._dispatch(call)))
+            return inline
+        route = call.handler.route
+        if route is Route.HERE:
+            self._execute(call)
+            return inline
+        if route is not Route.DSP:
+            self._lanes[route].submit(lambda: self._execute(call))
+            return inline
+        if self._submit(call) and inline is None:
+            return call
+        if call.job is not None and call.job.state == "running":
+            self._post(lambda: self._run_dsp(call))
+        return inline
+
+    def _dispatch(self, call: Call) -> None:
+        """A call whose objects now exist goes on its way (from a worker)."""
+        inline = self._carry(call, None)
+        if inline is not None:
+            self._run_dsp(inline)
+
+    def _submit(self, call: Call) -> bool:
+        """Hand a DSP call to the scheduler; True when it may run now."""
+        handler = call.handler
+        assert handler.account is not None  # a welcomed client has one
+        job = Job(
+            handler.account,
+            payload=call,
+            deadline=handler.deadline,
+            explicit_deadline=handler.deadline is not None,
+        )
+        call.job = job
+        timeout = handler.timeout
+        outcome = self.scheduler.submit(job)
+        if outcome is Outcome.LATE:
+            self._answer_error(call, _deadline_error(handler))
+            self._end(call)
+            return False
+        if timeout is not None:
+            call.timer = self.timers.call_later(timeout, lambda: self._time_out(call))
+        if outcome is Outcome.QUEUED and handler.deadline is not None:
+            self.timers.call_at(handler.deadline, self._refuse_late)
+        return outcome is Outcome.RUN
+
+    # --- running -------------------------------------------------------------------------
+    def _run_dsp(self, call: Call) -> None:
+        """Run a dispatched call here, answer it, then run what its slot lets start."""
+        while True:
+            answer, error = self._run(call)
+            job = call.job
+            assert job is not None
+            started, late = self.scheduler.finish(job, call.handler.dsp_seconds)
+            if call.timer is not None:
+                call.timer.cancel()
+            self._deliver(call, answer, error)
+            self._end(call)
+            for refused in late:
+                late_call: Call = refused.payload
+                self._answer_error(late_call, _deadline_error(late_call.handler))
+                self._end(late_call)
+            if not started:
+                return
+            call, *others = (job.payload for job in started)
+            for other in others:
+                self._post(functools.partial(self._run_dsp, other))
+
+    def _execute(self, call: Call) -> None:
+        """Run a control or immediate request and answer it."""
+        answer, error = self._run(call)
+        self._deliver(call, answer, error)
+        self._end(call)
+
+    def _run(self, call: Call) -> tuple[Answer | None, CodedError | None]:
+        handler = call.handler
+        try:
+            return handler.run(), None
+        except CodedError as exc:
+            return None, exc
+        except Exception as exc:
+            # A bug of ours: log it whole, answer the client, keep serving.
+            call.link.log.exception(
+                "request failed", request=p.tag_of(handler.request), id=handler.request.id
+            )
+            return None, CodedError(ErrorCode.INTERNAL_ERROR, detail=type(exc).__name__)
+
+    def _deliver(self, call: Call, answer: Answer | None, error: CodedError | None) -> None:
+        fds = [answer.fd] if answer is not None and answer.fd is not None else []
+        if not call.claim():  # the timeout answered already; what came back is dropped
+            for fd in fds:
+                fd.close()
+            return
+        if error is not None:
+            self._send_refusal(call.link, call.handler.request, error)
+        else:
+            assert answer is not None
+            call.link.send(answer.reply, fds)
+
+    def _end(self, call: Call) -> None:
+        """The request is over: its objects are let go, after its answer went out."""
+        try:
+            call.handler.end()
+        finally:
+            call.link.ended(call)
+
+    # --- answers that are not the work's -------------------------------------------------
+    def _time_out(self, call: Call) -> None:
+        """A call's timeout passed: a queued call is taken out, a running one answered
+        (it goes on: the DSP may be using its memory)."""
+        handler = call.handler
+        error = CodedError(
+            ErrorCode.TIMEOUT, operation=p.tag_of(handler.request), timeout_ms=handler.timeout_ms
+        )
+        job = call.job
+        if job is not None and self.scheduler.cancel(job):
+            self._answer_error(call, error)
+            self._end(call)
+        elif self.claim_and_refuse(call, error):
+            call.link.log.info("call timed out on the DSP; it goes on", id=handler.request.id)
+
+    def _refuse_late(self) -> None:
+        for job in self.scheduler.late_jobs():
+            call: Call = job.payload
+            self._answer_error(call, _deadline_error(call.handler))
+            self._end(call)
+
+    def claim_and_refuse(self, call: Call, error: CodedError) -> bool:
+        if not call.claim():
+            return False
+        self._send_refusal(call.link, call.handler.request, error)
+        return True
+
+    def _answer_error(self, call: Call, error: CodedError) -> None:
+        self.claim_and_refuse(call, error)
+
+    def _refuse_unstarted(self, link: Link, request: p.AnyRequest, error: CodedError) -> None:
+        self._send_refusal(link, request, error)
+
+    def _send_refusal(self, link: Link, request: p.AnyRequest, error: CodedError) -> None:
+        """The one place where a refusal becomes the request's ``error`` reply."""
+        link.log.info(
+            "request refused",
+            request=p.tag_of(request),
+            id=request.id,
+            code=error.code.name,
+            error=str(error),
+        )
+        link.send(p.ErrorMessage.for_code(error.code, id=request.id, **error.fields))
+
+    def fail_unanswered(self, link: Link, error: CodedError) -> None:
+        """Shutdown past its grace: answer every request still without one."""
+        with link.lock:
+            calls = [call for call in link.pending if isinstance(call, Call)]
+        for call in calls:
+            self.claim_and_refuse(call, error)
+
+
+def _deadline_error(handler: Handler[Any]) -> CodedError:
+    return CodedError(
+        ErrorCode.DEADLINE_EXCEEDED,
+        operation=p.tag_of(handler.request),
+        deadline_ms=handler.deadline_ms,
+    )
+
+
+def _when_all_open(gates: list[Gate], callback: Callable[[], None]) -> None:
+    """Run ``callback`` once every gate is open (on the thread that opens the last)."""
+    remaining = [len(gates)]
+    lock = threading.Lock()
+
+    def one_opened() -> None:
+        with lock:
+            remaining[0] -= 1
+            done = remaining[0] == 0
+        if done:
+            callback()
+
+    for gate in gates:
+        gate.when_open(one_opened)

@@ -1,0 +1,241 @@
+"""What a model file is, from its first bytes, and whether this backend can load it.
+
+The kernel backend's DSP loads QNN model libraries (Hexagon ELF shared
+objects, dlopen'ed by skel/portal_qnn_imp.c); the emulator's loads ONNX
+models (npud/sim/portal_qnn.py). A file of the wrong kind is refused before
+it reaches the DSP, with a message that says what the file is and what the
+backend takes. Reads go through the descriptor (``pread``), never a path.
+
+ONNX has no magic number; an ONNX file is a protobuf ``ModelProto``. The
+sniffer walks its top-level fields (tags and lengths only: the graph itself
+is skipped, not read) and accepts the file when every field is one
+ModelProto has, with its wire type, the walk ends exactly at the end of the
+file and both ``ir_version`` and ``graph`` are there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import struct
+from typing import Final, Literal
+
+from npud.fastrpc.exposed_files import check_readable_file
+
+HEAD_BYTES: Final = 64
+MAX_TEXT_FIELD: Final = 256
+
+ELF_MAGIC: Final = b"\x7fELF"
+EM_QDSP6: Final = 164
+ELF_MACHINES: Final = {3: "x86", 40: "ARM", 62: "x86-64", 183: "AArch64", EM_QDSP6: "Hexagon"}
+ELF_TYPES: Final = {1: "relocatable object", 2: "executable", 3: "shared object", 4: "core dump"}
+ET_DYN: Final = 3
+
+# ModelProto field number -> (name, protobuf wire type): 0 varint, 2 length-delimited.
+ONNX_FIELDS: Final = {
+    1: ("ir_version", 0),
+    2: ("producer_name", 2),
+    3: ("producer_version", 2),
+    4: ("domain", 2),
+    5: ("model_version", 0),
+    6: ("doc_string", 2),
+    7: ("graph", 2),
+    8: ("opset_import", 2),
+    14: ("metadata_props", 2),
+    20: ("training_info", 2),
+    25: ("functions", 2),
+    26: ("configuration", 2),
+}
+MAX_IR_VERSION: Final = 64
+
+
+class ModelFormat(enum.Enum):
+    """The model formats npud's backends load; the value is how a message names them."""
+
+    QNN_LIBRARY = "QNN model libraries (Hexagon ELF shared objects)"
+    ONNX = "ONNX models"
+
+
+BACKEND_FORMATS: Final = {"kernel": ModelFormat.QNN_LIBRARY, "emulator": ModelFormat.ONNX}
+"""What each backend's DSP loads."""
+
+_HINTS: Final = {
+    ModelFormat.QNN_LIBRARY: (
+        ": build one from the ONNX model with the QAIRT tools (qnn-onnx-converter,"
+        " qnn-model-lib-generator; see docker/README.md)"
+    ),
+    ModelFormat.ONNX: "",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sniffed:
+    """What the file is: a format npud knows (or None), and words for a message."""
+
+    format: ModelFormat | None
+    description: str
+    size: int
+
+
+FileFailure = Literal["unreadable", "wrong-format", "damaged"]
+
+
+class ModelFileError(ValueError):
+    """A model file this backend cannot load. ``kind`` says which way it fails:
+
+    * ``unreadable``: not a readable regular file, or empty;
+    * ``wrong-format``: a file of another kind than the backend takes;
+    * ``damaged``: the right kind, but cut short or corrupt.
+    """
+
+    def __init__(self, kind: FileFailure, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class _DamagedError(Exception):
+    pass
+
+
+def _varint(fd: int, offset: int, size: int) -> tuple[int, int]:
+    """A protobuf varint at offset: (value, offset after it)."""
+    value, shift = 0, 0
+    for index in range(10):
+        if offset + index >= size:
+            raise _DamagedError("the file ends inside a field header")
+        byte = os.pread(fd, 1, offset + index)[0]
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, offset + index + 1
+    raise _DamagedError("a varint longer than 10 bytes")
+
+
+def _walk_onnx(fd: int, size: int) -> str:
+    """Describe an ONNX ModelProto, or raise _DamagedError (ValueError: not ONNX at all)."""
+    offset, found = 0, {}
+    producer, opset = "", None
+    while offset < size:
+        key, offset = _varint(fd, offset, size)
+        number, wire = key >> 3, key & 7
+        if number not in ONNX_FIELDS or ONNX_FIELDS[number][1] != wire:
+            raise _DamagedError(f"field {number} (wire type {wire}) is not part of an ONNX model")
+        name = ONNX_FIELDS[number][0]
+        if wire == 0:
+            value, offset = _varint(fd, offset, size)
+            found[name] = value
+            continue
+        length, offset = _varint(fd, offset, size)
+        if offset + length > size:
+            short = offset + length - size
+            raise _DamagedError(f"the file ends inside {name} ({short} bytes short)")
+        found[name] = length
+        if name == "producer_name" and length <= MAX_TEXT_FIELD:
+            producer = os.pread(fd, length, offset).decode("utf-8", errors="replace")
+        if name == "opset_import" and opset is None and length <= MAX_TEXT_FIELD:
+            opset = _opset_version(os.pread(fd, length, offset))
+        offset += length
+    if "graph" not in found:
+        raise _DamagedError("it has no graph")
+    details = [f"IR version {found['ir_version']}"]
+    if opset is not None:
+        details.append(f"opset {opset}")
+    if producer:
+        details.append(f"made by {producer}")
+    return f"an ONNX model ({', '.join(details)})"
+
+
+def _opset_version(data: bytes) -> int | None:
+    """OperatorSetIdProto.version (field 2, varint), best effort."""
+    position = 0
+    while position < len(data):
+        key = data[position]
+        position += 1
+        if key == 0x10:  # field 2, varint
+            value, shift = 0, 0
+            while position < len(data):
+                byte = data[position]
+                position += 1
+                value |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    return value
+            return None
+        if key & 7 != 2 or position >= len(data):
+            return None
+        position += 1 + data[position]  # a short length-delimited field (the domain)
+    return None
+
+
+def _looks_like_onnx(head: bytes) -> bool:
+    """ONNX writers put ir_version (field 1, varint) first."""
+    return len(head) >= 2 and head[0] == 0x08 and 1 <= head[1] <= MAX_IR_VERSION
+
+
+def _describe_elf(head: bytes) -> tuple[ModelFormat | None, str]:
+    if len(head) < 20:
+        return None, "a truncated ELF file"
+    bits = {1: "32-bit", 2: "64-bit"}.get(head[4], "odd-class")
+    endian = "<" if head[5] == 1 else ">"
+    e_type, machine = struct.unpack_from(endian + "HH", head, 16)
+    kind = ELF_TYPES.get(e_type, f"type-{e_type} file")
+    arch = ELF_MACHINES.get(machine, f"machine {machine}")
+    description = f"an ELF {kind} for {arch} ({bits})"
+    if machine == EM_QDSP6 and e_type == ET_DYN and head[4] == 1 and head[5] == 1:
+        return ModelFormat.QNN_LIBRARY, description
+    return None, description
+
+
+def _describe_other(head: bytes) -> str:
+    if head[4:8] == b"TFL3":
+        return "a TensorFlow Lite model"
+    if head.startswith(b"GGUF"):
+        return "a GGUF model (llama.cpp)"
+    if head.startswith(b"PK\x03\x04"):
+        return "a ZIP archive (a PyTorch checkpoint?)"
+    if len(head) >= 9 and head[8:9] == b"{":
+        return "a safetensors file"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "data of an unknown format"
+    return "a text file" if text.isprintable() or "\n" in text else "data of an unknown format"
+
+
+def sniff(fd: int) -> Sniffed:
+    """What the regular file open on ``fd`` is. ModelFileError("unreadable"/"damaged")."""
+    try:
+        size = check_readable_file(fd).st_size
+        head = os.pread(fd, HEAD_BYTES, 0)
+    except (ValueError, OSError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ModelFileError("unreadable", f"cannot read the model file: {reason}") from None
+    if size == 0:
+        raise ModelFileError("unreadable", "the model file is empty")
+    if head.startswith(ELF_MAGIC):
+        model_format, description = _describe_elf(head)
+        return Sniffed(model_format, description, size)
+    if _looks_like_onnx(head):
+        try:
+            return Sniffed(ModelFormat.ONNX, _walk_onnx(fd, size), size)
+        except _DamagedError as exc:
+            raise ModelFileError(
+                "damaged", f"the model file is a damaged ONNX model: {exc}"
+            ) from None
+        except OSError as exc:
+            raise ModelFileError("unreadable", f"cannot read the model file: {exc}") from None
+    return Sniffed(None, _describe_other(head), size)
+
+
+def check_model_file(fd: int, backend: str) -> Sniffed:
+    """Sniff ``fd`` and refuse what ``backend`` ("kernel" or "emulator") cannot load."""
+    accepted = BACKEND_FORMATS[backend]
+    sniffed = sniff(fd)
+    if sniffed.format is not accepted:
+        raise ModelFileError(
+            "wrong-format",
+            f"the model file is {sniffed.description}; the {backend} backend takes"
+            f" {accepted.value}{_HINTS[accepted]}",
+        )
+    return sniffed

@@ -1,0 +1,604 @@
+"""portal_qnn, typed: load a model from a client's fd, run it on DMA-BUF slices, unload it.
+
+The synchronous API the daemon calls for models (no trio here), built on the
+stubs that :mod:`npud.idl` derives from ``idl/portal_qnn.idl``::
+
+    with PortalQnn.open(session, backend="emulator") as portal:
+        model = portal.load(fd, shapes={"input": (1, 576)})   # the caller keeps fd
+        spec = model.graphs[0].inputs[0]                      # name, dtype, shape, nbytes
+        portal.set_input(model.slot, "input", Slice(buf, 0, spec.nbytes))
+        portal.execute(model.slot)
+        produced = portal.get_output(model.slot, 0, Slice(buf, 4096, 4))
+        portal.unload(model.slot)
+
+One :class:`PortalQnn` is one open handle of the skel: a table of
+:data:`MAX_MODELS` model slots. Loading checks the file's format for the
+backend first (:mod:`npud.fastrpc.model_format`), then lends the fd to the
+DSP for the time of ``model_load`` (:meth:`FastRpcSession.expose_file`): the
+DSP's loader reads it through the reverse-RPC listener; no path is opened.
+Tensor data travels only as slices of session DMA-BUFs.
+
+Errors: :class:`ModelError` (a RpcError) with a :class:`ModelFailure`
+saying what went wrong; transport failures stay RpcErrors. Thread-safe:
+calls that name one model run one at a time (a per-model lock; :meth:`run`
+holds it for its whole sequence); calls on different models do not wait for
+each other on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Final, Literal
+
+from npu_protocol import AEE, ErrorCode
+from npud import idl
+from npud.fastrpc.errors import RpcError
+from npud.fastrpc.invoke_args import Capacity, InArg, Inline, OutArg, Slice
+from npud.fastrpc.model_format import ModelFileError, ModelFormat, Sniffed, check_model_file
+from npud.fastrpc.session import FastRpcSession
+
+PORTAL_QNN_URI: Final = (
+    "file:///libportal_qnn_skel.so?portal_qnn_skel_handle_invoke&_modver=1.0&_dom=cdsp"
+)
+MAX_MODELS: Final = 4
+MAX_TENSORS: Final = 32
+MAX_RANK: Final = 8
+MAX_URI_BYTES: Final = 512  # model_uri with its NUL
+QNN_SUFFIX: Final = {"kernel": ".so", "emulator": ".onnx"}
+
+Backend = Literal["kernel", "emulator"]
+TensorKey = int | str
+TensorSlices = Mapping[str, Slice] | Mapping[int, Slice] | Mapping[TensorKey, Slice]
+"""Slices by tensor name or index (Mapping is invariant in its key type)."""
+
+_IDL: Final = idl.load("portal_qnn")
+_LOAD: Final = _IDL.method("model_load")
+_SET_INPUT: Final = _IDL.method("set_input")
+_EXECUTE: Final = _IDL.method("execute")
+_GET_OUTPUT: Final = _IDL.method("get_output")
+_UNLOAD: Final = _IDL.method("model_unload")
+_GRAPH_INFO: Final = _IDL.method("graph_info")
+
+
+class DataType(enum.IntEnum):
+    """QNN's data type codes, as graph_info reports them (skel/include/qnn_min.h)."""
+
+    INT8 = 0x0008
+    INT16 = 0x0016
+    INT32 = 0x0032
+    INT64 = 0x0064
+    UINT8 = 0x0108
+    UINT16 = 0x0116
+    UINT32 = 0x0132
+    UINT64 = 0x0164
+    FLOAT16 = 0x0216
+    FLOAT32 = 0x0232
+    SFIXED8 = 0x0308
+    SFIXED16 = 0x0316
+    SFIXED32 = 0x0332
+    UFIXED8 = 0x0408
+    UFIXED16 = 0x0416
+    UFIXED32 = 0x0432
+    BOOL = 0x0508
+
+    @property
+    def numpy(self) -> str:
+        """The numpy dtype name holding this type's bytes (fixed point: the raw integers)."""
+        return _NUMPY[self]
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self.numpy]
+
+    @classmethod
+    def from_name(cls, name: str) -> DataType:
+        """From this enum's name, a numpy dtype name (``float32``...) or a short one (``f32``)."""
+        key = name.lower()
+        found = _BY_NAME.get(key)
+        if found is None:
+            raise ValueError(f"unknown data type {name!r}")
+        return found
+
+
+_NUMPY: Final = {
+    DataType.INT8: "int8",
+    DataType.INT16: "int16",
+    DataType.INT32: "int32",
+    DataType.INT64: "int64",
+    DataType.UINT8: "uint8",
+    DataType.UINT16: "uint16",
+    DataType.UINT32: "uint32",
+    DataType.UINT64: "uint64",
+    DataType.FLOAT16: "float16",
+    DataType.FLOAT32: "float32",
+    DataType.SFIXED8: "int8",
+    DataType.SFIXED16: "int16",
+    DataType.SFIXED32: "int32",
+    DataType.UFIXED8: "uint8",
+    DataType.UFIXED16: "uint16",
+    DataType.UFIXED32: "uint32",
+    DataType.BOOL: "bool",
+}
+_SHORT: Final = {"i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8"}
+_SHORT.update({"u16": "uint16", "u32": "uint32", "u64": "uint64", "f16": "float16"})
+_SHORT.update({"f32": "float32", "b8": "bool"})
+_PLAIN: Final = [t for t in DataType if not t.name[1:].startswith("FIXED")]
+_BY_NAME: Final = {
+    **{t.name.lower(): t for t in DataType},
+    **{t.numpy: t for t in _PLAIN},
+    **{short: next(t for t in _PLAIN if t.numpy == full) for short, full in _SHORT.items()},
+}
+_ITEMSIZE: Final = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2}
+_ITEMSIZE.update({"int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8})
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a graph, as graph_info described it."""
+
+    index: int
+    name: str
+    dtype: DataType | int  # an int: a code this npud does not know
+    shape: tuple[int, ...]
+    nbytes: int
+
+    def describe(self) -> str:
+        kind = self.dtype.numpy if isinstance(self.dtype, DataType) else f"type {self.dtype:#x}"
+        return f"{kind} {list(self.shape)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphSpec:
+    index: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def input(self, key: TensorKey) -> TensorSpec:
+        return _find(self.inputs, key, f"input of graph {self.index}")
+
+    def output(self, key: TensorKey) -> TensorSpec:
+        return _find(self.outputs, key, f"output of graph {self.index}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """A model in a slot: what the file was and every graph's tensors."""
+
+    slot: int
+    graphs: tuple[GraphSpec, ...]
+    file: Sniffed
+
+
+class ModelFailure(enum.Enum):
+    """What went wrong, one member per stable error the daemon reports for models.
+
+    The value is the proposed ErrorCode (npu_protocol/errors.py); until those
+    exist, :class:`ModelError` uses :data:`_INTERIM_CODES`.
+    """
+
+    QNN = 300  # the model runtime failed (composing or executing); the QNN code is in the text
+    NOT_LOADED = 301  # the slot is empty (never loaded, or unloaded)
+    BAD_TENSOR = 302  # no such tensor (index or name) or graph
+    SLOTS_FULL = 303  # proposed MODEL_SLOTS_FULL
+    TENSOR_MISMATCH = 304  # proposed TENSOR_MISMATCH: dtype, shape or size
+    INPUT_NOT_SET = 305  # proposed INPUT_NOT_SET
+    FILE_UNREADABLE = 306  # proposed MODEL_FILE_UNREADABLE
+    FILE_FORMAT = 307  # proposed MODEL_FORMAT: the wrong kind of file for the backend
+    FILE_MALFORMED = 308  # proposed MODEL_MALFORMED: the right kind, damaged or not loadable
+    MODEL_REJECTED = 309  # proposed MODEL_REJECTED: outside portal_qnn's limits
+    NOT_EXECUTED = 310  # proposed NO_OUTPUTS: get_output before a successful execute
+
+
+class ModelError(RpcError):
+    """A model call failed; ``failure`` says how, ``str()`` is the message."""
+
+    def __init__(self, failure: ModelFailure, message: str) -> None:
+        if failure is ModelFailure.QNN:
+            super().__init__(ErrorCode.QNN, msg=message)
+        elif failure is ModelFailure.NOT_LOADED:
+            super().__init__(ErrorCode.MODEL_NOT_LOADED)
+        elif failure is ModelFailure.BAD_TENSOR:
+            super().__init__(ErrorCode.INVALID_TENSOR_INDEX, index=message)
+        elif failure is ModelFailure.SLOTS_FULL:
+            super().__init__(ErrorCode.QUOTA_EXCEEDED, resource="model slot", limit=MAX_MODELS)
+        else:
+            super().__init__(ErrorCode.INVALID_ARGUMENT, detail=message)
+        self.failure = failure
+        self.detail = message
+
+
+def _find(specs: Sequence[TensorSpec], key: TensorKey, what: str) -> TensorSpec:
+    if isinstance(key, int) and not isinstance(key, bool):
+        if 0 <= key < len(specs):
+            return specs[key]
+    elif isinstance(key, str):
+        for spec in specs:
+            if spec.name == key:
+                return spec
+    names = ", ".join(repr(s.name) for s in specs) or "none"
+    raise ModelError(ModelFailure.BAD_TENSOR, f"{key!r} is no {what} (it has {names})")
+
+
+def model_uri_query(shapes: Mapping[str, Sequence[int]]) -> str:
+    """The query that fixes free dimensions (npud/sim/portal_qnn.py reads it)."""
+    items = []
+    for name, dims in shapes.items():
+        if not isinstance(name, str) or not name:
+            raise ModelError(ModelFailure.TENSOR_MISMATCH, f"shape for {name!r}: not a name")
+        if len(dims) > MAX_RANK or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 < d < 1 << 32 for d in dims
+        ):
+            raise ModelError(
+                ModelFailure.TENSOR_MISMATCH,
+                f"shape of {name!r} must be at most {MAX_RANK} dimensions, each 1..2^32-1",
+            )
+        encoded = urllib.parse.quote(name, safe="")
+        items.append(f"shape.{encoded}={','.join(str(d) for d in dims)}")
+    return "?" + "&".join(items) if items else ""
+
+
+def _spec(index: int, record: idl.Values) -> TensorSpec:
+    code = record.integer("data_type")
+    rank = min(record.integer("rank"), MAX_RANK)
+    dtype: DataType | int = DataType(code) if code in DataType._value2member_map_ else code
+    return TensorSpec(
+        index=index,
+        name=record.text("name"),
+        dtype=dtype,
+        shape=tuple(record.integers("dims")[:rank]),
+        nbytes=record.integer("bytes"),
+    )
+
+
+@dataclasses.dataclass
+class _Model:
+    loaded: LoadedModel
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    inputs_set: dict[int, set[int]] = dataclasses.field(default_factory=dict)
+    executed: set[int] = dataclasses.field(default_factory=set)
+    unloaded: bool = False
+
+
+class PortalQnn:
+    """One open portal_qnn handle and the models in its slots (see the module docstring)."""
+
+    def __init__(self, session: FastRpcSession, handle: int, backend: Backend) -> None:
+        self._session = session
+        self.handle = handle
+        self.backend: Backend = backend
+        self._lock = threading.Lock()
+        self._models: dict[int, _Model] = {}
+        self._closed = False
+
+    @classmethod
+    def open(cls, session: FastRpcSession, *, backend: Backend) -> PortalQnn:
+        """Open the skel (remotectl); ``backend`` says which model format the DSP loads."""
+        if backend not in QNN_SUFFIX:
+            raise ValueError(f"backend must be 'kernel' or 'emulator', not {backend!r}")
+        return cls(session, session.remote_open(PORTAL_QNN_URI), backend)
+
+    @property
+    def model_format(self) -> ModelFormat:
+        return ModelFormat.ONNX if self.backend == "emulator" else ModelFormat.QNN_LIBRARY
+
+    def models(self) -> dict[int, LoadedModel]:
+        """The loaded models by slot (a snapshot)."""
+        with self._lock:
+            return {slot: model.loaded for slot, model in self._models.items()}
+
+    # ----------------------------------------------------------------- load
+    def load(self, fd: int, *, shapes: Mapping[str, Sequence[int]] | None = None) -> LoadedModel:
+        """Load the model file open on ``fd`` (the caller keeps it) into a free slot.
+
+        ``shapes`` fixes free dimensions of an ONNX model's tensors by name (the
+        emulator backend); a QNN model library's shapes are fixed already.
+        """
+        try:
+            sniffed = check_model_file(fd, self.backend)
+        except ModelFileError as exc:
+            failure = {
+                "unreadable": ModelFailure.FILE_UNREADABLE,
+                "wrong-format": ModelFailure.FILE_FORMAT,
+                "damaged": ModelFailure.FILE_MALFORMED,
+            }[exc.kind]
+            raise ModelError(failure, str(exc)) from None
+        if shapes and self.backend == "kernel":
+            raise ModelError(
+                ModelFailure.TENSOR_MISMATCH,
+                "a QNN model library has fixed shapes: shapes apply to ONNX models only",
+            )
+        query = model_uri_query(shapes or {})
+        try:
+            exposed = self._session.expose_file(fd, suffix=QNN_SUFFIX[self.backend])
+        except ValueError as exc:
+            reason = f"cannot read the model file: {exc}"
+            raise ModelError(ModelFailure.FILE_UNREADABLE, reason) from None
+        with exposed:
+            uri = exposed.name + query
+            if len(uri.encode("utf-8")) + 1 > MAX_URI_BYTES:
+                raise ModelError(
+                    ModelFailure.TENSOR_MISMATCH,
+                    f"the shapes make the model URI {len(uri)} bytes; at most {MAX_URI_BYTES - 1}",
+                )
+            rc, values = self._call(_LOAD, model_uri=uri)
+        if rc != 0:
+            raise _load_error(rc, sniffed)
+        status = values.integer("qnn_status")
+        if status != 0:
+            reason = f"composing the model failed with QNN error {status}"
+            raise ModelError(ModelFailure.QNN, reason)
+        slot = values.integer("model_index")
+        try:
+            graphs = tuple(self._describe(slot, g) for g in range(values.integer("num_graphs")))
+        except BaseException:
+            self._call(_UNLOAD, model_index=slot)  # best effort: the slot must not leak
+            raise
+        loaded = LoadedModel(slot, graphs, sniffed)
+        with self._lock:
+            self._models[slot] = _Model(loaded)
+        return loaded
+
+    def _describe(self, slot: int, graph: int) -> GraphSpec:
+        capacity = MAX_TENSORS
+        rc, values = self._call(
+            _GRAPH_INFO, model_index=slot, graph_index=graph, inputs=capacity, outputs=capacity
+        )
+        if rc != 0:
+            raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
+        inputs = values.records("inputs")[: values.integer("num_inputs")]
+        outputs = values.records("outputs")[: values.integer("num_outputs")]
+        return GraphSpec(
+            graph,
+            tuple(_spec(i, r) for i, r in enumerate(inputs)),
+            tuple(_spec(i, r) for i, r in enumerate(outputs)),
+        )
+
+    # ------------------------------------------------------------------ run
+    def set_input(
+        self,
+        slot: int,
+        tensor: TensorKey,
+        data: Slice,
+        *,
+        graph: int = 0,
+        dtype: DataType | None = None,
+        shape: Sequence[int] | None = None,
+    ) -> None:
+        """Copy one input from ``data`` (exactly the tensor's size). ``dtype`` and
+        ``shape``, when the caller knows them, are checked against the model's."""
+        with self._model(slot) as model:
+            self._set_input(model, graph, tensor, data, dtype, shape)
+
+    def execute(self, slot: int, *, graph: int = 0) -> None:
+        """Run the graph on the inputs set since load."""
+        with self._model(slot) as model:
+            self._execute(model, graph)
+
+    def get_output(self, slot: int, tensor: TensorKey, data: Slice, *, graph: int = 0) -> int:
+        """Copy one output of the last execute into ``data`` (at least the tensor's size;
+        the rest is zero-filled); returns the bytes the graph produced."""
+        with self._model(slot) as model:
+            return self._get_output(model, graph, tensor, data)
+
+    def run(
+        self,
+        slot: int,
+        inputs: TensorSlices,
+        outputs: TensorSlices,
+        *,
+        graph: int = 0,
+    ) -> dict[str, int]:
+        """set_input for each of ``inputs``, execute, get_output for each of ``outputs``,
+        with no other call on this model in between. Returns bytes produced by name."""
+        with self._model(slot) as model:
+            for key, data in inputs.items():
+                self._set_input(model, graph, key, data, None, None)
+            self._execute(model, graph)
+            spec = self._graph(model, graph)
+            return {
+                spec.output(key).name: self._get_output(model, graph, key, data)
+                for key, data in outputs.items()
+            }
+
+    def unload(self, slot: int) -> None:
+        """Free the slot (the DSP releases the model). Unloading twice is NOT_LOADED."""
+        with self._model(slot) as model:
+            rc, _ = self._call(_UNLOAD, model_index=slot)
+            model.unloaded = True
+            with self._lock:
+                self._models.pop(slot, None)
+        if rc == AEE.EBADSTATE.dsp:
+            raise ModelError(ModelFailure.NOT_LOADED, f"slot {slot}")
+        if rc != 0:
+            raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
+
+    def close(self) -> None:
+        """Close the handle: the DSP unloads whatever is still loaded. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            models, self._models = list(self._models.values()), {}
+        for model in models:
+            with model.lock:
+                model.unloaded = True
+        self._session.remote_close(self.handle)
+
+    def __enter__(self) -> PortalQnn:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------- helpers
+    @contextmanager
+    def _model(self, slot: int) -> Iterator[_Model]:
+        with self._lock:
+            model = self._models.get(slot)
+        if model is None:
+            raise ModelError(ModelFailure.NOT_LOADED, f"slot {slot}")
+        with model.lock:
+            if model.unloaded:
+                raise ModelError(ModelFailure.NOT_LOADED, f"slot {slot}")
+            yield model
+
+    @staticmethod
+    def _graph(model: _Model, graph: int) -> GraphSpec:
+        graphs = model.loaded.graphs
+        if not 0 <= graph < len(graphs):
+            raise ModelError(
+                ModelFailure.BAD_TENSOR, f"graph {graph} (the model has {len(graphs)})"
+            )
+        return graphs[graph]
+
+    def _set_input(
+        self,
+        model: _Model,
+        graph: int,
+        key: TensorKey,
+        data: Slice,
+        dtype: DataType | None,
+        shape: Sequence[int] | None,
+    ) -> None:
+        spec = self._graph(model, graph).input(key)
+        _check_slice(data)
+        wrong = []
+        if dtype is not None and dtype != spec.dtype:
+            wrong.append(f"data type {DataType(dtype).numpy}")
+        if shape is not None and tuple(shape) != spec.shape:
+            wrong.append(f"shape {list(shape)}")
+        if data.length != spec.nbytes:
+            wrong.append(f"{data.length} bytes")
+        if wrong:
+            raise ModelError(
+                ModelFailure.TENSOR_MISMATCH,
+                f"input {spec.name!r} takes {spec.describe()} ({spec.nbytes} bytes);"
+                f" got {', '.join(wrong)}",
+            )
+        rc, _ = self._call(
+            _SET_INPUT,
+            model_index=model.loaded.slot,
+            graph_index=graph,
+            tensor_index=spec.index,
+            data=data,
+        )
+        self._check(rc, model)
+        model.inputs_set.setdefault(graph, set()).add(spec.index)
+
+    def _execute(self, model: _Model, graph: int) -> None:
+        spec = self._graph(model, graph)
+        model.executed.discard(graph)
+        rc, values = self._call(_EXECUTE, model_index=model.loaded.slot, graph_index=graph)
+        if rc == AEE.ENOTINITIALIZED.dsp:
+            done = model.inputs_set.get(graph, set())
+            missing = [repr(s.name or s.index) for s in spec.inputs if s.index not in done]
+            raise ModelError(
+                ModelFailure.INPUT_NOT_SET,
+                f"input {', '.join(missing) or '?'} of graph {graph} was never set",
+            )
+        if rc == AEE.EINVALIDFORMAT.dsp:
+            raise ModelError(
+                ModelFailure.MODEL_REJECTED,
+                f"graph {graph} produced an output larger than graph_info described",
+            )
+        self._check(rc, model)
+        status = values.integer("qnn_status")
+        if status != 0:
+            raise ModelError(ModelFailure.QNN, f"graph {graph} failed with QNN error {status}")
+        model.executed.add(graph)
+
+    def _get_output(self, model: _Model, graph: int, key: TensorKey, data: Slice) -> int:
+        spec = self._graph(model, graph).output(key)
+        _check_slice(data)
+        if data.length < spec.nbytes:
+            raise ModelError(
+                ModelFailure.TENSOR_MISMATCH,
+                f"output {spec.name!r} is {spec.describe()} ({spec.nbytes} bytes);"
+                f" the buffer holds {data.length}",
+            )
+        rc, values = self._call(
+            _GET_OUTPUT,
+            model_index=model.loaded.slot,
+            graph_index=graph,
+            tensor_index=spec.index,
+            data=data,
+        )
+        if rc == AEE.ENOTINITIALIZED.dsp:
+            raise ModelError(
+                ModelFailure.NOT_EXECUTED,
+                f"graph {graph} has no outputs: it has not run successfully since it was loaded"
+                " or since its last failure",
+            )
+        self._check(rc, model)
+        return values.integer("data_len")
+
+    def _check(self, rc: int, model: _Model) -> None:
+        if rc == AEE.EBADSTATE.dsp:
+            raise ModelError(ModelFailure.NOT_LOADED, f"slot {model.loaded.slot}")
+        if rc != 0:
+            raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
+
+    def _call(self, method: idl.Method, **arguments: object) -> tuple[int, idl.Values]:
+        """Invoke ``method``; (AEE result, rout values, which are empty unless it is 0)."""
+        call = method.encode(**arguments)
+        inputs: list[InArg] = [_in_arg(item) for item in call.inputs]
+        outputs: list[OutArg] = [_out_arg(item) for item in call.outputs]
+        result = self._session.invoke(self.handle, call.sc, inputs, outputs)
+        if result.rc != 0:
+            return result.rc, idl.Values({})
+        return 0, method.decode(result.outputs)
+
+
+def _check_slice(data: object) -> None:
+    if not isinstance(data, Slice):
+        raise TypeError(f"tensor data must be a DMA-BUF Slice, not {type(data).__name__}")
+
+
+def _in_arg(item: bytes | idl.BufferRef) -> InArg:
+    if isinstance(item, bytes):
+        return Inline(item)
+    assert isinstance(item, Slice)
+    return item
+
+
+def _out_arg(item: int | idl.BufferRef) -> OutArg:
+    if isinstance(item, int):
+        return Capacity(item)
+    assert isinstance(item, Slice)
+    return item
+
+
+def _load_error(rc: int, sniffed: Sniffed) -> RpcError:
+    if rc == AEE.EOUTOFHANDLES.dsp:
+        return ModelError(
+            ModelFailure.SLOTS_FULL, f"all {MAX_MODELS} model slots of this handle are in use"
+        )
+    if rc in (AEE.EUNABLETOLOAD.dsp, AEE.ENOSUCHSYMBOL.dsp):
+        what = "it is not loadable" if rc == AEE.EUNABLETOLOAD.dsp else "an entry point is missing"
+        return ModelError(
+            ModelFailure.FILE_MALFORMED,
+            f"the DSP could not load the model file ({sniffed.description}): {what}",
+        )
+    if rc == AEE.EINVALIDFORMAT.dsp:
+        return ModelError(
+            ModelFailure.MODEL_REJECTED,
+            "the model is outside portal_qnn's limits: 1..8 graphs, at most 32 inputs and 1..32"
+            " outputs each, rank <= 8, names under 128 bytes, known data types, every dimension"
+            " fixed (give shapes for free ones); the DSP's log says which",
+        )
+    if rc == AEE.EBADPARM.dsp:
+        return ModelError(
+            ModelFailure.TENSOR_MISMATCH,
+            "the shapes given do not fit the model (an unknown tensor, a rank or a fixed"
+            " dimension that differs); the DSP's log says which",
+        )
+    if rc == AEE.ENOMEMORY.dsp:
+        return ModelError(
+            ModelFailure.MODEL_REJECTED, "the model's tensors need more than 256 MiB on the DSP"
+        )
+    return RpcError(ErrorCode.INVOKE_FAILED, code=rc)

@@ -1,0 +1,275 @@
+"""The data path's half of one client connection: read frames, write replies, never block.
+
+After the Welcome, a connection's socket belongs to the data path (the trio
+side keeps the socket object and closes it at the very end). A :class:`Link`
+holds the sans-IO protocol object and everything the worker threads share
+about the connection, under one lock:
+
+* **Reading** happens on one worker at a time: the socket's read registration
+  in the data path's epoll is one-shot and re-armed after each read, so
+  frames are taken, and requests arrive, in order.
+* **Writing** never blocks a thread: a reply is sent with ``MSG_DONTWAIT``;
+  what the socket cannot take now waits in the link's outbox, flushed by a
+  worker when the socket is writable (a second fd, a dup of the socket, is
+  registered for that). A client that takes nothing for ``send_timeout``
+  seconds is dropped.
+* **Ending**: the link is *finished* once no more requests can arrive (the
+  peer closed, broke the protocol or was dropped), every request that
+  arrived has ended and the outbox is flushed (or the link was dropped). Its
+  owner then releases the client's resources. A client that half-closes its
+  socket after sending requests still gets every answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+
+import npu_protocol as p
+from npu_client.transport import (
+    ANCILLARY_SPACE,
+    OwnedFd,
+    TransportError,
+    fds_ancillary,
+    parse_ancillary,
+)
+
+if TYPE_CHECKING:
+    from npud.requests import Handler
+
+log = structlog.get_logger("npud.link")
+
+SEND_FLAGS: Final = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+RECV_CHUNK: Final = 256 * 1024
+"""Bytes taken from one socket in one read; more waits for the next turn."""
+
+
+class Link:
+    """See the module docstring. Every method may be called from any thread."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        protocol: p.ServerConnection,
+        *,
+        log_context: structlog.typing.FilteringBoundLogger,
+        arrive: Callable[[p.AnyRequest], Handler[Any]],
+        on_finished: Callable[[Link], None],
+        close_later: Callable[[Sequence[int]], None],
+    ) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.write_fd = OwnedFd(os.dup(self.fd))
+        """A second fd of the socket, so writability has its own epoll registration."""
+        self.protocol = protocol
+        self.log = log_context
+        self.arrive = arrive
+        """A request's arrival step: its handler, started (raises CodedError to refuse)."""
+        self.lock = threading.Lock()
+        self.read_lock = threading.Lock()
+        """Held by the one worker that reads the socket."""
+        self.reading = True
+        self.closing = False
+        """Dropped: nothing more is sent; requests that run finish on their own."""
+        self.reason = ""
+        self.pending: set[object] = set()
+        """Requests that arrived and have not ended (their handlers)."""
+        self._outbox: deque[tuple[memoryview, list[OwnedFd]]] = deque()
+        self.backlog_since: float | None = None
+        self._finished = False
+        self.on_finished = on_finished
+        """Called once, from the thread that finishes the link."""
+        self._close_later = close_later
+        self.needs_write_arm: Callable[[Link], None] = lambda link: None
+        """Set by the data path: arm the writability registration."""
+
+    # --- reading ----------------------------------------------------------------
+    def read(self, buffer: bytearray) -> list[p.ClientMessage | p.ConnectionClosed]:
+        """One non-blocking read into ``buffer``; the messages it completed, in order.
+
+        Protocol violations answer with one error and drop the link; stray fds
+        are closed; end of stream ends reading. Call from one thread at a time
+        (the one-shot read registration guarantees it).
+        """
+        if not self.reading:
+            return []
+        data: bytes | None = None
+        fds: list[OwnedFd] = []
+        truncated = False
+        try:
+            size, ancdata, flags, _ = self.sock.recvmsg_into(
+                [buffer], ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT
+            )
+        except BlockingIOError:
+            pass  # nothing new; what the protocol already holds is still processed
+        except OSError as exc:
+            self.end_reading(f"receive failed: {errno.errorcode.get(exc.errno or 0, exc)}")
+            return [p.ConnectionClosed()]
+        else:
+            data = bytes(buffer[:size])
+            try:
+                fds = parse_ancillary(ancdata, flags)
+            except TransportError:
+                truncated = True
+        messages: list[p.ClientMessage | p.ConnectionClosed] = []
+        with self.lock:
+            if data is not None:
+                self.protocol.receive_data(
+                    data, [fd.detach() for fd in fds], fds_truncated=truncated
+                )
+            while True:
+                try:
+                    event = self.protocol.next_event()
+                except p.RemoteProtocolError as exc:
+                    self._close_later(self.protocol.take_pending_fds())
+                    self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
+                    self._send_locked(p.ErrorMessage.for_code(exc.code, **exc.fields), [])
+                    self._drop_locked(f"protocol violation: {exc}")
+                    messages.append(p.ConnectionClosed())
+                    return messages
+                if event is p.NEED_DATA:
+                    return messages
+                if isinstance(event, p.StrayFds):
+                    self._close_later(event.fds)
+                    self.log.warning("closed fds the client sent unasked", count=len(event.fds))
+                    continue
+                if isinstance(event, p.ConnectionClosed):
+                    self.reading = False
+                    self.reason = self.reason or "closed by the client"
+                    messages.append(event)
+                    return messages
+                messages.append(event)
+
+    def end_reading(self, reason: str) -> None:
+        with self.lock:
+            self.reading = False
+            self.reason = self.reason or reason
+
+    # --- requests ------------------------------------------------------------------
+    def arrived(self, handler: object) -> None:
+        with self.lock:
+            self.pending.add(handler)
+
+    def ended(self, handler: object) -> None:
+        with self.lock:
+            self.pending.discard(handler)
+        self.check_finished()
+
+    # --- writing --------------------------------------------------------------------
+    def send(self, message: p.ServerMessage, fds: Sequence[OwnedFd] = ()) -> bool:
+        """Queue ``message`` for the client and send what the socket takes now.
+
+        ``fds`` become the link's (closed once sent, or when the link is
+        dropped). False when the message was not sendable (the link is closing,
+        or the protocol refused it).
+        """
+        with self.lock:
+            return self._send_locked(message, list(fds))
+
+    def _send_locked(self, message: p.ServerMessage, fds: list[OwnedFd]) -> bool:
+        if self.closing:
+            _close_all(fds)
+            return False
+        try:
+            data, numbers = self.protocol.send(message)
+        except p.LocalProtocolError as exc:
+            _close_all(fds)
+            request_id = getattr(message, "id", None)
+            if exc.code is p.ErrorCode.CONNECTION_CLOSED:
+                return False  # the client is gone or finished; nothing to tell it
+            if request_id is None or isinstance(message, p.ErrorMessage):
+                self.log.info("message not sent", error=str(exc), message=p.tag_of(message))
+                return False
+            # Our own bug, or a reply too large for the frame limit: the request
+            # still gets its one answer.
+            self.log.error("reply not sendable", error=str(exc), message=p.tag_of(message))
+            fallback = p.ErrorMessage.for_code(
+                p.ErrorCode.INTERNAL_ERROR, id=request_id, detail=f"reply not sendable: {exc}"
+            )
+            return self._send_locked(fallback, [])
+        assert [fd.fileno() for fd in fds] == numbers, "the message's fds are the ones given"
+        self._outbox.append((memoryview(data), fds))
+        if len(self._outbox) == 1:
+            self._flush_locked()
+        return True
+
+    def flush(self) -> None:
+        """Send what waits in the outbox (the socket became writable)."""
+        with self.lock:
+            self._flush_locked()
+        self.check_finished()
+
+    def _flush_locked(self) -> None:
+        while self._outbox and not self.closing:
+            data, fds = self._outbox[0]
+            try:
+                sent = self.sock.sendmsg(
+                    [data], fds_ancillary([fd.fileno() for fd in fds]), SEND_FLAGS
+                )
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                self._drop_locked(f"send failed: {errno.errorcode.get(exc.errno or 0, exc)}")
+                return
+            if sent:
+                _close_all(fds)  # they went with the frame's first byte
+                fds.clear()
+            if sent == len(data):
+                self._outbox.popleft()
+                continue
+            self._outbox[0] = (data[sent:], fds)
+            if self.backlog_since is None:
+                self.backlog_since = time.monotonic()
+            self.needs_write_arm(self)
+            return
+        self.backlog_since = None
+
+    # --- ending ----------------------------------------------------------------------
+    def drop(self, reason: str) -> None:
+        """Stop talking to the client now (it misbehaved, or the daemon stops)."""
+        with self.lock:
+            self._drop_locked(reason)
+        self.check_finished()
+
+    def _drop_locked(self, reason: str) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        self.reading = False
+        self.reason = self.reason or reason
+        for _, fds in self._outbox:
+            _close_all(fds)
+        self._outbox.clear()
+        self.backlog_since = None
+        # Wakes any poll on the socket; the peer sees the end at once.
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def check_finished(self) -> None:
+        with self.lock:
+            if self._finished or self.reading or self.pending or self._outbox:
+                return
+            self._finished = True
+        self.on_finished(self)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def close(self) -> None:
+        """Release the link's own fd (the socket itself is its owner's)."""
+        self.write_fd.close()
+
+
+def _close_all(fds: list[OwnedFd]) -> None:
+    for fd in fds:
+        fd.close()

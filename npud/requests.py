@@ -1,0 +1,417 @@
+"""What npud does for each request: one handler class per request type.
+
+A handler does its work in steps, so that a connection's requests keep their
+order (PROTOCOL.md section 6) while running concurrently:
+
+* :meth:`Handler.start` runs when the request *arrives*, in arrival order, on
+  the thread that read it: it checks what can be checked at once and resolves
+  or reserves the ids the request names (:class:`ObjectTable`);
+* :meth:`Handler.gates` names what must exist first (an object that an
+  earlier request is still creating, a destroyed object's last user);
+* :meth:`Handler.run` does the work, synchronously, on the thread its
+  :class:`Route` names, and returns the answer;
+* :meth:`Handler.end` runs after the answer went out, however it ended, and
+  gives back what the arrival step held.
+
+Every failure is a :class:`CodedError`; the data path turns it into the
+request's ``error`` reply in one place. :data:`HANDLERS` maps each request type
+to its handler, next to the protocol's ``REPLY_TYPES``.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
+
+import npu_protocol as p
+from npu_client.transport import OwnedFd
+from npu_protocol import CodedError, ErrorCode
+from npud.clients import Client, Entry, Gate, Kind, unknown
+from npud.fastrpc.dma import SessionBuffer, checked_dma_size
+from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
+from npud.fastrpc.session import FastRpcSession
+from npud.scheduler import Account
+
+if TYPE_CHECKING:
+    from npud.broker import Broker
+
+R = TypeVar("R", bound=p.Request)
+
+
+class Route(enum.Enum):
+    """Where a request's work runs."""
+
+    DSP = "dsp"
+    """Through the scheduler, on a data-path worker: the DSP-bound calls."""
+    CONTROL = "control"
+    """The control lane: allocation and mapping, short calls that never wait behind an invoke."""
+    LOADER = "loader"
+    """The loader lane: remotectl open and close (a skel load reads files through the listener)."""
+    HERE = "here"
+    """On the thread that read it: cheap, and touches no DSP."""
+
+
+@dataclass
+class Answer:
+    """A successful reply and the fd that travels with it (the link closes it once sent)."""
+
+    reply: p.AnyReply
+    fd: OwnedFd | None = None
+
+
+class Handler(abc.ABC, Generic[R]):
+    """One request, from its arrival to its answer."""
+
+    route: ClassVar[Route]
+    acquires: ClassVar[bool] = True
+    """Takes DSP resources: refused with SHUTTING_DOWN once the daemon stops.
+    Releases (free, unmap, close), status and ping are still served then."""
+
+    # DSP-bound handlers set these (the data path reads them).
+    account: Account | None = None
+    timeout: float | None = None
+    timeout_ms: int | None = None
+    deadline: float | None = None
+    """Absolute, on time.monotonic(); None: no deadline."""
+    deadline_ms: int | None = None
+    dsp_seconds: float = 0.0
+
+    def __init__(self, broker: Broker, client: Client, request: R) -> None:
+        self.broker = broker
+        self.client = client
+        self.request = request
+        self._held: list[Entry] = []
+        self._waits: list[Gate] = []
+
+    def start(self) -> None:
+        """The arrival step; on a refusal, what it took is given back and it raises."""
+        try:
+            if self.acquires and self.broker.dsp.stopping:
+                raise CodedError(ErrorCode.SHUTTING_DOWN)
+            self.arrive()
+        except BaseException:
+            self.end()
+            raise
+
+    def arrive(self) -> None:
+        """Checks and id resolution at arrival; raise CodedError to refuse."""
+
+    def gates(self) -> list[Gate]:
+        """What must be open before :meth:`run` may start."""
+        return self._waits
+
+    @abc.abstractmethod
+    def run(self) -> Answer:
+        """Do the work; raise CodedError for a refusal."""
+
+    def end(self) -> None:
+        """Give back what the arrival step held. Idempotent."""
+        held, self._held = self._held, []
+        for entry in held:
+            self.client.objects.done_with(entry)
+
+    def _use(self, object_id: int, kind: Kind) -> Entry:
+        entry = self.client.objects.use(object_id, kind)
+        self._held.append(entry)
+        self._waits.append(entry.created)
+        return entry
+
+    @staticmethod
+    def _ready(entry: Entry) -> object:
+        """The object behind ``entry`` (its creating request has ended)."""
+        if entry.lost:
+            raise CodedError(ErrorCode.DSP_RESTARTED)
+        if not entry.live:
+            raise unknown(entry.kind, entry.id)
+        return entry.value
+
+    def _buffer(self, entry: Entry) -> SessionBuffer:
+        buffer = self._ready(entry)
+        assert isinstance(buffer, SessionBuffer)
+        return buffer
+
+
+# --- buffers ----------------------------------------------------------------------
+
+
+class Alloc(Handler[p.AllocRequest]):
+    route = Route.CONTROL
+
+    def arrive(self) -> None:
+        self.session = self.broker.dsp.current()
+        size = checked_dma_size(self.request.size)
+        self.broker.clients.check_buffer(self.client, size)
+        self.entry = self.client.objects.reserve(Kind.BUFFER, size)
+
+    def run(self) -> Answer:
+        session, dsp = self.session, self.broker.dsp
+        try:
+            buffer = dsp.run(session, lambda: session.alloc(self.entry.size))
+        except BaseException:
+            self.client.objects.failed(self.entry)
+            raise
+        try:
+            # The reply's fd is a dup made now, before any later request can free
+            # the buffer: the reply must carry this buffer's file, never whatever
+            # file reuses a closed fd number.
+            reply_fd = OwnedFd(os.dup(buffer.fd))
+        except OSError as exc:
+            self.client.objects.failed(self.entry)
+            self.broker.release_now(session, buffers=[buffer])
+            raise CodedError(
+                ErrorCode.DMA_BUF_ALLOC, msg=f"no fd for the reply: {exc.strerror}"
+            ) from None
+        if not self.client.objects.created(self.entry, buffer):
+            reply_fd.close()
+            self.broker.release_now(session, buffers=[buffer])
+            raise CodedError(ErrorCode.DSP_RESTARTED)
+        reply = p.AllocReply(
+            id=self.request.id, buffer=self.entry.id, size=buffer.size, fd=reply_fd.fileno()
+        )
+        return Answer(reply, reply_fd)
+
+
+class Free(Handler[p.FreeRequest]):
+    route = Route.CONTROL
+    acquires = False
+
+    def arrive(self) -> None:
+        self.entry = self.client.objects.doom(self.request.buffer, Kind.BUFFER)
+        self._waits += _destroyable(self.entry)
+
+    def run(self) -> Answer:
+        buffer = self._buffer(self.entry)
+        self.client.objects.remove(self.entry)
+        self.broker.release_now(self.broker.dsp.session, buffers=[buffer], strict=True)
+        return Answer(p.FreeReply(id=self.request.id))
+
+
+class Map(Handler[p.MapRequest]):
+    route = Route.CONTROL
+
+    def arrive(self) -> None:
+        self.session = self.broker.dsp.current()
+        self.entry = self._use(self.request.buffer, Kind.BUFFER)
+
+    def run(self) -> Answer:
+        buffer = self._buffer(self.entry)
+        session = self.session
+        address = self.broker.dsp.run(session, lambda: session.map(buffer))
+        return Answer(p.MapReply(id=self.request.id, dsp_address=address))
+
+
+class Unmap(Handler[p.UnmapRequest]):
+    route = Route.CONTROL
+    acquires = False
+
+    def arrive(self) -> None:
+        self.entry = self._use(self.request.buffer, Kind.BUFFER)
+
+    def run(self) -> Answer:
+        buffer = self._buffer(self.entry)
+        if buffer.dsp_address is None:
+            raise CodedError(
+                ErrorCode.INVALID_ARGUMENT, detail=f"buffer id {self.entry.id} is not mapped"
+            )
+        dsp = self.broker.dsp
+        session = dsp.session
+        if session is None:
+            raise CodedError(ErrorCode.DSP_RESTARTED)
+        dsp.run(session, lambda: session.unmap(buffer))
+        return Answer(p.UnmapReply(id=self.request.id))
+
+
+# --- skels --------------------------------------------------------------------------
+
+
+class Open(Handler[p.OpenRequest]):
+    route = Route.LOADER
+
+    def arrive(self) -> None:
+        self.session = self.broker.dsp.current()
+        self.broker.clients.check_handle(self.client)
+        self.entry = self.client.objects.reserve(Kind.HANDLE)
+
+    def run(self) -> Answer:
+        session, uri = self.session, self.request.uri
+        try:
+            handle = self.broker.dsp.run(session, lambda: session.remote_open(uri))
+        except BaseException:
+            self.client.objects.failed(self.entry)
+            raise
+        if not self.client.objects.created(self.entry, handle):
+            self.broker.release_now(session, handles=[handle])
+            raise CodedError(ErrorCode.DSP_RESTARTED)
+        return Answer(p.OpenReply(id=self.request.id, handle=self.entry.id))
+
+
+class Close(Handler[p.CloseRequest]):
+    route = Route.LOADER
+    acquires = False
+
+    def arrive(self) -> None:
+        self.entry = self.client.objects.doom(self.request.handle, Kind.HANDLE)
+        self._waits += _destroyable(self.entry)
+
+    def run(self) -> Answer:
+        handle = self._ready(self.entry)
+        assert isinstance(handle, int)
+        self.client.objects.remove(self.entry)
+        self.broker.release_now(self.broker.dsp.session, handles=[handle], strict=True)
+        return Answer(p.CloseReply(id=self.request.id))
+
+
+# --- invoke -------------------------------------------------------------------------
+
+
+class Invoke(Handler[p.InvokeRequest]):
+    """A remote call. Its handle and buffers are held from arrival to the end."""
+
+    route = Route.DSP
+
+    def arrive(self) -> None:
+        broker, client, request = self.broker, self.client, self.request
+        self.session = broker.dsp.current()
+        limits = broker.client_limits(client)
+        for resource, used in (
+            ("inline input bytes", request.inline_input_bytes),
+            ("inline output bytes", request.inline_output_bytes),
+        ):
+            if used > limits.max_inline_bytes:
+                raise CodedError(
+                    ErrorCode.QUOTA_EXCEEDED, resource=resource, limit=limits.max_inline_bytes
+                )
+        timeout_ms = request.timeout_ms
+        if timeout_ms is not None and timeout_ms > limits.max_timeout_ms:
+            raise CodedError(
+                ErrorCode.INVALID_ARGUMENT,
+                detail=f"timeout_ms {timeout_ms} exceeds max_timeout_ms {limits.max_timeout_ms}",
+            )
+        self.timeout_ms = timeout_ms if timeout_ms is not None else limits.default_timeout_ms
+        self.timeout = None if self.timeout_ms is None else self.timeout_ms / 1000
+        self.deadline_ms = request.deadline_ms
+        if self.deadline_ms is not None:
+            self.deadline = time.monotonic() + self.deadline_ms / 1000
+        self.account = client.account
+        self.handle = self._use(request.handle, Kind.HANDLE)
+        self.slices = [
+            (arg, self._use(arg.buffer, Kind.BUFFER))
+            for arg in (*request.inputs, *request.outputs)
+            if isinstance(arg, p.BufferSlice)
+        ]
+        for arg, entry in self.slices:
+            if entry.created.is_open:
+                _check_slice(arg, entry)
+        client.begin_call(broker.config.client_limits.max_calls_in_flight)
+        self._counted = True
+
+    _counted = False
+
+    def run(self) -> Answer:
+        handle = self._ready(self.handle)
+        assert isinstance(handle, int)
+        buffers = {id(arg): self._buffer(entry) for arg, entry in self.slices}
+        for arg, entry in self.slices:
+            _check_slice(arg, entry)
+
+        def argument(arg: p.InputArg | p.OutputArg) -> InArg | OutArg:
+            if isinstance(arg, p.InlineInput):
+                return Inline(arg.data)
+            if isinstance(arg, p.InlineOutput):
+                return Capacity(arg.capacity)
+            return Slice(buffers[id(arg)], arg.offset, arg.length)
+
+        request, session = self.request, self.session
+        inputs = [argument(arg) for arg in request.inputs]
+        outputs = [argument(arg) for arg in request.outputs]
+        started = time.perf_counter()
+        try:
+            result: InvokeResult = self.broker.dsp.run(
+                session,
+                lambda: session.invoke(handle, request.scalars, inputs, outputs),  # type: ignore[arg-type]
+            )
+        finally:
+            self.dsp_seconds = time.perf_counter() - started
+        if result.rc != 0:
+            raise CodedError(ErrorCode.INVOKE_FAILED, code=result.rc)
+        return Answer(p.InvokeReply(id=request.id, outputs=result.outputs))
+
+    def end(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.client.end_call()
+            self.broker.count_call()
+        super().end()
+
+
+def _check_slice(arg: p.BufferSlice, entry: Entry) -> None:
+    """Slices are checked against the allocated size, the one size the client was told."""
+    if entry.live and arg.offset + arg.length > entry.size:
+        raise CodedError(
+            ErrorCode.SLICE_OUT_OF_RANGE,
+            offset=arg.offset,
+            length=arg.length,
+            buffer=entry.id,
+            size=entry.size,
+        )
+
+
+# --- daemon ----------------------------------------------------------------------------
+
+
+class Status(Handler[p.StatusRequest]):
+    route = Route.HERE
+    acquires = False
+
+    def run(self) -> Answer:
+        return Answer(p.StatusReply(id=self.request.id, status=self.broker.status()))
+
+
+class Ping(Handler[p.PingRequest]):
+    route = Route.HERE
+    acquires = False
+
+    def run(self) -> Answer:
+        return Answer(p.PongReply(id=self.request.id, payload=self.request.payload))
+
+
+def _destroyable(entry: Entry) -> list[Gate]:
+    """What a destroying request waits for: the object exists, and every earlier
+    request that named it has ended."""
+    return [entry.created] + ([entry.idle] if entry.idle is not None else [])
+
+
+HANDLERS: Final[dict[type[p.Request], type[Handler[Any]]]] = {
+    p.AllocRequest: Alloc,
+    p.FreeRequest: Free,
+    p.MapRequest: Map,
+    p.UnmapRequest: Unmap,
+    p.OpenRequest: Open,
+    p.CloseRequest: Close,
+    p.InvokeRequest: Invoke,
+    p.StatusRequest: Status,
+    p.PingRequest: Ping,
+}
+"""The handler of each request type; every type in ``p.REPLY_TYPES`` has one."""
+
+
+def release_session_objects(
+    session: FastRpcSession, buffers: list[SessionBuffer], handles: list[int]
+) -> list[CodedError]:
+    """Close ``handles`` and free ``buffers`` on ``session``; the failures."""
+    failures: list[CodedError] = []
+    for handle in handles:
+        try:
+            session.remote_close(handle)
+        except CodedError as exc:
+            failures.append(exc)
+    for buffer in buffers:
+        try:
+            session.free(buffer)  # deferred by the session while an invoke uses it
+        except CodedError as exc:
+            failures.append(exc)
+    return failures

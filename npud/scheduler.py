@@ -1,0 +1,462 @@
+"""The one home of arbitration: which DSP-bound call is dispatched next, and when.
+
+A FastRPC call cannot be preempted once it is on the DSP (no NPU runtime can
+switch mid-graph), so arbitration is about what is dispatched, when, and how
+much may run at once. The policy (docs/scheduling.md):
+
+* **Slots.** At most ``dsp_slots`` calls are on the DSP at once. Normal and
+  background calls together leave ``realtime_reserve`` slots free, and
+  background calls hold at most ``background_max``: a realtime call always
+  finds a free slot.
+* **Order.** Class first (realtime, normal, background); within a class,
+  calls with a deadline go earliest-deadline first, then clients take turns
+  by **measured DSP time** (each client's virtual time grows by the DSP time
+  its calls used; the client furthest behind goes next), then arrival.
+* **No starvation.** A background call that has waited ``background_wait``
+  seconds goes before normal calls (realtime still first).
+* **Per client**, at most ``per_client_running`` calls are on the DSP at once.
+* **Deadlines.** A call whose deadline passed before dispatch is not
+  dispatched (``DEADLINE_EXCEEDED``); one that finishes late counts a miss.
+* **Budgets.** A realtime client may declare a period and a budget of DSP
+  time per period; it is admitted only while the declared realtime use stays
+  under ``realtime_utilisation``. Calls beyond its budget in a period run as
+  normal class; calls without a deadline get the end of their period as one
+  (for ordering and misses, never for refusal).
+* **FIFO mode** turns all of it off: arrival order, ``dsp_slots`` at once, so
+  benchmarks can measure the difference in one run.
+
+The scheduler is pure bookkeeping: it never runs a call. ``submit`` says
+whether a call may start now; ``finish`` returns the calls that may start
+because one ended. It is thread-safe (one lock; every method is short) and
+takes its clock from the caller, so tests drive it with a fake one.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+CLASSES: Final = ("realtime", "normal", "background")
+REALTIME, NORMAL, BACKGROUND = range(3)
+WAIT_SAMPLES: Final = 1024
+"""Queue waits kept per client for the percentiles (the most recent ones)."""
+UTILISATION_TAU: Final = 5.0
+"""Seconds over which the utilisation figure is averaged (exponential decay)."""
+
+
+class Outcome(enum.Enum):
+    """What ``submit`` decided."""
+
+    RUN = "run"
+    """Dispatched: the caller runs it now."""
+    QUEUED = "queued"
+    """Waiting; a later ``finish`` (or ``cancel``) returns it."""
+    LATE = "late"
+    """Its deadline had passed: not dispatched (DEADLINE_EXCEEDED)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The knobs of ``[scheduler]`` (npud/config.py documents each)."""
+
+    mode: Literal["fair", "fifo"] = "fair"
+    dsp_slots: int = 4
+    realtime_reserve: int = 1
+    background_max: int = 2
+    background_wait: float = 0.5
+    per_client_running: int = 2
+    realtime_utilisation: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.dsp_slots < 1:
+            raise ValueError("dsp_slots must be at least 1")
+        if not 0 <= self.realtime_reserve < self.dsp_slots:
+            raise ValueError("realtime_reserve must leave at least one slot for the others")
+        if self.background_max < 1:
+            raise ValueError("background_max must be at least 1")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A realtime client's declaration: at most ``budget`` seconds of DSP every ``period``."""
+
+    period: float
+    budget: float
+
+    @property
+    def share(self) -> float:
+        return self.budget / self.period
+
+
+class AdmissionRefusedError(Exception):
+    """A budget that would take realtime use above the configured bound."""
+
+
+@dataclass(eq=False)
+class Account:
+    """One client as the scheduler sees it."""
+
+    name: str
+    klass: int
+    budget: Budget | None = None
+    vtime: float = 0.0
+    """DSP seconds used, as the fairness clock of its class sees them."""
+    queued: int = 0
+    running: int = 0
+    calls: int = 0
+    dsp_seconds: float = 0.0
+    misses: int = 0
+    """Calls that finished after their deadline."""
+    late: int = 0
+    """Calls refused because their deadline had passed before dispatch."""
+    overruns: int = 0
+    """Periods in which a budgeted client used more than its budget."""
+    waits: deque[float] = field(default_factory=lambda: deque(maxlen=WAIT_SAMPLES))
+    period_start: float = -math.inf
+    period_used: float = 0.0
+    period_overrun: bool = False
+    closed: bool = False
+    _queue: deque[Job] = field(default_factory=deque)
+
+    def wait_percentile(self, q: float) -> float:
+        """The ``q`` quantile (0..1) of recent queue waits, in seconds; 0 with none."""
+        if not self.waits:
+            return 0.0
+        ordered = sorted(self.waits)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass(eq=False)
+class Job:
+    """One DSP-bound call."""
+
+    account: Account
+    payload: Any = None
+    """Whatever the caller runs (the request's handler)."""
+    deadline: float | None = None
+    """Absolute, on the scheduler's clock; None: no deadline."""
+    explicit_deadline: bool = False
+    """The client asked for this deadline (only those refuse a late dispatch)."""
+    arrival: float = 0.0
+    seq: int = 0
+    klass: int = NORMAL
+    """The class this call runs in (a budgeted client over its budget runs as normal)."""
+    dispatched: float | None = None
+    state: Literal["new", "queued", "running", "done", "cancelled"] = "new"
+
+
+@dataclass(frozen=True)
+class SchedulerStatistics:
+    mode: str
+    dsp_slots: int
+    queued: tuple[int, int, int]
+    running: tuple[int, int, int]
+    utilisation: float
+    """Recent average of busy slots / ``dsp_slots``, 0..1."""
+    realtime_declared: float
+    """Sum of the admitted realtime budgets' shares of the DSP."""
+    dispatched: int
+    late: int
+
+
+class Scheduler:
+    """See the module docstring."""
+
+    def __init__(self, policy: Policy, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._accounts: set[Account] = set()
+        self._queued = [0, 0, 0]
+        self._running = [0, 0, 0]
+        self._seq = itertools.count()
+        self._fifo: deque[Job] = deque()
+        self._dispatched = 0
+        self._late = 0
+        self._busy_average = 0.0
+        self._busy_since = clock()
+
+    # --- clients ---------------------------------------------------------------
+    def open_account(self, name: str, klass: int, budget: Budget | None = None) -> Account:
+        """A client joins; a realtime budget is admitted or refused here."""
+        with self._lock:
+            if budget is not None:
+                if klass != REALTIME:
+                    raise AdmissionRefusedError("only realtime clients declare a budget")
+                declared = self._declared() + budget.share
+                bound = self.policy.realtime_utilisation
+                if declared > bound + 1e-9:
+                    raise AdmissionRefusedError(
+                        f"{budget.budget * 1000:g} ms every {budget.period * 1000:g} ms would "
+                        f"bring declared realtime use to {declared:.0%} of the DSP, above the "
+                        f"configured {bound:.0%}"
+                    )
+            account = Account(name, klass, budget)
+            actives = [a for a in self._accounts if a.klass == klass]
+            account.vtime = min((a.vtime for a in actives), default=0.0)
+            self._accounts.add(account)
+            return account
+
+    def close_account(self, account: Account) -> list[Job]:
+        """A client leaves: its queued calls are taken out (returned, for the caller
+        to answer and release); its running calls finish as usual."""
+        with self._lock:
+            account.closed = True
+            dropped = [job for job in self._all_queued() if job.account is account]
+            for job in dropped:
+                self._unqueue(job)
+                job.state = "cancelled"
+            self._accounts.discard(account)
+            return dropped
+
+    # --- calls -------------------------------------------------------------------
+    def submit(self, job: Job) -> Outcome:
+        """A call arrives. RUN: start it now. QUEUED: ``finish`` will return it."""
+        with self._lock:
+            now = self._clock()
+            account = job.account
+            job.arrival = now
+            job.seq = next(self._seq)
+            job.klass = self._class_of(account, now)
+            if job.deadline is None and account.budget is not None and job.klass == REALTIME:
+                job.deadline = now + account.budget.period
+            if self._is_late(job, now):
+                self._refuse_late(job)
+                return Outcome.LATE
+            if account.queued == 0 and account.running == 0:
+                self._catch_up(account)
+            # After every event no queued call fits (each finish starts all that
+            # do), so a call that fits now takes nothing from one that waits.
+            if self._fits(job):
+                self._start(job, now)
+                return Outcome.RUN
+            job.state = "queued"
+            account.queued += 1
+            self._queued[job.klass] += 1
+            if self.policy.mode == "fifo":
+                self._fifo.append(job)
+            else:
+                account._queue.append(job)
+            return Outcome.QUEUED
+
+    def finish(self, job: Job, dsp_seconds: float) -> tuple[list[Job], list[Job]]:
+        """A dispatched call returned after ``dsp_seconds`` on the DSP.
+
+        Returns (calls to start now, calls refused as late): the caller runs the
+        first and answers the second with DEADLINE_EXCEEDED.
+        """
+        with self._lock:
+            now = self._clock()
+            self._note_busy(now)
+            account = job.account
+            job.state = "done"
+            self._running[job.klass] -= 1
+            account.running -= 1
+            account.calls += 1
+            account.dsp_seconds += dsp_seconds
+            account.vtime += dsp_seconds
+            if job.deadline is not None and now > job.deadline:
+                account.misses += 1
+            if account.budget is not None:
+                self._charge_budget(account, dsp_seconds, now)
+            return self._dispatch(now)
+
+    def cancel(self, job: Job) -> bool:
+        """Take a queued call out (its caller gave up); False if it is not queued."""
+        with self._lock:
+            if job.state != "queued":
+                return False
+            self._unqueue(job)
+            job.state = "cancelled"
+            return True
+
+    def late_jobs(self) -> list[Job]:
+        """Queued calls whose explicit deadline has passed: taken out, to be refused."""
+        with self._lock:
+            now = self._clock()
+            late = [job for job in self._all_queued() if self._is_late(job, now)]
+            for job in late:
+                self._unqueue(job)
+                self._refuse_late(job)
+            return late
+
+    def statistics(self) -> SchedulerStatistics:
+        with self._lock:
+            now = self._clock()
+            self._note_busy(now)
+            return SchedulerStatistics(
+                mode=self.policy.mode,
+                dsp_slots=self.policy.dsp_slots,
+                queued=(self._queued[0], self._queued[1], self._queued[2]),
+                running=(self._running[0], self._running[1], self._running[2]),
+                utilisation=self._busy_average,
+                realtime_declared=self._declared(),
+                dispatched=self._dispatched,
+                late=self._late,
+            )
+
+    # --- policy ---------------------------------------------------------------------
+    def _class_of(self, account: Account, now: float) -> int:
+        if self.policy.mode == "fifo":
+            return NORMAL
+        if account.budget is not None and account.klass == REALTIME:
+            self._roll_period(account, now)
+            if account.period_used >= account.budget.budget:
+                return NORMAL  # over budget for this period: no more precedence
+        return account.klass
+
+    def _fits(self, job: Job) -> bool:
+        """May ``job`` start now, as far as slots and caps go?"""
+        policy, running = self.policy, self._running
+        if sum(running) >= policy.dsp_slots:
+            return False
+        if policy.mode == "fifo":
+            return True
+        if job.account.running >= policy.per_client_running:
+            return False
+        if job.klass != REALTIME and running[NORMAL] + running[BACKGROUND] >= (
+            policy.dsp_slots - policy.realtime_reserve
+        ):
+            return False
+        return not (job.klass == BACKGROUND and running[BACKGROUND] >= policy.background_max)
+
+    def _dispatch(self, now: float) -> tuple[list[Job], list[Job]]:
+        started: list[Job] = []
+        late: list[Job] = []
+        while True:
+            job = self._pick(now)
+            if job is None:
+                return started, late
+            self._unqueue(job)
+            if self._is_late(job, now):
+                self._refuse_late(job)
+                late.append(job)
+                continue
+            self._start(job, now)
+            started.append(job)
+
+    def _pick(self, now: float) -> Job | None:
+        if self.policy.mode == "fifo":
+            return self._fifo[0] if self._fifo and self._fits(self._fifo[0]) else None
+        order = [REALTIME, NORMAL, BACKGROUND]
+        if self._queued[BACKGROUND] and self._starving_background(now):
+            order = [REALTIME, BACKGROUND, NORMAL]
+        for klass in order:
+            if self._queued[klass]:
+                job = self._pick_in_class(klass)
+                if job is not None:
+                    return job
+        return None
+
+    def _pick_in_class(self, klass: int) -> Job | None:
+        """Earliest deadline first, then the client furthest behind in DSP time, then arrival."""
+        best: Job | None = None
+        best_key: tuple[float, float, int] | None = None
+        for account in self._accounts:
+            for job in account._queue:
+                if job.klass == klass:
+                    break
+            else:
+                continue
+            if not self._fits(job):
+                continue
+            deadline = job.deadline if job.deadline is not None else math.inf
+            key = (deadline, account.vtime, job.seq)
+            if best_key is None or key < best_key:
+                best, best_key = job, key
+        return best
+
+    def _starving_background(self, now: float | None = None) -> bool:
+        now = self._clock() if now is None else now
+        oldest = min(
+            (
+                job.arrival
+                for account in self._accounts
+                for job in account._queue
+                if job.klass == BACKGROUND
+            ),
+            default=math.inf,
+        )
+        return now - oldest >= self.policy.background_wait
+
+    def _catch_up(self, account: Account) -> None:
+        """A client that was idle starts from its class's current virtual time, so
+        idleness is not banked as credit against clients that kept working."""
+        busy = [
+            a.vtime
+            for a in self._accounts
+            if a.klass == account.klass and a is not account and (a.queued or a.running)
+        ]
+        if busy:
+            account.vtime = max(account.vtime, min(busy))
+
+    def _start(self, job: Job, now: float) -> None:
+        self._note_busy(now)
+        job.state = "running"
+        job.dispatched = now
+        job.account.running += 1
+        job.account.waits.append(now - job.arrival)
+        self._running[job.klass] += 1
+        self._dispatched += 1
+
+    def _is_late(self, job: Job, now: float) -> bool:
+        return job.explicit_deadline and job.deadline is not None and now > job.deadline
+
+    def _refuse_late(self, job: Job) -> None:
+        job.state = "cancelled"
+        job.account.late += 1
+        self._late += 1
+
+    def _unqueue(self, job: Job) -> None:
+        if self.policy.mode == "fifo":
+            self._fifo.remove(job)
+        else:
+            job.account._queue.remove(job)
+        job.account.queued -= 1
+        self._queued[job.klass] -= 1
+
+    def _all_queued(self) -> list[Job]:
+        if self.policy.mode == "fifo":
+            return list(self._fifo)
+        return [job for account in self._accounts for job in account._queue]
+
+    def _roll_period(self, account: Account, now: float) -> None:
+        """Start a new budget period once the current one is over."""
+        assert account.budget is not None
+        period = account.budget.period
+        if math.isinf(account.period_start):
+            account.period_start = now
+        elif now - account.period_start >= period:
+            account.period_start += (now - account.period_start) // period * period
+        else:
+            return
+        account.period_used = 0.0
+        account.period_overrun = False
+
+    def _charge_budget(self, account: Account, dsp_seconds: float, now: float) -> None:
+        assert account.budget is not None
+        self._roll_period(account, now)
+        account.period_used += dsp_seconds
+        if account.period_used > account.budget.budget and not account.period_overrun:
+            account.period_overrun = True
+            account.overruns += 1
+
+    def _declared(self) -> float:
+        return sum(a.budget.share for a in self._accounts if a.budget is not None)
+
+    def _note_busy(self, now: float) -> None:
+        """Fold the time since the last event into the utilisation average."""
+        elapsed = now - self._busy_since
+        if elapsed <= 0:
+            return
+        occupancy = sum(self._running) / self.policy.dsp_slots
+        weight = 1.0 - math.exp(-elapsed / UTILISATION_TAU)
+        self._busy_average += (occupancy - self._busy_average) * weight
+        self._busy_since = now

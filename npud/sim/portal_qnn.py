@@ -1,0 +1,453 @@
+"""The emulator's portal_qnn skel: ONNX models on onnxruntime, as skel/portal_qnn_imp.c behaves.
+
+Same interface as the C skel (idl/portal_qnn.idl, layouts from the IDL): a
+table of 4 model slots per handle, ``model_load`` / ``set_input`` /
+``execute`` / ``get_output`` / ``model_unload`` / ``graph_info``, the same AEE
+codes for the same mistakes, and QNN error numbers in ``qnn_status`` for what
+the model runtime itself refuses. What differs is the model:
+
+* ``model_uri`` names a file that the DSP reads from the host through the
+  reverse-RPC listener (apps_std, like a skel library: the daemon lends the
+  client's fd under a generated name); the bytes must be an ONNX model. A
+  ``builtin:`` name finds nothing (AEE_ERESOURCENOTFOUND): no builtin is
+  registered in the emulated process.
+* An ONNX model is one graph (graph_index 0). Its tensors must be sized at
+  load, as QNN's are: every dimension must be fixed. Free dimensions are
+  fixed by the URI's query, ``?shape.<name>=<d0>,<d1>,...`` joined by ``&``
+  (names percent-encoded), for inputs and outputs alike; a dimension named
+  in the model (``dim_param``) that one given shape fixes is fixed everywhere
+  it appears. An unknown name, a rank or a fixed dimension that disagrees
+  with the model is AEE_EBADPARM (a bad model_uri); a dimension left free is
+  AEE_EINVALIDFORMAT ("a tensor that cannot be sized").
+* onnxruntime runs on the CPU with one intra-op thread by default.
+
+Every refusal is logged (the DSP's FARF) with the reason; the caller sees the
+AEE code. Calls on one handle run one at a time, as on the C skel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+# onnxruntime's Linux wheels (1.32) carry a telemetry client that, at import,
+# opens an event store under ~/.cache/Microsoft/DeveloperTools and would send it
+# to a Microsoft collector. A daemon on a voice pipeline sends nothing anywhere:
+# opt out before the import (an operator who sets the variable keeps their value).
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+from npu_protocol.aee import AEE
+from npud import idl
+from npud.sim.skels import HostFileError, Skel, SkelCall, SkelMethod, idl_methods
+
+log = logging.getLogger(__name__)
+
+PORTAL_IDL: Final = idl.load("portal_qnn")
+MAX_MODELS: Final = 4
+MAX_TENSORS: Final = 32
+MAX_RANK: Final = 8
+MAX_NAME_BYTES: Final = 128  # with the NUL
+MAX_URI_BYTES: Final = 512  # with the NUL
+MAX_TENSOR_BYTES: Final = 64 * 1024 * 1024
+MAX_MODEL_BYTES: Final = 256 * 1024 * 1024  # all staging buffers of one model
+MAX_MODEL_FILE_BYTES: Final = 512 * 1024 * 1024
+NO_MODEL: Final = 0xFFFFFFFF
+BUILTIN_PREFIX: Final = "builtin:"
+SHAPE_PREFIX: Final = "shape."
+DEFAULT_INTRA_OP_THREADS: Final = 1
+ORT_QUIET: Final = 4  # onnxruntime's FATAL: the skel logs failures itself
+
+# QNN error numbers (skel/include/qnn_min.h) for what onnxruntime refuses.
+QNN_COMMON_ERROR_NOT_SUPPORTED: Final = 1000
+QNN_COMMON_ERROR_GENERAL: Final = 1100
+QNN_GRAPH_ERROR_INVALID_ARGUMENT: Final = 6000
+
+# ONNX element type (as onnxruntime names it) -> QNN data type code, numpy dtype.
+ONNX_TYPES: Final[Mapping[str, tuple[int, str]]] = {
+    "tensor(int8)": (0x0008, "int8"),
+    "tensor(int16)": (0x0016, "int16"),
+    "tensor(int32)": (0x0032, "int32"),
+    "tensor(int64)": (0x0064, "int64"),
+    "tensor(uint8)": (0x0108, "uint8"),
+    "tensor(uint16)": (0x0116, "uint16"),
+    "tensor(uint32)": (0x0132, "uint32"),
+    "tensor(uint64)": (0x0164, "uint64"),
+    "tensor(float16)": (0x0216, "float16"),
+    "tensor(float)": (0x0232, "float32"),
+    "tensor(bool)": (0x0508, "bool"),
+}
+
+_LOAD: Final = PORTAL_IDL.method("model_load")
+_SET_INPUT: Final = PORTAL_IDL.method("set_input")
+_EXECUTE: Final = PORTAL_IDL.method("execute")
+_GET_OUTPUT: Final = PORTAL_IDL.method("get_output")
+_UNLOAD: Final = PORTAL_IDL.method("model_unload")
+_GRAPH_INFO: Final = PORTAL_IDL.method("graph_info")
+_SPEC_SIZE: Final = _GRAPH_INFO.param("inputs").element_size  # sizeof(portal_qnn_tensor_spec)
+
+
+class RefusedError(Exception):
+    """model_load refused with an AEE code (nothing was loaded)."""
+
+    def __init__(self, code: AEE, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+class QnnFailureError(Exception):
+    """The model runtime failed: a QNN error number for qnn_status."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+def parse_model_uri(uri: str) -> tuple[str, dict[str, tuple[int, ...]]]:
+    """The file name and the shapes the query fixes; ValueError when malformed."""
+    name, _, query = uri.partition("?")
+    if not name:
+        raise ValueError("no file name")
+    shapes: dict[str, tuple[int, ...]] = {}
+    if query:
+        for item in query.split("&"):
+            key, equals, value = item.partition("=")
+            if not equals or not key.startswith(SHAPE_PREFIX):
+                raise ValueError(f"query item {item!r} is not shape.<name>=<dims>")
+            tensor = urllib.parse.unquote(key[len(SHAPE_PREFIX) :], errors="strict")
+            if not tensor or tensor in shapes:
+                raise ValueError(f"shape for {tensor!r} is empty or given twice")
+            dims = tuple(int(d) for d in value.split(",")) if value else ()
+            if any(d <= 0 for d in dims):
+                raise ValueError(f"shape of {tensor!r} has a dimension below 1")
+            shapes[tensor] = dims
+    return name, shapes
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    data_type: int
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def record(self) -> dict[str, object]:
+        return {
+            "data_type": self.data_type,
+            "rank": len(self.shape),
+            "dims": list(self.shape),
+            "bytes": self.nbytes,
+            "name": self.name,
+        }
+
+
+def _declared(node: Any) -> tuple[str, str, list[int | str | None]]:
+    """name, element type and declared dims of an onnxruntime NodeArg."""
+    return str(node.name), str(node.type), list(node.shape)
+
+
+def _resolve_shapes(
+    declared: Sequence[tuple[str, str, list[int | str | None]]],
+    given: Mapping[str, tuple[int, ...]],
+) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape with every dimension fixed; RefusedError otherwise."""
+    names = {name for name, _, _ in declared}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise RefusedError(AEE.EBADPARM, f"the model has no tensor {unknown[0]!r}")
+    bound: dict[str, int] = {}  # dim_param -> size, from the given shapes
+    for name, _, dims in declared:
+        if name not in given:
+            continue
+        shape = given[name]
+        if len(shape) != len(dims):
+            raise RefusedError(
+                AEE.EBADPARM, f"{name} has rank {len(dims)}; the shape given has {len(shape)}"
+            )
+        for axis, (want, have) in enumerate(zip(dims, shape, strict=True)):
+            if isinstance(want, int) and want != have:
+                raise RefusedError(
+                    AEE.EBADPARM, f"{name} dimension {axis} is {want}; the shape given says {have}"
+                )
+            if isinstance(want, str) and bound.setdefault(want, have) != have:
+                raise RefusedError(
+                    AEE.EBADPARM, f"dimension {want!r} is given as {bound[want]} and {have}"
+                )
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, _, dims in declared:
+        if name in given:
+            shapes[name] = given[name]
+            continue
+        resolved: list[int] = []
+        for axis, dim in enumerate(dims):
+            size = bound.get(dim) if isinstance(dim, str) else dim
+            if size is None or size <= 0:
+                what = f"{dim!r}" if isinstance(dim, str) else "free"
+                raise RefusedError(
+                    AEE.EINVALIDFORMAT,
+                    f"{name} dimension {axis} is {what}: give its shape in the model URI",
+                )
+            resolved.append(size)
+        shapes[name] = tuple(resolved)
+    return shapes
+
+
+def _spec(name: str, onnx_type: str, shape: tuple[int, ...]) -> TensorSpec:
+    if onnx_type not in ONNX_TYPES:
+        raise RefusedError(AEE.EINVALIDFORMAT, f"{name} is a {onnx_type}, which QNN cannot hold")
+    if len(name.encode("utf-8")) >= MAX_NAME_BYTES:
+        raise RefusedError(AEE.EINVALIDFORMAT, f"a tensor name is over {MAX_NAME_BYTES - 1} bytes")
+    if len(shape) > MAX_RANK:
+        raise RefusedError(AEE.EINVALIDFORMAT, f"{name} has rank {len(shape)} (at most 8)")
+    code, dtype = ONNX_TYPES[onnx_type]
+    spec = TensorSpec(name, code, np.dtype(dtype), shape)
+    if spec.nbytes > MAX_TENSOR_BYTES:
+        raise RefusedError(AEE.EINVALIDFORMAT, f"{name} is {spec.nbytes} bytes (at most 64 MiB)")
+    return spec
+
+
+def _qnn_status(exc: Exception) -> int:
+    if isinstance(exc, ort_errors.NotImplemented):
+        return QNN_COMMON_ERROR_NOT_SUPPORTED
+    if isinstance(exc, ort_errors.InvalidArgument | ort_errors.InvalidGraph):
+        return QNN_GRAPH_ERROR_INVALID_ARGUMENT
+    return QNN_COMMON_ERROR_GENERAL
+
+
+class OnnxModel:
+    """One loaded model: its session, staging buffers and what the last execute produced."""
+
+    def __init__(self, data: bytes, shapes: Mapping[str, tuple[int, ...]], threads: int) -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = ORT_QUIET
+        try:
+            self._session = ort.InferenceSession(
+                data, sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except ort_errors.InvalidProtobuf as exc:
+            raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
+        except Exception as exc:  # onnxruntime's own refusal: a QNN failure to compose
+            reason = f"onnxruntime refused the model: {exc}"
+            raise QnnFailureError(_qnn_status(exc), reason) from None
+        inputs = [_declared(node) for node in self._session.get_inputs()]
+        outputs = [_declared(node) for node in self._session.get_outputs()]
+        if len(inputs) > MAX_TENSORS or not 1 <= len(outputs) <= MAX_TENSORS:
+            raise RefusedError(
+                AEE.EINVALIDFORMAT,
+                f"{len(inputs)} inputs and {len(outputs)} outputs (at most 32, at least 1 output)",
+            )
+        resolved = _resolve_shapes([*inputs, *outputs], shapes)
+        self.inputs = [_spec(name, kind, resolved[name]) for name, kind, _ in inputs]
+        self.outputs = [_spec(name, kind, resolved[name]) for name, kind, _ in outputs]
+        total = sum(spec.nbytes for spec in [*self.inputs, *self.outputs])
+        if total > MAX_MODEL_BYTES:
+            raise RefusedError(AEE.ENOMEMORY, f"{total} bytes of staging (at most 256 MiB)")
+        self._staged = [np.zeros(spec.shape, spec.dtype) for spec in self.inputs]
+        self._set = [False] * len(self.inputs)
+        self._produced: list[npt.NDArray[Any]] | None = None
+        self._run_options = ort.RunOptions()
+        self._run_options.log_severity_level = ORT_QUIET
+
+    def set_input(self, tensor: int, data: memoryview) -> int:
+        if tensor >= len(self.inputs):
+            return AEE.EBADPARM.dsp
+        staged = self._staged[tensor]
+        if len(data) != staged.nbytes:
+            return AEE.EBADSIZE.dsp
+        staged.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
+        self._set[tensor] = True
+        return 0
+
+    def execute(self) -> tuple[int, int]:
+        """(AEE result, qnn_status)."""
+        if not all(self._set):
+            return AEE.ENOTINITIALIZED.dsp, 0
+        self._produced = None
+        feeds = {spec.name: staged for spec, staged in zip(self.inputs, self._staged, strict=True)}
+        try:
+            produced = self._session.run(None, feeds, self._run_options)
+        except Exception as exc:  # the runtime failed the graph: a QNN error, like graphExecute
+            log.warning("portal_qnn execute failed", extra={"error": str(exc)})
+            return 0, _qnn_status(exc)
+        arrays = [np.ascontiguousarray(array) for array in produced]
+        for spec, array in zip(self.outputs, arrays, strict=True):
+            if array.dtype != spec.dtype or array.nbytes > spec.nbytes:
+                log.error(
+                    "portal_qnn output overgrew its buffer",
+                    extra={"output": spec.name, "shape": array.shape, "bytes": spec.nbytes},
+                )
+                return AEE.EINVALIDFORMAT.dsp, 0
+        self._produced = arrays
+        return 0, 0
+
+    def get_output(self, tensor: int, target: memoryview) -> tuple[int, int]:
+        """(AEE result, data_len)."""
+        if tensor >= len(self.outputs):
+            return AEE.EBADPARM.dsp, 0
+        if self._produced is None:
+            return AEE.ENOTINITIALIZED.dsp, 0
+        data = self._produced[tensor].reshape(-1).view(np.uint8)
+        if len(target) < data.nbytes:
+            return AEE.EBUFFERTOOSMALL.dsp, 0
+        target[: data.nbytes] = data.data
+        target[data.nbytes :] = bytes(len(target) - data.nbytes)
+        return 0, data.nbytes
+
+
+class PortalQnnSkel(Skel):
+    """``interface portal_qnn : remote_handle64`` on onnxruntime; one instance per open handle."""
+
+    name = "portal_qnn"
+
+    def __init__(self, intra_op_threads: int = DEFAULT_INTRA_OP_THREADS) -> None:
+        self._threads = intra_op_threads
+        self._lock = threading.Lock()  # one call at a time per handle, as on the C skel
+        self._models: list[OnnxModel | None] = [None] * MAX_MODELS
+        self._methods = idl_methods(
+            PORTAL_IDL,
+            {
+                "model_load": self._model_load,
+                "set_input": self._set_input,
+                "execute": self._execute,
+                "get_output": self._get_output,
+                "model_unload": self._model_unload,
+                "graph_info": self._graph_info,
+            },
+        )
+
+    def methods(self) -> Mapping[int, SkelMethod]:
+        return self._methods
+
+    def close(self) -> None:
+        with self._lock:
+            self._models = [None] * MAX_MODELS
+
+    @property
+    def loaded(self) -> int:
+        with self._lock:
+            return sum(model is not None for model in self._models)
+
+    # -- the methods ----------------------------------------------------------
+    def _model_load(self, call: SkelCall) -> int:
+        args = call.unpack(_LOAD)
+        uri = args.text("model_uri")
+        if not uri or len(uri.encode("utf-8")) + 1 > MAX_URI_BYTES:
+            return AEE.EBADPARM.dsp
+        with self._lock:
+            slot = next((i for i, m in enumerate(self._models) if m is None), None)
+            if slot is None:
+                return AEE.EOUTOFHANDLES.dsp  # before anything is read: a full table runs nothing
+            try:
+                model = self._compose(call, uri)
+            except RefusedError as exc:
+                log.warning("portal_qnn model_load refused", extra={"uri": uri, "reason": str(exc)})
+                return exc.code.dsp
+            except QnnFailureError as exc:
+                log.warning("portal_qnn model_load failed", extra={"uri": uri, "reason": str(exc)})
+                call.pack_routs(
+                    _LOAD, {"model_index": NO_MODEL, "num_graphs": 0, "qnn_status": exc.status}
+                )
+                return 0
+            self._models[slot] = model
+        call.pack_routs(_LOAD, {"model_index": slot, "num_graphs": 1, "qnn_status": 0})
+        return 0
+
+    def _compose(self, call: SkelCall, uri: str) -> OnnxModel:
+        try:
+            name, shapes = parse_model_uri(uri)
+        except ValueError as exc:
+            raise RefusedError(AEE.EBADPARM, f"bad model URI: {exc}") from None
+        if name.startswith(BUILTIN_PREFIX):
+            raise RefusedError(AEE.ERESOURCENOTFOUND, "no builtin model in the emulated DSP")
+        try:
+            data = call.host_files.read_host_file(name, limit=MAX_MODEL_FILE_BYTES)
+        except HostFileError as exc:
+            raise RefusedError(AEE.EUNABLETOLOAD, str(exc)) from None
+        return OnnxModel(data, shapes, self._threads)
+
+    def _model(self, index: int, graph: int | None = 0) -> OnnxModel | int:
+        """The loaded model, or the AEE code that says why not (the handle lock is held)."""
+        if index >= MAX_MODELS:
+            return AEE.EBADPARM.dsp
+        model = self._models[index]
+        if model is None:
+            return AEE.EBADSTATE.dsp
+        if graph is not None and graph != 0:
+            return AEE.EBADPARM.dsp
+        return model
+
+    def _set_input(self, call: SkelCall) -> int:
+        args = call.unpack(_SET_INPUT)
+        with self._lock:
+            model = self._model(args.integer("model_index"), args.integer("graph_index"))
+            if isinstance(model, int):
+                return model
+            return model.set_input(args.integer("tensor_index"), args.view("data"))
+
+    def _execute(self, call: SkelCall) -> int:
+        args = call.unpack(_EXECUTE)
+        with self._lock:
+            model = self._model(args.integer("model_index"), args.integer("graph_index"))
+            if isinstance(model, int):
+                return model
+            rc, status = model.execute()
+        if rc == 0:
+            call.pack_routs(_EXECUTE, {"qnn_status": status})
+        return rc
+
+    def _get_output(self, call: SkelCall) -> int:
+        args = call.unpack(_GET_OUTPUT)
+        with self._lock:
+            model = self._model(args.integer("model_index"), args.integer("graph_index"))
+            if isinstance(model, int):
+                return model
+            rc, produced = model.get_output(args.integer("tensor_index"), args.view("data"))
+        if rc == 0:
+            call.pack_routs(_GET_OUTPUT, {"data_len": produced})
+        return rc
+
+    def _model_unload(self, call: SkelCall) -> int:
+        args = call.unpack(_UNLOAD)
+        index = args.integer("model_index")
+        with self._lock:
+            model = self._model(index, graph=None)
+            if isinstance(model, int):
+                return model
+            self._models[index] = None
+        return 0
+
+    def _graph_info(self, call: SkelCall) -> int:
+        args = call.unpack(_GRAPH_INFO)
+        with self._lock:
+            model = self._model(args.integer("model_index"), args.integer("graph_index"))
+            if isinstance(model, int):
+                return model
+            inputs, outputs = list(model.inputs), list(model.outputs)
+        in_view, out_view = args.view("inputs"), args.view("outputs")
+        if len(in_view) < len(inputs) * _SPEC_SIZE or len(out_view) < len(outputs) * _SPEC_SIZE:
+            return AEE.EBUFFERTOOSMALL.dsp
+        call.pack_routs(
+            _GRAPH_INFO,
+            {
+                "num_inputs": len(inputs),
+                "num_outputs": len(outputs),
+                "inputs": [spec.record() for spec in inputs],
+                "outputs": [spec.record() for spec in outputs],
+            },
+        )
+        return 0

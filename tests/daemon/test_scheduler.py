@@ -1,0 +1,311 @@
+"""Every rule of the scheduler, deterministically: a fake clock, DSP time given by the test."""
+
+from __future__ import annotations
+
+import pytest
+
+from npud.scheduler import (
+    BACKGROUND,
+    NORMAL,
+    REALTIME,
+    AdmissionRefusedError,
+    Budget,
+    Job,
+    Outcome,
+    Policy,
+    Scheduler,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def make(clock: Clock, **policy: object) -> Scheduler:
+    return Scheduler(Policy(**policy), clock)  # type: ignore[arg-type]
+
+
+def job(scheduler: Scheduler, account: object, deadline: float | None = None) -> Job:
+    return Job(account, deadline=deadline, explicit_deadline=deadline is not None)  # type: ignore[arg-type]
+
+
+def test_fifo_runs_in_arrival_order_up_to_the_slots(clock: Clock) -> None:
+    s = make(clock, mode="fifo", dsp_slots=2)
+    llm, voice = s.open_account("llm", BACKGROUND), s.open_account("voice", REALTIME)
+    jobs = [job(s, llm), job(s, llm), job(s, llm), job(s, voice)]
+    assert [s.submit(j) for j in jobs] == [Outcome.RUN, Outcome.RUN, Outcome.QUEUED, Outcome.QUEUED]
+    started, _ = s.finish(jobs[0], 0.02)
+    assert started == [jobs[2]]  # the older background call, though voice is realtime
+    started, _ = s.finish(jobs[1], 0.02)
+    assert started == [jobs[3]]
+
+
+def test_classes_go_in_order_when_a_slot_frees(clock: Clock) -> None:
+    s = make(clock, dsp_slots=2, realtime_reserve=0, background_max=2, per_client_running=9)
+    bg, normal, rt = (
+        s.open_account(n, k) for n, k in (("b", BACKGROUND), ("n", NORMAL), ("r", REALTIME))
+    )
+    running = [job(s, bg), job(s, bg)]
+    assert [s.submit(j) for j in running] == [Outcome.RUN, Outcome.RUN]
+    waiting = [job(s, bg), job(s, normal), job(s, rt)]
+    assert [s.submit(j) for j in waiting] == [Outcome.QUEUED] * 3
+    assert s.finish(running[0], 0.01)[0] == [waiting[2]]  # realtime first
+    assert s.finish(running[1], 0.01)[0] == [waiting[1]]  # then normal
+    assert s.finish(waiting[2], 0.01)[0] == [waiting[0]]  # background last
+
+
+def test_background_and_normal_leave_the_reserve_to_realtime(clock: Clock) -> None:
+    s = make(clock, dsp_slots=3, realtime_reserve=1, background_max=5, per_client_running=9)
+    bg, normal, rt = (
+        s.open_account(n, k) for n, k in (("b", BACKGROUND), ("n", NORMAL), ("r", REALTIME))
+    )
+    assert s.submit(job(s, bg)) is Outcome.RUN
+    assert s.submit(job(s, normal)) is Outcome.RUN
+    assert s.submit(job(s, normal)) is Outcome.QUEUED  # only the reserved slot is left
+    assert s.submit(job(s, bg)) is Outcome.QUEUED
+    assert s.submit(job(s, rt)) is Outcome.RUN  # a realtime call always finds a slot
+    assert s.statistics().running == (1, 1, 1)
+
+
+def test_background_holds_at_most_background_max(clock: Clock) -> None:
+    s = make(clock, dsp_slots=4, realtime_reserve=1, background_max=2, per_client_running=9)
+    bg, normal = s.open_account("b", BACKGROUND), s.open_account("n", NORMAL)
+    assert [s.submit(job(s, bg)) for _ in range(3)] == [Outcome.RUN, Outcome.RUN, Outcome.QUEUED]
+    assert s.submit(job(s, normal)) is Outcome.RUN  # normal still finds room
+
+
+def test_a_client_has_at_most_per_client_running_on_the_dsp(clock: Clock) -> None:
+    s = make(clock, dsp_slots=4, realtime_reserve=0, per_client_running=2)
+    greedy, other = s.open_account("greedy", NORMAL), s.open_account("other", NORMAL)
+    greedy_jobs = [job(s, greedy) for _ in range(3)]
+    assert [s.submit(j) for j in greedy_jobs] == [Outcome.RUN, Outcome.RUN, Outcome.QUEUED]
+    assert s.submit(job(s, other)) is Outcome.RUN  # the greedy one's third call took no slot
+    assert s.finish(greedy_jobs[0], 0.01)[0] == [greedy_jobs[2]]
+
+
+def test_clients_of_a_class_share_by_dsp_time_not_by_calls(clock: Clock) -> None:
+    s = make(clock, dsp_slots=1, realtime_reserve=0, per_client_running=1)
+    heavy, light = s.open_account("heavy", NORMAL), s.open_account("light", NORMAL)
+    first = job(s, heavy)
+    assert s.submit(first) is Outcome.RUN
+    heavy_next = [job(s, heavy) for _ in range(3)]
+    light_next = [job(s, light) for _ in range(12)]
+    for j in heavy_next + light_next:
+        assert s.submit(j) is Outcome.QUEUED
+    # heavy used 125 ms; light's 15.6 ms calls go until light has used as much
+    # (binary fractions, so the sums are exact).
+    order: list[str] = []
+    current, cost = first, {"heavy": 0.125, "light": 0.015625}
+    for _ in range(9):
+        started, _ = s.finish(current, cost[current.account.name])
+        (current,) = started
+        order.append(current.account.name)
+    assert order == ["light"] * 8 + ["heavy"]
+    assert heavy.dsp_seconds == light.dsp_seconds == 0.125
+
+
+def test_an_idle_client_does_not_bank_credit(clock: Clock) -> None:
+    s = make(clock, dsp_slots=1, realtime_reserve=0)
+    worker, sleeper = s.open_account("worker", NORMAL), s.open_account("sleeper", NORMAL)
+    current = job(s, worker)
+    s.submit(current)
+    for _ in range(50):  # the worker uses 5 s of DSP while the sleeper is idle
+        nxt = job(s, worker)
+        s.submit(nxt)
+        (current,), _ = s.finish(current, 0.1)
+    woken = [job(s, sleeper) for _ in range(3)]
+    more = job(s, worker)
+    for j in [*woken, more]:
+        s.submit(j)
+    # Without catch-up the sleeper would now hold the DSP for 5 s.
+    order = []
+    for _ in range(4):
+        (current,), _ = s.finish(current, 0.1)
+        order.append(current.account.name)
+    assert "worker" in order[:3]
+
+
+def test_deadlines_go_first_within_a_class(clock: Clock) -> None:
+    s = make(clock, dsp_slots=1, realtime_reserve=0, per_client_running=1)
+    a, b, c = (s.open_account(n, NORMAL) for n in "abc")
+    running = job(s, a)
+    s.submit(running)
+    plain, soon, later = (
+        job(s, b),
+        job(s, c, deadline=clock.now + 1),
+        job(s, a, deadline=clock.now + 5),
+    )
+    for j in (plain, later, soon):
+        assert s.submit(j) is Outcome.QUEUED
+    (first,), _ = s.finish(running, 0.001)
+    (second,), _ = s.finish(first, 0.001)
+    (third,), _ = s.finish(second, 0.001)
+    assert [first, second, third] == [soon, later, plain]
+
+
+def test_a_call_past_its_deadline_is_not_dispatched(clock: Clock) -> None:
+    s = make(clock, dsp_slots=1, realtime_reserve=0)
+    a = s.open_account("a", NORMAL)
+    assert s.submit(job(s, a, deadline=clock.now - 0.001)) is Outcome.LATE
+    running = job(s, a)
+    s.submit(running)
+    waiting = job(s, a, deadline=clock.now + 0.05)
+    assert s.submit(waiting) is Outcome.QUEUED
+    clock.now += 0.1
+    started, late = s.finish(running, 0.1)
+    assert (started, late) == ([], [waiting])
+    assert a.late == 2
+    assert s.statistics().late == 2
+
+
+def test_late_queued_calls_are_found_without_waiting_for_a_slot(clock: Clock) -> None:
+    s = make(clock, dsp_slots=1, realtime_reserve=0)
+    a = s.open_account("a", NORMAL)
+    s.submit(job(s, a))
+    waiting = [job(s, a, deadline=clock.now + 0.01), job(s, a)]
+    for j in waiting:
+        s.submit(j)
+    assert s.late_jobs() == []
+    clock.now += 0.02
+    assert s.late_jobs() == [waiting[0]]
+    assert s.statistics().queued == (0, 1, 0)
+
+
+def test_finishing_after_the_deadline_is_a_miss_not_a_failure(clock: Clock) -> None:
+    s = make(clock)
+    a = s.open_account("a", NORMAL)
+    late = job(s, a, deadline=clock.now + 0.01)
+    assert s.submit(late) is Outcome.RUN
+    clock.now += 0.02
+    s.finish(late, 0.02)
+    assert (a.misses, a.late, a.calls) == (1, 0, 1)
+
+
+def test_background_waiting_too_long_goes_before_normal(clock: Clock) -> None:
+    s = make(clock, dsp_slots=2, realtime_reserve=1, background_max=1, background_wait=0.5)
+    bg, normal = s.open_account("b", BACKGROUND), s.open_account("n", NORMAL)
+    running = job(s, normal)
+    s.submit(running)
+    starving = job(s, bg)
+    assert s.submit(starving) is Outcome.QUEUED
+    fresh = job(s, normal)
+    s.submit(fresh)
+    clock.now += 0.6  # past background_wait
+    assert s.finish(running, 0.6)[0] == [starving]
+
+
+def test_without_waiting_long_background_stays_behind_normal(clock: Clock) -> None:
+    s = make(clock, dsp_slots=2, realtime_reserve=1, background_max=1, background_wait=0.5)
+    bg, normal = s.open_account("b", BACKGROUND), s.open_account("n", NORMAL)
+    running = job(s, normal)
+    s.submit(running)
+    waiting_bg, waiting_normal = job(s, bg), job(s, normal)
+    s.submit(waiting_bg)
+    s.submit(waiting_normal)
+    clock.now += 0.1
+    assert s.finish(running, 0.1)[0] == [waiting_normal]
+
+
+def test_budgets_are_admitted_under_the_bound(clock: Clock) -> None:
+    s = make(clock, realtime_utilisation=0.5)
+    s.open_account("vad", REALTIME, Budget(period=0.032, budget=0.004))  # 12.5 %
+    s.open_account("stt", REALTIME, Budget(period=0.1, budget=0.03))  # 30 %
+    with pytest.raises(AdmissionRefusedError, match="would bring declared realtime use to 55%"):
+        s.open_account("tts", REALTIME, Budget(period=0.1, budget=0.0125))
+    with pytest.raises(AdmissionRefusedError, match="only realtime"):
+        s.open_account("llm", BACKGROUND, Budget(period=1, budget=0.1))
+    assert s.statistics().realtime_declared == pytest.approx(0.425)
+
+
+def test_a_closed_account_frees_its_budget(clock: Clock) -> None:
+    s = make(clock, realtime_utilisation=0.5)
+    first = s.open_account("vad", REALTIME, Budget(period=0.1, budget=0.05))
+    with pytest.raises(AdmissionRefusedError):
+        s.open_account("vad2", REALTIME, Budget(period=0.1, budget=0.05))
+    s.close_account(first)
+    s.open_account("vad2", REALTIME, Budget(period=0.1, budget=0.05))
+
+
+def test_a_realtime_client_over_its_budget_runs_as_normal_until_its_next_period(
+    clock: Clock,
+) -> None:
+    s = make(clock, dsp_slots=2, realtime_reserve=1)
+    vad = s.open_account("vad", REALTIME, Budget(period=0.032, budget=0.004))
+    first = job(s, vad)
+    assert s.submit(first) is Outcome.RUN
+    assert first.klass == REALTIME
+    assert first.deadline == pytest.approx(clock.now + 0.032)  # the period's end
+    assert not first.explicit_deadline
+    s.finish(first, 0.005)  # more than the 4 ms budget
+    assert vad.overruns == 1
+    second = job(s, vad)
+    s.submit(second)
+    assert second.klass == NORMAL
+    s.finish(second, 0.001)
+    clock.now += 0.033
+    third = job(s, vad)
+    s.submit(third)
+    assert third.klass == REALTIME
+
+
+def test_cancel_and_close_take_queued_calls_out(clock: Clock) -> None:
+    s = make(clock, dsp_slots=1, realtime_reserve=0)
+    a, b = s.open_account("a", NORMAL), s.open_account("b", NORMAL)
+    running = job(s, a)
+    s.submit(running)
+    mine, theirs = job(s, a), job(s, b)
+    s.submit(mine)
+    s.submit(theirs)
+    assert s.cancel(theirs)
+    assert not s.cancel(theirs)
+    assert not s.cancel(running)
+    assert s.close_account(a) == [mine]
+    assert s.finish(running, 0.01)[0] == []
+    assert s.statistics().queued == (0, 0, 0)
+
+
+def test_utilisation_follows_the_busy_slots(clock: Clock) -> None:
+    s = make(clock, dsp_slots=2, realtime_reserve=0)
+    a = s.open_account("a", NORMAL)
+    assert s.statistics().utilisation == 0.0
+    jobs = [job(s, a), job(s, a)]
+    for j in jobs:
+        s.submit(j)
+    clock.now += 60  # both slots busy for a long while
+    assert s.statistics().utilisation == pytest.approx(1.0, abs=0.01)
+    for j in jobs:
+        s.finish(j, 60)
+    clock.now += 60
+    assert s.statistics().utilisation == pytest.approx(0.0, abs=0.01)
+
+
+def test_queue_waits_are_kept_per_client(clock: Clock) -> None:
+    s = make(clock, dsp_slots=1, realtime_reserve=0)
+    a = s.open_account("a", NORMAL)
+    running = job(s, a)
+    s.submit(running)
+    waiting = job(s, a)
+    s.submit(waiting)
+    clock.now += 0.25
+    s.finish(running, 0.25)
+    assert sorted(a.waits) == [0.0, 0.25]
+    assert a.wait_percentile(0.99) == 0.25
+    assert a.wait_percentile(0.5) == 0.25
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [{"dsp_slots": 0}, {"dsp_slots": 2, "realtime_reserve": 2}, {"background_max": 0}],
+)
+def test_policies_that_cannot_work_are_refused(policy: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match="must"):
+        Policy(**policy)  # type: ignore[arg-type]

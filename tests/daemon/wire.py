@@ -1,0 +1,118 @@
+"""A real daemon in this process and a raw protocol peer for it, for tests of the wire.
+
+``serve_daemon`` runs ``npud.server.Daemon`` on the emulator inside the test's
+trio run, bound to a temporary socket. ``RawPeer`` speaks the protocol through
+``npu_protocol.ClientConnection`` and lets a test put several frames into one
+write, which the client library never does on purpose.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Final
+
+import trio
+
+import npu_protocol as p
+from npu_client.transport import ANCILLARY_SPACE, parse_ancillary
+from npud.backend import select_profile
+from npud.broker import Broker
+from npud.config import parse_config
+from npud.server import Daemon, bind_socket
+
+ECHO_URI: Final = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
+TEST_URI: Final = "file:///libnpu_test_skel.so?npu_test_skel_handle_invoke&_modver=1.0&_dom=cdsp"
+
+
+@asynccontextmanager
+async def serve_daemon(tmp: Path, config: str = "") -> AsyncIterator[Daemon]:
+    """npud on the emulator, serving ``tmp/npud.sock`` until the block ends."""
+    parsed = parse_config("[backend]\nkind = 'emulator'\n" + config)
+    bound = bind_socket(tmp / "npud.sock", 0o600, "")
+    daemon = Daemon(parsed, Broker(parsed, select_profile(parsed)), bound.sock)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.run)
+        try:
+            yield daemon
+        finally:
+            daemon.stop()
+    bound.sock.close()
+
+
+class RawPeer:
+    """A client made of the sans-IO protocol and a socket, nothing else."""
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self.sock = sock
+        self.protocol = p.ClientConnection()
+        self.events: list[p.ServerMessage] = []
+        self.fds: list[int] = []
+
+    @classmethod
+    async def connect(cls, path: Path, name: str = "raw-peer") -> RawPeer:
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await sock.connect(str(path))
+        peer = cls(sock)
+        await peer.write(p.Hello(client_name=name))
+        welcome = await peer.next()
+        assert isinstance(welcome, p.Welcome), welcome
+        return peer
+
+    async def write(self, *messages: p.ClientMessage) -> None:
+        """All ``messages`` in one write, so the daemon reads them together."""
+        view = memoryview(b"".join(self.protocol.send(m)[0] for m in messages))
+        while view:
+            view = view[await self.sock.send(view) :]
+
+    async def next(self) -> p.ServerMessage:
+        while True:
+            event = self.protocol.next_event()
+            if isinstance(event, p.StrayFds):
+                continue
+            if event is not p.NEED_DATA:
+                assert not isinstance(event, p.ConnectionClosed), "the daemon closed"
+                return event
+            data, ancdata, flags, _ = await self.sock.recvmsg(1 << 20, ANCILLARY_SPACE)
+            fds = [fd.detach() for fd in parse_ancillary(ancdata, flags)]
+            self.fds.extend(fds)
+            self.protocol.receive_data(data, fds)
+
+    async def answers(self, count: int) -> list[p.ServerMessage]:
+        """The next ``count`` answers in the order they arrived."""
+        return [await self.next() for _ in range(count)]
+
+    def close(self) -> None:
+        import os
+
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+        self.sock.close()
+
+
+def busy(request_id: int, handle: int, micros: int) -> p.InvokeRequest:
+    """npu_test.busy: blocks on the DSP for ``micros``."""
+    return p.InvokeRequest(
+        id=request_id,
+        handle=handle,
+        method=4,
+        inputs=(p.InlineInput(data=struct.pack("<I", micros)),),
+    )
+
+
+def echo_slice(request_id: int, handle: int, buffer: int, length: int) -> p.InvokeRequest:
+    """echo of ``length`` bytes of ``buffer`` (a slice) into an inline output."""
+    return p.InvokeRequest(
+        id=request_id,
+        handle=handle,
+        method=2,
+        inputs=(
+            p.InlineInput(data=struct.pack("<II", length, length)),
+            p.BufferSlice(buffer=buffer, offset=0, length=length),
+        ),
+        outputs=(p.InlineOutput(capacity=length),),
+    )

@@ -1,0 +1,124 @@
+"""Small ONNX models the tests build with onnx's helper API (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final
+
+import onnx
+from onnx import TensorProto, helper
+
+OPSET: Final = 17
+IR_VERSION: Final = 8  # what onnxruntime releases from 1.14 on accept
+
+Dim = int | str | None
+
+ELEMENT_TYPES: Final = {
+    "float32": TensorProto.FLOAT,
+    "float16": TensorProto.FLOAT16,
+    "int8": TensorProto.INT8,
+    "uint8": TensorProto.UINT8,
+    "int16": TensorProto.INT16,
+    "uint16": TensorProto.UINT16,
+    "int32": TensorProto.INT32,
+    "uint32": TensorProto.UINT32,
+    "int64": TensorProto.INT64,
+    "uint64": TensorProto.UINT64,
+    "bool": TensorProto.BOOL,
+    "float64": TensorProto.DOUBLE,
+}
+
+
+def tensor(name: str, dtype: str, shape: Sequence[Dim]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, ELEMENT_TYPES[dtype], list(shape))
+
+
+def model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[onnx.ValueInfoProto],
+    initializers: Sequence[onnx.TensorProto] = (),
+) -> bytes:
+    graph = helper.make_graph(list(nodes), "test", list(inputs), list(outputs), list(initializers))
+    proto = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="npud-tests"
+    )
+    proto.ir_version = IR_VERSION
+    return bytes(proto.SerializeToString())
+
+
+def add_one(shape: Sequence[Dim] = (2, 4), *, out_shape: Sequence[Dim] | None = None) -> bytes:
+    """y = x + 1, float32."""
+    one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
+    return model(
+        [helper.make_node("Add", ["x", "one"], ["y"])],
+        [tensor("x", "float32", shape)],
+        [tensor("y", "float32", shape if out_shape is None else out_shape)],
+        [one],
+    )
+
+
+def affine() -> bytes:
+    """Two inputs of different types and two outputs: y = a * 2 + b (f32), n = k + 1 (i64)."""
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    one = helper.make_tensor("one", TensorProto.INT64, [], [1])
+    return model(
+        [
+            helper.make_node("Mul", ["a", "two"], ["a2"]),
+            helper.make_node("Add", ["a2", "b"], ["y"]),
+            helper.make_node("Add", ["k", "one"], ["n"]),
+        ],
+        [tensor("a", "float32", [3]), tensor("b", "float32", [3]), tensor("k", "int64", [])],
+        [tensor("y", "float32", [3]), tensor("n", "int64", [])],
+        [two, one],
+    )
+
+
+def identity(dtype: str, shape: Sequence[Dim] = (5,), *, name: str = "x") -> bytes:
+    return model(
+        [helper.make_node("Identity", [name], ["y"])],
+        [tensor(name, dtype, shape)],
+        [tensor("y", dtype, shape)],
+    )
+
+
+def reshape() -> bytes:
+    """y = reshape(x, s): fails at run time when s does not fit x's 6 elements."""
+    return model(
+        [helper.make_node("Reshape", ["x", "s"], ["y"])],
+        [tensor("x", "float32", [6]), tensor("s", "int64", [2])],
+        [tensor("y", "float32", [2, 3])],
+    )
+
+
+def many_inputs(count: int) -> bytes:
+    """``count`` inputs summed into one output."""
+    names = [f"x{i}" for i in range(count)]
+    return model(
+        [helper.make_node("Sum", names, ["y"])],
+        [tensor(name, "float32", [1]) for name in names],
+        [tensor("y", "float32", [1])],
+    )
+
+
+def unknown_op() -> bytes:
+    return model(
+        [helper.make_node("NoSuchOperator", ["x"], ["y"])],
+        [tensor("x", "float32", [1])],
+        [tensor("y", "float32", [1])],
+    )
+
+
+@contextmanager
+def opened(directory: Path, name: str, data: bytes, flags: int = os.O_RDONLY) -> Iterator[int]:
+    """Write ``data`` to ``directory/name`` and yield an fd for it (closed afterwards)."""
+    path = directory / name
+    path.write_bytes(data)
+    fd = os.open(path, flags | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)

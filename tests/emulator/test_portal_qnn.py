@@ -1,0 +1,413 @@
+"""The typed portal_qnn API over the emulator: ONNX models on the simulated DSP, every error path.
+
+Models are built by the tests (tests/emulator/onnx_models.py); tensors travel
+as slices of one session DMA-BUF; each test ends with nothing left behind
+(fds, exposed files, DSP handles).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from npu_protocol import ErrorCode
+from npud.backend import DEV_SHELL
+from npud.fastrpc.dma import SessionBuffer
+from npud.fastrpc.errors import RpcError
+from npud.fastrpc.invoke_args import Slice
+from npud.fastrpc.portal_qnn import (
+    MAX_MODELS,
+    DataType,
+    LoadedModel,
+    ModelError,
+    ModelFailure,
+    PortalQnn,
+    model_uri_query,
+)
+from npud.fastrpc.session import FastRpcSession
+from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
+from tests.emulator import onnx_models
+from tests.emulator.conftest import open_fds
+from tests.emulator.onnx_models import opened
+
+SLOT_BYTES = 4096
+
+
+@pytest.fixture
+def driver() -> EmulatedDriver:
+    return EmulatedDriver()
+
+
+@pytest.fixture
+def session(driver: EmulatedDriver) -> Iterator[FastRpcSession]:
+    before = open_fds()
+    session = FastRpcSession.open(driver, library_path=[DSP_LIBRARY_DIR])
+    session.load_shell(DEV_SHELL.read_bytes())
+    yield session
+    assert session.exposed_files == 0, "a model file is still lent to the DSP"
+    session.close()
+    assert open_fds() == before, "fds leaked"
+    assert driver.statistics().remote_handles_open == 0
+
+
+@pytest.fixture
+def portal(session: FastRpcSession) -> Iterator[PortalQnn]:
+    with PortalQnn.open(session, backend="emulator") as portal:
+        yield portal
+
+
+class Tensors:
+    """Arrays in and out of one DMA-BUF, a SLOT_BYTES slot each."""
+
+    def __init__(self, session: FastRpcSession) -> None:
+        self.buffer: SessionBuffer = session.alloc(64 * SLOT_BYTES)
+        self._next = 0
+
+    def slot(self, length: int) -> Slice:
+        assert length <= SLOT_BYTES
+        data = Slice(self.buffer, self._next * SLOT_BYTES, length)
+        self._next += 1
+        return data
+
+    def put(self, array: npt.NDArray[np.generic]) -> Slice:
+        data = self.slot(array.nbytes)
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8).tobytes()
+        self.buffer.view()[data.offset : data.offset + data.length] = raw
+        return data
+
+    def get(self, data: Slice, dtype: str, shape: tuple[int, ...]) -> npt.NDArray[np.generic]:
+        raw = bytes(self.buffer.view()[data.offset : data.offset + data.length])
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.frombuffer(raw, dtype, count).reshape(shape)
+
+
+@pytest.fixture
+def tensors(session: FastRpcSession) -> Tensors:
+    return Tensors(session)
+
+
+def load(portal: PortalQnn, tmp_path: Path, data: bytes, **kwargs: object) -> LoadedModel:
+    with opened(tmp_path, "model.onnx", data) as fd:
+        return portal.load(fd, **kwargs)  # type: ignore[arg-type]
+
+
+def failure(exc: pytest.ExceptionInfo[ModelError]) -> ModelFailure:
+    return exc.value.failure
+
+
+# --- loading and running ------------------------------------------------------------
+
+
+def test_load_describes_run_computes_unload_frees(
+    portal: PortalQnn, session: FastRpcSession, tensors: Tensors, tmp_path: Path
+) -> None:
+    requests_before = session.statistics().listener_requests
+    with opened(tmp_path, "affine.onnx", onnx_models.affine()) as fd:
+        model = portal.load(fd)
+        assert os.pread(fd, 2, 0)  # the caller's fd is still its own, open
+    assert session.exposed_files == 0  # lent for the load only
+    assert session.statistics().listener_requests > requests_before  # read by the DSP
+    assert model.file.description.startswith("an ONNX model (IR version 8, opset 17")
+    (graph,) = model.graphs
+    assert [(s.name, s.dtype, s.shape, s.nbytes) for s in graph.inputs] == [
+        ("a", DataType.FLOAT32, (3,), 12),
+        ("b", DataType.FLOAT32, (3,), 12),
+        ("k", DataType.INT64, (), 8),
+    ]
+    assert [(s.name, s.dtype, s.shape) for s in graph.outputs] == [
+        ("y", DataType.FLOAT32, (3,)),
+        ("n", DataType.INT64, ()),
+    ]
+    assert portal.models() == {model.slot: model}
+
+    a = np.array([1, 2, 3], np.float32)
+    b = np.array([0.5, 0.25, 0.125], np.float32)
+    portal.set_input(model.slot, "a", tensors.put(a), dtype=DataType.FLOAT32, shape=(3,))
+    portal.set_input(model.slot, 1, tensors.put(b))
+    portal.set_input(model.slot, "k", tensors.put(np.array(41, np.int64)))
+    portal.execute(model.slot)
+    y, n = tensors.slot(12), tensors.slot(16)  # a larger buffer is zero-filled past the output
+    assert portal.get_output(model.slot, "y", y) == 12
+    assert portal.get_output(model.slot, 1, n) == 8
+    np.testing.assert_array_equal(tensors.get(y, "float32", (3,)), a * 2 + b)
+    assert tensors.get(n, "int64", (2,)).tolist() == [42, 0]
+
+    # Inputs persist: run again with one input changed, through run().
+    produced = portal.run(model.slot, {"k": tensors.put(np.array(9, np.int64))}, {"n": n})
+    assert produced == {"n": 8}
+    assert int(tensors.get(n, "int64", ())) == 10
+
+    portal.unload(model.slot)
+    assert portal.models() == {}
+    with pytest.raises(ModelError) as unloaded_twice:
+        portal.unload(model.slot)
+    assert failure(unloaded_twice) is ModelFailure.NOT_LOADED
+    assert unloaded_twice.value.code is ErrorCode.MODEL_NOT_LOADED
+    with pytest.raises(ModelError, match="no model is loaded"):
+        portal.execute(model.slot)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    ["float32", "float16", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "bool"],
+)
+def test_every_data_type_round_trips(
+    portal: PortalQnn, tensors: Tensors, tmp_path: Path, dtype: str
+) -> None:
+    model = load(portal, tmp_path, onnx_models.identity(dtype))
+    spec = model.graphs[0].inputs[0]
+    assert spec.dtype == DataType.from_name(dtype)
+    assert isinstance(spec.dtype, DataType)
+    assert spec.dtype.numpy == dtype
+    values = np.arange(5).astype(dtype)
+    out = tensors.slot(spec.nbytes)
+    portal.run(model.slot, {0: tensors.put(values)}, {0: out})
+    np.testing.assert_array_equal(tensors.get(out, dtype, (5,)), values)
+    portal.unload(model.slot)
+
+
+def test_shapes_fix_free_dimensions_and_named_ones_propagate(
+    portal: PortalQnn, tensors: Tensors, tmp_path: Path
+) -> None:
+    named = load(portal, tmp_path, onnx_models.add_one(("N", 4)), shapes={"x": (3, 4)})
+    assert [s.shape for s in (*named.graphs[0].inputs, *named.graphs[0].outputs)] == [(3, 4)] * 2
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    y = tensors.slot(48)
+    portal.run(named.slot, {"x": tensors.put(x)}, {"y": y})
+    np.testing.assert_array_equal(tensors.get(y, "float32", (3, 4)), x + 1)
+    # Unnamed free dimensions need every tensor's shape.
+    unnamed = onnx_models.add_one((None, 4), out_shape=(None, None))
+    both = load(portal, tmp_path, unnamed, shapes={"x": (2, 4), "y": (2, 4)})
+    assert both.graphs[0].outputs[0].nbytes == 32
+    with pytest.raises(ModelError, match="give shapes for free ones") as free:
+        load(portal, tmp_path, unnamed, shapes={"x": (2, 4)})
+    assert failure(free) is ModelFailure.MODEL_REJECTED
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [{"z": (2, 4)}, {"x": (2, 4, 1)}, {"x": (2, 5)}],
+    ids=["unknown tensor", "rank", "fixed dimension"],
+)
+def test_shapes_that_do_not_fit_the_model(
+    portal: PortalQnn, tmp_path: Path, shapes: dict[str, tuple[int, ...]]
+) -> None:
+    with pytest.raises(ModelError, match="shapes given do not fit") as caught:
+        load(portal, tmp_path, onnx_models.add_one((None, 4)), shapes=shapes)
+    assert failure(caught) is ModelFailure.TENSOR_MISMATCH
+    assert portal.models() == {}
+
+
+def test_bad_shape_arguments_are_refused_before_the_dsp(portal: PortalQnn, tmp_path: Path) -> None:
+    for shapes in ({"x": (0, 4)}, {"x": (1,) * 9}, {"x": (True, 4)}, {"": (1,)}):
+        with pytest.raises(ModelError) as caught:
+            load(portal, tmp_path, onnx_models.add_one(), shapes=shapes)
+        assert failure(caught) is ModelFailure.TENSOR_MISMATCH
+    with pytest.raises(ModelError, match=r"URI .* at most 511"):
+        load(portal, tmp_path, onnx_models.add_one(), shapes={"x" * 600: (1,)})
+    assert model_uri_query({"a b/c": (1, 576)}) == "?shape.a%20b%2Fc=1,576"
+
+
+# --- running: bad inputs --------------------------------------------------------------
+
+
+def test_set_input_checks_dtype_shape_size_and_names(
+    portal: PortalQnn, tensors: Tensors, tmp_path: Path
+) -> None:
+    model = load(portal, tmp_path, onnx_models.affine())
+    a = tensors.put(np.zeros(3, np.float32))
+    for kwargs, message in (
+        ({"dtype": DataType.INT32}, "takes float32 \\[3\\] \\(12 bytes\\); got data type int32"),
+        ({"shape": (1, 3)}, "got shape \\[1, 3\\]"),
+    ):
+        with pytest.raises(ModelError, match=message) as caught:
+            portal.set_input(model.slot, "a", a, **kwargs)
+        assert failure(caught) is ModelFailure.TENSOR_MISMATCH
+    with pytest.raises(ModelError, match="got 8 bytes"):
+        portal.set_input(model.slot, "a", Slice(tensors.buffer, 0, 8))
+    with pytest.raises(ModelError, match="'c' is no input of graph 0 \\(it has 'a', 'b', 'k'\\)"):
+        portal.set_input(model.slot, "c", a)
+    with pytest.raises(ModelError) as index:
+        portal.set_input(model.slot, 3, a)
+    assert index.value.code is ErrorCode.INVALID_TENSOR_INDEX
+    with pytest.raises(ModelError, match="graph 1 \\(the model has 1\\)"):
+        portal.set_input(model.slot, "a", a, graph=1)
+    with pytest.raises(TypeError, match="DMA-BUF Slice"):
+        portal.set_input(model.slot, "a", b"\0" * 12)  # type: ignore[arg-type]
+    with pytest.raises(ModelError, match="no model is loaded"):
+        portal.set_input(MAX_MODELS - 1, "a", a)
+
+
+def test_missing_input_and_outputs_before_execute(
+    portal: PortalQnn, tensors: Tensors, tmp_path: Path
+) -> None:
+    model = load(portal, tmp_path, onnx_models.affine())
+    y = tensors.slot(12)
+    with pytest.raises(ModelError, match="graph 0 has no outputs") as early:
+        portal.get_output(model.slot, "y", y)
+    assert failure(early) is ModelFailure.NOT_EXECUTED
+    portal.set_input(model.slot, "a", tensors.put(np.zeros(3, np.float32)))
+    with pytest.raises(ModelError, match="input 'b', 'k' of graph 0 was never set") as missing:
+        portal.execute(model.slot)
+    assert failure(missing) is ModelFailure.INPUT_NOT_SET
+    with pytest.raises(ModelError, match="the buffer holds 8") as small:
+        portal.get_output(model.slot, "y", tensors.slot(8))
+    assert failure(small) is ModelFailure.TENSOR_MISMATCH
+
+
+def test_a_graph_that_fails_at_run_time_is_a_qnn_error(
+    portal: PortalQnn, tensors: Tensors, tmp_path: Path
+) -> None:
+    model = load(portal, tmp_path, onnx_models.reshape())
+    x = tensors.put(np.arange(6, dtype=np.float32))
+    y = tensors.slot(24)
+    portal.run(model.slot, {"x": x, "s": tensors.put(np.array([3, 2], np.int64))}, {"y": y})
+    with pytest.raises(ModelError, match="graph 0 failed with QNN error 1100") as caught:
+        portal.run(model.slot, {"s": tensors.put(np.array([4, 2], np.int64))}, {"y": y})
+    assert caught.value.code is ErrorCode.QNN
+    # A failed execute leaves no outputs behind.
+    with pytest.raises(ModelError) as after:
+        portal.get_output(model.slot, "y", y)
+    assert failure(after) is ModelFailure.NOT_EXECUTED
+
+
+# --- loading: bad files and full tables -----------------------------------------------
+
+
+def test_the_slot_table_fills_and_frees(portal: PortalQnn, tmp_path: Path) -> None:
+    loaded = [load(portal, tmp_path, onnx_models.add_one()) for _ in range(MAX_MODELS)]
+    assert sorted(m.slot for m in loaded) == list(range(MAX_MODELS))
+    with pytest.raises(ModelError, match="model slot quota exceeded: the limit is 4") as full:
+        load(portal, tmp_path, onnx_models.add_one())
+    assert failure(full) is ModelFailure.SLOTS_FULL
+    portal.unload(2)
+    assert load(portal, tmp_path, onnx_models.add_one()).slot == 2
+
+
+def test_unreadable_model_files(portal: PortalQnn, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    read_end, write_end = os.pipe()
+    directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    empty_fd = os.open(empty, os.O_RDONLY)
+    try:
+        for fd, reason in (
+            (read_end, "not a regular file \\(a pipe\\)"),
+            (directory, "not a regular file \\(a directory\\)"),
+            (empty_fd, "the model file is empty"),
+            (999_999, "Bad file descriptor"),
+        ):
+            with pytest.raises(ModelError, match=reason) as caught:
+                portal.load(fd)
+            assert failure(caught) is ModelFailure.FILE_UNREADABLE
+        with (
+            opened(tmp_path, "w.onnx", onnx_models.add_one(), os.O_WRONLY) as write_only,
+            pytest.raises(ModelError, match="write-only"),
+        ):
+            portal.load(write_only)
+    finally:
+        for fd in (read_end, write_end, directory, empty_fd):
+            os.close(fd)
+
+
+def test_files_of_the_wrong_kind_or_damaged(portal: PortalQnn, tmp_path: Path) -> None:
+    good = onnx_models.add_one()
+    for data, failure_kind, message in (
+        (Path("/bin/sh").read_bytes(), ModelFailure.FILE_FORMAT, "an ELF .* takes ONNX models"),
+        (b"hello, world\n", ModelFailure.FILE_FORMAT, "a text file; the emulator backend"),
+        (b"GGUF" + bytes(60), ModelFailure.FILE_FORMAT, "a GGUF model"),
+        (good[: len(good) // 2], ModelFailure.FILE_MALFORMED, "damaged ONNX model: the file ends"),
+        # The top-level fields are ONNX's, the graph inside them is garbage: the DSP refuses it.
+        (good[:2] + b"\x3a\x04\xff\xff\xff\xff", ModelFailure.FILE_MALFORMED, "not loadable"),
+    ):
+        with pytest.raises(ModelError, match=message) as caught:
+            load(portal, tmp_path, data)
+        assert failure(caught) is failure_kind
+    assert portal.models() == {}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (onnx_models.many_inputs(33), "outside portal_qnn's limits"),
+        (onnx_models.identity("float64"), "outside portal_qnn's limits"),
+        (onnx_models.identity("float32", (1,) * 9), "outside portal_qnn's limits"),
+    ],
+    ids=["33 inputs", "float64", "rank 9"],
+)
+def test_models_outside_the_limits(
+    portal: PortalQnn, tmp_path: Path, data: bytes, message: str
+) -> None:
+    with pytest.raises(ModelError, match=message) as caught:
+        load(portal, tmp_path, data)
+    assert failure(caught) is ModelFailure.MODEL_REJECTED
+
+
+def test_thirty_two_inputs_and_a_long_name_are_fine(portal: PortalQnn, tmp_path: Path) -> None:
+    model = load(portal, tmp_path, onnx_models.many_inputs(32))
+    assert len(model.graphs[0].inputs) == 32
+    name = "n" * 127
+    longest = load(portal, tmp_path, onnx_models.identity("float32", name=name))
+    assert longest.graphs[0].inputs[0].name == name
+    with pytest.raises(ModelError, match="names under 128 bytes"):
+        load(portal, tmp_path, onnx_models.identity("float32", name=name + "n"))
+
+
+def test_a_model_the_runtime_refuses_is_a_qnn_error(portal: PortalQnn, tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="composing the model failed with QNN error") as caught:
+        load(portal, tmp_path, onnx_models.unknown_op())
+    assert caught.value.code is ErrorCode.QNN
+    assert portal.models() == {}
+
+
+def test_the_kernel_backend_takes_qnn_libraries(session: FastRpcSession, tmp_path: Path) -> None:
+    with PortalQnn.open(session, backend="kernel") as portal:
+        with pytest.raises(
+            ModelError, match="the kernel backend takes QNN model libraries"
+        ) as onnx:
+            load(portal, tmp_path, onnx_models.add_one())
+        assert failure(onnx) is ModelFailure.FILE_FORMAT
+        with (
+            pytest.raises(ModelError, match="fixed shapes"),
+            opened(tmp_path, "lib.so", _hexagon_elf()) as fd,
+        ):
+            portal.load(fd, shapes={"x": (1,)})
+    with pytest.raises(ValueError, match="backend"):
+        PortalQnn.open(session, backend="gpu")  # type: ignore[arg-type]
+
+
+def _hexagon_elf() -> bytes:
+    ident = b"\x7fELF\x01\x01\x01" + bytes(9)
+    return ident + (3).to_bytes(2, "little") + (164).to_bytes(2, "little") + bytes(44)
+
+
+def test_close_unloads_everything(
+    session: FastRpcSession, driver: EmulatedDriver, tmp_path: Path
+) -> None:
+    portal = PortalQnn.open(session, backend="emulator")
+    model = load(portal, tmp_path, onnx_models.add_one())
+    assert driver.statistics().remote_handles_open == 1
+    portal.close()
+    portal.close()
+    assert driver.statistics().remote_handles_open == 0
+    with pytest.raises(ModelError, match="no model is loaded"):
+        portal.execute(model.slot)
+    with pytest.raises(RpcError) as closed:
+        load(portal, tmp_path, onnx_models.add_one())
+    assert closed.value.code is ErrorCode.UNKNOWN_HANDLE
+    assert session.exposed_files == 0
+
+
+def test_data_type_names() -> None:
+    assert DataType.from_name("f32") is DataType.FLOAT32
+    assert DataType.from_name("BOOL") is DataType.BOOL
+    assert DataType.from_name("uint8") is DataType.UINT8  # not the fixed-point alias
+    assert DataType.SFIXED16.numpy == "int16"
+    assert DataType.FLOAT16.itemsize == 2
+    with pytest.raises(ValueError, match="unknown data type"):
+        DataType.from_name("complex64")

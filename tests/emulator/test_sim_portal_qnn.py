@@ -1,0 +1,155 @@
+"""The emulator's portal_qnn skel at the wire: the AEE codes skel/portal_qnn_imp.c gives for the same calls.
+
+Calls are marshalled by npud.idl and sent with FastRpcSession.invoke
+(inline buffers), below the typed API, so the host-side checks of
+npud.fastrpc.portal_qnn do not hide the skel's own.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from npu_protocol import AEE
+from npud import idl
+from npud.backend import DEV_SHELL
+from npud.fastrpc.invoke_args import Capacity, Inline
+from npud.fastrpc.portal_qnn import PORTAL_QNN_URI
+from npud.fastrpc.session import FastRpcSession
+from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
+from npud.sim.portal_qnn import parse_model_uri
+from tests.emulator import onnx_models
+
+PORTAL: Final = idl.load("portal_qnn")
+UNTOUCHED: Final = 0  # plain outputs the skel did not write come back as zeros
+
+
+class Raw:
+    """One portal_qnn handle driven with idl-encoded inline calls."""
+
+    def __init__(self, session: FastRpcSession) -> None:
+        self.session = session
+        self.handle = session.remote_open(PORTAL_QNN_URI)
+
+    def call(self, name: str, **arguments: object) -> tuple[int, idl.Values]:
+        method = PORTAL.method(name)
+        encoded = method.encode(**arguments)
+        inputs = [Inline(x) for x in encoded.inputs if isinstance(x, bytes)]
+        outputs = [Capacity(x) for x in encoded.outputs if isinstance(x, int)]
+        result = self.session.invoke(self.handle, encoded.sc, inputs, outputs)
+        values = method.decode(result.outputs) if result.rc == 0 else idl.Values({})
+        return result.rc, values
+
+    def load(self, name: str) -> tuple[int, idl.Values]:
+        return self.call("model_load", model_uri=name)
+
+
+@pytest.fixture
+def session() -> Iterator[FastRpcSession]:
+    session = FastRpcSession.open(EmulatedDriver(), library_path=[DSP_LIBRARY_DIR])
+    session.load_shell(DEV_SHELL.read_bytes())
+    yield session
+    session.close()
+
+
+@pytest.fixture
+def raw(session: FastRpcSession) -> Raw:
+    return Raw(session)
+
+
+@pytest.fixture
+def affine(session: FastRpcSession, tmp_path: Path) -> Iterator[str]:
+    """An exposed ONNX model: the name model_load takes."""
+    with (
+        onnx_models.opened(tmp_path, "affine.onnx", onnx_models.affine()) as fd,
+        session.expose_file(fd, suffix=".onnx") as exposed,
+    ):
+        yield exposed.name
+
+
+def test_the_skel_opens_through_remotectl(session: FastRpcSession) -> None:
+    handle = session.remote_open(PORTAL_QNN_URI)  # AEE_ENOSUCHMOD before this skel existed
+    session.remote_close(handle)
+
+
+def test_load_and_every_index_check(raw: Raw, affine: str) -> None:
+    rc, loaded = raw.load(affine)
+    assert (rc, dict(loaded)) == (0, {"model_index": 0, "num_graphs": 1, "qnn_status": 0})
+    for index in (4, 0xFFFFFFFF):
+        assert raw.call("execute", model_index=index, graph_index=0)[0] == AEE.EBADPARM.dsp
+        assert raw.call("model_unload", model_index=index)[0] == AEE.EBADPARM.dsp
+    assert raw.call("execute", model_index=1, graph_index=0)[0] == AEE.EBADSTATE.dsp
+    assert raw.call("execute", model_index=0, graph_index=1)[0] == AEE.EBADPARM.dsp
+    set_input = {"model_index": 0, "graph_index": 0}
+    assert raw.call("set_input", **set_input, tensor_index=3, data=bytes(12))[0] == AEE.EBADPARM.dsp
+    assert raw.call("set_input", **set_input, tensor_index=0, data=bytes(8))[0] == AEE.EBADSIZE.dsp
+    assert raw.call("execute", **set_input)[0] == AEE.ENOTINITIALIZED.dsp
+    output = {"model_index": 0, "graph_index": 0, "tensor_index": 0}
+    assert raw.call("get_output", **output, data=12)[0] == AEE.ENOTINITIALIZED.dsp
+    for tensor, data in ((0, bytes(12)), (1, bytes(12)), (2, struct.pack("<q", 1))):
+        assert raw.call("set_input", **set_input, tensor_index=tensor, data=data)[0] == 0
+    rc, executed = raw.call("execute", **set_input)
+    assert (rc, executed.integer("qnn_status")) == (0, 0)
+    assert raw.call("get_output", **output, data=11)[0] == AEE.EBUFFERTOOSMALL.dsp
+    get_n = {**output, "tensor_index": 1}
+    rc, n = raw.call("get_output", **get_n, data=8)
+    assert (rc, n.integer("data_len"), n.data("data")) == (0, 8, struct.pack("<q", 2))
+    assert raw.call("get_output", **{**output, "tensor_index": 2}, data=8)[0] == AEE.EBADPARM.dsp
+    info = {"model_index": 0, "graph_index": 0}
+    assert raw.call("graph_info", **info, inputs=2, outputs=2)[0] == AEE.EBUFFERTOOSMALL.dsp
+    rc, described = raw.call("graph_info", **info, inputs=3, outputs=2)
+    assert rc == 0
+    assert [r.text("name") for r in described.records("inputs")] == ["a", "b", "k"]
+    assert raw.call("model_unload", model_index=0)[0] == 0
+    assert raw.call("model_unload", model_index=0)[0] == AEE.EBADSTATE.dsp
+
+
+def test_load_failures(raw: Raw, affine: str, session: FastRpcSession) -> None:
+    assert raw.load("x" * 512)[0] == AEE.EBADPARM.dsp  # 513 bytes with the NUL
+    assert raw.load("x" * 511)[0] == AEE.EUNABLETOLOAD.dsp  # the longest, as on the C skel
+    assert raw.load("builtin:vad")[0] == AEE.ERESOURCENOTFOUND.dsp
+    assert raw.load("nothere.onnx")[0] == AEE.EUNABLETOLOAD.dsp
+    assert raw.load("npud-fd-" + "0" * 32 + ".onnx")[0] == AEE.EUNABLETOLOAD.dsp  # not lent
+    assert raw.load(f"{affine}?size=1")[0] == AEE.EBADPARM.dsp
+    assert raw.load(f"{affine}?shape.zz=1")[0] == AEE.EBADPARM.dsp
+    assert raw.load(f"{affine}?shape.a=4")[0] == AEE.EBADPARM.dsp  # the model says 3
+    assert all(raw.load(affine)[0] == 0 for _ in range(4))
+    assert raw.load(affine)[0] == AEE.EOUTOFHANDLES.dsp
+    assert session.statistics().remote_handles == 1
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("m.onnx", ("m.onnx", {})),
+        ("m.onnx?shape.x=1,576&shape.a%26b=2", ("m.onnx", {"x": (1, 576), "a&b": (2,)})),
+        ("m.onnx?shape.s=", ("m.onnx", {"s": ()})),
+    ],
+)
+def test_model_uri_shapes(uri: str, expected: tuple[str, dict[str, tuple[int, ...]]]) -> None:
+    assert parse_model_uri(uri) == expected
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["?shape.x=1", "m?shape.x=0", "m?shape.x=a", "m?x=1", "m?shape.=1", "m?shape.x=1&shape.x=2"],
+)
+def test_malformed_model_uris(uri: str) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - each case has its own wording
+        parse_model_uri(uri)
+
+
+def test_badly_marshalled_and_unknown_methods(raw: Raw) -> None:
+    execute = PORTAL.method("execute")
+    wrong_counts = raw.session.invoke(raw.handle, execute.sc & ~0xFF00, [Inline(bytes(8))], [])
+    assert wrong_counts.rc == AEE.EBADPARM.dsp
+    short = raw.session.invoke(raw.handle, execute.sc, [Inline(bytes(4))], [Capacity(4)])
+    assert short.rc == AEE.EBADPARM.dsp
+    unknown = idl.make_scalars(9, 1, 0, 0, 0)
+    assert raw.session.invoke(raw.handle, unknown, [Inline(bytes(4))], []).rc == (
+        AEE.EUNSUPPORTED.dsp
+    )

@@ -1,0 +1,236 @@
+"""The developer's scripts behind `make test` and `make run`: test-deps.sh and run-dev.sh.
+
+Both are run for real with stand-ins on PATH (an apt-get that records what it
+was asked, an npud that prints its arguments), as root and, where the tests
+run as root, as the user nobody.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from tests.scripts.snapshots import REPO
+
+NOBODY: Final = 65534
+IS_ROOT: Final = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root to act as root and as nobody")
+BASH: Final = shutil.which("bash") or "/bin/bash"
+BASIC_TOOLS: Final = ("cat", "id", "stat", "dirname", "mkdir")
+"""What the scripts use besides the tools under test: the only commands on PATH."""
+
+
+@dataclass
+class Sandbox:
+    """A world-readable scratch directory: nobody must read the scripts and stand-ins."""
+
+    root: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    def script(self, name: str) -> Path:
+        return self.root / name
+
+    def stub(self, name: str, body: str) -> Path:
+        path = self.bin / name
+        path.write_text(f"#!{BASH}\n{body}\n")
+        path.chmod(0o755)
+        return path
+
+    def run(
+        self, script: str, *args: str, as_nobody: bool = False, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [BASH, str(self.script(script)), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+            env={"PATH": str(self.bin), "LANG": "C.UTF-8", **(env or {})},
+            user=NOBODY if as_nobody else None,
+            cwd=self.root,
+        )
+
+
+@pytest.fixture
+def sandbox() -> Iterator[Sandbox]:
+    # Not tmp_path: pytest's directory is private to root, and nobody must get in.
+    root = Path(os.path.realpath(os.environ.get("TMPDIR", "/tmp")))
+    with tempfile.TemporaryDirectory(dir=root) as name:
+        box = Sandbox(Path(name))
+        box.root.chmod(0o755)
+        box.bin.mkdir(mode=0o755)
+        box.bin.chmod(0o755)
+        for tool in BASIC_TOOLS:
+            found = shutil.which(tool)
+            assert found, tool
+            (box.bin / tool).symlink_to(found)
+        for script in ("test-deps.sh", "run-dev.sh"):
+            shutil.copy(REPO / "scripts" / script, box.script(script))
+        yield box
+
+
+# --- test-deps.sh -------------------------------------------------------------------------
+
+APT_STUB: Final = 'printf "%s\\n" "$*" >> "${0%/*}/../apt.log"'
+
+
+def apt_calls(box: Sandbox) -> list[str]:
+    log = box.root / "apt.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_help_explains_and_installs_nothing(sandbox: Sandbox) -> None:
+    sandbox.stub("apt-get", APT_STUB)
+    result = sandbox.run("test-deps.sh", "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Usage: test-deps.sh")
+    for package in ("shellcheck", "systemd", "linux-libc-dev", "groff-base"):
+        assert f"({package})" in result.stdout
+    assert apt_calls(sandbox) == []
+
+
+def test_a_bad_argument_is_a_usage_error(sandbox: Sandbox) -> None:
+    result = sandbox.run("test-deps.sh", "--install-everything")
+    assert result.returncode == 2
+    assert "unknown argument: --install-everything" in result.stderr
+
+
+def test_check_lists_what_is_missing_and_fails(sandbox: Sandbox) -> None:
+    sandbox.stub("apt-get", APT_STUB)
+    result = sandbox.run("test-deps.sh", "--check")
+    assert result.returncode == 1
+    assert "missing gcc make shellcheck systemd-analyze" in result.stderr
+    assert "sudo apt-get install gcc make shellcheck systemd " in result.stderr
+    assert apt_calls(sandbox) == []
+
+
+@needs_root
+def test_root_installs_each_missing_package_once(sandbox: Sandbox) -> None:
+    sandbox.stub("apt-get", APT_STUB)
+    sandbox.stub("shellcheck", "exit 0")  # present: not asked for
+    result = sandbox.run("test-deps.sh")
+    assert result.returncode == 0, result.stderr
+    update, install = apt_calls(sandbox)
+    assert update == "update -qq"
+    packages = install.split()[install.split().index("--no-install-recommends") + 1 :]
+    assert {"gcc", "make", "systemd", "zstd", "dash", "groff-base"} <= set(packages)
+    assert "shellcheck" not in packages
+    assert packages.count("systemd") == 1  # three tools, one package
+    assert "installing" in result.stderr
+
+
+@needs_root
+def test_anyone_else_is_told_what_to_install(sandbox: Sandbox) -> None:
+    sandbox.stub("apt-get", APT_STUB)
+    result = sandbox.run("test-deps.sh", as_nobody=True)
+    assert result.returncode == 0, result.stderr
+    assert "sudo apt-get install gcc make shellcheck" in result.stderr
+    assert "skip until then" in result.stderr
+    assert apt_calls(sandbox) == []
+
+
+# --- run-dev.sh (make run) ----------------------------------------------------------------
+
+NPUD_STUB: Final = 'echo "npud $*"'
+
+
+def run_dev(
+    box: Sandbox, socket: str = "", *, as_nobody: bool = False, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    npud = box.stub("npud", NPUD_STUB)
+    return box.run(
+        "run-dev.sh", socket, as_nobody=as_nobody, env={"NPUD": str(npud), **(env or {})}
+    )
+
+
+@pytest.fixture
+def shared_tmp(sandbox: Sandbox) -> Path:
+    """A /tmp-like directory: everyone may create entries, only in their own name."""
+    path = sandbox.root / "tmp"
+    path.mkdir()
+    path.chmod(0o1777)
+    return path
+
+
+@needs_root
+def test_a_person_gets_a_private_socket_and_is_told_where(
+    sandbox: Sandbox, shared_tmp: Path
+) -> None:
+    result = run_dev(sandbox, as_nobody=True, env={"TMPDIR": str(shared_tmp)})
+    assert result.returncode == 0, result.stderr
+    socket = shared_tmp / f"npud-{NOBODY}" / "npud.sock"
+    assert result.stdout.strip() == f"npud --backend auto --socket {socket}"
+    assert f"export NPUD_SOCKET={socket}" in result.stderr
+    st = (shared_tmp / f"npud-{NOBODY}").stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (NOBODY, 0o700)
+
+
+@needs_root
+def test_a_directory_squatted_by_someone_else_is_refused(
+    sandbox: Sandbox, shared_tmp: Path
+) -> None:
+    (shared_tmp / f"npud-{NOBODY}").mkdir(mode=0o700)  # root's, not nobody's
+    result = run_dev(sandbox, as_nobody=True, env={"TMPDIR": str(shared_tmp)})
+    assert result.returncode == 2
+    assert "is not a directory of yours" in result.stderr
+    assert result.stdout == ""
+
+
+@needs_root
+def test_the_runtime_directory_is_preferred(sandbox: Sandbox) -> None:
+    runtime = sandbox.root / "run-user"
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, NOBODY, NOBODY)
+    result = run_dev(sandbox, as_nobody=True, env={"XDG_RUNTIME_DIR": str(runtime)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == f"{runtime}/npud/npud.sock"
+
+
+@needs_root
+def test_a_socket_the_person_cannot_create_is_refused_with_a_hint(sandbox: Sandbox) -> None:
+    locked = sandbox.root / "locked"
+    locked.mkdir(mode=0o755)
+    result = run_dev(sandbox, f"{locked}/npud/npud.sock", as_nobody=True)
+    assert result.returncode == 2
+    assert f"cannot create {locked}/npud/npud.sock ({locked} is not writable" in result.stderr
+    assert "SOCKET=" in result.stderr
+    assert "npu group" in result.stderr
+    assert result.stdout == ""
+
+
+@needs_root
+def test_root_serves_the_system_path_and_says_who_can_connect(sandbox: Sandbox) -> None:
+    result = run_dev(sandbox)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "npud --backend auto --socket /run/npud/npud.sock"
+    assert "only root can connect" in result.stderr
+    assert "socket_group" in result.stderr
+
+
+def test_an_explicit_socket_is_used_as_given(sandbox: Sandbox) -> None:
+    socket = sandbox.root / "mine.sock"
+    result = run_dev(sandbox, str(socket))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"npud --backend auto --socket {socket}"
+
+
+def test_make_test_installs_the_tools_first_and_ci_forbids_skipping() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    assert "\ntest: test-deps lint typecheck unit\n" in makefile
+    assert "\ntest-deps:\n\t@bash scripts/test-deps.sh\n" in makefile
+    assert '\nrun: $(STAMP)\n\t@bash scripts/run-dev.sh "$(SOCKET)" $(ARGS)\n' in makefile
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert ci.index("export NPUD_REQUIRE_TOOLS=1") < ci.index("make test")
+    assert "scripts/check-client-install.sh" in ci

@@ -1,0 +1,112 @@
+"""The model-format sniffer: what each kind of file is called, and what each backend refuses."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from npud.fastrpc.model_format import ModelFileError, ModelFormat, check_model_file, sniff
+from tests.emulator import onnx_models
+
+
+def elf(*, elf_class: int = 1, data: int = 1, e_type: int = 3, machine: int = 164) -> bytes:
+    ident = b"\x7fELF" + bytes([elf_class, data, 1]) + bytes(9)
+    endian = "<" if data == 1 else ">"
+    return ident + struct.pack(endian + "HH", e_type, machine) + bytes(44)
+
+
+@pytest.fixture
+def fds() -> Iterator[list[int]]:
+    """Descriptors the test opened; closed at the end."""
+    opened: list[int] = []
+    yield opened
+    for fd in opened:
+        os.close(fd)
+
+
+def _fd(tmp_path: Path, fds: list[int], data: bytes) -> int:
+    path = tmp_path / f"file{len(fds)}"
+    path.write_bytes(data)
+    fds.append(os.open(path, os.O_RDONLY))
+    return fds[-1]
+
+
+@pytest.mark.parametrize(
+    ("data", "model_format", "description"),
+    [
+        (elf(), ModelFormat.QNN_LIBRARY, "an ELF shared object for Hexagon (32-bit)"),
+        (elf(e_type=2), None, "an ELF executable for Hexagon (32-bit)"),
+        (elf(elf_class=2, machine=62), None, "an ELF shared object for x86-64 (64-bit)"),
+        (elf(data=2, machine=183), None, "an ELF shared object for AArch64 (32-bit)"),
+        (b"\x7fELF\x01", None, "a truncated ELF file"),
+        (b"\0\0\0\0TFL3" + bytes(8), None, "a TensorFlow Lite model"),
+        (b"GGUF\x03\0\0\0", None, "a GGUF model (llama.cpp)"),
+        (b"PK\x03\x04" + bytes(30), None, "a ZIP archive (a PyTorch checkpoint?)"),
+        (struct.pack("<Q", 20) + b'{"a": 1}', None, "a safetensors file"),
+        (b"name,value\n1,2\n", None, "a text file"),
+        (bytes([0x89, 0x50, 0xFF, 0x00]), None, "data of an unknown format"),
+    ],
+)
+def test_what_a_file_is(
+    tmp_path: Path,
+    fds: list[int],
+    data: bytes,
+    model_format: ModelFormat | None,
+    description: str,
+) -> None:
+    sniffed = sniff(_fd(tmp_path, fds, data))
+    assert (sniffed.format, sniffed.description, sniffed.size) == (
+        model_format,
+        description,
+        len(data),
+    )
+
+
+def test_onnx_models_are_walked_not_read(tmp_path: Path, fds: list[int]) -> None:
+    model = onnx_models.add_one()
+    sniffed = sniff(_fd(tmp_path, fds, model))
+    assert sniffed.format is ModelFormat.ONNX
+    assert sniffed.description == "an ONNX model (IR version 8, opset 17, made by npud-tests)"
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (onnx_models.add_one()[:-3], "the file ends inside"),
+        (b"\x08\x08", "it has no graph"),
+        (b"\x08\x08\x48\x01", "field 9 \\(wire type 0\\) is not part of an ONNX model"),
+        (b"\x08\x08\x3a", "the file ends inside a field header"),
+        (b"\x08\x08\x3a" + b"\xff" * 11, "a varint longer than 10 bytes"),
+    ],
+)
+def test_damaged_onnx(tmp_path: Path, fds: list[int], data: bytes, reason: str) -> None:
+    with pytest.raises(ModelFileError, match=f"damaged ONNX model: {reason}") as caught:
+        sniff(_fd(tmp_path, fds, data))
+    assert caught.value.kind == "damaged"
+
+
+def test_each_backend_refuses_the_other_format(tmp_path: Path, fds: list[int]) -> None:
+    onnx_fd = _fd(tmp_path, fds, onnx_models.add_one())
+    library_fd = _fd(tmp_path, fds, elf())
+    assert check_model_file(onnx_fd, "emulator").format is ModelFormat.ONNX
+    assert check_model_file(library_fd, "kernel").format is ModelFormat.QNN_LIBRARY
+    with pytest.raises(ModelFileError, match="the kernel backend takes QNN model libraries") as k:
+        check_model_file(onnx_fd, "kernel")
+    assert k.value.kind == "wrong-format"
+    assert "qnn-onnx-converter" in str(k.value)
+    with pytest.raises(ModelFileError, match=r"Hexagon .*; the emulator backend takes ONNX models"):
+        check_model_file(library_fd, "emulator")
+
+
+def test_unreadable(tmp_path: Path, fds: list[int]) -> None:
+    with pytest.raises(ModelFileError, match="the model file is empty") as empty:
+        sniff(_fd(tmp_path, fds, b""))
+    assert empty.value.kind == "unreadable"
+    directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    fds.append(directory)
+    with pytest.raises(ModelFileError, match="cannot read the model file: not a regular file"):
+        sniff(directory)
