@@ -25,24 +25,23 @@ from typing import cast
 
 from bench.harness import REPO_ROOT, Benchmark, Context, Row, format_table, timestamp
 
-MODULES: tuple[str, ...] = (
-    "bench.echo",
-    "bench.transfer",
-    "bench.emulator",
-    "bench.daemon",
-)
-"""Every benchmark module, in the order they run. Add yours here."""
+MODULES: dict[str, str] = {
+    "echo": "bench.echo",
+    "transfer": "bench.transfer",
+    "client_cost": "bench.client_cost",
+    "emulator": "bench.emulator",
+    "portal_qnn_vad": "bench.portal_qnn_vad",
+    "daemon": "bench.daemon",
+}
+"""Every benchmark module by its NAME, in the order they run. Add yours here."""
 
 
-def load(modules: Sequence[str]) -> dict[str, Benchmark]:
-    """The benchmark modules by NAME."""
-    loaded: dict[str, Benchmark] = {}
-    for module_name in modules:
-        module = cast(Benchmark, importlib.import_module(module_name))
-        if module.NAME in loaded:
-            raise SystemExit(f"two benchmark modules are named {module.NAME!r}")
-        loaded[module.NAME] = module
-    return loaded
+def load(name: str) -> Benchmark:
+    """The benchmark module called ``name`` (imported only when it runs or is listed)."""
+    module = cast(Benchmark, importlib.import_module(MODULES[name]))
+    if name != module.NAME:
+        raise SystemExit(f"{MODULES[name]} is named {module.NAME!r}, listed as {name!r}")
+    return module
 
 
 def build_parser(names: Sequence[str]) -> argparse.ArgumentParser:
@@ -73,22 +72,21 @@ def build_parser(names: Sequence[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    benchmarks = load(MODULES)
-    args = build_parser(list(benchmarks)).parse_args(argv)
+    args = build_parser(list(MODULES)).parse_args(argv)
     if args.list:
-        for name, module in benchmarks.items():
-            print(f"{name:12} {module.SUMMARY}")
+        for name in MODULES:
+            print(f"{name:15} {load(name).SUMMARY}")
         return 0
     selected = [name for item in args.only for name in item.split(",") if name]
-    unknown = [name for name in selected if name not in benchmarks]
+    unknown = [name for name in selected if name not in MODULES]
     if unknown:
         print(
             f"python -m bench: unknown module {', '.join(unknown)}; "
-            f"choose from {', '.join(benchmarks)}",
+            f"choose from {', '.join(MODULES)}",
             file=sys.stderr,
         )
         return 2
-    chosen = [name for name in benchmarks if not selected or name in selected]
+    chosen = [name for name in MODULES if not selected or name in selected]
     summary_path = args.json or REPO_ROOT / "build" / "bench" / f"{timestamp()}.json"
 
     started = time.time()
@@ -97,11 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     errors: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="npud-bench-") as tmp:
         for name in chosen:
-            print(f"{name}: {benchmarks[name].SUMMARY}", file=sys.stderr, flush=True)
             workdir = Path(tmp) / name
             workdir.mkdir()
             try:
-                rows.extend(benchmarks[name].run(Context(quick=args.quick, workdir=workdir)))
+                module = load(name)
+                print(f"{name}: {module.SUMMARY}", file=sys.stderr, flush=True)
+                rows.extend(module.rows(Context(quick=args.quick, workdir=workdir)))
             except Exception as exc:  # one broken module must not hide the others' figures
                 traceback.print_exc()
                 errors[name] = f"{type(exc).__name__}: {exc}"

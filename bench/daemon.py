@@ -30,7 +30,7 @@ RSS_GOAL_MIB = 40.0
 BARE_PROGRAM = f"{BARE_IMPORTS}; import sys; print('ready', flush=True); sys.stdin.read()"
 
 
-def run(ctx: Context) -> list[Row]:
+def rows(ctx: Context) -> list[Row]:
     rounds = ctx.rounds(9, 3)
     daemon_rss: list[float] = []
     bare_rss: list[float] = []

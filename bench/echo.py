@@ -53,7 +53,7 @@ class _Echoer:
         self._client.close()
 
 
-def run(ctx: Context) -> list[Row]:
+def rows(ctx: Context) -> list[Row]:
     rounds = ctx.rounds(9, 3)
     calls = ctx.rounds(400, 100)
     with npud(ctx.workdir) as npud_path, floor_server(ctx.workdir) as floor_path:

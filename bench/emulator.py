@@ -136,7 +136,7 @@ class _BareCopies:
                 raise OSError(ctypes.get_errno(), "process_vm copy failed")
 
 
-def run(ctx: Context) -> list[Row]:
+def rows(ctx: Context) -> list[Row]:
     rounds = ctx.rounds(9, 3)
     calls = ctx.rounds(300, 60)
     old_calls = ctx.rounds(30, 10)  # the old path costs about a millisecond a call

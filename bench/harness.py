@@ -129,12 +129,12 @@ class Context:
 
 
 class Benchmark(Protocol):
-    """A benchmark module: ``NAME``, ``SUMMARY`` and ``run``."""
+    """A benchmark module: ``NAME``, ``SUMMARY`` and ``rows``."""
 
     NAME: str
     SUMMARY: str
 
-    def run(self, ctx: Context) -> list[Row]: ...
+    def rows(self, ctx: Context) -> list[Row]: ...
 
 
 def format_table(rows: Sequence[Row]) -> str:

@@ -26,7 +26,7 @@ TEST_URI = "file:///libnpu_test_skel.so?npu_test_skel_handle_invoke&_modver=1.0&
 BIG = 16 * 1024 * 1024
 
 
-def run(ctx: Context) -> list[Row]:
+def rows(ctx: Context) -> list[Row]:
     rounds = ctx.rounds(5, 2)
     payload = os.urandom(BIG)
     expected = zlib.crc32(payload)
