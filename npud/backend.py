@@ -78,6 +78,8 @@ class Profile:
     public_key_path: Path
     trusted_uids: frozenset[int]
     allow_development_key: bool
+    emulator_dsp_units: int = 0
+    """The emulated DSP's shared execution units (``[emulator] dsp_units``)."""
     _verifier: _VerifierSlot = field(default_factory=_VerifierSlot, compare=False, repr=False)
 
     def device_label(self, node: str) -> str:
@@ -93,9 +95,9 @@ class Profile:
     def make_driver(self) -> Driver:
         if self.kind == "kernel":
             return KernelDriver()
-        from npud.sim import EmulatedDriver  # noqa: PLC0415  (the kernel profile never loads it)
+        from npud.sim import EmulatedDriver, SimConfig  # noqa: PLC0415  (not on a device)
 
-        return EmulatedDriver()
+        return EmulatedDriver(SimConfig(dsp_units=self.emulator_dsp_units))
 
     def lend_verifier(self, verifier: ShellVerifier) -> None:
         """A verifier started earlier, for the next :meth:`verify_shell` to use up.
@@ -168,4 +170,5 @@ def select_profile(config: Config, override: str | None = None) -> Profile:
         public_key_path=Path(shell_cfg.public_key) if shell_cfg.public_key else DEV_PUBLIC_KEY,
         trusted_uids=frozenset(shell_cfg.trusted_uids) | {os.getuid()},
         allow_development_key=True,
+        emulator_dsp_units=config.emulator.dsp_units,
     )

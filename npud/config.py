@@ -237,6 +237,21 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
         return self.workers or self.dsp_slots + 2
 
 
+class EmulatorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The built-in emulator (backend.kind = emulator, or auto without a device). Changes
+    need a restart."""
+
+    dsp_units: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=64),
+        _doc(
+            "Execution units the emulated DSP's calls share: with n calls working each runs "
+            "at min(1, units / n) of full speed, as on a real NPU. 0: every call runs as if "
+            "alone."
+        ),
+    ] = 0
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """npud's configuration: one TOML table per section below."""
 
@@ -247,6 +262,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     client_limits: ClientLimitsConfig = msgspec.field(default_factory=ClientLimitsConfig)
     limits: DaemonLimitsConfig = msgspec.field(default_factory=DaemonLimitsConfig)
     scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
+    emulator: EmulatorConfig = msgspec.field(default_factory=EmulatorConfig)
 
 
 class ConfigError(Exception):

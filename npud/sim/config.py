@@ -72,6 +72,9 @@ class SimConfig:
     * ``procmap_query``: ask the kernel with the ``PROCMAP_QUERY`` ioctl (Linux
       6.11+) where it has it; False always reads ``/proc/self/maps``, as on
       older kernels.
+    * ``dsp_units``: execution units the DSP's calls share (processor sharing:
+      with n calls working each runs at min(1, units / n) of full speed, see
+      :mod:`npud.sim.compute`); 0 models none (every call runs as if alone).
     * ``skels``: skel name -> factory, the simulated DSP's "installed" skels;
       a descriptor file names one of these.
     """
@@ -89,6 +92,7 @@ class SimConfig:
     max_dma_buf_size: int = 1 << 30
     address_cache: bool = True
     procmap_query: bool = True
+    dsp_units: int = 0
     skels: Mapping[str, SkelFactory] = dataclasses.field(default_factory=lambda: BUILTIN_SKELS)
 
     def __post_init__(self) -> None:
@@ -106,6 +110,8 @@ class SimConfig:
                 raise ValueError(f"capability {attribute}={value} does not fit in 32 bits")
         if not self.reverse_rpc_timeout > 0:
             raise ValueError(f"reverse_rpc_timeout={self.reverse_rpc_timeout} must be positive")
+        if self.dsp_units < 0:
+            raise ValueError(f"dsp_units={self.dsp_units}: 0 (unlimited) or more")
         if self.max_dma_buf_size <= 0:
             raise ValueError(f"max_dma_buf_size={self.max_dma_buf_size} must be positive")
 

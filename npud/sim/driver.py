@@ -123,7 +123,9 @@ class EmulatedDriver:
         self._devices: dict[int, _DeviceFile] = {}  # open device fds
         self._live: set[_DeviceFile] = set()  # open, or closed with a release pending
         self._generation = 1
-        self._channel: Channel | None = Channel(self._generation, self.config.sessions)
+        self._channel: Channel | None = Channel(
+            self._generation, self.config.sessions, self.config.dsp_units
+        )
         self._down_until: float | None = None
         self._restarts = 0
         self._invokes_in_flight = 0
@@ -310,7 +312,7 @@ class EmulatedDriver:
 
     def _boot_locked(self) -> None:
         self._generation += 1
-        self._channel = Channel(self._generation, self.config.sessions)
+        self._channel = Channel(self._generation, self.config.sessions, self.config.dsp_units)
         self._down_until = None
 
     def _boot(self) -> None:
@@ -454,7 +456,7 @@ class EmulatedDriver:
                 return AEE.EALREADY.dsp
             if image is not None and not is_hexagon_elf(image):
                 return AEE.EBADELF.dsp
-            device.process = DspProcess(info, self.config, device.channel.sleep)
+            device.process = DspProcess(info, self.config, device.channel.work)
         return 0
 
     def _init_attach(self, device: _DeviceFile, arg: IoctlBuffer) -> int:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Final, Self, TypeVar
 
 from npu_client import _requests as requests
-from npu_client._args import InvokeInput, InvokeOutput
+from npu_client._args import InvokeInput, InvokeOutput, budget_record
 from npu_client._core import Call, ClientCore, ClientStatistics, EventCallback, deliver_events
 from npu_client._errors import ConnectFailed, NpuError
 from npu_client._memory import MappedBuffer
@@ -66,6 +66,7 @@ def connect(
     *,
     name: str | None = None,
     priority: Priority | str = Priority.NORMAL,
+    budget: tuple[float, float] | None = None,
     timeout: float | None = None,
     on_event: EventCallback | None = None,
 ) -> Client:
@@ -75,6 +76,10 @@ def connect(
     ``name``: shown in ``npuctl status`` and the daemon's log; default the
     program's name. ``priority``: ``"realtime"``, ``"normal"`` or
     ``"background"`` (the daemon may grant less: see ``client.priority``).
+    ``budget``: a realtime client's ``(period, budget)`` in seconds: at most
+    ``budget`` of DSP time every ``period`` (e.g. ``(0.032, 0.004)``); the
+    daemon admits it only while the DSP is not overcommitted, else
+    :class:`AdmissionRefused`.
     ``timeout``: seconds to wait for the connection and for each answer
     (``TimeoutError`` when exceeded); None waits as long as it takes.
     ``on_event``: called with each server event (see :class:`Client`).
@@ -83,7 +88,9 @@ def connect(
     the daemon refused the connection with (e.g. :class:`NotPermitted`).
     """
     resolved = socket_path(path)
-    core: ClientCore[DmaBuffer] = ClientCore(client_name(name), priority_class(priority))
+    core: ClientCore[DmaBuffer] = ClientCore(
+        client_name(name), priority_class(priority), budget_record(budget)
+    )
     _check_timeout(timeout)
     sock = _open_socket(resolved, timeout)
     client = Client(sock, core, path=resolved, timeout=timeout, on_event=on_event)
@@ -541,6 +548,7 @@ class RemoteHandle(HandleIdentity):
         *,
         sc: int | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
     ) -> list[bytes | None]:
         """Call ``method`` (0..31; or pass ``method=None`` and a raw scalars word ``sc``).
 
@@ -548,12 +556,15 @@ class RemoteHandle(HandleIdentity):
         place). ``outputs``: an int capacity (the bytes come back) or a slice
         (written in place). Returns one entry per output: bytes for a
         capacity, None for a slice. ``timeout`` (seconds) bounds the daemon's
-        wait for the DSP. A non-zero result from the method raises
-        :class:`InvokeFailed` with ``fields["code"]``.
+        wait for the DSP. ``deadline`` (seconds from now): if the call cannot
+        start on the DSP by then it fails with :class:`DeadlineExceeded`
+        without running; finishing later counts as a miss in ``npuctl top``.
+        A non-zero result from the method raises :class:`InvokeFailed` with
+        ``fields["code"]``.
         """
         client = self._client
         return client._run(
-            requests.invoke(client._core, self, method, inputs, outputs, sc, timeout)
+            requests.invoke(client._core, self, method, inputs, outputs, sc, timeout, deadline)
         )
 
     def close(self) -> None:

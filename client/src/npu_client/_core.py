@@ -33,6 +33,7 @@ from npu_client.transport import OwnedFd
 from npu_protocol import (
     NEED_DATA,
     AnyRequest,
+    Budget,
     ClientConnection,
     ClientLimits,
     ConnectionClosed,
@@ -147,9 +148,9 @@ class _Death:
 class ClientCore(Generic[B]):
     """One connection's state: handshake, requests in flight, buffers, events, death."""
 
-    def __init__(self, name: str, priority: Priority) -> None:
+    def __init__(self, name: str, priority: Priority, budget: Budget | None = None) -> None:
         self._conn = ClientConnection()
-        self._hello = Hello(client_name=name, priority=priority)
+        self._hello = Hello(client_name=name, priority=priority, budget=budget)
         self._pending: dict[int, Pending] = {}
         self._max_in_flight = 0  # from the Welcome: nothing is sent before it
         self._limits: ClientLimits | None = None
@@ -175,6 +176,12 @@ class ClientCore(Generic[B]):
     @property
     def welcome(self) -> Welcome | None:
         return self._conn.welcome
+
+    @property
+    def protocol_version(self) -> int:
+        """The version the Welcome named (0 before it)."""
+        welcome = self._conn.welcome
+        return 0 if welcome is None else welcome.protocol_version
 
     @property
     def limits(self) -> ClientLimits:

@@ -154,10 +154,22 @@ def invoke(
     outputs: Sequence[InvokeOutput],
     sc: int | None,
     timeout: float | None,
+    deadline: float | None = None,
 ) -> Call[list[bytes | None]]:
     if handle._closed:
         handle._check_open()  # raises
-    build = invoke_request(handle._id, method, sc, inputs, outputs, timeout, core.limits, core.owns)
+    build = invoke_request(
+        handle._id,
+        method,
+        sc,
+        inputs,
+        outputs,
+        timeout,
+        core.limits,
+        core.owns,
+        deadline,
+        core.protocol_version,
+    )
     return Call(build, _invoke_outputs)
 
 

@@ -13,6 +13,7 @@ import pwd
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
@@ -26,6 +27,9 @@ from npu_client._metrics import render, render_down
 from npu_client._selftest import render_report, run_selftest
 from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV
 from npu_client._status_text import render_status
+from npu_client._top import SORT_KEYS, Sample
+from npu_client._top import frame as top_frame
+from npu_client._top import render as render_top
 from npu_client._version import __version__
 
 EXIT_OK: Final = 0
@@ -40,6 +44,8 @@ CLIENT_GROUP: Final = "npu"
 """The group whose members may connect to the system's npud (systemd/npud.socket)."""
 
 DEFAULT_TIMEOUT: Final = 30.0
+CLEAR: Final = "\x1b[H\x1b[2J"
+"""Home the cursor and clear the screen (ANSI; every terminal emulator knows it)."""
 
 Command = Callable[[Client, argparse.Namespace], int]
 
@@ -118,6 +124,53 @@ def build_parser() -> argparse.ArgumentParser:
         help="write FILE instead of stdout, atomically (a temporary file renamed over it)",
     )
     metrics.set_defaults(run=_metrics, on_failure=_metrics_down)
+
+    top = commands.add_parser(
+        "top",
+        help="a live view of who uses the NPU: a row per client, refreshed every second",
+        description=(
+            "Show, refreshed every interval, one row per client: its class, calls per "
+            "second and share of DSP time over the interval, its recent queue wait (median "
+            "and 99th percentile), calls queued/running, deadline misses, calls refused as "
+            "late, and its declared budget; above them the scheduler's mode, DSP utilisation "
+            "and queues. Redrawn in place on a terminal; Ctrl-C ends it."
+        ),
+        epilog=(
+            "columns: CL class (RT realtime, N normal, BG background); DSP% share of the "
+            "interval the client's calls were on the DSP (percent of one slot); Q/R calls "
+            "queued/running; MISS finished after their deadline; LATE refused because their "
+            "deadline passed before dispatch; BUDGET declared ms per period ms"
+        ),
+    )
+    top.add_argument(
+        "--once",
+        action="store_true",
+        help="print one frame (after one interval) and exit, for scripts",
+    )
+    top.add_argument(
+        "--json", action="store_true", help="print each frame as one JSON object per line"
+    )
+    top.add_argument(
+        "--sort",
+        choices=SORT_KEYS,
+        default="dsp",
+        help="order of the rows (default: dsp, the largest share of DSP time first)",
+    )
+    top.add_argument(
+        "--interval",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=1.0,
+        help="time between frames, over which rates are measured (default: 1)",
+    )
+    top.add_argument(
+        "--count",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="stop after N frames (default: until Ctrl-C; --once is --count 1)",
+    )
+    top.set_defaults(run=_top)
     return parser
 
 
@@ -143,6 +196,39 @@ def _positive_seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _top(client: Client, args: argparse.Namespace) -> int:
+    frames = 1 if args.once else args.count
+    redraw = not args.json and sys.stdout.isatty()
+    me = (os.getpid(), NPUCTL_NAME)
+    before = Sample(client.status(), time.monotonic())
+    shown = 0
+    while frames is None or shown < frames:
+        time.sleep(args.interval)
+        after = Sample(client.status(), time.monotonic())
+        view = top_frame(before, after, sort=args.sort, exclude=me)
+        if args.json:
+            print(msgspec.json.encode(view).decode(), flush=True)
+        else:
+            text = render_top(view)
+            print(
+                f"\x1b[H\x1b[2J{text}" if redraw else text + ("\n" if frames != 1 else ""),
+                flush=True,
+            )
+        before = after
+        shown += 1
+    return EXIT_OK
 
 
 def _status(client: Client, args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from typing import Self, TypeVar
 import trio
 
 from npu_client import _requests as requests
-from npu_client._args import InvokeInput, InvokeOutput
+from npu_client._args import InvokeInput, InvokeOutput, budget_record
 from npu_client._core import Call, ClientCore, ClientStatistics, EventCallback, deliver_events
 from npu_client._errors import ConnectFailed, NpuError
 from npu_client._memory import MappedBuffer
@@ -64,13 +64,16 @@ async def connect(
     *,
     name: str | None = None,
     priority: Priority | str = Priority.NORMAL,
+    budget: tuple[float, float] | None = None,
     on_event: EventCallback | None = None,
 ) -> TrioClient:
     """Connect to npud and shake hands. Arguments as ``npu_client.connect`` (use
     ``trio.move_on_after`` / ``fail_after`` for timeouts). Close with ``await
     client.close()``."""
     resolved = socket_path(path)
-    core: ClientCore[TrioDmaBuffer] = ClientCore(client_name(name), priority_class(priority))
+    core: ClientCore[TrioDmaBuffer] = ClientCore(
+        client_name(name), priority_class(priority), budget_record(budget)
+    )
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         await sock.connect(resolved)
@@ -95,10 +98,11 @@ async def open_trio_client(
     *,
     name: str | None = None,
     priority: Priority | str = Priority.NORMAL,
+    budget: tuple[float, float] | None = None,
     on_event: EventCallback | None = None,
 ) -> AsyncIterator[TrioClient]:
     """``async with open_trio_client() as npu:`` a connected client, closed on exit."""
-    client = await connect(path, name=name, priority=priority, on_event=on_event)
+    client = await connect(path, name=name, priority=priority, budget=budget, on_event=on_event)
     try:
         yield client
     finally:
@@ -346,10 +350,12 @@ class TrioRemoteHandle(HandleIdentity):
         *,
         sc: int | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
     ) -> list[bytes | None]:
+        """As :meth:`npu_client.RemoteHandle.invoke`."""
         client = self._client
         return await client._run(
-            requests.invoke(client._core, self, method, inputs, outputs, sc, timeout)
+            requests.invoke(client._core, self, method, inputs, outputs, sc, timeout, deadline)
         )
 
     async def close(self) -> None:
