@@ -31,9 +31,11 @@ BARE_IMPORTS = "import trio, msgspec, structlog"
 """The third-party modules every npud process needs: the baseline for size and start."""
 
 
-def npud_command(workdir: Path, socket_path: Path) -> list[str]:
-    config = workdir / "npud.toml"
-    config.write_text("[backend]\nkind = 'emulator'\n[daemon]\nlog_level = 'warning'\n")
+def npud_command(workdir: Path, socket_path: Path, extra_config: str = "") -> list[str]:
+    config = workdir / f"{socket_path.stem}.toml"
+    config.write_text(
+        "[backend]\nkind = 'emulator'\n[daemon]\nlog_level = 'warning'\n" + extra_config
+    )
     return [
         sys.executable, "-m", "npud.main", "--config", str(config),
         "--socket", str(socket_path), "--log-format", "json",
@@ -80,12 +82,41 @@ def wait_for_hello(process: subprocess.Popen[bytes], socket_path: Path) -> float
 
 
 @contextmanager
-def npud(workdir: Path, name: str = "npud") -> Iterator[Path]:
-    """npud on the emulator, serving; yields its socket path."""
+def npud(workdir: Path, name: str = "npud", extra_config: str = "") -> Iterator[Path]:
+    """npud on the emulator, serving; yields its socket path. ``extra_config`` is TOML
+    appended to the benchmark's configuration (sections after [daemon])."""
     socket_path = workdir / f"{name}.sock"
-    with running(npud_command(workdir, socket_path)) as process:
+    with running(npud_command(workdir, socket_path, extra_config)) as process:
         wait_for_hello(process, socket_path)
         yield socket_path
+
+
+@contextmanager
+def npud_process(
+    workdir: Path, name: str = "npud", extra_config: str = ""
+) -> Iterator[tuple[Path, int]]:
+    """As :func:`npud`, also yielding the daemon's pid (for its CPU time)."""
+    socket_path = workdir / f"{name}.sock"
+    with running(npud_command(workdir, socket_path, extra_config)) as process:
+        wait_for_hello(process, socket_path)
+        yield socket_path, process.pid
+
+
+@contextmanager
+def same_work_server(workdir: Path, dsp_units: int = 0) -> Iterator[tuple[Path, int]]:
+    """The same-work floor of bench/same_work_server.py, serving; yields (socket, pid)."""
+    socket_path = workdir / "same-work.sock"
+    args = [sys.executable, "-m", "bench.same_work_server", str(socket_path), str(dsp_units)]
+    with running(args) as process:
+        wait_for_hello(process, socket_path)
+        yield socket_path, process.pid
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid``, every thread included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager

@@ -132,8 +132,13 @@ class Broker:
         return asked
 
     def client_limits(self, client: Client) -> p.ClientLimits:
+        """The limits ``client`` was told (every invoke checks them: made once per
+        configuration, not per call)."""
+        cached = client.limits_cache
+        if cached is not None and cached[0] is self._config:
+            return cached[1]
         limits = self.config.client_limits
-        return p.ClientLimits(
+        made = p.ClientLimits(
             priority=client.priority,
             max_in_flight=limits.max_calls_in_flight,
             max_buffers=limits.max_buffers,
@@ -142,6 +147,8 @@ class Broker:
             max_timeout_ms=MAX_TIMEOUT_MS,
             default_timeout_ms=limits.default_timeout_ms or None,
         )
+        client.limits_cache = (self._config, made)
+        return made
 
     def admit(self, client: Client, budget: p.Budget | None) -> None:
         """Take ``client`` in (after its Hello): quotas, then the scheduler's admission."""

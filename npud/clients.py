@@ -269,6 +269,8 @@ class Client:
     objects: ObjectTable = field(default_factory=ObjectTable)
     calls_in_flight: int = 0
     calls_done: int = 0
+    limits_cache: tuple[object, p.ClientLimits] | None = None
+    """(the configuration, the limits made from it): see Broker.client_limits."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def begin_call(self, limit: int) -> None:

@@ -116,6 +116,11 @@ class DataPath:
         self.frame_timeout = frame_timeout
         self.call_watchdog = call_watchdog
         self._on_hung = on_hung
+        self._running: dict[Call, float] = {}
+        """DSP calls on the DSP now, and since when (for the watchdog)."""
+        self._reported: set[Call] = set()
+        self._running_lock = threading.Lock()
+        self._watchdog_timer: Timer | None = None
 
     # --- life ----------------------------------------------------------------------
     def start(self) -> None:
@@ -358,14 +363,11 @@ class DataPath:
     def _run_dsp(self, call: Call) -> None:
         """Run a dispatched call here, answer it, then run what its slot lets start."""
         while True:
-            watch = (
-                self.timers.call_later(self.call_watchdog, functools.partial(self._hung, call))
-                if self.call_watchdog
-                else None
-            )
-            answer, error = self._run(call)
-            if watch is not None:
-                watch.cancel()
+            self._watch(call)
+            try:
+                answer, error = self._run(call)
+            finally:
+                self._unwatch(call)
             job = call.job
             assert job is not None
             started, late = self.scheduler.finish(job, call.handler.dsp_seconds)
@@ -436,19 +438,53 @@ class DataPath:
         elif self.claim_and_refuse(call, error):
             call.link.log.info("call timed out on the DSP; it goes on", id=handler.request.id)
 
-    def _hung(self, call: Call) -> None:
-        """The watchdog: a call has been on the DSP for ``call_watchdog`` seconds."""
-        job = call.job
-        if job is None or job.state != "running":
+    # --- the watchdog: calls that never return ----------------------------------------
+    def _watch(self, call: Call) -> None:
+        """``call`` goes on the DSP now. One timer watches every running call: it is
+        set for the oldest one only, so a stream of calls costs no timer each."""
+        if not self.call_watchdog:
             return
-        request = call.handler.request
-        call.link.log.error(
-            "a DSP call never returned; ending the DSP process and restarting the session",
-            request=p.tag_of(request),
-            id=request.id,
-            seconds=self.call_watchdog,
-        )
-        self._on_hung(f"a {p.tag_of(request)} did not return within {self.call_watchdog:g} s")
+        now = time.monotonic()
+        with self._running_lock:
+            self._running[call] = now
+            arm = self._watchdog_timer is None
+            if arm:
+                self._watchdog_timer = self.timers.call_at(now + self.call_watchdog, self._inspect)
+
+    def _unwatch(self, call: Call) -> None:
+        if self.call_watchdog:
+            with self._running_lock:
+                self._running.pop(call, None)
+
+    def _inspect(self) -> None:
+        """The watchdog's round (timer thread): report the calls on the DSP for longer
+        than ``call_watchdog``, then set the timer for the oldest of the others."""
+        now = time.monotonic()
+        with self._running_lock:
+            hung = [
+                call
+                for call, since in self._running.items()
+                if now - since >= self.call_watchdog and call not in self._reported
+            ]
+            self._reported.update(hung)
+            self._reported.intersection_update(self._running)
+            waiting = [since for call, since in self._running.items() if call not in self._reported]
+            self._watchdog_timer = (
+                self.timers.call_at(min(waiting) + self.call_watchdog, self._inspect)
+                if waiting
+                else None
+            )
+        for call in hung:
+            request = call.handler.request
+            call.link.log.error(
+                "a DSP call never returned; ending the DSP process and restarting the session",
+                request=p.tag_of(request),
+                id=request.id,
+                seconds=self.call_watchdog,
+            )
+        if hung:
+            tag = p.tag_of(hung[0].handler.request)
+            self._on_hung(f"a {tag} did not return within {self.call_watchdog:g} s")
 
     def _refuse_late(self) -> None:
         for job in self.scheduler.late_jobs():
