@@ -96,7 +96,7 @@ def test_error_numbers_are_unique() -> None:
             "DMA buffer size 268435457 exceeds the maximum of 256 MB",
         ),
         (ErrorCode.QNN, {"msg": "graph finalize failed"}, "QNN error: graph finalize failed"),
-        (ErrorCode.MODEL_NOT_LOADED, {"model": "id 3"}, "no model is loaded: id 3"),
+        (ErrorCode.MODEL_NOT_LOADED, {"model": 3}, "model 3 is not loaded"),
         (ErrorCode.INVALID_TENSOR_INDEX, {"index": 7}, "invalid tensor index 7"),
         (
             ErrorCode.MODEL_SLOTS_FULL,

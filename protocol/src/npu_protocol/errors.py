@@ -115,7 +115,7 @@ _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.UNKNOWN_BUFFER: "unknown buffer id {buffer}",
     ErrorCode.INVALID_ARGUMENT: "invalid argument: {detail}",
     ErrorCode.QNN: "QNN error: {msg}",
-    ErrorCode.MODEL_NOT_LOADED: "no model is loaded: {model}",
+    ErrorCode.MODEL_NOT_LOADED: "model {model} is not loaded",
     ErrorCode.INVALID_TENSOR_INDEX: "invalid tensor index {index}",
     ErrorCode.MODEL_SLOTS_FULL: "no free model slot: {detail}",
     ErrorCode.TENSOR_MISMATCH: "tensor mismatch: {detail}",
