@@ -35,7 +35,7 @@ from npu_client._errors import (
 )
 from npu_client._memory import _map_shared
 from npu_client.transport import OwnedFd
-from npu_protocol import ErrorCode, ModelInfo, TensorInfo
+from npu_protocol import ErrorCode, ModelInfo, TensorInfo, format_message
 
 if TYPE_CHECKING:
     import numpy
@@ -183,7 +183,7 @@ class ModelState:
                 " input_view or run's inputs) before running"
             )
             raise InputNotSet(
-                code_message(ErrorCode.INPUT_NOT_SET, detail=detail), fields={"detail": detail}
+                format_message(ErrorCode.INPUT_NOT_SET, detail=detail), fields={"detail": detail}
             )
         self._has_outputs = False
 
@@ -204,7 +204,7 @@ class ModelState:
         if not self._has_outputs:
             detail = f"model {self.id} has not run successfully since it was loaded or last failed"
             raise NoOutputs(
-                code_message(ErrorCode.NO_OUTPUTS, detail=detail), fields={"detail": detail}
+                format_message(ErrorCode.NO_OUTPUTS, detail=detail), fields={"detail": detail}
             )
         if HAVE_NUMPY:
             return self._view(spec).copy()
@@ -268,5 +268,5 @@ def _mismatch(spec: TensorInfo, got: str) -> TensorMismatch:
     takes = f"{spec.dtype} {list(spec.shape)} ({spec.nbytes} bytes)"
     detail = f"input {spec.name!r} takes {takes}; got {got}"
     return TensorMismatch(
-        code_message(ErrorCode.TENSOR_MISMATCH, detail=detail), fields={"detail": detail}
+        format_message(ErrorCode.TENSOR_MISMATCH, detail=detail), fields={"detail": detail}
     )
