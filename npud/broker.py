@@ -70,6 +70,9 @@ class Broker:
             self.scheduler,
             {Route.CONTROL: self.dsp.control, Route.LOADER: self.dsp.loader},
             workers=policy.worker_threads,
+            frame_timeout=config.daemon.frame_timeout,
+            call_watchdog=config.daemon.call_watchdog,
+            on_hung=self.dsp.notice_hung,
         )
         self._calls_total = 0
         self._calls_lock = threading.Lock()

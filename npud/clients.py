@@ -347,38 +347,54 @@ class Clients:
         limit = self.config.limits.max_clients
         if len(self._all) >= limit:
             raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="clients", limit=limit)
+        mine = self.config.uid_limits.max_clients
+        if sum(c.uid == client.uid for c in self._all) >= mine:
+            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="clients of this user", limit=mine)
         self._all.add(client)
 
     def remove(self, client: Client) -> None:
         self._all.discard(client)
 
     def check_buffer(self, client: Client, size: int) -> None:
-        """Room for one more buffer of ``size`` bytes, for this client and for the daemon."""
-        mine = self.config.client_limits
-        count, used = client.objects.pending(Kind.BUFFER)
-        if count >= mine.max_buffers:
-            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="buffers", limit=mine.max_buffers)
-        if used + size > mine.max_buffer_bytes:
-            raise CodedError(
-                ErrorCode.QUOTA_EXCEEDED, resource="buffer bytes", limit=mine.max_buffer_bytes
-            )
-        everyone = self.config.limits
-        totals = [c.objects.pending(Kind.BUFFER) for c in self._all]
-        if sum(n for n, _ in totals) >= everyone.max_buffers:
-            raise CodedError(
-                ErrorCode.QUOTA_EXCEEDED, resource="daemon buffers", limit=everyone.max_buffers
-            )
-        if sum(b for _, b in totals) + size > everyone.max_buffer_bytes:
-            raise CodedError(
-                ErrorCode.QUOTA_EXCEEDED,
-                resource="daemon buffer bytes",
-                limit=everyone.max_buffer_bytes,
-            )
+        """Room for one more buffer of ``size`` bytes: for this client, for its user and
+        for the daemon."""
+        counts = [(c, c.objects.pending(Kind.BUFFER)) for c in self._all | {client}]
+        scopes = (
+            ("buffers", "buffer bytes", self.config.client_limits, (client,)),
+            (
+                "buffers of this user",
+                "buffer bytes of this user",
+                self.config.uid_limits,
+                tuple(c for c, _ in counts if c.uid == client.uid),
+            ),
+            (
+                "daemon buffers",
+                "daemon buffer bytes",
+                self.config.limits,
+                tuple(c for c, _ in counts),
+            ),
+        )
+        pending = dict(counts)
+        for buffers_name, bytes_name, limits, members in scopes:
+            buffers = sum(pending[c][0] for c in members)
+            taken = sum(pending[c][1] for c in members)
+            if buffers >= limits.max_buffers:
+                raise CodedError(
+                    ErrorCode.QUOTA_EXCEEDED, resource=buffers_name, limit=limits.max_buffers
+                )
+            if taken + size > limits.max_buffer_bytes:
+                raise CodedError(
+                    ErrorCode.QUOTA_EXCEEDED, resource=bytes_name, limit=limits.max_buffer_bytes
+                )
 
     def check_handle(self, client: Client) -> None:
         limit = self.config.client_limits.max_handles
         if client.objects.pending(Kind.HANDLE)[0] >= limit:
             raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="handles", limit=limit)
+        mine = self.config.uid_limits.max_handles
+        used = sum(c.objects.pending(Kind.HANDLE)[0] for c in self._all if c.uid == client.uid)
+        if used >= mine:
+            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="handles of this user", limit=mine)
 
     def check_model(self, client: Client, size: int) -> None:
         """Room for one more model of ``size`` bytes (its file, then file plus arena)."""

@@ -1,24 +1,27 @@
-"""``npud``: the command line. Configuration, logging and start-up failures live here."""
+"""``npud``: the command line. Configuration, logging and start-up failures live here.
+
+Start-up order: the shell-signature verifier's child process is started right
+after the command line is parsed, and only then are the daemon's modules
+imported, so the child's interpreter and ``cryptography`` load meanwhile
+(``npud.fastrpc.shell_verifier``). ``npud doctor`` is imported only for
+``npud doctor``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import structlog
-import trio
+from npud import __version__
+from npud.config import DEFAULT_CONFIG, DEFAULT_SOCKET
+from npud.fastrpc.shell_verifier import ShellVerifier
 
-from npud import __version__, doctor
-from npud.backend import device_present, select_profile
-from npud.broker import Broker
-from npud.config import DEFAULT_CONFIG, DEFAULT_SOCKET, Config, ConfigError, load_config
-from npud.fastrpc.errors import RpcError
-from npud.logs import configure_logging, print_error
-from npud.sd import ActivationError, Notifier, activated_socket
-from npud.server import BoundSocket, Daemon, StartupError, bind_socket
-
-log = structlog.get_logger("npud")
+if TYPE_CHECKING:
+    from npud.backend import Profile
+    from npud.config import Config
+    from npud.server import BoundSocket
 
 DESCRIPTION = """\
 npud owns the FastRPC session to the Hexagon NPU (the CDSP) and brokers it to
@@ -94,8 +97,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     if arguments[:1] == ["doctor"]:
+        from npud import doctor  # noqa: PLC0415  (a tool: the daemon never loads it)
+
         return doctor.main(arguments[1:])
     args = build_parser().parse_args(arguments)
+    verifier = ShellVerifier()
+    verifier.start()
+    try:
+        return _start(args, verifier)
+    finally:
+        verifier.close()  # a no-op once the shell was verified
+
+
+def _start(args: argparse.Namespace, verifier: ShellVerifier) -> int:
+    # Imported here, after the verifier started: see the module docstring.
+    from npud.backend import device_present, select_profile  # noqa: PLC0415
+    from npud.config import ConfigError, load_config  # noqa: PLC0415
+    from npud.logs import configure_logging, print_error  # noqa: PLC0415
+
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -109,6 +128,23 @@ def main(argv: list[str] | None = None) -> int:
             "(cat /sys/class/remoteproc/*/state)? `npud doctor` explains; "
             "--backend emulator runs without a device"
         )
+    profile.lend_verifier(verifier)
+    return _serve(args, config, profile)
+
+
+def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
+    # Imported here, after the verifier started: see the module docstring.
+    import structlog  # noqa: PLC0415
+    import trio  # noqa: PLC0415
+
+    from npud.broker import Broker  # noqa: PLC0415
+    from npud.config import load_config  # noqa: PLC0415
+    from npud.fastrpc.errors import RpcError  # noqa: PLC0415
+    from npud.sd import ActivationError, Notifier, activated_socket  # noqa: PLC0415
+    from npud.server import Daemon, StartupError, bind_socket  # noqa: PLC0415
+
+    log = structlog.get_logger("npud")
+
     try:
         activated = activated_socket()
     except ActivationError as exc:
@@ -158,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fail(message: str) -> int:
     """Exactly one line, for people and for `systemctl status` alike (an error in the journal)."""
+    from npud.logs import print_error  # noqa: PLC0415  (structlog: after the verifier started)
+
     print_error(f"npud: {message}")
     return 1
 

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
 
+import structlog
+
 import npu_protocol as p
 from npu_client.transport import OwnedFd
 from npu_protocol import CodedError, ErrorCode
@@ -39,6 +41,8 @@ from npud.scheduler import Account
 
 if TYPE_CHECKING:
     from npud.broker import Broker
+
+_log = structlog.get_logger("npud.requests")
 
 R = TypeVar("R", bound=p.Request)
 
@@ -523,6 +527,50 @@ class Ping(Handler[p.PingRequest]):
         return Answer(p.PongReply(id=self.request.id, payload=self.request.payload))
 
 
+class Debug(Handler[p.DebugRequest]):
+    """Fault injection on the emulator, for exercising recovery on a running daemon."""
+
+    route = Route.HERE
+    acquires = False
+
+    def arrive(self) -> None:
+        if self.client.uid != 0:
+            raise CodedError(
+                ErrorCode.NOT_PERMITTED,
+                detail=f"debug faults need root (this client is uid {self.client.uid})",
+            )
+        if self.broker.profile.kind != "emulator":
+            raise CodedError(
+                ErrorCode.UNSUPPORTED,
+                what="debug faults on the kernel backend: they are the emulator's",
+            )
+
+    def run(self) -> Answer:
+        faults = self.broker.dsp.driver.faults  # type: ignore[attr-defined]
+        request = self.request
+        seconds = request.duration_ms / 1000
+        if request.action == "ssr":
+            faults.subsystem_restart(down_for=seconds)
+            detail = f"subsystem restart: the DSP is away for {seconds:g} s"
+        elif request.action == "latency":
+            faults.set_latency(seconds)
+            detail = f"every invoke now takes {seconds:g} s longer"
+        elif request.action == "fail_next_invoke":
+            if request.code == 0:
+                raise CodedError(
+                    ErrorCode.INVALID_ARGUMENT, detail="fail_next_invoke needs a non-zero code"
+                )
+            faults.fail_next_invoke(request.code)
+            detail = f"the next invoke answers 0x{request.code:08X}"
+        else:
+            faults.clear()
+            detail = "latency and pending failures cleared"
+        _log.warning(
+            "debug fault injected", action=request.action, detail=detail, pid=self.client.pid
+        )
+        return Answer(p.DebugReply(id=request.id, detail=detail))
+
+
 def _destroyable(entry: Entry) -> list[Gate]:
     """What a destroying request waits for: the object exists, and every earlier
     request that named it has ended."""
@@ -543,6 +591,7 @@ HANDLERS: Final[dict[type[p.Request], type[Handler[Any]]]] = {
     p.ModelUnloadRequest: UnloadModel,
     p.StatusRequest: Status,
     p.PingRequest: Ping,
+    p.DebugRequest: Debug,
 }
 """The handler of each request type; every type in ``p.REPLY_TYPES`` has one."""
 

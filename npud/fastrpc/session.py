@@ -44,7 +44,7 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +124,9 @@ class FastRpcSession:
         self._dead = False
         self._closing = False
         self._closed = False
+        self.on_dead: Callable[[str], None] | None = None
+        """Called once, on the thread that first sees the DSP restart (EPIPE): often the
+        listener's, before any request runs into it. Must not block."""
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -603,6 +606,12 @@ class FastRpcSession:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def end_process(self) -> None:
+        """End the DSP process now (adsp_current_process1.exit), as libcdsprpc's
+        FASTRPC_REMOTE_PROCESS_KILL does for a call that never returns: the calls still
+        on the DSP fail, and the session can then be closed. Best effort."""
+        self._exit_process()
+
     def _exit_process(self) -> None:
         """Ask the DSP process to exit (adsp_current_process1.exit); best effort."""
         if self._dead:
@@ -632,7 +641,10 @@ class FastRpcSession:
             return _ioctl(self._driver, fd, request, arg, self.device)
         except RpcError as exc:
             if exc.code is ErrorCode.DSP_RESTARTED:
+                first = not self._dead
                 self._dead = True
+                if first and self.on_dead is not None:
+                    self.on_dead(str(exc))
             raise
 
     def _check_usable(self) -> None:

@@ -61,10 +61,11 @@ class Channel:
         self.alive = False
         self.down.set()
 
-    def work(self, seconds: float) -> None:
+    def work(self, seconds: float, cancelled: threading.Event | None = None) -> None:
         """Do ``seconds`` of DSP work, sharing the units with the calls running beside
-        it; a subsystem restart cuts it short with SubsystemDownError."""
-        self.compute.work(seconds)
+        it; a subsystem restart cuts it short with SubsystemDownError, ``cancelled``
+        (the process ended) with ProcessExitedError."""
+        self.compute.work(seconds, cancelled)
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds``; a subsystem restart cuts it short with SubsystemDownError."""

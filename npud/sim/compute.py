@@ -10,7 +10,8 @@ with ``n`` calls working, each progresses at ``min(1, units / n)`` of full
 speed, so the total work done per second never exceeds ``units``. A call asks
 for ``seconds`` of work and returns when that much is done. ``units = 0``
 turns the model off (every call runs as if alone, the emulator's behaviour
-before the model). A subsystem restart interrupts every wait.
+before the model). A subsystem restart interrupts every wait, and the end of
+the calling process interrupts its own (as ending a hung DSP process does).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from npud.sim.errors import SubsystemDownError
+from npud.sim.errors import ProcessExitedError, SubsystemDownError
 
 
 class _Work:
@@ -44,13 +45,18 @@ class SharedCompute:
         self._active: list[_Work] = []
         self._since = clock()
 
-    def work(self, seconds: float) -> None:
-        """Do ``seconds`` of work, sharing the units; SubsystemDownError on a restart."""
+    def work(self, seconds: float, cancelled: threading.Event | None = None) -> None:
+        """Do ``seconds`` of work, sharing the units; SubsystemDownError on a restart,
+        ProcessExitedError when ``cancelled`` is set (the calling process ended)."""
         if seconds <= 0:
             return
         if self.units == 0:
-            if self._down.wait(seconds):
-                raise SubsystemDownError
+            deadline = self._clock() + seconds
+            while (left := deadline - self._clock()) > 0:
+                if self._down.wait(min(left, 0.05)):
+                    raise SubsystemDownError
+                if cancelled is not None and cancelled.is_set():
+                    raise ProcessExitedError
             return
         job = _Work(seconds)
         with self._cond:
@@ -61,6 +67,8 @@ class SharedCompute:
                 while job.remaining > 1e-9:
                     if self._down.is_set():
                         raise SubsystemDownError
+                    if cancelled is not None and cancelled.is_set():
+                        raise ProcessExitedError
                     rate = min(1.0, self.units / len(self._active))
                     # Wake at the finish, or when the set changes (notify), and at
                     # most every 50 ms to notice a restart.

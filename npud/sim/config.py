@@ -64,6 +64,14 @@ class SimConfig:
       listener to answer a reverse call before a skel load fails.
     * ``max_dma_buf_size``: larger ALLOC_DMA_BUFF requests fail with ENOMEM
       (a memfd could be sparse and huge; the kernel's DMA allocator cannot).
+    * ``address_cache``: remember where this process mapped its dma-bufs
+      through ``EmulatedDriver.mmap`` and keep the DSP's mapping of a buffer
+      while that lives (:mod:`npud.sim.mappings`). False asks the kernel for
+      every dma-buf argument and maps every buffer for each call only: the
+      behaviour before the cache, for tests that compare and for benchmarks.
+    * ``procmap_query``: ask the kernel with the ``PROCMAP_QUERY`` ioctl (Linux
+      6.11+) where it has it; False always reads ``/proc/self/maps``, as on
+      older kernels.
     * ``dsp_units``: execution units the DSP's calls share (processor sharing:
       with n calls working each runs at min(1, units / n) of full speed, see
       :mod:`npud.sim.compute`); 0 models none (every call runs as if alone).
@@ -82,6 +90,8 @@ class SimConfig:
     secure_channel: bool = False
     reverse_rpc_timeout: float = 10.0
     max_dma_buf_size: int = 1 << 30
+    address_cache: bool = True
+    procmap_query: bool = True
     dsp_units: int = 0
     skels: Mapping[str, SkelFactory] = dataclasses.field(default_factory=lambda: BUILTIN_SKELS)
 

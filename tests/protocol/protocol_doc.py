@@ -53,8 +53,8 @@ def describe_type(info: mi.Type) -> str:
             return "bool"
         case mi.NoneType():
             return "nil"
-        case mi.EnumType(cls=cls):
-            return " \\| ".join(f'"{member.value}"' for member in cls)
+        case mi.EnumType() | mi.LiteralType():
+            return _choices(info)
         case mi.StructType(cls=cls):
             return f"{cls.__name__} map"
         case mi.UnionType(types=types):
@@ -67,6 +67,15 @@ def describe_type(info: mi.Type) -> str:
         case mi.DictType(key_type=key, value_type=value, max_length=max_length):
             return f"map ≤ {max_length} of ({describe_type(key)}) → ({describe_type(value)})"
     raise TypeError(f"no description for {info!r}")
+
+
+def _choices(info: mi.EnumType | mi.LiteralType) -> str:
+    """A closed set of strings: an enum's values in order, a literal's sorted."""
+    if isinstance(info, mi.EnumType):
+        values = [str(member.value) for member in info.cls]
+    else:
+        values = sorted(str(value) for value in info.values)
+    return " \\| ".join(f'"{value}"' for value in values)
 
 
 def describe_default(field: mi.Field) -> str:
@@ -148,6 +157,8 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.StatusReply,
     p.PingRequest,
     p.PongReply,
+    p.DebugRequest,
+    p.DebugReply,
     p.SessionRestarted,
     p.ShuttingDown,
     p.DspCapabilities,
@@ -421,6 +432,16 @@ def _conversation() -> Iterator[tuple[str, Callable[[], p.Message], str]]:
     yield "`close_reply`", lambda: p.CloseReply(id=9), "s"
     yield "`free`", lambda: p.FreeRequest(id=10, buffer=1), "c"
     yield "`free_reply`", lambda: p.FreeReply(id=10), "s"
+    yield (
+        "`debug`: a subsystem restart of 1 s on the emulator",
+        lambda: p.DebugRequest(id=11, action="ssr", duration_ms=1000),
+        "c",
+    )
+    yield (
+        "`debug_reply`",
+        lambda: p.DebugReply(id=11, detail="subsystem restart: the DSP is away for 1 s"),
+        "s",
+    )
     yield "`session_restarted`", lambda: p.SessionRestarted(epoch=2, reason="DSP crashed"), "s"
     yield "`shutting_down`", lambda: p.ShuttingDown(reason="systemctl stop", grace_ms=5000), "s"
 

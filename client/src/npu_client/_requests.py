@@ -14,7 +14,9 @@ buffer's DSP mapping, its release, a handle's state) and returns the result.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
+
+import msgspec
 
 from npu_client._args import (
     InvokeInput,
@@ -42,6 +44,8 @@ from npu_protocol import (
     AllocRequest,
     CloseRequest,
     DaemonStatus,
+    DebugReply,
+    DebugRequest,
     ErrorCode,
     FreeReply,
     FreeRequest,
@@ -294,3 +298,28 @@ def ping(payload: object) -> Call[bytes]:
 
 def _pong(pending: Pending) -> bytes:
     return pending.result(PongReply).payload
+
+
+DEBUG_ACTIONS: Final = ("ssr", "latency", "fail_next_invoke", "clear")
+
+
+def debug_fault(action: str, duration: float, code: int) -> Call[str]:
+    """Inject a fault into the emulated DSP (root only, the emulator only)."""
+    if action not in DEBUG_ACTIONS:
+        raise ValueError(f"action must be one of {', '.join(DEBUG_ACTIONS)}, not {action!r}")
+    if not isinstance(duration, int | float) or isinstance(duration, bool) or duration < 0:
+        raise ValueError(f"duration must be a number of seconds >= 0, got {duration!r}")
+    milliseconds = round(duration * 1000)
+    if milliseconds > 0xFFFF_FFFF or not 0 <= code <= 0xFFFF_FFFF:
+        raise ValueError("duration or code out of range")
+    request = DebugRequest(
+        id=0,
+        action=action,  # type: ignore[arg-type]
+        duration_ms=milliseconds,
+        code=code,
+    )
+    return Call(lambda rid: msgspec.structs.replace(request, id=rid), _debug_detail)
+
+
+def _debug_detail(pending: Pending) -> str:
+    return pending.result(DebugReply).detail

@@ -212,6 +212,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print the report as JSON")
     run.set_defaults(run=_run)
+    debug = commands.add_parser(
+        "debug",
+        help="inject a fault into the emulated DSP (root, emulator only)",
+        description=(
+            "Exercise npud's recovery from outside: a subsystem restart, slow invokes, an "
+            "invoke that fails. Only root may, and only on the emulator backend (the kernel "
+            "backend refuses with a clear error)."
+        ),
+    )
+    debug.add_argument(
+        "action",
+        choices=("ssr", "latency", "fail-next-invoke", "clear"),
+        help=(
+            "ssr: a subsystem restart, the DSP away for --seconds (default 1); latency: every "
+            "later invoke takes --seconds longer; fail-next-invoke: the next invoke answers "
+            "--code; clear: undo latency and pending failures"
+        ),
+    )
+    debug.add_argument(
+        "--seconds",
+        type=_non_negative_seconds,
+        default=None,
+        help="the outage of ssr (default: 1), the latency added by latency (default: 0)",
+    )
+    debug.add_argument(
+        "--code",
+        type=_dsp_result,
+        default=0x8000040E,
+        help="the DSP result fail-next-invoke answers (default: 0x8000040E, AEE_EBADPARM)",
+    )
+    debug.set_defaults(run=_debug)
     return parser
 
 
@@ -252,6 +283,39 @@ def _positive_seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
     return value
+
+
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds: {text!r}")
+    return value
+
+
+def _dsp_result(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 0xFFFF_FFFF:
+        raise argparse.ArgumentTypeError(f"a DSP result is a non-zero u32: {text!r}")
+    return value
+
+
+def _debug(client: Client, args: argparse.Namespace) -> int:
+    if args.action == "ssr":
+        detail = client.debug_fault("ssr", 1.0 if args.seconds is None else args.seconds)
+    elif args.action == "latency":
+        detail = client.debug_fault("latency", args.seconds or 0.0)
+    elif args.action == "fail-next-invoke":
+        detail = client.debug_fault("fail_next_invoke", code=args.code)
+    else:
+        detail = client.debug_fault("clear")
+    print(detail)
+    return EXIT_OK
 
 
 def _positive_int(text: str) -> int:

@@ -8,7 +8,7 @@ the other. A new message *type* needs a new protocol version (see PROTOCOL.md).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Final, TypeAlias
+from typing import Annotated, Any, ClassVar, Final, Literal, TypeAlias
 
 import msgspec
 
@@ -301,6 +301,20 @@ class StatusRequest(Request, tag="status", frozen=True, kw_only=True):
     pass
 
 
+DebugAction = Literal["ssr", "latency", "fail_next_invoke", "clear"]
+
+
+class DebugRequest(Request, tag="debug", frozen=True, kw_only=True):
+    """Version 2: inject a fault into the emulated DSP (root only; the emulator only)."""
+
+    action: DebugAction
+    """``ssr`` a subsystem restart, the DSP away for ``duration_ms``; ``latency`` every
+    later invoke takes ``duration_ms`` longer; ``fail_next_invoke`` the next invoke
+    answers ``code`` (an AEE result); ``clear`` undoes latency and pending failures."""
+    duration_ms: U32 = 0
+    code: U32 = 0
+
+
 class PingRequest(Request, tag="ping", frozen=True, kw_only=True):
     payload: Annotated[bytes, msgspec.Meta(max_length=MAX_PING_PAYLOAD)] = b""
 
@@ -384,6 +398,11 @@ class PongReply(Reply, tag="pong", frozen=True, kw_only=True):
     payload: Annotated[bytes, msgspec.Meta(max_length=MAX_PING_PAYLOAD)] = b""
 
 
+class DebugReply(Reply, tag="debug_reply", frozen=True, kw_only=True):
+    detail: Text = ""
+    """What was done, for people."""
+
+
 # --- server events --------------------------------------------------------------------
 
 
@@ -420,6 +439,7 @@ AnyRequest: TypeAlias = (
     | ModelUnloadRequest
     | StatusRequest
     | PingRequest
+    | DebugRequest
 )
 AnyReply: TypeAlias = (
     AllocReply
@@ -435,6 +455,7 @@ AnyReply: TypeAlias = (
     | ModelUnloadReply
     | StatusReply
     | PongReply
+    | DebugReply
 )
 ServerEvent: TypeAlias = SessionRestarted | ShuttingDown
 
@@ -458,6 +479,7 @@ REPLY_TYPES: Final[dict[type[Request], type[Reply]]] = {
     ModelUnloadRequest: ModelUnloadReply,
     StatusRequest: StatusReply,
     PingRequest: PongReply,
+    DebugRequest: DebugReply,
 }
 """The successful reply type of each request type (an ErrorMessage may answer any)."""
 
