@@ -32,6 +32,7 @@ MODULES: dict[str, str] = {
     "client_cost": "bench.client_cost",
     "emulator": "bench.emulator",
     "portal_qnn_vad": "bench.portal_qnn_vad",
+    "model_vad": "bench.model_vad",
     "daemon": "bench.daemon",
 }
 """Every benchmark module by its NAME, in the order they run. Add yours here."""

@@ -205,6 +205,11 @@ class ClientLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True
     max_buffers: Annotated[_Count, _doc("DMA-BUFs one client may hold.")] = 256
     max_buffer_bytes: Annotated[_Bytes, _doc("Bytes of DMA-BUFs one client may hold.")] = 1 << 30
     max_handles: Annotated[_Count, _doc("Remote handles one client may have open.")] = 32
+    max_models: Annotated[_Count, _doc("Models one client may have loaded at once.")] = 8
+    max_model_bytes: Annotated[
+        _Bytes,
+        _doc("Bytes of models one client may hold: each model's file size plus its tensor arena."),
+    ] = 1 << 30
     max_calls_in_flight: Annotated[
         int,
         msgspec.Meta(ge=1, le=0xFFFF),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import npu_protocol as p
 from npu_client._top import WIDTH, Sample, frame, render
 
@@ -20,7 +22,7 @@ def status(*rows: p.ClientRow, scheduler: p.SchedulerRow | None = None) -> p.Dae
     )
 
 
-def row(pid: int, name: str, calls: int, dsp_us: int, **more: int) -> p.ClientRow:
+def row(pid: int, name: str, calls: int, dsp_us: int, **more: Any) -> p.ClientRow:
     return p.ClientRow(
         pid=pid, uid=0, name=name, priority="normal", calls_done=calls, dsp_us=dsp_us, **more
     )

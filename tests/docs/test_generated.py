@@ -125,7 +125,7 @@ def complete(command: str, *words: str) -> list[str]:
 
 
 def test_npuctl_completes_its_commands_and_their_options() -> None:
-    assert complete("npuctl", "") == ["status", "selftest", "metrics", "top", "debug"]
+    assert complete("npuctl", "") == ["status", "selftest", "metrics", "top", "run", "debug"]
     assert complete("npuctl", "me") == ["metrics"]
     assert "--timeout" in complete("npuctl", "--")
     assert complete("npuctl", "metrics", "--o") == ["--output"]

@@ -142,6 +142,17 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.InlineOutput,
     p.BufferSlice,
     p.InvokeReply,
+    p.ModelLoadRequest,
+    p.ModelLoadReply,
+    p.ModelInfo,
+    p.TensorInfo,
+    p.ModelInfoRequest,
+    p.ModelInfoReply,
+    p.ModelRunRequest,
+    p.ModelRunReply,
+    p.ModelUnloadRequest,
+    p.ModelUnloadReply,
+    p.ModelRow,
     p.StatusRequest,
     p.StatusReply,
     p.PingRequest,
@@ -196,6 +207,8 @@ _CONSTANTS: Final = (
     ("MAX_ARGS", "inputs (and outputs) of one invoke"),
     ("MAX_TIMEOUT_MS", "largest `timeout_ms`"),
     ("MAX_DMA_SIZE", "largest buffer (bytes)"),
+    ("MAX_TENSORS", "inputs (and outputs) of one model"),
+    ("MAX_RANK", "dimensions of one tensor"),
 )
 
 
@@ -291,6 +304,41 @@ _STATUS: Final = p.DaemonStatus(
 )
 
 
+_VAD: Final = p.ModelInfo(
+    name="silero_vad.onnx",
+    description="an ONNX model (IR version 8, opset 16)",
+    file_bytes=2_327_524,
+    arena_bytes=8192,
+    inputs=(
+        p.TensorInfo(
+            name="input", dtype="float32", qnn_type=0x232, shape=(1, 576), nbytes=2304, offset=0
+        ),
+        p.TensorInfo(
+            name="state",
+            dtype="float32",
+            qnn_type=0x232,
+            shape=(2, 1, 128),
+            nbytes=1024,
+            offset=2304,
+        ),
+        p.TensorInfo(name="sr", dtype="int64", qnn_type=0x64, shape=(), nbytes=8, offset=3328),
+    ),
+    outputs=(
+        p.TensorInfo(
+            name="output", dtype="float32", qnn_type=0x232, shape=(1, 1), nbytes=4, offset=4096
+        ),
+        p.TensorInfo(
+            name="stateN",
+            dtype="float32",
+            qnn_type=0x232,
+            shape=(2, 1, 128),
+            nbytes=1024,
+            offset=4160,
+        ),
+    ),
+)
+
+
 def _conversation() -> Iterator[tuple[str, Callable[[], p.Message], str]]:
     """(title, message factory, direction) in the order a session would send them."""
     yield "`hello`", lambda: p.Hello(client_name="voice-stt", priority=p.Priority.REALTIME), "c"
@@ -348,6 +396,32 @@ def _conversation() -> Iterator[tuple[str, Callable[[], p.Message], str]]:
         lambda: p.InvokeReply(id=4, outputs=(b"hello",)),
         "s",
     )
+    yield (
+        "`model_load` of a VAD model, its file's fd as slot 0, one free dimension fixed",
+        lambda: p.ModelLoadRequest(
+            id=11, fd=EXAMPLE_FD, name="silero_vad.onnx", shapes={"input": (1, 576)}
+        ),
+        "c",
+    )
+    yield (
+        "`model_load_reply`: model 3, its arena (the DMA-BUF) as slot 0",
+        lambda: p.ModelLoadReply(id=11, model=3, info=_VAD, fd=EXAMPLE_FD),
+        "s",
+    )
+    yield "`model_info`", lambda: p.ModelInfoRequest(id=12, model=3), "c"
+    yield (
+        "`model_info_reply`",
+        lambda: p.ModelInfoReply(id=12, info=msgspec.structs.replace(_VAD, runs=0)),
+        "s",
+    )
+    yield (
+        "`model_run` (the inputs are in the arena already)",
+        lambda: p.ModelRunRequest(id=13, model=3, deadline_ms=30),
+        "c",
+    )
+    yield "`model_run_reply`", lambda: p.ModelRunReply(id=13, dsp_us=412), "s"
+    yield "`model_unload`", lambda: p.ModelUnloadRequest(id=14, model=3), "c"
+    yield "`model_unload_reply`", lambda: p.ModelUnloadReply(id=14), "s"
     yield "`ping`", lambda: p.PingRequest(id=6), "c"
     yield "`pong`", lambda: p.PongReply(id=6), "s"
     yield "`status`", lambda: p.StatusRequest(id=7), "c"

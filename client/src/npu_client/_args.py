@@ -186,6 +186,16 @@ def _slice(what: str, index: int, arg: Slice, owns: Callable[[MappedBuffer], boo
     return BufferSlice(buffer=buffer.id, offset=arg.offset, length=arg.length)
 
 
+def call_timing(
+    timeout: float | None, deadline: float | None, limits: ClientLimits, protocol_version: int
+) -> tuple[int | None, int | None]:
+    """A DSP call's ``timeout`` and ``deadline`` (seconds) as the request's milliseconds."""
+    return (
+        None if timeout is None else _timeout_ms(timeout, limits),
+        None if deadline is None else _deadline_ms(deadline, protocol_version),
+    )
+
+
 def _timeout_ms(timeout: object, limits: ClientLimits) -> int:
     if not isinstance(timeout, int | float) or isinstance(timeout, bool):
         raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")

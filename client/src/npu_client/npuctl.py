@@ -24,6 +24,14 @@ import npu_protocol
 from npu_client._blocking import Client, connect
 from npu_client._errors import ConnectFailed, NpuError
 from npu_client._metrics import render, render_down
+from npu_client._model_run import (
+    RunArgs,
+    RunUsageError,
+    parse_assignment,
+    parse_dims,
+    render_run,
+    run_once,
+)
 from npu_client._selftest import render_report, run_selftest
 from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV
 from npu_client._status_text import render_status
@@ -172,6 +180,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     top.set_defaults(run=_top)
 
+    run = commands.add_parser(
+        "run",
+        help="load a model, run it once, print its output shapes and the timings",
+        description=(
+            "Load MODEL (a file this user can read: npuctl opens it and passes its fd to "
+            "npud), give each input the array of its --input file or zeros, run it once, and "
+            "print each input's source, each output's data type and shape, and the times of "
+            "the load, the run's round trip and its DSP time. The model is unloaded at the "
+            "end. The emulator backend loads ONNX models, the kernel backend QNN model "
+            "libraries."
+        ),
+        epilog="example: npuctl run silero_vad.onnx --shape input=1,576 --input input=chunk.npy",
+    )
+    run.add_argument("model", metavar="MODEL", type=Path, help="the model file")
+    run.add_argument(
+        "--input",
+        metavar="NAME=FILE.npy",
+        type=_assignment,
+        action="append",
+        default=[],
+        help="set input NAME from a .npy file (needs numpy); repeat per input",
+    )
+    run.add_argument(
+        "--shape",
+        metavar="NAME=D0,D1,...",
+        type=_shape,
+        action="append",
+        default=[],
+        help="fix the free dimensions of tensor NAME (ONNX models); repeat per tensor",
+    )
+    run.add_argument("--json", action="store_true", help="print the report as JSON")
+    run.set_defaults(run=_run)
     debug = commands.add_parser(
         "debug",
         help="inject a fault into the emulated DSP (root, emulator only)",
@@ -204,6 +244,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     debug.set_defaults(run=_debug)
     return parser
+
+
+def _assignment(text: str) -> tuple[str, str]:
+    try:
+        return parse_assignment(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _shape(text: str) -> tuple[str, tuple[int, ...]]:
+    try:
+        name, dims = parse_assignment(text)
+        return name, parse_dims(dims)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def version_line() -> str:
@@ -312,6 +367,27 @@ def _selftest(client: Client, args: argparse.Namespace) -> int:
     else:
         print(render_report(report))
     return EXIT_OK if report.ok else EXIT_FAILURE
+
+
+def _run(client: Client, args: argparse.Namespace) -> int:
+    run_args = RunArgs(
+        args.model,
+        inputs={name: Path(path) for name, path in args.input},
+        shapes=dict(args.shape),
+    )
+    try:
+        report = run_once(client, run_args)
+    except RunUsageError as exc:
+        _error(str(exc))
+        return EXIT_FAILURE
+    except OSError as exc:
+        _error(f"cannot open {args.model}: {exc.strerror}")
+        return EXIT_FAILURE
+    if args.json:
+        print(msgspec.json.encode(report).decode())
+    else:
+        print(render_run(report))
+    return EXIT_OK
 
 
 def _metrics(client: Client, args: argparse.Namespace) -> int:

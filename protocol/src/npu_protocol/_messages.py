@@ -12,12 +12,20 @@ from typing import Annotated, Any, ClassVar, Final, Literal, TypeAlias
 
 import msgspec
 
-from npu_protocol._records import Budget, ClientLimits, DaemonStatus, DspCapabilities, Priority
+from npu_protocol._records import (
+    Budget,
+    ClientLimits,
+    DaemonStatus,
+    DspCapabilities,
+    ModelInfo,
+    Priority,
+)
 from npu_protocol._scalars import make_scalars, split_scalars
 from npu_protocol._wire import (
     MAX_ARGS,
     MAX_ERROR_FIELDS,
     MAX_PING_PAYLOAD,
+    MAX_TENSORS,
     PROTOCOL_VERSION,
     U16,
     U32,
@@ -34,6 +42,8 @@ from npu_protocol._wire import (
     ObjectId,
     ProtocolVersion,
     RequestId,
+    Shape,
+    TensorName,
     Text,
     TimeoutMs,
     Uri,
@@ -251,6 +261,42 @@ class InvokeRequest(Request, tag="invoke", frozen=True, kw_only=True):
         return sum(arg.capacity for arg in self.outputs if isinstance(arg, InlineOutput))
 
 
+class ModelLoadRequest(Request, tag="model_load", frozen=True, kw_only=True):
+    """Version 2: load the model file the client opened; its fd travels as the
+    frame's only fd. The daemon reads the file only through that fd."""
+
+    fd_fields: ClassVar[tuple[str, ...]] = ("fd",)
+    fd: FdSlot
+    name: Text = ""
+    """How status shows the model (the client library sends the file's name)."""
+    shapes: Annotated[dict[TensorName, Shape], msgspec.Meta(max_length=2 * MAX_TENSORS)] = {}
+    """Fixes free dimensions of an ONNX model's tensors, by tensor name (the emulator
+    backend; a QNN model library's shapes are fixed already)."""
+
+
+class ModelInfoRequest(Request, tag="model_info", frozen=True, kw_only=True):
+    """Version 2: describe a loaded model."""
+
+    model: ObjectId
+
+
+class ModelRunRequest(Request, tag="model_run", frozen=True, kw_only=True):
+    """Version 2: run a model once on the inputs in its arena; the outputs replace
+    the previous ones in the arena. No tensor bytes travel in the frame."""
+
+    model: ObjectId
+    timeout_ms: TimeoutMs | None = None
+    """As for invoke: None applies the connection's default_timeout_ms."""
+    deadline_ms: TimeoutMs | None = None
+    """As for invoke: the run must be dispatched within this many ms."""
+
+
+class ModelUnloadRequest(Request, tag="model_unload", frozen=True, kw_only=True):
+    """Version 2: unload a model and free its arena."""
+
+    model: ObjectId
+
+
 class StatusRequest(Request, tag="status", frozen=True, kw_only=True):
     pass
 
@@ -319,6 +365,31 @@ class InvokeReply(Reply, tag="invoke_reply", frozen=True, kw_only=True):
     outputs: Annotated[tuple[InlineBytes | None, ...], msgspec.Meta(max_length=MAX_ARGS)] = ()
 
 
+class ModelLoadReply(Reply, tag="model_load_reply", frozen=True, kw_only=True):
+    """The loaded model. Its arena (one DMA-BUF holding every input and output tensor
+    at the offsets ``info`` gives) travels as the frame's only fd."""
+
+    fd_fields: ClassVar[tuple[str, ...]] = ("fd",)
+    model: ObjectId
+    info: ModelInfo
+    fd: FdSlot
+
+
+class ModelInfoReply(Reply, tag="model_info_reply", frozen=True, kw_only=True):
+    info: ModelInfo
+
+
+class ModelRunReply(Reply, tag="model_run_reply", frozen=True, kw_only=True):
+    """The run succeeded: the outputs are in the arena."""
+
+    dsp_us: U63 = 0
+    """The run's DSP time (dispatch to return), µs."""
+
+
+class ModelUnloadReply(Reply, tag="model_unload_reply", frozen=True, kw_only=True):
+    pass
+
+
 class StatusReply(Reply, tag="status_reply", frozen=True, kw_only=True):
     status: DaemonStatus
 
@@ -362,6 +433,10 @@ AnyRequest: TypeAlias = (
     | OpenRequest
     | CloseRequest
     | InvokeRequest
+    | ModelLoadRequest
+    | ModelInfoRequest
+    | ModelRunRequest
+    | ModelUnloadRequest
     | StatusRequest
     | PingRequest
     | DebugRequest
@@ -374,6 +449,10 @@ AnyReply: TypeAlias = (
     | OpenReply
     | CloseReply
     | InvokeReply
+    | ModelLoadReply
+    | ModelInfoReply
+    | ModelRunReply
+    | ModelUnloadReply
     | StatusReply
     | PongReply
     | DebugReply
@@ -394,6 +473,10 @@ REPLY_TYPES: Final[dict[type[Request], type[Reply]]] = {
     OpenRequest: OpenReply,
     CloseRequest: CloseReply,
     InvokeRequest: InvokeReply,
+    ModelLoadRequest: ModelLoadReply,
+    ModelInfoRequest: ModelInfoReply,
+    ModelRunRequest: ModelRunReply,
+    ModelUnloadRequest: ModelUnloadReply,
     StatusRequest: StatusReply,
     PingRequest: PongReply,
     DebugRequest: DebugReply,
