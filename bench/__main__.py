@@ -28,6 +28,7 @@ from bench.harness import REPO_ROOT, Benchmark, Context, Row, format_table, time
 MODULES: dict[str, str] = {
     "echo": "bench.echo",
     "dispatch": "bench.dispatch",
+    "scheduling": "bench.scheduling",
     "transfer": "bench.transfer",
     "client_cost": "bench.client_cost",
     "emulator": "bench.emulator",
