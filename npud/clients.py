@@ -1,6 +1,6 @@
 """Per-client state: identity, the table of what a connection owns, and quotas.
 
-Every object a client creates (a buffer, a skel handle) gets an id from one
+Every object a client creates (a buffer, a skel handle, a model) gets an id from one
 space per connection: ids start at 1 and are never reused, so an id names one
 object for the connection's whole life, and another connection's ids mean
 nothing here.
@@ -105,10 +105,18 @@ class Kind(enum.Enum):
 
     BUFFER = "buffer"
     HANDLE = "handle"
+    MODEL = "model"
 
     @property
     def unknown(self) -> ErrorCode:
-        return ErrorCode.UNKNOWN_BUFFER if self is Kind.BUFFER else ErrorCode.UNKNOWN_HANDLE
+        return _UNKNOWN[self]
+
+
+_UNKNOWN = {
+    Kind.BUFFER: ErrorCode.UNKNOWN_BUFFER,
+    Kind.HANDLE: ErrorCode.UNKNOWN_HANDLE,
+    Kind.MODEL: ErrorCode.MODEL_NOT_LOADED,
+}
 
 
 @dataclass(eq=False)
@@ -118,9 +126,10 @@ class Entry:
     kind: Kind
     id: int
     size: int = 0
-    """Bytes counted against the quotas (buffers only)."""
+    """Bytes counted against the quotas (buffers; models: file plus arena)."""
     value: Any = None
-    """The session's object once created: a SessionBuffer, or a DSP handle (int)."""
+    """The session's object once created: a SessionBuffer, a DSP handle (int), or a
+    model (npud.models.NpuModel)."""
     created: Gate = field(default_factory=Gate)
     """Open once the creating request has ended, whether it succeeded or not."""
     live: bool = False
@@ -269,6 +278,8 @@ class Client:
     objects: ObjectTable = field(default_factory=ObjectTable)
     calls_in_flight: int = 0
     calls_done: int = 0
+    limits_cache: tuple[object, p.ClientLimits] | None = None
+    """(the configuration, the limits made from it): see Broker.client_limits."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def begin_call(self, limit: int) -> None:
@@ -289,6 +300,7 @@ class Client:
 
     def row(self) -> p.ClientRow:
         buffers = list(self.objects.entries(Kind.BUFFER))
+        models = [entry.value.row(entry.id) for entry in self.objects.entries(Kind.MODEL)]
         account = self.account
         budget = account.budget if account is not None else None
         return p.ClientRow(
@@ -312,6 +324,7 @@ class Client:
             overruns=account.overruns if account else 0,
             budget_period_us=_us(budget.period) if budget else 0,
             budget_us=_us(budget.budget) if budget else 0,
+            models=tuple(models[:64]),
         )
 
 
@@ -336,38 +349,71 @@ class Clients:
         limit = self.config.limits.max_clients
         if len(self._all) >= limit:
             raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="clients", limit=limit)
+        mine = self.config.uid_limits.max_clients
+        if sum(c.uid == client.uid for c in self._all) >= mine:
+            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="clients of this user", limit=mine)
         self._all.add(client)
 
     def remove(self, client: Client) -> None:
         self._all.discard(client)
 
     def check_buffer(self, client: Client, size: int) -> None:
-        """Room for one more buffer of ``size`` bytes, for this client and for the daemon."""
-        mine = self.config.client_limits
-        count, used = client.objects.pending(Kind.BUFFER)
-        if count >= mine.max_buffers:
-            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="buffers", limit=mine.max_buffers)
-        if used + size > mine.max_buffer_bytes:
-            raise CodedError(
-                ErrorCode.QUOTA_EXCEEDED, resource="buffer bytes", limit=mine.max_buffer_bytes
-            )
-        everyone = self.config.limits
-        totals = [c.objects.pending(Kind.BUFFER) for c in self._all]
-        if sum(n for n, _ in totals) >= everyone.max_buffers:
-            raise CodedError(
-                ErrorCode.QUOTA_EXCEEDED, resource="daemon buffers", limit=everyone.max_buffers
-            )
-        if sum(b for _, b in totals) + size > everyone.max_buffer_bytes:
-            raise CodedError(
-                ErrorCode.QUOTA_EXCEEDED,
-                resource="daemon buffer bytes",
-                limit=everyone.max_buffer_bytes,
-            )
+        """Room for one more buffer of ``size`` bytes: for this client, for its user and
+        for the daemon."""
+        counts = [(c, c.objects.pending(Kind.BUFFER)) for c in self._all | {client}]
+        scopes = (
+            ("buffers", "buffer bytes", self.config.client_limits, (client,)),
+            (
+                "buffers of this user",
+                "buffer bytes of this user",
+                self.config.uid_limits,
+                tuple(c for c, _ in counts if c.uid == client.uid),
+            ),
+            (
+                "daemon buffers",
+                "daemon buffer bytes",
+                self.config.limits,
+                tuple(c for c, _ in counts),
+            ),
+        )
+        pending = dict(counts)
+        for buffers_name, bytes_name, limits, members in scopes:
+            buffers = sum(pending[c][0] for c in members)
+            taken = sum(pending[c][1] for c in members)
+            if buffers >= limits.max_buffers:
+                raise CodedError(
+                    ErrorCode.QUOTA_EXCEEDED, resource=buffers_name, limit=limits.max_buffers
+                )
+            if taken + size > limits.max_buffer_bytes:
+                raise CodedError(
+                    ErrorCode.QUOTA_EXCEEDED, resource=bytes_name, limit=limits.max_buffer_bytes
+                )
 
     def check_handle(self, client: Client) -> None:
         limit = self.config.client_limits.max_handles
         if client.objects.pending(Kind.HANDLE)[0] >= limit:
             raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="handles", limit=limit)
+        mine = self.config.uid_limits.max_handles
+        used = sum(c.objects.pending(Kind.HANDLE)[0] for c in self._all if c.uid == client.uid)
+        if used >= mine:
+            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="handles of this user", limit=mine)
+
+    def check_model(self, client: Client, size: int) -> None:
+        """Room for one more model of ``size`` bytes (its file, then file plus arena)."""
+        mine = self.config.client_limits
+        count, used = client.objects.pending(Kind.MODEL)
+        if count >= mine.max_models:
+            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="models", limit=mine.max_models)
+        if used + size > mine.max_model_bytes:
+            raise CodedError(
+                ErrorCode.QUOTA_EXCEEDED, resource="model bytes", limit=mine.max_model_bytes
+            )
+
+    def check_model_bytes(self, client: Client) -> None:
+        """The client's models, as now sized, are within ``max_model_bytes``."""
+        limit = self.config.client_limits.max_model_bytes
+        if client.objects.pending(Kind.MODEL)[1] > limit:
+            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="model bytes", limit=limit)
 
     def forget_all(self) -> None:
         """A session restart released every client's objects."""

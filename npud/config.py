@@ -67,6 +67,52 @@ class DaemonConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     shutdown_grace: Annotated[
         _Seconds, _doc("Seconds that calls already running on the DSP get to finish at shutdown.")
     ] = 10.0
+    hello_timeout: Annotated[
+        float,
+        msgspec.Meta(gt=0, le=3600),
+        _doc("Seconds a new connection has to send its Hello before it is closed."),
+    ] = 5.0
+    max_handshakes: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=100_000),
+        _doc(
+            "Connections that have not said Hello yet, all users together; more are refused "
+            "at once. They are counted apart from clients, so sockets that connect and say "
+            "nothing cannot shut clients out."
+        ),
+    ] = 64
+    max_handshakes_per_uid: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=100_000),
+        _doc("Connections of one user that have not said Hello yet."),
+    ] = 8
+    frame_timeout: Annotated[
+        float,
+        msgspec.Meta(gt=0, le=3600),
+        _doc("Seconds a welcomed client may leave a frame half sent before it is dropped."),
+    ] = 10.0
+    call_watchdog: Annotated[
+        float,
+        msgspec.Meta(ge=0, le=86_400),
+        _doc(
+            "A DSP call still running after this many seconds is taken as hung: it is "
+            "reported, the DSP process is ended and the session restarted (every client is "
+            "told). 0 turns the watchdog off."
+        ),
+    ] = 30.0
+    log_burst: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=1_000_000),
+        _doc(
+            "Lines one connection may log about its refused requests and stray fds before "
+            "the rest are counted and summed up in one line every log_summary_interval."
+        ),
+    ] = 20
+    log_summary_interval: Annotated[
+        float,
+        msgspec.Meta(gt=0, le=3600),
+        _doc("Seconds between the summary lines of a connection whose lines are held back."),
+    ] = 10.0
     trace: Annotated[
         str,
         _doc(
@@ -167,6 +213,11 @@ class ClientLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True
     max_buffers: Annotated[_Count, _doc("DMA-BUFs one client may hold.")] = 256
     max_buffer_bytes: Annotated[_Bytes, _doc("Bytes of DMA-BUFs one client may hold.")] = 1 << 30
     max_handles: Annotated[_Count, _doc("Remote handles one client may have open.")] = 32
+    max_models: Annotated[_Count, _doc("Models one client may have loaded at once.")] = 8
+    max_model_bytes: Annotated[
+        _Bytes,
+        _doc("Bytes of models one client may hold: each model's file size plus its tensor arena."),
+    ] = 1 << 30
     max_calls_in_flight: Annotated[
         int,
         msgspec.Meta(ge=1, le=0xFFFF),
@@ -245,6 +296,34 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
         return self.workers or self.dsp_slots + 2
 
 
+class EmulatorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The built-in emulator (backend.kind = emulator, or auto without a device). Changes
+    need a restart."""
+
+    dsp_units: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=64),
+        _doc(
+            "Execution units the emulated DSP's calls share: with n calls working each runs "
+            "at min(1, units / n) of full speed, as on a real NPU. 0: every call runs as if "
+            "alone."
+        ),
+    ] = 0
+
+
+class UidLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Limits per user (all connections of one uid together), so one user cannot take what
+    the daemon has for everyone. A reload (SIGHUP) applies changes without dropping
+    clients."""
+
+    max_clients: Annotated[_Count, _doc("Connections of one user at once.")] = 16
+    max_buffers: Annotated[_Count, _doc("DMA-BUFs held for one user.")] = 2048
+    max_buffer_bytes: Annotated[
+        _Bytes, _doc("Bytes of DMA-BUFs held for one user: half the daemon's, by default.")
+    ] = 2 << 30
+    max_handles: Annotated[_Count, _doc("Remote handles one user may have open.")] = 256
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """npud's configuration: one TOML table per section below."""
 
@@ -254,7 +333,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     access: AccessConfig = msgspec.field(default_factory=AccessConfig)
     client_limits: ClientLimitsConfig = msgspec.field(default_factory=ClientLimitsConfig)
     limits: DaemonLimitsConfig = msgspec.field(default_factory=DaemonLimitsConfig)
+    uid_limits: UidLimitsConfig = msgspec.field(default_factory=UidLimitsConfig)
     scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
+    emulator: EmulatorConfig = msgspec.field(default_factory=EmulatorConfig)
 
 
 class ConfigError(Exception):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
+from collections.abc import Callable
 from typing import Any, Final
 
 import structlog
@@ -36,10 +37,10 @@ from npud import __version__
 from npud.broker import Broker
 from npud.clients import Client
 from npud.link import Link
+from npud.loglimit import LogBudget
+from npud.loglimit import fields as log_fields
 from npud.requests import HANDLERS, Handler
 
-HELLO_TIMEOUT: Final = 10.0
-"""A connection that has not said Hello by then is closed."""
 HANDSHAKE_READ: Final = 64 * 1024
 
 
@@ -56,18 +57,34 @@ class PeerConnection:
             pid=client.pid, uid=client.uid, client="?"
         )
         self._admitted = False
+        self._link: Link | None = None
+        self._revoked: str | None = None
+        self._handshake_scope: trio.CancelScope | None = None
 
     # ------------------------------------------------------------------ run
-    async def serve(self) -> None:
-        """Serve until the peer leaves or breaks the protocol; then release everything."""
+    async def serve(self, handshake_over: Callable[[], None] = lambda: None) -> None:
+        """Serve until the peer leaves or breaks the protocol; then release everything.
+
+        ``handshake_over`` is called once the Hello was answered or the handshake
+        failed: the connection no longer holds a handshake slot.
+        """
         self.log.info("client connected")
         reason = "closed by the client"
+        held_back = 0
         link: Link | None = None
+        timeout = self.broker.config.daemon.hello_timeout
         try:
-            with trio.move_on_after(HELLO_TIMEOUT) as hello_deadline:
-                welcomed, reason = await self._handshake()
-            if hello_deadline.cancelled_caught:
-                self.log.warning("no Hello within the deadline; closing", seconds=HELLO_TIMEOUT)
+            try:
+                with trio.move_on_after(timeout) as hello_deadline:
+                    self._handshake_scope = hello_deadline
+                    welcomed, reason = await self._handshake()
+            finally:
+                self._handshake_scope = None
+                handshake_over()
+            if self._revoked is not None:
+                welcomed, reason = False, "access revoked"
+            elif hello_deadline.cancelled_caught:
+                self.log.warning("no Hello within the deadline; closing", seconds=timeout)
                 welcomed, reason = False, "no Hello in time"
             if welcomed:
                 link = self._make_link()
@@ -75,17 +92,39 @@ class PeerConnection:
                 token = trio.lowlevel.current_trio_token()
                 link.on_finished = lambda _link: _set_soon(token, finished)
                 self.client.send_event = link.send
+                self._link = link
                 self.broker.datapath.add(link)
+                reason = "npud is stopping"  # unless the link ends first
                 await finished.wait()
-                reason = link.reason or "closed by the client"
+                reason = "closed by the client"
         finally:
+            if link is not None:
+                reason = link.reason or reason
+                held_back = link.log_budget.held_back
             with trio.CancelScope(shield=True):
                 if link is not None:
                     self.broker.datapath.remove(link)
                 if self._admitted:
                     await self.broker.release_client(self.client)
                 self._trio_sock.close()
-            self.log.info("client disconnected", reason=reason, calls_done=self.client.calls_done)
+            self.log.info(
+                "client disconnected",
+                reason=reason,
+                calls_done=self.client.calls_done,
+                **log_fields(held_back),
+            )
+
+    def revoke(self, detail: str) -> None:
+        """The client may no longer use npud (a reload took it off the allow-list): tell
+        it (an error without id, NOT_PERMITTED) and close. Trio thread."""
+        self._revoked = detail
+        self.log.warning("access revoked; closing", detail=detail)
+        link = self._link
+        if link is not None:
+            link.send(p.ErrorMessage.for_code(ErrorCode.NOT_PERMITTED, detail=detail))
+            link.drop("access revoked")
+        elif self._handshake_scope is not None:
+            self._handshake_scope.cancel()
 
     def _make_link(self) -> Link:
         broker, client = self.broker, self.client
@@ -102,6 +141,9 @@ class PeerConnection:
             arrive=arrive,
             on_finished=lambda _link: None,
             close_later=broker.dsp.close_later,
+            log_budget=LogBudget(
+                broker.config.daemon.log_burst, broker.config.daemon.log_summary_interval
+            ),
         )
 
     # ----------------------------------------------------------- handshake

@@ -48,6 +48,7 @@ from npu_protocol import CodedError, ErrorCode
 from npud.clients import Gate
 from npud.lanes import LanePool
 from npud.link import RECV_CHUNK, Link
+from npud.loglimit import fields as log_fields
 from npud.requests import Answer, Handler, Route
 from npud.scheduler import Job, Outcome, Scheduler
 from npud.timers import Timer, Timers
@@ -93,6 +94,9 @@ class DataPath:
         lanes: dict[Route, LanePool],
         *,
         workers: int,
+        frame_timeout: float = 10.0,
+        call_watchdog: float = 0.0,
+        on_hung: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self.scheduler = scheduler
         self._lanes = lanes
@@ -109,6 +113,14 @@ class DataPath:
             for i in range(workers)
         ]
         self._started = False
+        self.frame_timeout = frame_timeout
+        self.call_watchdog = call_watchdog
+        self._on_hung = on_hung
+        self._running: dict[Call, float] = {}
+        """DSP calls on the DSP now, and since when (for the watchdog)."""
+        self._reported: set[Call] = set()
+        self._running_lock = threading.Lock()
+        self._watchdog_timer: Timer | None = None
 
     # --- life ----------------------------------------------------------------------
     def start(self) -> None:
@@ -237,6 +249,14 @@ class DataPath:
             self._epoll.modify(link.write_fd.fileno(), _WRITE)
         self.timers.call_later(SEND_TIMEOUT, lambda: self._check_backlog(link))
 
+    def _check_partial(self, link: Link, started: float) -> None:
+        """A frame begun at ``started`` is still not whole: the client stalls; drop it."""
+        if link.partial_since == started and link.reading:
+            link.log.warning(
+                "client left a frame half sent; dropping it", seconds=self.frame_timeout
+            )
+            link.drop("left a frame half sent")
+
     def _check_backlog(self, link: Link) -> None:
         since = link.backlog_since
         if since is not None and time.monotonic() - since >= SEND_TIMEOUT:
@@ -264,6 +284,12 @@ class DataPath:
                     calls.append(call)
         finally:
             link.read_lock.release()
+        started = link.partial_since
+        if started is not None and self.frame_timeout and link.partial_timer != started:
+            link.partial_timer = started  # one timer per frame begun
+            self.timers.call_at(
+                started + self.frame_timeout, lambda: self._check_partial(link, started)
+            )
         if link.reading:
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.modify(link.fd, _READ)
@@ -337,7 +363,11 @@ class DataPath:
     def _run_dsp(self, call: Call) -> None:
         """Run a dispatched call here, answer it, then run what its slot lets start."""
         while True:
-            answer, error = self._run(call)
+            self._watch(call)
+            try:
+                answer, error = self._run(call)
+            finally:
+                self._unwatch(call)
             job = call.job
             assert job is not None
             started, late = self.scheduler.finish(job, call.handler.dsp_seconds)
@@ -408,6 +438,54 @@ class DataPath:
         elif self.claim_and_refuse(call, error):
             call.link.log.info("call timed out on the DSP; it goes on", id=handler.request.id)
 
+    # --- the watchdog: calls that never return ----------------------------------------
+    def _watch(self, call: Call) -> None:
+        """``call`` goes on the DSP now. One timer watches every running call: it is
+        set for the oldest one only, so a stream of calls costs no timer each."""
+        if not self.call_watchdog:
+            return
+        now = time.monotonic()
+        with self._running_lock:
+            self._running[call] = now
+            arm = self._watchdog_timer is None
+            if arm:
+                self._watchdog_timer = self.timers.call_at(now + self.call_watchdog, self._inspect)
+
+    def _unwatch(self, call: Call) -> None:
+        if self.call_watchdog:
+            with self._running_lock:
+                self._running.pop(call, None)
+
+    def _inspect(self) -> None:
+        """The watchdog's round (timer thread): report the calls on the DSP for longer
+        than ``call_watchdog``, then set the timer for the oldest of the others."""
+        now = time.monotonic()
+        with self._running_lock:
+            hung = [
+                call
+                for call, since in self._running.items()
+                if now - since >= self.call_watchdog and call not in self._reported
+            ]
+            self._reported.update(hung)
+            self._reported.intersection_update(self._running)
+            waiting = [since for call, since in self._running.items() if call not in self._reported]
+            self._watchdog_timer = (
+                self.timers.call_at(min(waiting) + self.call_watchdog, self._inspect)
+                if waiting
+                else None
+            )
+        for call in hung:
+            request = call.handler.request
+            call.link.log.error(
+                "a DSP call never returned; ending the DSP process and restarting the session",
+                request=p.tag_of(request),
+                id=request.id,
+                seconds=self.call_watchdog,
+            )
+        if hung:
+            tag = p.tag_of(hung[0].handler.request)
+            self._on_hung(f"a {tag} did not return within {self.call_watchdog:g} s")
+
     def _refuse_late(self) -> None:
         for job in self.scheduler.late_jobs():
             call: Call = job.payload
@@ -428,13 +506,16 @@ class DataPath:
 
     def _send_refusal(self, link: Link, request: p.AnyRequest, error: CodedError) -> None:
         """The one place where a refusal becomes the request's ``error`` reply."""
-        link.log.info(
-            "request refused",
-            request=p.tag_of(request),
-            id=request.id,
-            code=error.code.name,
-            error=str(error),
-        )
+        held = link.log_budget.take()
+        if held is not None:
+            link.log.info(
+                "request refused",
+                request=p.tag_of(request),
+                id=request.id,
+                code=error.code.name,
+                error=str(error),
+                **log_fields(held),
+            )
         link.send(p.ErrorMessage.for_code(error.code, id=request.id, **error.fields))
 
     def fail_unanswered(self, link: Link, error: CodedError) -> None:

@@ -40,7 +40,16 @@ log = structlog.get_logger("npud.dsp")
 
 T = TypeVar("T")
 
-RECOVERY_BACKOFF: Final = (0.2, 0.5, 1.0, 2.0, 5.0)
+RECOVERY_POLL: Final = 0.05
+"""Seconds between attempts to reopen the device while a restart is young: a subsystem
+restart takes about a second, and every 50 ms of polling after it is 50 ms of outage."""
+RECOVERY_FAST_FOR: Final = 10.0
+"""How long the fast polling lasts; then the attempts back off."""
+RECOVERY_BACKOFF: Final = (0.5, 1.0, 2.0, 5.0)
+RECOVERY_LOG_EVERY: Final = 2.0
+"""Seconds between "DSP not back yet" lines while the device stays away."""
+RETIRE_TIMEOUT: Final = 2.0
+"""Seconds a dead or hung session gets to close before it is abandoned to the kernel."""
 CONTROL_STUCK_SECONDS: Final = 60.0
 """Allocation, mapping and remotectl calls never take this long on a healthy DSP."""
 
@@ -110,6 +119,7 @@ class Dsp:
             session = FastRpcSession.open(
                 self.driver, nodes=self.profile.nodes, library_path=self.profile.library_path
             )
+            session.on_dead = self.notice_restart  # often the listener sees it first
             try:
                 session.load_shell(shell.data)
             except BaseException:
@@ -288,19 +298,30 @@ class Dsp:
         with contextlib.suppress(trio.RunFinishedError):
             token.run_sync_soon(self._start_recovery, reason)
 
-    def _start_recovery(self, reason: str) -> None:
+    def notice_hung(self, reason: str) -> None:
+        """A call never returned (the data path's watchdog): end the DSP process and
+        restart the session, as libcdsprpc does. Any thread."""
+        token = self._token
+        if token is None:
+            return
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(self._start_recovery, reason, True)
+
+    def _start_recovery(self, reason: str, end_process: bool = False) -> None:
         if self._recovering or self.stopping or self._nursery is None:
             return
         self._recovering = True
-        self._nursery.start_soon(self._recover, reason)
+        self._nursery.start_soon(self._recover, reason, end_process)
 
-    async def _recover(self, reason: str) -> None:
+    async def _recover(self, reason: str, end_process: bool = False) -> None:
         old, self.session = self.session, None
         log.error("DSP restarted; releasing every client's DSP state", reason=reason)
         self._forget_clients()
         if old is not None:
             with trio.CancelScope(shield=True):
-                await self.control.call(old.close)
+                await self.control.call(lambda: _retire(old, end_process=end_process))
+        started = time.monotonic()
+        last_log = float("-inf")
         for attempt in itertools.count():
             if self.stopping:
                 return
@@ -308,8 +329,19 @@ class Dsp:
                 session = await self._open_session()
                 break
             except RpcError as exc:
-                delay = RECOVERY_BACKOFF[min(attempt, len(RECOVERY_BACKOFF) - 1)]
-                log.warning("DSP not back yet", error=str(exc), retry_in=delay)
+                waited = time.monotonic() - started
+                if waited < RECOVERY_FAST_FOR:
+                    delay = RECOVERY_POLL
+                else:
+                    delay = RECOVERY_BACKOFF[min(attempt, len(RECOVERY_BACKOFF) - 1)]
+                if time.monotonic() - last_log >= RECOVERY_LOG_EVERY:
+                    last_log = time.monotonic()
+                    log.warning(
+                        "DSP not back yet",
+                        error=str(exc),
+                        retry_in=delay,
+                        waited_s=round(waited, 2),
+                    )
                 await trio.sleep(delay)
         self.epoch += 1
         self.restarts += 1
@@ -318,7 +350,25 @@ class Dsp:
         await self._announce(p.SessionRestarted(epoch=self.epoch, reason=reason))
         self.session = session
         self._recovering = False
-        log.info("session reopened", epoch=self.epoch)
+        log.info(
+            "session reopened",
+            epoch=self.epoch,
+            outage_s=round(time.monotonic() - started, 3),
+        )
+
+
+def _retire(session: FastRpcSession, *, end_process: bool) -> None:
+    """Close a session that died or hangs. A call that never returns keeps its memory
+    (the kernel frees it when the process exits); the new session does not wait for it."""
+    if end_process:
+        session.end_process()  # the DSP ends the process: its calls on the DSP fail
+    try:
+        session.close(timeout=RETIRE_TIMEOUT)
+    except RpcError as exc:
+        log.error(
+            "old session abandoned: calls on it never returned; the kernel frees it at exit",
+            error=str(exc),
+        )
 
 
 def _lane_row(stats: LaneStatistics) -> p.LaneRow:

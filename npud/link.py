@@ -42,6 +42,8 @@ from npu_client.transport import (
     fds_ancillary,
     parse_ancillary,
 )
+from npud.loglimit import LogBudget
+from npud.loglimit import fields as log_fields
 
 if TYPE_CHECKING:
     from npud.requests import Handler
@@ -65,6 +67,7 @@ class Link:
         arrive: Callable[[p.AnyRequest], Handler[Any]],
         on_finished: Callable[[Link], None],
         close_later: Callable[[Sequence[int]], None],
+        log_budget: LogBudget | None = None,
     ) -> None:
         self.sock = sock
         self.fd = sock.fileno()
@@ -74,6 +77,12 @@ class Link:
         self.log = log_context
         self.arrive = arrive
         """A request's arrival step: its handler, started (raises CodedError to refuse)."""
+        self.log_budget = log_budget or LogBudget(20, 10.0)
+        """The lines this client may cause (refusals, stray fds): see npud/loglimit.py."""
+        self.partial_since: float | None = None
+        """When the client began the frame it has not finished sending, if any."""
+        self.partial_timer: float | None = None
+        """The ``partial_since`` whose timer is set (the data path's)."""
         self.lock = threading.Lock()
         self.read_lock = threading.Lock()
         """Held by the one worker that reads the socket."""
@@ -137,10 +146,17 @@ class Link:
                     messages.append(p.ConnectionClosed())
                     return messages
                 if event is p.NEED_DATA:
+                    self._note_partial_frame()
                     return messages
                 if isinstance(event, p.StrayFds):
                     self._close_later(event.fds)
-                    self.log.warning("closed fds the client sent unasked", count=len(event.fds))
+                    held = self.log_budget.take()
+                    if held is not None:
+                        self.log.warning(
+                            "closed fds the client sent unasked",
+                            count=len(event.fds),
+                            **log_fields(held),
+                        )
                     continue
                 if isinstance(event, p.ConnectionClosed):
                     self.reading = False
@@ -148,6 +164,13 @@ class Link:
                     messages.append(event)
                     return messages
                 messages.append(event)
+
+    def _note_partial_frame(self) -> None:
+        if self.protocol.bytes_buffered:
+            if self.partial_since is None:
+                self.partial_since = time.monotonic()
+        else:
+            self.partial_since = None
 
     def end_reading(self, reason: str) -> None:
         with self.lock:

@@ -1,28 +1,28 @@
-"""``npud``: the command line. Configuration, logging and start-up failures live here."""
+"""``npud``: the command line. Configuration, logging and start-up failures live here.
+
+Start-up order: the shell-signature verifier's child process is started right
+after the command line is parsed, and only then are the daemon's modules
+imported, so the child's interpreter and ``cryptography`` load meanwhile
+(``npud.fastrpc.shell_verifier``). ``npud doctor`` is imported only for
+``npud doctor``, ``npud trace`` only for ``npud trace``.
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import socket
 import sys
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING
 
-import structlog
-import trio
+from npud import __version__
+from npud.config import DEFAULT_CONFIG, DEFAULT_SOCKET
+from npud.fastrpc.shell_verifier import ShellVerifier
 
-from npud import __version__, doctor, trace_cli
-from npud.backend import Profile, device_present, select_profile
-from npud.broker import Broker
-from npud.config import DEFAULT_CONFIG, DEFAULT_SOCKET, Config, ConfigError, load_config
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.trace import TraceWriter
-from npud.logs import configure_logging, print_error
-from npud.sd import ActivationError, Notifier, activated_socket
-from npud.server import BoundSocket, Daemon, StartupError, bind_socket
-
-log = structlog.get_logger("npud")
+if TYPE_CHECKING:
+    from npud.backend import Profile
+    from npud.config import Config
+    from npud.fastrpc.trace import TraceWriter
+    from npud.server import BoundSocket
 
 DESCRIPTION = """\
 npud owns the FastRPC session to the Hexagon NPU (the CDSP) and brokers it to
@@ -107,15 +107,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-SUBCOMMANDS: Final = {"doctor": doctor.main, "trace": trace_cli.main}
-"""Commands npud dispatches by hand before parsing its own options."""
-
-
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
-    if arguments[:1] and arguments[0] in SUBCOMMANDS:
-        return SUBCOMMANDS[arguments[0]](arguments[1:])
+    if arguments[:1] == ["doctor"]:
+        from npud import doctor  # noqa: PLC0415  (a tool: the daemon never loads it)
+
+        return doctor.main(arguments[1:])
+    if arguments[:1] == ["trace"]:
+        from npud import trace_cli  # noqa: PLC0415  (a tool: the daemon never loads it)
+
+        return trace_cli.main(arguments[1:])
     args = build_parser().parse_args(arguments)
+    verifier = ShellVerifier()
+    verifier.start()
+    try:
+        return _start(args, verifier)
+    finally:
+        verifier.close()  # a no-op once the shell was verified
+
+
+def _start(args: argparse.Namespace, verifier: ShellVerifier) -> int:
+    # Imported here, after the verifier started: see the module docstring.
+    from npud.backend import device_present, select_profile  # noqa: PLC0415
+    from npud.config import ConfigError, load_config  # noqa: PLC0415
+    from npud.logs import configure_logging, print_error  # noqa: PLC0415
+
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -129,6 +145,23 @@ def main(argv: list[str] | None = None) -> int:
             "(cat /sys/class/remoteproc/*/state)? `npud doctor` explains; "
             "--backend emulator runs without a device"
         )
+    profile.lend_verifier(verifier)
+    return _serve(args, config, profile)
+
+
+def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
+    # Imported here, after the verifier started: see the module docstring.
+    import structlog  # noqa: PLC0415
+    import trio  # noqa: PLC0415
+
+    from npud.broker import Broker  # noqa: PLC0415
+    from npud.config import load_config  # noqa: PLC0415
+    from npud.fastrpc.errors import RpcError  # noqa: PLC0415
+    from npud.sd import ActivationError, Notifier, activated_socket  # noqa: PLC0415
+    from npud.server import Daemon, StartupError, bind_socket  # noqa: PLC0415
+
+    log = structlog.get_logger("npud")
+
     try:
         activated = activated_socket()
     except ActivationError as exc:
@@ -154,54 +187,64 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(str(exc))
         listener = bound.sock
     notifier = Notifier()
-    try:
-        return _run_daemon(config, profile, listener, notifier, args)
-    finally:
-        listener.close()
-        if bound is not None:
-            bound.unlink_if_ours()
-        notifier.close()
-
-
-def _run_daemon(
-    config: Config,
-    profile: Profile,
-    listener: socket.socket,
-    notifier: Notifier,
-    args: argparse.Namespace,
-) -> int:
-    """Serve until stopped; the trace (``--trace`` or daemon.trace) lives as long."""
     config_path = args.config
 
     def reload_config() -> Config:
         return load_config(config_path)
 
-    trace_path = args.trace or (Path(config.daemon.trace) if config.daemon.trace else None)
     trace: TraceWriter | None = None
-    if trace_path is not None:
-        try:
-            trace = TraceWriter(trace_path, backend=profile.kind)
-        except OSError as exc:
-            return _fail(f"cannot write the trace {trace_path}: {exc.strerror}")
-        profile = dataclasses.replace(profile, trace=trace)
-        log.info("tracing FastRPC calls", file=str(trace_path))
     try:
+        profile, trace = _traced(args, config, profile)
         broker = Broker(config, profile)
         daemon = Daemon(config, broker, listener, notifier=notifier, reload_config=reload_config)
         trio.run(daemon.run)
     except RpcError as exc:
         notifier.send(f"STATUS=start-up failed: {exc}")
         return _fail(f"cannot start the NPU session: {exc}")
+    except _TraceError as exc:
+        return _fail(str(exc))
     except KeyboardInterrupt:
         return 0
     finally:
+        listener.close()
+        if bound is not None:
+            bound.unlink_if_ours()
+        notifier.close()
         if trace is not None:
             trace.close()
     return 0
 
 
+class _TraceError(Exception):
+    """The trace file cannot be written; ``str()`` is the one-line reason."""
+
+
+def _traced(
+    args: argparse.Namespace, config: Config, profile: Profile
+) -> tuple[Profile, TraceWriter | None]:
+    """The profile with ``--trace`` (or daemon.trace) open, and the writer (its owner
+    closes it); the profile unchanged and None without a trace."""
+    import dataclasses  # noqa: PLC0415
+
+    import structlog  # noqa: PLC0415
+
+    from npud.fastrpc.trace import TraceWriter  # noqa: PLC0415  (only when tracing)
+
+    path = args.trace or (Path(config.daemon.trace) if config.daemon.trace else None)
+    if path is None:
+        return profile, None
+    try:
+        trace = TraceWriter(path, backend=profile.kind)
+    except OSError as exc:
+        raise _TraceError(f"cannot write the trace {path}: {exc.strerror}") from None
+    structlog.get_logger("npud").info("tracing FastRPC calls", file=str(path))
+    return dataclasses.replace(profile, trace=trace), trace
+
+
 def _fail(message: str) -> int:
     """Exactly one line, for people and for `systemctl status` alike (an error in the journal)."""
+    from npud.logs import print_error  # noqa: PLC0415  (structlog: after the verifier started)
+
     print_error(f"npud: {message}")
     return 1
 

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
 
+import structlog
+
 import npu_protocol as p
 from npu_client.transport import OwnedFd
 from npu_protocol import CodedError, ErrorCode
@@ -34,10 +36,13 @@ from npud.clients import Client, Entry, Gate, Kind, unknown
 from npud.fastrpc.dma import SessionBuffer, checked_dma_size
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
 from npud.fastrpc.session import FastRpcSession
+from npud.models import NpuModel, release_models
 from npud.scheduler import Account
 
 if TYPE_CHECKING:
     from npud.broker import Broker
+
+_log = structlog.get_logger("npud.requests")
 
 R = TypeVar("R", bound=p.Request)
 
@@ -133,6 +138,50 @@ class Handler(abc.ABC, Generic[R]):
         buffer = self._ready(entry)
         assert isinstance(buffer, SessionBuffer)
         return buffer
+
+    def _model(self, entry: Entry) -> NpuModel:
+        model = self._ready(entry)
+        assert isinstance(model, NpuModel)
+        return model
+
+
+class CallTiming:
+    """What a DSP-bound handler (invoke, model run) does at arrival and end: its
+    timeout and deadline, and the client's count of calls in flight."""
+
+    broker: Broker
+    client: Client
+    account: Account | None
+    timeout: float | None
+    timeout_ms: int | None
+    deadline: float | None
+    deadline_ms: int | None
+    _counted = False
+
+    def arrive_as_call(self, timeout_ms: int | None, deadline_ms: int | None) -> None:
+        limits = self.broker.client_limits(self.client)
+        if timeout_ms is not None and timeout_ms > limits.max_timeout_ms:
+            raise CodedError(
+                ErrorCode.INVALID_ARGUMENT,
+                detail=f"timeout_ms {timeout_ms} exceeds max_timeout_ms {limits.max_timeout_ms}",
+            )
+        self.timeout_ms = timeout_ms if timeout_ms is not None else limits.default_timeout_ms
+        self.timeout = None if self.timeout_ms is None else self.timeout_ms / 1000
+        self.deadline_ms = deadline_ms
+        if deadline_ms is not None:
+            self.deadline = time.monotonic() + deadline_ms / 1000
+        self.account = self.client.account
+
+    def begin_call(self) -> None:
+        """Count the call in flight (the last arrival step: the count is given back by end)."""
+        self.client.begin_call(self.broker.config.client_limits.max_calls_in_flight)
+        self._counted = True
+
+    def end_call(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.client.end_call()
+            self.broker.count_call()
 
 
 # --- buffers ----------------------------------------------------------------------
@@ -268,7 +317,7 @@ class Close(Handler[p.CloseRequest]):
 # --- invoke -------------------------------------------------------------------------
 
 
-class Invoke(Handler[p.InvokeRequest]):
+class Invoke(CallTiming, Handler[p.InvokeRequest]):
     """A remote call. Its handle and buffers are held from arrival to the end."""
 
     route = Route.DSP
@@ -285,18 +334,7 @@ class Invoke(Handler[p.InvokeRequest]):
                 raise CodedError(
                     ErrorCode.QUOTA_EXCEEDED, resource=resource, limit=limits.max_inline_bytes
                 )
-        timeout_ms = request.timeout_ms
-        if timeout_ms is not None and timeout_ms > limits.max_timeout_ms:
-            raise CodedError(
-                ErrorCode.INVALID_ARGUMENT,
-                detail=f"timeout_ms {timeout_ms} exceeds max_timeout_ms {limits.max_timeout_ms}",
-            )
-        self.timeout_ms = timeout_ms if timeout_ms is not None else limits.default_timeout_ms
-        self.timeout = None if self.timeout_ms is None else self.timeout_ms / 1000
-        self.deadline_ms = request.deadline_ms
-        if self.deadline_ms is not None:
-            self.deadline = time.monotonic() + self.deadline_ms / 1000
-        self.account = client.account
+        self.arrive_as_call(request.timeout_ms, request.deadline_ms)
         self.handle = self._use(request.handle, Kind.HANDLE)
         self.slices = [
             (arg, self._use(arg.buffer, Kind.BUFFER))
@@ -306,10 +344,7 @@ class Invoke(Handler[p.InvokeRequest]):
         for arg, entry in self.slices:
             if entry.created.is_open:
                 _check_slice(arg, entry)
-        client.begin_call(broker.config.client_limits.max_calls_in_flight)
-        self._counted = True
-
-    _counted = False
+        self.begin_call()
 
     def run(self) -> Answer:
         handle = self._ready(self.handle)
@@ -341,10 +376,7 @@ class Invoke(Handler[p.InvokeRequest]):
         return Answer(p.InvokeReply(id=request.id, outputs=result.outputs))
 
     def end(self) -> None:
-        if self._counted:
-            self._counted = False
-            self.client.end_call()
-            self.broker.count_call()
+        self.end_call()
         super().end()
 
 
@@ -358,6 +390,122 @@ def _check_slice(arg: p.BufferSlice, entry: Entry) -> None:
             buffer=entry.id,
             size=entry.size,
         )
+
+
+# --- models (npud/models.py) ------------------------------------------------------------
+
+
+class LoadModel(Handler[p.ModelLoadRequest]):
+    route = Route.LOADER
+
+    def __init__(self, broker: Broker, client: Client, request: p.ModelLoadRequest) -> None:
+        super().__init__(broker, client, request)
+        # The client's file: ours from now on, closed once when the request ends.
+        self.file = OwnedFd(self.request.fd)
+
+    def arrive(self) -> None:
+        self.session = self.broker.dsp.current()
+        try:
+            size = os.fstat(self.file.fileno()).st_size
+        except OSError as exc:
+            raise CodedError(
+                ErrorCode.MODEL_FILE_UNREADABLE, detail=f"cannot stat the file: {exc.strerror}"
+            ) from None
+        self.broker.clients.check_model(self.client, size)
+        self.entry = self.client.objects.reserve(Kind.MODEL, size)
+
+    def run(self) -> Answer:
+        session, request, objects = self.session, self.request, self.client.objects
+        backend = self.broker.profile.kind
+        assert backend in ("kernel", "emulator")
+        shapes = {name: tuple(dims) for name, dims in request.shapes.items()}
+        try:
+            model = self.broker.dsp.run(
+                session,
+                lambda: NpuModel.load(
+                    session, backend, self.file.fileno(), name=request.name, shapes=shapes
+                ),
+            )
+        except BaseException:
+            objects.failed(self.entry)
+            raise
+        try:
+            self.entry.size = model.bytes
+            self.broker.clients.check_model_bytes(self.client)
+            reply_fd = OwnedFd(os.dup(model.arena.fd))
+        except BaseException as exc:
+            objects.failed(self.entry)
+            self.broker.release_now(session, models=[model])
+            if isinstance(exc, OSError):
+                raise CodedError(
+                    ErrorCode.DMA_BUF_ALLOC, msg=f"no fd for the reply: {exc.strerror}"
+                ) from None
+            raise
+        if not objects.created(self.entry, model):
+            reply_fd.close()
+            self.broker.release_now(session, models=[model])
+            raise CodedError(ErrorCode.DSP_RESTARTED)
+        reply = p.ModelLoadReply(
+            id=request.id, model=self.entry.id, info=model.info, fd=reply_fd.fileno()
+        )
+        return Answer(reply, reply_fd)
+
+    def end(self) -> None:
+        self.file.close()
+        super().end()
+
+
+class ModelInfo(Handler[p.ModelInfoRequest]):
+    route = Route.HERE
+    acquires = False
+
+    def arrive(self) -> None:
+        self.entry = self._use(self.request.model, Kind.MODEL)
+
+    def run(self) -> Answer:
+        return Answer(p.ModelInfoReply(id=self.request.id, info=self._model(self.entry).info))
+
+
+class RunModel(CallTiming, Handler[p.ModelRunRequest]):
+    """One run, scheduled like an invoke; the model is held from arrival to the end."""
+
+    route = Route.DSP
+
+    def arrive(self) -> None:
+        self.session = self.broker.dsp.current()
+        self.arrive_as_call(self.request.timeout_ms, self.request.deadline_ms)
+        self.entry = self._use(self.request.model, Kind.MODEL)
+        self.begin_call()
+
+    def run(self) -> Answer:
+        model = self._model(self.entry)
+        started = time.perf_counter()
+        try:
+            self.broker.dsp.run(model.session, model.run)
+        finally:
+            self.dsp_seconds = time.perf_counter() - started
+        model.count_run(self.dsp_seconds)
+        dsp_us = round(self.dsp_seconds * 1_000_000)
+        return Answer(p.ModelRunReply(id=self.request.id, dsp_us=dsp_us))
+
+    def end(self) -> None:
+        self.end_call()
+        super().end()
+
+
+class UnloadModel(Handler[p.ModelUnloadRequest]):
+    route = Route.LOADER
+    acquires = False
+
+    def arrive(self) -> None:
+        self.entry = self.client.objects.doom(self.request.model, Kind.MODEL)
+        self._waits += _destroyable(self.entry)
+
+    def run(self) -> Answer:
+        model = self._model(self.entry)
+        self.client.objects.remove(self.entry)
+        self.broker.release_now(self.broker.dsp.session, models=[model], strict=True)
+        return Answer(p.ModelUnloadReply(id=self.request.id))
 
 
 # --- daemon ----------------------------------------------------------------------------
@@ -379,6 +527,50 @@ class Ping(Handler[p.PingRequest]):
         return Answer(p.PongReply(id=self.request.id, payload=self.request.payload))
 
 
+class Debug(Handler[p.DebugRequest]):
+    """Fault injection on the emulator, for exercising recovery on a running daemon."""
+
+    route = Route.HERE
+    acquires = False
+
+    def arrive(self) -> None:
+        if self.client.uid != 0:
+            raise CodedError(
+                ErrorCode.NOT_PERMITTED,
+                detail=f"debug faults need root (this client is uid {self.client.uid})",
+            )
+        if self.broker.profile.kind != "emulator":
+            raise CodedError(
+                ErrorCode.UNSUPPORTED,
+                what="debug faults on the kernel backend: they are the emulator's",
+            )
+
+    def run(self) -> Answer:
+        faults = self.broker.dsp.driver.faults  # type: ignore[attr-defined]
+        request = self.request
+        seconds = request.duration_ms / 1000
+        if request.action == "ssr":
+            faults.subsystem_restart(down_for=seconds)
+            detail = f"subsystem restart: the DSP is away for {seconds:g} s"
+        elif request.action == "latency":
+            faults.set_latency(seconds)
+            detail = f"every invoke now takes {seconds:g} s longer"
+        elif request.action == "fail_next_invoke":
+            if request.code == 0:
+                raise CodedError(
+                    ErrorCode.INVALID_ARGUMENT, detail="fail_next_invoke needs a non-zero code"
+                )
+            faults.fail_next_invoke(request.code)
+            detail = f"the next invoke answers 0x{request.code:08X}"
+        else:
+            faults.clear()
+            detail = "latency and pending failures cleared"
+        _log.warning(
+            "debug fault injected", action=request.action, detail=detail, pid=self.client.pid
+        )
+        return Answer(p.DebugReply(id=request.id, detail=detail))
+
+
 def _destroyable(entry: Entry) -> list[Gate]:
     """What a destroying request waits for: the object exists, and every earlier
     request that named it has ended."""
@@ -393,17 +585,25 @@ HANDLERS: Final[dict[type[p.Request], type[Handler[Any]]]] = {
     p.OpenRequest: Open,
     p.CloseRequest: Close,
     p.InvokeRequest: Invoke,
+    p.ModelLoadRequest: LoadModel,
+    p.ModelInfoRequest: ModelInfo,
+    p.ModelRunRequest: RunModel,
+    p.ModelUnloadRequest: UnloadModel,
     p.StatusRequest: Status,
     p.PingRequest: Ping,
+    p.DebugRequest: Debug,
 }
 """The handler of each request type; every type in ``p.REPLY_TYPES`` has one."""
 
 
 def release_session_objects(
-    session: FastRpcSession, buffers: list[SessionBuffer], handles: list[int]
+    session: FastRpcSession,
+    buffers: list[SessionBuffer],
+    handles: list[int],
+    models: list[NpuModel] | None = None,
 ) -> list[CodedError]:
-    """Close ``handles`` and free ``buffers`` on ``session``; the failures."""
-    failures: list[CodedError] = []
+    """Release ``models``, close ``handles`` and free ``buffers`` on ``session``; the failures."""
+    failures = release_models(models or [])
     for handle in handles:
         try:
             session.remote_close(handle)

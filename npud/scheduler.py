@@ -47,8 +47,10 @@ CLASSES: Final = ("realtime", "normal", "background")
 REALTIME, NORMAL, BACKGROUND = range(3)
 WAIT_SAMPLES: Final = 1024
 """Queue waits kept per client for the percentiles (the most recent ones)."""
-UTILISATION_TAU: Final = 5.0
-"""Seconds over which the utilisation figure is averaged (exponential decay)."""
+UTILISATION_WINDOW: Final = 10.0
+"""Seconds over which the utilisation figure is averaged."""
+UTILISATION_SNAPSHOT_EVERY: Final = 0.5
+UTILISATION_SNAPSHOTS: Final = 64
 
 
 class Outcome(enum.Enum):
@@ -180,8 +182,11 @@ class Scheduler:
         self._fifo: deque[Job] = deque()
         self._dispatched = 0
         self._late = 0
-        self._busy_average = 0.0
+        self._busy_area = 0.0  # slot-seconds used since start
         self._busy_since = clock()
+        self._running_total = 0
+        self._busy_history: deque[tuple[float, float]] = deque(maxlen=UTILISATION_SNAPSHOTS)
+        self._busy_history.append((self._busy_since, 0.0))
 
     # --- clients ---------------------------------------------------------------
     def open_account(self, name: str, klass: int, budget: Budget | None = None) -> Account:
@@ -258,6 +263,7 @@ class Scheduler:
             account = job.account
             job.state = "done"
             self._running[job.klass] -= 1
+            self._running_total -= 1
             account.running -= 1
             account.calls += 1
             account.dsp_seconds += dsp_seconds
@@ -296,7 +302,7 @@ class Scheduler:
                 dsp_slots=self.policy.dsp_slots,
                 queued=(self._queued[0], self._queued[1], self._queued[2]),
                 running=(self._running[0], self._running[1], self._running[2]),
-                utilisation=self._busy_average,
+                utilisation=self._utilisation(now),
                 realtime_declared=self._declared(),
                 dispatched=self._dispatched,
                 late=self._late,
@@ -315,7 +321,7 @@ class Scheduler:
     def _fits(self, job: Job) -> bool:
         """May ``job`` start now, as far as slots and caps go?"""
         policy, running = self.policy, self._running
-        if sum(running) >= policy.dsp_slots:
+        if self._running_total >= policy.dsp_slots:
             return False
         if policy.mode == "fifo":
             return True
@@ -404,6 +410,7 @@ class Scheduler:
         job.account.running += 1
         job.account.waits.append(now - job.arrival)
         self._running[job.klass] += 1
+        self._running_total += 1
         self._dispatched += 1
 
     def _is_late(self, job: Job, now: float) -> bool:
@@ -452,11 +459,21 @@ class Scheduler:
         return sum(a.budget.share for a in self._accounts if a.budget is not None)
 
     def _note_busy(self, now: float) -> None:
-        """Fold the time since the last event into the utilisation average."""
-        elapsed = now - self._busy_since
-        if elapsed <= 0:
-            return
-        occupancy = sum(self._running) / self.policy.dsp_slots
-        weight = 1.0 - math.exp(-elapsed / UTILISATION_TAU)
-        self._busy_average += (occupancy - self._busy_average) * weight
+        """Add the slot time used since the last event (cheap: called at every start and
+        finish); a snapshot now and then lets :meth:`_utilisation` look back."""
+        self._busy_area += self._running_total * (now - self._busy_since)
         self._busy_since = now
+        if now - self._busy_history[-1][0] >= UTILISATION_SNAPSHOT_EVERY:
+            self._busy_history.append((now, self._busy_area))
+
+    def _utilisation(self, now: float) -> float:
+        """Busy slots over about the last UTILISATION_WINDOW seconds, 0..1."""
+        then, area = self._busy_history[0]
+        for when, at in self._busy_history:
+            if now - when <= UTILISATION_WINDOW:
+                break
+            then, area = when, at
+        elapsed = now - then
+        if elapsed <= 0:
+            return 0.0
+        return min(1.0, (self._busy_area - area) / (elapsed * self.policy.dsp_slots))

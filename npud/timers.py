@@ -4,8 +4,10 @@ queued calls, replies a client does not read, frames a client leaves half sent.
 Timers are cheap to set and cheap to forget: :meth:`Timers.call_at` pushes onto
 a heap and wakes the thread only when the new timer is due before the thread
 planned to wake; a timer whose work became moot (the call ended first) is
-cancelled by a flag and dropped when it surfaces. So a stream of calls that
-all end in time costs no wake-up of this thread per call.
+cancelled by a flag, lets go of its callback at once, and is dropped when it
+surfaces or when cancelled timers fill half the heap. So a stream of calls
+that all end in time costs no wake-up of this thread per call, and no memory
+that lasts.
 
 Callbacks run on the timer thread and must not block (sends on the data path
 never do).
@@ -31,15 +33,20 @@ COMPACT_SLACK: Final = 256
 class Timer:
     """A handle to cancel one timer."""
 
-    __slots__ = ("callback", "cancelled", "when")
+    __slots__ = ("_owner", "callback", "cancelled", "when")
 
-    def __init__(self, when: float, callback: Callable[[], object]) -> None:
+    def __init__(self, when: float, callback: Callable[[], object], owner: Timers) -> None:
         self.when = when
-        self.callback = callback
+        self.callback: Callable[[], object] | None = callback
         self.cancelled = False
+        self._owner = owner
 
     def cancel(self) -> None:
-        self.cancelled = True
+        """Forget the timer; what its callback refers to is let go at once."""
+        if not self.cancelled:
+            self.cancelled = True
+            self.callback = None
+            self._owner._note_cancelled()
 
 
 class Timers:
@@ -51,6 +58,7 @@ class Timers:
         self._seq = itertools.count()
         self._cond = threading.Condition(threading.Lock())
         self._planned = float("inf")  # when the thread will wake next
+        self._cancelled = 0  # cancelled timers still in the heap
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -66,12 +74,18 @@ class Timers:
 
     def call_at(self, when: float, callback: Callable[[], object]) -> Timer:
         """Run ``callback`` on the timer thread at ``when`` (this clock), unless cancelled."""
-        timer = Timer(when, callback)
+        timer = Timer(when, callback, self)
         with self._cond:
+            if self._cancelled > len(self._heap) // 2 + COMPACT_SLACK:
+                self._compact()
             heapq.heappush(self._heap, (when, next(self._seq), timer))
             if when < self._planned:
                 self._cond.notify()
         return timer
+
+    def _note_cancelled(self) -> None:
+        with self._cond:
+            self._cancelled += 1
 
     def call_later(self, delay: float, callback: Callable[[], object]) -> Timer:
         return self.call_at(self._clock() + delay, callback)
@@ -88,8 +102,11 @@ class Timers:
             if due is None:
                 return
             for timer in due:
+                callback = timer.callback
+                if callback is None:  # cancelled after it was taken off the heap
+                    continue
                 try:
-                    timer.callback()
+                    callback()
                 except Exception:  # one bad timer must not end the others
                     log.exception("timer callback failed")
 
@@ -102,7 +119,9 @@ class Timers:
                 due: list[Timer] = []
                 while self._heap and self._heap[0][0] <= now:
                     timer = heapq.heappop(self._heap)[2]
-                    if not timer.cancelled:
+                    if timer.cancelled:
+                        self._cancelled -= 1
+                    else:
                         due.append(timer)
                 if due:
                     self._planned = now
@@ -113,11 +132,14 @@ class Timers:
             return None
 
     def _drop_cancelled(self) -> None:
-        """Pop cancelled timers off the top; rebuild the heap when too many hide inside."""
+        """Pop cancelled timers off the top of the heap."""
         heap = self._heap
         while heap and heap[0][2].cancelled:
             heapq.heappop(heap)
-        live = sum(not entry[2].cancelled for entry in heap) if len(heap) > COMPACT_SLACK else 0
-        if len(heap) > 2 * live + COMPACT_SLACK:
-            self._heap = [entry for entry in heap if not entry[2].cancelled]
-            heapq.heapify(self._heap)
+            self._cancelled -= 1
+
+    def _compact(self) -> None:
+        """Rebuild the heap without its cancelled timers (they are more than half of it)."""
+        self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+        heapq.heapify(self._heap)
+        self._cancelled = 0

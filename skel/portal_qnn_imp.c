@@ -379,3 +379,26 @@ SKEL_EXPORT int portal_qnn_graph_info(remote_handle64 _h, unsigned int model_ind
     release(context);
     return rc;
 }
+
+SKEL_EXPORT int portal_qnn_run(remote_handle64 _h, unsigned int model_index,
+                               unsigned int graph_index, const unsigned char *inputs,
+                               int inputsLen, unsigned char *outputs, int outputsLen,
+                               unsigned int *qnn_status) {
+    if (inputsLen < 0 || outputsLen < 0 || qnn_status == NULL) {
+        return AEE_EBADPARM;
+    }
+    portal_context *context = acquire(_h);
+    if (context == NULL) {
+        return AEE_EINVHANDLE;
+    }
+    int rc = AEE_SUCCESS;
+    qnn_model *model = loaded_model(context, model_index, &rc);
+    if (model != NULL) {
+        uint32_t status = QNN_SUCCESS;
+        rc = qnn_model_run(model, graph_index, inputs, (size_t)inputsLen, outputs,
+                           (size_t)outputsLen, &status);
+        *qnn_status = status;
+    }
+    release(context);
+    return rc;
+}

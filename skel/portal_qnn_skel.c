@@ -16,6 +16,8 @@
  *   7 graph_info    0x07010300  primIn {model_index, graph_index, capacity(inputs),
  *                               capacity(outputs)} (capacities in records),
  *                               primROut {num_inputs, num_outputs}, inputs, outputs
+ *   8 run           0x08020200  primIn {model_index, graph_index, len(inputs), capacity(outputs)},
+ *                               inputs, primROut {qnn_status}, outputs
  *
  * Every buffer is checked before the implementation runs, so a badly
  * marshalled call never has a side effect. Wrong counts or lengths:
@@ -162,6 +164,35 @@ static int invoke_graph_info(remote_handle64 h, uint32_t sc, remote_arg *pra) {
     return rc;
 }
 
+static int invoke_run(remote_handle64 h, uint32_t sc, remote_arg *pra) {
+    uint32_t prim_in[4] = {0, 0, 0, 0};
+    int rc = skel_check_counts(sc, pra, 2, 2, 0, 0);
+    if (rc == AEE_SUCCESS) {
+        rc = skel_read_u32s(&pra[0], prim_in, 4);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_sequence(&pra[1], prim_in[2]);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_u32s_room(&pra[2], 1);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_sequence(&pra[3], prim_in[3]);
+    }
+    if (rc != AEE_SUCCESS) {
+        return rc;
+    }
+    unsigned int qnn_status = 0;
+    rc = portal_qnn_run(h, prim_in[0], prim_in[1], (const unsigned char *)pra[1].buf.pv,
+                        (int)prim_in[2], (unsigned char *)pra[3].buf.pv, (int)prim_in[3],
+                        &qnn_status);
+    if (rc == AEE_SUCCESS) {
+        const uint32_t prim_rout[1] = {qnn_status};
+        rc = skel_write_u32s(&pra[2], prim_rout, 1);
+    }
+    return rc;
+}
+
 int portal_qnn_skel_handle_invoke(remote_handle64 h, uint32_t sc, remote_arg *pra) {
     switch (REMOTE_SCALARS_METHOD(sc)) {
     case 0:
@@ -180,6 +211,8 @@ int portal_qnn_skel_handle_invoke(remote_handle64 h, uint32_t sc, remote_arg *pr
         return invoke_model_unload(h, sc, pra);
     case 7:
         return invoke_graph_info(h, sc, pra);
+    case 8:
+        return invoke_run(h, sc, pra);
     default:
         return AEE_EUNSUPPORTED;
     }

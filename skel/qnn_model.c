@@ -369,6 +369,66 @@ int qnn_model_get_output(qnn_model *model, uint32_t graph_index, uint32_t tensor
     return AEE_SUCCESS;
 }
 
+/* Bytes a tensor takes in an arena: its size rounded up to PORTAL_QNN_ARENA_ALIGN. */
+static uint64_t arena_slot(uint32_t bytes) {
+    return ((uint64_t)bytes + PORTAL_QNN_ARENA_ALIGN - 1u) / PORTAL_QNN_ARENA_ALIGN *
+           PORTAL_QNN_ARENA_ALIGN;
+}
+
+/* The arena size of count tensors (at most 32 of 64 MiB each: no overflow in 64 bits). */
+static uint64_t arena_size(const qnn_buffer *buffers, uint32_t count) {
+    uint64_t size = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        size += arena_slot(buffers[i].bytes);
+    }
+    return size;
+}
+
+int qnn_model_run(qnn_model *model, uint32_t graph_index, const uint8_t *inputs,
+                  size_t input_length, uint8_t *outputs, size_t output_capacity,
+                  uint32_t *qnn_status) {
+    qnn_graph *graph = graph_at(model, graph_index);
+    if (graph == NULL || (input_length != 0 && inputs == NULL) ||
+        (output_capacity != 0 && outputs == NULL)) {
+        return AEE_EBADPARM;
+    }
+    uint64_t in_size = arena_size(graph->inputs, graph->num_inputs);
+    uint64_t out_size = arena_size(graph->outputs, graph->num_outputs);
+    if ((uint64_t)input_length != in_size) {
+        FARF(HIGH, "portal_qnn: run inputs arena is %u bytes, got %u", (unsigned)in_size,
+             (unsigned)input_length);
+        return AEE_EBADSIZE;
+    }
+    if ((uint64_t)output_capacity < out_size) {
+        return AEE_EBUFFERTOOSMALL;
+    }
+    uint64_t offset = 0;
+    for (uint32_t i = 0; i < graph->num_inputs; i++) {
+        memcpy(graph->inputs[i].data, inputs + offset, graph->inputs[i].bytes);
+        offset += arena_slot(graph->inputs[i].bytes);
+    }
+    graph->inputs_set = all_inputs(graph);
+    int rc = qnn_model_execute(model, graph_index, qnn_status);
+    if (rc != AEE_SUCCESS || *qnn_status != QNN_SUCCESS) {
+        return rc;
+    }
+    offset = 0;
+    for (uint32_t i = 0; i < graph->num_outputs; i++) {
+        const qnn_buffer *buffer = &graph->outputs[i];
+        uint64_t next = offset + arena_slot(buffer->bytes);
+        if (buffer->produced != 0) {
+            memcpy(outputs + offset, buffer->data, buffer->produced);
+        }
+        /* The tail of a shrunken output and the padding: no stale bytes reach the client. */
+        memset(outputs + offset + buffer->produced, 0, (size_t)(next - offset - buffer->produced));
+        offset = next;
+    }
+    if (output_capacity > offset) {
+        memset(outputs + offset, 0, output_capacity - (size_t)offset);
+    }
+    return AEE_SUCCESS;
+}
+
 static void copy_specs(const qnn_buffer *buffers, uint32_t count, portal_qnn_tensor_spec *specs,
                        size_t capacity) {
     if (capacity != 0) {

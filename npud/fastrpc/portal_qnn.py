@@ -11,6 +11,11 @@ stubs that :mod:`npud.idl` derives from ``idl/portal_qnn.idl``::
         produced = portal.get_output(model.slot, 0, Slice(buf, 4096, 4))
         portal.unload(model.slot)
 
+or a whole run in one invoke, on tensor arenas (every input packed in one
+slice, every output in another, at the offsets :func:`arena_layout` gives)::
+
+        portal.run_arena(model.slot, Slice(buf, 0, graph.input_arena), Slice(buf, 8192, n))
+
 One :class:`PortalQnn` is one open handle of the skel: a table of
 :data:`MAX_MODELS` model slots. Loading checks the file's format for the
 backend first (:mod:`npud.fastrpc.model_format`), then lends the fd to the
@@ -49,6 +54,7 @@ MAX_MODELS: Final = 4
 MAX_TENSORS: Final = 32
 MAX_RANK: Final = 8
 MAX_URI_BYTES: Final = 512  # model_uri with its NUL
+ARENA_ALIGN: Final = 64  # tensors of a run's arenas start at multiples of this (the IDL's run)
 QNN_SUFFIX: Final = {"kernel": ".so", "emulator": ".onnx"}
 
 Backend = Literal["kernel", "emulator"]
@@ -63,6 +69,7 @@ _EXECUTE: Final = _IDL.method("execute")
 _GET_OUTPUT: Final = _IDL.method("get_output")
 _UNLOAD: Final = _IDL.method("model_unload")
 _GRAPH_INFO: Final = _IDL.method("graph_info")
+_RUN: Final = _IDL.method("run")
 
 
 class DataType(enum.IntEnum):
@@ -152,11 +159,31 @@ class TensorSpec:
         return f"{kind} {list(self.shape)}"
 
 
+def arena_layout(specs: Sequence[TensorSpec]) -> tuple[tuple[int, ...], int]:
+    """Each tensor's offset in a run's arena and the arena's size: tensors in index
+    order, each starting at a multiple of :data:`ARENA_ALIGN` (idl/portal_qnn.idl)."""
+    offsets, size = [], 0
+    for spec in specs:
+        offsets.append(size)
+        size += -(-spec.nbytes // ARENA_ALIGN) * ARENA_ALIGN
+    return tuple(offsets), size
+
+
 @dataclasses.dataclass(frozen=True)
 class GraphSpec:
     index: int
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+
+    @property
+    def input_arena(self) -> int:
+        """Bytes of the inputs arena :meth:`PortalQnn.run_arena` takes."""
+        return arena_layout(self.inputs)[1]
+
+    @property
+    def output_arena(self) -> int:
+        """Bytes of the outputs arena :meth:`PortalQnn.run_arena` needs at least."""
+        return arena_layout(self.outputs)[1]
 
     def input(self, key: TensorKey) -> TensorSpec:
         return _find(self.inputs, key, f"input of graph {self.index}")
@@ -175,39 +202,37 @@ class LoadedModel:
 
 
 class ModelFailure(enum.Enum):
-    """What went wrong, one member per stable error the daemon reports for models.
+    """What went wrong, one member per stable error the daemon reports for models;
+    the value is its ErrorCode (npu_protocol/errors.py)."""
 
-    The value is the proposed ErrorCode (npu_protocol/errors.py); until those
-    exist, :class:`ModelError` uses :data:`_INTERIM_CODES`.
-    """
-
-    QNN = 300  # the model runtime failed (composing or executing); the QNN code is in the text
-    NOT_LOADED = 301  # the slot is empty (never loaded, or unloaded)
-    BAD_TENSOR = 302  # no such tensor (index or name) or graph
-    SLOTS_FULL = 303  # proposed MODEL_SLOTS_FULL
-    TENSOR_MISMATCH = 304  # proposed TENSOR_MISMATCH: dtype, shape or size
-    INPUT_NOT_SET = 305  # proposed INPUT_NOT_SET
-    FILE_UNREADABLE = 306  # proposed MODEL_FILE_UNREADABLE
-    FILE_FORMAT = 307  # proposed MODEL_FORMAT: the wrong kind of file for the backend
-    FILE_MALFORMED = 308  # proposed MODEL_MALFORMED: the right kind, damaged or not loadable
-    MODEL_REJECTED = 309  # proposed MODEL_REJECTED: outside portal_qnn's limits
-    NOT_EXECUTED = 310  # proposed NO_OUTPUTS: get_output before a successful execute
+    QNN = (
+        ErrorCode.QNN
+    )  # the model runtime failed (composing or executing); the QNN code in the text
+    NOT_LOADED = ErrorCode.MODEL_NOT_LOADED  # the slot is empty (never loaded, or unloaded)
+    BAD_TENSOR = ErrorCode.INVALID_TENSOR_INDEX  # no such tensor (index or name) or graph
+    SLOTS_FULL = ErrorCode.MODEL_SLOTS_FULL
+    TENSOR_MISMATCH = ErrorCode.TENSOR_MISMATCH  # dtype, shape or size
+    INPUT_NOT_SET = ErrorCode.INPUT_NOT_SET
+    FILE_UNREADABLE = ErrorCode.MODEL_FILE_UNREADABLE
+    FILE_FORMAT = ErrorCode.MODEL_FORMAT  # the wrong kind of file for the backend
+    FILE_MALFORMED = ErrorCode.MODEL_MALFORMED  # the right kind, damaged or not loadable
+    MODEL_REJECTED = ErrorCode.MODEL_REJECTED  # outside portal_qnn's limits
+    NOT_EXECUTED = ErrorCode.NO_OUTPUTS  # get_output before a successful execute
 
 
 class ModelError(RpcError):
     """A model call failed; ``failure`` says how, ``str()`` is the message."""
 
     def __init__(self, failure: ModelFailure, message: str) -> None:
+        code = failure.value
         if failure is ModelFailure.QNN:
-            super().__init__(ErrorCode.QNN, msg=message)
+            super().__init__(code, msg=message)
         elif failure is ModelFailure.NOT_LOADED:
-            super().__init__(ErrorCode.MODEL_NOT_LOADED)
+            super().__init__(code, model=message)
         elif failure is ModelFailure.BAD_TENSOR:
-            super().__init__(ErrorCode.INVALID_TENSOR_INDEX, index=message)
-        elif failure is ModelFailure.SLOTS_FULL:
-            super().__init__(ErrorCode.QUOTA_EXCEEDED, resource="model slot", limit=MAX_MODELS)
+            super().__init__(code, index=message)
         else:
-            super().__init__(ErrorCode.INVALID_ARGUMENT, detail=message)
+            super().__init__(code, detail=message)
         self.failure = failure
         self.detail = message
 
@@ -404,6 +429,46 @@ class PortalQnn:
                 spec.output(key).name: self._get_output(model, graph, key, data)
                 for key, data in outputs.items()
             }
+
+    def run_arena(self, slot: int, inputs: Slice, outputs: Slice, *, graph: int = 0) -> None:
+        """One whole run in one invoke: every input from the ``inputs`` arena (exactly
+        :attr:`GraphSpec.input_arena` bytes), execute, every output into the ``outputs``
+        arena (at least :attr:`GraphSpec.output_arena` bytes; the rest is zero-filled)."""
+        _check_slice(inputs)
+        _check_slice(outputs)
+        with self._model(slot) as model:
+            spec = self._graph(model, graph)
+            if inputs.length != spec.input_arena:
+                raise ModelError(
+                    ModelFailure.TENSOR_MISMATCH,
+                    f"the inputs arena of graph {graph} is {spec.input_arena} bytes;"
+                    f" got {inputs.length}",
+                )
+            if outputs.length < spec.output_arena:
+                raise ModelError(
+                    ModelFailure.TENSOR_MISMATCH,
+                    f"the outputs arena of graph {graph} is {spec.output_arena} bytes;"
+                    f" the slice holds {outputs.length}",
+                )
+            model.executed.discard(graph)
+            rc, values = self._call(
+                _RUN,
+                model_index=slot,
+                graph_index=graph,
+                inputs=inputs if inputs.length else b"",
+                outputs=outputs,
+            )
+            if rc == AEE.EINVALIDFORMAT.dsp:
+                raise ModelError(
+                    ModelFailure.MODEL_REJECTED,
+                    f"graph {graph} produced an output larger than graph_info described",
+                )
+            self._check(rc, model)
+            model.inputs_set[graph] = {s.index for s in spec.inputs}
+            status = values.integer("qnn_status")
+            if status != 0:
+                raise ModelError(ModelFailure.QNN, f"graph {graph} failed with QNN error {status}")
+            model.executed.add(graph)
 
     def unload(self, slot: int) -> None:
         """Free the slot (the DSP releases the model). Unloading twice is NOT_LOADED."""

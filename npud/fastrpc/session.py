@@ -173,6 +173,9 @@ class FastRpcSession:
         self._dead = False
         self._closing = False
         self._closed = False
+        self.on_dead: Callable[[str], None] | None = None
+        """Called once, on the thread that first sees the DSP restart (EPIPE): often the
+        listener's, before any request runs into it. Must not block."""
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -539,7 +542,7 @@ class FastRpcSession:
             if rc is None:
                 error = translate_os_error(exc, abi.FASTRPC_IOCTL_INVOKE, device=self.device)
                 if error.code is ErrorCode.DSP_RESTARTED:
-                    self._dead = True
+                    self._mark_dead(str(error))
                 raise error from None
             log.warning(
                 "a DSP result in the errno range came back as errno",
@@ -827,6 +830,12 @@ class FastRpcSession:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def end_process(self) -> None:
+        """End the DSP process now (adsp_current_process1.exit), as libcdsprpc's
+        FASTRPC_REMOTE_PROCESS_KILL does for a call that never returns: the calls still
+        on the DSP fail, and the session can then be closed. Best effort."""
+        self._exit_process()
+
     def _exit_process(self) -> None:
         """Ask the DSP process to exit (adsp_current_process1.exit); best effort.
 
@@ -923,8 +932,15 @@ class FastRpcSession:
             return _ioctl(self._driver, fd, request, arg, self.device)
         except RpcError as exc:
             if exc.code is ErrorCode.DSP_RESTARTED:
-                self._dead = True
+                self._mark_dead(str(exc))
             raise
+
+    def _mark_dead(self, reason: str) -> None:
+        """The DSP restarted (EPIPE): every call fails from now on; tell ``on_dead`` once."""
+        first = not self._dead
+        self._dead = True
+        if first and self.on_dead is not None:
+            self.on_dead(reason)
 
     def _check_usable(self) -> None:
         if self._closing or self._closed:
@@ -1074,7 +1090,7 @@ class _ReverseHost:
             return session._driver.ioctl(session._rpc_fd.fileno(), request, arg)
         except OSError as exc:
             if exc.errno == errno.EPIPE:
-                session._dead = True
+                session._mark_dead("the DSP restarted (EPIPE)")
             raise
 
     # -- apps_std *_fd ------------------------------------------------------------

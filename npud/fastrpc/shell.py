@@ -25,6 +25,14 @@ in a writable directory still cannot get unsigned bytes past the signature.
 The repository ships a development key (``npud/devshell/``) so the emulator
 profile can exercise this path; it is public. :func:`is_development_key`
 lets the kernel profile refuse it.
+
+Two ways to check the signature, with the same file checks and messages:
+:func:`verify_shell` takes a parsed key and checks in this process (tools and
+tests); :func:`verify_shell_isolated`, the daemon's way, reads the key file
+and has ``cryptography`` parse it and check the signature in a short-lived
+child process (:mod:`npud.fastrpc.shell_verifier`), so the daemon never
+loads ``cryptography``. Importing this module does not load it either:
+functions that need it import :mod:`npud.fastrpc.signature_check` when called.
 """
 
 from __future__ import annotations
@@ -38,15 +46,14 @@ import shlex
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Final
-
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa, x448, x25519
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from typing import TYPE_CHECKING, Final
 
 from npud.fastrpc.abi import INIT_FILELEN_MAX
 from npud.fastrpc.errors import ShellVerifyError
+from npud.fastrpc.shell_verifier import ShellVerifier, ed25519_key_in
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 StrPath = str | os.PathLike[str]
 
@@ -77,7 +84,6 @@ _READ_CHUNK: Final = 1024 * 1024
 # daemon; fstat then refuses it. It changes nothing for a regular file.
 _OPEN_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
-_HEX_KEY = re.compile(r"[0-9A-Fa-f]{64}")
 # sha256sum: "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode).
 _DIGEST_LINE = re.compile(r"(?P<hex>[0-9A-Fa-f]{64})(?:[ \t]+\*?(?P<name>\S.*))?")
 
@@ -118,6 +124,82 @@ def verify_shell(
     cap; a larger shell is refused without being read whole.
     Raises ShellVerifyError on any failure.
     """
+    from npud.fastrpc import signature_check  # noqa: PLC0415  (loads cryptography)
+
+    shell, data, actual, signature, signature_file = _read_and_check_files(
+        shell_path, digest_path, signature_path, trusted_uids, max_size
+    )
+    fingerprint = key_fingerprint(public_key)
+    if not signature_check.signature_is_valid(public_key, signature, data):
+        raise _bad_signature(shell, signature_file, fingerprint)
+    return VerifiedShell(path=shell, data=data, sha256=actual, key_fingerprint=fingerprint)
+
+
+def verify_shell_isolated(
+    shell_path: StrPath,
+    *,
+    public_key_path: StrPath,
+    trusted_uids: Iterable[int] = DEFAULT_TRUSTED_UIDS,
+    refuse_development_key: bool = False,
+    verifier: ShellVerifier | None = None,
+    max_size: int = INIT_FILELEN_MAX,
+) -> VerifiedShell:
+    """Like :func:`verify_shell`, with the key read from ``public_key_path`` and the
+    signature checked by ``cryptography`` in a child process; this process never
+    loads it.
+
+    The key file passes the same owner and mode checks as the shell. With
+    ``refuse_development_key`` the repository's public development key is
+    refused before anything else is read. ``verifier`` is a child started
+    earlier (:meth:`ShellVerifier.start`), or None to start one now; either
+    way it is used up. Raises ShellVerifyError on any failure (fail closed).
+    """
+    uids = frozenset(trusted_uids)
+    key_name = os.fspath(public_key_path)
+    verifier = verifier if verifier is not None else ShellVerifier()
+    try:
+        key_file = _read_trusted(
+            key_name,
+            "public key",
+            uids,
+            _PUBLIC_KEY_FILE_MAX,
+            limit_note="a public key file is 64 hex digits or a PEM block",
+        )
+        key = ed25519_key_in(key_file)
+        if refuse_development_key and key is not None and _is_development_raw(key):
+            raise development_key_refused(key_name)
+        shell, data, actual, signature, signature_file = _read_and_check_files(
+            shell_path, None, None, uids, max_size
+        )
+        verdict = verifier.check(key_file, signature, data, actual)
+    finally:
+        verifier.close()
+    if verdict.key_problem is not None:
+        raise ShellVerifyError(f"public key {key_name}: {verdict.key_problem}")
+    fingerprint = hashlib.sha256(verdict.public_key).hexdigest()
+    if not verdict.valid:
+        raise _bad_signature(shell, signature_file, fingerprint)
+    return VerifiedShell(path=shell, data=data, sha256=actual, key_fingerprint=fingerprint)
+
+
+def development_key_refused(key_path: str) -> ShellVerifyError:
+    """The kernel profile's refusal of the development key."""
+    return ShellVerifyError(
+        f"{key_path} is the development key, whose private half is public; "
+        "the kernel backend refuses it: install the real shell-signing key"
+    )
+
+
+def _read_and_check_files(
+    shell_path: StrPath,
+    digest_path: StrPath | None,
+    signature_path: StrPath | None,
+    trusted_uids: Iterable[int],
+    max_size: int,
+) -> tuple[str, bytes, str, bytes, str]:
+    """Read the shell, its digest and signature files; check the digest and the
+    signature's size. Returns (shell path, shell bytes, their SHA-256, signature,
+    signature path)."""
     if max_size < 1:
         raise ValueError(f"max_size must be positive, got {max_size}")
     shell = os.fspath(shell_path)
@@ -164,16 +246,15 @@ def verify_shell(
         raise ShellVerifyError(
             f"signature file {signature_file} holds {len(signature)} bytes; {_SIGNATURE_FIX}"
         )
-    fingerprint = key_fingerprint(public_key)
-    try:
-        public_key.verify(signature, data)
-    except InvalidSignature:
-        raise ShellVerifyError(
-            f"{signature_file} is not a valid signature of shell {shell} by the configured "
-            f"public key (fingerprint {fingerprint}); the shell was signed with another key "
-            "or altered, or the signature belongs to other bytes"
-        ) from None
-    return VerifiedShell(path=shell, data=data, sha256=actual, key_fingerprint=fingerprint)
+    return shell, data, actual, signature, signature_file
+
+
+def _bad_signature(shell: str, signature_file: str, fingerprint: str) -> ShellVerifyError:
+    return ShellVerifyError(
+        f"{signature_file} is not a valid signature of shell {shell} by the configured "
+        f"public key (fingerprint {fingerprint}); the shell was signed with another key "
+        "or altered, or the signature belongs to other bytes"
+    )
 
 
 def verify_shell_binary(
@@ -206,30 +287,12 @@ def load_public_key(data: bytes) -> Ed25519PublicKey:
     Whitespace around (or inside) the hex form is ignored. Anything else
     raises ShellVerifyError saying what was found instead.
     """
-    text = data.strip()
-    if not text:
-        raise ShellVerifyError("the public key is empty; expected 64 hex digits or a PEM key")
-    if text.startswith(b"-----BEGIN "):
-        return _load_pem_public_key(text)
-    compact = b"".join(text.split())
+    from npud.fastrpc import signature_check  # noqa: PLC0415  (loads cryptography)
+
     try:
-        hex_text = compact.decode("ascii")
-    except UnicodeDecodeError:
-        hex_text = ""
-    if not _HEX_KEY.fullmatch(hex_text):
-        if hex_text and all(c in "0123456789abcdefABCDEF" for c in hex_text):
-            raise ShellVerifyError(
-                f"the public key has {len(hex_text)} hex digits; an Ed25519 public key is "
-                f"{PUBLIC_KEY_SIZE * 2} hex digits ({PUBLIC_KEY_SIZE} bytes)"
-            )
-        raise ShellVerifyError(
-            "the public key is neither 64 hex digits nor a PEM 'PUBLIC KEY' block "
-            "(npud-sign-shell genkey writes the hex form to KEY.pub)"
-        )
-    try:
-        return Ed25519PublicKey.from_public_bytes(bytes.fromhex(hex_text))
-    except ValueError as exc:
-        raise ShellVerifyError(f"the public key is not a valid Ed25519 key: {exc}") from None
+        return signature_check.parse_public_key(data)
+    except signature_check.KeyFormatError as exc:
+        raise ShellVerifyError(str(exc)) from None
 
 
 def load_public_key_file(
@@ -266,8 +329,9 @@ def load_public_key_file(
 
 def public_key_hex(public_key: Ed25519PublicKey) -> str:
     """The key's 32 raw bytes as 64 lower-case hex digits (the ``.pub`` format)."""
-    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return raw.hex()
+    from npud.fastrpc import signature_check  # noqa: PLC0415  (loads cryptography)
+
+    return signature_check.raw_public_key(public_key).hex()
 
 
 def key_fingerprint(public_key: Ed25519PublicKey) -> str:
@@ -280,45 +344,8 @@ def is_development_key(public_key: Ed25519PublicKey) -> bool:
     return hmac.compare_digest(public_key_hex(public_key), DEVELOPMENT_PUBLIC_KEY_HEX)
 
 
-def _load_pem_public_key(text: bytes) -> Ed25519PublicKey:
-    first_line = text.split(b"\n", 1)[0].strip()
-    if first_line != b"-----BEGIN PUBLIC KEY-----":
-        label = first_line.decode("ascii", "replace")
-        hint = (
-            "; that is a private key, give its public half (KEY.pub from npud-sign-shell genkey)"
-            if b"PRIVATE" in first_line
-            else ""
-        )
-        raise ShellVerifyError(
-            f"the PEM block starts with {label!r}, expected '-----BEGIN PUBLIC KEY-----' "
-            f"(SubjectPublicKeyInfo){hint}"
-        )
-    try:
-        key = serialization.load_pem_public_key(text)
-    except (ValueError, UnsupportedAlgorithm) as exc:
-        raise ShellVerifyError(f"the PEM public key cannot be parsed: {exc}") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise ShellVerifyError(
-            f"the PEM public key is {_key_kind(key)} key; shells are signed with Ed25519"
-        )
-    return key
-
-
-def _key_kind(key: object) -> str:
-    if isinstance(key, rsa.RSAPublicKey):
-        return f"an RSA-{key.key_size}"
-    if isinstance(key, ec.EllipticCurvePublicKey):
-        return f"an EC ({key.curve.name})"
-    kinds = (
-        (dsa.DSAPublicKey, "a DSA"),
-        (ed448.Ed448PublicKey, "an Ed448"),
-        (x25519.X25519PublicKey, "an X25519"),
-        (x448.X448PublicKey, "an X448"),
-    )
-    for cls, name in kinds:
-        if isinstance(key, cls):
-            return name
-    return f"a {type(key).__name__}"
+def _is_development_raw(raw: bytes) -> bool:
+    return hmac.compare_digest(raw.hex(), DEVELOPMENT_PUBLIC_KEY_HEX)
 
 
 # --------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Final
 
+from npud.sim.compute import SharedCompute
 from npud.sim.errors import SubsystemDownError
 
 FASTRPC_CTX_MAX: Final = 256
@@ -18,10 +19,12 @@ FASTRPC_CTX_MAX: Final = 256
 
 
 class Channel:
-    def __init__(self, generation: int, sessions: int) -> None:
+    def __init__(self, generation: int, sessions: int, dsp_units: int = 0) -> None:
         self.generation = generation
         self.alive = True
         self.down = threading.Event()
+        self.compute = SharedCompute(dsp_units, self.down)
+        """The DSP's execution units, shared by every call of this boot."""
         self.contexts = 0
         self.capabilities: tuple[int, ...] | None = None  # cached after the first query
         self._used = [False] * sessions
@@ -57,6 +60,12 @@ class Channel:
         """The DSP went down: wake every interruptible wait."""
         self.alive = False
         self.down.set()
+
+    def work(self, seconds: float, cancelled: threading.Event | None = None) -> None:
+        """Do ``seconds`` of DSP work, sharing the units with the calls running beside
+        it; a subsystem restart cuts it short with SubsystemDownError, ``cancelled``
+        (the process ended) with ProcessExitedError."""
+        self.compute.work(seconds, cancelled)
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds``; a subsystem restart cuts it short with SubsystemDownError."""

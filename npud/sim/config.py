@@ -84,6 +84,17 @@ class SimConfig:
       listener to answer a reverse call before a skel load fails.
     * ``max_dma_buf_size``: larger ALLOC_DMA_BUFF requests fail with ENOMEM
       (a memfd could be sparse and huge; the kernel's DMA allocator cannot).
+    * ``address_cache``: remember where this process mapped its dma-bufs
+      through ``EmulatedDriver.mmap`` and keep the DSP's mapping of a buffer
+      while that lives (:mod:`npud.sim.mappings`). False asks the kernel for
+      every dma-buf argument and maps every buffer for each call only: the
+      behaviour before the cache, for tests that compare and for benchmarks.
+    * ``procmap_query``: ask the kernel with the ``PROCMAP_QUERY`` ioctl (Linux
+      6.11+) where it has it; False always reads ``/proc/self/maps``, as on
+      older kernels.
+    * ``dsp_units``: execution units the DSP's calls share (processor sharing:
+      with n calls working each runs at min(1, units / n) of full speed, see
+      :mod:`npud.sim.compute`); 0 models none (every call runs as if alone).
     * ``skels``: skel name -> factory, the simulated DSP's "installed" skels;
       a descriptor file names one of these.
     * ``domain_handles``: the DSP has the domain-style ``adsp_listener1``
@@ -117,6 +128,9 @@ class SimConfig:
     secure_channel: bool = False
     reverse_rpc_timeout: float = 10.0
     max_dma_buf_size: int = 1 << 30
+    address_cache: bool = True
+    procmap_query: bool = True
+    dsp_units: int = 0
     skels: Mapping[str, SkelFactory] = dataclasses.field(default_factory=lambda: BUILTIN_SKELS)
     domain_handles: bool = True
     absent_module_result: int = AEE_ENOSUCHMOD
@@ -139,6 +153,8 @@ class SimConfig:
                 raise ValueError(f"capability {attribute}={value} does not fit in 32 bits")
         if not self.reverse_rpc_timeout > 0:
             raise ValueError(f"reverse_rpc_timeout={self.reverse_rpc_timeout} must be positive")
+        if self.dsp_units < 0:
+            raise ValueError(f"dsp_units={self.dsp_units}: 0 (unlimited) or more")
         if self.max_dma_buf_size <= 0:
             raise ValueError(f"max_dma_buf_size={self.max_dma_buf_size} must be positive")
         if self.absent_module_result not in (AEE_ENOSUCHMOD, AEE_ERPC):

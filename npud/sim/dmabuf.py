@@ -7,6 +7,14 @@ a ``dup``'d fd or one that came back over SCM_RIGHTS is still recognised.
 It keeps no fd and no mapping of its own, so the memory is freed when the
 caller closes its last fd and unmaps; only a MEM_MAP mapping or an in-flight
 invoke holds a mapping (the kernel's refcounts).
+
+The registry cannot see every close (fds are dup'd, passed to other
+processes, closed with ``os.close``), so it forgets buffers in sweeps: when it
+holds twice as many entries as were alive after the last sweep (and at least
+:data:`SWEEP_MIN`), an allocation first drops every buffer this process no
+longer references through an fd or a mapping. The registry stays within
+about twice the live buffers, and a sweep's cost (a scan of ``/proc/self/fd``
+and ``/proc/self/maps``) is spread over the allocations that made it due.
 """
 
 from __future__ import annotations
@@ -20,11 +28,13 @@ import threading
 from typing import Final
 
 from npud.sim.errors import fault
-from npud.sim.usermem import find_vma, read_maps
+from npud.sim.vmas import read_maps
 
 MEMFD_NAME: Final = "fastrpc-dmabuf"
 PAGE_SIZE: Final = mmap.PAGESIZE
 SEALS: Final = fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+SWEEP_MIN: Final = 64
+"""The registry never sweeps while it holds fewer entries than this."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +64,7 @@ class DmaBufRegistry:
         self._lock = threading.Lock()
         self._buffers: dict[tuple[int, int], DmaBuf] = {}
         self._allocated = 0
+        self._sweep_at = SWEEP_MIN
 
     def allocate(self, size: int) -> int:
         """A new sealed memfd of ``size`` bytes; the caller owns the returned fd."""
@@ -61,11 +72,15 @@ class DmaBufRegistry:
             raise fault(errno.EINVAL, "ALLOC_DMA_BUFF: size 0")
         if size > self._max_size:
             raise fault(errno.ENOMEM, f"ALLOC_DMA_BUFF: {size} bytes exceeds the DMA pool")
+        with self._lock:
+            due = len(self._buffers) >= self._sweep_at
+        if due:
+            self.sweep()
         try:
             fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         except OSError as exc:
             # The kernel reports a failed fd install (EMFILE...) as EINVAL.
-            raise fault(errno.EINVAL, f"ALLOC_DMA_BUFF: no fd for the buffer: {exc}") from exc
+            raise fault(errno.EINVAL, f"ALLOC_DMA_BUFF: no fd for the buffer: {exc}") from None
         try:
             os.ftruncate(fd, size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
@@ -79,6 +94,21 @@ class DmaBufRegistry:
             self._buffers[buffer.key] = buffer
         return fd
 
+    def sweep(self) -> None:
+        """Forget every buffer that no fd or mapping of this process references any more.
+
+        Only buffers registered before the scan started are considered (a newer
+        one's fd may not have been listed yet).
+        """
+        with self._lock:
+            known = dict(self._buffers)
+        referenced = _referenced(known)
+        with self._lock:
+            for key, buffer in known.items():
+                if key not in referenced and self._buffers.get(key) is buffer:
+                    del self._buffers[key]
+            self._sweep_at = max(SWEEP_MIN, 2 * len(self._buffers))
+
     def identify(self, fd: int) -> DmaBuf | None:
         """The buffer behind ``fd``, None when it is not one of ours; EBADF for a non-fd."""
         status = os.fstat(fd)
@@ -91,34 +121,6 @@ class DmaBufRegistry:
         if buffer is None:
             raise fault(errno.EINVAL, f"{operation}: fd {fd} is not a dma-buf")
         return buffer
-
-    @staticmethod
-    def locate(buffer: DmaBuf, ptr: int, length: int, operation: str) -> int:
-        """Offset of ``ptr`` in ``buffer``, checked like the kernel finds it: via the VMA.
-
-        The pointer must lie in a mapping of that same buffer made at offset 0,
-        and ``ptr..ptr+length`` must stay inside that mapping and the buffer.
-        The kernel silently computes a wrong address when these do not hold;
-        the emulator refuses with EINVAL, the kernel's error for mapping failures.
-        """
-        vma = find_vma(ptr)
-        if vma is None or (vma.device, vma.inode) != buffer.maps_identity:
-            raise fault(
-                errno.EINVAL, f"{operation}: {ptr:#x} is not inside a mapping of the dma-buf"
-            )
-        if vma.offset != 0:
-            raise fault(errno.EINVAL, f"{operation}: the dma-buf is mapped at a non-zero offset")
-        offset = ptr - vma.start
-        if ptr + length > vma.end or offset + length > buffer.size:
-            raise fault(errno.EINVAL, f"{operation}: {ptr:#x}+{length} runs past the mapping")
-        return offset
-
-    @staticmethod
-    def map(fd: int, buffer: DmaBuf) -> mmap.mmap:
-        """The emulated DSP's own mapping of the whole buffer (a reference that keeps it alive)."""
-        return mmap.mmap(
-            fd, buffer.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
-        )
 
     @staticmethod
     def check_user_mmap(buffer: DmaBuf, length: int, offset: int) -> None:
@@ -139,6 +141,12 @@ class DmaBufRegistry:
         with self._lock:
             return self._allocated
 
+    @property
+    def registered(self) -> int:
+        """Buffers the registry remembers now (the live ones, and dead ones until a sweep)."""
+        with self._lock:
+            return len(self._buffers)
+
     def count_alive(self) -> int:
         """Buffers this process still references through an fd or a mapping.
 
@@ -147,16 +155,23 @@ class DmaBufRegistry:
         """
         with self._lock:
             known = dict(self._buffers)
-        referenced: set[tuple[int, int]] = set()
-        for name in os.listdir("/proc/self/fd"):
-            try:
-                status = os.stat(f"/proc/self/fd/{name}")
-            except OSError:
-                continue  # closed meanwhile (or the listing's own fd)
-            referenced.add((status.st_dev, status.st_ino))
-        by_maps = {buffer.maps_identity: key for key, buffer in known.items()}
-        for vma in read_maps():
-            key = by_maps.get((vma.device, vma.inode))
-            if key is not None:
-                referenced.add(key)
-        return sum(1 for key in known if key in referenced)
+        return len(_referenced(known))
+
+
+def _referenced(known: dict[tuple[int, int], DmaBuf]) -> set[tuple[int, int]]:
+    """The keys of ``known`` that an fd or a mapping of this process refers to."""
+    referenced: set[tuple[int, int]] = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            status = os.stat(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile (or the listing's own fd)
+        key = (status.st_dev, status.st_ino)
+        if key in known:
+            referenced.add(key)
+    by_maps = {buffer.maps_identity: key for key, buffer in known.items()}
+    for vma in read_maps():
+        mapped = by_maps.get((vma.device, vma.inode))
+        if mapped is not None:
+            referenced.add(mapped)
+    return referenced

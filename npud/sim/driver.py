@@ -35,6 +35,7 @@ from npud.sim.dmabuf import DmaBuf, DmaBufRegistry
 from npud.sim.errors import ERRNO_MAX, SubsystemDownError, fault
 from npud.sim.faults import FaultInjector
 from npud.sim.invoke import InvokeArguments
+from npud.sim.mappings import MappingTable, dsp_mapping
 from npud.sim.memory import MemMapping
 from npud.sim.process import (
     LAST_STATIC_HANDLE,
@@ -46,6 +47,7 @@ from npud.sim.process import (
 )
 from npud.sim.statistics import SimStatistics
 from npud.sim.usermem import UserMemory
+from npud.sim.vmas import VmaFinder
 
 SECURE_NODE: Final = "/dev/fastrpc-cdsp-secure"
 NON_SECURE_NODE: Final = "/dev/fastrpc-cdsp"
@@ -116,10 +118,15 @@ class EmulatedDriver:
         self._lock = threading.Lock()
         self._usermem = UserMemory()
         self._dmabufs = DmaBufRegistry(self.config.max_dma_buf_size)
+        self._mappings = MappingTable(
+            VmaFinder(procmap_query=self.config.procmap_query), enabled=self.config.address_cache
+        )
         self._devices: dict[int, _DeviceFile] = {}  # open device fds
         self._live: set[_DeviceFile] = set()  # open, or closed with a release pending
         self._generation = 1
-        self._channel: Channel | None = Channel(self._generation, self.config.sessions)
+        self._channel: Channel | None = Channel(
+            self._generation, self.config.sessions, self.config.dsp_units
+        )
         self._down_until: float | None = None
         self._restarts = 0
         self._invokes_in_flight = 0
@@ -217,6 +224,7 @@ class EmulatedDriver:
         buffer = self._dmabufs.identify(fd)
         if buffer is not None:
             DmaBufRegistry.check_user_mmap(buffer, length, offset)
+            return self._mappings.map(fd, buffer, length, offset)
         return mmap.mmap(
             fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=offset
         )
@@ -233,6 +241,7 @@ class EmulatedDriver:
             sessions = channel.sessions_in_use if channel is not None else 0
             dead = {device: not device.channel.alive for device in live}
         processes = [(d.process, dead[d]) for d in live if d.process is not None]
+        user_mappings, dsp_mappings = self._mappings.counts()
         return SimStatistics(
             device_fds_open=open_fds,
             releases_pending=sum(1 for device in live if device.closed),
@@ -244,6 +253,9 @@ class EmulatedDriver:
             mmap_buffers=sum(p.memory.heap_count for p, _ in processes),
             dma_bufs_allocated=self._dmabufs.allocated,
             dma_bufs_alive=self._dmabufs.count_alive(),
+            dma_bufs_registered=self._dmabufs.registered,
+            user_mappings_cached=user_mappings,
+            dsp_mappings_cached=dsp_mappings,
             invokes_in_flight=in_flight,
             reverse_requests_pending=sum(p.reverse.pending for p, _ in processes),
             restarts=restarts,
@@ -307,7 +319,7 @@ class EmulatedDriver:
 
     def _boot_locked(self) -> None:
         self._generation += 1
-        self._channel = Channel(self._generation, self.config.sessions)
+        self._channel = Channel(self._generation, self.config.sessions, self.config.dsp_units)
         self._down_until = None
 
     def _boot(self) -> None:
@@ -376,6 +388,7 @@ class EmulatedDriver:
             with InvokeArguments(
                 self._usermem,
                 self._dmabufs,
+                self._mappings,
                 scalars,
                 args,
                 self.config.max_dma_buf_size,
@@ -446,8 +459,8 @@ class EmulatedDriver:
                 raise fault(errno.EINVAL, f"INIT_CREATE: filefd {request.filefd} is not a dma-buf")
             if request.filelen > buffer.size:
                 raise fault(errno.EINVAL, "INIT_CREATE: filelen exceeds the dma-buf")
-            offset = DmaBufRegistry.locate(buffer, request.file, request.filelen, "INIT_CREATE")
-            with DmaBufRegistry.map(request.filefd, buffer) as mapping:
+            offset = self._mappings.locate(buffer, request.file, request.filelen, "INIT_CREATE")
+            with dsp_mapping(request.filefd, buffer) as mapping:
                 return bytes(mapping[offset : offset + request.filelen])
         return bytes(self._usermem.read(request.file, request.filelen))
 
@@ -461,7 +474,7 @@ class EmulatedDriver:
                 return AEE.EALREADY.dsp
             if image is not None and not is_hexagon_elf(image):
                 return AEE.EBADELF.dsp
-            device.process = DspProcess(info, self.config, device.channel.sleep)
+            device.process = DspProcess(info, self.config, device.channel.work)
         return 0
 
     def _init_attach(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
@@ -529,7 +542,7 @@ class EmulatedDriver:
             return AEE.EBADSTATE.dsp
         if not self._fits(buffer, request.offset, request.length):
             return AEE.EBADPARM.dsp
-        mapping = DmaBufRegistry.map(request.fd, buffer)
+        mapping = dsp_mapping(request.fd, buffer)
         try:
             vaddr = process.memory.add_map(
                 request.fd, buffer, mapping, request.offset, request.length, request.flags

@@ -8,13 +8,18 @@ Mirrors ``fastrpc_get_args``/``fastrpc_put_args``:
   plain buffers that overlap in user memory share one payload region, so an
   output overlapping an input starts out holding the input's bytes;
 * any other fd must be a dma-buf of this emulator and ``ptr..ptr+length`` must
-  lie in a mapping of it: the DSP then works on that memory directly (through
-  the emulator's own mapping, held for the duration of the call);
+  lie in a mapping of it: the DSP then works on that memory directly, through
+  the emulator's own mapping of the buffer, held for the duration of the call
+  (and kept for later calls while the caller's mapping lives, see
+  :mod:`npud.sim.mappings`);
 * handle slots must carry dma-buf fds; nothing is passed for them;
 * with an ``alias`` lookup (kernels that find a map by fd number only,
   ``SimConfig.map_match_fd_only``), an fd number that a recorded mapping was
   made through uses that mapping's memory, whatever the fd names now; the
   offset comes from the VMA that contains ``ptr``, as the kernel computes it.
+
+All plain inputs are copied in one ``process_vm_readv`` and all plain outputs
+back in one ``process_vm_writev``.
 
 Failures: EINVAL for anything about a dma-buf argument, EFAULT for unreadable
 or unwritable plain memory, ENOMEM when the plain buffers together exceed
@@ -23,6 +28,7 @@ what the kernel could allocate for its payload.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 from collections.abc import Callable, Sequence
@@ -32,7 +38,9 @@ from typing import Protocol, Self
 from npud.sim.dmabuf import DmaBuf, DmaBufRegistry
 from npud.sim.errors import fault
 from npud.sim.layout import InvokeArg, Scalars
-from npud.sim.usermem import UserMemory, find_vma
+from npud.sim.mappings import DspMemory, MappingTable
+from npud.sim.usermem import Copy, UserMemory
+from npud.sim.vmas import VmaFinder
 
 
 class StaleMapping(Protocol):
@@ -53,6 +61,7 @@ class InvokeArguments:
         self,
         usermem: UserMemory,
         dmabufs: DmaBufRegistry,
+        mappings: MappingTable,
         scalars: Scalars,
         args: Sequence[InvokeArg],
         max_payload: int,
@@ -62,12 +71,14 @@ class InvokeArguments:
         self._alias = alias
         self._max_payload = max_payload
         self._dmabufs = dmabufs
+        self._mappings = mappings
         self._inbufs = scalars.inbufs
         self._nbufs = scalars.inbufs + scalars.outbufs
         self._args = args
         self._views: list[memoryview] = []  # every view handed out, released at exit
-        self._mappings: dict[tuple[int, int], mmap.mmap] = {}
+        self._memory: dict[tuple[int, int], DspMemory] = {}  # the DSP's mapping, per buffer
         self._buffers: list[memoryview] = []
+        self._local: dict[int, int] = {}  # plain argument index -> its payload address
 
     def __enter__(self) -> Self:
         return self
@@ -81,9 +92,9 @@ class InvokeArguments:
         for view in reversed(self._views):
             view.release()
         self._views.clear()
-        for mapping in self._mappings.values():
-            mapping.close()
-        self._mappings.clear()
+        for memory in self._memory.values():
+            memory.release()
+        self._memory.clear()
 
     def _track(self, view: memoryview) -> memoryview:
         self._views.append(view)
@@ -102,14 +113,18 @@ class InvokeArguments:
                 continue
             buffer = self._dma_buf(index, arg)
             if index < self._nbufs:
-                offset = DmaBufRegistry.locate(buffer, arg.ptr, arg.length, f"INVOKE arg {index}")
-                whole = self._track(memoryview(self._mapping(arg.fd, buffer)))
+                offset, memory = self._locate(index, arg, buffer)
+                whole = self._track(memoryview(memory.mapping))
                 buffers[index] = self._track(whole[offset : offset + arg.length])
         complete = self._build_payload(buffers)
-        for index in range(self._inbufs):
-            arg = self._args[index]
-            if _is_plain(arg) and arg.length:
-                complete[index][:] = self._usermem.read(arg.ptr, arg.length)
+        # Every plain input in one process_vm_readv (the kernel's copy_from_user per buffer).
+        self._usermem.read_many(
+            [
+                Copy(self._args[index].ptr, self._local[index], self._args[index].length)
+                for index in range(self._inbufs)
+                if index in self._local
+            ]
+        )
         self._buffers = complete
         inputs = [self._track(view.toreadonly()) for view in complete[: self._inbufs]]
         return inputs, complete[self._inbufs :]
@@ -129,21 +144,26 @@ class InvokeArguments:
         return buffer
 
     def _aliased(self, index: int, arg: InvokeArg, stale: StaleMapping) -> memoryview:
-        vma = find_vma(arg.ptr)
+        vma = VmaFinder().find(arg.ptr)
         offset = arg.ptr - vma.start if vma is not None else -1
         if offset < 0 or offset + arg.length > stale.buffer.size:
             raise fault(errno.EINVAL, f"INVOKE arg {index}: outside the mapped buffer")
         whole = self._track(memoryview(stale.mapping))
         return self._track(whole[offset : offset + arg.length])
 
-    def _mapping(self, fd: int, buffer: DmaBuf) -> mmap.mmap:
-        mapping = self._mappings.get(buffer.key)
-        if mapping is None:
-            mapping = self._mappings[buffer.key] = DmaBufRegistry.map(fd, buffer)
-        return mapping
+    def _locate(self, index: int, arg: InvokeArg, buffer: DmaBuf) -> tuple[int, DspMemory]:
+        """The argument's offset in ``buffer`` and the DSP's mapping of it (one per buffer)."""
+        operation = f"INVOKE arg {index}"
+        memory = self._memory.get(buffer.key)
+        if memory is not None:
+            return self._mappings.locate(buffer, arg.ptr, arg.length, operation), memory
+        offset, memory = self._mappings.dsp_memory(arg.fd, buffer, arg.ptr, arg.length, operation)
+        self._memory[buffer.key] = memory
+        return offset, memory
 
     def _build_payload(self, buffers: list[memoryview | None]) -> list[memoryview]:
-        """Give plain buffers views of the payload: one zeroed region per overlapping run."""
+        """Give plain buffers views of the payload: one zeroed region per overlapping run,
+        the regions one after the other in one buffer."""
         spans = sorted(
             (arg.ptr, arg.ptr + arg.length, index)
             for index, arg in enumerate(self._args[: self._nbufs])
@@ -160,23 +180,39 @@ class InvokeArguments:
         size = sum(end - start for start, end in regions)
         if size > self._max_payload:
             raise fault(errno.ENOMEM, f"INVOKE: {size} bytes of plain buffers")
-        payload = [self._track(memoryview(bytearray(end - start))) for start, end in regions]
+        # One payload for all regions, as the kernel allocates it.
+        payload = bytearray(size)
+        base = 0
+        if size:
+            anchor = ctypes.c_char.from_buffer(payload)
+            base = ctypes.addressof(anchor)
+            del anchor  # the payload is never resized; the views below keep it alive
+        whole = self._track(memoryview(payload))
+        placed: list[int] = []  # region index -> its offset in the payload
+        offset = 0
+        for start, end in regions:
+            placed.append(offset)
+            offset += end - start
         complete: list[memoryview] = []
         for index, mapped in enumerate(buffers):
             arg = self._args[index]
             if mapped is not None:
                 complete.append(mapped)
             elif not arg.length:
-                complete.append(self._track(memoryview(bytearray())))
+                complete.append(self._track(whole[0:0]))
             else:
                 region = owner[index]
-                offset = arg.ptr - regions[region][0]
-                complete.append(self._track(payload[region][offset : offset + arg.length]))
+                offset = placed[region] + arg.ptr - regions[region][0]
+                self._local[index] = base + offset
+                complete.append(self._track(whole[offset : offset + arg.length]))
         return complete
 
     def copy_out(self) -> None:
         """put_args: plain output buffers go back to user memory (EFAULT when unwritable)."""
-        for index in range(self._inbufs, self._nbufs):
-            arg = self._args[index]
-            if _is_plain(arg) and arg.length:
-                self._usermem.write(arg.ptr, self._buffers[index])
+        self._usermem.write_many(
+            [
+                Copy(self._args[index].ptr, self._local[index], self._args[index].length)
+                for index in range(self._inbufs, self._nbufs)
+                if index in self._local
+            ]
+        )

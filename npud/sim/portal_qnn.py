@@ -19,6 +19,10 @@ the model runtime itself refuses. What differs is the model:
   it appears. An unknown name, a rank or a fixed dimension that disagrees
   with the model is AEE_EBADPARM (a bad model_uri); a dimension left free is
   AEE_EINVALIDFORMAT ("a tensor that cannot be sized").
+* ``run`` takes the inputs and gives the outputs as tensor arenas (the
+  IDL's layout: tensor i at the sum of the previous sizes, each rounded up
+  to 64 bytes): the inputs are fed to onnxruntime as numpy views of the
+  caller's buffer, without a copy.
 * onnxruntime runs on the CPU with one intra-op thread by default.
 
 Every refusal is logged (the DSP's FARF) with the reason; the caller sees the
@@ -64,6 +68,7 @@ MAX_MODEL_FILE_BYTES: Final = 512 * 1024 * 1024
 NO_MODEL: Final = 0xFFFFFFFF
 BUILTIN_PREFIX: Final = "builtin:"
 SHAPE_PREFIX: Final = "shape."
+ARENA_ALIGN: Final = 64
 DEFAULT_INTRA_OP_THREADS: Final = 1
 ORT_QUIET: Final = 4  # onnxruntime's FATAL: the skel logs failures itself
 
@@ -93,6 +98,7 @@ _EXECUTE: Final = PORTAL_IDL.method("execute")
 _GET_OUTPUT: Final = PORTAL_IDL.method("get_output")
 _UNLOAD: Final = PORTAL_IDL.method("model_unload")
 _GRAPH_INFO: Final = PORTAL_IDL.method("graph_info")
+_RUN: Final = PORTAL_IDL.method("run")
 _SPEC_SIZE: Final = _GRAPH_INFO.param("inputs").element_size  # sizeof(portal_qnn_tensor_spec)
 
 
@@ -152,6 +158,15 @@ class TensorSpec:
             "bytes": self.nbytes,
             "name": self.name,
         }
+
+
+def arena_offsets(specs: Sequence[TensorSpec]) -> tuple[list[int], int]:
+    """Each tensor's offset in its arena, and the arena's size (idl/portal_qnn.idl)."""
+    offsets, size = [], 0
+    for spec in specs:
+        offsets.append(size)
+        size += -(-spec.nbytes // ARENA_ALIGN) * ARENA_ALIGN
+    return offsets, size
 
 
 def _declared(node: Any) -> tuple[str, str, list[int | str | None]]:
@@ -262,6 +277,9 @@ class OnnxModel:
         self._produced: list[npt.NDArray[Any]] | None = None
         self._run_options = ort.RunOptions()
         self._run_options.log_severity_level = ORT_QUIET
+        self.input_offsets, self.input_arena = arena_offsets(self.inputs)
+        self.output_offsets, self.output_arena = arena_offsets(self.outputs)
+        self._names = [spec.name for spec in self.inputs]
 
     def set_input(self, tensor: int, data: memoryview) -> int:
         if tensor >= len(self.inputs):
@@ -295,6 +313,46 @@ class OnnxModel:
         self._produced = arrays
         return 0, 0
 
+    def run(self, inputs: memoryview, outputs: memoryview) -> tuple[int, int]:
+        """set_input of every input from the ``inputs`` arena, execute, and every output
+        into the ``outputs`` arena: (AEE result, qnn_status)."""
+        if len(inputs) != self.input_arena:
+            return AEE.EBADSIZE.dsp, 0
+        if len(outputs) < self.output_arena:
+            return AEE.EBUFFERTOOSMALL.dsp, 0
+        # Views of the caller's arena: onnxruntime reads them in place. The staged copies
+        # are filled afterwards only so that a later execute sees these inputs too.
+        arrays = [
+            np.frombuffer(inputs, spec.dtype, int(np.prod(spec.shape)), offset).reshape(spec.shape)
+            for spec, offset in zip(self.inputs, self.input_offsets, strict=True)
+        ]
+        self._produced = None
+        try:
+            produced = self._session.run(None, dict(zip(self._names, arrays, strict=True)))
+        except Exception as exc:  # the runtime failed the graph: a QNN error, like graphExecute
+            log.warning("portal_qnn run failed", extra={"error": str(exc)})
+            self._stage(arrays)
+            return 0, _qnn_status(exc)
+        self._stage(arrays)
+        target = np.frombuffer(outputs, np.uint8)
+        end = 0
+        for spec, offset, array in zip(self.outputs, self.output_offsets, produced, strict=True):
+            data = np.ascontiguousarray(array)
+            if data.dtype != spec.dtype or data.nbytes > spec.nbytes:
+                log.error("portal_qnn output overgrew its buffer", extra={"output": spec.name})
+                return AEE.EINVALIDFORMAT.dsp, 0
+            target[end:offset] = 0
+            target[offset : offset + data.nbytes] = data.reshape(-1).view(np.uint8)
+            end = offset + data.nbytes
+        target[end:] = 0
+        self._produced = [np.ascontiguousarray(array) for array in produced]
+        return 0, 0
+
+    def _stage(self, arrays: Sequence[npt.NDArray[Any]]) -> None:
+        for staged, array in zip(self._staged, arrays, strict=True):
+            staged[...] = array
+        self._set = [True] * len(self.inputs)
+
     def get_output(self, tensor: int, target: memoryview) -> tuple[int, int]:
         """(AEE result, data_len)."""
         if tensor >= len(self.outputs):
@@ -327,6 +385,7 @@ class PortalQnnSkel(Skel):
                 "get_output": self._get_output,
                 "model_unload": self._model_unload,
                 "graph_info": self._graph_info,
+                "run": self._run,
             },
         )
 
@@ -451,3 +510,14 @@ class PortalQnnSkel(Skel):
             },
         )
         return 0
+
+    def _run(self, call: SkelCall) -> int:
+        args = call.unpack(_RUN)
+        with self._lock:
+            model = self._model(args.integer("model_index"), args.integer("graph_index"))
+            if isinstance(model, int):
+                return model
+            rc, status = model.run(args.view("inputs"), args.view("outputs"))
+        if rc == 0:
+            call.pack_routs(_RUN, {"qnn_status": status})
+        return rc

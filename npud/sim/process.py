@@ -135,7 +135,10 @@ class DspProcess:
     """One process on the simulated DSP, bound to one device fd."""
 
     def __init__(
-        self, info: ProcessInfo, config: SimConfig, sleep: Callable[[float], None]
+        self,
+        info: ProcessInfo,
+        config: SimConfig,
+        sleep: Callable[[float, threading.Event | None], None],
     ) -> None:
         self.info = info
         self.memory = ProcessMemory()
@@ -151,6 +154,8 @@ class DspProcess:
         self._handles: dict[int, LoadedSkel] = {}
         self._issued = 0
         self._exited = False
+        self._gone = threading.Event()
+        """Set when the process ends: work still running for it stops (AEE_EBADSTATE)."""
 
     @property
     def exited(self) -> bool:
@@ -191,8 +196,11 @@ class DspProcess:
             loaded = self._handles.get(handle)
         if loaded is None:
             return AEE.EINVHANDLE.dsp
-        skel_call = SkelCall(call.sc, call.inputs, call.outputs, self._sleep, self._loader)
+        skel_call = SkelCall(call.sc, call.inputs, call.outputs, self._work, self._loader)
         return run_method(loaded.skel, loaded.method_offset, skel_call)
+
+    def _work(self, seconds: float) -> None:
+        self._sleep(seconds, self._gone)
 
     # -- remotectl -----------------------------------------------------------
 
@@ -316,6 +324,7 @@ class DspProcess:
             self._exited = True
             handles, self._handles = self._handles, {}
         self.heap.close()  # the kernel drops heap grants with the fd: nothing to give back
+        self._gone.set()
         self.reverse.shutdown(reason)
         for loaded in handles.values():
             loaded.unload()

@@ -17,8 +17,9 @@ Interfaces (idl/echo.idl, idl/npu_test.idl), domain method numbers and sc:
 * npu_test.checksum(in sequence<octet> buf, rout uint32 crc)
   method 3, sc 0x03020100; primIn {u32 len(buf)}; primROut {u32 zlib.crc32(buf)}.
 * npu_test.busy(in uint32 microseconds)
-  method 4, sc 0x04010000; primIn {u32 us}; blocks that long; a subsystem
-  restart interrupts it and the invoke fails with EPIPE.
+  method 4, sc 0x04010000; primIn {u32 us}; does that much DSP work: as long
+  as alone, longer while other calls share the DSP's units (SimConfig.dsp_units);
+  a subsystem restart interrupts it and the invoke fails with EPIPE.
 
 * portal_qnn (idl/portal_qnn.idl): ONNX models on onnxruntime, in
   :mod:`npud.sim.portal_qnn` (imported when a process first opens it).
@@ -95,8 +96,10 @@ class SkelCall:
         self._sleep = sleep
         self.host_files: HostFiles = host_files if host_files is not None else _NoHostFiles()
 
-    def sleep(self, seconds: float) -> None:
-        """Block; a subsystem restart interrupts it (the invoke then fails with EPIPE)."""
+    def work(self, seconds: float) -> None:
+        """Spend ``seconds`` of DSP time: shared with the calls running beside it when the
+        emulator models the DSP's units (``SimConfig.dsp_units``); a subsystem restart
+        interrupts it (the invoke then fails with EPIPE)."""
         self._sleep(seconds)
 
     def prim_in(self, layout: struct.Struct) -> tuple[int, ...]:
@@ -222,7 +225,7 @@ class NpuTestSkel(Skel):
     @classmethod
     def _busy(cls, call: SkelCall) -> int:
         args = call.unpack(cls._BUSY)
-        call.sleep(args.integer("microseconds") / 1_000_000)
+        call.work(args.integer("microseconds") / 1_000_000)
         return 0
 
 

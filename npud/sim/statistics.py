@@ -21,6 +21,12 @@ class SimStatistics:
     * ``dma_bufs_allocated``: total ALLOC_DMA_BUFF successes (a total).
     * ``dma_bufs_alive``: emulator buffers this process still references
       through an fd or a mapping (the emulator's own mappings included).
+    * ``dma_bufs_registered``: buffers the emulated driver remembers: the live
+      ones, and dead ones until its next sweep (about twice the live ones at most).
+    * ``user_mappings_cached``: mappings made by ``EmulatedDriver.mmap`` that
+      are still mapped (the address cache answers for them).
+    * ``dsp_mappings_cached``: the DSP's own mappings of buffers kept with
+      those for later calls.
     * ``invokes_in_flight``: INVOKE ioctls executing now (blocked listeners too).
     * ``reverse_requests_pending``: reverse-RPC requests queued or being served.
     * ``restarts``: subsystem restarts so far (a total).
@@ -37,6 +43,9 @@ class SimStatistics:
     mmap_buffers: int
     dma_bufs_allocated: int
     dma_bufs_alive: int
+    dma_bufs_registered: int
+    user_mappings_cached: int
+    dsp_mappings_cached: int
     invokes_in_flight: int
     reverse_requests_pending: int
     restarts: int

@@ -5,11 +5,10 @@ The kernel reads invoke arguments, buffers and the shell image with
 EFAULT, never a crash. The emulator gets the same guarantee from
 ``process_vm_readv``/``process_vm_writev`` aimed at its own pid: the kernel
 walks the page tables and answers EFAULT for unmapped (or, when writing,
-read-only) pages. Where a seccomp profile forbids those calls, it falls back to
-checking the range against ``/proc/self/maps`` before copying with ctypes.
-
-The module also finds the VMA that contains an address, which is how the
-kernel works out where in a dma-buf a shared-memory argument points.
+read-only) pages. Several ranges go in one call (one iovec each), so an
+invoke's plain inputs cost one system call, not one per argument. Where a
+seccomp profile forbids those calls, it falls back to checking each range
+against ``/proc/self/maps`` before copying with ctypes.
 """
 
 from __future__ import annotations
@@ -17,86 +16,32 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import os
-from typing import NamedTuple
+import struct
+from collections.abc import Sequence
+from typing import Final, NamedTuple
 
 from npud.sim.errors import fault
+from npud.sim.vmas import range_is_mapped
+
+_ADDRESS_LIMIT: Final = 1 << 64
+IOV_MAX: Final = 1024
 
 
-class _IoVec(ctypes.Structure):
-    _fields_ = (("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t))
+class Copy(NamedTuple):
+    """One range to copy: ``length`` bytes between user address ``user`` and ``local``.
 
+    ``local`` is the address of memory the caller owns and keeps alive for the call.
+    """
 
-class Vma(NamedTuple):
-    """One line of ``/proc/self/maps``."""
-
-    start: int
-    end: int
-    readable: bool
-    writable: bool
-    shared: bool
-    offset: int
-    device: tuple[int, int]  # (major, minor)
-    inode: int
-
-
-def read_maps() -> list[Vma]:
-    """Every mapping of this process, in address order."""
-    with open("/proc/self/maps", "rb") as maps:
-        text = maps.read()
-    return [_parse_maps_line(line) for line in text.splitlines() if line]
-
-
-def find_vma(address: int) -> Vma | None:
-    """The mapping that contains ``address``, or None."""
-    with open("/proc/self/maps", "rb") as maps:
-        text = maps.read()
-    for line in text.splitlines():
-        dash = line.index(b"-")
-        space = line.index(b" ", dash)
-        start = int(line[:dash], 16)
-        if start > address:
-            return None  # lines are sorted by address
-        if address < int(line[dash + 1 : space], 16):
-            return _parse_maps_line(line)
-    return None
-
-
-def _parse_maps_line(line: bytes) -> Vma:
-    fields = line.split(maxsplit=5)
-    start, end = (int(part, 16) for part in fields[0].split(b"-"))
-    perms = fields[1]
-    major, minor = (int(part, 16) for part in fields[3].split(b":"))
-    return Vma(
-        start=start,
-        end=end,
-        readable=perms[0:1] == b"r",
-        writable=perms[1:2] == b"w",
-        shared=perms[3:4] == b"s",
-        offset=int(fields[2], 16),
-        device=(major, minor),
-        inode=int(fields[4]),
-    )
-
-
-def _range_is_mapped(ptr: int, length: int, *, write: bool) -> bool:
-    """True when [ptr, ptr+length) lies in mappings with the needed permission."""
-    cursor, end = ptr, ptr + length
-    for vma in read_maps():
-        if vma.end <= cursor:
-            continue
-        if vma.start > cursor:
-            return False
-        if not (vma.writable if write else vma.readable):
-            return False
-        cursor = vma.end
-        if cursor >= end:
-            return True
-    return False
+    user: int
+    local: int
+    length: int
 
 
 class UserMemory:
-    """Copies between "user" addresses and Python buffers; EFAULT on bad pointers."""
+    """Copies between "user" addresses and local memory; EFAULT on bad pointers."""
 
     def __init__(self, *, use_process_vm: bool = True) -> None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -106,9 +51,9 @@ class UserMemory:
             function.restype = ctypes.c_ssize_t
             function.argtypes = (
                 ctypes.c_int,
-                ctypes.POINTER(_IoVec),
+                ctypes.c_void_p,
                 ctypes.c_ulong,
-                ctypes.POINTER(_IoVec),
+                ctypes.c_void_p,
                 ctypes.c_ulong,
                 ctypes.c_ulong,
             )
@@ -118,43 +63,100 @@ class UserMemory:
         """``length`` bytes from address ``ptr`` (EFAULT when not all readable)."""
         data = bytearray(length)
         if length:
-            self._copy(ptr, data, write=False)
+            anchor = ctypes.c_char.from_buffer(data)
+            local = ctypes.addressof(anchor)
+            del anchor  # no export may outlive the call; the bytearray is never resized
+            self._copy((Copy(ptr, local, length),), write=False)
         return data
 
     def write(self, ptr: int, data: bytes | bytearray | memoryview) -> None:
         """Store ``data`` at address ``ptr`` (EFAULT when not all writable)."""
-        if len(data):
-            self._copy(ptr, bytearray(data), write=True)
+        length = len(data)
+        if length:
+            local = ctypes.create_string_buffer(bytes(data), length)
+            self._copy((Copy(ptr, ctypes.addressof(local), length),), write=True)
 
-    def _copy(self, ptr: int, local: bytearray, *, write: bool) -> None:
-        length = len(local)
-        if ptr == 0 or ptr + length > 1 << 64:
-            raise fault(errno.EFAULT, f"bad user pointer {ptr:#x}+{length}")
+    def read_many(self, copies: Sequence[Copy]) -> None:
+        """Copy each user range to its local memory, in order; EFAULT at the first bad one."""
+        self._copy(copies, write=False)
+
+    def write_many(self, copies: Sequence[Copy]) -> None:
+        """Copy each local range to its user address, in order; EFAULT at the first bad one."""
+        self._copy(copies, write=True)
+
+    def _copy(self, copies: Sequence[Copy], *, write: bool) -> None:
+        local: list[int] = []
+        remote: list[int] = []
+        total = 0
+        for user, address, length in copies:
+            if not length:
+                continue
+            if user == 0 or user + length > _ADDRESS_LIMIT:
+                raise fault(errno.EFAULT, f"bad user pointer {user:#x}+{length}")
+            local += (address, length)
+            remote += (user, length)
+            total += length
+        count = len(local) // 2
+        if not count:
+            return
+        if count > IOV_MAX:  # more than one call may take
+            live = [copy for copy in copies if copy.length]
+            for start in range(0, count, IOV_MAX):
+                self._copy(live[start : start + IOV_MAX], write=write)
+            return
         if self._use_process_vm:
-            done = self._copy_process_vm(ptr, local, write=write)
-            if done:
+            layout = _iovecs(count)
+            # The kernel only reads the iovec arrays: immutable bytes will do.
+            function = self._writev if write else self._readv
+            done = function(_own_pid(), layout.pack(*local), count, layout.pack(*remote), count, 0)
+            if done == total:
                 return
-        if not _range_is_mapped(ptr, length, write=write):
-            raise fault(errno.EFAULT, f"user range {ptr:#x}+{length} is not mapped")
-        buffer = (ctypes.c_char * length).from_buffer(local)
-        if write:
-            ctypes.memmove(ptr, buffer, length)
-        else:
-            ctypes.memmove(buffer, ptr, length)
-
-    def _copy_process_vm(self, ptr: int, local: bytearray, *, write: bool) -> bool:
-        """Copy with the kernel's own fault handling; False when the syscall is unavailable."""
-        length = len(local)
-        buffer = (ctypes.c_char * length).from_buffer(local)
-        local_iov = _IoVec(ctypes.addressof(buffer), length)
-        remote_iov = _IoVec(ptr, length)
-        function = self._writev if write else self._readv
-        done = function(os.getpid(), ctypes.byref(local_iov), 1, ctypes.byref(remote_iov), 1, 0)
-        if done == length:
-            return True
-        err = ctypes.get_errno() if done < 0 else errno.EFAULT
-        if done < 0 and err in (errno.ENOSYS, errno.EPERM):
+            err = ctypes.get_errno() if done < 0 else errno.EFAULT
+            if not (done < 0 and err in (errno.ENOSYS, errno.EPERM)):
+                raise fault(
+                    errno.EFAULT, f"user range {_first_short(copies, done)} is not accessible"
+                )
             # Forbidden by a seccomp profile: from now on check /proc/self/maps.
             self._use_process_vm = False
-            return False
-        raise fault(errno.EFAULT, f"user range {ptr:#x}+{length} is not accessible")
+        self._copy_checked([copy for copy in copies if copy.length], write=write)
+
+    @staticmethod
+    def _copy_checked(copies: Sequence[Copy], *, write: bool) -> None:
+        for copy in copies:
+            if not range_is_mapped(copy.user, copy.length, write=write):
+                raise fault(errno.EFAULT, f"user range {copy.user:#x}+{copy.length} is not mapped")
+            if write:
+                ctypes.memmove(copy.user, copy.local, copy.length)
+            else:
+                ctypes.memmove(copy.local, copy.user, copy.length)
+
+
+@functools.cache
+def _iovecs(count: int) -> struct.Struct:
+    """``count`` struct iovec {void *iov_base; size_t iov_len;} in a row."""
+    return struct.Struct("<" + "QQ" * count)
+
+
+_pid = os.getpid()
+
+
+def _own_pid() -> int:
+    return _pid
+
+
+def _forked() -> None:
+    global _pid  # noqa: PLW0603  (the one process-wide fact this module caches)
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _first_short(copies: Sequence[Copy], done: int) -> str:
+    """The range a partial transfer stopped in (the calls never split an iovec)."""
+    copies = [copy for copy in copies if copy.length]
+    for copy in copies:
+        if done < copy.length:
+            return f"{copy.user:#x}+{copy.length}"
+        done -= copy.length
+    return f"{copies[-1].user:#x}+{copies[-1].length}"  # pragma: no cover - done == total

@@ -36,6 +36,9 @@
 #define PORTAL_QNN_MAX_BUILTINS 8u
 #define PORTAL_QNN_MAX_BUILTIN_NAME 63u
 
+/* Tensors of a run's arenas start at multiples of this many bytes (idl/portal_qnn.idl). */
+#define PORTAL_QNN_ARENA_ALIGN 64u
+
 /* model_uri prefix that names a registered builtin instead of a library path. */
 #define PORTAL_QNN_BUILTIN_PREFIX "builtin:"
 

@@ -101,6 +101,18 @@ int qnn_model_get_output(qnn_model *model, uint32_t graph, uint32_t tensor, uint
                          size_t capacity, uint32_t *produced);
 
 /*
+ * One run on arenas (idl/portal_qnn.idl, "Tensor arenas"): copy every input
+ * from inputs (exactly the inputs arena's size), execute, and copy every
+ * output into outputs at its offset, zero-filling the rest of the capacity.
+ * AEE_EBADPARM: graph index out of range or NULL data; AEE_EBADSIZE: input
+ * length differs from the inputs arena; AEE_EBUFFERTOOSMALL: capacity below
+ * the outputs arena; otherwise as qnn_model_execute (a QNN failure writes
+ * nothing into outputs).
+ */
+int qnn_model_run(qnn_model *model, uint32_t graph, const uint8_t *inputs, size_t input_length,
+                  uint8_t *outputs, size_t output_capacity, uint32_t *qnn_status);
+
+/*
  * Describe graph's tensors: inputs[0..num_inputs-1] and outputs[0..num_outputs-1]
  * are filled, the rest of each array zeroed. AEE_EBADPARM: graph index out of
  * range; AEE_EBUFFERTOOSMALL: a capacity (in records) below the tensor count.

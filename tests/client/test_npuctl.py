@@ -58,7 +58,7 @@ def test_status_shows_everything(peer: Peer, capsys: pytest.CaptureFixture[str])
     assert "session     epoch 1, 0 restarts" in lines
     assert (
         "totals      2 clients, 1 buffer (72.0 KiB), 1 mapping, 0 handles, "
-        "0 calls in flight, 0 calls done"
+        "0 models (0 B), 0 calls in flight, 0 calls done"
     ) in lines
     assert "dsp         cdsp" in lines
     assert any(re.fullmatch(r" +arch_ver +0x73 \(v73\)", line) for line in lines)

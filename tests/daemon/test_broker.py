@@ -324,24 +324,39 @@ async def test_shutting_down_refuses_new_work(broker: Broker) -> None:
     broker.dsp.stopping = False
 
 
-async def test_a_restart_noticed_only_by_the_listener_is_recovered(broker: Broker) -> None:
+async def test_a_restart_noticed_only_by_the_listener_is_recovered_at_once(
+    broker: Broker,
+) -> None:
     c = client(broker)
     events: list[p.ServerEvent] = []
     c.send_event = events.append
     sim = broker.dsp.driver
     assert isinstance(sim, EmulatedDriver)
     sim.faults.subsystem_restart(down_for=0.2)
-    session = broker.dsp.session
-    assert session is not None
-    with trio.fail_after(10):
-        while not session.dead:  # the listener's pending next2 got EPIPE
-            await trio.sleep(0.01)
-    assert not broker.dsp.healthy()  # dead and nobody recovering: the watchdog would stop
-    broker.dsp.check_session()  # what the status and watchdog loops do while idle
+    # Nobody calls anything: the listener's pending next2 gets EPIPE, and that
+    # alone starts the recovery (no status or watchdog round needed).
     with trio.fail_after(10):
         while not events:
             await trio.sleep(0.02)
     assert broker.dsp.epoch == 2
+    assert broker.dsp.healthy()
+
+
+async def test_a_dead_session_nobody_recovers_withholds_the_watchdog(broker: Broker) -> None:
+    session = broker.dsp.session
+    assert session is not None
+    session.on_dead = None  # as if the restart went unnoticed
+    sim = broker.dsp.driver
+    assert isinstance(sim, EmulatedDriver)
+    sim.faults.subsystem_restart(down_for=0.2)
+    with trio.fail_after(10):
+        while not session.dead:
+            await trio.sleep(0.01)
+    assert not broker.dsp.healthy()  # dead and nobody recovering: systemd would restart us
+    broker.dsp.check_session()  # what the status and watchdog loops do while idle
+    with trio.fail_after(10):
+        while broker.dsp.epoch < 2:
+            await trio.sleep(0.02)
     assert broker.dsp.healthy()
 
 

@@ -9,7 +9,6 @@ import pytest
 import trio
 
 import npu_protocol as p
-from npud import connection as connection_module
 from npud.backend import select_profile
 from npud.broker import Broker
 from npud.clients import Client
@@ -19,7 +18,7 @@ from npud.connection import PeerConnection
 
 @pytest.fixture
 async def broker() -> AsyncIterator[Broker]:
-    config = parse_config("[backend]\nkind = 'emulator'\n")
+    config = parse_config("[backend]\nkind = 'emulator'\n[daemon]\nhello_timeout = 0.2\n")
     b = Broker(config, select_profile(config))
     await b.start()
     async with trio.open_nursery() as nursery:
@@ -32,7 +31,6 @@ async def broker() -> AsyncIterator[Broker]:
 async def test_a_peer_that_never_says_hello_is_closed(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(connection_module, "HELLO_TIMEOUT", 0.2)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ours.setblocking(False)
     conn = PeerConnection(broker, ours, Client(pid=1, uid=0, gid=0))
@@ -46,7 +44,6 @@ async def test_a_peer_that_never_says_hello_is_closed(
 async def test_a_welcomed_peer_is_not_cut_by_the_hello_deadline(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(connection_module, "HELLO_TIMEOUT", 0.2)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ours.setblocking(False)
     conn = PeerConnection(broker, ours, Client(pid=1, uid=0, gid=0))

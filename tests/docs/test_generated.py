@@ -125,10 +125,12 @@ def complete(command: str, *words: str) -> list[str]:
 
 
 def test_npuctl_completes_its_commands_and_their_options() -> None:
-    assert complete("npuctl", "") == ["status", "selftest", "metrics"]
+    assert complete("npuctl", "") == ["status", "selftest", "metrics", "top", "run", "debug"]
     assert complete("npuctl", "me") == ["metrics"]
     assert "--timeout" in complete("npuctl", "--")
     assert complete("npuctl", "metrics", "--o") == ["--output"]
+    assert complete("npuctl", "top", "--so") == ["--sort"]
+    assert complete("npuctl", "debug", "ss") == ["ssr"]
 
 
 def test_npud_completes_choices_and_the_doctor() -> None:

@@ -13,23 +13,30 @@ from tests.e2e.daemon import start_npud
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def test_the_readme_client_example_runs(tmp_path: Path) -> None:
+def test_the_readme_client_examples_run(tmp_path: Path) -> None:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
-    assert len(blocks) == 1
+    assert len(blocks) == 2
     daemon = start_npud(tmp_path)
     try:
-        result = subprocess.run(
-            [sys.executable, "-c", blocks[0]],
-            env={**os.environ, "NPUD_SOCKET": str(daemon.socket_path)},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        echo, vad = (
+            subprocess.run(
+                [sys.executable, "-c", block],
+                env={**os.environ, "NPUD_SOCKET": str(daemon.socket_path)},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            for block in blocks
         )
     finally:
         assert daemon.stop() == 0
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == "b'hello'\n"
+    assert echo.returncode == 0, echo.stderr
+    assert echo.stdout == "b'hello'\n"
+    assert vad.returncode == 0, vad.stderr
+    probabilities = [float(line) for line in vad.stdout.splitlines()]
+    assert len(probabilities) == 3
+    assert all(0 <= value < 0.5 for value in probabilities)  # silence
 
 
 def test_the_readme_commands_exist() -> None:

@@ -27,6 +27,7 @@ from npud.fastrpc.portal_qnn import (
     ModelError,
     ModelFailure,
     PortalQnn,
+    arena_layout,
     model_uri_query,
 )
 from npud.fastrpc.session import FastRpcSession
@@ -148,7 +149,7 @@ def test_load_describes_run_computes_unload_frees(
         portal.unload(model.slot)
     assert failure(unloaded_twice) is ModelFailure.NOT_LOADED
     assert unloaded_twice.value.code is ErrorCode.MODEL_NOT_LOADED
-    with pytest.raises(ModelError, match="no model is loaded"):
+    with pytest.raises(ModelError, match=r"model slot [0-9] is not loaded"):
         portal.execute(model.slot)
 
 
@@ -239,7 +240,7 @@ def test_set_input_checks_dtype_shape_size_and_names(
         portal.set_input(model.slot, "a", a, graph=1)
     with pytest.raises(TypeError, match="DMA-BUF Slice"):
         portal.set_input(model.slot, "a", b"\0" * 12)  # type: ignore[arg-type]
-    with pytest.raises(ModelError, match="no model is loaded"):
+    with pytest.raises(ModelError, match=r"model slot [0-9] is not loaded"):
         portal.set_input(MAX_MODELS - 1, "a", a)
 
 
@@ -282,7 +283,7 @@ def test_a_graph_that_fails_at_run_time_is_a_qnn_error(
 def test_the_slot_table_fills_and_frees(portal: PortalQnn, tmp_path: Path) -> None:
     loaded = [load(portal, tmp_path, onnx_models.add_one()) for _ in range(MAX_MODELS)]
     assert sorted(m.slot for m in loaded) == list(range(MAX_MODELS))
-    with pytest.raises(ModelError, match="model slot quota exceeded: the limit is 4") as full:
+    with pytest.raises(ModelError, match="no free model slot: all 4 model slots") as full:
         load(portal, tmp_path, onnx_models.add_one())
     assert failure(full) is ModelFailure.SLOTS_FULL
     portal.unload(2)
@@ -395,7 +396,7 @@ def test_close_unloads_everything(
     portal.close()
     portal.close()
     assert driver.statistics().remote_handles_open == 0
-    with pytest.raises(ModelError, match="no model is loaded"):
+    with pytest.raises(ModelError, match=r"model slot [0-9] is not loaded"):
         portal.execute(model.slot)
     with pytest.raises(RpcError) as closed:
         load(portal, tmp_path, onnx_models.add_one())
@@ -411,3 +412,82 @@ def test_data_type_names() -> None:
     assert DataType.FLOAT16.itemsize == 2
     with pytest.raises(ValueError, match="unknown data type"):
         DataType.from_name("complex64")
+
+
+# --- one run in one invoke: tensor arenas -----------------------------------------------
+
+
+def test_run_arena_is_one_invoke_on_packed_tensors(
+    portal: PortalQnn, session: FastRpcSession, tmp_path: Path
+) -> None:
+    model = load(portal, tmp_path, onnx_models.affine())
+    (graph,) = model.graphs
+    # a, b (12 bytes each) and k (8) at multiples of 64; y (12) and n (8) likewise.
+    assert arena_layout(graph.inputs) == ((0, 64, 128), 192)
+    assert arena_layout(graph.outputs) == ((0, 64), 128)
+    assert (graph.input_arena, graph.output_arena) == (192, 128)
+    buffer = session.alloc(4096)
+    a = np.array([1, 2, 3], np.float32)
+    b = np.array([0.5, 0.25, 0.125], np.float32)
+    with buffer.view() as view:
+        view[0:12] = a.tobytes()
+        view[64:76] = b.tobytes()
+        view[128:136] = np.array(41, np.int64).tobytes()
+        view[1024:2048] = b"\xee" * 1024  # the outputs arena and past it: overwritten
+    invokes = session.statistics().invokes_done
+    portal.run_arena(model.slot, Slice(buffer, 0, 192), Slice(buffer, 1024, 256))
+    assert session.statistics().invokes_done == invokes + 1
+    with buffer.view() as view:
+        out, past = bytes(view[1024:1280]), bytes(view[1280:1290])
+    np.testing.assert_array_equal(np.frombuffer(out[:12], np.float32), a * 2 + b)
+    assert np.frombuffer(out[64:72], np.int64).tolist() == [42]
+    assert out[12:64] == bytes(52)
+    assert out[72:] == bytes(184)
+    assert past == b"\xee" * 10  # past the slice: untouched
+    # The model's state is as after set_input of each input and execute.
+    assert portal.get_output(model.slot, "y", Slice(buffer, 3072, 12)) == 12
+    with buffer.view() as view:
+        assert bytes(view[3072:3084]) == out[:12]
+    portal.execute(model.slot)
+    session.free(buffer)
+
+
+def test_run_arena_checks_and_failures(
+    portal: PortalQnn, session: FastRpcSession, tmp_path: Path
+) -> None:
+    affine = load(portal, tmp_path, onnx_models.affine())
+    buffer = session.alloc(4096)
+    inputs, outputs = Slice(buffer, 0, 192), Slice(buffer, 1024, 128)
+    with pytest.raises(ModelError, match="inputs arena of graph 0 is 192 bytes; got 191") as e:
+        portal.run_arena(affine.slot, Slice(buffer, 0, 191), outputs)
+    assert failure(e) is ModelFailure.TENSOR_MISMATCH
+    assert e.value.code is ErrorCode.TENSOR_MISMATCH
+    with pytest.raises(ModelError, match="outputs arena of graph 0 is 128 bytes; the slice"):
+        portal.run_arena(affine.slot, inputs, Slice(buffer, 1024, 127))
+    with pytest.raises(ModelError, match="graph 1"):
+        portal.run_arena(affine.slot, inputs, outputs, graph=1)
+    with pytest.raises(TypeError, match="DMA-BUF Slice"):
+        portal.run_arena(affine.slot, b"", outputs)  # type: ignore[arg-type]
+    with pytest.raises(ModelError, match=r"model slot [0-9] is not loaded") as gone:
+        portal.run_arena(3, inputs, outputs)
+    assert failure(gone) is ModelFailure.NOT_LOADED
+
+    # A graph that fails at run time: a QNN error, and no outputs afterwards.
+    reshape = load(portal, tmp_path, onnx_models.reshape())
+    (graph,) = reshape.graphs
+    offsets, size = arena_layout(graph.inputs)
+    with buffer.view() as view:
+        view[offsets[0] : offsets[0] + 24] = np.arange(6, dtype=np.float32).tobytes()
+        view[offsets[1] : offsets[1] + 16] = np.array([4, 2], np.int64).tobytes()
+    with pytest.raises(ModelError, match="graph 0 failed with QNN error 1100") as qnn:
+        portal.run_arena(reshape.slot, Slice(buffer, 0, size), Slice(buffer, 2048, 64))
+    assert qnn.value.code is ErrorCode.QNN
+    with pytest.raises(ModelError) as after:
+        portal.get_output(reshape.slot, "y", Slice(buffer, 3072, 24))
+    assert failure(after) is ModelFailure.NOT_EXECUTED
+    with buffer.view() as view:
+        view[offsets[1] : offsets[1] + 16] = np.array([3, 2], np.int64).tobytes()
+    portal.run_arena(reshape.slot, Slice(buffer, 0, size), Slice(buffer, 2048, 64))
+    with buffer.view() as view:
+        assert np.frombuffer(bytes(view[2048:2072]), np.float32).tolist() == list(range(6))
+    session.free(buffer)

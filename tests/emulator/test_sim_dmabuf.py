@@ -15,6 +15,7 @@ import pytest
 
 from npud.fastrpc import abi
 from npud.sim import EmulatedDriver, SimConfig
+from npud.sim.dmabuf import SWEEP_MIN
 from tests.emulator.sim_helpers import (
     PAGE,
     alloc_dma_buf,
@@ -208,3 +209,56 @@ def test_alloc_works_without_a_process(driver: EmulatedDriver, device: int) -> N
     mapping.close()
     driver.close(buf)
     assert isinstance(mapping, mmap.mmap)
+
+
+# -- the registry forgets freed buffers (it used to keep one entry per allocation) --------
+
+
+def _churn(driver: EmulatedDriver, device: int, count: int) -> None:
+    """Allocate, map, unmap and close ``count`` buffers."""
+    for _ in range(count):
+        buf = alloc_dma_buf(driver, device, PAGE)
+        driver.mmap(buf, PAGE).close()
+        driver.close(buf)
+
+
+def test_the_registry_forgets_freed_buffers(driver: EmulatedDriver, device: int) -> None:
+    _churn(driver, device, 10 * SWEEP_MIN)
+    stats = driver.statistics()
+    assert stats.dma_bufs_allocated == 10 * SWEEP_MIN
+    assert stats.dma_bufs_registered <= 2 * SWEEP_MIN
+    assert stats.dma_bufs_alive == 0
+
+
+def test_buffers_closed_with_os_close_are_forgotten_too(
+    driver: EmulatedDriver, device: int
+) -> None:
+    for _ in range(10 * SWEEP_MIN):
+        os.close(alloc_dma_buf(driver, device, PAGE))  # a close the emulator does not see
+    assert driver.statistics().dma_bufs_registered <= 2 * SWEEP_MIN
+
+
+def test_a_sweep_keeps_every_buffer_still_referenced(driver: EmulatedDriver, device: int) -> None:
+    assert init_create(driver, device) == 0
+    by_dup = alloc_dma_buf(driver, device, PAGE)
+    copy = os.dup(by_dup)
+    driver.close(by_dup)
+    by_mapping = alloc_dma_buf(driver, device, PAGE)
+    mapping = driver.mmap(by_mapping, PAGE)
+    driver.close(by_mapping)
+    by_mem_map = alloc_dma_buf(driver, device, PAGE)
+    vaddr = mem_map(driver, device, by_mem_map, PAGE)
+    os.close(by_mem_map)  # only the DSP's mapping holds it now
+    try:
+        _churn(driver, device, 4 * SWEEP_MIN)
+        stats = driver.statistics()
+        assert stats.dma_bufs_alive == 3
+        assert stats.dma_bufs_registered <= 2 * SWEEP_MIN
+        # Still recognised after the sweeps: the dup maps into the DSP and back.
+        assert mem_unmap(driver, device, copy, mem_map(driver, device, copy, PAGE)) == 0
+    finally:
+        assert mem_unmap(driver, device, -1, vaddr) == 0
+        mapping.close()
+        os.close(copy)
+    _churn(driver, device, 4 * SWEEP_MIN)
+    assert driver.statistics().dma_bufs_alive == 0

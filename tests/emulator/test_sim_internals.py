@@ -11,7 +11,8 @@ import pytest
 from npud.sim.addrspace import AddressSpaceFullError, DspAddressSpace
 from npud.sim.loader import LoadError, parse_module_uri
 from npud.sim.reverse import BadReverseMessageError, pack_request, unpack_reply
-from npud.sim.usermem import UserMemory, find_vma
+from npud.sim.usermem import Copy, UserMemory
+from npud.sim.vmas import VmaFinder
 from tests.emulator.sim_helpers import PAGE, RawPages, errno_of
 
 
@@ -41,6 +42,32 @@ def test_bad_user_pointers_are_efault(memory: UserMemory, prot: int) -> None:
         assert errno_of(memory.read, pointer, 8) == errno.EFAULT
 
 
+def test_many_ranges_in_one_call(memory: UserMemory) -> None:
+    source = ctypes.create_string_buffer(b"abcdefghij", 10)
+    target = ctypes.create_string_buffer(12)
+    base, local = ctypes.addressof(source), ctypes.addressof(target)
+    memory.read_many([Copy(base + 6, local, 4), Copy(base, local + 4, 0), Copy(base, local + 8, 3)])
+    assert target.raw == b"ghij\0\0\0\0abc\0"
+    memory.write_many([Copy(base + 1, local + 8, 2), Copy(base + 9, local, 1)])
+    assert source.raw == b"aabdefghig"
+    memory.read_many([])
+
+
+def test_a_bad_range_among_many_is_efault_naming_it(memory: UserMemory) -> None:
+    data = ctypes.create_string_buffer(b"0123", 4)
+    local = ctypes.create_string_buffer(8)
+    with RawPages(prot=0) as hole:
+        copies = [
+            Copy(ctypes.addressof(data), ctypes.addressof(local), 4),
+            Copy(hole.address, ctypes.addressof(local) + 4, 4),
+        ]
+        with pytest.raises(OSError, match=f"{hole.address:#x}") as failure:
+            memory.read_many(copies)
+        assert failure.value.errno == errno.EFAULT
+        with pytest.raises(OSError, match=f"{hole.address:#x}"):
+            memory.write_many(copies[::-1])
+
+
 def test_a_range_straddling_into_a_hole_is_efault(memory: UserMemory) -> None:
     with RawPages(prot=mmap.PROT_READ | mmap.PROT_WRITE, pages=2) as pages:
         RawPages._libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -48,14 +75,16 @@ def test_a_range_straddling_into_a_hole_is_efault(memory: UserMemory) -> None:
         assert errno_of(memory.read, pages.address + PAGE - 4, 8) == errno.EFAULT
 
 
-def test_find_vma() -> None:
+@pytest.mark.parametrize("procmap_query", [True, False], ids=["procmap_query", "maps"])
+def test_find_vma(procmap_query: bool) -> None:
+    finder = VmaFinder(procmap_query=procmap_query)
     with RawPages(prot=mmap.PROT_READ, pages=3) as pages:
-        vma = find_vma(pages.address + PAGE)
+        vma = finder.find(pages.address + PAGE)
         assert vma is not None
         assert vma.start <= pages.address
         assert pages.address + 3 * PAGE <= vma.end
         assert (vma.readable, vma.writable, vma.shared) == (True, False, False)
-    assert find_vma(0) is None
+    assert finder.find(0) is None
 
 
 def test_the_address_space_allocator() -> None:

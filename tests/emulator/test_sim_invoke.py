@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from npud.fastrpc import abi
-from npud.sim import EmulatedDriver
+from npud.sim import EmulatedDriver, SimConfig
 from tests.emulator.sim_helpers import (
     AEE_EBADPARM,
     AEE_EBADSTATE,
@@ -51,9 +51,17 @@ class Session:
     npu_test: int
 
 
-@pytest.fixture
-def session() -> Iterator[Session]:
-    driver = EmulatedDriver()
+ADDRESS_MODES = {
+    "cached": SimConfig(),
+    "procmap_query": SimConfig(address_cache=False),
+    "maps": SimConfig(address_cache=False, procmap_query=False),
+}
+
+
+@pytest.fixture(params=list(ADDRESS_MODES))
+def session(request: pytest.FixtureRequest) -> Iterator[Session]:
+    """Every test runs with the address cache and with each way of asking the kernel."""
+    driver = EmulatedDriver(ADDRESS_MODES[request.param])
     with running_process(driver) as (fd, _):
         yield Session(driver, fd, open_skel(driver, fd), open_skel(driver, fd, NPU_TEST_URI))
     stats = driver.statistics()

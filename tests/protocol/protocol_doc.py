@@ -53,8 +53,8 @@ def describe_type(info: mi.Type) -> str:
             return "bool"
         case mi.NoneType():
             return "nil"
-        case mi.EnumType(cls=cls):
-            return " \\| ".join(f'"{member.value}"' for member in cls)
+        case mi.EnumType() | mi.LiteralType():
+            return _choices(info)
         case mi.StructType(cls=cls):
             return f"{cls.__name__} map"
         case mi.UnionType(types=types):
@@ -67,6 +67,15 @@ def describe_type(info: mi.Type) -> str:
         case mi.DictType(key_type=key, value_type=value, max_length=max_length):
             return f"map ≤ {max_length} of ({describe_type(key)}) → ({describe_type(value)})"
     raise TypeError(f"no description for {info!r}")
+
+
+def _choices(info: mi.EnumType | mi.LiteralType) -> str:
+    """A closed set of strings: an enum's values in order, a literal's sorted."""
+    if isinstance(info, mi.EnumType):
+        values = [str(member.value) for member in info.cls]
+    else:
+        values = sorted(str(value) for value in info.values)
+    return " \\| ".join(f'"{value}"' for value in values)
 
 
 def describe_default(field: mi.Field) -> str:
@@ -133,10 +142,23 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.InlineOutput,
     p.BufferSlice,
     p.InvokeReply,
+    p.ModelLoadRequest,
+    p.ModelLoadReply,
+    p.ModelInfo,
+    p.TensorInfo,
+    p.ModelInfoRequest,
+    p.ModelInfoReply,
+    p.ModelRunRequest,
+    p.ModelRunReply,
+    p.ModelUnloadRequest,
+    p.ModelUnloadReply,
+    p.ModelRow,
     p.StatusRequest,
     p.StatusReply,
     p.PingRequest,
     p.PongReply,
+    p.DebugRequest,
+    p.DebugReply,
     p.SessionRestarted,
     p.ShuttingDown,
     p.DspCapabilities,
@@ -185,6 +207,8 @@ _CONSTANTS: Final = (
     ("MAX_ARGS", "inputs (and outputs) of one invoke"),
     ("MAX_TIMEOUT_MS", "largest `timeout_ms`"),
     ("MAX_DMA_SIZE", "largest buffer (bytes)"),
+    ("MAX_TENSORS", "inputs (and outputs) of one model"),
+    ("MAX_RANK", "dimensions of one tensor"),
 )
 
 
@@ -280,6 +304,41 @@ _STATUS: Final = p.DaemonStatus(
 )
 
 
+_VAD: Final = p.ModelInfo(
+    name="silero_vad.onnx",
+    description="an ONNX model (IR version 8, opset 16)",
+    file_bytes=2_327_524,
+    arena_bytes=8192,
+    inputs=(
+        p.TensorInfo(
+            name="input", dtype="float32", qnn_type=0x232, shape=(1, 576), nbytes=2304, offset=0
+        ),
+        p.TensorInfo(
+            name="state",
+            dtype="float32",
+            qnn_type=0x232,
+            shape=(2, 1, 128),
+            nbytes=1024,
+            offset=2304,
+        ),
+        p.TensorInfo(name="sr", dtype="int64", qnn_type=0x64, shape=(), nbytes=8, offset=3328),
+    ),
+    outputs=(
+        p.TensorInfo(
+            name="output", dtype="float32", qnn_type=0x232, shape=(1, 1), nbytes=4, offset=4096
+        ),
+        p.TensorInfo(
+            name="stateN",
+            dtype="float32",
+            qnn_type=0x232,
+            shape=(2, 1, 128),
+            nbytes=1024,
+            offset=4160,
+        ),
+    ),
+)
+
+
 def _conversation() -> Iterator[tuple[str, Callable[[], p.Message], str]]:
     """(title, message factory, direction) in the order a session would send them."""
     yield "`hello`", lambda: p.Hello(client_name="voice-stt", priority=p.Priority.REALTIME), "c"
@@ -337,6 +396,32 @@ def _conversation() -> Iterator[tuple[str, Callable[[], p.Message], str]]:
         lambda: p.InvokeReply(id=4, outputs=(b"hello",)),
         "s",
     )
+    yield (
+        "`model_load` of a VAD model, its file's fd as slot 0, one free dimension fixed",
+        lambda: p.ModelLoadRequest(
+            id=11, fd=EXAMPLE_FD, name="silero_vad.onnx", shapes={"input": (1, 576)}
+        ),
+        "c",
+    )
+    yield (
+        "`model_load_reply`: model 3, its arena (the DMA-BUF) as slot 0",
+        lambda: p.ModelLoadReply(id=11, model=3, info=_VAD, fd=EXAMPLE_FD),
+        "s",
+    )
+    yield "`model_info`", lambda: p.ModelInfoRequest(id=12, model=3), "c"
+    yield (
+        "`model_info_reply`",
+        lambda: p.ModelInfoReply(id=12, info=msgspec.structs.replace(_VAD, runs=0)),
+        "s",
+    )
+    yield (
+        "`model_run` (the inputs are in the arena already)",
+        lambda: p.ModelRunRequest(id=13, model=3, deadline_ms=30),
+        "c",
+    )
+    yield "`model_run_reply`", lambda: p.ModelRunReply(id=13, dsp_us=412), "s"
+    yield "`model_unload`", lambda: p.ModelUnloadRequest(id=14, model=3), "c"
+    yield "`model_unload_reply`", lambda: p.ModelUnloadReply(id=14), "s"
     yield "`ping`", lambda: p.PingRequest(id=6), "c"
     yield "`pong`", lambda: p.PongReply(id=6), "s"
     yield "`status`", lambda: p.StatusRequest(id=7), "c"
@@ -347,6 +432,16 @@ def _conversation() -> Iterator[tuple[str, Callable[[], p.Message], str]]:
     yield "`close_reply`", lambda: p.CloseReply(id=9), "s"
     yield "`free`", lambda: p.FreeRequest(id=10, buffer=1), "c"
     yield "`free_reply`", lambda: p.FreeReply(id=10), "s"
+    yield (
+        "`debug`: a subsystem restart of 1 s on the emulator",
+        lambda: p.DebugRequest(id=11, action="ssr", duration_ms=1000),
+        "c",
+    )
+    yield (
+        "`debug_reply`",
+        lambda: p.DebugReply(id=11, detail="subsystem restart: the DSP is away for 1 s"),
+        "s",
+    )
     yield "`session_restarted`", lambda: p.SessionRestarted(epoch=2, reason="DSP crashed"), "s"
     yield "`shutting_down`", lambda: p.ShuttingDown(reason="systemctl stop", grace_ms=5000), "s"
 

@@ -40,6 +40,8 @@ def for_type(info: mi.Type) -> st.SearchStrategy[Any]:
             return st.none()
         case mi.EnumType(cls=cls):
             return st.sampled_from(list(cls))
+        case mi.LiteralType(values=values):
+            return st.sampled_from(values)
         case mi.StructType(cls=cls):
             return of(cls)
         case mi.UnionType(types=types):

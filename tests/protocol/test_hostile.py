@@ -4,6 +4,7 @@ handed back for closing."""
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import msgspec
@@ -477,3 +478,25 @@ def test_a_client_message_sent_to_the_client_is_unexpected() -> None:
 def test_a_misdirected_message_with_bad_fields_is_still_unexpected() -> None:
     error = fatal(p.ServerConnection(), packed({"type": "welcome", "epoch": "soon"}))
     assert error.code is ErrorCode.UNEXPECTED_MESSAGE
+
+
+def test_a_repeated_key_hidden_by_a_float_that_grows_in_a_round_trip_is_caught() -> None:
+    # A float32 grows by 4 bytes when msgspec re-encodes it (as float64); a repeated
+    # key of 4 bytes ("id": 2 is 4 bytes) shrinks the round trip by as much. Equal
+    # lengths must not pass: a payload with a float marker is always walked.
+    payload = _map(
+        (_str("type"), _str("ping")),
+        (_str("id"), b"\x01"),
+        (_str("id"), b"\x02"),
+        (_str("f"), b"\xca" + struct.pack(">f", 1.5)),
+    )
+    assert len(msgspec.msgpack.encode(msgspec.msgpack.decode(payload))) == len(payload)
+    error = fatal(connected_pair()[1], frame(payload))
+    assert "'id' appears twice" in str(error)
+
+
+def test_keys_written_longer_than_they_need_are_not_repeats() -> None:
+    server = connected_pair()[1]
+    payload = _map((b"\xd9\x04type", b"\xd9\x04ping"), (b"\xd9\x02id", b"\xcc\x01"))
+    feed(server, frame(payload))
+    assert server.next_event() == p.PingRequest(id=1)

@@ -154,15 +154,56 @@ def test_tags_are_unique_per_direction(union: Any) -> None:
     assert len(tags) == len(set(tags))
 
 
-def test_only_alloc_reply_carries_an_fd() -> None:
+def test_the_fd_carriers_carry_one_fd_each() -> None:
     carriers = {
         cls
         for union in (p.ClientMessage, p.ServerMessage)
         for cls in typing.get_args(union)
         if cls.fd_fields
     }
-    assert carriers == {p.AllocReply}
-    assert p.AllocReply.fd_fields == ("fd",)
+    assert carriers == {p.AllocReply, p.ModelLoadRequest, p.ModelLoadReply}
+    for cls in carriers:
+        assert cls.fd_fields == ("fd",)
+
+
+def test_a_model_load_carries_its_fd_both_ways() -> None:
+    client, server = p.ClientConnection(), p.ServerConnection()
+    data, _ = client.send(p.Hello(client_name="t"))
+    server.receive_data(data)
+    assert isinstance(server.next_event(), p.Hello)
+    welcome = p.Welcome(
+        server_version="0",
+        protocol_version=2,
+        backend="emulator",
+        dsp=p.DspCapabilities(),
+        limits=p.ClientLimits(priority=p.Priority.NORMAL),
+        epoch=1,
+    )
+    data, _ = server.send(welcome)
+    client.receive_data(data)
+    client.next_event()
+    request = p.ModelLoadRequest(id=1, fd=17, name="vad.onnx", shapes={"x": (1, 576)})
+    data, fds = client.send(request)
+    assert fds == [17]
+    server.receive_data(data, [99])
+    received = server.next_event()
+    assert received == p.ModelLoadRequest(id=1, fd=99, name="vad.onnx", shapes={"x": (1, 576)})
+    info = p.ModelInfo(arena_bytes=4096)
+    data, fds = server.send(p.ModelLoadReply(id=1, model=1, info=info, fd=5))
+    assert fds == [5]
+    client.receive_data(data, [6])
+    assert client.next_event() == p.ModelLoadReply(id=1, model=1, info=info, fd=6)
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [{"x": (0,)}, {"x": tuple(range(1, 10))}, {"x": (2**32,)}, {"n" * 128: (1,)}],
+    ids=["zero dim", "rank 9", "dim too big", "long name"],
+)
+def test_model_load_shapes_are_bounded(shapes: dict[str, tuple[int, ...]]) -> None:
+    frame = msgspec.msgpack.encode({"type": "model_load", "id": 1, "fd": 0, "shapes": shapes})
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(frame, type=p.ModelLoadRequest)
 
 
 def test_messages_are_immutable() -> None:
@@ -215,8 +256,9 @@ def test_pipelined_sessions_round_trip_in_any_order_and_any_chunking(
     requests: list[p.AnyRequest], random: Any, data: st.DataObject
 ) -> None:
     client, server = connected_pair()
-    wire = b"".join(client.send(request)[0] for request in requests)
-    _deliver(server, wire, [], data)
+    for request in requests:
+        frame, fds = client.send(request)
+        _deliver(server, frame, fds, data)  # a model_load's fd goes with its first byte
     assert drain(server) == requests
 
     answers = [data.draw(_reply_to(request)) for request in requests]

@@ -14,6 +14,8 @@ EXECUTE: Final = 4
 GET_OUTPUT: Final = 5
 MODEL_UNLOAD: Final = 6
 GRAPH_INFO: Final = 7
+RUN: Final = 8
+ARENA_ALIGN: Final = 64
 
 TENSOR_SPEC: Final = struct.Struct("<II8II128s")
 """portal_qnn_tensor_spec: data_type, rank, dims[8], bytes, name[128] (172 bytes)."""
@@ -42,6 +44,18 @@ class Output:
     rc: int
     data_len: int
     data: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Ran:
+    rc: int
+    qnn_status: int
+    outputs: bytes
+
+
+def arena(*tensors: bytes) -> bytes:
+    """Tensors packed as run's arenas lay them out: each at a multiple of 64 bytes."""
+    return b"".join(t + bytes(-len(t) % ARENA_ALIGN) for t in tensors)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +118,19 @@ class PortalQnn:
         data = result.buffers[2]
         assert data is not None
         return Output(result.rc, data_len, data)
+
+    def run(self, model: int, graph: int, inputs: bytes, capacity: int) -> Ran:
+        slots: list[bytes | Out] = [
+            u32s(model, graph, len(inputs), capacity),
+            inputs,
+            Out(4),
+            Out(capacity),
+        ]
+        result = self.invoke(sc(RUN, 2, 2), slots)
+        (status,) = unpack_u32s(result.buffers[2])
+        outputs = result.buffers[3]
+        assert outputs is not None
+        return Ran(result.rc, status, outputs)
 
     def model_unload(self, model: int) -> int:
         return self.invoke(sc(MODEL_UNLOAD, 1, 0), [u32s(model)]).rc

@@ -26,12 +26,14 @@ from tests.skel.portal_qnn_calls import (
     MODEL_LOAD,
     MODEL_UNLOAD,
     NO_MODEL,
+    RUN,
     SET_INPUT,
     UNTOUCHED_U32,
     Executed,
     Loaded,
     PortalQnn,
     TensorSpec,
+    arena,
 )
 from tests.skel.remote_args import NullBuffer, Out, SkelLibrary, Slot, sc, u32s
 
@@ -69,6 +71,7 @@ def test_sc_words_match_the_idl() -> None:
     assert sc(GET_OUTPUT, 1, 2) == 0x05010200
     assert sc(MODEL_UNLOAD, 1, 0) == 0x06010000
     assert sc(GRAPH_INFO, 1, 3) == 0x07010300
+    assert sc(RUN, 2, 2) == 0x08020200
     assert sc(0, 2, 0, 0, 1) == 0x00020001
     assert sc(1, 0, 0, 1, 0) == 0x01000010
 
@@ -165,6 +168,51 @@ def test_tensor_index_and_length_checks(portal: PortalQnn, fake_models: dict[str
     too_small = portal.get_output(index, 0, 0, 15)
     assert too_small.rc == AEE.EBUFFERTOOSMALL
     assert too_small.data_len == UNTOUCHED_U32  # rout values are written only on success
+
+
+def test_run_is_set_inputs_execute_get_outputs_in_one_call(
+    portal: PortalQnn, fake_models: dict[str, Path]
+) -> None:
+    index = load(portal, fake_models["default"])
+    # Graph 0: one 16-byte input and output, each padded to 64 in its arena.
+    ran = portal.run(index, 0, arena(ADD_INPUT), 64)
+    assert (ran.rc, ran.qnn_status, ran.outputs) == (0, 0, arena(ADD_ONE))
+    # Graph 1: inputs at 0 and 64; outputs "sum" (8 bytes) at 0 and "total" (u32) at 64.
+    a, b = bytes(range(8)), bytes([10] * 8)
+    ran = portal.run(index, 1, arena(a, b), 200)
+    summed = bytes(x + 10 for x in range(8))
+    total = struct.pack("<I", sum(summed))
+    assert (ran.rc, ran.qnn_status) == (0, 0)
+    assert ran.outputs == arena(summed, total) + bytes(72)  # the capacity past the arena: zeros
+    # The model's state is as after set_input + execute: the seed-level calls agree.
+    assert portal.get_output(index, 1, 0, 8).data == summed
+    assert portal.execute(index, 0).rc == 0
+    assert portal.get_output(index, 0, 0, 16).data == ADD_ONE
+    assert portal.model_unload(index) == 0
+
+
+def test_run_checks_its_arenas(portal: PortalQnn, fake_models: dict[str, Path]) -> None:
+    index = load(portal, fake_models["default"])
+    for length in (0, 16, 63, 65, 128):
+        assert portal.run(index, 0, bytes(length), 64).rc == AEE.EBADSIZE
+    too_small = portal.run(index, 0, arena(ADD_INPUT), 63)
+    assert (too_small.rc, too_small.qnn_status) == (AEE.EBUFFERTOOSMALL, UNTOUCHED_U32)
+    assert portal.run(index, 2, arena(ADD_INPUT), 64).rc == AEE.EBADPARM  # two graphs
+    assert portal.run(4, 0, arena(ADD_INPUT), 64).rc == AEE.EBADPARM
+    assert portal.run(1, 0, arena(ADD_INPUT), 64).rc == AEE.EBADSTATE  # an empty slot
+    # Nothing above ran the graph: there are no outputs yet.
+    assert portal.get_output(index, 0, 0, 16).rc == AEE.ENOTINITIALIZED
+
+
+def test_run_failing_in_qnn_writes_no_outputs(
+    portal: PortalQnn, fake_models: dict[str, Path]
+) -> None:
+    index = load(portal, fake_models["default"])
+    assert portal.run(index, 0, arena(ADD_INPUT), 64).rc == 0
+    failed = portal.run(index, 0, arena(b"\xff" + ADD_INPUT[1:]), 64)
+    assert (failed.rc, failed.qnn_status) == (0, QNN_GRAPH_ERROR_ABORTED)
+    assert failed.outputs == bytes([0xA5]) * 64  # untouched (remote_args fills outputs)
+    assert portal.get_output(index, 0, 0, 16).rc == AEE.ENOTINITIALIZED
 
 
 def test_qnn_execute_failure_reports_qnn_status_and_invalidates_outputs(
@@ -423,6 +471,12 @@ BAD_PORTAL_CALLS: list[tuple[str, int, list[Slot]]] = [
     ("get: capacity lies", sc(GET_OUTPUT, 1, 2), [u32s(0, 0, 0, 16), Out(4), Out(8)]),
     ("get: primROut missing room", sc(GET_OUTPUT, 1, 2), [u32s(0, 0, 0, 16), Out(0), Out(16)]),
     ("get: data NULL", sc(GET_OUTPUT, 1, 2), [u32s(0, 0, 0, 16), Out(4), NullBuffer(16)]),
+    ("run: no outputs buffer", sc(RUN, 2, 1), [u32s(0, 0, 64, 64), bytes(64), Out(4)]),
+    ("run: inputs length lies", sc(RUN, 2, 2), [u32s(0, 0, 64, 64), bytes(63), Out(4), Out(64)]),
+    ("run: capacity lies", sc(RUN, 2, 2), [u32s(0, 0, 64, 64), bytes(64), Out(4), Out(32)]),
+    ("run: primROut missing", sc(RUN, 2, 2), [u32s(0, 0, 64, 64), bytes(64), Out(0), Out(64)]),
+    ("run: inputs NULL", sc(RUN, 2, 2), [u32s(0, 0, 64, 64), NullBuffer(64), Out(4), Out(64)]),
+    ("run: primIn short", sc(RUN, 2, 2), [u32s(0, 0, 64), bytes(64), Out(4), Out(64)]),
     ("unload: extra buffer", sc(MODEL_UNLOAD, 2, 0), [u32s(0), b"x"]),
     ("unload: primIn long", sc(MODEL_UNLOAD, 1, 0), [u32s(0, 0)]),
     ("unload: in handle", sc(MODEL_UNLOAD, 1, 0, 1, 0), [u32s(0)]),
@@ -476,7 +530,7 @@ def test_badly_marshalled_calls_have_no_effect(
     assert portal.model_unload(0) == 0
 
 
-@pytest.mark.parametrize("method", [8, 9, 30, 31])
+@pytest.mark.parametrize("method", [9, 10, 30, 31])
 def test_unknown_method(portal: PortalQnn, method: int) -> None:
     assert portal.skel.invoke(portal.handle, sc(method, 1, 0), [u32s(0)]).rc == AEE.EUNSUPPORTED
 
@@ -490,6 +544,7 @@ def test_calls_on_a_handle_that_is_not_open(
     assert stale.execute(0, 0).rc == AEE.EINVHANDLE
     assert stale.get_output(0, 0, 0, 16).rc == AEE.EINVHANDLE
     assert stale.model_unload(0) == AEE.EINVHANDLE
+    assert stale.run(0, 0, arena(ADD_INPUT), 64).rc == AEE.EINVHANDLE
     assert portal_skel.close(NEVER_OPENED) == AEE.EINVHANDLE
 
 

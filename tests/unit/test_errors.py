@@ -104,8 +104,32 @@ def test_error_numbers_are_unique() -> None:
             "DMA buffer size 268435457 exceeds the maximum of 256 MB",
         ),
         (ErrorCode.QNN, {"msg": "graph finalize failed"}, "QNN error: graph finalize failed"),
-        (ErrorCode.MODEL_NOT_LOADED, {}, "no model is loaded"),
+        (ErrorCode.MODEL_NOT_LOADED, {"model": 3}, "model 3 is not loaded"),
         (ErrorCode.INVALID_TENSOR_INDEX, {"index": 7}, "invalid tensor index 7"),
+        (
+            ErrorCode.MODEL_SLOTS_FULL,
+            {"detail": "all 4 model slots of this handle are in use"},
+            "no free model slot: all 4 model slots of this handle are in use",
+        ),
+        (
+            ErrorCode.TENSOR_MISMATCH,
+            {"detail": "input 'a' takes float32 [3]"},
+            "tensor mismatch: input 'a' takes float32 [3]",
+        ),
+        (ErrorCode.INPUT_NOT_SET, {"detail": "input 'b'"}, "input not set: input 'b'"),
+        (
+            ErrorCode.MODEL_FILE_UNREADABLE,
+            {"detail": "the model file is empty"},
+            "unreadable model file: the model file is empty",
+        ),
+        (
+            ErrorCode.MODEL_FORMAT,
+            {"detail": "the emulator backend takes ONNX models"},
+            "wrong model format: the emulator backend takes ONNX models",
+        ),
+        (ErrorCode.MODEL_MALFORMED, {"detail": "truncated"}, "malformed model: truncated"),
+        (ErrorCode.MODEL_REJECTED, {"detail": "rank 9"}, "model rejected: rank 9"),
+        (ErrorCode.NO_OUTPUTS, {"detail": "run it first"}, "no outputs: run it first"),
         (ErrorCode.SESSION_BUSY, {}, "the NPU session is busy"),
         (
             ErrorCode.SHELL_VERIFY,

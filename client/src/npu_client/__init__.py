@@ -16,7 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
 from npu_client._args import InvokeInput, InvokeOutput
-from npu_client._blocking import Client, DmaBuffer, RemoteHandle, connect
+from npu_client._blocking import Client, DmaBuffer, Model, RemoteHandle, connect
 from npu_client._core import ClientStatistics, EventCallback
 from npu_client._errors import (
     ERROR_CLASSES,
@@ -37,6 +37,7 @@ from npu_client._errors import (
     FdCountMismatch,
     FdsTruncated,
     FrameTooLarge,
+    InputNotSet,
     InternalError,
     InvalidArgument,
     InvalidFd,
@@ -44,8 +45,14 @@ from npu_client._errors import (
     InvokeFailed,
     MissingFds,
     MmapFailed,
+    ModelFileUnreadable,
+    ModelFormatError,
+    ModelMalformed,
     ModelNotLoaded,
+    ModelRejected,
+    ModelSlotsFull,
     NoFreeSession,
+    NoOutputs,
     NotPermitted,
     NpuError,
     OpenFailed,
@@ -56,6 +63,7 @@ from npu_client._errors import (
     ShellVerifyFailed,
     ShuttingDownError,
     SliceOutOfRange,
+    TensorMismatch,
     Timeout,
     TooManyFds,
     TooManyInFlight,
@@ -71,7 +79,7 @@ from npu_client._errors import (
 from npu_client._memory import Slice
 from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV, socket_path
 from npu_client._version import __version__ as __version__
-from npu_protocol import DaemonStatus, Priority
+from npu_protocol import DaemonStatus, ModelInfo, Priority, TensorInfo
 
 if TYPE_CHECKING:
     from npu_client.trio_client import TrioClient
@@ -120,6 +128,7 @@ __all__ = [
     "FdCountMismatch",
     "FdsTruncated",
     "FrameTooLarge",
+    "InputNotSet",
     "InternalError",
     "InvalidArgument",
     "InvalidFd",
@@ -129,8 +138,16 @@ __all__ = [
     "InvokeOutput",
     "MissingFds",
     "MmapFailed",
+    "Model",
+    "ModelFileUnreadable",
+    "ModelFormatError",
+    "ModelInfo",
+    "ModelMalformed",
     "ModelNotLoaded",
+    "ModelRejected",
+    "ModelSlotsFull",
     "NoFreeSession",
+    "NoOutputs",
     "NotPermitted",
     "NpuError",
     "OpenFailed",
@@ -144,6 +161,8 @@ __all__ = [
     "ShuttingDownError",
     "Slice",
     "SliceOutOfRange",
+    "TensorInfo",
+    "TensorMismatch",
     "Timeout",
     "TooManyFds",
     "TooManyInFlight",

@@ -13,21 +13,29 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
+from npu_client._errors import code_message, make_error
 from npu_client._memory import MappedBuffer, Slice
 from npu_protocol import (
     MAX_ARGS,
     MAX_DMA_SIZE,
     MAX_METHOD,
     MAX_PING_PAYLOAD,
+    MAX_TIMEOUT_MS,
     MAX_URI_LENGTH,
+    PROTOCOL_VERSION,
+    Budget,
     BufferSlice,
     ClientLimits,
+    ErrorCode,
     InlineInput,
     InlineOutput,
     InvokeRequest,
 )
+
+DEADLINES_VERSION: Final = 2
+"""The protocol version that brought deadlines and budgets."""
 
 InvokeInput: TypeAlias = bytes | bytearray | memoryview | Slice
 """An invoke input: bytes sent inline, or a slice the DSP reads in place."""
@@ -48,11 +56,14 @@ def invoke_request(
     timeout: float | None,
     limits: ClientLimits,
     owns: Callable[[MappedBuffer], bool],
+    deadline: float | None = None,
+    protocol_version: int = PROTOCOL_VERSION,
 ) -> Callable[[int], InvokeRequest]:
     """A checked invoke, waiting only for its request id (it is built once, then).
 
     ``owns(buffer)`` says whether a slice's buffer is a live buffer of this
-    connection. ``timeout`` is in seconds.
+    connection. ``timeout`` and ``deadline`` are in seconds from now;
+    ``protocol_version`` is the one the Welcome named (deadlines need 2).
     """
     # Every call of every client comes through here: the common cases are
     # tested first and cheaply; anything unusual gets the careful check.
@@ -69,6 +80,7 @@ def invoke_request(
             f"{limits.max_inline_bytes}: pass large data as a buffer slice"
         )
     timeout_ms = None if timeout is None else _timeout_ms(timeout, limits)
+    deadline_ms = None if deadline is None else _deadline_ms(deadline, protocol_version)
 
     def build(request_id: int) -> InvokeRequest:
         return InvokeRequest(
@@ -79,6 +91,7 @@ def invoke_request(
             inputs=wire_inputs,
             outputs=wire_outputs,
             timeout_ms=timeout_ms,
+            deadline_ms=deadline_ms,
         )
 
     if sc is not None:
@@ -173,6 +186,16 @@ def _slice(what: str, index: int, arg: Slice, owns: Callable[[MappedBuffer], boo
     return BufferSlice(buffer=buffer.id, offset=arg.offset, length=arg.length)
 
 
+def call_timing(
+    timeout: float | None, deadline: float | None, limits: ClientLimits, protocol_version: int
+) -> tuple[int | None, int | None]:
+    """A DSP call's ``timeout`` and ``deadline`` (seconds) as the request's milliseconds."""
+    return (
+        None if timeout is None else _timeout_ms(timeout, limits),
+        None if deadline is None else _deadline_ms(deadline, protocol_version),
+    )
+
+
 def _timeout_ms(timeout: object, limits: ClientLimits) -> int:
     if not isinstance(timeout, int | float) or isinstance(timeout, bool):
         raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
@@ -185,6 +208,44 @@ def _timeout_ms(timeout: object, limits: ClientLimits) -> int:
             f"{limits.max_timeout_ms / 1000:g} s"
         )
     return milliseconds
+
+
+def _deadline_ms(deadline: object, protocol_version: int) -> int:
+    if not isinstance(deadline, int | float) or isinstance(deadline, bool):
+        raise TypeError(f"deadline must be a number of seconds, not {type(deadline).__name__}")
+    if not deadline > 0 or math.isinf(deadline):
+        raise ValueError(f"deadline must be a positive number of seconds, got {deadline}")
+    milliseconds = math.ceil(deadline * 1000)
+    if milliseconds > MAX_TIMEOUT_MS:
+        raise ValueError(f"deadline {deadline} s is above {MAX_TIMEOUT_MS / 1000:g} s")
+    if protocol_version < DEADLINES_VERSION:
+        # An older npud would ignore the key and run the call whenever.
+        raise make_error(
+            ErrorCode.UNSUPPORTED,
+            code_message(
+                ErrorCode.UNSUPPORTED,
+                what=f"deadlines (npud speaks protocol version {protocol_version}; they need 2)",
+            ),
+        )
+    return milliseconds
+
+
+def budget_record(budget: tuple[float, float] | None) -> Budget | None:
+    """``(period, budget)`` in seconds as the Hello's record, checked."""
+    if budget is None:
+        return None
+    if not isinstance(budget, tuple) or len(budget) != 2:
+        raise TypeError("budget must be (period, budget) in seconds")
+    period, share = budget
+    for what, value in (("period", period), ("budget", share)):
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise TypeError(f"budget {what} must be a number of seconds")
+    period_us, budget_us = round(period * 1e6), round(share * 1e6)
+    if not 100 <= period_us <= 10_000_000:
+        raise ValueError(f"budget period must be between 100 µs and 10 s, got {period} s")
+    if not 1 <= budget_us <= period_us:
+        raise ValueError(f"budget must be positive and at most its period, got {share} s")
+    return Budget(period_us=period_us, budget_us=budget_us)
 
 
 # --- the other requests' arguments --------------------------------------------------------

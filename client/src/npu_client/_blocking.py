@@ -27,14 +27,15 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Final, Self, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Self, TypeVar
 
 from npu_client import _requests as requests
-from npu_client._args import InvokeInput, InvokeOutput
+from npu_client._args import InvokeInput, InvokeOutput, budget_record
 from npu_client._core import Call, ClientCore, ClientStatistics, EventCallback, deliver_events
 from npu_client._errors import ConnectFailed, NpuError
 from npu_client._memory import MappedBuffer
+from npu_client._models import ModelSource, ModelState, TensorValue, check_shapes, model_file
 from npu_client._settings import (
     client_name,
     connect_failure_message,
@@ -50,7 +51,7 @@ from npu_client.transport import (
     fds_ancillary,
     parse_ancillary,
 )
-from npu_protocol import DaemonStatus, ErrorCode, Priority
+from npu_protocol import DaemonStatus, ErrorCode, ModelInfo, Priority, TensorInfo
 
 T = TypeVar("T")
 
@@ -66,6 +67,7 @@ def connect(
     *,
     name: str | None = None,
     priority: Priority | str = Priority.NORMAL,
+    budget: tuple[float, float] | None = None,
     timeout: float | None = None,
     on_event: EventCallback | None = None,
 ) -> Client:
@@ -75,6 +77,10 @@ def connect(
     ``name``: shown in ``npuctl status`` and the daemon's log; default the
     program's name. ``priority``: ``"realtime"``, ``"normal"`` or
     ``"background"`` (the daemon may grant less: see ``client.priority``).
+    ``budget``: a realtime client's ``(period, budget)`` in seconds: at most
+    ``budget`` of DSP time every ``period`` (e.g. ``(0.032, 0.004)``); the
+    daemon admits it only while the DSP is not overcommitted, else
+    :class:`AdmissionRefused`.
     ``timeout``: seconds to wait for the connection and for each answer
     (``TimeoutError`` when exceeded); None waits as long as it takes.
     ``on_event``: called with each server event (see :class:`Client`).
@@ -83,7 +89,9 @@ def connect(
     the daemon refused the connection with (e.g. :class:`NotPermitted`).
     """
     resolved = socket_path(path)
-    core: ClientCore[DmaBuffer] = ClientCore(client_name(name), priority_class(priority))
+    core: ClientCore[DmaBuffer] = ClientCore(
+        client_name(name), priority_class(priority), budget_record(budget)
+    )
     _check_timeout(timeout)
     sock = _open_socket(resolved, timeout)
     client = Client(sock, core, path=resolved, timeout=timeout, on_event=on_event)
@@ -217,6 +225,32 @@ class Client(DaemonView["DmaBuffer"]):
         ``file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp``."""
         return RemoteHandle(self, *self._run(requests.open_skel(self._core, uri)))
 
+    def load_model(
+        self,
+        source: ModelSource,
+        *,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        name: str | None = None,
+    ) -> Model:
+        """Load a model onto the NPU: a path (opened here, with this process's
+        permissions), an open binary file or an fd; only its fd travels to npud, which
+        reads the file through it. ``shapes`` fixes free dimensions of an ONNX
+        model's tensors by name (the emulator backend). ``name`` is what ``npuctl
+        status`` shows (default: the file's name). The model's tensors live in one
+        DMA-BUF mapped here: see :class:`Model`."""
+        checked = check_shapes(shapes)
+        with model_file(source) as (fd, shown):
+            loaded = self._run(requests.load_model(self._core, fd, (name or shown)[:1024], checked))
+        try:
+            state = ModelState(*loaded)
+        except (OSError, ValueError):
+            with contextlib.suppress(NpuError, TimeoutError):
+                self._run(requests.discard_model(loaded.model))
+            raise
+        with self._lock:
+            self._core.adopt_model(state)
+        return Model(self, state)
+
     def status(self) -> DaemonStatus:
         """The daemon's status: what ``npuctl status`` shows."""
         return self._run(requests.status())
@@ -224,6 +258,14 @@ class Client(DaemonView["DmaBuffer"]):
     def ping(self, payload: bytes | bytearray | memoryview = b"") -> bytes:
         """A round trip through the daemon; returns the payload it echoed."""
         return self._run(requests.ping(payload))
+
+    def debug_fault(self, action: str, duration: float = 0.0, code: int = 0) -> str:
+        """Inject a fault into the emulated DSP, to exercise recovery: ``"ssr"`` (a
+        subsystem restart, the DSP away for ``duration`` seconds), ``"latency"`` (every
+        invoke ``duration`` longer), ``"fail_next_invoke"`` (answers ``code``),
+        ``"clear"``. Root only, and the emulator only (``NotPermitted``,
+        ``Unsupported``). Returns what the daemon did."""
+        return self._run(requests.debug_fault(action, duration, code))
 
     # --- closing -------------------------------------------------------------------------------
 
@@ -541,6 +583,7 @@ class RemoteHandle(HandleIdentity):
         *,
         sc: int | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
     ) -> list[bytes | None]:
         """Call ``method`` (0..31; or pass ``method=None`` and a raw scalars word ``sc``).
 
@@ -548,12 +591,15 @@ class RemoteHandle(HandleIdentity):
         place). ``outputs``: an int capacity (the bytes come back) or a slice
         (written in place). Returns one entry per output: bytes for a
         capacity, None for a slice. ``timeout`` (seconds) bounds the daemon's
-        wait for the DSP. A non-zero result from the method raises
-        :class:`InvokeFailed` with ``fields["code"]``.
+        wait for the DSP. ``deadline`` (seconds from now): if the call cannot
+        start on the DSP by then it fails with :class:`DeadlineExceeded`
+        without running; finishing later counts as a miss in ``npuctl top``.
+        A non-zero result from the method raises :class:`InvokeFailed` with
+        ``fields["code"]``.
         """
         client = self._client
         return client._run(
-            requests.invoke(client._core, self, method, inputs, outputs, sc, timeout)
+            requests.invoke(client._core, self, method, inputs, outputs, sc, timeout, deadline)
         )
 
     def close(self) -> None:
@@ -570,3 +616,106 @@ class RemoteHandle(HandleIdentity):
 
     def __repr__(self) -> str:
         return f"<RemoteHandle {self._id} {self._uri!r}{' closed' if self._closed else ''}>"
+
+
+class Model:
+    """A model loaded in npud (:meth:`Client.load_model`); its tensors are shared memory.
+
+    ``inputs`` / ``outputs`` describe the tensors (name, dtype, shape, nbytes,
+    offset). :meth:`run` gives inputs, runs once and returns every output: numpy
+    arrays when numpy is installed, ``bytes`` otherwise. Inputs keep their value
+    between runs, so ``run({"audio": chunk})`` changes only the audio. For
+    callers that keep state between calls: :meth:`set_input`, :meth:`execute`,
+    :meth:`get_output`, and :meth:`input_view` / :meth:`output_view`, views of
+    the tensors in the shared arena (write an input in place: no copy at all).
+    A run sends only its small request; no tensor bytes cross the socket.
+    :meth:`unload` (or leaving a ``with`` block) releases it in npud and here.
+    """
+
+    def __init__(self, client: Client, state: ModelState) -> None:
+        """Internal: use :meth:`Client.load_model`."""
+        self._client = client
+        self._state = state
+
+    @property
+    def id(self) -> int:
+        """The daemon's id for the model (scoped to the connection)."""
+        return self._state.id
+
+    @property
+    def name(self) -> str:
+        return self._state.info.name
+
+    @property
+    def inputs(self) -> tuple[TensorInfo, ...]:
+        return self._state.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorInfo, ...]:
+        return self._state.outputs
+
+    @property
+    def unloaded(self) -> bool:
+        """True once unloaded, its client closed, or its DSP session restarted."""
+        return self._state.unloaded
+
+    @property
+    def last_dsp_us(self) -> int:
+        """The DSP time of the last run (µs), as npud measured it."""
+        return self._state.last_dsp_us
+
+    def run(
+        self,
+        inputs: Mapping[str, TensorValue] | None = None,
+        *,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> dict[str, Any]:
+        """Set ``inputs`` (by name), run once, return every output by name (copies).
+        ``timeout`` and ``deadline`` (seconds) as for ``RemoteHandle.invoke``."""
+        for name, value in (inputs or {}).items():
+            self._state.set_input(name, value)
+        self.execute(timeout=timeout, deadline=deadline)
+        return self._state.all_outputs()
+
+    def set_input(self, name: str, value: TensorValue) -> None:
+        """Write input ``name`` into the shared arena (checked: dtype, shape, size)."""
+        self._state.set_input(name, value)
+
+    def execute(self, *, timeout: float | None = None, deadline: float | None = None) -> None:
+        """Run once on the inputs in the arena (InputNotSet if one never had a value)."""
+        client = self._client
+        client._run(requests.run_model(client._core, self._state, timeout, deadline))
+
+    def get_output(self, name: str) -> Any:
+        """A copy of output ``name`` from the last successful run (NoOutputs before one)."""
+        return self._state.get_output(name)
+
+    def input_view(self, name: str) -> Any:
+        """Input ``name`` in the shared arena, writable: a numpy array (memoryview
+        without numpy). Taking it counts as giving the input a value."""
+        return self._state.input_view(name)
+
+    def output_view(self, name: str) -> Any:
+        """Output ``name`` in the shared arena: the next run overwrites it."""
+        return self._state.output_view(name)
+
+    def info(self) -> ModelInfo:
+        """What npud knows of the model now (its runs included)."""
+        return self._client._run(requests.model_info(self._state))
+
+    def unload(self) -> None:
+        """Unload it in npud, then unmap it here. Idempotent; no error if it is gone
+        already (its connection, a DSP restart)."""
+        if not self._state.unloaded:
+            client = self._client
+            client._run(requests.unload_model(client._core, self._state))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.unload()
+
+    def __repr__(self) -> str:
+        return repr(self._state)

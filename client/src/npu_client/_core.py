@@ -29,10 +29,12 @@ from npu_client._errors import (
     make_error,
 )
 from npu_client._memory import MappedBuffer, restart_reason
+from npu_client._models import ModelState
 from npu_client.transport import OwnedFd
 from npu_protocol import (
     NEED_DATA,
     AnyRequest,
+    Budget,
     ClientConnection,
     ClientLimits,
     ConnectionClosed,
@@ -147,13 +149,14 @@ class _Death:
 class ClientCore(Generic[B]):
     """One connection's state: handshake, requests in flight, buffers, events, death."""
 
-    def __init__(self, name: str, priority: Priority) -> None:
+    def __init__(self, name: str, priority: Priority, budget: Budget | None = None) -> None:
         self._conn = ClientConnection()
-        self._hello = Hello(client_name=name, priority=priority)
+        self._hello = Hello(client_name=name, priority=priority, budget=budget)
         self._pending: dict[int, Pending] = {}
         self._max_in_flight = 0  # from the Welcome: nothing is sent before it
         self._limits: ClientLimits | None = None
         self._buffers: dict[int, B] = {}
+        self._models: dict[int, ModelState] = {}
         self.events: list[ServerEvent] = []
         """Server events received and not yet taken (:meth:`take_events`)."""
         self._death: _Death | None = None
@@ -175,6 +178,12 @@ class ClientCore(Generic[B]):
     @property
     def welcome(self) -> Welcome | None:
         return self._conn.welcome
+
+    @property
+    def protocol_version(self) -> int:
+        """The version the Welcome named (0 before it)."""
+        welcome = self._conn.welcome
+        return 0 if welcome is None else welcome.protocol_version
 
     @property
     def limits(self) -> ClientLimits:
@@ -324,17 +333,44 @@ class ClientCore(Generic[B]):
             del self._buffers[buffer.id]
 
     def release_buffers(self, reason: str) -> None:
-        """Close every buffer's mapping and fd (the connection is closing)."""
+        """Close every buffer's and model arena's mapping and fd (the connection is closing)."""
         buffers, self._buffers = self._buffers, {}
         for buffer in buffers.values():
             buffer._release_local(reason)
+        models, self._models = self._models, {}
+        for model in models.values():
+            model.release_local(reason.removeprefix("gone: "))
 
     def _release_buffers_before(self, epoch: int) -> None:
-        """The daemon released every buffer of earlier sessions: close ours."""
+        """The daemon released every buffer and model of earlier sessions: close ours."""
         stale = [buffer for buffer in self._buffers.values() if buffer.epoch < epoch]
         for buffer in stale:
             del self._buffers[buffer.id]
             buffer._release_local(restart_reason(epoch))
+        for model in [m for m in self._models.values() if m.epoch < epoch]:
+            del self._models[model.id]
+            model.release_local(f"the DSP restarted (session epoch {epoch}); load it again")
+
+    # --- models -----------------------------------------------------------------------------
+
+    @property
+    def models(self) -> tuple[ModelState, ...]:
+        return tuple(self._models.values())
+
+    def adopt_model(self, model: ModelState) -> None:
+        """Make a freshly loaded and mapped model one of this connection's (released here
+        and raised as for :meth:`adopt` when the connection or its epoch is over)."""
+        if self._death is not None:
+            model.release_local("its connection is over")
+            raise self._death.error()
+        if model.epoch < self.epoch:
+            model.release_local(f"the DSP restarted (session epoch {self.epoch}); load it again")
+            raise DspRestarted(code_message(ErrorCode.DSP_RESTARTED))
+        self._models[model.id] = model
+
+    def forget_model(self, model: ModelState) -> None:
+        if self._models.get(model.id) is model:
+            del self._models[model.id]
 
     # --- events and statistics ---------------------------------------------------------------
 

@@ -193,15 +193,50 @@ class InvalidArgument(NpuError, code=ErrorCode.INVALID_ARGUMENT):
 
 
 class QnnError(NpuError, code=ErrorCode.QNN):
-    """The QNN skel reported an error."""
+    """The model runtime failed (composing or running a graph); the QNN error number
+    is in the message."""
 
 
 class ModelNotLoaded(NpuError, code=ErrorCode.MODEL_NOT_LOADED):
-    """No model is loaded."""
+    """The model was unloaded, or is gone with its connection."""
 
 
 class InvalidTensorIndex(NpuError, code=ErrorCode.INVALID_TENSOR_INDEX):
-    """A tensor index is out of range."""
+    """No such tensor: a name (or index) the model does not have."""
+
+
+class ModelSlotsFull(NpuError, code=ErrorCode.MODEL_SLOTS_FULL):
+    """The DSP has no free model slot."""
+
+
+class TensorMismatch(NpuError, code=ErrorCode.TENSOR_MISMATCH):
+    """A tensor's data type, shape or size is not the model's (or shapes given at
+    load do not fit it)."""
+
+
+class InputNotSet(NpuError, code=ErrorCode.INPUT_NOT_SET):
+    """A run or execute before every input was given a value."""
+
+
+class ModelFileUnreadable(NpuError, code=ErrorCode.MODEL_FILE_UNREADABLE):
+    """The model file cannot be read (not a regular file, empty, I/O error)."""
+
+
+class ModelFormatError(NpuError, code=ErrorCode.MODEL_FORMAT):
+    """The model file is of a format this backend does not load; the message says which
+    it takes."""
+
+
+class ModelMalformed(NpuError, code=ErrorCode.MODEL_MALFORMED):
+    """The model file is of the right format but damaged or not loadable."""
+
+
+class ModelRejected(NpuError, code=ErrorCode.MODEL_REJECTED):
+    """The model is outside the NPU's limits (tensor count, rank, size, free dimensions)."""
+
+
+class NoOutputs(NpuError, code=ErrorCode.NO_OUTPUTS):
+    """An output was read before a successful run or execute."""
 
 
 # --- session and shell (4xx) -----------------------------------------------------------

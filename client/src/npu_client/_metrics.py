@@ -51,6 +51,8 @@ DAEMON_METRICS: Final = (
     Metric("npud_handles", GAUGE, "totals.handles", "Remote handles open on the DSP."),
     Metric("npud_calls_in_flight", GAUGE, "totals.calls_in_flight", "Requests not yet answered."),
     Metric("npud_calls_total", COUNTER, "totals.calls_done", "Requests answered, all clients."),
+    Metric("npud_models", GAUGE, "totals.models", "Models loaded for all clients."),
+    Metric("npud_model_bytes", GAUGE, "totals.model_bytes", "Bytes of models: files and arenas."),
     Metric("npud_dsp_slots", GAUGE, "scheduler.dsp_slots", "Calls npud keeps on the DSP at once."),
     Metric("npud_queued_realtime", GAUGE, "scheduler.queued_realtime", "Realtime calls waiting."),
     Metric("npud_queued_normal", GAUGE, "scheduler.queued_normal", "Normal calls waiting."),

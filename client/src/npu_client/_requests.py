@@ -3,8 +3,8 @@
 Each function here checks the caller's arguments (raising before anything is
 sent) and returns a :class:`~npu_client._core.Call`. The blocking and the
 trio client run a Call the same way (``client._run(call)``, awaited or not),
-so a new request kind (models: load, run, unload) is one function here and a
-one-line method on each client.
+so a new request kind is one function here and a one-line method on each
+client.
 
 ``finish`` runs with the answer in: it raises the error the daemon gave (or
 tolerates the ones that mean "already done"), updates the local objects (a
@@ -14,19 +14,29 @@ buffer's DSP mapping, its release, a handle's state) and returns the result.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
+
+import msgspec
 
 from npu_client._args import (
     InvokeInput,
     InvokeOutput,
+    call_timing,
     check_ping_payload,
     check_size,
     check_uri,
     invoke_request,
 )
 from npu_client._core import Call, ClientCore, Pending
-from npu_client._errors import ConnectionClosedError, DspRestarted
+from npu_client._errors import (
+    ConnectionClosedError,
+    DspRestarted,
+    ModelNotLoaded,
+    Unsupported,
+    code_message,
+)
 from npu_client._memory import MappedBuffer
+from npu_client._models import ModelState
 from npu_client._views import HandleIdentity
 from npu_client.transport import OwnedFd
 from npu_protocol import (
@@ -34,11 +44,23 @@ from npu_protocol import (
     AllocRequest,
     CloseRequest,
     DaemonStatus,
+    DebugReply,
+    DebugRequest,
+    ErrorCode,
     FreeReply,
     FreeRequest,
     InvokeReply,
     MapReply,
     MapRequest,
+    ModelInfo,
+    ModelInfoReply,
+    ModelInfoRequest,
+    ModelLoadReply,
+    ModelLoadRequest,
+    ModelRunReply,
+    ModelRunRequest,
+    ModelUnloadReply,
+    ModelUnloadRequest,
     OpenReply,
     OpenRequest,
     PingRequest,
@@ -154,15 +176,108 @@ def invoke(
     outputs: Sequence[InvokeOutput],
     sc: int | None,
     timeout: float | None,
+    deadline: float | None = None,
 ) -> Call[list[bytes | None]]:
     if handle._closed:
         handle._check_open()  # raises
-    build = invoke_request(handle._id, method, sc, inputs, outputs, timeout, core.limits, core.owns)
+    build = invoke_request(
+        handle._id,
+        method,
+        sc,
+        inputs,
+        outputs,
+        timeout,
+        core.limits,
+        core.owns,
+        deadline,
+        core.protocol_version,
+    )
     return Call(build, _invoke_outputs)
 
 
 def _invoke_outputs(pending: Pending) -> list[bytes | None]:
     return list(pending.result(InvokeReply).outputs)
+
+
+# --- models -----------------------------------------------------------------------------------
+
+MODELS_VERSION = 2
+"""The protocol version that has models."""
+
+
+class LoadedModel(NamedTuple):
+    """An answered model_load: the caller maps ``fd`` (which it now owns) as the arena."""
+
+    model: int
+    info: ModelInfo
+    fd: OwnedFd
+    epoch: int
+
+
+def load_model(
+    core: ClientCore[Any], fd: int, name: str, shapes: dict[str, tuple[int, ...]]
+) -> Call[LoadedModel]:
+    """Load the model file open on ``fd`` (sent with the request; it stays the caller's)."""
+    if core.protocol_version < MODELS_VERSION:
+        what = f"models (npud speaks protocol version {core.protocol_version}; they need 2)"
+        raise Unsupported(code_message(ErrorCode.UNSUPPORTED, what=what), fields={"what": what})
+
+    def finish(pending: Pending) -> LoadedModel:
+        reply = pending.result(ModelLoadReply)
+        return LoadedModel(reply.model, reply.info, pending.take_fd(), pending.epoch)
+
+    return Call(lambda rid: ModelLoadRequest(id=rid, fd=fd, name=name, shapes=shapes), finish)
+
+
+def model_info(model: ModelState) -> Call[ModelInfo]:
+    model.check_loaded()
+    return Call(lambda rid: ModelInfoRequest(id=rid, model=model.id), _model_info)
+
+
+def _model_info(pending: Pending) -> ModelInfo:
+    return pending.result(ModelInfoReply).info
+
+
+def run_model(
+    core: ClientCore[Any], model: ModelState, timeout: float | None, deadline: float | None
+) -> Call[None]:
+    """One run on the inputs in the arena; afterwards the outputs are there."""
+    timeout_ms, deadline_ms = call_timing(timeout, deadline, core.limits, core.protocol_version)
+    model.before_run()
+
+    def finish(pending: Pending) -> None:
+        model.after_run(pending.result(ModelRunReply).dsp_us)
+
+    return Call(
+        lambda rid: ModelRunRequest(
+            id=rid, model=model.id, timeout_ms=timeout_ms, deadline_ms=deadline_ms
+        ),
+        finish,
+    )
+
+
+def unload_model(core: ClientCore[Any], model: ModelState) -> Call[None]:
+    """Unload ``model`` in the daemon, then here. Gone already (the connection, a DSP
+    restart, an earlier unload): not an error."""
+
+    def finish(pending: Pending) -> None:
+        if pending.error is not None and not isinstance(
+            pending.error, ConnectionClosedError | DspRestarted | ModelNotLoaded
+        ):
+            raise pending.error
+        core.forget_model(model)
+        model.release_local("unloaded")
+
+    return Call(lambda rid: ModelUnloadRequest(id=rid, model=model.id), finish)
+
+
+def discard_model(model_id: int) -> Call[None]:
+    """Unload a model this side could not map (there is nothing to release here)."""
+    return Call(lambda rid: ModelUnloadRequest(id=rid, model=model_id), _unloaded)
+
+
+def _unloaded(pending: Pending) -> None:
+    pending.result(ModelUnloadReply)
 
 
 # --- the daemon ------------------------------------------------------------------------------
@@ -183,3 +298,28 @@ def ping(payload: object) -> Call[bytes]:
 
 def _pong(pending: Pending) -> bytes:
     return pending.result(PongReply).payload
+
+
+DEBUG_ACTIONS: Final = ("ssr", "latency", "fail_next_invoke", "clear")
+
+
+def debug_fault(action: str, duration: float, code: int) -> Call[str]:
+    """Inject a fault into the emulated DSP (root only, the emulator only)."""
+    if action not in DEBUG_ACTIONS:
+        raise ValueError(f"action must be one of {', '.join(DEBUG_ACTIONS)}, not {action!r}")
+    if not isinstance(duration, int | float) or isinstance(duration, bool) or duration < 0:
+        raise ValueError(f"duration must be a number of seconds >= 0, got {duration!r}")
+    milliseconds = round(duration * 1000)
+    if milliseconds > 0xFFFF_FFFF or not 0 <= code <= 0xFFFF_FFFF:
+        raise ValueError("duration or code out of range")
+    request = DebugRequest(
+        id=0,
+        action=action,  # type: ignore[arg-type]
+        duration_ms=milliseconds,
+        code=code,
+    )
+    return Call(lambda rid: msgspec.structs.replace(request, id=rid), _debug_detail)
+
+
+def _debug_detail(pending: Pending) -> str:
+    return pending.result(DebugReply).detail

@@ -40,7 +40,37 @@ def render_status(status: DaemonStatus) -> str:
         lines.extend(_table(status.clients))
     else:
         lines.append(_line("clients", "none"))
+    models = _models(status.clients)
+    if models:
+        lines += ["", *models]
     return "\n".join(lines)
+
+
+_MODEL_COLUMNS: Final = ("PID", "CLIENT", "MODEL", "NAME", "SIZE", "RUNS", "DSP")
+
+
+def _models(clients: Sequence[ClientRow]) -> list[str]:
+    """One line per loaded model: whose, its id and name, its bytes, runs and DSP time."""
+    rows = [
+        (
+            str(row.pid),
+            row.name,
+            str(model.id),
+            model.name or "-",
+            format_bytes(model.bytes),
+            str(model.runs),
+            f"{model.dsp_us / 1e6:.3f} s",
+        )
+        for row in clients
+        for model in row.models
+    ]
+    if not rows:
+        return []
+    widths = [max(len(c[i]) for c in [_MODEL_COLUMNS, *rows]) for i in range(len(_MODEL_COLUMNS))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+        for cells in [_MODEL_COLUMNS, *rows]
+    ]
 
 
 def _line(label: str, value: str) -> str:
@@ -70,6 +100,7 @@ def _totals(totals: Totals) -> str:
             f"{_count(totals.buffers, 'buffer')} ({format_bytes(totals.bytes)})",
             _count(totals.mappings, "mapping"),
             _count(totals.handles, "handle"),
+            f"{_count(totals.models, 'model')} ({format_bytes(totals.model_bytes)})",
             f"{totals.calls_in_flight} calls in flight",
             f"{totals.calls_done} calls done",
         ]

@@ -13,6 +13,7 @@ import pwd
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
@@ -23,9 +24,20 @@ import npu_protocol
 from npu_client._blocking import Client, connect
 from npu_client._errors import ConnectFailed, NpuError
 from npu_client._metrics import render, render_down
+from npu_client._model_run import (
+    RunArgs,
+    RunUsageError,
+    parse_assignment,
+    parse_dims,
+    render_run,
+    run_once,
+)
 from npu_client._selftest import render_report, run_selftest
 from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV
 from npu_client._status_text import render_status
+from npu_client._top import SORT_KEYS, Sample
+from npu_client._top import frame as top_frame
+from npu_client._top import render as render_top
 from npu_client._version import __version__
 
 EXIT_OK: Final = 0
@@ -40,6 +52,8 @@ CLIENT_GROUP: Final = "npu"
 """The group whose members may connect to the system's npud (systemd/npud.socket)."""
 
 DEFAULT_TIMEOUT: Final = 30.0
+CLEAR: Final = "\x1b[H\x1b[2J"
+"""Home the cursor and clear the screen (ANSI; every terminal emulator knows it)."""
 
 Command = Callable[[Client, argparse.Namespace], int]
 
@@ -118,7 +132,133 @@ def build_parser() -> argparse.ArgumentParser:
         help="write FILE instead of stdout, atomically (a temporary file renamed over it)",
     )
     metrics.set_defaults(run=_metrics, on_failure=_metrics_down)
+
+    top = commands.add_parser(
+        "top",
+        help="a live view of who uses the NPU: a row per client, refreshed every second",
+        description=(
+            "Show, refreshed every interval, one row per client: its class, calls per "
+            "second and share of DSP time over the interval, its recent queue wait (median "
+            "and 99th percentile), calls queued/running, deadline misses, calls refused as "
+            "late, and its declared budget; above them the scheduler's mode, DSP utilisation "
+            "and queues. Redrawn in place on a terminal; Ctrl-C ends it."
+        ),
+        epilog=(
+            "columns: CL class (RT realtime, N normal, BG background); DSP% share of the "
+            "interval the client's calls were on the DSP (percent of one slot); Q/R calls "
+            "queued/running; MISS finished after their deadline; LATE refused because their "
+            "deadline passed before dispatch; BUDGET declared ms per period ms"
+        ),
+    )
+    top.add_argument(
+        "--once",
+        action="store_true",
+        help="print one frame (after one interval) and exit, for scripts",
+    )
+    top.add_argument(
+        "--json", action="store_true", help="print each frame as one JSON object per line"
+    )
+    top.add_argument(
+        "--sort",
+        choices=SORT_KEYS,
+        default="dsp",
+        help="order of the rows (default: dsp, the largest share of DSP time first)",
+    )
+    top.add_argument(
+        "--interval",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=1.0,
+        help="time between frames, over which rates are measured (default: 1)",
+    )
+    top.add_argument(
+        "--count",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="stop after N frames (default: until Ctrl-C; --once is --count 1)",
+    )
+    top.set_defaults(run=_top)
+
+    run = commands.add_parser(
+        "run",
+        help="load a model, run it once, print its output shapes and the timings",
+        description=(
+            "Load MODEL (a file this user can read: npuctl opens it and passes its fd to "
+            "npud), give each input the array of its --input file or zeros, run it once, and "
+            "print each input's source, each output's data type and shape, and the times of "
+            "the load, the run's round trip and its DSP time. The model is unloaded at the "
+            "end. The emulator backend loads ONNX models, the kernel backend QNN model "
+            "libraries."
+        ),
+        epilog="example: npuctl run silero_vad.onnx --shape input=1,576 --input input=chunk.npy",
+    )
+    run.add_argument("model", metavar="MODEL", type=Path, help="the model file")
+    run.add_argument(
+        "--input",
+        metavar="NAME=FILE.npy",
+        type=_assignment,
+        action="append",
+        default=[],
+        help="set input NAME from a .npy file (needs numpy); repeat per input",
+    )
+    run.add_argument(
+        "--shape",
+        metavar="NAME=D0,D1,...",
+        type=_shape,
+        action="append",
+        default=[],
+        help="fix the free dimensions of tensor NAME (ONNX models); repeat per tensor",
+    )
+    run.add_argument("--json", action="store_true", help="print the report as JSON")
+    run.set_defaults(run=_run)
+    debug = commands.add_parser(
+        "debug",
+        help="inject a fault into the emulated DSP (root, emulator only)",
+        description=(
+            "Exercise npud's recovery from outside: a subsystem restart, slow invokes, an "
+            "invoke that fails. Only root may, and only on the emulator backend (the kernel "
+            "backend refuses with a clear error)."
+        ),
+    )
+    debug.add_argument(
+        "action",
+        choices=("ssr", "latency", "fail-next-invoke", "clear"),
+        help=(
+            "ssr: a subsystem restart, the DSP away for --seconds (default 1); latency: every "
+            "later invoke takes --seconds longer; fail-next-invoke: the next invoke answers "
+            "--code; clear: undo latency and pending failures"
+        ),
+    )
+    debug.add_argument(
+        "--seconds",
+        type=_non_negative_seconds,
+        default=None,
+        help="the outage of ssr (default: 1), the latency added by latency (default: 0)",
+    )
+    debug.add_argument(
+        "--code",
+        type=_dsp_result,
+        default=0x8000040E,
+        help="the DSP result fail-next-invoke answers (default: 0x8000040E, AEE_EBADPARM)",
+    )
+    debug.set_defaults(run=_debug)
     return parser
+
+
+def _assignment(text: str) -> tuple[str, str]:
+    try:
+        return parse_assignment(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _shape(text: str) -> tuple[str, tuple[int, ...]]:
+    try:
+        name, dims = parse_assignment(text)
+        return name, parse_dims(dims)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def version_line() -> str:
@@ -145,6 +285,72 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds: {text!r}")
+    return value
+
+
+def _dsp_result(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 0xFFFF_FFFF:
+        raise argparse.ArgumentTypeError(f"a DSP result is a non-zero u32: {text!r}")
+    return value
+
+
+def _debug(client: Client, args: argparse.Namespace) -> int:
+    if args.action == "ssr":
+        detail = client.debug_fault("ssr", 1.0 if args.seconds is None else args.seconds)
+    elif args.action == "latency":
+        detail = client.debug_fault("latency", args.seconds or 0.0)
+    elif args.action == "fail-next-invoke":
+        detail = client.debug_fault("fail_next_invoke", code=args.code)
+    else:
+        detail = client.debug_fault("clear")
+    print(detail)
+    return EXIT_OK
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _top(client: Client, args: argparse.Namespace) -> int:
+    frames = 1 if args.once else args.count
+    redraw = not args.json and sys.stdout.isatty()
+    me = (os.getpid(), NPUCTL_NAME)
+    before = Sample(client.status(), time.monotonic())
+    shown = 0
+    while frames is None or shown < frames:
+        time.sleep(args.interval)
+        after = Sample(client.status(), time.monotonic())
+        view = top_frame(before, after, sort=args.sort, exclude=me)
+        if args.json:
+            print(msgspec.json.encode(view).decode(), flush=True)
+        else:
+            text = render_top(view)
+            print(
+                f"\x1b[H\x1b[2J{text}" if redraw else text + ("\n" if frames != 1 else ""),
+                flush=True,
+            )
+        before = after
+        shown += 1
+    return EXIT_OK
+
+
 def _status(client: Client, args: argparse.Namespace) -> int:
     status = client.status()
     if args.json:
@@ -161,6 +367,27 @@ def _selftest(client: Client, args: argparse.Namespace) -> int:
     else:
         print(render_report(report))
     return EXIT_OK if report.ok else EXIT_FAILURE
+
+
+def _run(client: Client, args: argparse.Namespace) -> int:
+    run_args = RunArgs(
+        args.model,
+        inputs={name: Path(path) for name, path in args.input},
+        shapes=dict(args.shape),
+    )
+    try:
+        report = run_once(client, run_args)
+    except RunUsageError as exc:
+        _error(str(exc))
+        return EXIT_FAILURE
+    except OSError as exc:
+        _error(f"cannot open {args.model}: {exc.strerror}")
+        return EXIT_FAILURE
+    if args.json:
+        print(msgspec.json.encode(report).decode())
+    else:
+        print(render_run(report))
+    return EXIT_OK
 
 
 def _metrics(client: Client, args: argparse.Namespace) -> int:

@@ -19,16 +19,17 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Self, TypeVar
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Self, TypeVar
 
 import trio
 
 from npu_client import _requests as requests
-from npu_client._args import InvokeInput, InvokeOutput
+from npu_client._args import InvokeInput, InvokeOutput, budget_record
 from npu_client._core import Call, ClientCore, ClientStatistics, EventCallback, deliver_events
 from npu_client._errors import ConnectFailed, NpuError
 from npu_client._memory import MappedBuffer
+from npu_client._models import ModelSource, ModelState, TensorValue, check_shapes, model_file
 from npu_client._settings import (
     client_name,
     connect_failure_message,
@@ -44,7 +45,7 @@ from npu_client.transport import (
     fds_ancillary,
     parse_ancillary,
 )
-from npu_protocol import DaemonStatus, ErrorCode, Priority
+from npu_protocol import DaemonStatus, ErrorCode, ModelInfo, Priority, TensorInfo
 
 __all__ = [
     "TrioClient",
@@ -64,13 +65,16 @@ async def connect(
     *,
     name: str | None = None,
     priority: Priority | str = Priority.NORMAL,
+    budget: tuple[float, float] | None = None,
     on_event: EventCallback | None = None,
 ) -> TrioClient:
     """Connect to npud and shake hands. Arguments as ``npu_client.connect`` (use
     ``trio.move_on_after`` / ``fail_after`` for timeouts). Close with ``await
     client.close()``."""
     resolved = socket_path(path)
-    core: ClientCore[TrioDmaBuffer] = ClientCore(client_name(name), priority_class(priority))
+    core: ClientCore[TrioDmaBuffer] = ClientCore(
+        client_name(name), priority_class(priority), budget_record(budget)
+    )
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         await sock.connect(resolved)
@@ -95,10 +99,11 @@ async def open_trio_client(
     *,
     name: str | None = None,
     priority: Priority | str = Priority.NORMAL,
+    budget: tuple[float, float] | None = None,
     on_event: EventCallback | None = None,
 ) -> AsyncIterator[TrioClient]:
     """``async with open_trio_client() as npu:`` a connected client, closed on exit."""
-    client = await connect(path, name=name, priority=priority, on_event=on_event)
+    client = await connect(path, name=name, priority=priority, budget=budget, on_event=on_event)
     try:
         yield client
     finally:
@@ -151,11 +156,37 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
     async def open(self, uri: str) -> TrioRemoteHandle:
         return TrioRemoteHandle(self, *await self._run(requests.open_skel(self._core, uri)))
 
+    async def load_model(
+        self,
+        source: ModelSource,
+        *,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        name: str | None = None,
+    ) -> TrioModel:
+        """As ``Client.load_model``: the file is opened here and only its fd is sent."""
+        checked = check_shapes(shapes)
+        with model_file(source) as (fd, shown):
+            loaded = await self._run(
+                requests.load_model(self._core, fd, (name or shown)[:1024], checked)
+            )
+        try:
+            state = ModelState(*loaded)
+        except (OSError, ValueError):
+            with contextlib.suppress(NpuError):
+                await self._run(requests.discard_model(loaded.model))
+            raise
+        self._core.adopt_model(state)
+        return TrioModel(self, state)
+
     async def status(self) -> DaemonStatus:
         return await self._run(requests.status())
 
     async def ping(self, payload: bytes | bytearray | memoryview = b"") -> bytes:
         return await self._run(requests.ping(payload))
+
+    async def debug_fault(self, action: str, duration: float = 0.0, code: int = 0) -> str:
+        """As :meth:`npu_client.Client.debug_fault`."""
+        return await self._run(requests.debug_fault(action, duration, code))
 
     # --- closing -------------------------------------------------------------------------------
 
@@ -346,10 +377,12 @@ class TrioRemoteHandle(HandleIdentity):
         *,
         sc: int | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
     ) -> list[bytes | None]:
+        """As :meth:`npu_client.RemoteHandle.invoke`."""
         client = self._client
         return await client._run(
-            requests.invoke(client._core, self, method, inputs, outputs, sc, timeout)
+            requests.invoke(client._core, self, method, inputs, outputs, sc, timeout, deadline)
         )
 
     async def close(self) -> None:
@@ -366,3 +399,83 @@ class TrioRemoteHandle(HandleIdentity):
 
     def __repr__(self) -> str:
         return f"<TrioRemoteHandle {self._id} {self._uri!r}{' closed' if self._closed else ''}>"
+
+
+class TrioModel:
+    """A model loaded in npud; as the blocking ``Model``, with the requests awaited
+    (``run``, ``execute``, ``info``, ``unload``) and the rest synchronous (they touch
+    only the shared arena)."""
+
+    def __init__(self, client: TrioClient, state: ModelState) -> None:
+        """Internal: use :meth:`TrioClient.load_model`."""
+        self._client = client
+        self._state = state
+
+    @property
+    def id(self) -> int:
+        return self._state.id
+
+    @property
+    def name(self) -> str:
+        return self._state.info.name
+
+    @property
+    def inputs(self) -> tuple[TensorInfo, ...]:
+        return self._state.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorInfo, ...]:
+        return self._state.outputs
+
+    @property
+    def unloaded(self) -> bool:
+        return self._state.unloaded
+
+    @property
+    def last_dsp_us(self) -> int:
+        return self._state.last_dsp_us
+
+    async def run(
+        self,
+        inputs: Mapping[str, TensorValue] | None = None,
+        *,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> dict[str, Any]:
+        for name, value in (inputs or {}).items():
+            self._state.set_input(name, value)
+        await self.execute(timeout=timeout, deadline=deadline)
+        return self._state.all_outputs()
+
+    def set_input(self, name: str, value: TensorValue) -> None:
+        self._state.set_input(name, value)
+
+    async def execute(self, *, timeout: float | None = None, deadline: float | None = None) -> None:
+        client = self._client
+        await client._run(requests.run_model(client._core, self._state, timeout, deadline))
+
+    def get_output(self, name: str) -> Any:
+        return self._state.get_output(name)
+
+    def input_view(self, name: str) -> Any:
+        return self._state.input_view(name)
+
+    def output_view(self, name: str) -> Any:
+        return self._state.output_view(name)
+
+    async def info(self) -> ModelInfo:
+        return await self._client._run(requests.model_info(self._state))
+
+    async def unload(self) -> None:
+        if not self._state.unloaded:
+            client = self._client
+            await client._run(requests.unload_model(client._core, self._state))
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.unload()
+
+    def __repr__(self) -> str:
+        return repr(self._state)

@@ -233,6 +233,11 @@ class Connection(abc.ABC, Generic[InT, OutT]):
         self._orphaned_fds = []
         return held
 
+    @property
+    def bytes_buffered(self) -> int:
+        """Bytes received and not yet part of a frame: a frame the peer has begun."""
+        return self._reader.buffered
+
     def statistics(self) -> ConnectionStatistics:
         return ConnectionStatistics(
             state=self._state,

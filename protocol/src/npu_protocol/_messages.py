@@ -8,16 +8,24 @@ the other. A new message *type* needs a new protocol version (see PROTOCOL.md).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Final, TypeAlias
+from typing import Annotated, Any, ClassVar, Final, Literal, TypeAlias
 
 import msgspec
 
-from npu_protocol._records import Budget, ClientLimits, DaemonStatus, DspCapabilities, Priority
+from npu_protocol._records import (
+    Budget,
+    ClientLimits,
+    DaemonStatus,
+    DspCapabilities,
+    ModelInfo,
+    Priority,
+)
 from npu_protocol._scalars import make_scalars, split_scalars
 from npu_protocol._wire import (
     MAX_ARGS,
     MAX_ERROR_FIELDS,
     MAX_PING_PAYLOAD,
+    MAX_TENSORS,
     PROTOCOL_VERSION,
     U16,
     U32,
@@ -34,6 +42,8 @@ from npu_protocol._wire import (
     ObjectId,
     ProtocolVersion,
     RequestId,
+    Shape,
+    TensorName,
     Text,
     TimeoutMs,
     Uri,
@@ -251,8 +261,58 @@ class InvokeRequest(Request, tag="invoke", frozen=True, kw_only=True):
         return sum(arg.capacity for arg in self.outputs if isinstance(arg, InlineOutput))
 
 
+class ModelLoadRequest(Request, tag="model_load", frozen=True, kw_only=True):
+    """Version 2: load the model file the client opened; its fd travels as the
+    frame's only fd. The daemon reads the file only through that fd."""
+
+    fd_fields: ClassVar[tuple[str, ...]] = ("fd",)
+    fd: FdSlot
+    name: Text = ""
+    """How status shows the model (the client library sends the file's name)."""
+    shapes: Annotated[dict[TensorName, Shape], msgspec.Meta(max_length=2 * MAX_TENSORS)] = {}
+    """Fixes free dimensions of an ONNX model's tensors, by tensor name (the emulator
+    backend; a QNN model library's shapes are fixed already)."""
+
+
+class ModelInfoRequest(Request, tag="model_info", frozen=True, kw_only=True):
+    """Version 2: describe a loaded model."""
+
+    model: ObjectId
+
+
+class ModelRunRequest(Request, tag="model_run", frozen=True, kw_only=True):
+    """Version 2: run a model once on the inputs in its arena; the outputs replace
+    the previous ones in the arena. No tensor bytes travel in the frame."""
+
+    model: ObjectId
+    timeout_ms: TimeoutMs | None = None
+    """As for invoke: None applies the connection's default_timeout_ms."""
+    deadline_ms: TimeoutMs | None = None
+    """As for invoke: the run must be dispatched within this many ms."""
+
+
+class ModelUnloadRequest(Request, tag="model_unload", frozen=True, kw_only=True):
+    """Version 2: unload a model and free its arena."""
+
+    model: ObjectId
+
+
 class StatusRequest(Request, tag="status", frozen=True, kw_only=True):
     pass
+
+
+DebugAction = Literal["ssr", "latency", "fail_next_invoke", "clear"]
+
+
+class DebugRequest(Request, tag="debug", frozen=True, kw_only=True):
+    """Version 2: inject a fault into the emulated DSP (root only; the emulator only)."""
+
+    action: DebugAction
+    """``ssr`` a subsystem restart, the DSP away for ``duration_ms``; ``latency`` every
+    later invoke takes ``duration_ms`` longer; ``fail_next_invoke`` the next invoke
+    answers ``code`` (an AEE result); ``clear`` undoes latency and pending failures."""
+    duration_ms: U32 = 0
+    code: U32 = 0
 
 
 class PingRequest(Request, tag="ping", frozen=True, kw_only=True):
@@ -305,12 +365,42 @@ class InvokeReply(Reply, tag="invoke_reply", frozen=True, kw_only=True):
     outputs: Annotated[tuple[InlineBytes | None, ...], msgspec.Meta(max_length=MAX_ARGS)] = ()
 
 
+class ModelLoadReply(Reply, tag="model_load_reply", frozen=True, kw_only=True):
+    """The loaded model. Its arena (one DMA-BUF holding every input and output tensor
+    at the offsets ``info`` gives) travels as the frame's only fd."""
+
+    fd_fields: ClassVar[tuple[str, ...]] = ("fd",)
+    model: ObjectId
+    info: ModelInfo
+    fd: FdSlot
+
+
+class ModelInfoReply(Reply, tag="model_info_reply", frozen=True, kw_only=True):
+    info: ModelInfo
+
+
+class ModelRunReply(Reply, tag="model_run_reply", frozen=True, kw_only=True):
+    """The run succeeded: the outputs are in the arena."""
+
+    dsp_us: U63 = 0
+    """The run's DSP time (dispatch to return), µs."""
+
+
+class ModelUnloadReply(Reply, tag="model_unload_reply", frozen=True, kw_only=True):
+    pass
+
+
 class StatusReply(Reply, tag="status_reply", frozen=True, kw_only=True):
     status: DaemonStatus
 
 
 class PongReply(Reply, tag="pong", frozen=True, kw_only=True):
     payload: Annotated[bytes, msgspec.Meta(max_length=MAX_PING_PAYLOAD)] = b""
+
+
+class DebugReply(Reply, tag="debug_reply", frozen=True, kw_only=True):
+    detail: Text = ""
+    """What was done, for people."""
 
 
 # --- server events --------------------------------------------------------------------
@@ -343,8 +433,13 @@ AnyRequest: TypeAlias = (
     | OpenRequest
     | CloseRequest
     | InvokeRequest
+    | ModelLoadRequest
+    | ModelInfoRequest
+    | ModelRunRequest
+    | ModelUnloadRequest
     | StatusRequest
     | PingRequest
+    | DebugRequest
 )
 AnyReply: TypeAlias = (
     AllocReply
@@ -354,8 +449,13 @@ AnyReply: TypeAlias = (
     | OpenReply
     | CloseReply
     | InvokeReply
+    | ModelLoadReply
+    | ModelInfoReply
+    | ModelRunReply
+    | ModelUnloadReply
     | StatusReply
     | PongReply
+    | DebugReply
 )
 ServerEvent: TypeAlias = SessionRestarted | ShuttingDown
 
@@ -373,8 +473,13 @@ REPLY_TYPES: Final[dict[type[Request], type[Reply]]] = {
     OpenRequest: OpenReply,
     CloseRequest: CloseReply,
     InvokeRequest: InvokeReply,
+    ModelLoadRequest: ModelLoadReply,
+    ModelInfoRequest: ModelInfoReply,
+    ModelRunRequest: ModelRunReply,
+    ModelUnloadRequest: ModelUnloadReply,
     StatusRequest: StatusReply,
     PingRequest: PongReply,
+    DebugRequest: DebugReply,
 }
 """The successful reply type of each request type (an ErrorMessage may answer any)."""
 

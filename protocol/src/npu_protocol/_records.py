@@ -16,11 +16,14 @@ from npu_protocol._wire import (
     DEFAULT_MAX_FRAME_SIZE,
     INLINE_RESERVE,
     MAX_STATUS_CLIENTS,
+    MAX_TENSORS,
     U32,
     U63,
     FrameSizeLimit,
     InlineCapacity,
     Name,
+    Shape,
+    TensorName,
     Text,
     TimeoutMs,
 )
@@ -79,6 +82,10 @@ class ClientLimits(_Record, frozen=True, kw_only=True):
     max_buffer_bytes: U63 = 1 << 30
     """Sum of the sizes of this client's live buffers."""
     max_handles: U32 = 64
+    max_models: U32 = 8
+    """Version 2: models this client may have loaded at once."""
+    max_model_bytes: U63 = 1 << 30
+    """Version 2: sum over this client's models of file size plus tensor arena."""
     max_timeout_ms: TimeoutMs = 600_000
     default_timeout_ms: TimeoutMs | None = None
     """Applied to invokes that carry no timeout; None waits for the DSP."""
@@ -95,6 +102,50 @@ class ClientLimits(_Record, frozen=True, kw_only=True):
                 f"default_timeout_ms {self.default_timeout_ms} exceeds "
                 f"max_timeout_ms {self.max_timeout_ms}"
             )
+
+
+class TensorInfo(_Record, frozen=True, kw_only=True):
+    """One input or output of a model, and where it lives in the model's arena."""
+
+    name: TensorName
+    dtype: Name
+    """The numpy name of its element type (``float32``, ``int64``, ``bool``...); QNN's
+    fixed-point types name the integers that hold them (``uint8``...)."""
+    qnn_type: U32 = 0
+    """QNN's data type code (idl/portal_qnn.idl), e.g. 0x0232 for float32."""
+    shape: Shape = ()
+    nbytes: U32
+    """The tensor's size: the product of the shape times the element size."""
+    offset: U32
+    """Where the tensor starts in the model's arena (the DMA-BUF of the load reply)."""
+
+
+class ModelInfo(_Record, frozen=True, kw_only=True):
+    """A loaded model: its tensors and the arena that holds them."""
+
+    name: Text = ""
+    """The name the client gave at load (shown in status), e.g. the file's name."""
+    description: Text = ""
+    """What the daemon found the file to be (format, version)."""
+    file_bytes: U63 = 0
+    arena_bytes: U32
+    """Size of the arena DMA-BUF: every input, then every output, at their offsets."""
+    inputs: Annotated[tuple[TensorInfo, ...], msgspec.Meta(max_length=MAX_TENSORS)] = ()
+    outputs: Annotated[tuple[TensorInfo, ...], msgspec.Meta(max_length=MAX_TENSORS)] = ()
+    runs: U63 = 0
+    """Runs completed since load."""
+
+
+class ModelRow(_Record, frozen=True, kw_only=True):
+    """One loaded model of a client, as the status reply shows it."""
+
+    id: U32
+    name: Text = ""
+    bytes: U63 = 0
+    """What the model counts against ``max_model_bytes``: file size plus arena."""
+    runs: U63 = 0
+    dsp_us: U63 = 0
+    """DSP time of its runs, µs."""
 
 
 class ShellStatus(_Record, frozen=True, kw_only=True):
@@ -116,6 +167,8 @@ class Totals(_Record, frozen=True, kw_only=True):
     handles: U32 = 0
     calls_in_flight: U32 = 0
     calls_done: U63 = 0
+    models: U32 = 0
+    model_bytes: U63 = 0
 
 
 class ClientRow(_Record, frozen=True, kw_only=True):
@@ -150,6 +203,8 @@ class ClientRow(_Record, frozen=True, kw_only=True):
     budget_period_us: U63 = 0
     budget_us: U63 = 0
     """The declared realtime budget (0: none)."""
+    models: Annotated[tuple[ModelRow, ...], msgspec.Meta(max_length=64)] = ()
+    """The client's loaded models."""
 
 
 class SchedulerRow(_Record, frozen=True, kw_only=True):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+import msgspec
+
 _U16: Final = struct.Struct(">H").unpack_from
 _U32: Final = struct.Struct(">I").unpack_from
 
@@ -59,13 +61,43 @@ class _RepeatedKeyError(Exception):
         self.key = key
 
 
+FAST_PATH_LIMIT: Final = 4096
+"""Payloads up to this size are first checked by a round trip through msgspec."""
+_FLOAT_MARKERS: Final = (b"\xca", b"\xcb")
+
+
 def repeated_key(payload: bytes) -> object | None:
     """The first key that appears twice in one map of ``payload``, or None."""
+    if len(payload) <= FAST_PATH_LIMIT and _canonical_without_repeats(payload):
+        return None
     try:
         _skip(payload, 0)
     except _RepeatedKeyError as found:
         return found.key
     return None
+
+
+def _canonical_without_repeats(payload: bytes) -> bool:
+    """True when decoding ``payload`` and encoding it again gives as many bytes.
+
+    msgspec encodes every value in its shortest form, so a round trip never
+    grows, except for floats (always re-encoded as float64); and a repeated key
+    is lost in the round trip, which shrinks it. Without float markers in the
+    payload, an equal length therefore proves that no key repeats; anything
+    else (a shorter round trip, a possible float, an undecodable key) is left
+    to the walk, which is exact. The round trip runs in C: for the small
+    payloads of ordinary requests it is several times cheaper than the walk.
+    """
+    if _FLOAT_MARKERS[0] in payload or _FLOAT_MARKERS[1] in payload:
+        return False
+    try:
+        return len(_ENCODE(_DECODE(payload))) == len(payload)
+    except (msgspec.DecodeError, TypeError, ValueError):
+        return False
+
+
+_DECODE: Final = msgspec.msgpack.Decoder().decode
+_ENCODE: Final = msgspec.msgpack.Encoder().encode
 
 
 def _skip(data: bytes, at: int) -> int:

@@ -59,6 +59,10 @@ MAX_URI_LENGTH: Final = 1023
 """remotectl receives the URI NUL-terminated; 1023 characters + NUL = 1 KiB."""
 
 MAX_ERROR_FIELDS: Final = 16
+MAX_TENSORS: Final = 32
+"""Inputs (and outputs) of one model graph (portal_qnn's limit)."""
+MAX_RANK: Final = 8
+"""Dimensions of one tensor."""
 MAX_STATUS_CLIENTS: Final = 1024
 
 _U16_MAX: Final = 0xFFFF
@@ -98,5 +102,8 @@ Uri = Annotated[str, Meta(pattern=rf"^[\x21-\x7e]{{1,{MAX_URI_LENGTH}}}$")]
 """A remotectl URI: 1 to 1023 printable ASCII characters, no spaces."""
 
 Name = Annotated[str, Meta(max_length=64)]
+TensorName = Annotated[str, Meta(max_length=127)]
+Shape = Annotated[tuple[Annotated[int, Meta(ge=1, le=_U32_MAX)], ...], Meta(max_length=MAX_RANK)]
+"""A tensor's dimensions (rank 0..8; rank 0 is a scalar)."""
 Text = Annotated[str, Meta(max_length=1024)]
 LongText = Annotated[str, Meta(max_length=4096)]

@@ -50,6 +50,14 @@ class ErrorCode(enum.IntEnum):
     QNN = 300
     MODEL_NOT_LOADED = 301
     INVALID_TENSOR_INDEX = 302
+    MODEL_SLOTS_FULL = 303
+    TENSOR_MISMATCH = 304
+    INPUT_NOT_SET = 305
+    MODEL_FILE_UNREADABLE = 306
+    MODEL_FORMAT = 307
+    MODEL_MALFORMED = 308
+    MODEL_REJECTED = 309
+    NO_OUTPUTS = 310
     # --- session and shell -------------------------------------------------
     SESSION_BUSY = 400
     SHELL_VERIFY = 401
@@ -107,8 +115,16 @@ _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.UNKNOWN_BUFFER: "unknown buffer id {buffer}",
     ErrorCode.INVALID_ARGUMENT: "invalid argument: {detail}",
     ErrorCode.QNN: "QNN error: {msg}",
-    ErrorCode.MODEL_NOT_LOADED: "no model is loaded",
+    ErrorCode.MODEL_NOT_LOADED: "model {model} is not loaded",
     ErrorCode.INVALID_TENSOR_INDEX: "invalid tensor index {index}",
+    ErrorCode.MODEL_SLOTS_FULL: "no free model slot: {detail}",
+    ErrorCode.TENSOR_MISMATCH: "tensor mismatch: {detail}",
+    ErrorCode.INPUT_NOT_SET: "input not set: {detail}",
+    ErrorCode.MODEL_FILE_UNREADABLE: "unreadable model file: {detail}",
+    ErrorCode.MODEL_FORMAT: "wrong model format: {detail}",
+    ErrorCode.MODEL_MALFORMED: "malformed model: {detail}",
+    ErrorCode.MODEL_REJECTED: "model rejected: {detail}",
+    ErrorCode.NO_OUTPUTS: "no outputs: {detail}",
     ErrorCode.SESSION_BUSY: "the NPU session is busy",
     ErrorCode.SHELL_VERIFY: "DSP shell verification failed: {reason}",
     ErrorCode.FRAME_TOO_LARGE: "frame of {size} bytes exceeds the limit of {limit} bytes",

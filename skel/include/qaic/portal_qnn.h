@@ -51,6 +51,10 @@ int portal_qnn_graph_info(remote_handle64 _h, unsigned int model_index, unsigned
                           portal_qnn_tensor_spec *inputs, int inputsLen,
                           portal_qnn_tensor_spec *outputs, int outputsLen,
                           unsigned int *num_inputs, unsigned int *num_outputs);
+/* method 8 */
+int portal_qnn_run(remote_handle64 _h, unsigned int model_index, unsigned int graph_index,
+                   const unsigned char *inputs, int inputsLen, unsigned char *outputs,
+                   int outputsLen, unsigned int *qnn_status);
 
 #ifndef portal_qnn_URI
 #define portal_qnn_URI "file:///libportal_qnn_skel.so?portal_qnn_skel_handle_invoke&_modver=1.0"

@@ -1,0 +1,136 @@
+"""Child processes for benchmarks: npud on the emulator, the floor server, bare interpreters.
+
+Every child is started and reaped by a context manager here; nothing outlives
+the benchmark that started it. Children run with bytecode caching on
+(``PYTHONDONTWRITEBYTECODE`` removed from their environment): an installed
+npud has its modules compiled, as the baseline's site-packages are, and a
+checkout that never wrote its ``.pyc`` files would pay for compiling them
+at every start.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import npu_client
+
+START_TIMEOUT = 30.0
+POLL_INTERVAL = 0.002
+
+CHILD_ENVIRONMENT = {
+    name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"
+}
+
+BARE_IMPORTS = "import trio, msgspec, structlog"
+"""The third-party modules every npud process needs: the baseline for size and start."""
+
+
+def npud_command(workdir: Path, socket_path: Path, extra_config: str = "") -> list[str]:
+    config = workdir / f"{socket_path.stem}.toml"
+    config.write_text(
+        "[backend]\nkind = 'emulator'\n[daemon]\nlog_level = 'warning'\n" + extra_config
+    )
+    return [
+        sys.executable, "-m", "npud.main", "--config", str(config),
+        "--socket", str(socket_path), "--log-format", "json",
+    ]  # fmt: skip
+
+
+@contextmanager
+def running(args: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """``args`` as a child with stdin and stdout on pipes; terminated and reaped at exit."""
+    process = subprocess.Popen(
+        args,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=CHILD_ENVIRONMENT,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def wait_for_hello(process: subprocess.Popen[bytes], socket_path: Path) -> float:
+    """Poll until ``socket_path`` answers a Hello with a Welcome; the monotonic time it did."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+        try:
+            with npu_client.connect(str(socket_path), name="bench-probe", timeout=START_TIMEOUT):
+                return time.monotonic()
+        except npu_client.ConnectFailed:
+            time.sleep(POLL_INTERVAL)
+    raise RuntimeError(f"{socket_path} did not answer a Hello within {START_TIMEOUT} s")
+
+
+@contextmanager
+def npud(workdir: Path, name: str = "npud", extra_config: str = "") -> Iterator[Path]:
+    """npud on the emulator, serving; yields its socket path. ``extra_config`` is TOML
+    appended to the benchmark's configuration (sections after [daemon])."""
+    socket_path = workdir / f"{name}.sock"
+    with running(npud_command(workdir, socket_path, extra_config)) as process:
+        wait_for_hello(process, socket_path)
+        yield socket_path
+
+
+@contextmanager
+def npud_process(
+    workdir: Path, name: str = "npud", extra_config: str = ""
+) -> Iterator[tuple[Path, int]]:
+    """As :func:`npud`, also yielding the daemon's pid (for its CPU time)."""
+    socket_path = workdir / f"{name}.sock"
+    with running(npud_command(workdir, socket_path, extra_config)) as process:
+        wait_for_hello(process, socket_path)
+        yield socket_path, process.pid
+
+
+@contextmanager
+def same_work_server(workdir: Path, dsp_units: int = 0) -> Iterator[tuple[Path, int]]:
+    """The same-work floor of bench/same_work_server.py, serving; yields (socket, pid)."""
+    socket_path = workdir / "same-work.sock"
+    args = [sys.executable, "-m", "bench.same_work_server", str(socket_path), str(dsp_units)]
+    with running(args) as process:
+        wait_for_hello(process, socket_path)
+        yield socket_path, process.pid
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid``, every thread included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def floor_server(workdir: Path) -> Iterator[Path]:
+    """The bare trio server of bench/floor_server.py, serving; yields its socket path."""
+    socket_path = workdir / "floor.sock"
+    with running([sys.executable, "-m", "bench.floor_server", str(socket_path)]) as process:
+        wait_for_hello(process, socket_path)
+        yield socket_path
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` (VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/{pid}/status has no VmRSS")

@@ -1,0 +1,120 @@
+"""``npuctl run``: load a model, run it once on given or zero inputs, report shapes and times."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from npu_client import _models
+from npu_client._blocking import Client
+
+
+class RunUsageError(Exception):
+    """An --input or --shape that cannot be used; the message says why."""
+
+
+class TensorLine(msgspec.Struct, frozen=True):
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    source: str = ""
+    """Inputs: the .npy file, or "zeros"."""
+
+
+class RunReport(msgspec.Struct, frozen=True):
+    model: str
+    description: str
+    load_ms: float
+    run_ms: float
+    """The run's round trip as this process saw it."""
+    dsp_us: int
+    """The run's DSP time as npud measured it."""
+    inputs: list[TensorLine] = msgspec.field(default_factory=list)
+    outputs: list[TensorLine] = msgspec.field(default_factory=list)
+
+
+@dataclass
+class RunArgs:
+    model: Path
+    inputs: dict[str, Path] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+def parse_assignment(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` (argparse type for --input and --shape)."""
+    name, equals, value = text.partition("=")
+    if not equals or not name or not value:
+        raise ValueError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def parse_dims(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        raise ValueError(f"dimensions are integers separated by commas, got {text!r}") from None
+    if any(d < 1 for d in dims):
+        raise ValueError(f"dimensions must be at least 1, got {text!r}")
+    return dims
+
+
+def run_once(client: Client, args: RunArgs) -> RunReport:
+    """Load ``args.model``, set each input from its .npy file (zeros otherwise), run once."""
+    arrays = {name: _load_npy(path) for name, path in args.inputs.items()}
+    started = time.perf_counter()
+    with client.load_model(args.model, shapes=args.shapes) as model:
+        loaded = time.perf_counter()
+        known = {spec.name for spec in model.inputs}
+        unknown = sorted(set(arrays) - known)
+        if unknown:
+            raise RunUsageError(
+                f"the model has no input {unknown[0]!r} (its inputs: "
+                f"{', '.join(repr(n) for n in sorted(known)) or 'none'})"
+            )
+        inputs = []
+        for spec in model.inputs:
+            if spec.name in arrays:
+                model.set_input(spec.name, arrays[spec.name])
+                source = str(args.inputs[spec.name])
+            else:
+                model.input_view(spec.name)  # the arena starts zeroed: zeros it is
+                source = "zeros"
+            inputs.append(TensorLine(spec.name, spec.dtype, tuple(spec.shape), source))
+        before = time.perf_counter()
+        model.execute()
+        after = time.perf_counter()
+        return RunReport(
+            model=model.name,
+            description=model.info().description,
+            load_ms=(loaded - started) * 1000,
+            run_ms=(after - before) * 1000,
+            dsp_us=model.last_dsp_us,
+            inputs=inputs,
+            outputs=[TensorLine(s.name, s.dtype, tuple(s.shape)) for s in model.outputs],
+        )
+
+
+def _load_npy(path: Path) -> Any:
+    if not _models.HAVE_NUMPY:
+        raise RunUsageError("--input reads .npy files with numpy: pip install 'npu-client[numpy]'")
+    import numpy  # noqa: PLC0415  (optional: only for --input)
+
+    try:
+        return numpy.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise RunUsageError(f"cannot read {path}: {exc}") from None
+
+
+def render_run(report: RunReport) -> str:
+    lines = [f"model    {report.model} ({report.description})"]
+    lines += [f"input    {t.name} {t.dtype} {list(t.shape)} <- {t.source}" for t in report.inputs]
+    lines += [f"output   {t.name} {t.dtype} {list(t.shape)}" for t in report.outputs]
+    lines.append(
+        f"time     load {report.load_ms:.1f} ms, run {report.run_ms:.2f} ms"
+        f" (DSP {report.dsp_us / 1000:.2f} ms)"
+    )
+    return "\n".join(lines)

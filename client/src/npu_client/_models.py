@@ -1,0 +1,272 @@
+"""A model loaded in npud, as this process sees it: its tensors and its mapped arena.
+
+npud allocates one DMA-BUF per model, the *arena*, holding every input and
+every output at the offsets the load reply gives (PROTOCOL.md section 7.9).
+:class:`ModelState` maps it once and does everything that needs no request:
+writing inputs in place, reading outputs in place, the checks of dtype,
+shape and size, and knowing which inputs have a value and whether the outputs
+are from a successful run. The blocking ``Model`` and the trio ``TrioModel``
+add the requests (run, info, unload) on top, so a run sends only its
+fixed-size request.
+
+numpy is optional (the ``numpy`` extra): with it, inputs may be arrays (or
+anything ``numpy.asarray`` takes) and outputs come back as arrays; without
+it, inputs are bytes-like objects of exactly the tensor's size and outputs
+come back as ``bytes``; :attr:`ModelState.inputs` / ``outputs`` give the
+name, dtype, shape and offset of each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import IO, TYPE_CHECKING, Any, Final
+
+from npu_client._errors import (
+    InputNotSet,
+    InvalidTensorIndex,
+    ModelNotLoaded,
+    NoOutputs,
+    TensorMismatch,
+    code_message,
+)
+from npu_client._memory import _map_shared
+from npu_client.transport import OwnedFd
+from npu_protocol import ErrorCode, ModelInfo, TensorInfo, format_message
+
+if TYPE_CHECKING:
+    import numpy
+else:
+    try:
+        import numpy
+    except ImportError:  # the numpy extra is not installed: bytes in, bytes out
+        numpy = None
+
+HAVE_NUMPY: Final = numpy is not None
+
+ModelSource = str | os.PathLike[str] | IO[bytes] | int
+"""What ``load_model`` takes: a path, an open binary file, or an fd (each stays the caller's)."""
+TensorValue = Any
+"""An input's value: a numpy array (or what ``numpy.asarray`` takes), or bytes-like."""
+
+
+@contextmanager
+def model_file(source: object) -> Iterator[tuple[int, str]]:
+    """The fd to send for ``source`` and the name to show. A path is opened here, with
+    this process's permissions (and closed when the block ends); a file object's or
+    an int's fd stays the caller's."""
+    if isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
+        fd = OwnedFd(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        with fd:
+            yield fd.fileno(), os.path.basename(path)[:1024]
+        return
+    if isinstance(source, int) and not isinstance(source, bool):
+        yield source, f"fd {source}"
+        return
+    fileno = getattr(source, "fileno", None)
+    if fileno is None:
+        raise TypeError(
+            f"load_model takes a path, an open binary file or an fd, not {type(source).__name__}"
+        )
+    name = getattr(source, "name", "")
+    yield fileno(), os.path.basename(name)[:1024] if isinstance(name, str) else ""
+
+
+def check_shapes(shapes: object) -> dict[str, tuple[int, ...]]:
+    """``shapes`` (tensor name -> dimensions) as the request carries them."""
+    if shapes is None:
+        return {}
+    if not isinstance(shapes, Mapping):
+        raise TypeError("shapes must map tensor names to dimensions")
+    checked: dict[str, tuple[int, ...]] = {}
+    for name, given in shapes.items():
+        if not isinstance(name, str):
+            raise TypeError(f"shapes: tensor names are str, not {type(name).__name__}")
+        dims = tuple(given)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims):
+            raise ValueError(f"shapes: {name!r} needs positive integer dimensions, got {dims}")
+        checked[name] = dims
+    return checked
+
+
+class ModelState:
+    """One loaded model's id, tensors and arena mapping; owns the arena's fd."""
+
+    def __init__(self, model_id: int, info: ModelInfo, fd: OwnedFd, epoch: int) -> None:
+        """Takes ownership of ``fd`` (closed here if it cannot be mapped)."""
+        try:
+            memory = _map_shared(fd.fileno(), info.arena_bytes)
+        except BaseException:
+            fd.close()
+            raise
+        self.id = model_id
+        self.info = info
+        self.epoch = epoch
+        self._fd = fd
+        self._mmap: mmap.mmap | None = memory
+        self._gone = ""
+        self._inputs = {spec.name: spec for spec in info.inputs}
+        self._outputs = {spec.name: spec for spec in info.outputs}
+        self._set: set[str] = set()
+        self._has_outputs = False
+        self.last_dsp_us = 0
+        """The DSP time of the last run, µs, as the daemon measured it."""
+        self._views: dict[str, Any] = {}
+
+    # --- what the model is --------------------------------------------------------------
+
+    @property
+    def inputs(self) -> tuple[TensorInfo, ...]:
+        return self.info.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorInfo, ...]:
+        return self.info.outputs
+
+    @property
+    def unloaded(self) -> bool:
+        return self._mmap is None
+
+    def check_loaded(self) -> None:
+        if self._mmap is None:
+            raise ModelNotLoaded(
+                code_message(ErrorCode.MODEL_NOT_LOADED, self._gone, model=self.id),
+                fields={"model": self.id},
+            )
+
+    # --- inputs -------------------------------------------------------------------------
+
+    def input_view(self, name: str) -> Any:
+        """A writable view of input ``name`` in the arena: a numpy array of its dtype and
+        shape, or a memoryview without numpy. Taking it counts as giving the input a value."""
+        spec = self._tensor(self._inputs, name, "input")
+        self._set.add(spec.name)
+        return self._view(spec)
+
+    def set_input(self, name: str, value: TensorValue) -> None:
+        """Copy ``value`` into input ``name`` (its dtype, or one numpy casts to it within
+        its kind; exactly its shape; or, bytes-like, exactly its size)."""
+        spec = self._tensor(self._inputs, name, "input")
+        if HAVE_NUMPY and not isinstance(value, bytes | bytearray | memoryview):
+            array = numpy.asarray(value)
+            want = numpy.dtype(spec.dtype)
+            if array.shape != tuple(spec.shape) or not numpy.can_cast(
+                array.dtype, want, casting="same_kind"
+            ):
+                raise _mismatch(spec, f"{array.dtype} {list(array.shape)}")
+            self._view(spec)[...] = array
+        else:
+            try:
+                raw = memoryview(value).cast("B")
+            except TypeError:
+                raise TypeError(
+                    f"input {spec.name!r} takes a bytes-like value (numpy is not installed),"
+                    f" not {type(value).__name__}"
+                ) from None
+            if len(raw) != spec.nbytes:
+                raise _mismatch(spec, f"{len(raw)} bytes")
+            self._memory()[spec.offset : spec.offset + spec.nbytes] = raw
+        self._set.add(spec.name)
+
+    def before_run(self) -> None:
+        """Every input has a value (InputNotSet otherwise); the outputs are invalid
+        until the run succeeds."""
+        self.check_loaded()
+        missing = [repr(spec.name) for spec in self.info.inputs if spec.name not in self._set]
+        if missing:
+            detail = (
+                f"input {', '.join(missing)} of model {self.id} has no value: set it (set_input,"
+                " input_view or run's inputs) before running"
+            )
+            raise InputNotSet(
+                format_message(ErrorCode.INPUT_NOT_SET, detail=detail), fields={"detail": detail}
+            )
+        self._has_outputs = False
+
+    def after_run(self, dsp_us: int) -> None:
+        self._has_outputs = True
+        self.last_dsp_us = dsp_us
+
+    # --- outputs ------------------------------------------------------------------------
+
+    def output_view(self, name: str) -> Any:
+        """A view of output ``name`` in the arena (numpy array, or memoryview without
+        numpy); the next run overwrites it."""
+        return self._view(self._tensor(self._outputs, name, "output"))
+
+    def get_output(self, name: str) -> Any:
+        """A copy of output ``name`` of the last successful run: a numpy array, or bytes."""
+        spec = self._tensor(self._outputs, name, "output")
+        if not self._has_outputs:
+            detail = f"model {self.id} has not run successfully since it was loaded or last failed"
+            raise NoOutputs(
+                format_message(ErrorCode.NO_OUTPUTS, detail=detail), fields={"detail": detail}
+            )
+        if HAVE_NUMPY:
+            return self._view(spec).copy()
+        return bytes(self._memory()[spec.offset : spec.offset + spec.nbytes])
+
+    def all_outputs(self) -> dict[str, Any]:
+        return {spec.name: self.get_output(spec.name) for spec in self.info.outputs}
+
+    # --- ownership ----------------------------------------------------------------------
+
+    def release_local(self, reason: str) -> None:
+        """Close the mapping and the arena's fd; idempotent. ``reason`` ends the
+        message of later uses ("model N is not loaded: ...")."""
+        if self._mmap is not None:
+            self._gone = reason
+        memory, self._mmap = self._mmap, None
+        self._views.clear()
+        if memory is not None:
+            # A view the caller still holds keeps the mapping until it goes.
+            with contextlib.suppress(BufferError):
+                memory.close()
+        self._fd.close()
+
+    def __repr__(self) -> str:
+        state = "unloaded" if self.unloaded else f"{len(self.inputs)} in, {len(self.outputs)} out"
+        return f"<model {self.id} {self.info.name!r} {state}>"
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _memory(self) -> mmap.mmap:
+        self.check_loaded()
+        assert self._mmap is not None
+        return self._mmap
+
+    def _tensor(self, table: dict[str, TensorInfo], name: object, what: str) -> TensorInfo:
+        self.check_loaded()
+        spec = table.get(name) if isinstance(name, str) else None
+        if spec is None:
+            names = ", ".join(repr(n) for n in table) or "none"
+            index = f"{what} {name!r} (the model's {what}s: {names})"
+            raise InvalidTensorIndex(
+                code_message(ErrorCode.INVALID_TENSOR_INDEX, index=index), fields={"index": index}
+            )
+        return spec
+
+    def _view(self, spec: TensorInfo) -> Any:
+        view = self._views.get(spec.name)
+        if view is None:
+            memory = self._memory()
+            if HAVE_NUMPY:
+                view = numpy.ndarray(
+                    tuple(spec.shape), numpy.dtype(spec.dtype), buffer=memory, offset=spec.offset
+                )
+            else:
+                view = memoryview(memory)[spec.offset : spec.offset + spec.nbytes]
+            self._views[spec.name] = view
+        return view
+
+
+def _mismatch(spec: TensorInfo, got: str) -> TensorMismatch:
+    takes = f"{spec.dtype} {list(spec.shape)} ({spec.nbytes} bytes)"
+    detail = f"input {spec.name!r} takes {takes}; got {got}"
+    return TensorMismatch(
+        format_message(ErrorCode.TENSOR_MISMATCH, detail=detail), fields={"detail": detail}
+    )

@@ -1,0 +1,58 @@
+"""npuctl top's frames: rates between two samples, sorting, 80 columns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import npu_protocol as p
+from npu_client._top import WIDTH, Sample, frame, render
+
+
+def status(*rows: p.ClientRow, scheduler: p.SchedulerRow | None = None) -> p.DaemonStatus:
+    return p.DaemonStatus(
+        daemon_version="0.1.0",
+        uptime_ms=1,
+        backend="emulator",
+        device="/dev/x",
+        dsp=p.DspCapabilities(),
+        shell=p.ShellStatus(verified=True),
+        epoch=1,
+        clients=rows,
+        scheduler=scheduler,
+    )
+
+
+def row(pid: int, name: str, calls: int, dsp_us: int, **more: Any) -> p.ClientRow:
+    return p.ClientRow(
+        pid=pid, uid=0, name=name, priority="normal", calls_done=calls, dsp_us=dsp_us, **more
+    )
+
+
+def test_rates_are_over_the_interval_and_rows_sort() -> None:
+    before = Sample(status(row(1, "a", 10, 100_000), row(2, "b", 0, 0)), at=10.0)
+    after = Sample(
+        status(row(1, "a", 30, 300_000), row(2, "b", 100, 500_000), row(3, "new", 5, 0)),
+        at=12.0,
+    )
+    view = frame(before, after)
+    assert [r.name for r in view.rows] == ["b", "a", "new"]  # most DSP time first
+    b, a, new = view.rows
+    assert (b.calls_per_s, b.dsp_pct) == (50.0, 25.0)
+    assert (a.calls_per_s, a.dsp_pct) == (10.0, 10.0)
+    assert new.calls_per_s == 2.5  # a client that appeared counts from zero
+    assert [r.name for r in frame(before, after, sort="name").rows] == ["a", "b", "new"]
+    assert [r.name for r in frame(before, after, exclude=(2, "b")).rows] == ["a", "new"]
+
+
+def test_a_frame_fits_80_columns_whatever_the_names() -> None:
+    wide = row(4_194_304, "x" * 64, 10**9, 10**12, misses=123_456, late=99_999, wait_p99_us=10**9)
+    scheduler = p.SchedulerRow(mode="fair", dsp_slots=64, queued_normal=10**6)
+    text = render(frame(Sample(status(), 0), Sample(status(wide, scheduler=scheduler), 1)))
+    assert max(len(line) for line in text.splitlines()) <= WIDTH
+    assert "123k" in text
+
+
+def test_no_clients_and_no_scheduler_row_still_render() -> None:
+    text = render(frame(Sample(status(), 0), Sample(status(), 1)))
+    assert "(no clients)" in text
+    assert " ? " in text  # an older daemon without a scheduler row

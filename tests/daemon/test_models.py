@@ -1,0 +1,330 @@
+"""Models through the daemon: load by fd, run on the arena, unload, quotas, errors, and
+what is left behind when a client goes (nothing)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+import npu_client
+import npu_protocol as p
+from npu_client import trio_client
+from npu_client.transport import fds_ancillary
+from npu_protocol import ErrorCode
+from tests.daemon.wire import RawPeer, serve_daemon
+from tests.emulator import onnx_models
+
+
+def model_file(tmp_path: Path, data: bytes, name: str = "model.onnx") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def totals(npu: trio_client.TrioClient) -> tuple[int, int, int, int]:
+    status = await npu.status()
+    session = status.session
+    assert session is not None
+    return status.totals.models, status.totals.model_bytes, session.buffers, session.remote_handles
+
+
+async def test_load_run_info_unload(tmp_path: Path) -> None:
+    path = model_file(tmp_path, onnx_models.affine(), "affine.onnx")
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        before = await totals(npu)
+        model = await npu.load_model(path)
+        assert [(t.name, t.dtype, t.shape, t.offset) for t in model.inputs] == [
+            ("a", "float32", (3,), 0),
+            ("b", "float32", (3,), 64),
+            ("k", "int64", (), 128),
+        ]
+        assert [(t.name, t.offset) for t in model.outputs] == [("y", 4096), ("n", 4160)]
+        a = np.array([1, 2, 3], np.float32)
+        out = await model.run({"a": a, "b": np.full(3, 0.5, np.float32), "k": 41})
+        np.testing.assert_array_equal(out["y"], a * 2 + 0.5)
+        assert int(out["n"]) == 42
+        assert model.last_dsp_us > 0
+        # Inputs keep their values: change one, in place.
+        model.input_view("k")[...] = 1
+        await model.execute()
+        assert int(model.get_output("n")) == 2
+        assert int(model.output_view("n")) == 2
+        info = await model.info()
+        assert (info.name, info.runs, info.file_bytes) == ("affine.onnx", 2, path.stat().st_size)
+        status = await npu.status()
+        (row,) = status.clients[0].models
+        assert (row.id, row.name, row.runs) == (model.id, "affine.onnx", 2)
+        assert row.bytes == info.file_bytes + info.arena_bytes == status.totals.model_bytes
+        await model.unload()
+        await model.unload()  # idempotent
+        assert model.unloaded
+        with pytest.raises(npu_client.ModelNotLoaded, match=f"model {model.id} is not loaded"):
+            await model.run()
+        assert await totals(npu) == before
+
+
+async def test_a_run_crosses_the_socket_as_one_small_frame_each_way(tmp_path: Path) -> None:
+    path = model_file(tmp_path, onnx_models.identity("float32", (4096,)))
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        model = await npu.load_model(path)
+        model.set_input("x", np.arange(4096, dtype=np.float32))
+        before = npu.statistics().connection
+        await model.execute()
+        after = npu.statistics().connection
+        sent = after.bytes_sent - before.bytes_sent
+        received = after.bytes_received - before.bytes_received
+        assert sent < 64
+        assert received < 64  # 16 KiB in, 16 KiB out: none of it through the socket
+        np.testing.assert_array_equal(model.output_view("y"), np.arange(4096, dtype=np.float32))
+
+
+async def test_seed_level_calls_check_before_anything_is_sent(tmp_path: Path) -> None:
+    path = model_file(tmp_path, onnx_models.affine())
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        await npu.load_model(path) as model,
+    ):
+        with pytest.raises(npu_client.NoOutputs, match="no outputs: model"):
+            model.get_output("y")
+        model.set_input("a", [1.0, 2.0, 3.0])  # float64 casts within its kind
+        with pytest.raises(npu_client.InputNotSet, match="input 'b', 'k' of model"):
+            await model.execute()
+        with pytest.raises(
+            npu_client.TensorMismatch, match=r"takes float32 \[3\].*got float32 \[4\]"
+        ):
+            model.set_input("b", np.zeros(4, np.float32))
+        with pytest.raises(npu_client.TensorMismatch, match="got float32"):
+            model.set_input("k", np.float32(1.5))  # float into int64: not within its kind
+        with pytest.raises(npu_client.TensorMismatch, match="got 3 bytes"):
+            model.set_input("b", b"abc")
+        with pytest.raises(npu_client.InvalidTensorIndex, match=r"input 'nope'.*'a', 'b', 'k'"):
+            model.set_input("nope", 1)
+        with pytest.raises(npu_client.InvalidTensorIndex, match="output 'a'"):
+            model.output_view("a")
+        model.set_input("b", np.zeros(3, np.float32).tobytes())  # bytes of exactly its size
+        model.set_input("k", 1)
+        outputs = await model.run()
+        np.testing.assert_array_equal(outputs["y"], [2, 4, 6])
+
+
+async def test_a_graph_that_fails_is_a_qnn_error_and_leaves_no_outputs(tmp_path: Path) -> None:
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        await npu.load_model(model_file(tmp_path, onnx_models.reshape())) as model,
+    ):
+        x = np.arange(6, dtype=np.float32)
+        await model.run({"x": x, "s": np.array([3, 2])})
+        with pytest.raises(npu_client.QnnError, match="QNN error: graph 0 failed with QNN"):
+            await model.run({"s": np.array([4, 2])})
+        with pytest.raises(npu_client.NoOutputs):
+            model.get_output("y")
+        out = await model.run({"s": np.array([2, 3])})
+        np.testing.assert_array_equal(out["y"], x.reshape(2, 3))
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "match"),
+    [
+        (b"", npu_client.ModelFileUnreadable, "unreadable model file: the model file is empty"),
+        (
+            b"\x7fELF\x02\x01\x01" + bytes(57),
+            npu_client.ModelFormatError,
+            "wrong model format: the model file is .*the emulator backend takes ONNX models",
+        ),
+        (b"hello, world\n", npu_client.ModelFormatError, "a text file"),
+        (
+            onnx_models.add_one()[:-3],
+            npu_client.ModelMalformed,
+            "malformed model: the model file is a damaged ONNX model",
+        ),
+        (onnx_models.add_one(("n", 4)), npu_client.ModelRejected, "every dimension fixed"),
+        (onnx_models.unknown_op(), npu_client.QnnError, "composing the model failed"),
+    ],
+    ids=["empty", "elf", "text", "damaged", "free dimension", "unknown op"],
+)
+async def test_bad_model_files(
+    tmp_path: Path, data: bytes, error: type[npu_client.NpuError], match: str
+) -> None:
+    path = model_file(tmp_path, data)
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        before = await totals(npu)
+        with pytest.raises(error, match=match):
+            await npu.load_model(path)
+        assert await totals(npu) == before
+
+
+async def test_shapes_fix_free_dimensions_or_are_refused(tmp_path: Path) -> None:
+    path = model_file(tmp_path, onnx_models.add_one(("n", 4)))
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        async with await npu.load_model(path, shapes={"x": (3, 4)}, name="batch3") as model:
+            assert model.name == "batch3"
+            assert model.inputs[0].shape == (3, 4)
+        with pytest.raises(npu_client.TensorMismatch, match="the shapes given do not fit"):
+            await npu.load_model(path, shapes={"x": (3, 5)})
+        with pytest.raises(ValueError, match="positive integer dimensions"):
+            await npu.load_model(path, shapes={"x": (0, 4)})
+
+
+async def test_a_file_the_client_cannot_open_never_reaches_the_daemon(tmp_path: Path) -> None:
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        with pytest.raises(FileNotFoundError):
+            await npu.load_model(tmp_path / "missing.onnx")
+        with pytest.raises(npu_client.ModelFileUnreadable, match="not a regular file"):
+            await npu.load_model(os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY))
+        with pytest.raises(TypeError, match="a path, an open binary file or an fd"):
+            await npu.load_model(3.5)  # type: ignore[arg-type]
+
+
+async def test_quotas_on_models_and_their_bytes(tmp_path: Path) -> None:
+    path = model_file(tmp_path, onnx_models.add_one())
+    config = "[client_limits]\nmax_models = 2\nmax_model_bytes = 12000\n"
+    async with (
+        serve_daemon(tmp_path, config),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        assert (npu.limits.max_models, npu.limits.max_model_bytes) == (2, 12000)
+        first = await npu.load_model(path)  # one 8 KiB arena plus the file
+        with pytest.raises(npu_client.QuotaExceeded, match="model bytes quota exceeded"):
+            await npu.load_model(path)
+        await first.unload()
+        big = "[client_limits]\nmax_models = 2\n"
+    async with (
+        serve_daemon(tmp_path, big),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        models = [await npu.load_model(path) for _ in range(2)]
+        with pytest.raises(npu_client.QuotaExceeded, match="models quota exceeded: the limit is 2"):
+            await npu.load_model(path)
+        for model in models:
+            await model.unload()
+
+
+async def test_the_model_file_fd_is_closed_once_whatever_happens(tmp_path: Path) -> None:
+    """A raw peer sends model_load frames whose fd is refused, fails and succeeds; the
+    daemon (in this process) ends with exactly the fds it started with."""
+    good = model_file(tmp_path, onnx_models.add_one())
+    bad = model_file(tmp_path, b"not a model", "bad.onnx")
+    async with serve_daemon(tmp_path):
+        before = open_fds()
+        peer = await RawPeer.connect(tmp_path / "npud.sock")
+        for request_id, path in enumerate([bad, good, bad], start=1):
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            frame, fds = peer.protocol.send(p.ModelLoadRequest(id=request_id, fd=fd))
+            await peer.sock.sendmsg([frame], fds_ancillary(fds))
+            os.close(fd)
+            answer = await peer.next()
+            if path is good:
+                assert isinstance(answer, p.ModelLoadReply), answer
+                await peer.write(p.ModelUnloadRequest(id=10, model=answer.model))
+                assert isinstance(await peer.next(), p.ModelUnloadReply)
+            else:
+                assert isinstance(answer, p.ErrorMessage)
+                assert answer.error_code is ErrorCode.MODEL_FORMAT
+        peer.close()  # and the reply's arena fd, received here
+        for _ in range(50):  # the daemon lets go of the connection on its own time
+            if open_fds() == before:
+                break
+            await trio.sleep(0.02)
+        assert open_fds() == before
+
+
+async def test_unload_waits_for_earlier_runs_and_later_requests_find_nothing(
+    tmp_path: Path,
+) -> None:
+    path = model_file(tmp_path, onnx_models.add_one())
+    async with serve_daemon(tmp_path):
+        peer = await RawPeer.connect(tmp_path / "npud.sock")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        frame, fds = peer.protocol.send(p.ModelLoadRequest(id=1, fd=fd))
+        await peer.sock.sendmsg([frame], fds_ancillary(fds))
+        os.close(fd)
+        loaded = await peer.next()
+        assert isinstance(loaded, p.ModelLoadReply)
+        model = loaded.model
+        await peer.write(
+            p.ModelRunRequest(id=2, model=model),
+            p.ModelUnloadRequest(id=3, model=model),
+            p.ModelRunRequest(id=4, model=model),
+            p.ModelInfoRequest(id=5, model=model),
+        )
+        answers = {answer.id: answer for answer in await peer.answers(4)}  # type: ignore[union-attr]
+        assert isinstance(answers[2], p.ModelRunReply)
+        assert isinstance(answers[3], p.ModelUnloadReply)
+        for late in (4, 5):
+            error = answers[late]
+            assert isinstance(error, p.ErrorMessage)
+            assert error.error_code is ErrorCode.MODEL_NOT_LOADED
+            assert error.message == f"model {model} is not loaded"
+        peer.close()
+
+
+async def test_a_client_that_leaves_mid_run_leaves_nothing_behind(tmp_path: Path) -> None:
+    path = model_file(tmp_path, onnx_models.identity("float32", (1 << 20,)))
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock"), name="observer") as observer,
+    ):
+        before = await totals(observer)
+        fds_before = open_fds()
+        leaver = await trio_client.connect(str(tmp_path / "npud.sock"), name="leaver")
+        model = await leaver.load_model(path)
+        model.set_input("x", np.ones(1 << 20, np.float32))
+        sock = leaver._sock
+        frame, _ = leaver._core._conn.send(p.ModelRunRequest(id=999_999, model=model.id))
+        await sock.send(frame)
+        sock.shutdown(socket.SHUT_RDWR)  # gone while the run is (about to be) on the DSP
+        await leaver.close()
+        for _ in range(100):
+            if await totals(observer) == before and (await observer.status()).totals.clients == 1:
+                break
+            await trio.sleep(0.02)
+        assert await totals(observer) == before
+        assert open_fds() == fds_before
+
+
+async def test_without_numpy_inputs_are_bytes_and_outputs_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from npu_client import _models
+
+    monkeypatch.setattr(_models, "HAVE_NUMPY", False)
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        await npu.load_model(model_file(tmp_path, onnx_models.affine())) as model,
+    ):
+        a = np.array([1, 2, 3], np.float32).tobytes()
+        view = model.input_view("b")
+        assert isinstance(view, memoryview)
+        view[:] = bytes(12)
+        with pytest.raises(TypeError, match="takes a bytes-like value"):
+            model.set_input("a", [1.0, 2.0, 3.0])
+        outputs = await model.run({"a": a, "k": np.array(1).tobytes()})
+        assert outputs["y"] == np.array([2, 4, 6], np.float32).tobytes()
+        assert outputs["n"] == np.array(2).tobytes()

@@ -1,0 +1,118 @@
+"""npuctl status and npuctl run with models, against a real daemon (npuctl in a thread)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+from npu_client import npuctl, trio_client
+from tests.daemon.wire import serve_daemon
+from tests.emulator import onnx_models
+
+
+async def npuctl_in_thread(
+    socket: Path, capsys: pytest.CaptureFixture[str], *argv: str
+) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = await trio.to_thread.run_sync(npuctl.main, ["--socket", str(socket), *argv])
+    captured = capsys.readouterr()
+    return code, _npuctl_lines(captured.out), _npuctl_lines(captured.err)
+
+
+def _npuctl_lines(text: str) -> str:
+    """npuctl's output without the daemon's log lines (it runs in this process)."""
+    return "".join(line for line in text.splitlines(True) if not LOG_LINE.match(line))
+
+
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")
+
+
+async def test_npuctl_run_with_given_and_zero_inputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "affine.onnx"
+    model.write_bytes(onnx_models.affine())
+    np.save(tmp_path / "a.npy", np.array([1, 2, 3], np.float32))
+    async with serve_daemon(tmp_path):
+        socket = tmp_path / "npud.sock"
+        code, out, err = await npuctl_in_thread(
+            socket, capsys, "run", str(model), "--input", f"a={tmp_path / 'a.npy'}"
+        )
+        assert (code, err) == (0, "")
+        lines = out.splitlines()
+        assert lines[0].startswith("model    affine.onnx (an ONNX model")
+        assert f"input    a float32 [3] <- {tmp_path / 'a.npy'}" in lines
+        assert "input    b float32 [3] <- zeros" in lines
+        assert "output   y float32 [3]" in lines
+        assert "output   n int64 []" in lines
+        assert lines[-1].startswith("time     load ")
+
+        code, out, _ = await npuctl_in_thread(socket, capsys, "run", str(model), "--json")
+        report = json.loads(out)
+        assert code == 0
+        assert [t["source"] for t in report["inputs"]] == ["zeros"] * 3
+        assert report["dsp_us"] > 0
+
+        async with trio_client.open_trio_client(str(socket)) as npu:
+            await npu.load_model(model, name="kept")
+            code, out, _ = await npuctl_in_thread(socket, capsys, "status")
+            assert code == 0
+            assert "1 model (" in out
+            header = next(
+                line for line in out.splitlines() if line.split()[1:3] == ["CLIENT", "MODEL"]
+            )
+            assert header.split() == ["PID", "CLIENT", "MODEL", "NAME", "SIZE", "RUNS", "DSP"]
+            assert any(" kept " in line for line in out.splitlines())
+            code, out, _ = await npuctl_in_thread(socket, capsys, "status", "--json")
+            rows = [row for row in json.loads(out)["clients"] if row["models"]]
+            assert [m["name"] for m in rows[0]["models"]] == ["kept"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--input", "nope={npy}"], "the model has no input 'nope'"),
+        (["--input", "a={missing}"], "cannot read"),
+        (["--shape", "a=4"], "tensor mismatch"),
+    ],
+    ids=["unknown input", "missing npy", "bad shape"],
+)
+async def test_npuctl_run_refusals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    model = tmp_path / "affine.onnx"
+    model.write_bytes(onnx_models.affine())
+    npy = tmp_path / "a.npy"
+    np.save(npy, np.zeros(3, np.float32))
+    filled = [arg.format(npy=npy, missing=tmp_path / "missing.npy") for arg in argv]
+    async with serve_daemon(tmp_path):
+        code, _, err = await npuctl_in_thread(
+            tmp_path / "npud.sock", capsys, "run", str(model), *filled
+        )
+        assert code == 1
+        assert message in err
+
+
+async def test_npuctl_run_on_a_missing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with serve_daemon(tmp_path):
+        code, _, err = await npuctl_in_thread(
+            tmp_path / "npud.sock", capsys, "run", str(tmp_path / "nothing.onnx")
+        )
+        assert code == 1
+        assert "cannot open" in err
+        assert "No such file" in err
+
+
+def test_npuctl_run_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in (["--input", "x"], ["--shape", "x=1,a"], ["--shape", "x=0"]):
+        with pytest.raises(SystemExit) as exited:
+            npuctl.main(["run", "m.onnx", *bad])
+        assert exited.value.code == 2
+    assert "expected NAME=VALUE" in capsys.readouterr().err

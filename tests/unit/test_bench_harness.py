@@ -1,0 +1,145 @@
+"""The benchmark harness: its arithmetic, its table and summary, one module run for real.
+
+No timing is asserted: the figures are whatever this machine gives.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import bench.__main__ as bench_main
+from bench import emulator
+from bench.harness import Context, Goal, Row, format_table, interleave, quartiles, ratio_row
+
+
+def test_quartiles_of_one_and_of_many() -> None:
+    assert quartiles([2.0]) == (2.0, 2.0, 2.0)
+    assert quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
+
+
+def test_a_row_is_the_median_and_iqr_of_per_round_ratios() -> None:
+    row = ratio_row("x.y", "a / b", [1.0, 3.0, 2.0, 5.0, 4.0], {"a_us": 10.0})
+    assert (row.ratio, row.q1, row.q3, row.rounds) == (3.0, 2.0, 4.0, 5)
+    with pytest.raises(ValueError, match="no rounds"):
+        ratio_row("x.y", "a / b", [], {})
+
+
+@pytest.mark.parametrize(
+    ("goal", "met"),
+    [
+        (Goal("ratio", 1.2), True),
+        (Goal("ratio", 1.0), False),
+        (Goal("ratio", 1.2, "at_least"), False),
+        (Goal("npud_mib", 40), False),
+        (Goal("npud_mib", 50), True),
+        (Goal("missing", 1), None),
+    ],
+)
+def test_goals_on_the_ratio_or_a_figure(goal: Goal, met: bool | None) -> None:
+    row = Row("d.rss", "a / b", 1.1, 1.0, 1.2, 3, {"npud_mib": 42.0}, goal)
+    assert row.goal_met is met
+
+
+def test_interleave_alternates_which_goes_first() -> None:
+    calls: list[str] = []
+
+    def subject() -> float:
+        calls.append("s")
+        return 2.0
+
+    def baseline() -> float:
+        calls.append("b")
+        return 1.0
+
+    assert interleave(3, subject, baseline) == ([2.0] * 3, [1.0] * 3)
+    assert calls == ["s", "b", "b", "s", "s", "b"]
+
+
+def test_the_table_shows_ratio_spread_goal_and_figures() -> None:
+    row = Row("e.p50", "npud / floor", 3.25, 3.0, 3.5, 9, {"npud_us": 61.2}, Goal("ratio", 2))
+    table = format_table([row])
+    assert "e.p50" in table
+    assert "3.25" in table
+    assert "3-3.5" in table
+    assert "ratio <= 2 (NOT met)" in table
+    assert "npud / floor: npud_us 61.2" in table
+
+
+def _fake_module(name: str, result: list[Row] | Exception) -> types.ModuleType:
+    module = types.ModuleType(f"tests_fake_bench_{name}")
+    module.NAME = name  # type: ignore[attr-defined]
+    module.SUMMARY = f"the {name} fake"  # type: ignore[attr-defined]
+
+    def rows(ctx: Context) -> list[Row]:
+        assert ctx.quick
+        assert ctx.workdir.is_dir()
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    module.rows = rows  # type: ignore[attr-defined]
+    return module
+
+
+@pytest.fixture
+def fake_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    good = _fake_module("good", [ratio_row("good.one", "a / b", [1.5, 2.5], {"a_ms": 3.0})])
+    bad = _fake_module("bad", RuntimeError("it broke"))
+    for module in (good, bad):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(bench_main, "MODULES", {"good": good.__name__, "bad": bad.__name__})
+
+
+@pytest.mark.usefixtures("fake_modules")
+def test_a_run_prints_the_table_and_writes_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary_path = tmp_path / "out" / "summary.json"
+    assert bench_main.main(["--quick", "--json", str(summary_path)]) == 1  # "bad" failed
+    out = capsys.readouterr().out
+    assert "good.one" in out
+    assert "bad: FAILED: RuntimeError: it broke" in out
+    assert f"summary: {summary_path}" in out
+    summary = json.loads(summary_path.read_text())
+    assert summary["quick"] is True
+    assert summary["errors"] == {"bad": "RuntimeError: it broke"}
+    assert summary["rows"][0]["name"] == "good.one"
+    assert summary["rows"][0]["ratio"] == 2.0
+    assert summary["rows"][0]["figures"] == {"a_ms": 3.0}
+
+
+@pytest.mark.usefixtures("fake_modules")
+def test_only_runs_the_named_modules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_main.main(["--quick", "--only", "good", "--json", str(tmp_path / "s.json")]) == 0
+    assert "FAILED" not in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("fake_modules")
+def test_unknown_modules_and_the_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_main.main(["--only", "good,nosuch"]) == 2
+    assert "unknown module nosuch; choose from good, bad" in capsys.readouterr().err
+    assert bench_main.main(["--list"]) == 0
+    assert "good" in capsys.readouterr().out
+
+
+def test_every_listed_module_is_named_as_listed() -> None:
+    for name in bench_main.MODULES:
+        module = bench_main.load(name)
+        assert name == module.NAME
+        assert module.SUMMARY
+        assert callable(module.rows)
+
+
+def test_the_emulator_module_runs_quick(tmp_path: Path) -> None:
+    rows = emulator.rows(Context(quick=True, workdir=tmp_path))
+    assert [row.name for row in rows] == [
+        "emulator.slice_echo",
+        "emulator.inline_echo",
+        "emulator.slice_vs_inline",
+    ]
+    assert all(row.rounds == 3 and row.ratio > 0 for row in rows)

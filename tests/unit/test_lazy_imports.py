@@ -1,0 +1,62 @@
+"""Start-up loads only what the daemon needs: no tools, no cryptography, no emulator on a device."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+
+def modules_after(program: str) -> set[str]:
+    """The modules a fresh interpreter holds after running ``program``."""
+    code = textwrap.dedent(program) + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
+def test_importing_the_daemon_loads_no_tool_and_no_cryptography() -> None:
+    loaded = modules_after("import npud.main")
+    unwanted = {"npud.doctor", "npud.doctor_checks", "npud.sign_shell", "npud.sim.driver"}
+    assert not loaded & unwanted
+    assert not {name for name in loaded if name.startswith("cryptography")}
+
+
+def test_the_kernel_profile_never_loads_the_emulator() -> None:
+    loaded = modules_after(
+        """
+        from npud.backend import select_profile
+        from npud.config import parse_config
+        from npud.fastrpc.driver import KernelDriver
+        profile = select_profile(parse_config(""), "kernel")
+        assert isinstance(profile.make_driver(), KernelDriver)
+        """
+    )
+    assert not {name for name in loaded if name.startswith("npud.sim")}
+
+
+def test_the_emulator_loads_when_the_emulator_profile_makes_its_driver() -> None:
+    program = textwrap.dedent(
+        """
+        from npud.backend import select_profile
+        from npud.config import parse_config
+        profile = select_profile(parse_config(""), "emulator")
+        assert profile.library_path[0].name == "dsp_libs"
+        """
+    )
+    assert "npud.sim.driver" not in modules_after(program)
+    assert "npud.sim.driver" in modules_after(program + "\nprofile.make_driver()\n")
+
+
+def test_the_doctor_still_runs_from_the_daemons_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "npud.main", "doctor", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0
+    assert "npud doctor" in result.stdout
