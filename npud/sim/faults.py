@@ -136,6 +136,8 @@ class FaultInjector:
 
     def take_ioctl_fault(self, request: int) -> IoctlFault | None:
         """The injected failure for the next ``request``, consuming it; None if none."""
+        if not self._ioctl_faults:
+            return None  # the common case, without the lock (a list's truth is atomic)
         with self._lock:
             for index, injected in enumerate(self._ioctl_faults):
                 if injected.request == request:
@@ -145,6 +147,8 @@ class FaultInjector:
 
     def take_interrupt(self, handle: int) -> bool:
         """True (consuming it) when an interruption waits for an invoke on ``handle``."""
+        if not self._interrupts:
+            return False
         with self._lock:
             for index, wanted in enumerate(self._interrupts):
                 if wanted == handle or (wanted is None and handle > LAST_STATIC_HANDLE):
