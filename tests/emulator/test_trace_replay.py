@@ -26,6 +26,7 @@ import pytest
 
 from npud.backend import DEV_SHELL
 from npud.fastrpc import abi
+from npud.fastrpc.driver import Driver, KernelDriver
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.replay import TraceFormatError, load_trace, replay
 from npud.fastrpc.session import FastRpcSession
@@ -33,7 +34,7 @@ from npud.fastrpc.trace import TraceWriter, TracingDriver
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.trace_cli import echo_scenario, model_scenario
 from tests.emulator import onnx_models
-from tests.emulator.conftest import fastrpc_threads, open_fds
+from tests.emulator.conftest import fastrpc_threads, library_path, open_fds
 
 FIXTURE = Path(__file__).parent / "traces" / "echo.jsonl"
 VOLATILE = frozenset({"t", "dur", "started", "npud", "machine", "in", "out"})
@@ -305,3 +306,27 @@ def test_the_command_line(tmp_path: Path) -> None:
     recorded = npud("record", "--backend", "emulator", str(tmp_path / "r.jsonl"))
     assert recorded.returncode == 0, recorded.stderr
     assert load_trace(tmp_path / "r.jsonl").complete
+
+
+# --- on the device too ------------------------------------------------------------------
+
+
+def test_a_run_on_this_driver_records_and_replays(
+    driver: Driver, shell_bytes: bytes, tmp_path: Path
+) -> None:
+    """On the emulator, and (marked hardware) on the device: the echo scenario's trace
+    of this very driver replays against the session code without the driver."""
+    trace = tmp_path / "run.jsonl"
+    writer = TraceWriter(
+        trace, backend="kernel" if isinstance(driver, KernelDriver) else "emulator"
+    )
+    try:
+        with FastRpcSession.open(
+            TracingDriver(driver, writer), library_path=library_path(driver)
+        ) as session:
+            session.load_shell(shell_bytes)
+            echo_scenario(session)
+    finally:
+        writer.close()
+    report = replay(trace)
+    assert report.ok, report.summary()
