@@ -40,6 +40,8 @@ from npud.fastrpc.shell_verifier import ShellVerifier
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+    from npud.fastrpc.trace import TraceWriter
+
 BackendKind = Literal["kernel", "emulator"]
 
 EMULATED_SUFFIX = "(emulated)"
@@ -81,6 +83,8 @@ class Profile:
     emulator_dsp_units: int = 0
     """The emulated DSP's shared execution units (``[emulator] dsp_units``)."""
     _verifier: _VerifierSlot = field(default_factory=_VerifierSlot, compare=False, repr=False)
+    trace: TraceWriter | None = None
+    """Where every Driver call is recorded (``npud --trace``); the caller owns the writer."""
 
     def device_label(self, node: str) -> str:
         """How status and logs name the device node in use.
@@ -93,6 +97,14 @@ class Profile:
         return f"{node} {EMULATED_SUFFIX}"
 
     def make_driver(self) -> Driver:
+        driver = self._make_driver()
+        if self.trace is None:
+            return driver
+        from npud.fastrpc.trace import TracingDriver  # noqa: PLC0415  (only when tracing)
+
+        return TracingDriver(driver, self.trace)
+
+    def _make_driver(self) -> Driver:
         if self.kind == "kernel":
             return KernelDriver()
         from npud.sim import EmulatedDriver, SimConfig  # noqa: PLC0415  (not on a device)

@@ -113,6 +113,14 @@ class DaemonConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
         msgspec.Meta(gt=0, le=3600),
         _doc("Seconds between the summary lines of a connection whose lines are held back."),
     ] = 10.0
+    trace: Annotated[
+        str,
+        _doc(
+            "Record every FastRPC driver call, session operation and reverse-RPC call to this "
+            "file (docs/trace-format.md); empty records nothing. The trace holds the bytes of "
+            "buffers and of the files the DSP reads: keep it private. --trace overrides it."
+        ),
+    ] = ""
 
     @property
     def socket_mode_bits(self) -> int:

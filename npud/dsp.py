@@ -197,6 +197,7 @@ class Dsp:
             hmx_support_depth=caps.hmx_depth,
             hmx_support_spatial=caps.hmx_spatial,
             async_fastrpc_support=int(caps.async_fastrpc),
+            status_notification_support=int(caps.status_notification),
         )
 
     def lane_rows(self) -> tuple[p.LaneRow, ...]:

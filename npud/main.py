@@ -4,7 +4,7 @@ Start-up order: the shell-signature verifier's child process is started right
 after the command line is parsed, and only then are the daemon's modules
 imported, so the child's interpreter and ``cryptography`` load meanwhile
 (``npud.fastrpc.shell_verifier``). ``npud doctor`` is imported only for
-``npud doctor``.
+``npud doctor``, ``npud trace`` only for ``npud trace``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from npud.fastrpc.shell_verifier import ShellVerifier
 if TYPE_CHECKING:
     from npud.backend import Profile
     from npud.config import Config
+    from npud.fastrpc.trace import TraceWriter
     from npud.server import BoundSocket
 
 DESCRIPTION = """\
@@ -54,6 +55,9 @@ by the daemon.
 
 npud doctor [--root DIR] [--config PATH] [--socket PATH] [--json]: check the NPU
 installation and the running daemon, one line per check with its fix (npud doctor --help).
+
+npud trace record|replay: record a FastRPC trace of a fixed scenario, or replay a trace
+against this npud and report the first divergence (npud trace --help).
 """
 
 
@@ -90,6 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="json for the journal, console for people (default: json unless stderr is a terminal)",
     )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="record every FastRPC driver call, session operation and reverse-RPC call to FILE "
+        "(docs/trace-format.md; it holds buffer and file bytes: keep it private) "
+        "(default: daemon.trace of the config, none)",
+    )
     parser.add_argument("--version", action="version", version=f"npud {__version__}")
     return parser
 
@@ -100,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         from npud import doctor  # noqa: PLC0415  (a tool: the daemon never loads it)
 
         return doctor.main(arguments[1:])
+    if arguments[:1] == ["trace"]:
+        from npud import trace_cli  # noqa: PLC0415  (a tool: the daemon never loads it)
+
+        return trace_cli.main(arguments[1:])
     args = build_parser().parse_args(arguments)
     verifier = ShellVerifier()
     verifier.start()
@@ -175,13 +192,17 @@ def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
     def reload_config() -> Config:
         return load_config(config_path)
 
+    trace: TraceWriter | None = None
     try:
+        profile, trace = _traced(args, config, profile)
         broker = Broker(config, profile)
         daemon = Daemon(config, broker, listener, notifier=notifier, reload_config=reload_config)
         trio.run(daemon.run)
     except RpcError as exc:
         notifier.send(f"STATUS=start-up failed: {exc}")
         return _fail(f"cannot start the NPU session: {exc}")
+    except _TraceError as exc:
+        return _fail(str(exc))
     except KeyboardInterrupt:
         return 0
     finally:
@@ -189,7 +210,35 @@ def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
         if bound is not None:
             bound.unlink_if_ours()
         notifier.close()
+        if trace is not None:
+            trace.close()
     return 0
+
+
+class _TraceError(Exception):
+    """The trace file cannot be written; ``str()`` is the one-line reason."""
+
+
+def _traced(
+    args: argparse.Namespace, config: Config, profile: Profile
+) -> tuple[Profile, TraceWriter | None]:
+    """The profile with ``--trace`` (or daemon.trace) open, and the writer (its owner
+    closes it); the profile unchanged and None without a trace."""
+    import dataclasses  # noqa: PLC0415
+
+    import structlog  # noqa: PLC0415
+
+    from npud.fastrpc.trace import TraceWriter  # noqa: PLC0415  (only when tracing)
+
+    path = args.trace or (Path(config.daemon.trace) if config.daemon.trace else None)
+    if path is None:
+        return profile, None
+    try:
+        trace = TraceWriter(path, backend=profile.kind)
+    except OSError as exc:
+        raise _TraceError(f"cannot write the trace {path}: {exc.strerror}") from None
+    structlog.get_logger("npud").info("tracing FastRPC calls", file=str(path))
+    return dataclasses.replace(profile, trace=trace), trace
 
 
 def _fail(message: str) -> int:

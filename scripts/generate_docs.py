@@ -33,7 +33,7 @@ import msgspec
 import shtab
 
 from npu_client import npuctl
-from npud import __version__, doctor, main
+from npud import __version__, doctor, main, trace_cli
 from npud.config import (
     DEFAULT_CONFIG,
     DEFAULT_KERNEL_PUBLIC_KEY,
@@ -188,6 +188,10 @@ def npud_page() -> str:
     page.heading("SYNOPSIS")
     page.lines += [f".B npud\n{escape(usage(daemon).removeprefix('npud '))}", ".br"]
     page.lines.append(f".B npud doctor\n{escape(usage(checker).removeprefix('npud doctor '))}")
+    tracer = trace_cli.build_parser()
+    for name, command in subcommands(tracer).items():
+        options = usage(command).removeprefix(f"npud trace {name}").strip()
+        page.lines += [".br", f".B npud trace {name}\n{escape(options)}"]
     page.heading("DESCRIPTION")
     page.text(*description)
     page.heading("OPTIONS")
@@ -202,6 +206,16 @@ def npud_page() -> str:
     doctor_labelled, doctor_plain = split_epilog(checker.epilog)
     page.text(*doctor_plain)
     for label, text in doctor_labelled:
+        page.lines += [".PP", f"{bold(label.capitalize())}: {escape(text)}"]
+    page.heading("NPUD TRACE")
+    page.text(*paragraphs(tracer.description or ""))
+    for name, command in subcommands(tracer).items():
+        page.subheading(f"npud trace {name}")
+        page.text(*paragraphs(command.description or ""))
+        add_options(page, command)
+    trace_labelled, trace_plain = split_epilog(tracer.epilog)
+    page.text(*trace_plain)
+    for label, text in trace_labelled:
         page.lines += [".PP", f"{bold(label.capitalize())}: {escape(text)}"]
     page.heading("FILES")
     for path, what in (
@@ -347,7 +361,13 @@ def npud_completion() -> str:
     commands.add_parser(
         "doctor", parents=[checker], add_help=False, help=(checker.description or "").split("\n")[0]
     )
-    _mark_paths(parser, ["--config", "--socket"], ["--root"])
+    tracer = trace_cli.build_parser()
+    commands.add_parser(
+        "trace", parents=[tracer], add_help=False, help=(tracer.description or "").split("\n")[0]
+    )
+    _mark_paths(
+        parser, ["--config", "--socket", "--trace", "--model"], ["--root", "--library-path"]
+    )
     return _completion(parser, "npud")
 
 

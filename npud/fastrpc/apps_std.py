@@ -1,73 +1,155 @@
-"""The HLOS services the DSP calls through reverse RPC: apps_remotectl and apps_std.
+"""``apps_std``: the host files the DSP reads through reverse RPC (reference 5.6).
 
-The DSP loads skel libraries by reading them from this host: it opens the
-module ``apps_std`` through reverse handle 0 (``apps_remotectl``) and then
-calls ``fopen_with_env`` / ``flen`` / ``fread`` / ``fclose`` on the handle it
-got back (reference 5.6). We serve files read-only and only from the
-configured DSP library search path: the DSP names a file, never a path, so a
-name with a directory part, a parent reference or a NUL is refused. Names
+The DSP loads skel libraries (and skels load data files) by reading them from
+this host. It opens ``apps_std`` through apps_remotectl
+(:mod:`npud.fastrpc.reverse_modules`) and reads files in one of three ways,
+all served here, as ``apps_std_imp.c`` does (which one a firmware uses is not
+visible in the sources):
+
+* streamed: ``fopen_with_env`` (19) or ``fopen`` (0), ``flen`` (10),
+  ``fread`` (4), ``fseek`` (9), ``fclose`` (3);
+* mapped: ``fopen_with_env_fd`` (36) or ``fopen_fd`` (34) read the whole file
+  into a DMA-BUF that the session MEM_MAPs into the DSP process with
+  FASTRPC_MAP_FD and answer ``{fd, length}``; ``fclose_fd`` (35) unmaps and
+  frees it;
+* by path: ``get_search_paths_with_env`` (21) lists the directories,
+  ``stat`` (31) tells whether ``<dir>/<file>`` is a file, ``fileExists`` (22).
+
+Ids from 31 on travel as method 31 with the id first in primIn.
+
+What the DSP may read: files on the configured library path only, read-only.
+A name is either a bare file name, looked up as ``<dir>/cdsp/<name>`` then
+``<dir>/<name>`` in each directory (libcdsprpc's order), or an absolute path
+whose directory is one of those (what ``get_search_paths_with_env`` listed);
+names with a parent reference, a NUL or another directory are refused. Names
 starting with ``npud-fd-`` are descriptors the daemon lends for one load
 (:mod:`npud.fastrpc.exposed_files`): they resolve in that registry only, never
-on the search path. Every open file keeps its own offset.
+on the search path, with or without a listed directory in front. Every open
+file keeps its own offset.
 
-Results are HLOS-side AEE codes (bare ``n``, no DSP offset). Calls we do not
-implement answer AEE_EUNSUPPORTED so the DSP can fall back; nothing hangs.
+The environment-variable name the DSP passes (``ADSP_LIBRARY_PATH``) is not
+looked up in npud's environment: the configured path is the only search path.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-from npu_protocol import AEE
-from npud.fastrpc import abi
+from npu_protocol import AEE, MAX_DMA_SIZE
 from npud.fastrpc.exposed_files import ExposedFile, ExposedFiles, is_exposed_name
 from npud.fastrpc.marshal import from_c_string
+from npud.fastrpc.reverse_modules import CallDescription, Reply, fail, fit
 
-APPS_REMOTECTL_HANDLE: Final = 0
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "FCLOSE",
+    "FCLOSE_FD",
+    "FILE_EXISTS",
+    "FLEN",
+    "FOPEN",
+    "FOPEN_FD",
+    "FOPEN_WITH_ENV",
+    "FOPEN_WITH_ENV_FD",
+    "FREAD",
+    "FSEEK",
+    "GET_SEARCH_PATHS_WITH_ENV",
+    "MAX_OPEN_FILES",
+    "STAT",
+    "AppsStdServer",
+    "FileSharing",
+    "Reply",
+]
+
 MAX_OPEN_FILES: Final = 64
-MAX_OUTPUT_CAPACITY: Final = 16 * 1024 * 1024
+MAX_SHARED_FILES: Final = 16
+MAX_SHARED_FILE_BYTES: Final = MAX_DMA_SIZE
 NAME_MAX: Final = 255
-_APPS_STD_HANDLE: Final = 0x5354  # "ST": any non-static value works
+PATH_MAX: Final = 4096
+DOMAIN_DIRECTORY: Final = "cdsp"
+"""libcdsprpc looks in ``<dir>/<domain name>/`` before ``<dir>/``."""
 
-# apps_std method ids (reference 5.6)
+# apps_std method ids (reference 5.6, apps_std_skel.c)
 FOPEN: Final = 0
 FCLOSE: Final = 3
 FREAD: Final = 4
 FSEEK: Final = 9
 FLEN: Final = 10
 FOPEN_WITH_ENV: Final = 19
+GET_SEARCH_PATHS_WITH_ENV: Final = 21
 FILE_EXISTS: Final = 22
+ESCAPE: Final = 31
+STAT: Final = 31
+FOPEN_FD: Final = 34
+FCLOSE_FD: Final = 35
+FOPEN_WITH_ENV_FD: Final = 36
+
+METHOD_NAMES: Final = {
+    FOPEN: "fopen",
+    FCLOSE: "fclose",
+    FREAD: "fread",
+    FSEEK: "fseek",
+    FLEN: "flen",
+    FOPEN_WITH_ENV: "fopen_with_env",
+    GET_SEARCH_PATHS_WITH_ENV: "get_search_paths_with_env",
+    FILE_EXISTS: "fileExists",
+    STAT: "stat",
+    FOPEN_FD: "fopen_fd",
+    FCLOSE_FD: "fclose_fd",
+    FOPEN_WITH_ENV_FD: "fopen_with_env_fd",
+}
 
 _READ_MODES: Final = frozenset({"r", "rb"})
+_STAT: Final = struct.Struct("<QQQIIQQqqqqqq")  # apps_std_STAT, 96 bytes
+_SEARCH_PATHS_OUT: Final = struct.Struct("<IH")  # numPaths, maxPathLen (primROut >= 6 bytes)
 
 
-@dataclass(frozen=True)
-class Reply:
-    """A reverse call's result and its output buffers (each exactly the asked capacity)."""
+class FileSharing(Protocol):
+    """How the ``_fd`` calls hand a file to the DSP: the session's DMA-BUFs and MEM_MAP."""
 
-    result: int
-    outputs: tuple[bytes, ...] = ()
+    def share(self, source: SharedSource, size: int) -> int:
+        """Copy ``size`` bytes of ``source`` into a new DMA-BUF, MEM_MAP it with
+        FASTRPC_MAP_FD; return its fd (owned by the sharer). OSError or an
+        ``int`` AEE result (:class:`SharingError`) on failure."""
+        ...
+
+    def unshare(self, fd: int) -> None:
+        """MEM_UNMAP and free what :meth:`share` returned. SharingError on failure."""
+        ...
 
 
-def _fail(code: AEE) -> Reply:
-    return Reply(int(code))
+class SharingError(Exception):
+    """A share or unshare the kernel or the DSP refused; ``result`` is the AEE code to report."""
+
+    def __init__(self, result: int) -> None:
+        super().__init__(f"result 0x{result:08X}")
+        self.result = result
 
 
-def _fit(data: bytes, capacity: int) -> bytes:
-    """Output buffers must come back at exactly the capacity the DSP announced."""
-    return data[:capacity].ljust(capacity, b"\0")
+class SharedSource(Protocol):
+    def read_at(self, offset: int, count: int) -> bytes: ...
+
+
+class _NoSharing:
+    def share(self, source: SharedSource, size: int) -> int:
+        raise SharingError(int(AEE.EUNSUPPORTED))
+
+    def unshare(self, fd: int) -> None:
+        raise SharingError(int(AEE.EBADFD))
 
 
 class _OpenFile(Protocol):
     def read(self, count: int) -> bytes: ...
+    def read_at(self, offset: int, count: int) -> bytes: ...
     def seek(self, offset: int, whence: int) -> None: ...
     def size(self) -> int: ...
+    def stat(self) -> os.stat_result: ...
     def close(self) -> None: ...
 
 
@@ -80,11 +162,17 @@ class _SearchPathFile:
     def read(self, count: int) -> bytes:
         return os.read(self._fd, count)
 
+    def read_at(self, offset: int, count: int) -> bytes:
+        return os.pread(self._fd, count, offset)
+
     def seek(self, offset: int, whence: int) -> None:
         os.lseek(self._fd, offset, whence)
 
     def size(self) -> int:
         return os.fstat(self._fd).st_size
+
+    def stat(self) -> os.stat_result:
+        return os.fstat(self._fd)
 
     def close(self) -> None:
         fd, self._fd = self._fd, -1
@@ -103,6 +191,9 @@ class _LentFile:
         self._offset += len(data)
         return data
 
+    def read_at(self, offset: int, count: int) -> bytes:
+        return self._exposed.pread(offset, count)
+
     def seek(self, offset: int, whence: int) -> None:
         base = {os.SEEK_SET: 0, os.SEEK_CUR: self._offset, os.SEEK_END: self.size()}[whence]
         if base + offset < 0:
@@ -112,6 +203,9 @@ class _LentFile:
     def size(self) -> int:
         return self._exposed.size()
 
+    def stat(self) -> os.stat_result:
+        return self._exposed.stat()
+
     def close(self) -> None:
         """Nothing to release: the ExposedFile owns the descriptor."""
 
@@ -119,67 +213,37 @@ class _LentFile:
 class AppsStdServer:
     """Serves the DSP's file reads from ``search_path`` and from ``exposed``.
 
-    Owns the fds it opens on the search path; borrows exposed descriptors.
+    Owns the fds it opens on the search path; borrows exposed descriptors; the
+    DMA-BUFs of the ``_fd`` calls belong to ``sharing`` (the session).
     """
 
-    def __init__(self, search_path: Sequence[Path], exposed: ExposedFiles | None = None) -> None:
-        self._search_path = tuple(Path(p) for p in search_path)
+    name = "apps_std"
+
+    def __init__(
+        self,
+        search_path: Sequence[Path],
+        exposed: ExposedFiles | None = None,
+        sharing: FileSharing | None = None,
+    ) -> None:
+        self._search_path = tuple(Path(os.path.abspath(p)) for p in search_path)
         self._exposed = exposed if exposed is not None else ExposedFiles()
+        self._sharing: FileSharing = sharing if sharing is not None else _NoSharing()
         self._files: dict[int, _OpenFile] = {}  # apps_std file handle -> open file
+        self._shared: set[int] = set()  # fds of the _fd calls, until fclose_fd
         self._next_file = 1
-        self._apps_std_open = False
         self.files_served = 0
 
-    # --- dispatch -----------------------------------------------------------
-    def dispatch(self, handle: int, sc: int, inputs: list[bytes], caps: list[int]) -> Reply:
-        if abi.remote_scalars_inhandles(sc) or abi.remote_scalars_outhandles(sc):
-            return _fail(AEE.EBADPARM)
-        method = abi.remote_scalars_method(sc)
-        if any(cap > MAX_OUTPUT_CAPACITY for cap in caps):
-            return _fail(AEE.EBADPARM)  # we would allocate what the peer asks for
+    # --- the module -----------------------------------------------------------
+    def invoke(self, method: int, sc: int, inputs: list[bytes], caps: list[int]) -> Reply:
         try:
-            if handle == APPS_REMOTECTL_HANDLE:
-                return self._remotectl(method, inputs, caps)
-            if handle == _APPS_STD_HANDLE and self._apps_std_open:
-                return self._apps_std(method, inputs, caps)
-        except (struct.error, IndexError, ValueError):
-            return _fail(AEE.EBADPARM)
+            return self._invoke(method, inputs, caps)
         except OSError:
-            return _fail(AEE.EFILE)
-        return _fail(AEE.EINVHANDLE)
+            return fail(AEE.EFILE)  # the file went away or cannot be read
 
-    def close(self) -> None:
-        """Close every file the DSP left open."""
-        files, self._files = self._files, {}
-        for file in files.values():
-            file.close()
-
-    @property
-    def open_files(self) -> int:
-        return len(self._files)
-
-    # --- apps_remotectl -------------------------------------------------------
-    def _remotectl(self, method: int, inputs: list[bytes], caps: list[int]) -> Reply:
-        if method == 0:  # open(name, rout handle, rout dlerror, rout nErr)
-            name = from_c_string(inputs[1])
-            if name == "apps_std":
-                self._apps_std_open = True
-                prim = struct.pack("<Ii", _APPS_STD_HANDLE, 0)
-                return Reply(0, (_fit(prim, caps[0]), _fit(b"", caps[1])))
-            error = f"module {name!r} is not served by npud".encode() + b"\0"
-            prim = struct.pack("<II", 0, int(AEE.ENOSUCHMOD))
-            return Reply(0, (_fit(prim, caps[0]), _fit(error, caps[1])))
-        if method == 1:  # close(handle, rout nErr, rout dlerror)
-            (handle,) = struct.unpack_from("<I", inputs[0])
-            status = 0 if handle == _APPS_STD_HANDLE else int(AEE.EINVHANDLE)
-            if handle == _APPS_STD_HANDLE:
-                self._apps_std_open = False
-                self.close()
-            return Reply(0, (_fit(struct.pack("<I", status), caps[0]), _fit(b"", caps[1])))
-        return _fail(AEE.EUNSUPPORTED)
-
-    # --- apps_std --------------------------------------------------------------
-    def _apps_std(self, method: int, inputs: list[bytes], caps: list[int]) -> Reply:
+    def _invoke(self, method: int, inputs: list[bytes], caps: list[int]) -> Reply:
+        if method == ESCAPE:
+            (method,) = struct.unpack_from("<I", inputs[0])
+            return self._extended(method, inputs, caps)
         if method == FOPEN_WITH_ENV:
             _env, _delim, name, mode = (from_c_string(b) for b in inputs[1:5])
             return self._fopen(name, mode, caps)
@@ -187,13 +251,15 @@ class AppsStdServer:
             name, mode = (from_c_string(b) for b in inputs[1:3])
             return self._fopen(name, mode, caps)
         if method == FILE_EXISTS:
-            found = self._exists(from_c_string(inputs[1]))
-            return Reply(0, (_fit(bytes([found]), caps[0]),))
+            found = self.resolve(from_c_string(inputs[1])) is not None
+            return Reply(0, (fit(bytes([found]), caps[0]),))
+        if method == GET_SEARCH_PATHS_WITH_ENV:
+            return self._search_paths(inputs, caps)
         if method == FLEN:
             open_file = self._file(inputs[0])
             if open_file is None:
-                return _fail(AEE.EBADFD)
-            return Reply(0, (_fit(struct.pack("<Q", open_file.size()), caps[0]),))
+                return fail(AEE.EBADFD)
+            return Reply(0, (fit(struct.pack("<Q", open_file.size()), caps[0]),))
         if method == FREAD:
             return self._fread(inputs, caps)
         if method == FSEEK:
@@ -202,80 +268,265 @@ class AppsStdServer:
             (file,) = struct.unpack_from("<I", inputs[0])
             open_file = self._files.pop(file, None)
             if open_file is None:
-                return _fail(AEE.EBADFD)
+                return fail(AEE.EBADFD)
             open_file.close()
             return Reply(0)
-        return _fail(AEE.EUNSUPPORTED)
+        return fail(AEE.EUNSUPPORTED)
 
-    def _exists(self, name: str) -> bool:
-        if is_exposed_name(name):
-            return self._exposed.lookup(name) is not None
-        return self._resolve(name) is not None
+    def describe(self, method: int, inputs: list[bytes]) -> CallDescription:
+        if method == ESCAPE and inputs:
+            (method,) = struct.unpack_from("<I", inputs[0])
+        name = METHOD_NAMES.get(method, f"method {method}")
+        file: str | None = None
+        if method in (FOPEN_WITH_ENV, FOPEN_WITH_ENV_FD) and len(inputs) > 3:
+            file = from_c_string(inputs[3])
+        elif method in (FOPEN, FILE_EXISTS, STAT, FOPEN_FD) and len(inputs) > 1:
+            file = from_c_string(inputs[1])
+        return CallDescription(name, file)
 
+    def close(self) -> None:
+        """Close every file the DSP left open and give back every shared DMA-BUF."""
+        files, self._files = self._files, {}
+        for file in files.values():
+            file.close()
+        shared, self._shared = self._shared, set()
+        for fd in shared:
+            try:
+                self._sharing.unshare(fd)
+            except (SharingError, OSError) as exc:
+                log.warning("a shared file could not be given back", extra={"error": str(exc)})
+
+    @property
+    def open_files(self) -> int:
+        return len(self._files)
+
+    @property
+    def shared_files(self) -> int:
+        return len(self._shared)
+
+    # --- ids from 31 on --------------------------------------------------------
+    def _extended(self, method: int, inputs: list[bytes], caps: list[int]) -> Reply:
+        if method == STAT:
+            (length,) = struct.unpack_from("<I", inputs[0], 4)
+            return self._stat(_checked_string(inputs[1], length), caps)
+        if method == FOPEN_FD:
+            name_len, mode_len = struct.unpack_from("<II", inputs[0], 4)
+            name = _checked_string(inputs[1], name_len)
+            return self._fopen_fd(name, _checked_string(inputs[2], mode_len), caps)
+        if method == FOPEN_WITH_ENV_FD:
+            lengths = struct.unpack_from("<IIII", inputs[0], 4)
+            _env, _delim, name, mode = (
+                _checked_string(data, length)
+                for data, length in zip(inputs[1:5], lengths, strict=True)
+            )
+            return self._fopen_fd(name, mode, caps)
+        if method == FCLOSE_FD:
+            (fd,) = struct.unpack_from("<i", inputs[0], 4)
+            return self._fclose_fd(fd)
+        return fail(AEE.EUNSUPPORTED)
+
+    # --- streamed reads ------------------------------------------------------
     def _fread(self, inputs: list[bytes], caps: list[int]) -> Reply:
         (file, capacity) = struct.unpack_from("<II", inputs[0])
         open_file = self._files.get(file)
         if open_file is None:
-            return _fail(AEE.EBADFD)
+            return fail(AEE.EBADFD)
         data = open_file.read(min(capacity, caps[1]))
         eof = int(len(data) < capacity)
         prim = struct.pack("<ii", len(data), eof)
-        return Reply(0, (_fit(prim, caps[0]), _fit(data, caps[1])))
+        return Reply(0, (fit(prim, caps[0]), fit(data, caps[1])))
 
     def _fseek(self, inputs: list[bytes]) -> Reply:
         file, offset, whence = struct.unpack_from("<IiI", inputs[0])
         open_file = self._files.get(file)
         if open_file is None or whence not in (os.SEEK_SET, os.SEEK_CUR, os.SEEK_END):
-            return _fail(AEE.EBADPARM)
+            return fail(AEE.EBADPARM)
         try:
             open_file.seek(offset, whence)
         except OSError:
-            return _fail(AEE.EFILE)
+            return fail(AEE.EFILE)
         return Reply(0)
 
     def _file(self, prim: bytes) -> _OpenFile | None:
         (file,) = struct.unpack_from("<I", prim)
         return self._files.get(file)
 
-    def _resolve(self, name: str) -> Path | None:
-        if (
-            not name
-            or len(name.encode()) > NAME_MAX
-            or "/" in name
-            or "\\" in name
-            or name.startswith(".")
-            or "\0" in name
-        ):
-            return None
-        for directory in self._search_path:
-            candidate = directory / name
-            if candidate.is_file():
-                return candidate
-        return None
-
     def _fopen(self, name: str, mode: str, caps: list[int]) -> Reply:
         if mode not in _READ_MODES:
-            return _fail(AEE.EBADPERMS)
-        open_file: _OpenFile
-        if is_exposed_name(name):
-            exposed = self._exposed.lookup(name)
-            if exposed is None:
-                return _fail(AEE.ENOSUCHFILE)
-            if len(self._files) >= MAX_OPEN_FILES:
-                return _fail(AEE.EOUTOFHANDLES)
-            open_file = _LentFile(exposed)
-        else:
-            path = self._resolve(name)
-            if path is None:
-                return _fail(AEE.ENOSUCHFILE)
-            if len(self._files) >= MAX_OPEN_FILES:
-                return _fail(AEE.EOUTOFHANDLES)
-            try:
-                open_file = _SearchPathFile(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
-            except OSError:
-                return _fail(AEE.EFOPEN)
+            return fail(AEE.EBADPERMS)
+        if self.resolve(name) is None:
+            return fail(AEE.ENOSUCHFILE)
+        if len(self._files) >= MAX_OPEN_FILES:
+            return fail(AEE.EOUTOFHANDLES)
+        try:
+            open_file = self._open(name)
+        except FileNotFoundError:
+            return fail(AEE.ENOSUCHFILE)
+        except OSError:
+            return fail(AEE.EFOPEN)
         file = self._next_file
         self._next_file += 1
         self._files[file] = open_file
         self.files_served += 1
-        return Reply(0, (_fit(struct.pack("<I", file), caps[0]),))
+        return Reply(0, (fit(struct.pack("<I", file), caps[0]),))
+
+    # --- mapped reads (the _fd calls) ----------------------------------------
+    def _fopen_fd(self, name: str, mode: str, caps: list[int]) -> Reply:
+        if mode not in _READ_MODES:
+            return fail(AEE.EBADPERMS)
+        if len(self._shared) >= MAX_SHARED_FILES:
+            return fail(AEE.EOUTOFHANDLES)
+        try:
+            source = self._open(name)
+        except FileNotFoundError:
+            return fail(AEE.ENOSUCHFILE)
+        except OSError:
+            return fail(AEE.EFOPEN)
+        try:
+            size = source.size()
+            if size > MAX_SHARED_FILE_BYTES:
+                return fail(AEE.ENOMEMORY)
+            fd = self._sharing.share(source, size)
+        except SharingError as exc:
+            return Reply(exc.result)
+        finally:
+            source.close()
+        self._shared.add(fd)
+        self.files_served += 1
+        return Reply(0, (fit(struct.pack("<ii", fd, size), caps[0]),))
+
+    def _fclose_fd(self, fd: int) -> Reply:
+        if fd not in self._shared:
+            return fail(AEE.EBADFD)
+        self._shared.discard(fd)
+        try:
+            self._sharing.unshare(fd)
+        except SharingError as exc:
+            return Reply(exc.result)
+        return Reply(0)
+
+    # --- by path -------------------------------------------------------------
+    def _stat(self, name: str, caps: list[int]) -> Reply:
+        try:
+            source = self._open(name)
+        except FileNotFoundError:
+            return fail(AEE.ENOSUCHFILE)
+        except OSError:
+            return fail(AEE.EFILE)
+        try:
+            info = source.stat()
+        finally:
+            source.close()
+        packed = _STAT.pack(
+            0,
+            info.st_dev,
+            info.st_ino,
+            info.st_mode,
+            info.st_nlink,
+            info.st_rdev,
+            info.st_size,
+            int(info.st_atime),
+            info.st_atime_ns % 1_000_000_000,
+            int(info.st_mtime),
+            info.st_mtime_ns % 1_000_000_000,
+            int(info.st_ctime),
+            info.st_ctime_ns % 1_000_000_000,
+        )
+        return Reply(0, (fit(packed, caps[0]),))
+
+    def _search_paths(self, inputs: list[bytes], caps: list[int]) -> Reply:
+        _env_len, _delim_len, slots = struct.unpack_from("<III", inputs[0])
+        capacities = struct.unpack_from(f"<{slots}I", inputs[3]) if slots else ()
+        if len(caps) != 1 + slots or list(capacities) != caps[1:] or caps[0] < 6:
+            return fail(AEE.EBADPARM)
+        directories = self.directories()
+        paths = [os.fsencode(str(d)) for d in directories]
+        longest = max((len(p) + 1 for p in paths), default=0)
+        outputs = [fit(_SEARCH_PATHS_OUT.pack(len(paths), min(longest, 0xFFFF)), caps[0])]
+        for index, capacity in enumerate(caps[1:]):
+            path = paths[index] if index < len(paths) else b""
+            # libcdsprpc copies a path when the buffer holds at least its characters
+            # (strlcpy: the NUL may cut the last one off).
+            fits = path and capacity >= len(path)
+            outputs.append(fit(path[: capacity - 1] + b"\0" if fits else b"", capacity))
+        return Reply(0, tuple(outputs))
+
+    def directories(self) -> list[Path]:
+        """What ``get_search_paths_with_env`` lists: ``<dir>/cdsp`` and ``<dir>`` that exist."""
+        found: list[Path] = []
+        for directory in self._search_path:
+            for candidate in (directory / DOMAIN_DIRECTORY, directory):
+                if candidate.is_dir() and candidate not in found:
+                    found.append(candidate)
+        return found
+
+    # --- name resolution -----------------------------------------------------
+    def resolve(self, name: str) -> Path | ExposedFile | None:
+        """Where ``name`` leads, or None (unknown, refused, or not a regular file)."""
+        if not name or "\0" in name or len(name.encode()) > PATH_MAX:
+            return None
+        directory, base = _split(name)
+        if not _plain_name(base):
+            return None
+        if directory is not None and not self._allowed_directory(directory):
+            return None
+        if is_exposed_name(base):
+            return self._exposed.lookup(base)
+        candidates = (
+            [Path(directory) / base]
+            if directory is not None
+            else [d / sub / base for d in self._search_path for sub in (DOMAIN_DIRECTORY, "")]
+        )
+        for candidate in candidates:
+            if candidate.is_file():
+                return candidate
+        return None
+
+    def _allowed_directory(self, directory: str) -> bool:
+        allowed = {str(d) for d in self._search_path}
+        allowed |= {str(d / DOMAIN_DIRECTORY) for d in self._search_path}
+        return directory in allowed
+
+    def _open(self, name: str) -> _OpenFile:
+        """Open what ``name`` leads to; FileNotFoundError when it leads nowhere."""
+        target = self.resolve(name)
+        if target is None:
+            raise FileNotFoundError(errno.ENOENT, name)
+        if isinstance(target, ExposedFile):
+            return _LentFile(target)
+        return _SearchPathFile(os.open(target, os.O_RDONLY | os.O_CLOEXEC))
+
+
+def _split(name: str) -> tuple[str | None, str]:
+    """(directory, base) of an absolute path; (None, name) for a bare name.
+
+    A relative path with a directory part, or any ``..``/``.`` component, yields
+    a base that :func:`_plain_name` refuses.
+    """
+    if "/" not in name and "\\" not in name:
+        return None, name
+    if not name.startswith("/") or "\\" in name:
+        return None, ""
+    parts = name.split("/")
+    if any(part in ("..", ".") for part in parts[1:]):
+        return None, ""
+    directory = os.path.normpath("/".join(parts[:-1]) or "/")
+    return directory, parts[-1]
+
+
+def _plain_name(base: str) -> bool:
+    return (
+        bool(base)
+        and len(base.encode()) <= NAME_MAX
+        and "/" not in base
+        and "\\" not in base
+        and not base.startswith(".")
+        and "\0" not in base
+    )
+
+
+def _checked_string(data: bytes, length: int) -> str:
+    """An IDL string: ``length`` counts the NUL, which must end it."""
+    if length == 0 or len(data) < length or data[length - 1] != 0:
+        raise ValueError("a string argument does not match its announced length")
+    return from_c_string(data[:length])

@@ -1,4 +1,15 @@
-"""What the DSP says it can do: GET_DSP_INFO, with the old-kernel copy-back quirk handled."""
+"""What the DSP says it can do: GET_DSP_INFO, with the old-kernel copy-back quirk handled.
+
+Kernels before the 2024 fix ("misc: fastrpc: Copy the complete capability
+structure to user") copied back only the 4-byte answer, to offset 0 of the
+struct (over ``domain``), leaving ``capability`` untouched. Guessing from the
+struct after the fact cannot work for every answer: an answer of 3 written
+over ``domain`` = 3 looks like an unchanged struct with answer 0. So the
+first query is a probe with a known answer: attribute 0 (DOMAIN_SUPPORT),
+which the kernel always answers 0 itself. A fixed kernel leaves ``domain`` at
+3; a buggy one writes the 0 over it. Every later answer is read from the
+offset that probe showed.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +36,11 @@ QUERIED_ATTRIBUTES: Final = (
     abi.STATUS_NOTIFICATION_SUPPORT,
     abi.MCID_MULTICAST,
 )
+PROBE_ATTRIBUTE: Final = 0
+"""DOMAIN_SUPPORT: the kernel's own table answers it with 0, on every kernel."""
+STATUS_NOTIFICATION_V2: Final = 3
+"""libcdsprpc (fastrpc_cap.c) counts status notification as supported only when
+the DSP answers exactly 3 (STATUS_NOTIF_V2); any other value, 1 included, is not."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,11 @@ class DspInfo:
     def async_fastrpc(self) -> bool:
         return bool(self._get(abi.ASYNC_FASTRPC_SUPPORT))
 
+    @property
+    def status_notification(self) -> bool:
+        """Status notifications (version 2): the DSP answers 3, not 1 (libcdsprpc's rule)."""
+        return self._get(abi.STATUS_NOTIFICATION_SUPPORT) == STATUS_NOTIFICATION_V2
+
     def as_dict(self) -> dict[str, int | str | bool]:
         """Stable keys for status output and the wire."""
         return {
@@ -93,27 +114,33 @@ class DspInfo:
             "hmx_depth": self.hmx_depth,
             "hmx_spatial": self.hmx_spatial,
             "async_fastrpc": self.async_fastrpc,
+            "status_notification": self.status_notification,
         }
 
 
 Ioctl = Callable[[abi.fastrpc_ioctl_capability], int]
 
 
-def query_capability(ioctl: Ioctl, attribute: int) -> int:
-    """One GET_DSP_INFO query, robust to kernels that copy the answer to offset 0.
+def query_capability(ioctl: Ioctl, attribute: int, *, copyback_bug: bool = False) -> int:
+    """One GET_DSP_INFO query; ``copyback_bug``: the answer lands at offset 0.
 
-    Kernels before the 2024 fix copied back only the 4-byte answer, over
-    ``domain``, leaving ``capability`` untouched. We zero the struct, set
-    domain to CDSP (checked by pre-2025 kernels), and if ``capability`` is still
-    0 while ``domain`` changed, the answer is in ``domain``.
+    The struct is zeroed and ``domain`` set to CDSP (checked by pre-2025
+    kernels); :func:`kernel_copies_to_offset_0` tells which offset to read.
     """
     cap = abi.fastrpc_ioctl_capability(domain=abi.CDSP_DOMAIN_ID, attribute_id=attribute)
     rc = ioctl(cap)
     if rc != 0:
         raise RpcError(ErrorCode.FASTRPC, rc=rc)
-    if cap.capability == 0 and cap.domain != abi.CDSP_DOMAIN_ID:
-        return int(cap.domain)
-    return int(cap.capability)
+    return int(cap.domain if copyback_bug else cap.capability)
+
+
+def kernel_copies_to_offset_0(ioctl: Ioctl) -> bool:
+    """Probe for the pre-2024 copy-back bug with attribute 0, which the kernel answers 0."""
+    cap = abi.fastrpc_ioctl_capability(domain=abi.CDSP_DOMAIN_ID, attribute_id=PROBE_ATTRIBUTE)
+    rc = ioctl(cap)
+    if rc != 0:
+        raise RpcError(ErrorCode.FASTRPC, rc=rc)
+    return int(cap.domain) != abi.CDSP_DOMAIN_ID
 
 
 def query_capabilities(ioctl: Ioctl) -> DspInfo:
@@ -122,11 +149,12 @@ def query_capabilities(ioctl: Ioctl) -> DspInfo:
     Other OSErrors (EPIPE: the DSP is down) propagate: the caller translates them.
     """
     raw: dict[int, int] = {}
-    for attribute in QUERIED_ATTRIBUTES:
-        try:
-            raw[attribute] = query_capability(ioctl, attribute)
-        except OSError as exc:
-            if exc.errno == errno.EOPNOTSUPP:
-                return DspInfo(available=False)
-            raise
+    try:
+        copyback_bug = kernel_copies_to_offset_0(ioctl)
+        for attribute in QUERIED_ATTRIBUTES:
+            raw[attribute] = query_capability(ioctl, attribute, copyback_bug=copyback_bug)
+    except OSError as exc:
+        if exc.errno == errno.EOPNOTSUPP:
+            return DspInfo(available=False)
+        raise
     return DspInfo(available=True, raw=raw)

@@ -176,5 +176,20 @@ class SessionBuffer:
             finally:
                 self._fd.close()
 
+    def release_host_mapping(self) -> None:
+        """Unmap the host mapping but keep the fd (its DSP mapping could not be undone:
+        the session parks the fd so its number cannot be reused). The caller holds
+        ``lock``."""
+        host, self._host = self._host, None
+        if host is not None:
+            host.close()
+
+    def detach_fd(self) -> DeviceFd:
+        """Hand the fd over (to be closed by the caller); the buffer is released."""
+        self._dsp_address = None
+        fd = DeviceFd(self._fd.fileno(), self._fd._close)
+        self._fd._fd = -1
+        return fd
+
     def __repr__(self) -> str:
         return f"<SessionBuffer id={self.id} fd={self.fd} size={self.size} dsp={self._dsp_address}>"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import errno
+from typing import Final
 
 from npu_protocol import CodedError, ErrorCode
 from npud.fastrpc import abi
@@ -27,6 +28,52 @@ class ShellVerifyError(RpcError):
     def __init__(self, reason: str) -> None:
         super().__init__(ErrorCode.SHELL_VERIFY, reason=reason)
         self.reason = reason
+
+
+class InterruptedCallError(RpcError):
+    """EINTR: a signal (or the suspend freezer) interrupted the kernel's wait for the DSP.
+
+    The message was already sent: the DSP may run the call anyway, so the
+    session never repeats a user INVOKE by itself. The listener repeats its
+    own calls, which are safe to repeat.
+    """
+
+
+KERNEL_INTERNAL_TIMEOUT_MS: Final = 10_000
+"""How long the kernel waits for its own calls to the DSP (INIT_*, MMAP, MEM_MAP, ...)."""
+
+INVOKE_ERRNOS: Final = frozenset(
+    {
+        errno.EPERM,
+        errno.EINTR,
+        errno.EBADF,
+        errno.ENOMEM,
+        errno.EFAULT,
+        errno.EINVAL,
+        errno.ENOTTY,
+        errno.ENOSPC,
+        errno.EPIPE,
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,  # Android's downstream driver, on a restart
+    }
+)
+"""Every errno an INVOKE can fail with in the kernel (reference 3.2, 3.11)."""
+
+
+def dsp_result_in_errno_range(exc: OSError, call: int | DriverCall) -> int | None:
+    """The DSP result an INVOKE's "errno" really is, or None when it is the kernel's.
+
+    The kernel returns the DSP's result as the ioctl's return value, so a
+    result in -4095..-1 reaches us as -1 and an errno (libc cannot tell them
+    apart). An INVOKE errno the kernel never produces must be such a result;
+    one it does produce (EINVAL, EPIPE...) is taken as the kernel's.
+    """
+    err = exc.errno
+    if call != abi.FASTRPC_IOCTL_INVOKE or err is None or err in INVOKE_ERRNOS:
+        return None
+    if not 0 < err <= 4095:
+        return None
+    return (-err) & 0xFFFFFFFF
 
 
 class DriverCall(enum.Enum):
@@ -53,6 +100,17 @@ def translate_os_error(exc: OSError, call: int | DriverCall, *, device: str = ""
     err = exc.errno if exc.errno is not None else 0
     if err == errno.EPIPE:
         return RpcError(ErrorCode.DSP_RESTARTED)
+    where = f"{call_name(call)} on {device}" if device else call_name(call)
+    if err == errno.EINTR:
+        return InterruptedCallError(
+            ErrorCode.DEVICE_ERROR,
+            operation=where,
+            reason=f"{errno_name(err)}: a signal or a system suspend interrupted the wait; "
+            "the DSP may still run the call, which npud does not repeat",
+        )
+    if err == errno.ETIMEDOUT:
+        # Only the kernel's own calls to the DSP time out (after 10 s): the DSP is stuck.
+        return RpcError(ErrorCode.TIMEOUT, operation=where, timeout_ms=KERNEL_INTERNAL_TIMEOUT_MS)
     if call is DriverCall.OPEN:
         if err == errno.EBUSY:
             return RpcError(ErrorCode.NO_FREE_SESSION, device=device)
@@ -70,5 +128,4 @@ def translate_os_error(exc: OSError, call: int | DriverCall, *, device: str = ""
         )
     if call in (abi.FASTRPC_IOCTL_MEM_MAP, abi.FASTRPC_IOCTL_MMAP):
         return RpcError(ErrorCode.MMAP_FAILED, code=errno_name(err))
-    where = f"{call_name(call)} on {device}" if device else call_name(call)
     return RpcError(ErrorCode.DEVICE_ERROR, operation=where, reason=errno_name(err))

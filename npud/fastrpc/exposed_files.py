@@ -31,6 +31,7 @@ import os
 import secrets
 import stat
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import Final
 
@@ -81,6 +82,8 @@ class ExposedFile:
         self._fd = fd
         self._lock = threading.Lock()
         self.bytes_read = 0
+        self.on_close: Callable[[], None] | None = None
+        """Called once when the exposure ends (the session's trace records it)."""
 
     @property
     def closed(self) -> bool:
@@ -89,6 +92,11 @@ class ExposedFile:
     def size(self) -> int:
         with self._lock:
             return os.fstat(self._checked_fd()).st_size
+
+    def stat(self) -> os.stat_result:
+        """The descriptor's fstat; OSError(EBADF) once closed."""
+        with self._lock:
+            return os.fstat(self._checked_fd())
 
     def pread(self, offset: int, count: int) -> bytes:
         """Up to ``count`` bytes at ``offset``; OSError(EBADF) once closed."""
@@ -109,6 +117,8 @@ class ExposedFile:
             fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
+            if self.on_close is not None:
+                self.on_close()
 
     def __enter__(self) -> ExposedFile:
         return self

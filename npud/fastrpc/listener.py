@@ -1,9 +1,24 @@
-"""The reverse-RPC listener: a thread blocked in INVOKE on handle 3 (reference 5.6).
+"""The reverse-RPC listener: a thread blocked in INVOKE on the listener handle (reference 5.6).
 
-The DSP cannot read files itself. When it needs one (a skel library during
-remotectl open), it queues a request that completes this thread's pending
-``next2`` call; we serve it with :class:`AppsStdServer` and hand the reply
-back in the following ``next2``.
+The DSP cannot read files or grow its heap itself. When it needs either (a
+skel library during remotectl open, a model file, more heap), it queues a
+request that completes this thread's pending ``next2`` call; we serve it with
+:class:`~npud.fastrpc.reverse_modules.ReverseModules` and hand the reply back
+in the following ``next2``.
+
+Start-up follows libcdsprpc's ``listener_start_thread``: ``init2`` runs on
+the listener thread itself, first on the domain-style ``adsp_listener1``
+(static handle 7, methods 5/6/7) and, when the DSP answers AEE_ERPC or
+AEE_ENOSUCHMOD (older firmware), on ``adsp_listener`` (handle 3, methods
+3/4/5); the thread keeps the generation that answered. :meth:`start` waits
+for that outcome, so a DSP that has neither fails the shell load.
+
+The thread blocks every signal: a signal delivered to it would interrupt its
+INVOKE (EINTR). If one still does (the suspend freezer, a kernel that
+restarts the wait), the interrupted ``next2`` is issued again with no reply,
+like AEE_EINTERRUPTED: its reply had already been sent; a request the DSP
+handed to the abandoned call is lost and that reverse call times out on the
+DSP (logged there, not here).
 
 The thread is owned by the FastRpcSession that started it. It ends when the
 DSP process exits (``next2`` answers AEE_EBADSTATE), when the DSP restarts
@@ -14,54 +29,101 @@ on anything but the DSP.
 from __future__ import annotations
 
 import logging
+import signal
 import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from npu_protocol import AEE, ErrorCode
+from npu_protocol import AEE, ErrorCode, describe_result
 from npud.fastrpc import abi
-from npud.fastrpc.apps_std import AppsStdServer, Reply
-from npud.fastrpc.errors import RpcError
+from npud.fastrpc.errors import InterruptedCallError, RpcError
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg
 from npud.fastrpc.marshal import PackedReader, pack_buffers
+from npud.fastrpc.reverse_modules import Reply, ReverseModules
 
 log = logging.getLogger(__name__)
 
-INIT2_SC: Final = abi.remote_scalars_make(3, 0, 0)  # 0x03000000
-NEXT2_SC: Final = abi.remote_scalars_make(4, 2, 2)  # 0x04020200
-GET_IN_BUFS2_SC: Final = abi.remote_scalars_make(5, 1, 2)  # 0x05010200
 REQUEST_CAPACITY: Final = 64 * 1024
 PROCESS_EXITED: Final = "the DSP process exited"
 """The listener's stop reason when the session ended the DSP process (the normal end)."""
 MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024  # a peer's length is bounded before we fetch
+START_TIMEOUT: Final = 10.0  # the kernel's own timeout for its internal calls
+THREAD_NAME: Final = "fastrpc-listener"
+FALLBACK_RESULTS: Final = frozenset({AEE.ERPC.dsp, AEE.ENOSUCHMOD.dsp})
+"""What a DSP without the domain-style listener answers on handle 7 (libcdsprpc falls back)."""
 
 RawInvoke = Callable[[int, int, Sequence[InArg], Sequence[OutArg]], InvokeResult]
+
+
+@dataclass(frozen=True)
+class ListenerGeneration:
+    """A listener interface: its static handle and its three methods."""
+
+    name: str
+    handle: int
+    init2: int
+    next2: int
+    get_in_bufs2: int
+
+    @property
+    def init2_sc(self) -> int:
+        return abi.remote_scalars_make(self.init2, 0, 0)
+
+    @property
+    def next2_sc(self) -> int:
+        return abi.remote_scalars_make(self.next2, 2, 2)
+
+    @property
+    def get_in_bufs2_sc(self) -> int:
+        return abi.remote_scalars_make(self.get_in_bufs2, 1, 2)
+
+
+LISTENER1: Final = ListenerGeneration("adsp_listener1", abi.ADSP_LISTENER1_HANDLE, 5, 6, 7)
+LISTENER: Final = ListenerGeneration("adsp_listener", abi.ADSP_LISTENER_HANDLE, 3, 4, 5)
+GENERATIONS: Final = (LISTENER1, LISTENER)
+"""Tried in this order, as libcdsprpc does."""
 
 
 @dataclass
 class ListenerStatistics:
     requests: int = 0
     failures: int = 0
+    interrupted: int = 0
+    generation: str = ""
     stopped_because: str = ""
 
 
 class ReverseRpcListener:
-    def __init__(self, invoke: RawInvoke, server: AppsStdServer) -> None:
+    def __init__(self, invoke: RawInvoke, modules: ReverseModules) -> None:
         self._invoke = invoke
-        self._server = server
+        self._modules = modules
         self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._start_error: RpcError | None = None
+        self._generation = LISTENER
         self.stats = ListenerStatistics()
 
     def start(self) -> None:
+        """Start the thread and wait until its ``init2`` succeeded; RpcError when it did not."""
         if self._thread is not None:
             raise RuntimeError("listener already started")
-        result = self._invoke(abi.ADSP_LISTENER_HANDLE, INIT2_SC, (), ())
-        if result.rc != 0:
-            raise RpcError(ErrorCode.FASTRPC, rc=result.rc)
-        self._thread = threading.Thread(target=self._run, name="fastrpc-listener", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
+        if not self._started.wait(START_TIMEOUT):
+            raise RpcError(
+                ErrorCode.DEVICE_ERROR,
+                operation="reverse-RPC listener start",
+                reason=f"init2 did not return within {START_TIMEOUT:g} s",
+            )
+        if self._start_error is not None:
+            raise self._start_error
+
+    @property
+    def generation(self) -> ListenerGeneration:
+        """The listener interface the DSP answered on (valid once :meth:`start` returned)."""
+        return self._generation
 
     @property
     def running(self) -> bool:
@@ -74,8 +136,23 @@ class ReverseRpcListener:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    # --- the loop ------------------------------------------------------------
+    # --- the thread -------------------------------------------------------------
     def _run(self) -> None:
+        # A signal must never interrupt this thread's INVOKE; the main thread takes them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        try:
+            self._init()
+        except Exception as exc:
+            if isinstance(exc, RpcError):
+                self._start_error = exc
+            else:
+                log.exception("reverse-RPC listener start failed")
+                self._start_error = RpcError(ErrorCode.INTERNAL_ERROR, detail="listener start")
+            self.stats.stopped_because = f"init2 failed: {self._start_error}"
+            self._modules.close()
+            return
+        finally:
+            self._started.set()
         try:
             self.stats.stopped_because = self._serve()
         except RpcError as exc:
@@ -84,7 +161,7 @@ class ReverseRpcListener:
             log.exception("reverse-RPC listener failed")
             self.stats.stopped_because = "internal error (see log)"
         finally:
-            self._server.close()
+            self._modules.close()
             reason = self.stats.stopped_because
             log.log(
                 logging.INFO if reason == PROCESS_EXITED else logging.WARNING,
@@ -92,23 +169,57 @@ class ReverseRpcListener:
                 extra={"reason": reason},
             )
 
+    def _init(self) -> None:
+        for generation in GENERATIONS:
+            result = self._call(generation.handle, generation.init2_sc, (), ())
+            if result.rc == 0:
+                self._generation = generation
+                self.stats.generation = generation.name
+                log.info("reverse-RPC listener started", extra={"interface": generation.name})
+                return
+            if generation is LISTENER or result.rc not in FALLBACK_RESULTS:
+                raise RpcError(ErrorCode.FASTRPC, rc=result.rc)
+            log.info(
+                "no domain-style listener; using the older one",
+                extra={"result": describe_result(result.rc)},
+            )
+
+    def _call(
+        self, handle: int, sc: int, inputs: Sequence[InArg], outputs: Sequence[OutArg]
+    ) -> InvokeResult:
+        """An INVOKE, issued again when interrupted (every call here may be repeated)."""
+        while True:
+            try:
+                return self._invoke(handle, sc, inputs, outputs)
+            except InterruptedCallError:
+                self.stats.interrupted += 1
+                log.warning("reverse-RPC listener call interrupted; issuing it again")
+
     def _serve(self) -> str:
+        generation = self._generation
         ctx, result, reply = 0, -1, b""
         while True:
             prim = struct.pack("<IiII", ctx, result, len(reply), REQUEST_CAPACITY)
-            res = self._invoke(
-                abi.ADSP_LISTENER_HANDLE,
-                NEXT2_SC,
-                (Inline(prim), Inline(reply)),
-                (Capacity(16), Capacity(REQUEST_CAPACITY)),
-            )
+            try:
+                res = self._invoke(
+                    generation.handle,
+                    generation.next2_sc,
+                    (Inline(prim), Inline(reply)),
+                    (Capacity(16), Capacity(REQUEST_CAPACITY)),
+                )
+            except InterruptedCallError:
+                # The reply went out with the interrupted call; start over without one.
+                self.stats.interrupted += 1
+                log.warning("reverse-RPC listener next2 interrupted; waiting again")
+                ctx, result, reply = 0, -1, b""
+                continue
             if res.rc == AEE.EINTERRUPTED:
                 ctx, result, reply = 0, -1, b""
                 continue
             if res.rc == AEE.EBADSTATE.dsp:
                 return PROCESS_EXITED
             if res.rc != 0:
-                return f"next2 answered 0x{res.rc:08X}"
+                return f"next2 answered {describe_result(res.rc)}"
             ctx, handle, sc, needed = struct.unpack("<IIII", res.output(0))
             answer = self._handle(ctx, handle, sc, needed, res.output(1))
             self.stats.requests += 1
@@ -133,7 +244,7 @@ class ReverseRpcListener:
         except ValueError:
             return Reply(int(AEE.EBADPARM))
         try:
-            return self._server.dispatch(handle, sc, inputs, caps)
+            return self._modules.dispatch(handle, sc, inputs, caps)
         except Exception:
             # No single request may end the listener: without it no skel loads.
             log.exception("reverse call failed", extra={"sc": f"0x{sc:08X}", "handle": handle})
@@ -141,9 +252,9 @@ class ReverseRpcListener:
 
     def _fetch(self, ctx: int, offset: int, remaining: int) -> bytes:
         capacity = min(remaining, REQUEST_CAPACITY)
-        res = self._invoke(
-            abi.ADSP_LISTENER_HANDLE,
-            GET_IN_BUFS2_SC,
+        res = self._call(
+            self._generation.handle,
+            self._generation.get_in_bufs2_sc,
             (Inline(struct.pack("<III", ctx, offset, capacity)),),
             (Capacity(4), Capacity(capacity)),
         )

@@ -33,13 +33,30 @@ allocation never waits behind a long invoke.
 
 Signals: KernelDriver does not retry EINTR. Threads that call into the
 session (the daemon's DSP lanes) block signals, so a signal never interrupts
-an INVOKE that the DSP would then run anyway.
+an INVOKE that the DSP would then run anyway. Should one still come back
+with EINTR (the suspend freezer), it fails with a DEVICE_ERROR that says the
+DSP may have run it; the session never repeats it.
+
+Stale mappings. Before linux-next the kernel finds a mapping by fd number
+only. If a MEM_UNMAP fails (a DSP error, ETIMEDOUT), the kernel still holds
+that mapping under the buffer's fd number; closing the fd would let a later
+buffer that gets the same number alias the stale mapping (the DSP would
+read and write the old buffer). So the session then keeps that fd open,
+unmapped on the host, until it closes (``SessionStatistics.stale_fds``).
+
+Errors that look like errnos. The kernel returns the DSP's result as the
+ioctl's return value; one in -4095..-1 reaches us as an errno. An INVOKE
+errno the kernel never produces (``errors.INVOKE_ERRNOS``) is therefore the
+DSP's result and is returned as ``rc``; one it does produce is taken as the
+kernel's (an ambiguity no userspace can resolve).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import hashlib
 import itertools
 import logging
 import os
@@ -48,18 +65,32 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
-from npu_protocol import MAX_DMA_SIZE, ErrorCode
+from npu_protocol import AEE, MAX_DMA_SIZE, ErrorCode, describe_result
 from npud.fastrpc import abi, remotectl
-from npud.fastrpc.apps_std import AppsStdServer
+from npud.fastrpc.apps_mem import AppsMemServer
+from npud.fastrpc.apps_std import AppsStdServer, SharedSource, SharingError
 from npud.fastrpc.capabilities import DspInfo, query_capabilities
 from npud.fastrpc.dma import DeviceFd, SessionBuffer, checked_dma_size
 from npud.fastrpc.driver import Driver, IoctlArg
-from npud.fastrpc.errors import DriverCall, RpcError, translate_os_error
+from npud.fastrpc.errors import (
+    DriverCall,
+    RpcError,
+    dsp_result_in_errno_range,
+    translate_os_error,
+)
 from npud.fastrpc.exposed_files import ExposedFile, ExposedFiles
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
 from npud.fastrpc.listener import ReverseRpcListener
+from npud.fastrpc.reverse_modules import (
+    CallDescription,
+    ReverseModules,
+    ReverseObserver,
+    aee_for_errno,
+)
+from npud.fastrpc.trace import TraceHooks, trace_hooks_of
+from npud.fastrpc.trace_format import Record, encode_data
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +100,12 @@ DEFAULT_PROCESS_ATTRS: Final = abi.FASTRPC_MODE_UNSIGNED_MODULE
 EXIT_SC: Final = abi.remote_scalars_make(2, 0, 0)  # adsp_current_process1.exit
 LISTENER_JOIN_TIMEOUT: Final = 10.0  # the kernel's own timeout for internal calls
 OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK
+REMOTECTL_FALLBACK: Final = frozenset({AEE.ERPC.dsp, AEE.ENOSUCHMOD.dsp})
+"""A DSP without remotectl1 (static handle 8) answers one of these; libcdsprpc falls back."""
+SHARE_CHUNK: Final = 1024 * 1024
 
 _RawBuffer = ctypes.Array[ctypes.c_char]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -87,6 +122,12 @@ class SessionStatistics:
     listener_running: bool
     listener_requests: int
     listener_stopped_because: str
+    stale_fds: int = 0
+    """DMA-BUF fds kept open because their MEM_UNMAP failed (see the module docstring)."""
+    remotectl: str = ""
+    """The remotectl interface the DSP answered on (remotectl1 or remotectl), once known."""
+    listener: str = ""
+    """The listener interface the DSP answered on (adsp_listener1 or adsp_listener)."""
 
 
 class FastRpcSession:
@@ -100,8 +141,11 @@ class FastRpcSession:
         rpc_fd: DeviceFd,
         capabilities: DspInfo,
         library_path: Sequence[Path],
+        trace_session: int = 0,
     ) -> None:
         self._driver = driver
+        self._hooks: TraceHooks | None = trace_hooks_of(driver)
+        self._trace_session = trace_session
         self.device = device
         self._meta_fd = meta_fd
         self._rpc_fd = rpc_fd
@@ -120,7 +164,12 @@ class FastRpcSession:
         self._shell: SessionBuffer | None = None
         self._listener: ReverseRpcListener | None = None
         self._exposed = ExposedFiles()  # descriptors lent to the DSP's loader
+        self._shared_files: dict[int, SessionBuffer] = {}  # apps_std *_fd files, by fd
+        self._stale: list[SessionBuffer] = []  # MEM_UNMAP failed: fds kept until close
+        self._remotectl: remotectl.RemotectlGeneration | None = None
+        self._reverse_observer: ReverseObserver | None = None
         self._free_supported = True
+        self._process_ended = False  # exit sent: the DSP side of every mapping is gone
         self._dead = False
         self._closing = False
         self._closed = False
@@ -143,6 +192,23 @@ class FastRpcSession:
         node, as libcdsprpc does. EBUSY does not: both nodes share one pool.
         GET_DSP_INFO proves the DSP answers before anything else is done.
         """
+        hooks = trace_hooks_of(driver)
+        if hooks is None:
+            return cls._open(driver, nodes, library_path, 0)
+        trace_session = hooks.new_session()
+        with hooks.operation("open", trace_session, nodes=list(nodes)) as op:
+            session = cls._open(driver, nodes, library_path, trace_session)
+            op.result(device=session.device)
+            return session
+
+    @classmethod
+    def _open(
+        cls,
+        driver: Driver,
+        nodes: Sequence[str],
+        library_path: Sequence[Path],
+        trace_session: int,
+    ) -> FastRpcSession:
         device, meta = _open_first(driver, nodes)
         meta_fd = DeviceFd(meta, driver.close)
         fds = [meta_fd]
@@ -162,7 +228,7 @@ class FastRpcSession:
                 fd.close()
             raise
         log.info("fastrpc session opened", extra={"device": device, "arch": capabilities.arch})
-        return cls(driver, device, meta_fd, rpc_fd, capabilities, library_path)
+        return cls(driver, device, meta_fd, rpc_fd, capabilities, library_path, trace_session)
 
     # ------------------------------------------------------------- the shell
     @property
@@ -179,6 +245,17 @@ class FastRpcSession:
         the session's lifetime (the kernel maps it into the process; when the
         DSP reads it is driver-specific). Loading twice is a no-op.
         """
+        self._traced(
+            "load_shell",
+            lambda: {
+                "size": len(shell),
+                "sha256": hashlib.sha256(shell).hexdigest(),
+                "attrs": attrs,
+            },
+            lambda: self._load_shell(shell, attrs),
+        )
+
+    def _load_shell(self, shell: bytes, attrs: int) -> None:
         with self._load_lock:
             self._check_usable()
             if self._shell is not None:
@@ -204,9 +281,13 @@ class FastRpcSession:
                 rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INIT_CREATE, create)
                 if rc != 0:
                     raise RpcError(ErrorCode.FASTRPC, rc=rc)
-                listener = ReverseRpcListener(
-                    self._invoke_untracked, AppsStdServer(self._library_path, self._exposed)
+                host = _ReverseHost(self)
+                apps_std = AppsStdServer(self._library_path, self._exposed, sharing=host)
+                modules = ReverseModules(
+                    [apps_std, AppsMemServer(host)],
+                    observer=self._reverse_observer or self._trace_observer(apps_std),
                 )
+                listener = ReverseRpcListener(self._listener_invoke(), modules)
                 try:
                     listener.start()
                 except BaseException:
@@ -222,6 +303,14 @@ class FastRpcSession:
     # ------------------------------------------------------------------- DMA
     def alloc(self, size: int) -> SessionBuffer:
         """Allocate a DMA-BUF of ``size`` bytes (page-rounded) with a host mapping."""
+        return self._traced(
+            "alloc",
+            lambda: {"size": size},
+            lambda: self._alloc(size),
+            lambda buffer: {"buffer": buffer.id, "size": buffer.size},
+        )
+
+    def _alloc(self, size: int) -> SessionBuffer:
         self._check_usable()
         buffer = self._allocate(size)
         with self._state_lock:
@@ -261,6 +350,9 @@ class FastRpcSession:
 
     def free(self, buffer: SessionBuffer) -> None:
         """Release ``buffer``: DSP unmap, host munmap, close. Deferred while an invoke uses it."""
+        self._traced("free", lambda: {"buffer": buffer.id}, lambda: self._free(buffer))
+
+    def _free(self, buffer: SessionBuffer) -> None:
         with self._state_lock:
             if self._buffers.get(buffer.id) is not buffer:
                 raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
@@ -269,15 +361,28 @@ class FastRpcSession:
             self._release(buffer)
 
     def _release(self, buffer: SessionBuffer) -> None:
-        """Free order of the seed: DSP unmap → host munmap → FREE_DMA_BUFF → close."""
+        """Free order of the seed: DSP unmap → host munmap → FREE_DMA_BUFF → close.
+
+        When the DSP unmap fails the kernel keeps the mapping under the fd's
+        number: the fd stays open (unmapped on the host) until the session
+        closes, so no later buffer can get that number and alias the mapping.
+        """
         with buffer.lock:
             if buffer.released:
                 return
-            try:
-                if buffer.dsp_address is not None and not self._dead:
+            if buffer.dsp_address is not None and not (self._dead or self._process_ended):
+                try:
                     self._mem_unmap(buffer)
-            finally:
-                buffer.release(self._free_dma_buff)
+                except RpcError as exc:
+                    buffer.release_host_mapping()
+                    with self._state_lock:
+                        self._stale.append(buffer)
+                    log.warning(
+                        "MEM_UNMAP failed: keeping the buffer's fd open until the session closes",
+                        extra={"buffer": buffer.id, "error": str(exc)},
+                    )
+                    raise
+            buffer.release(self._free_dma_buff)
 
     def _free_dma_buff(self, fd: int) -> None:
         """FREE_DMA_BUFF where a kernel implements it; ENOTTY means closing frees."""
@@ -299,6 +404,14 @@ class FastRpcSession:
     # ------------------------------------------------------------ DSP mapping
     def map(self, buffer: SessionBuffer) -> int:
         """Map ``buffer`` into the DSP process (MEM_MAP); idempotent. Returns the DSP address."""
+        return self._traced(
+            "map",
+            lambda: {"buffer": buffer.id},
+            lambda: self._map(buffer),
+            lambda address: {"address": address},
+        )
+
+    def _map(self, buffer: SessionBuffer) -> int:
         self._check_usable()
         self._check_owned(buffer)
         self._require_process()
@@ -325,6 +438,9 @@ class FastRpcSession:
 
     def unmap(self, buffer: SessionBuffer) -> None:
         """Undo :meth:`map`; a buffer that is not mapped is left as it is."""
+        self._traced("unmap", lambda: {"buffer": buffer.id}, lambda: self._unmap(buffer))
+
+    def _unmap(self, buffer: SessionBuffer) -> None:
         self._check_usable()
         self._check_owned(buffer)
         with buffer.lock:
@@ -351,6 +467,25 @@ class FastRpcSession:
         Returns the DSP's result code (0 = success) and the output bytes;
         transport failures raise RpcError.
         """
+        hooks = self._hooks
+        if hooks is None:
+            return self._invoke(handle, sc, inputs, outputs)
+        limit = hooks.capture_limit
+        args = {
+            "handle": handle,
+            "sc": sc,
+            "inputs": [_traced_arg(arg, limit, data=True) for arg in inputs],
+            "outputs": [_traced_arg(arg, limit, data=False) for arg in outputs],
+        }
+        with hooks.operation("invoke", self._trace_session, **args) as op:
+            result = self._invoke(handle, sc, inputs, outputs)
+            outs = [None if out is None else encode_data(out, limit) for out in result.outputs]
+            op.result(rc=result.rc, outputs=outs)
+            return result
+
+    def _invoke(
+        self, handle: int, sc: int, inputs: Sequence[InArg], outputs: Sequence[OutArg]
+    ) -> InvokeResult:
         with self._state_lock:
             if handle not in self._handles:
                 raise RpcError(ErrorCode.UNKNOWN_HANDLE, handle=handle)
@@ -387,7 +522,7 @@ class FastRpcSession:
             invoke = abi.fastrpc_invoke(
                 handle=handle, sc=sc, args=ctypes.addressof(args) if len(args) else 0
             )
-            rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
+            rc = self._invoke_ioctl(invoke)
             results = tuple(
                 None if isinstance(arg, Slice) else (raw.raw if raw is not None else b"")
                 for arg, raw in zip(outputs, memory[len(inputs) :], strict=True)
@@ -397,6 +532,23 @@ class FastRpcSession:
             for buffer in pinned:
                 if buffer.unpin():
                     self._release_quietly(buffer)
+
+    def _invoke_ioctl(self, invoke: abi.fastrpc_invoke) -> int:
+        """INVOKE; a DSP result that reached us as an errno is returned as that result."""
+        try:
+            return self._driver.ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
+        except OSError as exc:
+            rc = dsp_result_in_errno_range(exc, abi.FASTRPC_IOCTL_INVOKE)
+            if rc is None:
+                error = translate_os_error(exc, abi.FASTRPC_IOCTL_INVOKE, device=self.device)
+                if error.code is ErrorCode.DSP_RESTARTED:
+                    self._mark_dead(str(error))
+                raise error from None
+            log.warning(
+                "a DSP result in the errno range came back as errno",
+                extra={"errno": exc.errno, "result": describe_result(rc)},
+            )
+            return rc
 
     def _release_quietly(self, buffer: SessionBuffer) -> None:
         """Release where a caller cannot act on a failure: log it, never strand the rest."""
@@ -435,15 +587,45 @@ class FastRpcSession:
 
     # ------------------------------------------------------------- remotectl
     def remote_open(self, uri: str) -> int:
-        """remotectl open (handle 0): load the skel named by ``uri``; returns its handle."""
+        """remotectl open: load the skel named by ``uri``; returns its handle.
+
+        The first open tries ``remotectl1`` (handle 8) and falls back to
+        ``remotectl`` (handle 0) for good when the DSP answers AEE_ERPC or
+        AEE_ENOSUCHMOD, as libcdsprpc does.
+        """
+        return self._traced(
+            "remote_open",
+            lambda: {"uri": uri},
+            lambda: self._remote_open(uri),
+            lambda handle: {"handle": handle},
+        )
+
+    def _remote_open(self, uri: str) -> int:
         self._require_process()
         request = remotectl.pack_open(uri)
-        result = self._invoke_raw(
-            abi.REMOTECTL_HANDLE,
-            remotectl.OPEN_SC,
-            (Inline(request.prim_in), Inline(request.name)),
-            (Capacity(8), Capacity(remotectl.DLERROR_CAPACITY)),
-        )
+
+        def call(generation: remotectl.RemotectlGeneration) -> InvokeResult:
+            return self._invoke_raw(
+                generation.handle,
+                generation.open_sc,
+                (Inline(request.prim_in), Inline(request.name)),
+                (Capacity(8), Capacity(remotectl.DLERROR_CAPACITY)),
+            )
+
+        generation = self._remotectl
+        if generation is None:
+            result = call(remotectl.REMOTECTL1)
+            if result.rc in REMOTECTL_FALLBACK:
+                log.info(
+                    "no remotectl1 on the DSP; using remotectl",
+                    extra={"result": describe_result(result.rc)},
+                )
+                self._remotectl = remotectl.REMOTECTL
+                result = call(remotectl.REMOTECTL)
+            elif result.rc == 0:
+                self._remotectl = remotectl.REMOTECTL1
+        else:
+            result = call(generation)
         if result.rc != 0:
             raise RpcError(
                 ErrorCode.OPEN_FAILED, uri=uri, code=result.rc, detail="remotectl call failed"
@@ -467,6 +649,9 @@ class FastRpcSession:
         the last of them closes it (unloading a skel under a running call would
         take the whole DSP process down).
         """
+        self._traced("remote_close", lambda: {"handle": handle}, lambda: self._remote_close(handle))
+
+    def _remote_close(self, handle: int) -> None:
         with self._state_lock:
             if handle not in self._handles:
                 raise RpcError(ErrorCode.UNKNOWN_HANDLE, handle=handle)
@@ -486,9 +671,10 @@ class FastRpcSession:
             )
 
     def _remotectl_close(self, handle: int) -> None:
+        generation = self._remotectl or remotectl.REMOTECTL
         result = self._invoke_raw(
-            abi.REMOTECTL_HANDLE,
-            remotectl.CLOSE_SC,
+            generation.handle,
+            generation.close_sc,
             (Inline(remotectl.pack_close(handle)),),
             (Capacity(4), Capacity(remotectl.DLERROR_CAPACITY)),
         )
@@ -511,6 +697,26 @@ class FastRpcSession:
         duplicate and must be closed (it is a context manager) when the load is
         done. ValueError when ``fd`` is not a regular file open for reading.
         """
+        hooks = self._hooks
+        if hooks is None:
+            return self._expose_file(fd, suffix)
+        limit = hooks.capture_limit
+        args: Record = {"suffix": suffix, "data": None}
+        with contextlib.suppress(OSError):  # expose() says what is wrong with the descriptor
+            args["data"] = _file_record(fd, limit)
+        with hooks.operation("expose_file", self._trace_session, **args) as op:
+            exposed = self._expose_file(fd, suffix)
+            op.result(name=exposed.name)
+        session = self._trace_session
+
+        def closed() -> None:
+            with hooks.operation("unexpose", session, name=exposed.name):
+                pass
+
+        exposed.on_close = closed
+        return exposed
+
+    def _expose_file(self, fd: int, suffix: str) -> ExposedFile:
         self._check_usable()
         self._require_process()
         return self._exposed.expose(fd, suffix=suffix)
@@ -539,6 +745,9 @@ class FastRpcSession:
                 listener_stopped_because=(
                     self._listener.stats.stopped_because if self._listener else ""
                 ),
+                stale_fds=len(self._stale),
+                remotectl=self._remotectl.name if self._remotectl else "",
+                listener=self._listener.stats.generation if self._listener else "",
             )
 
     @property
@@ -559,6 +768,11 @@ class FastRpcSession:
         DSP after that many seconds; nothing is released then (their memory may
         still be in use), and a later close() can finish the job.
         """
+        if self._closed:
+            return
+        self._traced("close", lambda: {"timeout": timeout}, lambda: self._close(timeout))
+
+    def _close(self, timeout: float | None) -> None:
         with self._state_lock:
             if self._closed:
                 return
@@ -578,7 +792,10 @@ class FastRpcSession:
                 log.warning("exposed files still lent at close", extra={"closed": leftover})
             if listener is not None:
                 listener_gone = self._end_process(listener)
-            for buffer in [*buffers, *([shell] if shell is not None else [])]:
+            with self._state_lock:
+                shared = list(self._shared_files.values())
+                self._shared_files.clear()
+            for buffer in [*buffers, *shared, *([shell] if shell is not None else [])]:
                 if buffer.request_release():  # False: already released, or pending
                     # The process is gone: closing rpc_fd drops its mappings, so
                     # skip per-buffer DSP unmaps.
@@ -588,6 +805,8 @@ class FastRpcSession:
             fds = [self._meta_fd]
             if listener_gone:
                 fds.append(self._rpc_fd)
+                # Stale mappings died with rpc_fd: their fds may be reused now.
+                fds.extend(self._take_stale())
             else:
                 # A thread may still enter INVOKE on rpc_fd: closing it could let
                 # that call land on whatever fd reuses the number. Keep it open
@@ -599,6 +818,11 @@ class FastRpcSession:
                 except OSError as exc:
                     log.error("closing a device fd failed", extra={"error": exc.strerror})
         log.info("fastrpc session closed", extra={"device": self.device})
+
+    def _take_stale(self) -> list[DeviceFd]:
+        with self._state_lock:
+            stale, self._stale = self._stale, []
+        return [buffer.detach_fd() for buffer in stale]
 
     def __enter__(self) -> FastRpcSession:
         return self
@@ -613,16 +837,21 @@ class FastRpcSession:
         self._exit_process()
 
     def _exit_process(self) -> None:
-        """Ask the DSP process to exit (adsp_current_process1.exit); best effort."""
-        if self._dead:
-            return
+        """Ask the DSP process to exit (adsp_current_process1.exit); best effort.
+
+        Sent even when the session believes the DSP restarted: on a real restart it
+        fails at once (EPIPE), and a DSP result of -32 that only looked like EPIPE
+        must not leave the listener blocked in next2 forever.
+        """
+        self._process_ended = True
         invoke = abi.fastrpc_invoke(handle=abi.ADSP_CURRENT_PROCESS1_HANDLE, sc=EXIT_SC, args=0)
         try:
             rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
             if rc != 0:
                 log.warning("DSP process exit refused", extra={"result": f"0x{rc:08X}"})
         except RpcError as exc:
-            log.warning("DSP process exit failed", extra={"error": str(exc)})
+            if not self._dead:
+                log.warning("DSP process exit failed", extra={"error": str(exc)})
 
     def _end_process(self, listener: ReverseRpcListener) -> bool:
         """End the DSP process, which completes the listener's pending next2, and join it.
@@ -635,17 +864,83 @@ class FastRpcSession:
         log.error("reverse-RPC listener did not stop", extra={"timeout_s": LISTENER_JOIN_TIMEOUT})
         return False
 
+    # ----------------------------------------------------------------- trace
+    def _traced(
+        self,
+        name: str,
+        args: Callable[[], Record],
+        run: Callable[[], T],
+        result: Callable[[T], Record] | None = None,
+    ) -> T:
+        """Run ``run`` as trace operation ``name`` when the driver traces; plainly otherwise."""
+        hooks = self._hooks
+        if hooks is None:
+            return run()
+        with hooks.operation(name, self._trace_session, **args()) as op:
+            value = run()
+            if result is not None:
+                op.result(**result(value))
+            return value
+
+    def _listener_invoke(
+        self,
+    ) -> Callable[[int, int, Sequence[InArg], Sequence[OutArg]], InvokeResult]:
+        hooks, session = self._hooks, self._trace_session
+        if hooks is None:
+            return self._invoke_untracked
+
+        def invoke(
+            handle: int, sc: int, inputs: Sequence[InArg], outputs: Sequence[OutArg]
+        ) -> InvokeResult:
+            hooks.listener_thread(session)
+            return self._invoke_untracked(handle, sc, inputs, outputs)
+
+        return invoke
+
+    def _trace_observer(self, apps_std: AppsStdServer) -> ReverseObserver | None:
+        hooks, session = self._hooks, self._trace_session
+        if hooks is None:
+            return None
+
+        def observe(
+            handle: int, module: str, method: int, description: CallDescription, result: int
+        ) -> None:
+            call: Record = {
+                "handle": handle,
+                "module": module,
+                "method": method,
+                "name": description.method,
+                "file": description.file,
+                "result": result,
+            }
+            hooks.reverse_call(session, call)
+            if result == 0 and description.file and module == "apps_std":
+                target = apps_std.resolve(description.file)
+                if isinstance(target, Path):
+                    try:
+                        with open(target, "rb") as file:
+                            data = file.read(hooks.capture_limit + 1)
+                    except OSError:
+                        return
+                    hooks.file_served(session, target.name, data)
+
+        return observe
+
     # --------------------------------------------------------------- helpers
     def _ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:
         try:
             return _ioctl(self._driver, fd, request, arg, self.device)
         except RpcError as exc:
             if exc.code is ErrorCode.DSP_RESTARTED:
-                first = not self._dead
-                self._dead = True
-                if first and self.on_dead is not None:
-                    self.on_dead(str(exc))
+                self._mark_dead(str(exc))
             raise
+
+    def _mark_dead(self, reason: str) -> None:
+        """The DSP restarted (EPIPE): every call fails from now on; tell ``on_dead`` once."""
+        first = not self._dead
+        self._dead = True
+        if first and self.on_dead is not None:
+            self.on_dead(reason)
 
     def _check_usable(self) -> None:
         if self._closing or self._closed:
@@ -676,6 +971,40 @@ class FastRpcSession:
                 self._invokes_done += 1
                 if not self._in_flight:
                     self._idle.notify_all()
+
+
+def _traced_arg(arg: InArg | OutArg, limit: int, *, data: bool) -> Record:
+    """An invoke argument as a trace records it (a slice's bytes too, for inputs)."""
+    if isinstance(arg, Slice):
+        record: Record = {"slice": [arg.buffer.id, arg.offset, arg.length]}
+        if data:
+            view = arg.buffer.view()
+            record["data"] = encode_data(bytes(view[arg.offset : arg.offset + arg.length]), limit)
+            del view
+        return record
+    if isinstance(arg, Inline):
+        return {"inline": encode_data(arg.data, limit)}
+    return {"capacity": arg.size}
+
+
+def _file_record(fd: int, limit: int) -> Record:
+    """The file behind ``fd`` as a trace data record, read with pread (the offset stays
+    the caller's); past ``limit`` only its length and SHA-256, hashed as it streams."""
+    size = os.fstat(fd).st_size
+    digest = hashlib.sha256()
+    chunks: list[bytes] = []
+    offset = 0
+    while offset < size:
+        chunk = os.pread(fd, min(1 << 20, size - offset), offset)
+        if not chunk:
+            break
+        digest.update(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        offset += len(chunk)
+    if size <= limit:
+        return encode_data(b"".join(chunks), limit)
+    return {"len": offset, "sha256": digest.hexdigest()}
 
 
 def _capacity(arg: InArg | OutArg) -> int:
@@ -734,3 +1063,84 @@ def _open_first(driver: Driver, nodes: Sequence[str]) -> tuple[str, int]:
                 continue
             raise translate_os_error(exc, DriverCall.OPEN, device=path) from None
     raise RpcError(ErrorCode.DEVICE_NOT_FOUND, tried=", ".join(failures))
+
+
+class _ReverseHost:
+    """What the reverse modules need from the session: heap growth (MMAP / MUNMAP on
+    ``rpc_fd``) for apps_mem, and shared files (a DMA-BUF MEM_MAP'd with
+    FASTRPC_MAP_FD) for the apps_std ``_fd`` calls. Runs on the listener thread."""
+
+    def __init__(self, session: FastRpcSession) -> None:
+        self._session = session
+
+    # -- apps_mem ---------------------------------------------------------------
+    def heap_map(self, size: int, flags: int) -> tuple[int, int]:
+        request = abi.fastrpc_req_mmap(fd=-1, flags=flags, vaddrin=0, size=size)
+        rc = self._raw_ioctl(abi.FASTRPC_IOCTL_MMAP, request)
+        return rc, int(request.vaddrout)
+
+    def heap_unmap(self, vaddr: int, size: int) -> int:
+        request = abi.fastrpc_req_munmap(vaddrout=vaddr, size=size)
+        return self._raw_ioctl(abi.FASTRPC_IOCTL_MUNMAP, request)
+
+    def _raw_ioctl(self, request: int, arg: IoctlArg) -> int:
+        """The errno stays an OSError here: apps_mem answers the DSP with an AEE code."""
+        session = self._session
+        try:
+            return session._driver.ioctl(session._rpc_fd.fileno(), request, arg)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                session._mark_dead("the DSP restarted (EPIPE)")
+            raise
+
+    # -- apps_std *_fd ------------------------------------------------------------
+    def share(self, source: SharedSource, size: int) -> int:
+        session = self._session
+        try:
+            buffer = session._allocate(max(size, 1))
+        except RpcError as exc:
+            log.warning("no DMA-BUF for a file the DSP reads", extra={"error": str(exc)})
+            raise SharingError(int(AEE.ENOMEMORY)) from None
+        try:
+            view = buffer.view()
+            done = 0
+            while done < size:
+                data = source.read_at(done, min(SHARE_CHUNK, size - done))
+                if not data:
+                    raise SharingError(int(AEE.EFREAD))
+                view[done : done + len(data)] = data
+                done += len(data)
+            del view
+            request = abi.fastrpc_mem_map(
+                version=0,
+                fd=buffer.fd,
+                offset=0,
+                flags=abi.FASTRPC_MAP_FD,
+                vaddrin=buffer.host_address,
+                length=buffer.size,
+                attrs=0,
+            )
+            try:
+                rc = self._raw_ioctl(abi.FASTRPC_IOCTL_MEM_MAP, request)
+            except OSError as exc:
+                raise SharingError(aee_for_errno(exc.errno)) from None
+            if rc != 0:
+                raise SharingError(rc)
+            buffer.mapped_at(int(request.vaddrout))
+        except BaseException:
+            session._release_quietly(buffer)
+            raise
+        with session._state_lock:
+            session._shared_files[buffer.fd] = buffer
+        return buffer.fd
+
+    def unshare(self, fd: int) -> None:
+        session = self._session
+        with session._state_lock:
+            buffer = session._shared_files.pop(fd, None)
+        if buffer is None:
+            raise SharingError(int(AEE.EBADFD))
+        try:
+            session._release(buffer)
+        except RpcError:
+            raise SharingError(int(AEE.EFAILED)) from None

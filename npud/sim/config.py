@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import Final, Literal, get_args
 
 from npud.sim.skels import BUILTIN_SKELS, SkelFactory
 
@@ -19,6 +19,7 @@ ARCH_VER: Final = 6
 HMX_SUPPORT_DEPTH: Final = 7
 HMX_SUPPORT_SPATIAL: Final = 8
 ASYNC_FASTRPC_SUPPORT: Final = 9
+STATUS_NOTIFICATION_SUPPORT: Final = 10
 
 ARCH_V73: Final = 0x73
 """Hexagon V73, the CDSP of the Snapdragon X Elite (X1E80100)."""
@@ -41,6 +42,25 @@ DEFAULT_CAPABILITIES: Final[Mapping[int, int]] = MappingProxyType(
 """The X1E CDSP's answers, except ARCH_VER which comes from ``SimConfig.arch``."""
 
 MAX_DSP_ATTRIBUTES: Final = 256
+
+AEE_ENOSUCHMOD: Final = 0x8000043E
+AEE_ERPC: Final = 0x80000600
+
+LoaderPath = Literal["fopen_with_env", "fopen_with_env_fd", "search_paths"]
+"""How the simulated DSP reads a file from the host (docs/emulator.md, Skel loading):
+
+* ``fopen_with_env``: apps_std ``fopen_with_env`` (19), ``flen``, ``fread``
+  in chunks, ``fclose``: the file streams through the listener;
+* ``fopen_with_env_fd``: ``fopen_with_env_fd`` (36): the host reads the file
+  into a DMA-BUF and MEM_MAPs it (FASTRPC_MAP_FD); the DSP reads the mapping
+  and gives it back with ``fclose_fd`` (35);
+* ``search_paths``: ``get_search_paths_with_env`` (21), then ``stat`` (31) of
+  ``<dir>/<file>`` in each directory until one exists, then ``fopen_fd`` (34)
+  of that path and ``fclose_fd``.
+"""
+LOADER_PATHS: Final[tuple[LoaderPath, ...]] = get_args(LoaderPath)
+
+MIB: Final = 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +97,24 @@ class SimConfig:
       :mod:`npud.sim.compute`); 0 models none (every call runs as if alone).
     * ``skels``: skel name -> factory, the simulated DSP's "installed" skels;
       a descriptor file names one of these.
+    * ``domain_handles``: the DSP has the domain-style ``adsp_listener1``
+      (static handle 7) and ``remotectl1`` (8). False models older firmware:
+      those handles answer ``absent_module_result``, as 2, 5, 6, 9, 10 do.
+    * ``absent_module_result``: what a static handle the DSP lacks answers:
+      AEE_ENOSUCHMOD (0x8000043E) or AEE_ERPC (0x80000600), the two answers
+      libcdsprpc falls back on.
+    * ``loader_paths``: the ways the DSP reads host files (:data:`LoaderPath`),
+      tried in order; the next is tried when the host answers one with
+      AEE_EUNSUPPORTED.
+    * ``initial_heap``: bytes of heap the user PD starts with. None: the
+      kernel's rule, max(2 MiB, 4 x shell size) rounded up to 1 MiB. Loading a
+      file or a library that does not fit grows the heap through the host's
+      ``apps_mem`` (reverse RPC), in whole MiB.
+    * ``map_match_fd_only``: kernels before linux-next find an fd's mapping
+      by fd number alone: MEM_MAP and INVOKE with an fd number that a
+      recorded MEM_MAP mapping was made through use *that* mapping's buffer,
+      even when the number now names another buffer (a stale mapping whose
+      MEM_UNMAP failed aliases the new one).
     """
 
     sessions: int = X1E_CDSP_SESSIONS
@@ -94,6 +132,11 @@ class SimConfig:
     procmap_query: bool = True
     dsp_units: int = 0
     skels: Mapping[str, SkelFactory] = dataclasses.field(default_factory=lambda: BUILTIN_SKELS)
+    domain_handles: bool = True
+    absent_module_result: int = AEE_ENOSUCHMOD
+    loader_paths: tuple[LoaderPath, ...] = ("fopen_with_env",)
+    initial_heap: int | None = None
+    map_match_fd_only: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.sessions <= 14:
@@ -114,6 +157,25 @@ class SimConfig:
             raise ValueError(f"dsp_units={self.dsp_units}: 0 (unlimited) or more")
         if self.max_dma_buf_size <= 0:
             raise ValueError(f"max_dma_buf_size={self.max_dma_buf_size} must be positive")
+        if self.absent_module_result not in (AEE_ENOSUCHMOD, AEE_ERPC):
+            raise ValueError(
+                f"absent_module_result={self.absent_module_result:#x}: AEE_ENOSUCHMOD"
+                f" ({AEE_ENOSUCHMOD:#x}) or AEE_ERPC ({AEE_ERPC:#x})"
+            )
+        if not self.loader_paths or len(set(self.loader_paths)) != len(self.loader_paths):
+            raise ValueError(f"loader_paths={self.loader_paths!r}: one or more distinct paths")
+        unknown = [p for p in self.loader_paths if p not in LOADER_PATHS]
+        if unknown:
+            raise ValueError(f"loader_paths: unknown {unknown!r}; known: {', '.join(LOADER_PATHS)}")
+        if self.initial_heap is not None and not 0 <= self.initial_heap <= 0xFFFFFFFF:
+            raise ValueError(f"initial_heap={self.initial_heap} is outside 0..4 GiB")
+
+    def heap_for(self, image_size: int) -> int:
+        """The user PD's initial heap for a shell of ``image_size`` bytes."""
+        if self.initial_heap is not None:
+            return self.initial_heap
+        wanted = max(2 * MIB, 4 * image_size)
+        return (wanted + MIB - 1) // MIB * MIB
 
     def capability_table(self) -> tuple[int, ...]:
         """The 256 answers of the DSP's attribute table; index 0 is always 0."""

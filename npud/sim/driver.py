@@ -36,6 +36,7 @@ from npud.sim.errors import ERRNO_MAX, SubsystemDownError, fault
 from npud.sim.faults import FaultInjector
 from npud.sim.invoke import InvokeArguments
 from npud.sim.mappings import MappingTable, dsp_mapping
+from npud.sim.memory import MemMapping
 from npud.sim.process import (
     LAST_STATIC_HANDLE,
     DspCall,
@@ -200,7 +201,13 @@ class EmulatedDriver:
             handler = self._handlers.get(request)
             if handler is None:
                 raise fault(errno.ENOTTY, f"{request:#010x} is not a FastRPC command")
-            return handler(device, arg)
+            injected = self.faults.take_ioctl_fault(request)
+            if injected is not None and not injected.after:
+                raise fault(injected.err, "injected")
+            result = handler(device, arg)
+            if injected is not None:
+                raise fault(injected.err, "injected after the call took effect")
+            return result
         finally:
             self._leave(device)
 
@@ -385,6 +392,7 @@ class EmulatedDriver:
                 scalars,
                 args,
                 self.config.max_dma_buf_size,
+                alias=self._stale_alias(device),
             ) as arguments:
                 inputs, outputs = arguments.prepare()
                 result = self._run_on_dsp(
@@ -392,6 +400,9 @@ class EmulatedDriver:
                 )
                 if not channel.alive:
                     raise SubsystemDownError
+                if self.faults.take_interrupt(request.handle):
+                    # The DSP ran it; the kernel's interruptible wait returned first.
+                    raise fault(errno.EINTR, "INVOKE: interrupted (injected)")
                 arguments.copy_out()
         except SubsystemDownError:
             raise fault(errno.EPIPE, "INVOKE: the DSP restarted during the call") from None
@@ -400,6 +411,13 @@ class EmulatedDriver:
                 channel.release_context()
                 self._invokes_in_flight -= 1
         return _ioctl_result(result)
+
+    def _stale_alias(self, device: _DeviceFile) -> Callable[[int], MemMapping | None] | None:
+        """With ``map_match_fd_only``: the mapping an fd number finds (old kernels)."""
+        process = device.process
+        if not self.config.map_match_fd_only or process is None:
+            return None
+        return process.memory.find_by_fd
 
     def _run_on_dsp(self, device: _DeviceFile, call: DspCall) -> int:
         process = device.process
@@ -509,6 +527,10 @@ class EmulatedDriver:
     def _mem_map(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
         view = _arg_view(arg, layout.MEM_MAP_STRUCT.size, writable=True)
         request = layout.MemMap._make(layout.MEM_MAP_STRUCT.unpack(view))
+        alias = self._stale_alias(device)
+        stale = alias(request.fd) if alias is not None else None
+        if stale is not None:
+            return self._mem_map_alias(device, view, request, stale)
         buffer = self._dmabufs.identify(request.fd)  # EBADF when not an fd
         if buffer is None:
             raise fault(errno.EINVAL, f"MEM_MAP: fd {request.fd} is not a dma-buf")
@@ -527,6 +549,23 @@ class EmulatedDriver:
             )
         except AddressSpaceFullError:
             mapping.close()
+            raise fault(errno.ENOMEM, "MEM_MAP: the DSP address space is full") from None
+        layout.U64.pack_into(view, layout.MEM_MAP_VADDROUT_OFFSET, vaddr)
+        return 0
+
+    def _mem_map_alias(
+        self, device: _DeviceFile, view: memoryview, request: layout.MemMap, stale: MemMapping
+    ) -> int:
+        """An old kernel reuses the map its fd number finds: the DSP maps *that* buffer."""
+        self._require_alive(device, "MEM_MAP")
+        process = device.process
+        if process is None or process.exited:
+            return AEE.EBADSTATE.dsp
+        if not self._fits(stale.buffer, request.offset, request.length):
+            return AEE.EBADPARM.dsp
+        try:
+            vaddr = process.memory.add_alias(request.fd, stale, request.offset, request.length)
+        except AddressSpaceFullError:
             raise fault(errno.ENOMEM, "MEM_MAP: the DSP address space is full") from None
         layout.U64.pack_into(view, layout.MEM_MAP_VADDROUT_OFFSET, vaddr)
         return 0

@@ -15,17 +15,39 @@
 * ``interrupt_listeners()``: listeners blocked in next2 return
   AEE_EINTERRUPTED (46) and must retry with ctx 0; requests they were serving
   are re-sent under new ctx ids.
-* ``clear()``: forget pending invoke failures, latency and the session limit.
+* ``fail_next_ioctl(request, err, after=False)``: the next ioctl with that
+  command word fails with errno ``err``; with ``after`` it first takes effect
+  (the DSP did it, the answer was lost: a kernel-internal call that timed out
+  with ETIMEDOUT after the DSP acted). Several queue up in order.
+* ``interrupt_next_invoke(handle=None)``: the next INVOKE on a remote handle
+  (or exactly ``handle``, static ones included) reaches the DSP and runs
+  there, but the caller gets EINTR and no outputs: a signal or the suspend
+  freezer interrupted the kernel's interruptible wait (ERESTARTSYS).
+* ``clear()``: forget pending failures, interruptions, latency and the session limit.
+
+A DSP result in -4095..-1 (``fail_next_invoke(0xFFFFFFF2)``) reaches the
+caller as an errno, as libc reports it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Callable
 from typing import Final
 
 LAST_STATIC_HANDLE: Final = 10
+ERRNO_MAX: Final = 4095
+
+
+@dataclasses.dataclass(frozen=True)
+class IoctlFault:
+    """An injected ioctl failure: ``err`` raised before (or, with ``after``, after) the call."""
+
+    request: int
+    err: int
+    after: bool
 
 
 class FaultInjector:
@@ -43,6 +65,8 @@ class FaultInjector:
         self._sessions = sessions
         self._lock = threading.Lock()
         self._failures: list[tuple[int, int | None]] = []
+        self._ioctl_faults: list[IoctlFault] = []
+        self._interrupts: list[int | None] = []
         self._latency = 0.0
         self._session_limit = sessions
 
@@ -65,6 +89,20 @@ class FaultInjector:
         with self._lock:
             self._failures.append((aee, handle))
 
+    def fail_next_ioctl(self, request: int, err: int, *, after: bool = False) -> None:
+        if not 0 <= request <= 0xFFFFFFFF:
+            raise ValueError(f"request={request:#x} is not a u32 command word")
+        if not 1 <= err <= ERRNO_MAX:
+            raise ValueError(f"err={err}: an errno is 1..{ERRNO_MAX}")
+        with self._lock:
+            self._ioctl_faults.append(IoctlFault(request, err, after))
+
+    def interrupt_next_invoke(self, handle: int | None = None) -> None:
+        if handle is not None and not 0 <= handle <= 0xFFFFFFFF:
+            raise ValueError(f"handle={handle:#x} is not a u32")
+        with self._lock:
+            self._interrupts.append(handle)
+
     def set_latency(self, seconds: float) -> None:
         if not (math.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"latency {seconds} must be a finite number of seconds >= 0")
@@ -80,6 +118,8 @@ class FaultInjector:
     def clear(self) -> None:
         with self._lock:
             self._failures.clear()
+            self._ioctl_faults.clear()
+            self._interrupts.clear()
             self._latency = 0.0
             self._session_limit = self._sessions
 
@@ -94,6 +134,28 @@ class FaultInjector:
                     return aee
             return None
 
+    def take_ioctl_fault(self, request: int) -> IoctlFault | None:
+        """The injected failure for the next ``request``, consuming it; None if none."""
+        if not self._ioctl_faults:
+            return None  # the common case, without the lock (a list's truth is atomic)
+        with self._lock:
+            for index, injected in enumerate(self._ioctl_faults):
+                if injected.request == request:
+                    del self._ioctl_faults[index]
+                    return injected
+            return None
+
+    def take_interrupt(self, handle: int) -> bool:
+        """True (consuming it) when an interruption waits for an invoke on ``handle``."""
+        if not self._interrupts:
+            return False
+        with self._lock:
+            for index, wanted in enumerate(self._interrupts):
+                if wanted == handle or (wanted is None and handle > LAST_STATIC_HANDLE):
+                    del self._interrupts[index]
+                    return True
+            return False
+
     @property
     def latency(self) -> float:
         with self._lock:
@@ -106,5 +168,6 @@ class FaultInjector:
 
     @property
     def pending_failures(self) -> int:
+        """Injected failures not yet consumed: invoke results, ioctl errnos, interruptions."""
         with self._lock:
-            return len(self._failures)
+            return len(self._failures) + len(self._ioctl_faults) + len(self._interrupts)

@@ -12,7 +12,11 @@ Mirrors ``fastrpc_get_args``/``fastrpc_put_args``:
   the emulator's own mapping of the buffer, held for the duration of the call
   (and kept for later calls while the caller's mapping lives, see
   :mod:`npud.sim.mappings`);
-* handle slots must carry dma-buf fds; nothing is passed for them.
+* handle slots must carry dma-buf fds; nothing is passed for them;
+* with an ``alias`` lookup (kernels that find a map by fd number only,
+  ``SimConfig.map_match_fd_only``), an fd number that a recorded mapping was
+  made through uses that mapping's memory, whatever the fd names now; the
+  offset comes from the VMA that contains ``ptr``, as the kernel computes it.
 
 All plain inputs are copied in one ``process_vm_readv`` and all plain outputs
 back in one ``process_vm_writev``.
@@ -26,15 +30,24 @@ from __future__ import annotations
 
 import ctypes
 import errno
-from collections.abc import Sequence
+import mmap
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 from npud.sim.dmabuf import DmaBuf, DmaBufRegistry
 from npud.sim.errors import fault
 from npud.sim.layout import InvokeArg, Scalars
 from npud.sim.mappings import DspMemory, MappingTable
 from npud.sim.usermem import Copy, UserMemory
+from npud.sim.vmas import VmaFinder
+
+
+class StaleMapping(Protocol):
+    """What an fd-number lookup finds: a recorded mapping's buffer and memory."""
+
+    buffer: DmaBuf
+    mapping: mmap.mmap
 
 
 def _is_plain(arg: InvokeArg) -> bool:
@@ -52,8 +65,10 @@ class InvokeArguments:
         scalars: Scalars,
         args: Sequence[InvokeArg],
         max_payload: int,
+        alias: Callable[[int], StaleMapping | None] | None = None,
     ) -> None:
         self._usermem = usermem
+        self._alias = alias
         self._max_payload = max_payload
         self._dmabufs = dmabufs
         self._mappings = mappings
@@ -91,6 +106,11 @@ class InvokeArguments:
         for index, arg in enumerate(self._args):
             if _is_plain(arg):
                 continue
+            stale = self._alias(arg.fd) if self._alias is not None else None
+            if stale is not None:
+                if index < self._nbufs:
+                    buffers[index] = self._aliased(index, arg, stale)
+                continue
             buffer = self._dma_buf(index, arg)
             if index < self._nbufs:
                 offset, memory = self._locate(index, arg, buffer)
@@ -122,6 +142,14 @@ class InvokeArguments:
                 f"INVOKE arg {index}: length {arg.length} exceeds the {buffer.size}-byte dma-buf",
             )
         return buffer
+
+    def _aliased(self, index: int, arg: InvokeArg, stale: StaleMapping) -> memoryview:
+        vma = VmaFinder().find(arg.ptr)
+        offset = arg.ptr - vma.start if vma is not None else -1
+        if offset < 0 or offset + arg.length > stale.buffer.size:
+            raise fault(errno.EINVAL, f"INVOKE arg {index}: outside the mapped buffer")
+        whole = self._track(memoryview(stale.mapping))
+        return self._track(whole[offset : offset + arg.length])
 
     def _locate(self, index: int, arg: InvokeArg, buffer: DmaBuf) -> tuple[int, DspMemory]:
         """The argument's offset in ``buffer`` and the DSP's mapping of it (one per buffer)."""

@@ -4,12 +4,11 @@ remotectl open names a module either as a URI,
 ``file:///libX_skel.so?X_skel_handle_invoke&_modver=1.0&_dom=cdsp``, or by a
 bare interface name ``X`` (library ``libX_skel.so``, symbol ``X_skel_invoke``).
 The DSP then reads that library from the host filesystem with reverse RPC:
-
-1. once per process, ``apps_remotectl`` open of ``"apps_std"`` on reverse
-   handle 0 (method 0, sc 0x00020200);
-2. ``apps_std_fopen_with_env("ADSP_LIBRARY_PATH", ";", "<library>", "r")``
-   (method 19, sc 0x13050100), ``flen`` (10, 0x0A010100), ``fread`` in chunks
-   (4, 0x04010200) and ``fclose`` (3, 0x03010000).
+once per process ``apps_remotectl`` open of ``"apps_std"`` on reverse handle 0
+(:mod:`npud.sim.host_calls`), then one of the apps_std paths of
+``SimConfig.loader_paths`` (:mod:`npud.sim.host_files`). A loaded library
+stays on the process's heap while its handle is open; the heap grows through
+the host's ``apps_mem`` when it does not fit (:mod:`npud.sim.apps_mem`).
 
 The bytes are a *skel descriptor*, the simulator's stand-in for a Hexagon ELF::
 
@@ -29,17 +28,14 @@ AEE_ENOSUCHSYMBOL for a missing symbol) and a text naming the library.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
-import struct
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Final, NamedTuple
 
-from npu_protocol.aee import AEE, describe_result
-from npud.sim.errors import ReverseTimeoutError
-from npud.sim.reverse import ReverseReply, ReverseRpc
+from npu_protocol.aee import AEE
+from npud.sim.apps_mem import DspHeap, HeapExhaustedError, HeapReservation
+from npud.sim.host_files import HostFileReader, HostReadError
 from npud.sim.skels import DOMAIN_METHOD_OFFSET, HostFileError, Skel, SkelFactory
 
 DESCRIPTOR_MAGIC: Final = "NPUD-SIM-SKEL 1"
@@ -47,28 +43,10 @@ MAX_LIBRARY_SIZE: Final = 64 * 1024
 READ_CHUNK: Final = 16 * 1024
 HOST_FILE_CHUNK: Final = 1024 * 1024
 """fread size for data files (models): what a loader streaming a large file would ask."""
-DLERROR_CAPACITY: Final = 256
-
-APPS_STD_MODULE: Final = "apps_std"
-LIBRARY_PATH_VARIABLE: Final = "ADSP_LIBRARY_PATH"
-LIBRARY_PATH_DELIMITER: Final = ";"
-
-APPS_REMOTECTL_HANDLE: Final = 0
-SC_REMOTECTL_OPEN: Final = 0x00020200
-SC_FOPEN_WITH_ENV: Final = 0x13050100
-SC_FLEN: Final = 0x0A010100
-SC_FREAD: Final = 0x04010200
-SC_FCLOSE: Final = 0x03010000
 
 DOMAIN_SYMBOL_SUFFIX: Final = "_skel_handle_invoke"
 PLAIN_SYMBOL_SUFFIX: Final = "_skel_invoke"
 
-_U32: Final = struct.Struct("<I")
-_U32_PAIR: Final = struct.Struct("<II")
-_S32_PAIR: Final = struct.Struct("<ii")
-_OPEN_RESULT: Final = struct.Struct("<Ii")
-_U64: Final = struct.Struct("<Q")
-_FOPEN_LENGTHS: Final = struct.Struct("<IIII")
 _INTERFACE_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -149,14 +127,14 @@ class LoadedSkel(NamedTuple):
     method_offset: int
     library: str
     symbol: str
+    resident: HeapReservation
 
-
-def _c_string(text: str) -> bytes:
-    return text.encode("utf-8") + b"\0"
-
-
-def _text(buffer: bytes) -> str:
-    return buffer.split(b"\0", 1)[0].decode("utf-8", errors="replace")
+    def unload(self) -> None:
+        """The handle closes: the skel's close hook runs and its library leaves the heap."""
+        try:
+            self.skel.close()
+        finally:
+            self.resident.release()
 
 
 class SkelLoader:
@@ -167,13 +145,11 @@ class SkelLoader:
     """
 
     def __init__(
-        self, reverse: ReverseRpc, skels: Mapping[str, SkelFactory], timeout: float
+        self, files: HostFileReader, heap: DspHeap, skels: Mapping[str, SkelFactory]
     ) -> None:
-        self._reverse = reverse
+        self._files = files
+        self._heap = heap
         self._skels = skels
-        self._timeout = timeout
-        self._apps_std_lock = threading.Lock()
-        self._apps_std: int | None = None
 
     def load(self, uri: str) -> LoadedSkel:
         """Bind the skel ``uri`` names; LoadError describes any failure.
@@ -182,8 +158,11 @@ class SkelLoader:
         """
         request = parse_module_uri(uri)
         library = request.library
-        apps_std = self._open_apps_std(library)
-        descriptor = parse_descriptor(self._read_library(apps_std, library), library)
+        try:
+            data = self._files.read(library, limit=MAX_LIBRARY_SIZE, chunk=READ_CHUNK).data
+        except HostReadError as exc:
+            raise LoadError(exc.message) from None
+        descriptor = parse_descriptor(data, library)
         factory = self._skels.get(descriptor.skel)
         if factory is None:
             raise LoadError(f"{library}: skel {descriptor.skel!r} is not built into this DSP")
@@ -196,117 +175,33 @@ class SkelLoader:
                 f" nor a *{PLAIN_SYMBOL_SUFFIX} entry point",
                 AEE.ENOSUCHSYMBOL.dsp,
             )
-        return LoadedSkel(factory(), offset, library, request.symbol)
+        try:
+            resident = self._heap.reserve(len(data), library)
+        except HeapExhaustedError as exc:
+            raise LoadError(f"{library}: cannot map segments: {exc.message}", exc.code) from None
+        try:
+            skel = factory()
+        except BaseException:
+            resident.release()
+            raise
+        return LoadedSkel(skel, offset, library, request.symbol, resident)
 
     def read_host_file(self, name: str, *, limit: int) -> bytes:
-        """Read ``name`` whole through apps_std, in chunks of HOST_FILE_CHUNK.
+        """Read ``name`` whole from the host, in chunks of HOST_FILE_CHUNK where it streams.
 
         HostFileError(AEE_EUNABLETOLOAD) when it cannot be opened or read or is
-        larger than ``limit``; SubsystemDownError / ProcessExitedError pass through.
+        larger than ``limit``, HostFileError(AEE_ENOMEMORY) when the heap cannot
+        hold it (a streamed file is on the heap while it is parsed: the heap grows
+        for it and gives the growth back after); SubsystemDownError /
+        ProcessExitedError pass through.
         """
         try:
-            apps_std = self._open_apps_std(name)
-            return self._read_library(apps_std, name, limit=limit, chunk=HOST_FILE_CHUNK)
-        except LoadError as exc:
+            file = self._files.read(name, limit=limit, chunk=HOST_FILE_CHUNK)
+            if file.streamed:
+                # fread put the bytes in heap; a mapped file (the _fd paths) uses none.
+                self._heap.reserve(len(file.data), name).release()
+        except HostReadError as exc:
             raise HostFileError(exc.message, AEE.EUNABLETOLOAD.dsp) from None
-
-    def _call(
-        self, library: str, handle: int, sc: int, inputs: Sequence[bytes], caps: Sequence[int]
-    ) -> ReverseReply:
-        try:
-            return self._reverse.call(handle, sc, inputs, caps, self._timeout)
-        except ReverseTimeoutError as exc:
-            if exc.picked_up:
-                detail = "the reverse-RPC listener did not answer"
-            else:
-                detail = "no reverse-RPC listener"
-            raise LoadError(f"{library}: cannot open shared object file: {detail}") from None
-
-    def _open_apps_std(self, library: str) -> int:
-        with self._apps_std_lock:
-            if self._apps_std is None:
-                name = _c_string(APPS_STD_MODULE)
-                reply = self._call(
-                    library,
-                    APPS_REMOTECTL_HANDLE,
-                    SC_REMOTECTL_OPEN,
-                    [_U32_PAIR.pack(len(name), DLERROR_CAPACITY), name],
-                    [_OPEN_RESULT.size, DLERROR_CAPACITY],
-                )
-                if reply.result:
-                    raise LoadError(
-                        f"{library}: cannot open shared object file: host apps_std open"
-                        f" failed with {describe_result(reply.result)}"
-                    )
-                handle, dl_error = _OPEN_RESULT.unpack(reply.outputs[0])
-                if dl_error:
-                    raise LoadError(
-                        f"{library}: cannot open shared object file: host apps_std open"
-                        f" failed: {_text(reply.outputs[1])}"
-                    )
-                self._apps_std = handle
-            return self._apps_std
-
-    def _read_library(
-        self,
-        apps_std: int,
-        library: str,
-        *,
-        limit: int = MAX_LIBRARY_SIZE,
-        chunk: int = READ_CHUNK,
-    ) -> bytes:
-        strings = [
-            _c_string(LIBRARY_PATH_VARIABLE),
-            _c_string(LIBRARY_PATH_DELIMITER),
-            _c_string(library),
-            _c_string("r"),
-        ]
-        lengths = _FOPEN_LENGTHS.pack(*(len(string) for string in strings))
-        reply = self._call(library, apps_std, SC_FOPEN_WITH_ENV, [lengths, *strings], [_U32.size])
-        if reply.result:
-            raise LoadError(
-                f"{library}: cannot open shared object file: No such file or directory"
-                f" (apps_std fopen_with_env: {describe_result(reply.result)})"
-            )
-        (file,) = _U32.unpack(reply.outputs[0])
-        try:
-            data = self._read_file(apps_std, file, library, limit, chunk)
-        except LoadError:
-            self._close_file(apps_std, file, library)
-            raise
-        self._close_file(apps_std, file, library)
-        return data
-
-    def _read_file(
-        self, apps_std: int, file: int, library: str, limit: int, read_chunk: int
-    ) -> bytes:
-        reply = self._call(library, apps_std, SC_FLEN, [_U32.pack(file)], [_U64.size])
-        if reply.result:
-            raise LoadError(
-                f"{library}: cannot read file: apps_std flen: {describe_result(reply.result)}"
-            )
-        (length,) = _U64.unpack(reply.outputs[0])
-        if length > limit:
-            raise LoadError(f"{library}: {length} bytes is too large (at most {limit})")
-        data = bytearray()
-        while len(data) < length:
-            chunk = min(read_chunk, length - len(data))
-            reply = self._call(
-                library, apps_std, SC_FREAD, [_U32_PAIR.pack(file, chunk)], [_S32_PAIR.size, chunk]
-            )
-            if reply.result:
-                raise LoadError(
-                    f"{library}: cannot read file: apps_std fread: {describe_result(reply.result)}"
-                )
-            count, eof = _S32_PAIR.unpack(reply.outputs[0])
-            if not 0 <= count <= chunk:
-                raise LoadError(f"{library}: cannot read file: fread returned {count} of {chunk}")
-            data += reply.outputs[1][:count]
-            if eof or count == 0:
-                break
-        return bytes(data)
-
-    def _close_file(self, apps_std: int, file: int, library: str) -> None:
-        # A failing fclose does not change the outcome of the load.
-        with contextlib.suppress(LoadError):
-            self._call(library, apps_std, SC_FCLOSE, [_U32.pack(file)], [])
+        except HeapExhaustedError as exc:
+            raise HostFileError(exc.message, exc.code) from None
+        return file.data

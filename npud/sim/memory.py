@@ -88,11 +88,40 @@ class ProcessMemory:
             self._maps.append(entry)
             return entry.vaddr
 
+    def add_alias(self, fd: int, target: MemMapping, offset: int, length: int) -> int:
+        """A MEM_MAP through ``fd`` that an old kernel resolved to ``target``'s buffer
+        (found by fd number): a new DSP range over the same memory. Raises
+        AddressSpaceFullError."""
+        page_offset = offset % mmap.PAGESIZE
+        with self._lock:
+            region = self._space.allocate(page_offset + length)
+            entry = MemMapping(
+                region + page_offset,
+                fd,
+                target.buffer,
+                offset,
+                length,
+                target.flags,
+                target.mapping,  # shared: closed with the last entry that uses it
+                region,
+            )
+            self._maps.append(entry)
+            return entry.vaddr
+
     def find_map(self, vaddr: int, fd: int) -> MemMapping | None:
         """The mapping at ``vaddr`` made through ``fd`` (any fd when ``fd < 0``)."""
         with self._lock:
             for entry in self._maps:
                 if entry.vaddr == vaddr and (fd < 0 or entry.fd == fd):
+                    return entry
+            return None
+
+    def find_by_fd(self, fd: int) -> MemMapping | None:
+        """The newest mapping made through fd number ``fd``: how the DSP finds a buffer
+        the host names by fd, and how kernels before linux-next look a map up."""
+        with self._lock:
+            for entry in reversed(self._maps):
+                if entry.fd == fd:
                     return entry
             return None
 
@@ -103,7 +132,10 @@ class ProcessMemory:
                 return False
             self._maps.remove(entry)
             self._space.release(entry.region)
-        entry.mapping.close()
+            # An alias shares its target's mapping: the last entry using it closes it.
+            close = not any(m.mapping is entry.mapping for m in self._maps)
+        if close:
+            entry.mapping.close()
         return True
 
     def release_all(self) -> None:
@@ -112,8 +144,8 @@ class ProcessMemory:
             maps, self._maps = self._maps, []
             self._heap.clear()
             self._space = DspAddressSpace()
-        for entry in maps:
-            entry.mapping.close()
+        for mapping in {id(entry.mapping): entry.mapping for entry in maps}.values():
+            mapping.close()
 
     @property
     def heap_count(self) -> int:

@@ -8,7 +8,8 @@ opened:
 * 3 ``adsp_listener`` (and 7, ``adsp_listener1``): init2, next2 and
   get_in_bufs2 (methods 3/4/5, or 5/6/7), the reverse-RPC pump;
 * 4 ``adsp_current_process1``: method 2 ``exit`` (sc 0x02000000);
-* 2, 5, 6, 9, 10: modules this DSP does not have: AEE_ENOSUCHMOD;
+* 2, 5, 6, 9, 10: modules this DSP does not have: ``SimConfig.absent_module_result``
+  (AEE_ENOSUCHMOD by default); so are 7 and 8 with ``domain_handles=False``;
 * any other number: a remote handle from remotectl open (AEE_EINVHANDLE when
   unknown or closed; handles are never reused within a process).
 
@@ -25,8 +26,11 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from npu_protocol.aee import AEE
+from npud.sim.apps_mem import DspHeap
 from npud.sim.config import SimConfig
 from npud.sim.errors import ListenerInterruptedError, ProcessExitedError, SubsystemDownError
+from npud.sim.host_calls import HostChannel
+from npud.sim.host_files import HostFileReader
 from npud.sim.layout import decode_scalars
 from npud.sim.loader import LoadedSkel, LoadError, SkelLoader
 from npud.sim.memory import ProcessMemory
@@ -35,6 +39,7 @@ from npud.sim.skels import SkelCall, run_method
 
 REMOTECTL_METHODS: Final = {0: (0, 1), 8: (2, 3)}  # handle -> (open, close)
 LISTENER_METHODS: Final = {3: (3, 4, 5), 7: (5, 6, 7)}  # handle -> (init2, next2, get_in_bufs2)
+DOMAIN_HANDLES: Final = frozenset({7, 8})  # adsp_listener1, remotectl1: newer firmware
 CURRENT_PROCESS_HANDLE: Final = 4
 EXIT_METHOD: Final = 2
 LAST_STATIC_HANDLE: Final = 10
@@ -138,7 +143,12 @@ class DspProcess:
         self.info = info
         self.memory = ProcessMemory()
         self.reverse = ReverseRpc()
-        self._loader = SkelLoader(self.reverse, config.skels, config.reverse_rpc_timeout)
+        host = HostChannel(self.reverse, config.reverse_rpc_timeout)
+        self.heap = DspHeap(config.heap_for(info.image_size), host)
+        files = HostFileReader(host, self.memory, config.loader_paths)
+        self._loader = SkelLoader(files, self.heap, config.skels)
+        self._domain_handles = config.domain_handles
+        self._absent_module = config.absent_module_result
         self._sleep = sleep
         self._lock = threading.Lock()
         self._handles: dict[int, LoadedSkel] = {}
@@ -172,6 +182,8 @@ class DspProcess:
 
     def _dispatch(self, call: DspCall) -> int:
         handle = call.handle
+        if handle in DOMAIN_HANDLES and not self._domain_handles:
+            return self._absent_module
         if handle in REMOTECTL_METHODS:
             return self._remotectl(call, *REMOTECTL_METHODS[handle])
         if handle in LISTENER_METHODS:
@@ -179,7 +191,7 @@ class DspProcess:
         if handle == CURRENT_PROCESS_HANDLE:
             return self._current_process(call)
         if handle <= LAST_STATIC_HANDLE:
-            return AEE.ENOSUCHMOD.dsp
+            return self._absent_module
         with self._lock:
             loaded = self._handles.get(handle)
         if loaded is None:
@@ -216,16 +228,19 @@ class DspProcess:
             result[:] = _OPEN_RESULT.pack(0, exc.code)
             _write_text(error_text, exc.message)
             return 0
+        refusal = 0
         with self._lock:
             if self._exited:
-                loaded.skel.close()
-                return AEE.EBADSTATE.dsp
-            if self._issued >= MAX_HANDLES_PER_PROCESS:
-                loaded.skel.close()
-                return AEE.EOUTOFHANDLES.dsp
-            self._issued += 1
-            handle = (self.info.client_id << 24) | (self._issued << 4)
-            self._handles[handle] = loaded
+                refusal = AEE.EBADSTATE.dsp
+            elif self._issued >= MAX_HANDLES_PER_PROCESS:
+                refusal = AEE.EOUTOFHANDLES.dsp
+            else:
+                self._issued += 1
+                handle = (self.info.client_id << 24) | (self._issued << 4)
+                self._handles[handle] = loaded
+        if refusal:
+            loaded.unload()  # outside the lock: it may call the host (heap shrink)
+            return refusal
         result[:] = _OPEN_RESULT.pack(handle, 0)
         return 0
 
@@ -239,7 +254,7 @@ class DspProcess:
             loaded = self._handles.pop(handle, None)
         if loaded is None:
             return AEE.EINVHANDLE.dsp
-        loaded.skel.close()
+        loaded.unload()
         status[:] = _S32.pack(0)
         return 0
 
@@ -308,10 +323,11 @@ class DspProcess:
         with self._lock:
             self._exited = True
             handles, self._handles = self._handles, {}
+        self.heap.close()  # the kernel drops heap grants with the fd: nothing to give back
         self._gone.set()
         self.reverse.shutdown(reason)
         for loaded in handles.values():
-            loaded.skel.close()
+            loaded.unload()
 
     def channel_down(self) -> None:
         """Subsystem restart: the DSP side is gone; kernel-side mappings stay until close."""

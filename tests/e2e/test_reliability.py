@@ -152,7 +152,7 @@ def test_every_call_in_flight_or_queued_across_a_restart_is_told_dsp_restarted(
         time.sleep(0.1)
         with npu_client.connect(str(daemon.socket_path), name="operator") as npu:
             npu.debug_fault("ssr", 0.5)
-        codes = set()
+        codes: set[tuple[int, p.ErrorCode | None]] = set()
         while len(codes) < 6 and (answer := peer.receive()):
             if isinstance(answer, p.ErrorMessage) and answer.id is not None:
                 codes.add((answer.id, answer.error_code))

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 
 import pytest
 
 from npu_protocol import ErrorCode
 from npud.fastrpc import abi
-from npud.fastrpc.capabilities import DspInfo, query_capabilities, query_capability
+from npud.fastrpc.capabilities import (
+    QUERIED_ATTRIBUTES,
+    DspInfo,
+    kernel_copies_to_offset_0,
+    query_capabilities,
+    query_capability,
+)
 from npud.fastrpc.errors import RpcError
 
 TABLE = {abi.ARCH_VER: 0x73, abi.UNSIGNED_PD_SUPPORT: 1, abi.HVX_SUPPORT_128B: 4}
@@ -76,3 +83,40 @@ def test_a_dsp_error_code_is_a_fastrpc_error() -> None:
 
 def test_empty_capabilities() -> None:
     assert DspInfo(available=False).as_dict()["available"] is False
+
+
+def buggy_kernel_with(table: dict[int, int]) -> Callable[[abi.fastrpc_ioctl_capability], int]:
+    def kernel(cap: abi.fastrpc_ioctl_capability) -> int:
+        cap.domain = table.get(cap.attribute_id, 0)  # index 0 is always 0 in the kernel
+        return 0
+
+    return kernel
+
+
+def test_an_answer_equal_to_the_domain_field_is_read_right_on_a_buggy_kernel() -> None:
+    """3 written over domain = 3 looked unchanged to the old guess: the probe knows better."""
+    table = {abi.HVX_SUPPORT_128B: 3, abi.STATUS_NOTIFICATION_SUPPORT: 3, abi.ARCH_VER: 0x73}
+    caps = query_capabilities(buggy_kernel_with(table))
+    assert caps.hvx_128b == 3
+    assert caps.status_notification
+    assert caps.arch == "v73"
+
+
+def test_the_probe_asks_for_attribute_0_first() -> None:
+    seen: list[int] = []
+
+    def kernel(cap: abi.fastrpc_ioctl_capability) -> int:
+        seen.append(cap.attribute_id)
+        return 0
+
+    query_capabilities(kernel)
+    assert seen[0] == 0
+    assert seen[1:] == list(QUERIED_ATTRIBUTES)
+    assert kernel_copies_to_offset_0(fixed_kernel) is False
+    assert kernel_copies_to_offset_0(old_kernel) is True
+
+
+@pytest.mark.parametrize(("answer", "supported"), [(0, False), (1, False), (3, True), (4, False)])
+def test_status_notification_means_version_2(answer: int, supported: bool) -> None:
+    info = DspInfo(available=True, raw={abi.STATUS_NOTIFICATION_SUPPORT: answer})
+    assert info.status_notification is supported

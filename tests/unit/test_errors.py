@@ -8,7 +8,15 @@ import pytest
 
 from npu_protocol import AEE, ErrorCode, aee_name, describe_result, format_message
 from npud.fastrpc import abi
-from npud.fastrpc.errors import DriverCall, RpcError, ShellVerifyError, translate_os_error
+from npud.fastrpc.errors import (
+    INVOKE_ERRNOS,
+    DriverCall,
+    InterruptedCallError,
+    RpcError,
+    ShellVerifyError,
+    dsp_result_in_errno_range,
+    translate_os_error,
+)
 
 # Numbers never change and are never reused.
 PINNED_NUMBERS = {
@@ -210,3 +218,46 @@ def test_translated_device_error_names_the_errno() -> None:
         str(exc)
         == "INVOKE on /dev/fastrpc-cdsp failed on the FastRPC device: EINVAL (Invalid argument)"
     )
+
+
+# --- errors a real device produces ------------------------------------------------------
+
+
+def test_eintr_is_an_interrupted_call_that_says_the_dsp_may_run_it() -> None:
+    error = translate_os_error(OSError(errno.EINTR, "x"), abi.FASTRPC_IOCTL_INVOKE, device="/dev/x")
+    assert isinstance(error, InterruptedCallError)
+    assert error.code is ErrorCode.DEVICE_ERROR
+    assert str(error) == (
+        "INVOKE on /dev/x failed on the FastRPC device: EINTR (Interrupted system call): "
+        "a signal or a system suspend interrupted the wait; the DSP may still run the call, "
+        "which npud does not repeat"
+    )
+
+
+@pytest.mark.parametrize(
+    "call", [abi.FASTRPC_IOCTL_MEM_MAP, abi.FASTRPC_IOCTL_INIT_CREATE, abi.FASTRPC_IOCTL_MMAP]
+)
+def test_etimedout_is_a_timeout_of_the_kernels_10_seconds(call: int) -> None:
+    error = translate_os_error(OSError(errno.ETIMEDOUT, "x"), call)
+    assert error.code is ErrorCode.TIMEOUT
+    assert str(error).endswith("did not finish within 10000 ms")
+    assert not isinstance(error, InterruptedCallError)
+
+
+@pytest.mark.parametrize(
+    ("err", "result"),
+    [(errno.ENOENT, 0xFFFFFFFE), (errno.EIO, 0xFFFFFFFB), (4095, 0xFFFFF001)],
+)
+def test_an_invoke_errno_the_kernel_never_returns_is_the_dsps_result(err: int, result: int) -> None:
+    assert dsp_result_in_errno_range(OSError(err, "x"), abi.FASTRPC_IOCTL_INVOKE) == result
+
+
+@pytest.mark.parametrize("err", sorted(INVOKE_ERRNOS))
+def test_kernel_errnos_stay_the_kernels(err: int) -> None:
+    assert dsp_result_in_errno_range(OSError(err, "x"), abi.FASTRPC_IOCTL_INVOKE) is None
+
+
+def test_other_calls_never_carry_a_dsp_result_as_errno() -> None:
+    assert dsp_result_in_errno_range(OSError(errno.ENOENT, "x"), abi.FASTRPC_IOCTL_MEM_MAP) is None
+    assert dsp_result_in_errno_range(OSError(errno.ENOENT, "x"), DriverCall.OPEN) is None
+    assert dsp_result_in_errno_range(OSError(None, "x"), abi.FASTRPC_IOCTL_INVOKE) is None

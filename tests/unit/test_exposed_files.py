@@ -28,6 +28,7 @@ from npud.fastrpc.exposed_files import (
     check_readable_file,
     is_exposed_name,
 )
+from tests.unit.apps_host import Host
 
 CONTENT = bytes(range(256)) * 4
 
@@ -112,9 +113,9 @@ def _strings(*texts: str) -> list[bytes]:
 class Dsp:
     """The DSP's side of apps_std, as the loader calls it."""
 
-    def __init__(self, server: AppsStdServer) -> None:
-        self.server = server
-        reply = server.dispatch(
+    def __init__(self, std: AppsStdServer) -> None:
+        self.server = Host(std)
+        reply = self.server.dispatch(
             0, abi.remote_scalars_make(0, 2, 2), [struct.pack("<II", 9, 64), b"apps_std\0"], [8, 64]
         )
         self.handle, error = struct.unpack("<Ii", reply.outputs[0])

@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# The first run of npud on a device: check, test, trace, and pack everything
+# into one tarball to bring back (docs/hardware.md says what to look at first).
+set -uo pipefail
+
+readonly PROG=hw_bringup.sh
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
+
+usage() {
+    cat <<EOF
+Usage: scripts/hw_bringup.sh [OPTION...]
+
+Bring npud up on a Snapdragon X Elite laptop for the first time and pack what
+happened into one tarball. Every step runs even when an earlier one failed;
+each writes its own log. Steps:
+
+  1. system    kernel, remoteproc state, /dev/fastrpc-* nodes, fastrpc kernel log
+  2. doctor    npud doctor (text and --json)
+  3. tests     the hardware-marked tests (pytest -m hardware; needs a checkout)
+  4. echo      npud trace record --scenario echo on the device, then replayed
+  5. model     npud trace record --scenario model --model FILE (with --model)
+  6. daemon    npud --trace run with npuctl selftest and npuctl status --json
+  7. pack      OUT.tar.gz of everything, with summary.txt listing each step
+
+Options:
+  --out DIR        where to write (default: ./npud-bringup-HOST-DATE); the
+                   tarball is DIR.tar.gz
+  --model FILE     a model for step 5 (a QNN model library on the device;
+                   an .onnx file on the emulator); without it step 5 is skipped
+  --backend KIND   kernel (default), or emulator to rehearse without a device
+  --config PATH    npud configuration (npud.toml) for steps 2, 4-6
+  --python PATH    the Python with npud installed (default: the checkout's
+                   .venv/bin/python if present, else python3)
+  --skip-tests     skip step 3
+  -h, --help       this text
+
+Exit status: 0 when every step that ran passed, 1 when one failed (the tarball
+is written either way), 2 for a bad command line.
+
+The tarball holds traces with the bytes of buffers and of the files the DSP
+read (skels, models): share it only with whom you would give those.
+EOF
+}
+
+say() { printf '%s: %s\n' "$PROG" "$*" >&2; }
+die() {
+    say "$*"
+    exit 2
+}
+
+out=""
+model=""
+backend=kernel
+config=""
+python=""
+skip_tests=0
+while (($#)); do
+    case $1 in
+        -h | --help)
+            usage
+            exit 0
+            ;;
+        --out) out=${2:?--out needs a directory}; shift 2 ;;
+        --model) model=${2:?--model needs a file}; shift 2 ;;
+        --backend) backend=${2:?--backend needs kernel or emulator}; shift 2 ;;
+        --config) config=${2:?--config needs a file}; shift 2 ;;
+        --python) python=${2:?--python needs a path}; shift 2 ;;
+        --skip-tests) skip_tests=1; shift ;;
+        *) die "unknown option $1 (see --help)" ;;
+    esac
+done
+case $backend in
+    kernel | emulator) ;;
+    *) die "--backend is kernel or emulator, not $backend" ;;
+esac
+if [[ -n $model && ! -r $model ]]; then
+    die "--model $model: not a readable file"
+fi
+if [[ -n $config && ! -r $config ]]; then
+    die "--config $config: not a readable file"
+fi
+if [[ -z $python ]]; then
+    if [[ -x $repo/.venv/bin/python ]]; then
+        python=$repo/.venv/bin/python
+    else
+        python=python3
+    fi
+fi
+if ! "$python" -c 'import npud, npu_client' 2>/dev/null; then
+    die "$python cannot import npud: make install, or --python PATH"
+fi
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+out=${out:-$PWD/npud-bringup-$(hostname -s 2>/dev/null || echo host)-$stamp}
+if [[ -e $out ]]; then
+    die "$out exists: choose another --out"
+fi
+mkdir -p -- "$out" || die "cannot create $out"
+summary=$out/summary.txt
+failures=0
+config_args=()
+if [[ -n $config ]]; then
+    config_args=(--config "$config")
+fi
+
+daemon_pid=""
+stop_daemon() {
+    if [[ -n $daemon_pid ]] && kill -0 "$daemon_pid" 2>/dev/null; then
+        kill -TERM "$daemon_pid"
+        wait "$daemon_pid" 2>/dev/null
+    fi
+}
+trap stop_daemon EXIT
+
+npud() { "$python" -m npud.main "$@"; }
+npuctl() { "$python" -m npu_client.npuctl "$@"; }
+
+# step NAME LOG COMMAND...: run COMMAND with its output in LOG; note the outcome.
+step() {
+    local name=$1 log=$out/$2
+    shift 2
+    say "$name ..."
+    if "$@" >"$log" 2>&1; then
+        printf '%-8s ok      %s\n' "$name" "$(basename -- "$log")" >>"$summary"
+    else
+        local status=$?
+        printf '%-8s FAILED  %s (exit %s)\n' "$name" "$(basename -- "$log")" "$status" >>"$summary"
+        failures=$((failures + 1))
+        say "$name failed (exit $status): see $log"
+    fi
+}
+
+skip() {
+    printf '%-8s skipped %s\n' "$1" "$2" >>"$summary"
+}
+
+{
+    echo "npud bring-up, $stamp, backend $backend"
+    echo "npud $(npud --version 2>/dev/null || echo '?')"
+    echo
+} >"$summary"
+
+system_info() {
+    echo "== uname"; uname -a
+    echo "== os-release"; cat /etc/os-release 2>/dev/null
+    echo "== id"; id
+    echo "== device nodes"; ls -l /dev/fastrpc-* /dev/dma_heap 2>&1
+    echo "== remoteproc"
+    local rproc
+    for rproc in /sys/class/remoteproc/remoteproc*; do
+        [[ -d $rproc ]] || continue
+        printf '%s: %s %s\n' "$rproc" "$(cat "$rproc/name" 2>/dev/null)" "$(cat "$rproc/state" 2>/dev/null)"
+    done
+    echo "== devicetree model"; tr -d '\0' </sys/firmware/devicetree/base/model 2>/dev/null; echo
+    echo "== modules"; grep -i fastrpc /proc/modules 2>&1
+    echo "== kernel log (fastrpc, remoteproc, cdsp)"
+    dmesg 2>&1 | grep -iE 'fastrpc|remoteproc|cdsp|qcom_q6v5' | tail -n 200
+    return 0
+}
+step system system.txt system_info
+
+step doctor doctor.txt npud doctor "${config_args[@]}"
+npud doctor "${config_args[@]}" --json >"$out/doctor.json" 2>/dev/null
+
+if ((skip_tests)); then
+    skip tests "--skip-tests"
+elif [[ ! -d $repo/tests ]]; then
+    skip tests "no tests/ beside this script (run it from a checkout)"
+else
+    step tests tests.txt "$python" -m pytest -m hardware -p no:cacheprovider -q \
+        --junitxml="$out/tests.xml" "$repo/tests"
+fi
+
+record() {
+    local name=$1
+    shift
+    npud trace record --backend "$backend" "${config_args[@]}" "$@" "$out/$name.jsonl" &&
+        npud trace replay "$out/$name.jsonl"
+}
+step echo echo.txt record echo --scenario echo
+if [[ -n $model ]]; then
+    step model model.txt record model --scenario model --model "$model"
+else
+    skip model "no --model"
+fi
+
+daemon_run() {
+    local socket=$out/npud.sock pid tries
+    # Python itself in the background (not a function): $! is the daemon's pid.
+    "$python" -m npud.main --backend "$backend" "${config_args[@]}" --socket "$socket" \
+        --log-format json --trace "$out/daemon.jsonl" 2>"$out/daemon.log" &
+    pid=$!
+    daemon_pid=$pid
+    for ((tries = 0; tries < 100; tries++)); do
+        [[ -S $socket ]] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    local status=0
+    NPUD_SOCKET=$socket npuctl selftest || status=1
+    NPUD_SOCKET=$socket npuctl status --json >"$out/status.json" || status=1
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid"
+    fi
+    wait "$pid" || status=1
+    daemon_pid=""
+    npud trace replay "$out/daemon.jsonl" || status=1
+    return "$status"
+}
+step daemon daemon.txt daemon_run
+
+{
+    echo
+    if ((failures)); then
+        echo "$failures step(s) failed: start with the first FAILED line's log (docs/hardware.md)"
+    else
+        echo "every step that ran passed"
+    fi
+} >>"$summary"
+rm -f -- "$out/npud.sock"
+tar -C "$(dirname -- "$out")" -czf "$out.tar.gz" "$(basename -- "$out")" ||
+    { say "packing $out.tar.gz failed"; exit 1; }
+cat -- "$summary"
+say "bring this back: $out.tar.gz"
+((failures == 0))

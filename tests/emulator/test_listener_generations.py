@@ -1,0 +1,153 @@
+"""Listener and remotectl start-up as libcdsprpc does it, on both DSP generations.
+
+Newer firmware has the domain-style ``adsp_listener1`` (static handle 7) and
+``remotectl1`` (8); older firmware answers those with AEE_ENOSUCHMOD or
+AEE_ERPC, and the session falls back to handles 3 and 0. ``init2`` runs on
+the listener thread itself, which blocks every signal.
+"""
+
+from __future__ import annotations
+
+import signal
+import struct
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from npu_protocol import AEE, ErrorCode
+from npud.backend import DEV_SHELL
+from npud.fastrpc import abi
+from npud.fastrpc.driver import IoctlArg
+from npud.fastrpc.errors import RpcError
+from npud.fastrpc.invoke_args import Capacity, Inline
+from npud.fastrpc.listener import THREAD_NAME
+from npud.fastrpc.session import FastRpcSession
+from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
+from npud.sim.config import AEE_ENOSUCHMOD, AEE_ERPC
+from tests.emulator.conftest import ECHO_URI, fastrpc_threads
+
+
+class WatchingDriver(EmulatedDriver):
+    """Records (thread name, handle, sc) of every INVOKE."""
+
+    def __init__(self, config: SimConfig) -> None:
+        super().__init__(config)
+        self.invokes: list[tuple[str, int, int]] = []
+
+    def ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:  # type: ignore[override]
+        if request == abi.FASTRPC_IOCTL_INVOKE and isinstance(arg, abi.fastrpc_invoke):
+            self.invokes.append((threading.current_thread().name, int(arg.handle), int(arg.sc)))
+        return super().ioctl(fd, request, arg)
+
+
+def open_session(driver: EmulatedDriver) -> FastRpcSession:
+    session = FastRpcSession.open(driver, library_path=[DSP_LIBRARY_DIR])
+    session.load_shell(DEV_SHELL.read_bytes())
+    return session
+
+
+def echo_works(session: FastRpcSession) -> None:
+    handle = session.remote_open(ECHO_URI)
+    prim = struct.pack("<II", 2, 2)
+    result = session.invoke(handle, 0x02020100, [Inline(prim), Inline(b"ok")], [Capacity(2)])
+    assert (result.rc, result.output(0)) == (0, b"ok")
+    session.remote_close(handle)
+
+
+def handles_used(invokes: Sequence[tuple[str, int, int]]) -> set[int]:
+    return {handle for _, handle, _ in invokes if handle <= 10}
+
+
+def test_newer_firmware_uses_the_domain_style_handles() -> None:
+    driver = WatchingDriver(SimConfig())
+    session = open_session(driver)
+    try:
+        echo_works(session)
+        stats = session.statistics()
+        assert (stats.listener, stats.remotectl) == ("adsp_listener1", "remotectl1")
+    finally:
+        session.close()
+    assert handles_used(driver.invokes) == {7, 8, 4}  # listener1, remotectl1, exit
+
+
+@pytest.mark.parametrize("absent", [AEE_ENOSUCHMOD, AEE_ERPC])
+def test_older_firmware_falls_back_to_handles_3_and_0(absent: int) -> None:
+    driver = WatchingDriver(SimConfig(domain_handles=False, absent_module_result=absent))
+    session = open_session(driver)
+    try:
+        echo_works(session)
+        echo_works(session)
+        stats = session.statistics()
+        assert (stats.listener, stats.remotectl) == ("adsp_listener", "remotectl")
+        # 7 and 8 were each asked once; everything after went to 3 and 0.
+        asked = [handle for _, handle, _ in driver.invokes if handle in (7, 8)]
+        assert sorted(asked) == [7, 8]
+        assert {3, 0} <= handles_used(driver.invokes)
+    finally:
+        session.close()
+
+
+def test_init2_runs_on_the_listener_thread_which_blocks_signals() -> None:
+    driver = WatchingDriver(SimConfig())
+    session = open_session(driver)
+    try:
+        init2 = [name for name, handle, sc in driver.invokes if (handle, sc) == (7, 0x05000000)]
+        assert init2 == [THREAD_NAME]
+        (listener,) = fastrpc_threads()
+        assert listener.native_id is not None
+        with open(f"/proc/self/task/{listener.native_id}/status") as status:
+            blocked = int(
+                next(line for line in status if line.startswith("SigBlk:")).split()[1], 16
+            )
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            assert blocked & (1 << (number - 1)), signal.Signals(number).name
+    finally:
+        session.close()
+
+
+def test_an_init2_failure_that_is_not_a_missing_module_fails_the_load() -> None:
+    driver = EmulatedDriver()
+    driver.faults.fail_next_invoke(AEE.EBADPARM.dsp, handle=7)
+    session = FastRpcSession.open(driver, library_path=[DSP_LIBRARY_DIR])
+    try:
+        with pytest.raises(RpcError) as caught:
+            session.load_shell(DEV_SHELL.read_bytes())
+        assert caught.value.code is ErrorCode.FASTRPC
+        assert "AEE_EBADPARM" in str(caught.value)
+        assert not session.shell_loaded
+    finally:
+        session.close()
+    assert not fastrpc_threads()
+    assert driver.statistics().dsp_processes == 0
+
+
+def test_an_erpc_from_handle_7_falls_back_even_on_newer_firmware() -> None:
+    driver = EmulatedDriver()
+    driver.faults.fail_next_invoke(AEE.ERPC.dsp, handle=7)
+    session = open_session(driver)
+    try:
+        assert session.statistics().listener == "adsp_listener"
+        echo_works(session)
+    finally:
+        session.close()
+
+
+def test_a_remotectl1_failure_that_is_not_a_missing_module_is_an_open_failure() -> None:
+    driver = EmulatedDriver()
+    session = open_session(driver)
+    try:
+        driver.faults.fail_next_invoke(AEE.EBADPARM.dsp, handle=8)
+        with pytest.raises(RpcError) as caught:
+            session.remote_open(ECHO_URI)
+        assert caught.value.code is ErrorCode.OPEN_FAILED
+        assert session.statistics().remotectl == ""  # not decided yet: the next open asks again
+        echo_works(session)
+        assert session.statistics().remotectl == "remotectl1"
+    finally:
+        session.close()
+
+
+def test_absent_module_result_is_validated() -> None:
+    with pytest.raises(ValueError, match="absent_module_result"):
+        SimConfig(absent_module_result=0x80000401)

@@ -1,0 +1,80 @@
+"""scripts/hw_bringup.sh: its help, its refusals, and a full rehearsal on the emulator."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from npud.fastrpc.replay import load_trace
+from tests.emulator import onnx_models
+from tests.scripts.snapshots import REPO
+
+SCRIPT = REPO / "scripts" / "hw_bringup.sh"
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--python", sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=cwd,
+    )
+
+
+def command_lines() -> list[str]:
+    lines = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                continue  # gone meanwhile
+    return lines
+
+
+def test_help_names_every_step_and_option() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    for word in ("doctor", "pytest -m hardware", "--scenario echo", "npuctl selftest",
+                 "--model FILE", "--backend KIND", "--skip-tests", "tar.gz"):  # fmt: skip
+        assert word in result.stdout, word
+
+
+def test_bad_command_lines_are_refused(tmp_path: Path) -> None:
+    assert run("--frobnicate").returncode == 2
+    wrong = run("--backend", "gpu")
+    assert (wrong.returncode, "kernel or emulator" in wrong.stderr) == (2, True)
+    missing = run("--model", str(tmp_path / "none.bin"))
+    assert (missing.returncode, "not a readable file" in missing.stderr) == (2, True)
+    (tmp_path / "taken").mkdir()
+    taken = run("--out", str(tmp_path / "taken"))
+    assert (taken.returncode, "exists" in taken.stderr) == (2, True)
+
+
+def test_a_rehearsal_on_the_emulator_packs_every_step(tmp_path: Path) -> None:
+    model = tmp_path / "add_one.onnx"
+    model.write_bytes(onnx_models.add_one())
+    out = tmp_path / "bringup"
+    result = run(
+        "--backend", "emulator", "--out", str(out), "--skip-tests", "--model", str(model)
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = (out / "summary.txt").read_text()
+    for name in ("system", "doctor", "echo", "model", "daemon"):
+        assert any(line.split()[:2] == [name, "ok"] for line in summary.splitlines()), summary
+    assert "tests    skipped --skip-tests" in summary
+    with tarfile.open(f"{out}.tar.gz") as packed:
+        names = {Path(member).name for member in packed.getnames()}
+    assert {"summary.txt", "system.txt", "doctor.json", "echo.jsonl", "model.jsonl",
+            "daemon.jsonl", "daemon.log", "status.json"} <= names  # fmt: skip
+    for trace in ("echo", "model", "daemon"):
+        assert load_trace(out / f"{trace}.jsonl").complete, trace
+    assert "selftest passed" in (out / "daemon.txt").read_text()
+    assert "no divergence" in (out / "daemon.txt").read_text()
+    # The daemon it started is gone.
+    assert not [cmd for cmd in command_lines() if str(out / "npud.sock") in cmd]
+    assert not (out / "npud.sock").exists()
