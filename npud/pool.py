@@ -389,13 +389,14 @@ class BufferPool:
                 evicted.append(kept)
         return evicted
 
-    @staticmethod
-    def _release(gone: Iterable[_Kept]) -> None:
-        """Give buffers back to their session to be released (DSP unmap, munmap, close)."""
+    def _release(self, gone: Iterable[_Kept]) -> None:
+        """Give buffers back to their session to be released (DSP unmap, munmap, close).
+        Not those of a session the pool let go of: its close releases them (a hung DSP
+        must not be asked to unmap them first)."""
         for kept in gone:
             session = kept.session
-            if not session.owns(kept.buffer):
-                continue  # released with its session
+            if session is not self._session or not session.owns(kept.buffer):
+                continue
             try:
                 session.free(kept.buffer)
             except CodedError as exc:

@@ -369,3 +369,25 @@ def test_zeroing_lets_go_of_the_gil() -> None:
     the GIL. ctypes releases it around a foreign call unless the function is a
     PYFUNCTYPE one (FUNCFLAG_PYTHONAPI); ctypes.memset is not."""
     assert not ctypes.memset._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
+
+
+def test_a_restart_while_a_buffer_is_being_zeroed_leaves_it_to_the_sessions_close(
+    session: FastRpcSession, lane: Lane, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hung DSP must not be asked to unmap it: the dying session's close releases it."""
+    pool = make_pool(session, lane, clock)
+    buffer = dirty(session, PAGE)
+    session.map(buffer)
+    zero = buffer.zero
+
+    def zero_while_the_dsp_restarts() -> bool:
+        pool.detach()  # as the trio thread does when recovery starts
+        return zero()
+
+    monkeypatch.setattr(buffer, "zero", zero_while_the_dsp_restarts)
+    assert pool.give(session, "a", buffer)
+    lane.run()
+    assert not buffer.released
+    assert session.owns(buffer)
+    assert pool.row().buffers == 0
+    # The session fixture's close releases it (and checks that no fd is left).
