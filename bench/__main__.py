@@ -30,6 +30,7 @@ MODULES: dict[str, str] = {
     "dispatch": "bench.dispatch",
     "scheduling": "bench.scheduling",
     "transfer": "bench.transfer",
+    "pool": "bench.pool",
     "client_cost": "bench.client_cost",
     "emulator": "bench.emulator",
     "portal_qnn_vad": "bench.portal_qnn_vad",

@@ -53,7 +53,12 @@ class Broker:
         self.profile = profile
         self.started = time.monotonic()
         self.clients = Clients(config)
-        self.dsp = Dsp(profile, forget_clients=self.clients.forget_all, announce=self.broadcast)
+        self.dsp = Dsp(
+            profile,
+            forget_clients=self.clients.forget_all,
+            announce=self.broadcast,
+            pool=config.pool,
+        )
         policy = config.scheduler
         self.scheduler = Scheduler(
             Policy(
@@ -83,9 +88,12 @@ class Broker:
 
     @config.setter
     def config(self, config: Config) -> None:
-        """A reload: access lists and limits apply to the next request."""
-        self._config = config
+        """A reload: access lists and limits apply to the next request, the pool's
+        settings at once."""
+        old, self._config = self._config, config
         self.clients.config = config
+        if config.pool != old.pool:
+            self.dsp.pool.reconfigure(config.pool)
 
     # ------------------------------------------------------------------ life
     def attach(self, nursery: trio.Nursery) -> None:
@@ -176,12 +184,17 @@ class Broker:
         entries = client.objects.take_all()
         if self.dsp.stopping:
             return  # at shutdown, closing the session releases everything at once
+        # What it still held is released, never kept: its threads may still be writing it.
         await self.release(
             self.dsp.session,
             buffers=[e.value for e in entries if e.kind is Kind.BUFFER],
             handles=[e.value for e in entries if e.kind is Kind.HANDLE],
             models=[e.value for e in entries if e.kind is Kind.MODEL],
         )
+        pool = self.dsp.pool
+        if pool.holds(client):  # share = client: what it freed was kept for it alone
+            with trio.CancelScope(shield=True):
+                await self.dsp.control.call(lambda: pool.drop(client))
 
     async def release(
         self,
@@ -199,6 +212,13 @@ class Broker:
             await pool.call(
                 lambda: self.release_now(session, buffers=buffers, handles=handles, models=models)
             )
+
+    def recycle(self, client: Client, buffer: SessionBuffer) -> None:
+        """``client`` freed ``buffer``: the pool keeps it, or it is released here (a lane
+        thread); a failure is raised as the client's code."""
+        session, pool = self.dsp.session, self.dsp.pool
+        if not pool.give(session, pool.scope(client, client.uid), buffer):
+            self.release_now(session, buffers=[buffer], strict=True)
 
     def release_now(
         self,
@@ -275,6 +295,7 @@ class Broker:
             session=dsp.session_row(),
             lanes=dsp.lane_rows(),
             scheduler=self._scheduler_row(),
+            pool=dsp.pool.row(),
         )
 
     def _scheduler_row(self) -> p.SchedulerRow:

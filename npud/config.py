@@ -311,6 +311,52 @@ class EmulatorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     ] = 0
 
 
+PoolShare = Literal["client", "user"]
+
+
+class PoolConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The buffer pool: DMA-BUFs that clients free are kept, zeroed, and handed to the next
+    allocation of the same size, so it skips the allocation and the pages are already in
+    place. A reload (SIGHUP) applies changes; what no longer fits is released."""
+
+    enabled: Annotated[bool, _doc("Keep freed buffers for reuse; false releases each at once.")] = (
+        True
+    )
+    share: Annotated[
+        PoolShare,
+        _doc(
+            "Who may get a buffer another freed. client: only the connection that freed it "
+            "(its buffers are released when it disconnects). user: any connection of the same "
+            "uid. A process can keep its fd or mapping of a buffer after freeing it and npud "
+            "cannot revoke either, so with user a process that does so sees what the next "
+            "holder of its uid writes there; client confines that to the process itself."
+        ),
+    ] = "client"
+    max_bytes: Annotated[
+        _Bytes,
+        _doc(
+            "Bytes of buffers kept at most, on top of what clients hold; the buffers kept "
+            "longest are released first to make room."
+        ),
+    ] = 256 << 20
+    max_buffer_bytes: Annotated[
+        _Bytes, _doc("Larger buffers are never kept: they are released when freed.")
+    ] = 64 << 20
+    idle_seconds: Annotated[
+        float,
+        msgspec.Meta(gt=0, le=86_400),
+        _doc("A kept buffer that no allocation took for this long is released."),
+    ] = 30.0
+    keep_dsp_mappings: Annotated[
+        bool,
+        _doc(
+            "A kept buffer stays mapped into the DSP (map answers its address without a new "
+            "mapping); false unmaps it when it is freed. Either way a DSP restart drops every "
+            "kept buffer."
+        ),
+    ] = True
+
+
 class UidLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Limits per user (all connections of one uid together), so one user cannot take what
     the daemon has for everyone. A reload (SIGHUP) applies changes without dropping
@@ -336,6 +382,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     uid_limits: UidLimitsConfig = msgspec.field(default_factory=UidLimitsConfig)
     scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
     emulator: EmulatorConfig = msgspec.field(default_factory=EmulatorConfig)
+    pool: PoolConfig = msgspec.field(default_factory=PoolConfig)
 
 
 class ConfigError(Exception):

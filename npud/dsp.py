@@ -9,6 +9,9 @@ calls for trio:
   listener and can be slow).
 * ``closer``: closes fds that peers sent, off the trio thread (a close can block).
 
+It also owns the buffer pool (:mod:`npud.pool`), bound to each session in turn: its
+zeroing and trimming run on the control lane, and a restart drops what it kept.
+
 A DSP restart (EPIPE) ends the session: every client's buffers, mappings and
 handles are gone with it, a new session is opened as soon as the device is
 back, the epoch grows by one and every client is told. :meth:`Dsp.translate` is
@@ -31,10 +34,12 @@ import npu_protocol as p
 from npu_client.transport import OwnedFd, close_all
 from npu_protocol import CodedError, ErrorCode
 from npud.backend import Profile
+from npud.config import PoolConfig
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.shell import VerifiedShell
 from npud.lanes import LanePool, LaneStatistics, LaneTimeoutError
+from npud.pool import BufferPool
 
 log = structlog.get_logger("npud.dsp")
 
@@ -67,12 +72,17 @@ class Dsp:
         *,
         forget_clients: Callable[[], None],
         announce: Callable[[p.ServerEvent], Awaitable[None]],
+        pool: PoolConfig | None = None,
     ) -> None:
         self.profile = profile
         self.driver = profile.make_driver()
         self.control = LanePool("control", 1)
         self.loader = LanePool("loader", 1)
         self.closer = LanePool("closer", 1)
+        self.pool = BufferPool(
+            pool or PoolConfig(), self.control.submit, on_filled=self._pool_filled
+        )
+        self._trimming = False
         self.session: FastRpcSession | None = None
         self.shell: VerifiedShell | None = None
         self.epoch = 0
@@ -90,7 +100,7 @@ class Dsp:
 
     # ------------------------------------------------------------------ life
     def attach(self, nursery: trio.Nursery) -> None:
-        """Where background work (session recovery) runs."""
+        """Where background work (session recovery, the pool's idle trim) runs."""
         self._nursery = nursery
         self._token = trio.lowlevel.current_trio_token()
 
@@ -100,6 +110,7 @@ class Dsp:
             pool.start()
         self.shell = await self.control.call(self.profile.verify_shell)
         self.session = await self._open_session()
+        self.pool.attach(self.session)
         self.epoch = 1
         log.info(
             "session ready",
@@ -133,6 +144,7 @@ class Dsp:
         """Close the session and stop the lanes; calls still on the DSP get ``grace``
         seconds, the lanes half a second more (all at once)."""
         session, self.session = self.session, None
+        self.pool.detach()  # the session's close releases what it kept
         if session is not None:
             try:
                 await self.control.call(lambda: session.close(timeout=grace), timeout=grace + 5)
@@ -199,6 +211,33 @@ class Dsp:
             async_fastrpc_support=int(caps.async_fastrpc),
             status_notification_support=int(caps.status_notification),
         )
+
+    def _pool_filled(self) -> None:
+        """The pool kept its first buffer (any thread): trim it from now until it is empty."""
+        token = self._token
+        if token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._start_trimming)
+
+    def _start_trimming(self) -> None:
+        if self._trimming or self._nursery is None or self.stopping:
+            return
+        self._trimming = True
+        self._nursery.start_soon(self._trim_pool)
+
+    async def _trim_pool(self) -> None:
+        """Have the control lane release what the pool kept too long, when it is due; ends
+        when the pool is empty (the next buffer it keeps starts it again)."""
+        try:
+            while self.pool.holds() and not self.stopping:
+                await trio.sleep(self.pool.next_trim_in())
+                if self.pool.holds():
+                    try:
+                        await self.control.call(self.pool.trim)  # one trim queued at a time
+                    except Exception:
+                        log.exception("trimming the buffer pool failed")
+        finally:
+            self._trimming = False
 
     def lane_rows(self) -> tuple[p.LaneRow, ...]:
         return tuple(_lane_row(pool.statistics()) for pool in self.pools)
@@ -317,6 +356,7 @@ class Dsp:
         old, self.session = self.session, None
         log.error("DSP restarted; releasing every client's DSP state", reason=reason)
         self._forget_clients()
+        self.pool.detach()  # the old session's close releases what it kept
         if old is not None:
             with trio.CancelScope(shield=True):
                 await self.control.call(lambda: _retire(old, end_process=end_process))
@@ -348,6 +388,7 @@ class Dsp:
         # Every client hears of the new epoch before any answer from the new
         # session can reach it: clients drop what they held when they see it.
         await self._announce(p.SessionRestarted(epoch=self.epoch, reason=reason))
+        self.pool.attach(session)
         self.session = session
         self._recovering = False
         log.info(

@@ -197,9 +197,10 @@ class Alloc(Handler[p.AllocRequest]):
         self.entry = self.client.objects.reserve(Kind.BUFFER, size)
 
     def run(self) -> Answer:
-        session, dsp = self.session, self.broker.dsp
+        session, dsp, client = self.session, self.broker.dsp, self.client
+        scope = dsp.pool.scope(client, client.uid)
         try:
-            buffer = dsp.run(session, lambda: session.alloc(self.entry.size))
+            buffer = dsp.run(session, lambda: dsp.pool.allocate(session, scope, self.entry.size))
         except BaseException:
             self.client.objects.failed(self.entry)
             raise
@@ -235,7 +236,7 @@ class Free(Handler[p.FreeRequest]):
     def run(self) -> Answer:
         buffer = self._buffer(self.entry)
         self.client.objects.remove(self.entry)
-        self.broker.release_now(self.broker.dsp.session, buffers=[buffer], strict=True)
+        self.broker.recycle(self.client, buffer)  # kept by the pool, or released
         return Answer(p.FreeReply(id=self.request.id))
 
 

@@ -99,6 +99,8 @@ class SessionBuffer:
         # In-flight invokes using this buffer; release waits for zero.
         self._pins = 0
         self._release_pending = False
+        # Kept by the buffer pool between a free and the next allocation: no invoke may pin it.
+        self._parked = False
         self.lock = threading.Lock()
         """Held by the session across a change of the DSP mapping and the release."""
 
@@ -141,7 +143,7 @@ class SessionBuffer:
     # --- pinning (called by the session under its own rules) -------------
     def pin(self) -> None:
         with self.lock:
-            if self.released or self._release_pending:
+            if self.released or self._release_pending or self._parked:
                 raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=self.id)
             self._pins += 1
 
@@ -158,6 +160,36 @@ class SessionBuffer:
                 return False
             self._release_pending = True
             return self._pins == 0
+
+    # --- keeping for reuse (npud/pool.py) -----------------------------------
+    @property
+    def parked(self) -> bool:
+        return self._parked
+
+    def park(self) -> bool:
+        """Take the buffer out of use, to be kept for reuse: True when no invoke uses it
+        (it then refuses pins until :meth:`unpark`); False leaves it as it was (a running
+        invoke may still read or write it: only releasing it after that invoke is safe)."""
+        with self.lock:
+            if self.released or self._release_pending or self._pins or self._parked:
+                return False
+            self._parked = True
+            return True
+
+    def unpark(self) -> None:
+        """Back in use: handed to a client again."""
+        with self.lock:
+            self._parked = False
+
+    def zero(self) -> bool:
+        """Write zeros over the whole buffer through the host mapping (a parked buffer, before
+        anyone gets it again); False if it was released meanwhile. ctypes.memset lets go of
+        the GIL, so the other threads run while it writes."""
+        with self.lock:
+            if self.released or self._host is None:
+                return False
+            ctypes.memset(self.host_address, 0, self.size)
+            return True
 
     def release(self, before_close: Callable[[int], None]) -> None:
         """Unmap the host mapping, then close the fd; ``before_close(fd)`` runs in

@@ -348,6 +348,11 @@ class FastRpcSession:
         except KeyError:
             raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer_id) from None
 
+    def owns(self, buffer: SessionBuffer) -> bool:
+        """True while ``buffer`` is one of this session's (allocated here, not yet freed)."""
+        with self._state_lock:
+            return self._buffers.get(buffer.id) is buffer
+
     def free(self, buffer: SessionBuffer) -> None:
         """Release ``buffer``: DSP unmap, host munmap, close. Deferred while an invoke uses it."""
         self._traced("free", lambda: {"buffer": buffer.id}, lambda: self._free(buffer))

@@ -72,6 +72,17 @@ def test_the_status_as_metrics() -> None:
     assert 'name="npuctl"' not in text
 
 
+def test_the_pool_as_metrics() -> None:
+    pool = p.PoolRow(enabled=True, buffers=2, bytes=1 << 20, max_bytes=1 << 28, hits=9, misses=3,
+                     scrubbed_bytes=5 << 20, scrub_us=1_500)  # fmt: skip
+    text = _metrics.render(msgspec.structs.replace(STATUS, pool=pool))
+    assert value(text, "npud_pool_bytes") == 1 << 20
+    assert value(text, "npud_pool_hits_total") == 9
+    assert value(text, "npud_pool_misses_total") == 3
+    assert value(text, "npud_pool_scrub_seconds_total") == 0.0015
+    assert "npud_pool_" not in _metrics.render(STATUS)  # a daemon that does not report it
+
+
 def test_every_family_has_help_and_type_and_parses() -> None:
     text = _metrics.render(STATUS)
     families = list(text_string_to_metric_families(text))
@@ -120,7 +131,11 @@ def test_every_numeric_status_field_is_a_metric() -> None:
     """A field added to the status record needs its one line in a metrics table."""
     daemon = {metric.field for metric in _metrics.DAEMON_METRICS}
     client = {metric.field for metric in _metrics.CLIENT_METRICS}
-    wanted_daemon = _numeric_fields(p.DaemonStatus) | _numeric_fields(p.Totals, "totals.")
+    wanted_daemon = (
+        _numeric_fields(p.DaemonStatus)
+        | _numeric_fields(p.Totals, "totals.")
+        | _numeric_fields(p.PoolRow, "pool.")
+    )
     wanted_client = _numeric_fields(p.ClientRow) - NOT_EXPORTED
     where = "add one line to {} in client/src/npu_client/_metrics.py"
     assert wanted_daemon <= daemon, (wanted_daemon - daemon, where.format("DAEMON_METRICS"))

@@ -31,6 +31,7 @@ STATUS_KEYS = [
     "session",
     "lanes",
     "scheduler",
+    "pool",
 ]
 """The stable top-level keys of ``npuctl status --json`` (client/README.md)."""
 
@@ -134,6 +135,14 @@ def test_status_with_no_clients_and_an_unverified_shell() -> None:
     assert "session     epoch 3, 2 restarts" in text
     assert "uptime      59s" in text
     assert text.endswith("clients     none")
+    assert "pool" not in text  # a daemon that does not report it
+    pool = p.PoolRow(enabled=True, buffers=2, bytes=3 << 20, max_bytes=1 << 28, hits=5, misses=1)
+    assert (
+        "pool        2 buffers kept (3.0 MiB of 256.0 MiB), shared per client, 5 hits, 1 misses"
+        in render_status(msgspec.structs.replace(status, pool=pool))
+    )
+    off = msgspec.structs.replace(status, pool=p.PoolRow(enabled=False))
+    assert "pool        off\n" in render_status(off)
 
 
 def test_formatting_helpers() -> None:

@@ -385,7 +385,8 @@ async def test_the_reply_fd_is_this_buffers_even_if_it_is_freed_at_once(broker: 
     reply_fd, buffer = allocated.fd, buffer_of(c, allocated.reply.buffer)
     # A pipelined Free runs before the reply goes out.
     await call(broker, c, p.FreeRequest(id=2, buffer=allocated.reply.buffer))
-    assert buffer.released
+    assert buffer.parked  # kept by the pool for this client
+    assert not buffer.released
     try:
         assert os.fstat(reply_fd.fileno()).st_size == 8192  # still that DMA-BUF
         assert os.readlink(f"/proc/self/fd/{reply_fd.fileno()}").startswith("/memfd:")

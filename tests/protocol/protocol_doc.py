@@ -168,6 +168,7 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.SessionRow,
     p.LaneRow,
     p.SchedulerRow,
+    p.PoolRow,
     p.Budget,
     p.Totals,
     p.ClientRow,

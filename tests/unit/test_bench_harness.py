@@ -6,14 +6,16 @@ No timing is asserted: the figures are whatever this machine gives.
 from __future__ import annotations
 
 import json
+import socket
 import sys
+import threading
 import types
 from pathlib import Path
 
 import pytest
 
 import bench.__main__ as bench_main
-from bench import emulator
+from bench import emulator, pool, unix_sink
 from bench.harness import Context, Goal, Row, format_table, interleave, quartiles, ratio_row
 
 
@@ -143,3 +145,27 @@ def test_the_emulator_module_runs_quick(tmp_path: Path) -> None:
         "emulator.slice_vs_inline",
     ]
     assert all(row.rounds == 3 and row.ratio > 0 for row in rows)
+
+
+def test_the_unix_sink_answers_each_frame_with_its_first_bytes() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sink = threading.Thread(target=unix_sink.serve, args=(theirs,))
+        sink.start()
+        frame = bytes(range(256)) * 1024
+        ours.sendall(unix_sink.HEADER.pack(len(frame)) + frame)
+        assert ours.recv(unix_sink.ECHOED, socket.MSG_WAITALL) == frame[: unix_sink.ECHOED]
+        ours.sendall(unix_sink.HEADER.pack(3) + b"abc")
+        assert ours.recv(unix_sink.ECHOED) == b"abc"
+        ours.shutdown(socket.SHUT_WR)
+        sink.join(10)
+        assert not sink.is_alive()
+
+
+def test_the_pool_module_runs_quick(tmp_path: Path) -> None:
+    """npud in a child; every timed allocation is checked to be a pool hit, zeroed."""
+    (row,) = pool.rows(Context(quick=True, workdir=tmp_path))
+    assert row.name == "pool.alloc16m"
+    assert row.rounds == 3
+    assert row.ratio > 0
+    assert set(row.figures) == {"pooled_ms", "fresh_ms", "pooled_release_ms", "fresh_release_ms"}

@@ -64,6 +64,20 @@ DAEMON_METRICS: Final = (
     Metric("npud_realtime_budget_percent", GAUGE, "scheduler.realtime_declared_pct", "Budgets."),
     Metric("npud_dispatched_total", COUNTER, "scheduler.dispatched", "Calls dispatched."),
     Metric("npud_late_total", COUNTER, "scheduler.late", "Calls refused: too late."),
+    Metric("npud_pool_buffers", GAUGE, "pool.buffers", "Freed DMA-BUFs kept for reuse."),
+    Metric("npud_pool_bytes", GAUGE, "pool.bytes", "Bytes of DMA-BUFs kept for reuse."),
+    Metric("npud_pool_max_bytes", GAUGE, "pool.max_bytes", "Bytes the pool keeps at most."),
+    Metric("npud_pool_mapped", GAUGE, "pool.mapped", "Kept buffers still mapped into the DSP."),
+    Metric("npud_pool_scrubbing", GAUGE, "pool.scrubbing", "Kept buffers not zeroed yet."),
+    Metric("npud_pool_hits_total", COUNTER, "pool.hits", "Allocations served from the pool."),
+    Metric("npud_pool_misses_total", COUNTER, "pool.misses", "Allocations it could not serve."),
+    Metric("npud_pool_kept_total", COUNTER, "pool.kept", "Freed buffers the pool took in."),
+    Metric("npud_pool_passed_total", COUNTER, "pool.passed", "Freed buffers released at once."),
+    Metric("npud_pool_evicted_total", COUNTER, "pool.evicted", "Kept buffers released for room."),
+    Metric("npud_pool_trimmed_total", COUNTER, "pool.trimmed", "Kept buffers released when idle."),
+    Metric("npud_pool_dropped_total", COUNTER, "pool.dropped", "Kept buffers whose owner went."),
+    Metric("npud_pool_scrubbed_bytes_total", COUNTER, "pool.scrubbed_bytes", "Bytes zeroed."),
+    Metric("npud_pool_scrub_seconds_total", COUNTER, "pool.scrub_us", "Time spent zeroing."),
 )
 """Daemon-wide metrics: fields of :class:`~npu_protocol.DaemonStatus` and its totals."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from npu_protocol import ClientRow, DaemonStatus, DspCapabilities, ShellStatus, Totals
+from npu_protocol import ClientRow, DaemonStatus, DspCapabilities, PoolRow, ShellStatus, Totals
 
 _LABEL: Final = 12
 _COLUMNS: Final = (
@@ -32,6 +32,7 @@ def render_status(status: DaemonStatus) -> str:
         _line("shell", _shell(status.shell)),
         _line("session", f"epoch {status.epoch}, {_count(status.restarts, 'restart')}"),
         _line("totals", _totals(status.totals)),
+        *([_line("pool", _pool(status.pool))] if status.pool is not None else []),
         _line("dsp", status.dsp.domain),
         *_capabilities(status.dsp),
         "",
@@ -103,6 +104,20 @@ def _totals(totals: Totals) -> str:
             f"{_count(totals.models, 'model')} ({format_bytes(totals.model_bytes)})",
             f"{totals.calls_in_flight} calls in flight",
             f"{totals.calls_done} calls done",
+        ]
+    )
+
+
+def _pool(pool: PoolRow) -> str:
+    if not pool.enabled:
+        return "off"
+    kept = f"{_count(pool.buffers, 'buffer')} kept ({format_bytes(pool.bytes)} of "
+    return ", ".join(
+        [
+            kept + f"{format_bytes(pool.max_bytes)})",
+            f"shared per {pool.share}",
+            f"{pool.hits} hits",
+            f"{pool.misses} misses",
         ]
     )
 

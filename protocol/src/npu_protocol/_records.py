@@ -269,6 +269,44 @@ class LaneRow(_Record, frozen=True, kw_only=True):
     completed: U63 = 0
 
 
+class PoolRow(_Record, frozen=True, kw_only=True):
+    """The buffer pool: freed DMA-BUFs kept, zeroed, for the next allocation of their size.
+
+    Counters count since the daemon started; the rest is now.
+    """
+
+    enabled: bool = False
+    share: Name = "client"
+    """Who may get a buffer another connection freed: ``client`` (only that connection)
+    or ``user`` (any connection of the same uid)."""
+    buffers: U32 = 0
+    """Buffers kept now, zeroed or waiting to be."""
+    bytes: U63 = 0
+    max_bytes: U63 = 0
+    mapped: U32 = 0
+    """Kept buffers still mapped into the DSP."""
+    scrubbing: U32 = 0
+    """Kept buffers not zeroed yet (no allocation gets one before it is)."""
+    hits: U63 = 0
+    """Allocations served with a kept buffer."""
+    misses: U63 = 0
+    """Allocations that found none of their size and allocated a new buffer."""
+    kept: U63 = 0
+    """Freed buffers the pool took in."""
+    passed: U63 = 0
+    """Freed buffers released at once: the pool off, too large, or still used by an invoke."""
+    evicted: U63 = 0
+    """Kept buffers released to stay within ``max_bytes``."""
+    trimmed: U63 = 0
+    """Kept buffers released after the idle time without an allocation taking them."""
+    dropped: U63 = 0
+    """Kept buffers released because their connection ended, the DSP restarted or the
+    configuration changed."""
+    scrubbed_bytes: U63 = 0
+    scrub_us: U63 = 0
+    """Time spent zeroing buffers, µs."""
+
+
 class DaemonStatus(_Record, frozen=True, kw_only=True):
     """Everything ``npuctl status`` shows."""
 
@@ -289,3 +327,5 @@ class DaemonStatus(_Record, frozen=True, kw_only=True):
     """None while no session has been opened yet."""
     lanes: Annotated[tuple[LaneRow, ...], msgspec.Meta(max_length=16)] = ()
     scheduler: SchedulerRow | None = None
+    pool: PoolRow | None = None
+    """None from a daemon that does not report it."""
