@@ -104,6 +104,10 @@ class PeerConnection:
             with trio.CancelScope(shield=True):
                 if link is not None:
                     self.broker.datapath.remove(link)
+                # Fds of a frame the peer began and never finished: nobody reads
+                # this protocol object again, so they are closed here, however
+                # the connection ended (hang-up, refusal, handshake timeout).
+                self.broker.dsp.close_later(self.protocol.take_pending_fds())
                 if self._admitted:
                     await self.broker.release_client(self.client)
                 self._trio_sock.close()

@@ -284,7 +284,14 @@ def _closed_after_error(sock: socket.socket) -> bytes:
 
 @pytest.mark.parametrize(
     "attack",
-    ["garbage", "oversized-prefix", "surplus-fds", "stops-mid-frame", "request-before-hello"],
+    [
+        "garbage",
+        "oversized-prefix",
+        "surplus-fds",
+        "fds-with-a-frame-begun",
+        "stops-mid-frame",
+        "request-before-hello",
+    ],
 )
 def test_hostile_clients_get_an_error_or_a_close_while_others_carry_on(
     npud: Npud, attack: str
@@ -307,6 +314,19 @@ def test_hostile_clients_get_an_error_or_a_close_while_others_carry_on(
         os.close(w)
         hello.receive_data(sock.recv(65536))
         assert isinstance(hello.next_event(), p.Welcome)  # the fds were closed, not kept
+        sock.close()
+    elif attack == "fds-with-a-frame-begun":
+        # Fds on the first byte of a frame that never comes, then a hang-up: the
+        # protocol holds them for that frame until the connection ends.
+        hello = p.ClientConnection()
+        data, _ = hello.send(p.Hello(client_name="fd-dangler"))
+        sock.sendall(data)
+        time.sleep(0.1)  # welcomed: the link reads from here
+        r, w = os.pipe()
+        sock.sendmsg([b"\x00"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("ii", r, w))])
+        os.close(r)
+        os.close(w)
+        time.sleep(0.1)  # read by the daemon before the hang-up
         sock.close()
     elif attack == "stops-mid-frame":
         hello = p.ClientConnection()
