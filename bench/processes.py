@@ -43,15 +43,17 @@ def npud_command(workdir: Path, socket_path: Path, extra_config: str = "") -> li
 
 
 @contextmanager
-def running(args: list[str]) -> Iterator[subprocess.Popen[bytes]]:
-    """``args`` as a child with stdin and stdout on pipes; terminated and reaped at exit."""
-    process = subprocess.Popen(
-        args,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=CHILD_ENVIRONMENT,
-    )
+def running(args: list[str], stderr: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``args`` as a child with stdin and stdout on pipes, its stderr discarded or
+    written to ``stderr``; terminated and reaped at exit."""
+    with open(stderr or os.devnull, "wb") as error_sink:
+        process = subprocess.Popen(
+            args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=error_sink,
+            env=CHILD_ENVIRONMENT,
+        )
     try:
         yield process
     finally:
@@ -93,11 +95,12 @@ def npud(workdir: Path, name: str = "npud", extra_config: str = "") -> Iterator[
 
 @contextmanager
 def npud_process(
-    workdir: Path, name: str = "npud", extra_config: str = ""
+    workdir: Path, name: str = "npud", extra_config: str = "", log: Path | None = None
 ) -> Iterator[tuple[Path, int]]:
-    """As :func:`npud`, also yielding the daemon's pid (for its CPU time)."""
+    """As :func:`npud`, also yielding the daemon's pid (for its CPU time); its log
+    (JSON lines on stderr) goes to ``log`` when given."""
     socket_path = workdir / f"{name}.sock"
-    with running(npud_command(workdir, socket_path, extra_config)) as process:
+    with running(npud_command(workdir, socket_path, extra_config), stderr=log) as process:
         wait_for_hello(process, socket_path)
         yield socket_path, process.pid
 
