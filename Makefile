@@ -8,7 +8,7 @@ SOCKET ?=
 # More npud options for `make run`, e.g. ARGS='--config my.toml'.
 ARGS   ?=
 
-.PHONY: install run test test-deps lint typecheck unit docs bench clean
+.PHONY: install run test test-deps lint typecheck unit docs bench campaign clean
 
 $(STAMP): pyproject.toml protocol/pyproject.toml client/pyproject.toml protocol/src/npu_protocol/_version.py
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || { \
@@ -45,6 +45,10 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# The fault campaign of issue 9 (needs root): see bench/README.md.
+campaign: $(STAMP)
+	$(BIN)/python -m bench.campaign
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

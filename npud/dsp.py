@@ -196,7 +196,9 @@ class Dsp:
         return f"DSP up ({self.profile.kind}, {self.session.capabilities.arch}, epoch {self.epoch})"
 
     def capabilities(self) -> p.DspCapabilities:
-        caps = self.session.capabilities if self.session else None
+        session = self.session
+        # A dead session's capabilities are the old epoch's: none until the next one.
+        caps = session.capabilities if session is not None and not session.dead else None
         if caps is None or not caps.available:
             return p.DspCapabilities()
         return p.DspCapabilities(

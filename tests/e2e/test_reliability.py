@@ -274,3 +274,29 @@ def test_npuctl_debug_restarts_the_emulated_dsp(npud: Npud) -> None:
         time.sleep(0.05)
     else:
         raise AssertionError("the session did not come back")
+
+
+def welcome_of(npud: Npud, name: str) -> p.Welcome:
+    peer = RawPeer.connect(npud.socket_path)
+    try:
+        return peer.hello(name)
+    finally:
+        peer.close()
+
+
+def test_a_welcome_during_an_outage_shows_no_stale_capabilities(npud: Npud) -> None:
+    operator = RawPeer.connect(npud.socket_path)
+    try:
+        up = operator.hello("operator")
+        assert up.dsp.arch_ver != 0
+        operator.request(p.DebugRequest(id=1, action="ssr", duration_ms=1500))
+        # The DSP is away: no capabilities (not the old epoch's as if current).
+        assert welcome_of(npud, "during").dsp == p.DspCapabilities()
+    finally:
+        operator.close()
+    deadline = time.monotonic() + 20
+    while (again := welcome_of(npud, "after")).dsp.arch_ver == 0:
+        assert time.monotonic() < deadline, "the DSP did not come back"
+        time.sleep(0.05)
+    assert again.dsp == up.dsp
+    assert again.epoch > up.epoch
