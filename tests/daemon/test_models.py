@@ -313,7 +313,7 @@ async def test_without_numpy_inputs_are_bytes_and_outputs_bytes(
 ) -> None:
     from npu_client import _models
 
-    monkeypatch.setattr(_models, "HAVE_NUMPY", False)
+    monkeypatch.setattr(_models, "numpy_module", lambda: None)
     async with (
         serve_daemon(tmp_path),
         trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,

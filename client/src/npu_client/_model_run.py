@@ -99,9 +99,9 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
 
 
 def _load_npy(path: Path) -> Any:
-    if not _models.HAVE_NUMPY:
+    numpy = _models.numpy_module()
+    if numpy is None:
         raise RunUsageError("--input reads .npy files with numpy: pip install 'npu-client[numpy]'")
-    import numpy  # noqa: PLC0415  (optional: only for --input)
 
     try:
         return numpy.load(path, allow_pickle=False)

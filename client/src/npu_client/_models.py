@@ -19,11 +19,12 @@ name, dtype, shape and offset of each.
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import IO, TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any
 
 from npu_client._errors import (
     InputNotSet,
@@ -38,14 +39,22 @@ from npu_client.transport import OwnedFd
 from npu_protocol import ErrorCode, ModelInfo, TensorInfo, format_message
 
 if TYPE_CHECKING:
-    import numpy
-else:
-    try:
-        import numpy
-    except ImportError:  # the numpy extra is not installed: bytes in, bytes out
-        numpy = None
+    from types import ModuleType
 
-HAVE_NUMPY: Final = numpy is not None
+
+@functools.cache
+def numpy_module() -> ModuleType | None:
+    """numpy, imported on first use; None without the numpy extra (bytes in, bytes out).
+
+    Not at import: npud imports this package for its transport and never runs a
+    model on the client side, and numpy would cost it ~40 ms of start and ~10 MiB.
+    """
+    try:
+        import numpy  # noqa: PLC0415
+    except ImportError:
+        return None
+    return numpy
+
 
 ModelSource = str | os.PathLike[str] | IO[bytes] | int
 """What ``load_model`` takes: a path, an open binary file, or an fd (each stays the caller's)."""
@@ -151,7 +160,8 @@ class ModelState:
         """Copy ``value`` into input ``name`` (its dtype, or one numpy casts to it within
         its kind; exactly its shape; or, bytes-like, exactly its size)."""
         spec = self._tensor(self._inputs, name, "input")
-        if HAVE_NUMPY and not isinstance(value, bytes | bytearray | memoryview):
+        numpy = numpy_module()
+        if numpy is not None and not isinstance(value, bytes | bytearray | memoryview):
             array = numpy.asarray(value)
             want = numpy.dtype(spec.dtype)
             if array.shape != tuple(spec.shape) or not numpy.can_cast(
@@ -206,7 +216,7 @@ class ModelState:
             raise NoOutputs(
                 format_message(ErrorCode.NO_OUTPUTS, detail=detail), fields={"detail": detail}
             )
-        if HAVE_NUMPY:
+        if numpy_module() is not None:
             return self._view(spec).copy()
         return bytes(self._memory()[spec.offset : spec.offset + spec.nbytes])
 
@@ -254,7 +264,8 @@ class ModelState:
         view = self._views.get(spec.name)
         if view is None:
             memory = self._memory()
-            if HAVE_NUMPY:
+            numpy = numpy_module()
+            if numpy is not None:
                 view = numpy.ndarray(
                     tuple(spec.shape), numpy.dtype(spec.dtype), buffer=memory, offset=spec.offset
                 )
