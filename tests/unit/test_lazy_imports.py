@@ -60,3 +60,11 @@ def test_the_doctor_still_runs_from_the_daemons_command() -> None:
     )
     assert result.returncode == 0
     assert "npud doctor" in result.stdout
+
+
+def test_the_serving_daemon_loads_no_numpy_and_no_onnxruntime() -> None:
+    # npud imports npu_client for its transport; the client's numpy support (an
+    # optional extra) and the emulator's onnxruntime load only when a model runs.
+    loaded = modules_after("import npud.server, npud.broker, npud.datapath, npud.backend")
+    heavy = {"numpy", "onnxruntime", "onnx"}
+    assert not {name for name in loaded if name.split(".")[0] in heavy}
