@@ -425,15 +425,7 @@ class FastRpcSession:
                 raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
             if buffer.dsp_address is not None:
                 return buffer.dsp_address
-            req = abi.fastrpc_mem_map(
-                version=0,
-                fd=buffer.fd,
-                offset=0,
-                flags=abi.FASTRPC_MAP_FD,
-                vaddrin=buffer.host_address,
-                length=buffer.size,
-                attrs=0,
-            )
+            req = _whole_buffer_map(buffer)
             rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_MEM_MAP, req)
             if rc != 0:
                 raise RpcError(ErrorCode.MMAP_FAILED, code=rc)
@@ -1116,15 +1108,7 @@ class _ReverseHost:
                 view[done : done + len(data)] = data
                 done += len(data)
             del view
-            request = abi.fastrpc_mem_map(
-                version=0,
-                fd=buffer.fd,
-                offset=0,
-                flags=abi.FASTRPC_MAP_FD,
-                vaddrin=buffer.host_address,
-                length=buffer.size,
-                attrs=0,
-            )
+            request = _whole_buffer_map(buffer)
             try:
                 rc = self._raw_ioctl(abi.FASTRPC_IOCTL_MEM_MAP, request)
             except OSError as exc:
@@ -1149,3 +1133,16 @@ class _ReverseHost:
             session._release(buffer)
         except RpcError:
             raise SharingError(int(AEE.EFAILED)) from None
+
+
+def _whole_buffer_map(buffer: SessionBuffer) -> abi.fastrpc_mem_map:
+    """MEM_MAP of all of ``buffer`` by fd (FASTRPC_MAP_FD), at its host address."""
+    return abi.fastrpc_mem_map(
+        version=0,
+        fd=buffer.fd,
+        offset=0,
+        flags=abi.FASTRPC_MAP_FD,
+        vaddrin=buffer.host_address,
+        length=buffer.size,
+        attrs=0,
+    )
