@@ -1,27 +1,36 @@
 """The fault campaign: npud under kills, hostile frames, slowloris and DSP outages.
 
-One command (``make campaign``, or ``python -m bench.campaign [--quick]``) starts
-npud on the emulator and, while a well-behaved client keeps calling it:
+One command (``make campaign``, or ``python -m bench.campaign [--quick]``; root,
+for the slowloris user and the debug faults) starts npud on the emulator and,
+while two well-behaved clients (realtime and normal, each in its own process)
+echo every 2 ms:
 
-1. measures that client quietly (its p99 is the yardstick);
-2. SIGKILLs ``--kills`` client processes (1000) at random moments while they
-   hold buffers and skel handles and pipeline calls;
+1. measures each steady client alone first (its quiet p99 is its yardstick);
+2. SIGKILLs ``--kills`` victims (1000), forked from a zygote that has
+   npu_client imported, each holding buffers and a skel handle and keeping six
+   2 ms calls going;
 3. sends ``--frames`` hostile frames (100,000) over many connections: garbage,
-   bad headers, lying lengths, unknown types, fds nobody asked for, half frames;
-4. holds 80 sockets that connect and say nothing (slowloris);
+   bad headers, lying lengths, unknown and misdirected types, duplicate keys,
+   fds nobody asked for, half frames;
+4. meanwhile holds 80 sockets of another user (uid 65534) that never say
+   Hello (slowloris), and lets a latecomer in;
 5. soaks for ``--soak`` seconds (300) with kills going on, sampling the
    daemon's RSS;
 6. takes the DSP away for one second, three times (``npuctl debug ssr``), and
-   measures how long until a client's call succeeds again.
+   measures how long until a new client's call succeeds again;
+7. runs the same victim churn against the same-work floor
+   (bench/same_work_server.py) and against a fresh npud, alternating, with a
+   realtime steady client: what the machine and the in-process emulator do to
+   the tail, apart from what npud adds.
 
 It prints a report and writes it as JSON (``build/bench/campaign-<time>.json``):
-tracebacks and error lines in the daemon's log, leaked fds, buffers and
-handles (against the figures before the campaign), the well-behaved client's
-errors and its p99 against the quiet one, RSS growth over the soak, and the
-recovery times. Goals (issue 9): 0 tracebacks, 0 leaks, 0 errors for the
-well-behaved client and its p99 within 3x of quiet, RSS growth under 2 MiB over
-the soak, recovery within 1.3 s of a 1 s outage. It asserts nothing: it
-measures.
+tracebacks, warnings and errors in the daemon's log; fds by kind, clients,
+buffers and handles against the start; each steady client's errors and p99
+(overall and by phase) against its quiet p99; RSS growth over the soak; the
+recovery times; the churn comparison. Goals (issue 9): 0 tracebacks, 0 leaks,
+0 errors for the well-behaved client and its p99 within 3x of quiet, RSS growth
+under 2 MiB over the soak, recovery within 1.3 s of a 1 s outage. It asserts
+nothing: it measures.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -48,7 +58,7 @@ from typing import Any
 import npu_client
 import npu_protocol as p
 from bench.harness import timestamp
-from bench.processes import CHILD_ENVIRONMENT, npud_process, rss_bytes
+from bench.processes import CHILD_ENVIRONMENT, npud_process, rss_bytes, same_work_server
 from npu_client.transport import fds_ancillary
 
 TEST_URI = "file:///libnpu_test_skel.so?npu_test_skel_handle_invoke&_modver=1.0&_dom=cdsp"
@@ -65,7 +75,7 @@ signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the victims
 def victim():
     npu = npu_client.connect(name="victim")
     skel = npu.open({TEST_URI!r})
-    buffers = [npu.alloc(65536) for _ in range(4)]
+    buffers = [npu.alloc(65536) for _ in range(ALLOCATIONS)]
     def calls():
         while True:
             skel.invoke(4, [struct.pack("<I", {VICTIM_CALL_US})])
@@ -74,6 +84,7 @@ def victim():
     os.write(1, f"{{os.getpid()}}\\n".encode())
     threading.Event().wait()
 
+ALLOCATIONS = int(sys.argv[1])
 for line in sys.stdin:
     pid = os.fork()
     if pid == 0:
@@ -228,6 +239,45 @@ class SteadyProcess:
         return report
 
 
+def churn_against_the_floor(
+    workdir: Path, config: str, seconds: float, rounds: int
+) -> dict[str, Any]:
+    """The same victim churn against npud and against the same-work floor
+    (bench/same_work_server.py: the same protocol objects and emulator calls, one
+    thread per connection, nothing else), alternating: a realtime steady client's
+    p99 under churn for each. The floor cannot allocate, so these victims hold no
+    buffers. What npud adds to the tail is the ratio; what the machine and the
+    in-process emulator add is the floor's own growth over its quiet p99."""
+    loaded: dict[str, list[float]] = {"npud": [], "floor": []}
+    quiet: dict[str, list[float]] = {"npud": [], "floor": []}
+    for index in range(rounds * 2):
+        kind = ("floor", "npud")[(index + index // 2) % 2]  # floor, npud, npud, floor...
+        with contextlib.ExitStack() as stack:
+            if kind == "npud":
+                path, _ = stack.enter_context(npud_process(workdir, f"churn{index}", config))
+            else:
+                path, _ = stack.enter_context(same_work_server(workdir))
+            steady = SteadyProcess(path, "realtime", 3.0)
+            steady.phase("churn")
+            victims = Victims(path, allocations=0)
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                victims.kill(16)
+            victims.close()
+            figures = steady.finish()
+        loaded[kind].append(figures["p99_ms"])
+        quiet[kind].append(figures["quiet_p99_ms"])
+    return {
+        "seconds_per_round": seconds,
+        "npud_p99_ms": loaded["npud"],
+        "floor_p99_ms": loaded["floor"],
+        "npud_quiet_p99_ms": quiet["npud"],
+        "floor_quiet_p99_ms": quiet["floor"],
+        "npud_over_floor_p99": statistics.median(loaded["npud"])
+        / statistics.median(loaded["floor"]),
+    }
+
+
 def set_phase(steadies: list[SteadyProcess], phase: str) -> None:
     for steady in steadies:
         steady.phase(phase)
@@ -242,9 +292,9 @@ class Victims:
     """The zygote that forks victims; each victim holds buffers and a skel handle and
     keeps six calls going until it is SIGKILLed."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, allocations: int = 4) -> None:
         self._zygote = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE],
+            [sys.executable, "-c", ZYGOTE, str(allocations)],
             env={**CHILD_ENVIRONMENT, "NPUD_SOCKET": str(path)},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -514,6 +564,10 @@ def campaign(args: argparse.Namespace, workdir: Path) -> int:
         report["before"] = baseline
         report["after"] = after
     report["log"] = read_log(log_path)
+    print("the same churn against the same-work floor", file=sys.stderr)
+    report["churn_vs_floor"] = churn_against_the_floor(
+        workdir, config, 5.0 if args.quick else 15.0, 1 if args.quick else 3
+    )
     out = args.json or Path("build/bench") / f"campaign-{timestamp()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

@@ -110,9 +110,12 @@ def same_work_server(workdir: Path, dsp_units: int = 0) -> Iterator[tuple[Path, 
     """The same-work floor of bench/same_work_server.py, serving; yields (socket, pid)."""
     socket_path = workdir / "same-work.sock"
     args = [sys.executable, "-m", "bench.same_work_server", str(socket_path), str(dsp_units)]
-    with running(args) as process:
-        wait_for_hello(process, socket_path)
-        yield socket_path, process.pid
+    try:
+        with running(args) as process:
+            wait_for_hello(process, socket_path)
+            yield socket_path, process.pid
+    finally:
+        socket_path.unlink(missing_ok=True)  # the floor leaves it; the next one binds it
 
 
 def cpu_seconds(pid: int) -> float:
