@@ -102,12 +102,13 @@ class PeerConnection:
                 reason = link.reason or reason
                 held_back = link.log_budget.held_back
             with trio.CancelScope(shield=True):
+                # Fds of a frame the peer began and never finished are closed here,
+                # however the connection ended (hang-up, reset, refusal, timeout).
                 if link is not None:
                     self.broker.datapath.remove(link)
-                # Fds of a frame the peer began and never finished: nobody reads
-                # this protocol object again, so they are closed here, however
-                # the connection ended (hang-up, refusal, handshake timeout).
-                self.broker.dsp.close_later(self.protocol.take_pending_fds())
+                    link.release_pending_fds()  # a worker may still be inside its read
+                else:
+                    self.broker.dsp.close_later(self.protocol.take_pending_fds())
                 if self._admitted:
                     await self.broker.release_client(self.client)
                 self._trio_sock.close()

@@ -95,6 +95,7 @@ class Link:
         self._outbox: deque[tuple[memoryview, list[OwnedFd]]] = deque()
         self.backlog_since: float | None = None
         self._finished = False
+        self._fds_released = False
         self.on_finished = on_finished
         """Called once, from the thread that finishes the link."""
         self._close_later = close_later
@@ -111,26 +112,16 @@ class Link:
         """
         if not self.reading:
             return []
-        data: bytes | None = None
-        fds: list[OwnedFd] = []
-        truncated = False
         try:
-            size, ancdata, flags, _ = self.sock.recvmsg_into(
-                [buffer], ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT
-            )
-        except BlockingIOError:
-            pass  # nothing new; what the protocol already holds is still processed
+            data, fds, truncated = self._receive(buffer)
         except OSError as exc:
             self.end_reading(f"receive failed: {errno.errorcode.get(exc.errno or 0, exc)}")
             return [p.ConnectionClosed()]
-        else:
-            data = bytes(buffer[:size])
-            try:
-                fds = parse_ancillary(ancdata, flags)
-            except TransportError:
-                truncated = True
         messages: list[p.ClientMessage | p.ConnectionClosed] = []
         with self.lock:
+            if self._fds_released:  # the connection ended while this read was on its way
+                self._close_later([fd.detach() for fd in fds])
+                return []
             if data is not None:
                 self.protocol.receive_data(
                     data, [fd.detach() for fd in fds], fds_truncated=truncated
@@ -164,6 +155,21 @@ class Link:
                     messages.append(event)
                     return messages
                 messages.append(event)
+
+    def _receive(self, buffer: bytearray) -> tuple[bytes | None, list[OwnedFd], bool]:
+        """One recvmsg: its bytes (None when nothing is new), its fds, and whether the
+        kernel cut the fds short (MSG_CTRUNC, fatal)."""
+        try:
+            size, ancdata, flags, _ = self.sock.recvmsg_into(
+                [buffer], ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT
+            )
+        except BlockingIOError:
+            return None, [], False  # what the protocol already holds is still processed
+        data = bytes(buffer[:size])
+        try:
+            return data, parse_ancillary(ancdata, flags), False
+        except TransportError:
+            return data, [], True
 
     def _note_partial_frame(self) -> None:
         if self.protocol.bytes_buffered:
@@ -287,6 +293,14 @@ class Link:
     @property
     def finished(self) -> bool:
         return self._finished
+
+    def release_pending_fds(self) -> None:
+        """Close the fds of frames the peer began and never finished, once the link is
+        removed; a read still on its way (past its check, not yet holding the lock)
+        closes what it brings instead of handing it to the protocol."""
+        with self.lock:
+            self._fds_released = True
+            self._close_later(self.protocol.take_pending_fds())
 
     def close(self) -> None:
         """Release the link's own fd (the socket itself is its owner's)."""
