@@ -119,7 +119,9 @@ class Link:
             return [p.ConnectionClosed()]
         messages: list[p.ClientMessage | p.ConnectionClosed] = []
         with self.lock:
-            if self._fds_released:  # the connection ended while this read was on its way
+            if self.closing or self._fds_released:
+                # Dropped (or over) while this read was on its way: nothing it
+                # brings may become a request; its fds are closed.
                 self._close_later([fd.detach() for fd in fds])
                 return []
             if data is not None:
@@ -285,7 +287,12 @@ class Link:
 
     def check_finished(self) -> None:
         with self.lock:
+            # A worker inside read() holds read_lock: the link is not over until it
+            # lets go (its _serve_read calls this again then), or a request it parses
+            # could arrive for a client being released.
             if self._finished or self.reading or self.pending or self._outbox:
+                return
+            if self.read_lock.locked():
                 return
             self._finished = True
         self.on_finished(self)

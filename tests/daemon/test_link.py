@@ -84,3 +84,34 @@ def test_a_read_after_the_release_closes_what_it_brings(
     assert len(closer.closed) == 2
     assert link.protocol.take_pending_fds() == []  # nothing was handed to the protocol
     link.close()
+
+
+def test_a_link_is_not_finished_while_a_worker_reads_it(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    sock, _ = pair
+    finished: list[Link] = []
+    link = link_over(sock, Closer())
+    link.on_finished = finished.append
+    with link.read_lock:  # a worker inside read()
+        link.drop("dropped by a timer meanwhile")
+        assert finished == []
+    link.check_finished()  # what the worker's _serve_read does once it lets go
+    assert finished == [link]
+    link.close()
+
+
+def test_a_read_of_a_dropped_link_delivers_nothing(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    sock, peer = pair
+    closer = Closer()
+    link = link_over(sock, closer)
+    hello, _ = p.ClientConnection().send(p.Hello(client_name="late"))
+    send_fds(peer, hello)
+    link.reading = True  # as a read that passed its check before the drop
+    with link.lock:
+        link.closing = True
+    assert link.read(bytearray(4096)) == []
+    assert len(closer.closed) == 2
+    link.close()
