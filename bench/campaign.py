@@ -13,11 +13,12 @@ echo every 2 ms:
    bad headers, lying lengths, unknown and misdirected types, duplicate keys,
    fds nobody asked for, half frames;
 4. meanwhile holds 80 sockets of another user (uid 65534) that never say
-   Hello (slowloris), and lets a latecomer in;
+   Hello (slowloris: 8 get handshake slots, the rest are refused at once) and,
+   while they are held, lets a latecomer of another user in;
 5. soaks for ``--soak`` seconds (300) with kills going on, sampling the
-   daemon's RSS;
+   daemon's RSS after every batch of eight;
 6. takes the DSP away for one second, three times (``npuctl debug ssr``), and
-   measures how long until a new client's call succeeds again;
+   measures how long until a call on a newly opened handle succeeds again;
 7. runs the same victim churn against the same-work floor
    (bench/same_work_server.py) and against a fresh npud, alternating, with a
    realtime steady client: what the machine and the in-process emulator do to
@@ -27,7 +28,8 @@ It prints a report and writes it as JSON (``build/bench/campaign-<time>.json``):
 tracebacks, warnings and errors in the daemon's log; fds by kind, clients,
 buffers and handles against the start; each steady client's errors and p99
 (overall and by phase) against its quiet p99; RSS growth over the soak; the
-recovery times; the churn comparison. Goals (issue 9): 0 tracebacks, 0 leaks,
+recovery times; the churn comparison. ``--limit`` (3600 s) bounds the whole run:
+a wedged daemon ends it with an error, its children reaped. Goals (issue 9): 0 tracebacks, 0 leaks,
 0 errors for the well-behaved client and its p99 within 3x of quiet, RSS growth
 under 2 MiB over the soak, recovery within 1.3 s of a 1 s outage. It asserts
 nothing: it measures.
@@ -68,12 +70,13 @@ VICTIM_CALL_US = 2000
 """Each victim thread's busy call: short, as a real client's, so some are always in flight."""
 
 ZYGOTE = f"""
-import os, signal, struct, sys, threading
+import ctypes, os, signal, struct, sys, threading
 import npu_client
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the victims
 
 def victim():
-    npu = npu_client.connect(name="victim")
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the zygote
+    npu = npu_client.connect(name="victim", timeout=30)
     skel = npu.open({TEST_URI!r})
     buffers = [npu.alloc(65536) for _ in range(ALLOCATIONS)]
     def calls():
@@ -162,12 +165,14 @@ class Steady:
         }
 
     def _reopen(self) -> None:
-        while True:
+        deadline = time.monotonic() + RECOVERY_LIMIT
+        while time.monotonic() < deadline:
             try:
                 self._echo = self._client.open(ECHO_URI)
                 return
             except RECOVERING:
                 time.sleep(0.01)
+        self.errors.append(f"the DSP did not come back within {RECOVERY_LIMIT:g} s")
 
     def start(self) -> None:
         def loop() -> None:
@@ -229,6 +234,16 @@ class SteadyProcess:
         self._child.stdin.write(name + "\n")
         self._child.stdin.flush()
 
+    def close(self) -> None:
+        """Kill and reap the child if it is still there (after finish(), or on an error)."""
+        if self._child.poll() is None:
+            self._child.kill()
+            self._child.wait()
+        for pipe in (self._child.stdin, self._child.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
     def finish(self) -> dict[str, Any]:
         assert self._child.stdin is not None
         assert self._child.stdout is not None
@@ -258,8 +273,10 @@ def churn_against_the_floor(
             else:
                 path, _ = stack.enter_context(same_work_server(workdir))
             steady = SteadyProcess(path, "realtime", 3.0)
+            stack.callback(steady.close)
             steady.phase("churn")
             victims = Victims(path, allocations=0)
+            stack.callback(victims.close)
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 victims.kill(16)
@@ -323,9 +340,15 @@ class Victims:
         return killed, unready
 
     def close(self) -> None:
+        """End the zygote; victims it forked and nobody killed die with it (PDEATHSIG)."""
         if self._zygote.stdin is not None:
-            self._zygote.stdin.close()
-        self._zygote.wait(30)
+            with contextlib.suppress(OSError):
+                self._zygote.stdin.close()
+        try:
+            self._zygote.wait(30)
+        except subprocess.TimeoutExpired:
+            self._zygote.kill()
+            self._zygote.wait()
         if self._zygote.stdout is not None:
             self._zygote.stdout.close()
 
@@ -348,11 +371,20 @@ def hostile_frames(path: Path, count: int) -> int:
         lambda: _frame(b"\x82\xa4type\xa7welcome\xa5epoch\x01"),
     ]
     sent = 0
+    refused_in_a_row = 0
     while sent < count:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(5)
-            sock.connect(str(path))
+            try:
+                sock.connect(str(path))
+            except OSError:
+                refused_in_a_row += 1
+                if refused_in_a_row > 50:
+                    raise RuntimeError("npud stopped accepting connections") from None
+                time.sleep(0.01)
+                continue
+            refused_in_a_row = 0
             sock.sendall(hello)
             for _ in range(random.randint(1, 60)):
                 if random.random() < 0.1:  # fds nobody asked for
@@ -419,19 +451,25 @@ def slowloris(path: Path, sockets: int) -> Iterator[int]:
         os.waitpid(pid, 0)
 
 
+RECOVERY_LIMIT = 60.0
+"""Seconds a restarted DSP gets to come back before the campaign calls it a failure."""
+
+
 def outage_recovery(path: Path, down: float) -> float:
-    """Take the DSP away for ``down`` s; seconds from then until an echo succeeds again."""
+    """Take the DSP away for ``down`` s; seconds from then until an echo on a newly
+    opened handle succeeds again (the operator's connection stays open throughout)."""
     with npu_client.connect(str(path), name="operator", timeout=30) as npu:
         started = time.monotonic()
         npu.debug_fault("ssr", down)
         prim = struct.pack("<II", 8, 8)
-        while True:
+        while time.monotonic() - started < RECOVERY_LIMIT:
             try:
                 with npu.open(ECHO_URI) as echo:
                     echo.invoke(2, [prim, bytes(8)], [8])
                 return time.monotonic() - started
             except RECOVERING:
                 time.sleep(0.005)
+    raise RuntimeError(f"the DSP did not come back within {RECOVERY_LIMIT:g} s")
 
 
 def fd_kinds(pid: int) -> dict[str, int]:
@@ -493,6 +531,28 @@ def read_log(path: Path) -> dict[str, Any]:
     }
 
 
+def soak(victims: Victims, pid: int, seconds: float) -> dict[str, Any]:
+    """Kill victims eight at a time for ``seconds``, sampling the daemon's RSS after each
+    batch; the figures."""
+    rss = [rss_bytes(pid)]
+    end = time.monotonic() + seconds
+    killed = 0
+    while time.monotonic() < end:
+        killed += victims.kill(8, parallel=8)[0]
+        rss.append(rss_bytes(pid))
+    return {
+        "soak_killed": killed,
+        "rss_growth_mib": (rss[-1] - rss[0]) / (1 << 20),
+        "rss_max_mib": max(rss) / (1 << 20),
+        "rss_mib": rss[-1] / (1 << 20),
+        "rss_samples": len(rss),
+    }
+
+
+def _out_of_time(signum: int, frame: object) -> None:
+    raise TimeoutError("the campaign ran past --limit: is npud wedged?")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.campaign", description=(__doc__ or "").split("\n\n")[0]
@@ -502,6 +562,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=100_000)
     parser.add_argument("--soak", type=float, default=300.0, help="seconds of soak")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--limit", type=float, default=3600.0, help="seconds before the campaign gives up"
+    )
     parser.add_argument("--steady", help=argparse.SUPPRESS)  # the child of SteadyProcess
     parser.add_argument("--socket", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--quiet-seconds", type=float, default=10.0, help=argparse.SUPPRESS)
@@ -510,6 +573,12 @@ def main(argv: list[str] | None = None) -> int:
         return steady_child(args.socket, args.steady, args.quiet_seconds)
     if args.quick:
         args.kills, args.frames, args.soak = args.kills // 10, args.frames // 10, args.soak / 10
+    if os.geteuid() != 0:
+        parser.error("needs root: the slowloris user (uid 65534) and npuctl debug faults")
+    # An overall limit, so that a wedged daemon ends the campaign (children reaped by
+    # the context managers on the way out) instead of hanging it.
+    signal.signal(signal.SIGALRM, _out_of_time)
+    signal.alarm(int(args.limit))
     with tempfile.TemporaryDirectory(prefix="npud-campaign-") as scratch:
         os.chmod(scratch, 0o711)  # noqa: S103 -- search only: the slowloris user reaches the socket
         return campaign(args, Path(scratch))
@@ -525,36 +594,34 @@ def campaign(args: argparse.Namespace, workdir: Path) -> int:
         f"[access]\nallow_uids = [{SLOWLORIS_UID}]\n"
         "[uid_limits]\nmax_clients = 64\n"
     )
-    with npud_process(workdir, "campaign", config, log=log_path) as (path, pid):
+    with contextlib.ExitStack() as stack:
+        path, pid = stack.enter_context(npud_process(workdir, "campaign", config, log=log_path))
         baseline = snapshot(path, pid)  # only the observer: what must be left at the end
         # A voice client (realtime: the reserved DSP slot) and an ordinary one, each
         # measured alone first. The ordinary one waits for a slot behind the
         # victims' calls, as it would behind any busy neighbour.
         quiet_seconds = 5.0 if args.quick else 10.0
-        steadies = [SteadyProcess(path, kind, quiet_seconds) for kind in ("realtime", "normal")]
+        steadies = []
+        for kind in ("realtime", "normal"):
+            steadies.append(SteadyProcess(path, kind, quiet_seconds))
+            stack.callback(steadies[-1].close)
         set_phase(steadies, "kills")
         print(f"killing {args.kills} clients", file=sys.stderr)
         victims = Victims(path)
+        stack.callback(victims.close)
         report["killed"], report["victims_unready"] = victims.kill(args.kills)
-        print(f"sending {args.frames} hostile frames", file=sys.stderr)
+        print(f"80 silent sockets, then {args.frames} hostile frames", file=sys.stderr)
         set_phase(steadies, "hostile")
-        with slowloris(path, 80) as report["slowloris_sockets"]:
-            report["hostile_frames"] = hostile_frames(path, args.frames)
-            # Another client gets in while the 80 sockets are held.
+        with slowloris(path, 80) as report["slowloris_connected"]:
+            # Another user gets in while they are held (within hello_timeout).
             started = time.monotonic()
             with npu_client.connect(str(path), name="latecomer", timeout=30) as npu:
                 npu.ping()
             report["latecomer_s"] = time.monotonic() - started
+            report["hostile_frames"] = hostile_frames(path, args.frames)
         print(f"soaking {args.soak:g} s with kills", file=sys.stderr)
         set_phase(steadies, "soak")
-        rss_start = rss_bytes(pid)
-        soak_end = time.monotonic() + args.soak
-        soak_killed = 0
-        while time.monotonic() < soak_end:
-            soak_killed += victims.kill(8, parallel=8)[0]
-        report["soak_killed"] = soak_killed
-        report["rss_growth_mib"] = (rss_bytes(pid) - rss_start) / (1 << 20)
-        report["rss_mib"] = rss_bytes(pid) / (1 << 20)
+        report.update(soak(victims, pid, args.soak))
         victims.close()
         set_phase(steadies, "outages")
         report["recovery_s"] = [outage_recovery(path, 1.0) for _ in range(3)]
