@@ -11,6 +11,13 @@ sniffer walks its top-level fields (tags and lengths only: the graph itself
 is skipped, not read) and accepts the file when every field is one
 ModelProto has, with its wire type, the walk ends exactly at the end of the
 file and both ``ir_version`` and ``graph`` are there.
+
+An ONNX model that keeps tensor data in external files is refused
+(``refused``): onnxruntime would open the path the model names, relative to
+the DSP process's working directory, and hand its bytes to the client. The
+check (npud.formats.onnx_proto) walks the whole model through the descriptor
+and resolves nothing. The emulated DSP checks the bytes it parses again,
+because the client may rewrite its file between this check and the DSP's read.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import struct
 from typing import Final, Literal
 
 from npud.fastrpc.exposed_files import check_readable_file
+from npud.formats import onnx_proto
 
 HEAD_BYTES: Final = 64
 MAX_TEXT_FIELD: Final = 256
@@ -78,7 +86,7 @@ class Sniffed:
     size: int
 
 
-FileFailure = Literal["unreadable", "wrong-format", "damaged"]
+FileFailure = Literal["unreadable", "wrong-format", "damaged", "refused"]
 
 
 class ModelFileError(ValueError):
@@ -86,7 +94,9 @@ class ModelFileError(ValueError):
 
     * ``unreadable``: not a readable regular file, or empty;
     * ``wrong-format``: a file of another kind than the backend takes;
-    * ``damaged``: the right kind, but cut short or corrupt.
+    * ``damaged``: the right kind, but cut short or corrupt;
+    * ``refused``: the right kind and intact, but it asks for what npud never
+      does on a client's behalf (an ONNX model's external data files).
     """
 
     def __init__(self, kind: FileFailure, message: str) -> None:
@@ -238,4 +248,28 @@ def check_model_file(fd: int, backend: str) -> Sniffed:
             f"the model file is {sniffed.description}; the {backend} backend takes"
             f" {accepted.value}{_HINTS[accepted]}",
         )
+    if sniffed.format is ModelFormat.ONNX:
+        check_self_contained(fd, sniffed.size)
     return sniffed
+
+
+def check_self_contained(fd: int, size: int) -> None:
+    """Refuse an ONNX model on ``fd`` (borrowed) that refers to external data files."""
+    try:
+        external = onnx_proto.find_external_data(onnx_proto.FdSource(fd, size))
+    except onnx_proto.DamagedError as exc:
+        raise ModelFileError("damaged", f"the model file is a damaged ONNX model: {exc}") from None
+    except OSError as exc:
+        raise ModelFileError("unreadable", f"cannot read the model file: {exc}") from None
+    if external is not None:
+        raise ModelFileError("refused", external_data_refusal(external))
+
+
+def external_data_refusal(external: onnx_proto.ExternalData) -> str:
+    """What a client is told when its model refers to external data."""
+    return (
+        f"the model refers to external data: {external.describe()}. npud loads only"
+        " self-contained models and never opens a path a model names; save the model with"
+        " every tensor inside it (onnx.save_model(model, path, save_as_external_data=False),"
+        " up to 2 GiB)"
+    )

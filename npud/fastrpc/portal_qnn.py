@@ -330,6 +330,7 @@ class PortalQnn:
                 "unreadable": ModelFailure.FILE_UNREADABLE,
                 "wrong-format": ModelFailure.FILE_FORMAT,
                 "damaged": ModelFailure.FILE_MALFORMED,
+                "refused": ModelFailure.MODEL_REJECTED,
             }[exc.kind]
             raise ModelError(failure, str(exc)) from None
         if shapes and self.backend == "kernel":

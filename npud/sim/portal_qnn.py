@@ -24,6 +24,12 @@ the model runtime itself refuses. What differs is the model:
   to 64 bytes): the inputs are fed to onnxruntime as numpy views of the
   caller's buffer, without a copy.
 * onnxruntime runs on the CPU with one intra-op thread by default.
+* A model that refers to external data files is refused
+  (AEE_EINVALIDFORMAT) before onnxruntime sees it: onnxruntime would open the
+  path it names, relative to this process's working directory. The check
+  runs on the very bytes handed to onnxruntime (the daemon checked the
+  client's file before, but the client may rewrite it since), and
+  onnxruntime is told the bytes are ONNX, never its own ORT format.
 
 Every refusal is logged (the DSP's FARF) with the reason; the caller sees the
 AEE code. Calls on one handle run one at a time, as on the C skel.
@@ -52,6 +58,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 from npu_protocol.aee import AEE
 from npud import idl
+from npud.formats import onnx_proto
 from npud.sim.skels import HostFileError, Skel, SkelCall, SkelMethod, idl_methods
 
 log = logging.getLogger(__name__)
@@ -71,6 +78,7 @@ SHAPE_PREFIX: Final = "shape."
 ARENA_ALIGN: Final = 64
 DEFAULT_INTRA_OP_THREADS: Final = 1
 ORT_QUIET: Final = 4  # onnxruntime's FATAL: the skel logs failures itself
+ORT_MODEL_FORMAT: Final = "session.load_model_format"  # "ONNX": no ORT-format sniffing
 
 # QNN error numbers (skel/include/qnn_min.h) for what onnxruntime refuses.
 QNN_COMMON_ERROR_NOT_SUPPORTED: Final = 1000
@@ -234,6 +242,18 @@ def _spec(name: str, onnx_type: str, shape: tuple[int, ...]) -> TensorSpec:
     return spec
 
 
+def _check_self_contained(data: bytes) -> None:
+    """RefusedError for a model that names external data files (never resolved here)."""
+    try:
+        external = onnx_proto.find_external_data(onnx_proto.BytesSource(data))
+    except onnx_proto.DamagedError as exc:
+        raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
+    if external is not None:
+        raise RefusedError(
+            AEE.EINVALIDFORMAT, f"external data is not loaded: {external.describe()}"
+        )
+
+
 def _qnn_status(exc: Exception) -> int:
     if isinstance(exc, ort_errors.NotImplemented):
         return QNN_COMMON_ERROR_NOT_SUPPORTED
@@ -246,7 +266,9 @@ class OnnxModel:
     """One loaded model: its session, staging buffers and what the last execute produced."""
 
     def __init__(self, data: bytes, shapes: Mapping[str, tuple[int, ...]], threads: int) -> None:
+        _check_self_contained(data)
         options = ort.SessionOptions()
+        options.add_session_config_entry(ORT_MODEL_FORMAT, "ONNX")
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = ORT_QUIET

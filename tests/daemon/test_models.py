@@ -328,3 +328,46 @@ async def test_without_numpy_inputs_are_bytes_and_outputs_bytes(
         outputs = await model.run({"a": a, "k": np.array(1).tobytes()})
         assert outputs["y"] == np.array([2, 4, 6], np.float32).tobytes()
         assert outputs["n"] == np.array(2).tobytes()
+
+
+@pytest.mark.parametrize("place", sorted(onnx_models.external_data_everywhere("x")))
+async def test_a_model_cannot_read_files_through_external_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, place: str
+) -> None:
+    """A tensor whose bytes live in a file the model names (relative: resolved against
+    the parser's working directory) is refused at load, wherever the tensor hides;
+    nothing of the file reaches the client (issue 16, item 1)."""
+    monkeypatch.chdir(tmp_path)
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"TOPSECRETBYTES!!")
+    secret.chmod(0o600)
+    path = model_file(tmp_path, onnx_models.external_data_everywhere("secret.bin")[place])
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        before = await totals(npu)
+        with pytest.raises(npu_client.ModelRejected, match="refers to external data") as caught:
+            await npu.load_model(path)
+        assert "'secret.bin'" in str(caught.value)
+        assert "save_as_external_data=False" in str(caught.value)
+        assert await totals(npu) == before
+
+
+async def test_the_dsp_refuses_external_data_even_past_the_daemons_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client may rewrite its file between the daemon's check and the DSP's read:
+    the emulated DSP checks the very bytes it would parse, and refuses them too."""
+    from npud.fastrpc import model_format
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret.bin").write_bytes(b"TOPSECRETBYTES!!")
+    monkeypatch.setattr(model_format, "check_self_contained", lambda fd, size: None)
+    path = model_file(tmp_path, onnx_models.external_initializer("secret.bin"))
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        with pytest.raises(npu_client.ModelRejected, match="outside portal_qnn's limits"):
+            await npu.load_model(path)

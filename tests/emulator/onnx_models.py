@@ -112,6 +112,107 @@ def unknown_op() -> bytes:
     )
 
 
+SECRET_SHAPE: Final = (16,)
+
+
+def external_tensor(name: str, location: str, *, length: int = 16) -> onnx.TensorProto:
+    """A uint8 tensor whose bytes are ``length`` bytes of the file ``location`` names."""
+    proto = TensorProto(name=name, data_type=TensorProto.UINT8, dims=[length])
+    proto.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(length))):
+        entry = proto.external_data.add()
+        entry.key, entry.value = key, value
+    return proto
+
+
+def external_initializer(location: str) -> bytes:
+    """y = w, where the initializer w names the file ``location`` (relative to the
+    working directory of whoever parses the model, for a model given as bytes)."""
+    return model(
+        [helper.make_node("Identity", ["w"], ["y"])],
+        [],
+        [tensor("y", "uint8", SECRET_SHAPE)],
+        [external_tensor("w", location)],
+    )
+
+
+def external_data_everywhere(location: str) -> dict[str, bytes]:
+    """A model per place a tensor can hide external data, by the place's name."""
+    out = [tensor("y", "uint8", SECRET_SHAPE)]
+    x = [tensor("x", "uint8", SECRET_SHAPE)]
+    hidden = external_tensor("w", location)
+
+    def constant() -> onnx.NodeProto:
+        return helper.make_node("Constant", [], ["y"], value=hidden)
+
+    def wrapped(graph_nodes: Sequence[onnx.NodeProto]) -> bytes:
+        branch = helper.make_graph(list(graph_nodes), "branch", [], out)
+        cond = helper.make_tensor("c", TensorProto.BOOL, [], [True])
+        return model(
+            [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)],
+            [],
+            out,
+            [cond],
+        )
+
+    sparse = helper.make_sparse_tensor(
+        external_tensor("v", location, length=4),
+        helper.make_tensor("i", TensorProto.INT64, [4], [0, 1, 2, 3]),
+        [16],
+    )
+    function = helper.make_function(
+        "local", "Leak", [], ["y"], [constant()], [helper.make_opsetid("", OPSET)]
+    )
+    with_function = onnx.load_from_string(
+        model([helper.make_node("Leak", [], ["y"], domain="local")], [], out)
+    )
+    with_function.functions.append(function)
+    with_function.opset_import.append(helper.make_opsetid("local", 1))
+    training = onnx.load_from_string(model([helper.make_node("Identity", ["x"], ["y"])], x, out))
+    info = training.training_info.add()
+    info.initialization.CopyFrom(helper.make_graph([constant()], "init", [], out))
+    sparse_model = onnx.load_from_string(
+        model([helper.make_node("Identity", ["x"], ["y"])], x, out)
+    )
+    sparse_model.graph.sparse_initializer.append(sparse)
+    return {
+        "initializer": external_initializer(location),
+        "constant": model([constant()], [], out),
+        "subgraph": wrapped([constant()]),
+        "nested subgraph": _nested(location),
+        "sparse initializer": sparse_model.SerializeToString(),
+        "function": with_function.SerializeToString(),
+        "training info": training.SerializeToString(),
+    }
+
+
+def _nested(location: str) -> bytes:
+    """The external tensor three If levels down."""
+    inner: onnx.GraphProto = helper.make_graph(
+        [helper.make_node("Constant", [], ["y0"], value=external_tensor("w", location))],
+        "level0",
+        [],
+        [tensor("y0", "uint8", SECRET_SHAPE)],
+    )
+    for level in range(1, 4):
+        name = "y" if level == 3 else f"y{level}"
+        inner = helper.make_graph(
+            [
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [f"c{level}"],
+                    value=helper.make_tensor(f"t{level}", TensorProto.BOOL, [], [True]),
+                ),
+                helper.make_node("If", [f"c{level}"], [name], then_branch=inner, else_branch=inner),
+            ],
+            f"level{level}",
+            [],
+            [tensor(name, "uint8", SECRET_SHAPE)],
+        )
+    return model(list(inner.node), [], [tensor("y", "uint8", SECRET_SHAPE)])
+
+
 @contextmanager
 def opened(directory: Path, name: str, data: bytes, flags: int = os.O_RDONLY) -> Iterator[int]:
     """Write ``data`` to ``directory/name`` and yield an fd for it (closed afterwards)."""

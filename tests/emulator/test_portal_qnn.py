@@ -323,8 +323,13 @@ def test_files_of_the_wrong_kind_or_damaged(portal: PortalQnn, tmp_path: Path) -
         (b"hello, world\n", ModelFailure.FILE_FORMAT, "a text file; the emulator backend"),
         (b"GGUF" + bytes(60), ModelFailure.FILE_FORMAT, "a GGUF model"),
         (good[: len(good) // 2], ModelFailure.FILE_MALFORMED, "damaged ONNX model: the file ends"),
-        # The top-level fields are ONNX's, the graph inside them is garbage: the DSP refuses it.
-        (good[:2] + b"\x3a\x04\xff\xff\xff\xff", ModelFailure.FILE_MALFORMED, "not loadable"),
+        # The top-level fields are ONNX's, the graph inside them is garbage: the daemon's
+        # walk for external data finds it before the DSP does.
+        (
+            good[:2] + b"\x3a\x04\xff\xff\xff\xff",
+            ModelFailure.FILE_MALFORMED,
+            "damaged ONNX model: a field ends inside its header",
+        ),
     ):
         with pytest.raises(ModelError, match=message) as caught:
             load(portal, tmp_path, data)

@@ -4,6 +4,7 @@
   never imports trio, nor the client library.
 * ``npud.sim`` describes the kernel's structs with its own layouts, so a drift
   between it and ``npud.fastrpc.abi`` is caught: it never imports ``npud.fastrpc``.
+* ``npud.idl`` and ``npud.formats`` are pure and shared by both of the above.
 * ``npu_protocol`` is pure (tests/protocol/test_purity.py).
 
 Each rule is checked two ways: the source's import statements, and what a fresh
@@ -29,6 +30,16 @@ RULES = {
     "npud.sim": ("trio", "npu_client", "npud.fastrpc"),
     # Shared by both of the above: the IDL stubs are pure, standard library only.
     "npud.idl": ("trio", "npu_client", "npud.fastrpc", "npud.sim", "npu_protocol"),
+    # File formats read for clients: pure, standard library only, shared by both sides.
+    "npud.formats": (
+        "trio",
+        "npu_client",
+        "npud.fastrpc",
+        "npud.sim",
+        "npu_protocol",
+        "numpy",
+        "onnxruntime",
+    ),
 }
 
 

@@ -1,0 +1,246 @@
+"""An ONNX model's protobuf, walked for what it would make a runtime open.
+
+An ONNX tensor may keep its bytes outside the model: ``data_location =
+EXTERNAL`` and an ``external_data`` entry ``location`` that names a file.
+onnxruntime resolves a relative location against the directory of the model
+file, or, for a model given as bytes (as the emulated DSP gives it), against
+the process's working directory; so a model naming ``etc/shadow`` would make
+the DSP read a file its client cannot. npud loads only self-contained
+models: :func:`find_external_data` says where a model refers to external
+data, without resolving, opening or even decoding any path.
+
+The walk visits every message of the schema that can hold a tensor (the
+graph and its subgraphs in node attributes, initializers, sparse
+initializers, Constant-style attribute tensors, model-local functions,
+training graphs) and skips everything else by its length, so large weights
+(``raw_data``) are never read. Fields with an unexpected wire type are
+skipped, as protobuf parsers keep them as unknown fields. The walk is
+iterative and bounded in depth, so a hostile file cannot exhaust the stack.
+
+:class:`FdSource` reads a file through its descriptor with ``pread`` in
+windows (never ``mmap``: a client could truncate the file underneath and
+fault the reader); :class:`BytesSource` reads bytes already in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Final, Protocol
+
+WINDOW: Final = 64 * 1024
+MAX_DEPTH: Final = 64
+"""Messages nested deeper than this are refused (protobuf's own parsers stop at 100)."""
+MAX_SHOWN: Final = 128
+"""Bytes of a tensor name or location quoted in a message, at most."""
+
+VARINT, FIXED64, LENGTH, GROUP_START, GROUP_END, FIXED32 = 0, 1, 2, 3, 4, 5
+
+# The messages that can hold a TensorProto, and for each the fields that lead
+# to one: field number -> (child message, how a message calls that place).
+# tests/unit/test_onnx_proto.py derives this closure from onnx's own
+# descriptors, so a field added to the schema cannot be missed silently.
+TENSOR_PATHS: Final[dict[str, dict[int, tuple[str, str]]]] = {
+    "ModelProto": {
+        7: ("GraphProto", "graph"),
+        20: ("TrainingInfoProto", "training info"),
+        25: ("FunctionProto", "function"),
+    },
+    "GraphProto": {
+        1: ("NodeProto", "node"),
+        5: ("TensorProto", "initializer"),
+        15: ("SparseTensorProto", "sparse initializer"),
+    },
+    "NodeProto": {5: ("AttributeProto", "attribute")},
+    "AttributeProto": {
+        5: ("TensorProto", "attribute tensor"),
+        6: ("GraphProto", "subgraph"),
+        10: ("TensorProto", "attribute tensor"),
+        11: ("GraphProto", "subgraph"),
+        22: ("SparseTensorProto", "sparse attribute tensor"),
+        23: ("SparseTensorProto", "sparse attribute tensor"),
+    },
+    "TrainingInfoProto": {
+        1: ("GraphProto", "initialization graph"),
+        2: ("GraphProto", "algorithm graph"),
+    },
+    "FunctionProto": {
+        7: ("NodeProto", "node"),
+        11: ("AttributeProto", "attribute"),
+    },
+    "SparseTensorProto": {
+        1: ("TensorProto", "sparse values"),
+        2: ("TensorProto", "sparse indices"),
+    },
+}
+
+# TensorProto's fields that matter here.
+TENSOR_NAME: Final = 8
+TENSOR_EXTERNAL_DATA: Final = 13  # repeated StringStringEntryProto {1: key, 2: value}
+TENSOR_DATA_LOCATION: Final = 14  # enum: 0 DEFAULT, 1 EXTERNAL
+ENTRY_KEY, ENTRY_VALUE = 1, 2
+
+
+class DamagedError(ValueError):
+    """The bytes are not a well-formed protobuf message (the text says where)."""
+
+
+class Source(Protocol):
+    """Random access to a model's bytes."""
+
+    @property
+    def size(self) -> int: ...
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (fewer only at the end)."""
+        ...
+
+
+class BytesSource:
+    """A model already in memory."""
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        self._data = memoryview(data).cast("B")
+
+    @property
+    def size(self) -> int:
+        return len(self._data)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return bytes(self._data[offset : offset + length])
+
+
+class FdSource:
+    """A file read through ``fd`` (borrowed: the caller owns and closes it) in windows."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._fd = fd
+        self._size = size
+        self._start = 0
+        self._window = b""
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read(self, offset: int, length: int) -> bytes:
+        end = offset + length
+        if not (self._start <= offset and end <= self._start + len(self._window)):
+            if length > WINDOW:
+                return os.pread(self._fd, length, offset)
+            self._start, self._window = offset, os.pread(self._fd, WINDOW, offset)
+        return self._window[offset - self._start : end - self._start]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternalData:
+    """A tensor that keeps its bytes in a file: where it sits and the location it names."""
+
+    place: str  # e.g. "initializer", "attribute tensor"
+    tensor: str  # the tensor's name, may be empty
+    location: str  # the path it names, may be empty; never resolved
+
+    def describe(self) -> str:
+        what = f"{self.place} {self.tensor!r}" if self.tensor else f"an unnamed {self.place}"
+        if self.location:
+            return f"{what} names the external file {self.location!r}"
+        return f"{what} keeps its data in an external file"
+
+
+def _varint(source: Source, offset: int, end: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    for index in range(10):
+        if offset + index >= end:
+            raise DamagedError("a field ends inside its header")
+        byte = source.read(offset + index, 1)[0]
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, offset + index + 1
+    raise DamagedError("a varint longer than 10 bytes")
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One field of a message: its number, wire type, and where its value lies."""
+
+    number: int
+    wire: int
+    start: int  # the value's first byte (a length-delimited field's payload)
+    end: int  # one past its last byte
+    value: int  # a varint's value, a length-delimited field's length, else 0
+
+
+def fields(source: Source, offset: int, end: int) -> list[Field]:
+    """The fields of the message in [offset, end), in order; DamagedError when malformed."""
+    found: list[Field] = []
+    while offset < end:
+        key, offset = _varint(source, offset, end)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise DamagedError("a field numbered 0")
+        if wire == VARINT:
+            value, after = _varint(source, offset, end)
+        elif wire == LENGTH:
+            value, start = _varint(source, offset, end)
+            after = start + value
+            offset = start
+        elif wire in (FIXED64, FIXED32):
+            value, after = 0, offset + (8 if wire == FIXED64 else 4)
+        else:
+            raise DamagedError(f"wire type {wire} (groups are not part of ONNX)")
+        if after > end:
+            raise DamagedError(f"field {number} runs {after - end} bytes past its message")
+        found.append(Field(number, wire, offset, after, value))
+        offset = after
+    return found
+
+
+def _text(source: Source, field: Field) -> str:
+    shown = source.read(field.start, min(field.value, MAX_SHOWN))
+    text = shown.decode("utf-8", errors="replace")
+    return text + "..." if field.value > MAX_SHOWN else text
+
+
+def _tensor(source: Source, start: int, end: int, place: str) -> ExternalData | None:
+    name, location, external = "", "", False
+    for field in fields(source, start, end):
+        if field.number == TENSOR_NAME and field.wire == LENGTH:
+            name = _text(source, field)
+        elif field.number == TENSOR_DATA_LOCATION and field.wire == VARINT:
+            external = external or field.value != 0
+        elif field.number == TENSOR_EXTERNAL_DATA and field.wire == LENGTH:
+            external = True
+            entry = {
+                f.number: f for f in fields(source, field.start, field.end) if f.wire == LENGTH
+            }
+            key = entry.get(ENTRY_KEY)
+            if key and source.read(key.start, key.value) == b"location" and ENTRY_VALUE in entry:
+                location = _text(source, entry[ENTRY_VALUE])
+    return ExternalData(place, name, location) if external else None
+
+
+def find_external_data(
+    source: Source, start: int = 0, end: int | None = None
+) -> ExternalData | None:
+    """The first tensor of the ModelProto in [start, end) that refers to external data.
+
+    None when the model is self-contained. DamagedError when the bytes are not
+    a well-formed message or nest deeper than MAX_DEPTH.
+    """
+    pending = [("ModelProto", start, source.size if end is None else end, 0, "model")]
+    while pending:
+        message, offset, stop, depth, place = pending.pop()
+        if message == "TensorProto":
+            found = _tensor(source, offset, stop, place)
+            if found is not None:
+                return found
+            continue
+        if depth >= MAX_DEPTH:
+            raise DamagedError(f"messages nest deeper than {MAX_DEPTH}")
+        paths = TENSOR_PATHS[message]
+        for field in fields(source, offset, stop):
+            child = paths.get(field.number)
+            if child is not None and field.wire == LENGTH:
+                pending.append((child[0], field.start, field.end, depth + 1, child[1]))
+    return None

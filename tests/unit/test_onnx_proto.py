@@ -1,0 +1,228 @@
+"""The ONNX walker that finds external data: every place a tensor can hide, the schema
+it follows checked against onnx's own descriptors, hostile bytes, and what it reads."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from npud.fastrpc.model_format import ModelFileError, check_model_file
+from npud.formats import onnx_proto
+from npud.formats.onnx_proto import (
+    BytesSource,
+    DamagedError,
+    ExternalData,
+    FdSource,
+    find_external_data,
+)
+from tests.emulator import onnx_models
+
+TYPE_MESSAGE = 11  # google.protobuf TYPE_MESSAGE (protobuf ships no stubs)
+
+PLACES = {
+    "initializer": "initializer",
+    "constant": "attribute tensor",
+    "subgraph": "attribute tensor",
+    "nested subgraph": "attribute tensor",
+    "sparse initializer": "sparse values",
+    "function": "attribute tensor",
+    "training info": "attribute tensor",
+}
+
+
+@pytest.fixture
+def fds() -> Iterator[list[int]]:
+    opened: list[int] = []
+    yield opened
+    for fd in opened:
+        os.close(fd)
+
+
+def fd_source(tmp_path: Path, fds: list[int], data: bytes) -> FdSource:
+    path = tmp_path / f"model{len(fds)}.onnx"
+    path.write_bytes(data)
+    fds.append(os.open(path, os.O_RDONLY))
+    return FdSource(fds[-1], len(data))
+
+
+def test_the_table_matches_every_path_to_a_tensor_in_onnx_schema() -> None:
+    """The closure of messages that can (transitively) hold a TensorProto, computed from
+    the installed onnx's descriptors, is exactly the walker's table."""
+    assert onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].type == TYPE_MESSAGE
+    holds: dict[str, bool] = {}
+
+    def can_hold(message: Any, seen: frozenset[str]) -> bool:
+        if message.name == "TensorProto":
+            return True
+        if message.name in seen:
+            return False
+        if message.name not in holds:
+            holds[message.name] = any(
+                field.type == TYPE_MESSAGE and can_hold(field.message_type, seen | {message.name})
+                for field in message.fields
+            )
+        return holds[message.name]
+
+    derived: dict[str, dict[int, str]] = {}
+    pending: list[Any] = [onnx.ModelProto.DESCRIPTOR]
+    while pending:
+        message = pending.pop()
+        if message.name in derived or message.name == "TensorProto":
+            continue
+        derived[message.name] = {}
+        for field in message.fields:
+            if field.type == TYPE_MESSAGE and can_hold(field.message_type, frozenset()):
+                derived[message.name][field.number] = field.message_type.name
+                pending.append(field.message_type)
+    table = {
+        message: {number: child for number, (child, _) in paths.items()}
+        for message, paths in onnx_proto.TENSOR_PATHS.items()
+    }
+    assert table == derived
+
+
+@pytest.mark.parametrize("place", sorted(PLACES))
+def test_external_data_is_found_wherever_it_hides(
+    tmp_path: Path, fds: list[int], place: str
+) -> None:
+    data = onnx_models.external_data_everywhere("../etc/shadow")[place]
+    for source in (BytesSource(data), fd_source(tmp_path, fds, data)):
+        found = find_external_data(source)
+        assert found is not None
+        assert (found.place, found.location) == (PLACES[place], "../etc/shadow")
+        assert found.tensor in ("w", "v")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        onnx_models.add_one(),
+        onnx_models.affine(),
+        onnx_models.identity("float16"),
+        onnx_models.many_inputs(32),
+    ],
+)
+def test_self_contained_models_pass(data: bytes) -> None:
+    assert find_external_data(BytesSource(data)) is None
+
+
+def test_a_location_alone_or_a_flag_alone_is_enough() -> None:
+    """data_location EXTERNAL without entries, and entries without the flag (which
+    onnxruntime ignores today), are both refused: nothing in between is trusted."""
+    flag_only = TensorProto(name="w", data_type=TensorProto.UINT8, dims=[1])
+    flag_only.data_location = TensorProto.EXTERNAL
+    entries_only = onnx_models.external_tensor("w", "secret")
+    entries_only.data_location = TensorProto.DEFAULT
+    for tensor, location in ((flag_only, ""), (entries_only, "secret")):
+        data = onnx_models.model(
+            [helper.make_node("Identity", ["w"], ["y"])],
+            [],
+            [onnx_models.tensor("y", "uint8", [1])],
+            [tensor],
+        )
+        assert find_external_data(BytesSource(data)) == ExternalData("initializer", "w", location)
+
+
+def test_weights_are_skipped_not_read(tmp_path: Path, fds: list[int]) -> None:
+    """A model of 8 MiB of raw_data is walked by reading its headers: well under the
+    file's size goes through pread."""
+    weights = helper.make_tensor("big", TensorProto.UINT8, [8 << 20], b"\x01" * (8 << 20), raw=True)
+    data = onnx_models.model(
+        [helper.make_node("Identity", ["big"], ["y"])],
+        [],
+        [onnx_models.tensor("y", "uint8", [8 << 20])],
+        [weights],
+    )
+    source = fd_source(tmp_path, fds, data)
+    read = 0
+    real = source.read
+
+    def counted(offset: int, length: int) -> bytes:
+        nonlocal read
+        got = real(offset, length)
+        read += len(got)
+        return got
+
+    source.read = counted  # type: ignore[method-assign]
+    assert find_external_data(source) is None
+    assert read < 64 * 1024
+
+
+def test_reads_across_window_edges_agree_with_the_bytes(tmp_path: Path, fds: list[int]) -> None:
+    data = bytes(range(256)) * 1024  # 256 KiB, four windows
+    source = fd_source(tmp_path, fds, data)
+    for offset, length in [(0, 1), (65535, 2), (65536, 70000), (200000, 100), (262140, 10)]:
+        assert source.read(offset, length) == data[offset : offset + length]
+
+
+def _message(field: int, payload: bytes) -> bytes:
+    """One length-delimited field."""
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def test_nesting_is_bounded_without_recursion() -> None:
+    """Graph -> node -> attribute -> graph, 10,000 levels deep: refused as damaged,
+    never a RecursionError."""
+    graph = b""
+    for _ in range(10_000):
+        graph = _message(1, _message(5, _message(6, graph)))  # node{attribute{g{...}}}
+    data = b"\x08\x08" + _message(7, graph)
+    with pytest.raises(DamagedError, match="nest deeper than 64"):
+        find_external_data(BytesSource(data))
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"\x08\x08" + _message(7, b"\x0a\x05abc"), "runs 2 bytes past its message"),
+        (b"\x08\x08" + _message(7, b"\x0b"), "wire type 3"),
+        (b"\x08\x08" + _message(7, b"\x0a"), "ends inside its header"),
+        (b"\x08\x08" + _message(7, b"\x00"), "numbered 0"),
+        (b"\x08" + b"\xff" * 10, "longer than 10 bytes"),
+    ],
+)
+def test_damaged_bytes(data: bytes, reason: str) -> None:
+    with pytest.raises(DamagedError, match=reason):
+        find_external_data(BytesSource(data))
+
+
+def test_a_long_location_is_quoted_short() -> None:
+    data = onnx_models.external_initializer("a/" * 500)
+    found = find_external_data(BytesSource(data))
+    assert found is not None
+    assert len(found.location) == onnx_proto.MAX_SHOWN + 3
+    assert found.location.endswith("...")
+
+
+def test_the_daemons_gate_refuses_with_a_reason(tmp_path: Path, fds: list[int]) -> None:
+    data = onnx_models.external_initializer("tmp/secret.bin")
+    path = tmp_path / "leaky.onnx"
+    path.write_bytes(data)
+    fds.append(os.open(path, os.O_RDONLY))
+    with pytest.raises(ModelFileError, match="initializer 'w' names the external file") as caught:
+        check_model_file(fds[-1], "emulator")
+    assert caught.value.kind == "refused"
+    assert "'tmp/secret.bin'" in str(caught.value)
+    # Damage inside the graph (past the top-level walk) is "damaged", not a traceback.
+    broken = b"\x08\x08" + _message(7, b"\x0a\x05abc")
+    path.write_bytes(broken)
+    fds.append(os.open(path, os.O_RDONLY))
+    with pytest.raises(ModelFileError, match="damaged ONNX model: field 1 runs") as damaged:
+        check_model_file(fds[-1], "emulator")
+    assert damaged.value.kind == "damaged"
