@@ -333,34 +333,50 @@ def _us(seconds: float) -> int:
 
 
 class Clients:
-    """Every connected client, admission and the quotas that span clients."""
+    """Every connected client, admission and the quotas that span clients.
+
+    The trio thread admits and removes clients while worker threads run the quota
+    checks of arriving requests: the set is only touched under ``_lock``, and every
+    reader works on a snapshot (a tuple made under the lock), never on the set itself.
+    """
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self._lock = threading.Lock()
         self._all: set[Client] = set()
 
+    def snapshot(self) -> tuple[Client, ...]:
+        """The clients now (any thread)."""
+        with self._lock:
+            return tuple(self._all)
+
     def __iter__(self) -> Iterator[Client]:
-        return iter(list(self._all))
+        return iter(self.snapshot())
 
     def __len__(self) -> int:
-        return len(self._all)
+        with self._lock:
+            return len(self._all)
 
     def admit(self, client: Client) -> None:
-        limit = self.config.limits.max_clients
-        if len(self._all) >= limit:
-            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="clients", limit=limit)
-        mine = self.config.uid_limits.max_clients
-        if sum(c.uid == client.uid for c in self._all) >= mine:
-            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="clients of this user", limit=mine)
-        self._all.add(client)
+        with self._lock:
+            limit = self.config.limits.max_clients
+            if len(self._all) >= limit:
+                raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="clients", limit=limit)
+            mine = self.config.uid_limits.max_clients
+            if sum(c.uid == client.uid for c in self._all) >= mine:
+                raise CodedError(
+                    ErrorCode.QUOTA_EXCEEDED, resource="clients of this user", limit=mine
+                )
+            self._all.add(client)
 
     def remove(self, client: Client) -> None:
-        self._all.discard(client)
+        with self._lock:
+            self._all.discard(client)
 
     def check_buffer(self, client: Client, size: int) -> None:
         """Room for one more buffer of ``size`` bytes: for this client, for its user and
         for the daemon."""
-        counts = [(c, c.objects.pending(Kind.BUFFER)) for c in self._all | {client}]
+        counts = [(c, c.objects.pending(Kind.BUFFER)) for c in {*self.snapshot(), client}]
         scopes = (
             ("buffers", "buffer bytes", self.config.client_limits, (client,)),
             (
@@ -394,7 +410,9 @@ class Clients:
         if client.objects.pending(Kind.HANDLE)[0] >= limit:
             raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="handles", limit=limit)
         mine = self.config.uid_limits.max_handles
-        used = sum(c.objects.pending(Kind.HANDLE)[0] for c in self._all if c.uid == client.uid)
+        used = sum(
+            c.objects.pending(Kind.HANDLE)[0] for c in self.snapshot() if c.uid == client.uid
+        )
         if used >= mine:
             raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="handles of this user", limit=mine)
 
@@ -417,5 +435,5 @@ class Clients:
 
     def forget_all(self) -> None:
         """A session restart released every client's objects."""
-        for client in self._all:
+        for client in self.snapshot():
             client.objects.forget_all()

@@ -205,10 +205,15 @@ class DataPath:
                     link = self._links.get(fd)
                 if link is None:
                     continue
-                if fd == link.fd:
-                    self._serve_read(link)
-                elif mask & (select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP):
-                    link.flush()
+                try:
+                    if fd == link.fd:
+                        self._serve_read(link)
+                    elif mask & (select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP):
+                        link.flush()
+                except Exception:
+                    # A bug of ours: one connection's trouble, never a dead worker.
+                    link.log.exception("serving a connection failed; dropping it")
+                    link.drop("internal error")
 
     _buffer = threading.local()
 
@@ -307,6 +312,11 @@ class DataPath:
         except CodedError as exc:
             self._refuse_unstarted(link, request, exc)
             return None
+        except Exception as exc:
+            # A bug of ours in the arrival step: answer it, log it whole, keep serving.
+            link.log.exception("request failed", request=p.tag_of(request), id=request.id)
+            self._refuse_unstarted(link, request, _internal(exc))
+            return None
         call = Call(handler, link)
         link.arrived(call)
         return call
@@ -402,7 +412,7 @@ class DataPath:
             call.link.log.exception(
                 "request failed", request=p.tag_of(handler.request), id=handler.request.id
             )
-            return None, CodedError(ErrorCode.INTERNAL_ERROR, detail=type(exc).__name__)
+            return None, _internal(exc)
 
     def _deliver(self, call: Call, answer: Answer | None, error: CodedError | None) -> None:
         fds = [answer.fd] if answer is not None and answer.fd is not None else []
@@ -524,6 +534,10 @@ class DataPath:
             calls = [call for call in link.pending if isinstance(call, Call)]
         for call in calls:
             self.claim_and_refuse(call, error)
+
+
+def _internal(exc: Exception) -> CodedError:
+    return CodedError(ErrorCode.INTERNAL_ERROR, detail=type(exc).__name__)
 
 
 def _deadline_error(handler: Handler[Any]) -> CodedError:
