@@ -1,23 +1,25 @@
-"""The broker: one FastRPC session shared by every client.
+"""The broker: the daemon's parts, put together for the connections.
 
-:class:`Broker` ties the daemon's parts together for the connections: the
-session's life (:mod:`npud.dsp`), the clients and their quotas
-(:mod:`npud.clients`), the scheduler (:mod:`npud.scheduler`), the data path
-that carries requests (:mod:`npud.datapath`) and the configuration; the work of
-each request is in :mod:`npud.requests`. It lives on the trio thread; the
-methods the request handlers call (``release_now``, ``status``, ``count_call``)
-are safe from any thread.
+:class:`Broker` composes the one DSP and what every domain shares
+(:mod:`npud.domain.device`), the domains (:mod:`npud.domain.domains`), the
+clients and their quotas (:mod:`npud.clients`), the scheduler
+(:mod:`npud.scheduler`) and the data path that carries requests
+(:mod:`npud.datapath`). It admits a client at its Hello (quotas, scheduler
+account, domain), releases what it held when it goes, hears of a domain's
+restart and tells its clients, charges a hung call to its client, and
+assembles the status. The work of each request is in :mod:`npud.requests`,
+whose handlers are given their client and its domain and never see the broker.
 
-A client's resources are released when its connection ends, after any call of
-it already on the DSP has returned (the session defers releasing what an
-invoke uses).
+Lives on the trio thread; ``status``, ``domain_named`` and the watchdog's
+``charge_hung`` are safe from any thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import threading
 import time
+from typing import Any, Final
 
 import structlog
 import trio
@@ -29,11 +31,12 @@ from npud.backend import Profile
 from npud.clients import Client, Clients, Kind
 from npud.config import MAX_TIMEOUT_MS, Config
 from npud.datapath import DataPath
-from npud.dsp import Dsp
-from npud.fastrpc.dma import SessionBuffer
-from npud.fastrpc.session import FastRpcSession
+from npud.domain.device import Device
+from npud.domain.domains import Domains
+from npud.domain.life import Domain
+from npud.holdings import HeldBuffer, OpenHandle, let_go
 from npud.models import NpuModel
-from npud.requests import Route, release_session_objects
+from npud.requests import Handler
 from npud.scheduler import (
     BACKGROUND,
     NORMAL,
@@ -46,6 +49,9 @@ from npud.scheduler import (
 
 log = structlog.get_logger("npud.broker")
 
+RELEASE_GRACE: Final = 5.0
+"""Seconds an isolated domain's calls get when its client is gone."""
+
 
 class Broker:
     def __init__(self, config: Config, profile: Profile) -> None:
@@ -53,11 +59,12 @@ class Broker:
         self.profile = profile
         self.started = time.monotonic()
         self.clients = Clients(config)
-        self.dsp = Dsp(
-            profile,
-            forget_clients=self.clients.forget_all,
-            announce=self.broadcast,
-            pool=config.pool,
+        self.device = Device(profile, config.pool)
+        self.domains = Domains(
+            self.device,
+            config.domains,
+            on_restarted=self._restarted,
+            on_reopened=self._reopened,
         )
         policy = config.scheduler
         self.scheduler = Scheduler(
@@ -73,14 +80,14 @@ class Broker:
         )
         self.datapath = DataPath(
             self.scheduler,
-            {Route.CONTROL: self.dsp.control, Route.LOADER: self.dsp.loader},
             workers=policy.worker_threads,
             frame_timeout=config.daemon.frame_timeout,
             call_watchdog=config.daemon.call_watchdog,
-            on_hung=self.dsp.notice_hung,
+            on_hung=self.charge_hung,
         )
-        self._calls_total = 0
-        self._calls_lock = threading.Lock()
+        self._revoke: dict[Client, Any] = {}
+        """How to close each welcomed client's connection (the connection's revoke)."""
+        self._token: trio.lowlevel.TrioToken | None = None
 
     @property
     def config(self) -> Config:
@@ -88,44 +95,71 @@ class Broker:
 
     @config.setter
     def config(self, config: Config) -> None:
-        """A reload: access lists and limits apply to the next request, the pool's
-        settings at once."""
+        """A reload: access lists, limits and domain rules apply to the next request or
+        Hello, the pool's settings at once."""
         old, self._config = self._config, config
         self.clients.config = config
-        if config.pool != old.pool:
-            self.dsp.pool.reconfigure(config.pool)
+        self.domains.config = config.domains
+        for client in self.clients:
+            client.limits = self.make_limits(client)
+        memory = self.device.memory
+        if memory is not None and config.pool != old.pool:
+            self.device.closer.submit(lambda: memory.pool.reconfigure(config.pool))
+
+    @property
+    def default_domain(self) -> Domain | None:
+        return self.domains.default
 
     # ------------------------------------------------------------------ life
-    def attach(self, nursery: trio.Nursery) -> None:
-        self.dsp.attach(nursery)
-
     async def start(self) -> None:
+        """Verify the shell, open the heap and the default domain. Raises on failure."""
+        self._token = trio.lowlevel.current_trio_token()
         try:
-            await self.dsp.start()
+            await self.device.start()
+            await self.domains.start()
         finally:
             self.datapath.start()
 
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Where background work runs from now on: domain recovery, the pool's trim."""
+        self.device.attach(nursery)
+        self.domains.attach(nursery)
+
     async def close(self, grace: float) -> None:
-        """Close the session and stop every thread; calls still on the DSP get ``grace``."""
-        await self.dsp.close(grace)
+        """Close every domain and stop every thread; calls still on the DSP get ``grace``."""
+        self.device.stopping = True
+        await self.domains.close(grace)
+        await self.device.close()
         if not await trio.to_thread.run_sync(self.datapath.stop, 1.0):
             log.warning("data-path worker still in a DSP call at exit")
+
+    def stop_waiting(self) -> None:
+        """Shutdown past its grace: nobody waits for calls still on the DSP."""
+        self.domains.stop_waiting()
+        self.device.stop_waiting()
 
     @property
     def calls_total(self) -> int:
         """DSP calls answered since start."""
-        return self._calls_total
-
-    def count_call(self) -> None:
-        with self._calls_lock:
-            self._calls_total += 1
+        return self.datapath.calls_done
 
     def healthy(self) -> bool:
-        return self.dsp.healthy() and self.datapath.alive()
+        """What the systemd watchdog ping stands for: the data path's workers and the
+        daemon's own lanes are alive. A domain's trouble is the domain's: it restarts its
+        DSP process; it never makes the daemon unhealthy."""
+        return self.datapath.alive() and all(lane.alive() for lane in self.device.lanes())
 
     def describe(self) -> str:
         """One line for systemd's STATUS=."""
-        return f"{len(self.clients)} clients; {self.dsp.describe()}"
+        default = self.domains.default
+        session = default.session if default is not None else None
+        dsp = (
+            f"DSP up ({self.profile.kind}, {session.capabilities.arch}, epoch {default.epoch})"
+            if default is not None and session is not None and default.state == "up"
+            else "DSP restarting"
+        )
+        domains = len(self.domains)
+        return f"{len(self.clients)} clients; {domains} domain{'s' * (domains != 1)}; {dsp}"
 
     # --------------------------------------------------------------- clients
     def grant_priority(self, client: Client, asked: p.Priority) -> p.Priority:
@@ -140,14 +174,10 @@ class Broker:
                 return p.Priority.NORMAL
         return asked
 
-    def client_limits(self, client: Client) -> p.ClientLimits:
-        """The limits ``client`` was told (every invoke checks them: made once per
-        configuration, not per call)."""
-        cached = client.limits_cache
-        if cached is not None and cached[0] is self._config:
-            return cached[1]
+    def make_limits(self, client: Client) -> p.ClientLimits:
+        """The limits ``client`` is told and held to, from the configuration now."""
         limits = self.config.client_limits
-        made = p.ClientLimits(
+        return p.ClientLimits(
             priority=client.priority,
             max_in_flight=limits.max_calls_in_flight,
             max_buffers=limits.max_buffers,
@@ -158,11 +188,11 @@ class Broker:
             max_timeout_ms=MAX_TIMEOUT_MS,
             default_timeout_ms=limits.default_timeout_ms or None,
         )
-        client.limits_cache = (self._config, made)
-        return made
 
-    def admit(self, client: Client, budget: p.Budget | None) -> None:
-        """Take ``client`` in (after its Hello): quotas, then the scheduler's admission."""
+    async def admit(self, client: Client, budget: p.Budget | None) -> Domain:
+        """Take ``client`` in (after its Hello): quotas, the scheduler's admission, then
+        its domain (opened if it needs one of its own). Raises CodedError to refuse;
+        nothing is held then."""
         self.clients.admit(client)
         klass = {p.Priority.REALTIME: REALTIME, p.Priority.NORMAL: NORMAL}.get(
             client.priority, BACKGROUND
@@ -175,78 +205,108 @@ class Broker:
         except AdmissionRefusedError as exc:
             self.clients.remove(client)
             raise CodedError(ErrorCode.ADMISSION_REFUSED, detail=str(exc)) from None
+        placement = self.domains.placement(client.uid, client.groups, client.name)
+        try:
+            domain = await self.domains.join(placement, client)
+        except BaseException:
+            self.scheduler.close_account(client.account)
+            self.clients.remove(client)
+            raise
+        client.domain_name = domain.name
+        client.limits = self.make_limits(client)
+        client.daemon = self
+        return domain
 
-    async def release_client(self, client: Client) -> None:
-        """Free everything ``client`` holds. Call after its requests have ended."""
+    def welcomed(self, client: Client, revoke: Any) -> None:
+        """``client``'s connection is served; ``revoke(detail)`` closes it (trio thread)."""
+        self._revoke[client] = revoke
+
+    async def release_client(self, client: Client, domain: Domain | None) -> None:
+        """Free everything ``client`` holds, and its domain if it had one of its own.
+        Call after its requests have ended."""
+        self._revoke.pop(client, None)
         self.clients.remove(client)
         if client.account is not None:
             self.scheduler.close_account(client.account)
         entries = client.objects.take_all()
-        if self.dsp.stopping:
-            return  # at shutdown, closing the session releases everything at once
-        # What it still held is released, never kept: its threads may still be writing it.
-        await self.release(
-            self.dsp.session,
-            buffers=[e.value for e in entries if e.kind is Kind.BUFFER],
-            handles=[e.value for e in entries if e.kind is Kind.HANDLE],
-            models=[e.value for e in entries if e.kind is Kind.MODEL],
+        if domain is None:
+            return
+        if not self.device.stopping:
+            # What it still held is released, never kept: its threads may still be writing it.
+            buffers = [e.value for e in entries if e.kind is Kind.BUFFER]
+            handles = [e.value for e in entries if e.kind is Kind.HANDLE]
+            models = [e.value for e in entries if e.kind is Kind.MODEL]
+            if buffers or handles or models:
+                lane = domain.loader if handles or models else domain.control
+                with trio.CancelScope(shield=True):
+                    await lane.call(
+                        lambda: let_go(domain, buffers=buffers, handles=handles, models=models)
+                    )
+            memory = self.device.memory
+            if memory is not None and memory.pool.holds(client):  # share = client: its own
+                with trio.CancelScope(shield=True):
+                    await domain.control.call(lambda: memory.pool.drop(client))
+        await self.domains.leave(domain, client, RELEASE_GRACE)
+
+    # -------------------------------------------------------------- restarts
+    def _restarted(self, domain: Domain, reason: str) -> None:
+        """``domain``'s DSP process is gone (trio thread): its clients' DSP objects are
+        forgotten, and what lives outside the DSP (buffers of version-2 clients, model
+        arenas) is let go."""
+        memory = self.device.require_memory()
+        for member in list(domain.members):
+            assert isinstance(member, Client)
+            for entry in member.objects.forget_dsp_objects(keep_buffers=member.keeps_buffers):
+                value = entry.value
+                if isinstance(value, HeldBuffer):
+                    memory.release(value.buffer)
+                elif isinstance(value, NpuModel):
+                    value.forget()
+                else:
+                    assert isinstance(value, OpenHandle)
+
+    async def _reopened(self, domain: Domain, reason: str) -> None:
+        """``domain`` has a new session: its clients hear of the new epoch first."""
+        event = p.SessionRestarted(epoch=domain.epoch, reason=reason, domain=domain.name)
+        for member in list(domain.members):
+            assert isinstance(member, Client)
+            if member.send_event is not None:
+                member.send_event(event)
+
+    def charge_hung(self, handler: Handler[Any], reason: str) -> None:
+        """The watchdog caught ``handler``'s call (timer thread): its domain's DSP process
+        is ended and restarted, and its client pays (``daemon.hung_call_penalty``)."""
+        handler.domain.notice_hung(reason)
+        client = handler.client
+        client.hung_calls += 1
+        daemon = self.config.daemon
+        revoke = daemon.hung_call_penalty == "revoke" or (
+            daemon.hung_calls_before_revoke and client.hung_calls >= daemon.hung_calls_before_revoke
         )
-        pool = self.dsp.pool
-        if pool.holds(client):  # share = client: what it freed was kept for it alone
-            with trio.CancelScope(shield=True):
-                await self.dsp.control.call(lambda: pool.drop(client))
-
-    async def release(
-        self,
-        session: FastRpcSession | None,
-        *,
-        buffers: list[SessionBuffer] | None = None,
-        handles: list[int] | None = None,
-        models: list[NpuModel] | None = None,
-    ) -> None:
-        """:meth:`release_now` on a lane (a disconnected client's leftovers), shielded."""
-        if not buffers and not handles and not models:
-            return
-        pool = self.dsp.loader if handles or models else self.dsp.control
-        with trio.CancelScope(shield=True):
-            await pool.call(
-                lambda: self.release_now(session, buffers=buffers, handles=handles, models=models)
+        if client.account is not None and daemon.hung_call_throttle_seconds:
+            self.scheduler.throttle(client.account, daemon.hung_call_throttle_seconds)
+        log.error(
+            "hung call charged to its client",
+            pid=client.pid,
+            uid=client.uid,
+            client=client.name,
+            domain=handler.domain.name,
+            hung_calls=client.hung_calls,
+            penalty="revoke" if revoke else "throttle",
+        )
+        token = self._token
+        if revoke and token is not None:
+            detail = (
+                f"{client.hung_calls} of its calls hung past the watchdog "
+                f"({self.config.daemon.call_watchdog:g} s)"
             )
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._revoke_client, client, detail)
 
-    def recycle(self, client: Client, buffer: SessionBuffer) -> None:
-        """``client`` freed ``buffer``: the pool keeps it, or it is released here (a lane
-        thread); a failure is raised as the client's code."""
-        session, pool = self.dsp.session, self.dsp.pool
-        if not pool.give(session, pool.scope(client, client.uid), buffer):
-            self.release_now(session, buffers=[buffer], strict=True)
-
-    def release_now(
-        self,
-        session: FastRpcSession | None,
-        *,
-        buffers: list[SessionBuffer] | None = None,
-        handles: list[int] | None = None,
-        models: list[NpuModel] | None = None,
-        strict: bool = False,
-    ) -> None:
-        """Release ``models``, close ``handles`` and free ``buffers`` of ``session``, here
-        (a lane thread).
-
-        ``strict``: a client asked for it, so the first failure is raised (as
-        the client's code); otherwise failures are logged. Objects of a session
-        that is gone were released with it.
-        """
-        buffers, handles, models = buffers or [], handles or [], models or []
-        if not buffers and not handles and not models:
-            return
-        if session is None or session is not self.dsp.session:
-            if strict:
-                raise CodedError(ErrorCode.DSP_RESTARTED)
-            return
-        for failure in release_session_objects(session, buffers, handles, models):
-            if strict:
-                raise self.dsp.translate(session, failure) from None
-            log.warning("release failed", code=failure.code.name, error=str(failure))
+    def _revoke_client(self, client: Client, detail: str) -> None:
+        revoke = self._revoke.get(client)
+        if revoke is not None:
+            revoke(detail)
 
     async def broadcast(self, event: p.ServerEvent) -> None:
         """Tell every client (sends never block: a slow reader is dropped by the data path)."""
@@ -255,7 +315,10 @@ class Broker:
                 client.send_event(event)
 
     # ---------------------------------------------------------------- status
-    def status(self) -> p.DaemonStatus:
+    def domain_named(self, name: str) -> Domain | None:
+        return self.domains.get(name)
+
+    def status(self, viewer: Client | None = None) -> p.DaemonStatus:
         clients = sorted(self.clients, key=lambda c: c.pid)
         rows = [c.row() for c in clients]
         totals = p.Totals(
@@ -269,7 +332,7 @@ class Broker:
             models=sum(len(r.models) for r in rows),
             model_bytes=sum(m.bytes for r in rows for m in r.models),
         )
-        dsp, shell = self.dsp, self.dsp.shell
+        shell = self.device.shell
         shell_status = (
             p.ShellStatus(
                 verified=True,
@@ -281,22 +344,53 @@ class Broker:
             if shell
             else p.ShellStatus(verified=False)
         )
+        default = self.domains.default
+        session = default.session if default is not None else None
+        memory = self.device.memory
+        memory_stats = memory.statistics() if memory is not None else None
         return p.DaemonStatus(
             daemon_version=__version__,
             uptime_ms=int((time.monotonic() - self.started) * 1000),
             backend=self.profile.kind,
-            device=self.profile.device_label(dsp.session.device) if dsp.session else "",
-            dsp=dsp.capabilities(),
+            device=self.profile.device_label(session.device) if session else "",
+            dsp=default.capabilities() if default is not None else p.DspCapabilities(),
             shell=shell_status,
-            epoch=dsp.epoch,
-            restarts=dsp.restarts,
+            epoch=default.epoch if default is not None else 0,
+            restarts=default.restarts if default is not None else 0,
             totals=totals,
             clients=tuple(rows[: p.MAX_STATUS_CLIENTS]),
-            session=dsp.session_row(),
-            lanes=dsp.lane_rows(),
+            session=default.session_row() if default is not None else None,
+            lanes=self._lane_rows(),
             scheduler=self._scheduler_row(),
-            pool=dsp.pool.row(),
+            pool=memory.pool.row() if memory is not None else None,
+            domains=self.domains.rows()[:64],
+            memory=(
+                p.MemoryRow(
+                    source=memory_stats.source,
+                    buffers=memory_stats.buffers,
+                    bytes=memory_stats.bytes,
+                )
+                if memory_stats is not None
+                else None
+            ),
         )
+
+    def _lane_rows(self) -> tuple[p.LaneRow, ...]:
+        rows = []
+        default = self.domains.default
+        if default is not None:
+            rows += list(default.lane_rows())
+        rows += [
+            p.LaneRow(
+                name=stats.name,
+                threads=stats.threads,
+                queued=stats.queued,
+                running=stats.running,
+                completed=stats.completed,
+            )
+            for stats in (lane.statistics() for lane in self.device.lanes())
+        ]
+        return tuple(rows[:16])
 
     def _scheduler_row(self) -> p.SchedulerRow:
         stats = self.scheduler.statistics()

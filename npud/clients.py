@@ -30,14 +30,27 @@ import enum
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
 from npud.config import Config
+from npud.holdings import HeldBuffer
 from npud.scheduler import Account
+
+if TYPE_CHECKING:
+    from npud.domain.life import Domain
+
+
+class DaemonView(Protocol):
+    """What a request may ask of the daemon as a whole, beyond its client and its domain
+    (npud.broker provides it): the status, and for root's debug faults another domain."""
+
+    def status(self, viewer: Client) -> p.DaemonStatus: ...
+
+    def domain_named(self, name: str) -> Domain | None: ...
 
 
 class Gate:
@@ -128,7 +141,7 @@ class Entry:
     size: int = 0
     """Bytes counted against the quotas (buffers; models: file plus arena)."""
     value: Any = None
-    """The session's object once created: a SessionBuffer, a DSP handle (int), or a
+    """The session's object once created: a DmaBuffer, a DSP handle (int), or a
     model (npud.models.NpuModel)."""
     created: Gate = field(default_factory=Gate)
     """Open once the creating request has ended, whether it succeeded or not."""
@@ -211,19 +224,32 @@ class ObjectTable:
             entry.live = False
 
     # --- the whole table --------------------------------------------------------
-    def forget_all(self) -> None:
-        """A session restart released everything: every id issued so far is gone
-        (DSP_RESTARTED, not unknown, for requests naming one)."""
+    def forget_dsp_objects(self, *, keep_buffers: bool) -> list[Entry]:
+        """The client's DSP process restarted: every handle and model issued so far is
+        gone (DSP_RESTARTED, not unknown, for requests naming one). Buffers live on
+        outside the DSP: with ``keep_buffers`` (protocol version 3) they stay, unmapped;
+        otherwise they go too. Returns the live entries that went, for release."""
         with self._lock:
-            entries = list(self._entries.values())
-            self._entries.clear()
+            gone = [
+                entry
+                for entry in self._entries.values()
+                if not (keep_buffers and entry.kind is Kind.BUFFER)
+            ]
+            for entry in gone:
+                del self._entries[entry.id]
             self._lost_below = self._next_id
-        for entry in entries:
+            kept = [entry for entry in self._entries.values() if entry.kind is Kind.BUFFER]
+        for entry in kept:
+            if isinstance(entry.value, HeldBuffer):
+                entry.value.mapping = None  # its lease died with the process
+        released = [entry for entry in gone if entry.live]
+        for entry in gone:
             entry.live = False
             entry.lost = True
             entry.created.open()
             if entry.idle is not None:
                 entry.idle.open()
+        return released
 
     def take_all(self) -> list[Entry]:
         """Empty the table (the connection ended); the live entries, for release."""
@@ -270,7 +296,21 @@ class Client:
     uid: int
     gid: int
     name: str = "?"
+    groups: tuple[int, ...] = ()
+    """Every group of the peer (primary and supplementary, from SO_PEERGROUPS)."""
     priority: p.Priority = p.Priority.NORMAL
+    protocol_version: int = p.PROTOCOL_VERSION
+    """The version agreed at Hello."""
+    domain_name: str = ""
+    """The domain its calls run in (set at Hello)."""
+    hung_calls: int = 0
+    """Calls of this client the watchdog caught."""
+    limits: p.ClientLimits | None = None
+    """What its Welcome announced (a reload makes them anew); every call checks them."""
+    quotas: Clients | None = None
+    """The table it was admitted to, whose quotas span clients (set by Clients.admit)."""
+    daemon: DaemonView | None = None
+    """The daemon as its requests may see it (set when it is welcomed)."""
     send_event: Callable[[p.ServerEvent], object] | None = None
     """How events reach this client (set once it is welcomed; never blocks)."""
     account: Account | None = None
@@ -278,8 +318,6 @@ class Client:
     objects: ObjectTable = field(default_factory=ObjectTable)
     calls_in_flight: int = 0
     calls_done: int = 0
-    limits_cache: tuple[object, p.ClientLimits] | None = None
-    """(the configuration, the limits made from it): see Broker.client_limits."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def begin_call(self, limit: int) -> None:
@@ -298,6 +336,11 @@ class Client:
     def buffer_bytes(self) -> int:
         return sum(entry.size for entry in self.objects.entries(Kind.BUFFER))
 
+    @property
+    def keeps_buffers(self) -> bool:
+        """A restart of its domain leaves its buffers alone (protocol version 3)."""
+        return self.protocol_version >= 3
+
     def row(self) -> p.ClientRow:
         buffers = list(self.objects.entries(Kind.BUFFER))
         models = [entry.value.row(entry.id) for entry in self.objects.entries(Kind.MODEL)]
@@ -311,6 +354,9 @@ class Client:
             buffers=len(buffers),
             bytes=sum(entry.size for entry in buffers),
             mappings=sum(entry.value.dsp_address is not None for entry in buffers),
+            domain=self.domain_name,
+            hung_calls=self.hung_calls,
+            throttled=account.throttled if account else False,
             handles=sum(1 for _ in self.objects.entries(Kind.HANDLE)),
             calls_in_flight=self.calls_in_flight,
             calls_done=self.calls_done,
@@ -368,6 +414,7 @@ class Clients:
                     ErrorCode.QUOTA_EXCEEDED, resource="clients of this user", limit=mine
                 )
             self._all.add(client)
+            client.quotas = self
 
     def remove(self, client: Client) -> None:
         with self._lock:
@@ -432,8 +479,3 @@ class Clients:
         limit = self.config.client_limits.max_model_bytes
         if client.objects.pending(Kind.MODEL)[1] > limit:
             raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="model bytes", limit=limit)
-
-    def forget_all(self) -> None:
-        """A session restart released every client's objects."""
-        for client in self.snapshot():
-            client.objects.forget_all()

@@ -96,10 +96,32 @@ class DaemonConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
         msgspec.Meta(ge=0, le=86_400),
         _doc(
             "A DSP call still running after this many seconds is taken as hung: it is "
-            "reported, the DSP process is ended and the session restarted (every client is "
-            "told). 0 turns the watchdog off."
+            "reported, the DSP process of its domain is ended and that domain's session "
+            "restarted (the domain's clients are told; other domains see nothing), and its "
+            "client pays (hung_call_penalty). 0 turns the watchdog off."
         ),
     ] = 30.0
+    hung_call_penalty: Annotated[
+        Literal["throttle", "revoke"],
+        _doc(
+            "What the client whose call the watchdog caught pays, beyond the restart of its "
+            "domain's DSP process: throttle runs its calls one at a time in the background "
+            "class for hung_call_throttle_seconds; revoke closes its connection at once."
+        ),
+    ] = "throttle"
+    hung_call_throttle_seconds: Annotated[
+        float,
+        msgspec.Meta(ge=0, le=86_400),
+        _doc("How long a client stays throttled after a call of it hung."),
+    ] = 60.0
+    hung_calls_before_revoke: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=1000),
+        _doc(
+            "A client whose calls hung this many times is revoked (its connection closed "
+            "with NOT_PERMITTED), whatever hung_call_penalty says; 0 never revokes."
+        ),
+    ] = 2
     log_burst: Annotated[
         int,
         msgspec.Meta(ge=1, le=1_000_000),
@@ -370,6 +392,81 @@ class UidLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     max_handles: Annotated[_Count, _doc("Remote handles one user may have open.")] = 256
 
 
+DomainName = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^[a-z][a-z0-9_-]{0,30}$"),
+    _doc("Lower-case letters, digits, - and _, starting with a letter; at most 31."),
+]
+DEFAULT_DOMAIN: Final = "default"
+X1E_COMPUTE_CONTEXT_BANKS: Final = 12
+"""Compute context banks of the X1E80100 CDSP's FastRPC node in the device tree
+(x1e80100.dtsi: SIDs 1-8 and 10-13, "cb 9 is secure"); one per DSP process."""
+
+
+class DomainRuleConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A named domain and the connections it takes (``[[domains.rule]]``)."""
+
+    name: Annotated[DomainName, _doc("The domain's name, as status shows it.")]
+    uids: Annotated[tuple[_Id, ...], _doc("Connections of these users.")] = ()
+    gids: Annotated[
+        tuple[_Id, ...],
+        _doc("Connections of users in these groups (primary or supplementary)."),
+    ] = ()
+    clients: Annotated[
+        tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=127)], ...],
+        _doc(
+            "Connections whose Hello client_name matches one of these shell patterns "
+            "(fnmatch). A name is the client's own claim: combine it with uids or gids "
+            "where that matters."
+        ),
+    ] = ()
+    isolate: Annotated[
+        bool,
+        _doc(
+            "Each matching connection gets a DSP process of its own, opened at its Hello "
+            "and closed when it goes; false: the matching connections share one."
+        ),
+    ] = False
+
+    def __post_init__(self) -> None:
+        if self.name == DEFAULT_DOMAIN:
+            raise ValueError(f"{DEFAULT_DOMAIN!r} is the domain of connections no rule takes")
+        if not (self.uids or self.gids or self.clients):
+            raise ValueError(f"domain {self.name!r} names no uids, gids or clients to take")
+
+
+class DomainsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Domains: which connections share a DSP process (docs/architecture.md, Domains).
+    A connection joins the first rule whose every listed kind (uids, gids, clients)
+    matches it, else the default domain. A reload (SIGHUP) applies to connections that
+    say Hello afterwards."""
+
+    max_domains: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=14),
+        _doc(
+            "DSP processes npud keeps at once, the default domain's included: one FastRPC "
+            "session each, and each takes one of the CDSP's compute context banks (12 on "
+            "the X1E80100). A connection that would need one more is refused "
+            "(QUOTA_EXCEEDED)."
+        ),
+    ] = X1E_COMPUTE_CONTEXT_BANKS
+    isolate_default: Annotated[
+        bool,
+        _doc(
+            "Connections that no rule takes get a DSP process each, instead of sharing the "
+            "default domain's."
+        ),
+    ] = False
+    rule: Annotated[tuple[DomainRuleConfig, ...], _doc("The named domains, first match wins.")] = ()
+
+    def __post_init__(self) -> None:
+        names = [rule.name for rule in self.rule]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"domain names must differ: {', '.join(twice)} given twice")
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """npud's configuration: one TOML table per section below."""
 
@@ -383,6 +480,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
     emulator: EmulatorConfig = msgspec.field(default_factory=EmulatorConfig)
     pool: PoolConfig = msgspec.field(default_factory=PoolConfig)
+    domains: DomainsConfig = msgspec.field(default_factory=DomainsConfig)
 
 
 class ConfigError(Exception):

@@ -36,6 +36,7 @@ from npu_protocol import CodedError, ErrorCode
 from npud import __version__
 from npud.broker import Broker
 from npud.clients import Client
+from npud.domain.life import Domain
 from npud.link import Link
 from npud.loglimit import LogBudget
 from npud.loglimit import fields as log_fields
@@ -57,6 +58,8 @@ class PeerConnection:
             pid=client.pid, uid=client.uid, client="?"
         )
         self._admitted = False
+        self.domain: Domain | None = None
+        """The domain the client's calls run in (from its Hello on)."""
         self._link: Link | None = None
         self._revoked: str | None = None
         self._handshake_scope: trio.CancelScope | None = None
@@ -93,6 +96,7 @@ class PeerConnection:
                 link.on_finished = lambda _link: _set_soon(token, finished)
                 self.client.send_event = link.send
                 self._link = link
+                self.broker.welcomed(self.client, self.revoke)
                 self.broker.datapath.add(link)
                 reason = "npud is stopping"  # unless the link ends first
                 await finished.wait()
@@ -108,9 +112,9 @@ class PeerConnection:
                     self.broker.datapath.remove(link)
                     link.release_pending_fds()  # a worker may still be inside its read
                 else:
-                    self.broker.dsp.close_later(self.protocol.take_pending_fds())
+                    self.broker.device.close_later(self.protocol.take_pending_fds())
                 if self._admitted:
-                    await self.broker.release_client(self.client)
+                    await self.broker.release_client(self.client, self.domain)
                 self._trio_sock.close()
             self.log.info(
                 "client disconnected",
@@ -132,10 +136,11 @@ class PeerConnection:
             self._handshake_scope.cancel()
 
     def _make_link(self) -> Link:
-        broker, client = self.broker, self.client
+        broker, client, domain = self.broker, self.client, self.domain
+        assert domain is not None, "a welcomed client has its domain"
 
         def arrive(request: p.AnyRequest) -> Handler[Any]:
-            handler = HANDLERS[type(request)](broker, client, request)
+            handler = HANDLERS[type(request)](client, domain, request)
             handler.start()
             return handler
 
@@ -145,7 +150,7 @@ class PeerConnection:
             log_context=self.log,
             arrive=arrive,
             on_finished=lambda _link: None,
-            close_later=broker.dsp.close_later,
+            close_later=broker.device.close_later,
             log_budget=LogBudget(
                 broker.config.daemon.log_burst, broker.config.daemon.log_summary_interval
             ),
@@ -172,7 +177,7 @@ class PeerConnection:
                 try:
                     event = self.protocol.next_event()
                 except p.RemoteProtocolError as exc:
-                    self.broker.dsp.close_later(self.protocol.take_pending_fds())
+                    self.broker.device.close_later(self.protocol.take_pending_fds())
                     self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
                     await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
                     return False, f"protocol violation: {exc}"
@@ -181,7 +186,7 @@ class PeerConnection:
                 if isinstance(event, p.ConnectionClosed):
                     return False, "closed before its Hello"
                 if isinstance(event, p.StrayFds):
-                    self.broker.dsp.close_later(event.fds)
+                    self.broker.device.close_later(event.fds)
                     self.log.warning("closed fds the client sent unasked", count=len(event.fds))
                     continue
                 assert isinstance(event, p.Hello)  # the protocol allows nothing else first
@@ -206,20 +211,25 @@ class PeerConnection:
             )
             return False
         client.priority = self.broker.grant_priority(client, hello.priority)
+        client.protocol_version = version
         try:
-            self.broker.admit(client, hello.budget)
+            domain = await self.broker.admit(client, hello.budget)
         except CodedError as exc:
             self.log.warning("refused", code=exc.code.name, error=str(exc))
             await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
             return False
         self._admitted = True
+        self.domain = domain
+        self.log = self.log.bind(domain=domain.name)
+        assert client.limits is not None
         welcome = p.Welcome(
             server_version=__version__,
             protocol_version=version,
             backend=self.broker.profile.kind,
-            dsp=self.broker.dsp.capabilities(),
-            limits=self.broker.client_limits(client),
-            epoch=self.broker.dsp.epoch,
+            dsp=domain.capabilities(),
+            limits=client.limits,
+            epoch=domain.epoch,
+            domain=domain.name,
         )
         if not await self._send(welcome):
             return False

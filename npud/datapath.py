@@ -46,7 +46,6 @@ import structlog
 import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
 from npud.clients import Gate
-from npud.lanes import LanePool
 from npud.link import RECV_CHUNK, Link
 from npud.loglimit import fields as log_fields
 from npud.requests import Answer, Handler, Route
@@ -91,15 +90,15 @@ class DataPath:
     def __init__(
         self,
         scheduler: Scheduler,
-        lanes: dict[Route, LanePool],
         *,
         workers: int,
         frame_timeout: float = 10.0,
         call_watchdog: float = 0.0,
-        on_hung: Callable[[str], None] = lambda reason: None,
+        on_hung: Callable[[Handler[Any], str], None] = lambda handler, reason: None,
     ) -> None:
         self.scheduler = scheduler
-        self._lanes = lanes
+        self._calls_lock = threading.Lock()
+        self._calls_done = 0
         self._epoll = select.epoll()
         self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._epoll.register(self._wake_read, select.EPOLLIN | select.EPOLLONESHOT)
@@ -153,6 +152,11 @@ class DataPath:
 
     def alive(self) -> bool:
         return all(thread.is_alive() for thread in self._threads)
+
+    @property
+    def calls_done(self) -> int:
+        """DSP calls run and answered since start."""
+        return self._calls_done
 
     # --- connections ------------------------------------------------------------------
     def add(self, link: Link) -> None:
@@ -332,7 +336,9 @@ class DataPath:
             self._execute(call)
             return inline
         if route is not Route.DSP:
-            self._lanes[route].submit(lambda: self._execute(call))
+            domain = call.handler.domain
+            lane = domain.control if route is Route.CONTROL else domain.loader
+            lane.submit(lambda: self._execute(call))
             return inline
         if self._submit(call) and inline is None:
             return call
@@ -381,6 +387,8 @@ class DataPath:
             job = call.job
             assert job is not None
             started, late = self.scheduler.finish(job, call.handler.dsp_seconds)
+            with self._calls_lock:
+                self._calls_done += 1
             if call.timer is not None:
                 call.timer.cancel()
             self._deliver(call, answer, error)
@@ -487,14 +495,14 @@ class DataPath:
         for call in hung:
             request = call.handler.request
             call.link.log.error(
-                "a DSP call never returned; ending the DSP process and restarting the session",
+                "a DSP call never returned; ending its domain's DSP process and restarting it",
                 request=p.tag_of(request),
                 id=request.id,
+                domain=call.handler.domain.name,
                 seconds=self.call_watchdog,
             )
-        if hung:
-            tag = p.tag_of(hung[0].handler.request)
-            self._on_hung(f"a {tag} did not return within {self.call_watchdog:g} s")
+            tag = p.tag_of(request)
+            self._on_hung(call.handler, f"a {tag} did not return within {self.call_watchdog:g} s")
 
     def _refuse_late(self) -> None:
         for job in self.scheduler.late_jobs():

@@ -1,18 +1,21 @@
 """Models as resources of a connection: what a loaded model is and owns.
 
-A client's model (:class:`NpuModel`) is one open handle of the portal_qnn
-skel with the model in its slot, plus one DMA-BUF, the model's **arena**,
-allocated at load and owned by the model: every input tensor, then (from a
-page boundary) every output tensor, each at a multiple of 64 bytes
+A client's model (:class:`NpuModel`) is a lease on a *model load* of its
+domain (:class:`SharedLoad`: one open handle of the portal_qnn skel with the
+model in its slot) plus one DMA-BUF, the model's **arena**, allocated at load
+and owned by the client's model: every input tensor, then (from a page
+boundary) every output tensor, each at a multiple of 64 bytes
 (:func:`npud.fastrpc.portal_qnn.arena_layout`). The arena's fd goes to the
-client in the load reply; a run is then one invoke of portal_qnn's ``run``
-on two slices of the arena, so nothing but the fixed-size request and reply
+client in the load reply; a run is then one invoke of portal_qnn's ``run`` on
+two slices of the arena, so nothing but the fixed-size request and reply
 crosses the socket (PROTOCOL.md section 7.9).
 
-One handle per model keeps ownership simple (closing the handle unloads the
-model on the DSP, whatever state it is in) and leaves the skel's 4-slot
-table out of the client's sight: the quotas are npud's (``max_models``,
-``max_model_bytes``).
+Shared loads. Two clients of one domain that load the same model (the same
+bytes, by SHA-256 of the file, and the same shapes) share one load: the
+weights are held once, in one registry entry with a lease each, and each
+client has its own arena. The last lease closes the handle, which unloads
+the model on the DSP. Runs of a shared load take turns on the DSP (the skel
+runs one call per handle at a time).
 
 The requests that load, describe, run and unload a model are handlers in
 :mod:`npud.requests` (LoadModel, ModelInfo, RunModel, UnloadModel).
@@ -22,15 +25,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Final
 
 import msgspec
 
 import npu_protocol as p
-from npu_protocol import CodedError
-from npud.fastrpc.dma import SessionBuffer
+from npu_protocol import CodedError, ErrorCode
+from npud.domain.registry import Registry, Shared
+from npud.fastrpc.dma import DmaBuffer
 from npud.fastrpc.invoke_args import Slice
 from npud.fastrpc.portal_qnn import (
     Backend,
@@ -42,6 +48,8 @@ from npud.fastrpc.portal_qnn import (
     arena_layout,
 )
 from npud.fastrpc.session import FastRpcSession
+
+HASH_CHUNK: Final = 1 << 20
 
 PAGE: Final = 4096
 
@@ -84,22 +92,57 @@ def _tensor(spec: TensorSpec, offset: int) -> p.TensorInfo:
     )
 
 
+@dataclasses.dataclass(eq=False)
+class SharedLoad:
+    """One model load of a domain: a portal_qnn handle with the model in a slot."""
+
+    portal: PortalQnn
+    loaded: LoadedModel
+
+    def close(self) -> list[CodedError]:
+        """Close the handle (the DSP unloads the model); the failures."""
+        try:
+            self.portal.close()
+        except CodedError as exc:
+            return [exc]
+        return []
+
+
+def load_key(
+    fd: int, size: int, backend: Backend, shapes: Mapping[str, tuple[int, ...]]
+) -> Hashable:
+    """What makes two loads the same: the file's first ``size`` bytes (its size when it was
+    checked: a file that grows meanwhile is not read forever), by SHA-256 read through
+    ``fd`` with pread (the caller's offset stays), the backend and the shapes."""
+    digest = hashlib.sha256()
+    offset = 0
+    while offset < size and (chunk := os.pread(fd, min(HASH_CHUNK, size - offset), offset)):
+        digest.update(chunk)
+        offset += len(chunk)
+    return ("model", backend, offset, digest.hexdigest(), tuple(sorted(shapes.items())))
+
+
 class NpuModel:
-    """One client's loaded model: its portal_qnn handle and its arena, released once."""
+    """One client's loaded model: its lease on a shared load and its arena, released once."""
 
     def __init__(
         self,
         session: FastRpcSession,
-        portal: PortalQnn,
-        loaded: LoadedModel,
-        arena: SessionBuffer,
+        registry: Registry,
+        shared: Shared[SharedLoad],
+        arena: DmaBuffer,
+        release_arena: Callable[[DmaBuffer], None],
         layout: ArenaLayout,
         name: str,
     ) -> None:
         self.session = session
-        self._portal = portal
+        self._registry = registry
+        self._shared = shared
+        loaded = shared.value.loaded
+        self._portal = shared.value.portal
         self._slot = loaded.slot
         self.arena = arena
+        self._release_arena = release_arena
         graph = loaded.graphs[0]
         self._inputs = Slice(arena, 0, layout.input_bytes)
         self._outputs = Slice(arena, layout.output_base, layout.output_bytes)
@@ -124,27 +167,58 @@ class NpuModel:
         self.dsp_seconds = 0.0
         self._released = False
 
+    @property
+    def shared_by(self) -> int:
+        """Leases on this model's load (1: this client alone)."""
+        return self._shared.leases
+
     @classmethod
     def load(
         cls,
         session: FastRpcSession,
+        registry: Registry,
         backend: Backend,
         fd: int,
         *,
         name: str,
         shapes: dict[str, tuple[int, ...]],
+        allocate: Callable[[int], DmaBuffer],
+        release_arena: Callable[[DmaBuffer], None],
     ) -> NpuModel:
-        """Open portal_qnn, load the model open on ``fd`` (the caller keeps it), allocate
-        its arena. On any failure what was made is released again before raising."""
-        portal = PortalQnn.open(session, backend=backend)
+        """The model open on ``fd`` (the caller keeps it), loaded or shared in the domain
+        (``registry``), with an arena from ``allocate(size)``. On any failure what was
+        made is released again before raising."""
+        # The file is checked before a byte of it is hashed: a regular file, of the format
+        # the backend takes, self-contained (npud.fastrpc.model_format).
+        sniffed = PortalQnn.check_file(fd, backend)
         try:
-            loaded = portal.load(fd, shapes=shapes)
-            layout = ArenaLayout.of(loaded.graphs[0])
-            arena = session.alloc(layout.size)
+            key = load_key(fd, sniffed.size, backend, shapes)
+        except OSError as exc:
+            raise CodedError(
+                ErrorCode.MODEL_FILE_UNREADABLE, detail=f"cannot read the file: {exc.strerror}"
+            ) from None
+        shared = registry.acquire(key)
+        if shared is None:
+            portal = PortalQnn.open(session, backend=backend)
+            try:
+                loaded = portal.load(fd, shapes=shapes)
+            except BaseException:
+                _quietly(portal.close)
+                raise
+            mine = SharedLoad(portal, loaded)
+            shared = registry.share(key, mine)
+            if shared.value is not mine:  # another load of the same model won the race
+                _quietly(portal.close)
+        assert isinstance(shared.value, SharedLoad)
+        typed: Shared[SharedLoad] = shared  # type: ignore[assignment]
+        try:
+            layout = ArenaLayout.of(typed.value.loaded.graphs[0])
+            arena = allocate(layout.size)
         except BaseException:
-            _quietly(portal.close)
+            if registry.give_back(typed):
+                typed.value.close()
             raise
-        return cls(session, portal, loaded, arena, layout, name)
+        return cls(session, registry, typed, arena, release_arena, layout, name)
 
     @property
     def info(self) -> p.ModelInfo:
@@ -170,19 +244,26 @@ class NpuModel:
         )
 
     def release(self) -> list[CodedError]:
-        """Close the handle (the DSP unloads the model) and free the arena; the failures.
-        Idempotent. Call on the session's thread of choice, after every run has ended."""
+        """Give back the lease (the last one closes the handle: the DSP unloads the
+        model) and let go of the arena; the failures. Idempotent. Call on the domain's
+        loader lane, after every run of it has ended."""
         with self._lock:
             if self._released:
                 return []
             self._released = True
-        failures = []
-        for step in (self._portal.close, lambda: self.session.free(self.arena)):
-            try:
-                step()
-            except CodedError as exc:
-                failures.append(exc)
+        failures: list[CodedError] = []
+        if self._registry.give_back(self._shared):
+            failures += self._shared.value.close()
+        self._release_arena(self.arena)
         return failures
+
+    def forget(self) -> None:
+        """Its domain's DSP process is gone (a restart): only the arena is let go."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self._release_arena(self.arena)
 
 
 def _quietly(step: Callable[[], object]) -> None:

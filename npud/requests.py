@@ -25,22 +25,20 @@ import enum
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
+from typing import Any, ClassVar, Final, Generic, TypeVar
 
 import structlog
 
 import npu_protocol as p
 from npu_client.transport import OwnedFd
 from npu_protocol import CodedError, ErrorCode
-from npud.clients import Client, Entry, Gate, Kind, unknown
-from npud.fastrpc.dma import SessionBuffer, checked_dma_size
+from npud.clients import Client, Clients, Entry, Gate, Kind, unknown
+from npud.domain.life import Domain
+from npud.fastrpc.dma import DmaBuffer, checked_dma_size
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
-from npud.fastrpc.session import FastRpcSession
-from npud.models import NpuModel, release_models
+from npud.holdings import HeldBuffer, OpenHandle, let_go
+from npud.models import NpuModel
 from npud.scheduler import Account
-
-if TYPE_CHECKING:
-    from npud.broker import Broker
 
 _log = structlog.get_logger("npud.requests")
 
@@ -53,9 +51,11 @@ class Route(enum.Enum):
     DSP = "dsp"
     """Through the scheduler, on a data-path worker: the DSP-bound calls."""
     CONTROL = "control"
-    """The control lane: allocation and mapping, short calls that never wait behind an invoke."""
+    """The domain's control lane: allocation and mapping, short calls that never wait
+    behind an invoke."""
     LOADER = "loader"
-    """The loader lane: remotectl open and close (a skel load reads files through the listener)."""
+    """The domain's loader lane: remotectl open and close, model load and unload (a skel
+    or a model is read through the listener)."""
     HERE = "here"
     """On the thread that read it: cheap, and touches no DSP."""
 
@@ -69,7 +69,8 @@ class Answer:
 
 
 class Handler(abc.ABC, Generic[R]):
-    """One request, from its arrival to its answer."""
+    """One request, from its arrival to its answer. It is given its client and the
+    domain the client's calls run in, and touches nothing else."""
 
     route: ClassVar[Route]
     acquires: ClassVar[bool] = True
@@ -85,9 +86,9 @@ class Handler(abc.ABC, Generic[R]):
     deadline_ms: int | None = None
     dsp_seconds: float = 0.0
 
-    def __init__(self, broker: Broker, client: Client, request: R) -> None:
-        self.broker = broker
+    def __init__(self, client: Client, domain: Domain, request: R) -> None:
         self.client = client
+        self.domain = domain
         self.request = request
         self._held: list[Entry] = []
         self._waits: list[Gate] = []
@@ -95,7 +96,7 @@ class Handler(abc.ABC, Generic[R]):
     def start(self) -> None:
         """The arrival step; on a refusal, what it took is given back and it raises."""
         try:
-            if self.acquires and self.broker.dsp.stopping:
+            if self.acquires and self.domain.device.stopping:
                 raise CodedError(ErrorCode.SHUTTING_DOWN)
             self.arrive()
         except BaseException:
@@ -119,6 +120,18 @@ class Handler(abc.ABC, Generic[R]):
         for entry in held:
             self.client.objects.done_with(entry)
 
+    @property
+    def quotas(self) -> Clients:
+        quotas = self.client.quotas
+        assert quotas is not None, "a welcomed client was admitted"
+        return quotas
+
+    @property
+    def limits(self) -> p.ClientLimits:
+        limits = self.client.limits
+        assert limits is not None, "a welcomed client was told its limits"
+        return limits
+
     def _use(self, object_id: int, kind: Kind) -> Entry:
         entry = self.client.objects.use(object_id, kind)
         self._held.append(entry)
@@ -134,23 +147,33 @@ class Handler(abc.ABC, Generic[R]):
             raise unknown(entry.kind, entry.id)
         return entry.value
 
-    def _buffer(self, entry: Entry) -> SessionBuffer:
-        buffer = self._ready(entry)
-        assert isinstance(buffer, SessionBuffer)
-        return buffer
+    def _held_buffer(self, entry: Entry) -> HeldBuffer:
+        held = self._ready(entry)
+        assert isinstance(held, HeldBuffer)
+        return held
 
     def _model(self, entry: Entry) -> NpuModel:
         model = self._ready(entry)
         assert isinstance(model, NpuModel)
         return model
 
+    def _handle(self, entry: Entry) -> OpenHandle:
+        handle = self._ready(entry)
+        assert isinstance(handle, OpenHandle)
+        return handle
+
+    def _fallback(self, size: int) -> DmaBuffer:
+        """A buffer from the FastRPC driver (no system heap on this machine)."""
+        session = self.domain.current()
+        return self.domain.run(session, lambda: session.alloc_unowned(size))
+
 
 class CallTiming:
     """What a DSP-bound handler (invoke, model run) does at arrival and end: its
     timeout and deadline, and the client's count of calls in flight."""
 
-    broker: Broker
     client: Client
+    limits: p.ClientLimits
     account: Account | None
     timeout: float | None
     timeout_ms: int | None
@@ -159,7 +182,7 @@ class CallTiming:
     _counted = False
 
     def arrive_as_call(self, timeout_ms: int | None, deadline_ms: int | None) -> None:
-        limits = self.broker.client_limits(self.client)
+        limits = self.limits
         if timeout_ms is not None and timeout_ms > limits.max_timeout_ms:
             raise CodedError(
                 ErrorCode.INVALID_ARGUMENT,
@@ -174,14 +197,13 @@ class CallTiming:
 
     def begin_call(self) -> None:
         """Count the call in flight (the last arrival step: the count is given back by end)."""
-        self.client.begin_call(self.broker.config.client_limits.max_calls_in_flight)
+        self.client.begin_call(self.limits.max_in_flight)
         self._counted = True
 
     def end_call(self) -> None:
         if self._counted:
             self._counted = False
             self.client.end_call()
-            self.broker.count_call()
 
 
 # --- buffers ----------------------------------------------------------------------
@@ -191,33 +213,36 @@ class Alloc(Handler[p.AllocRequest]):
     route = Route.CONTROL
 
     def arrive(self) -> None:
-        self.session = self.broker.dsp.current()
         size = checked_dma_size(self.request.size)
-        self.broker.clients.check_buffer(self.client, size)
+        self.quotas.check_buffer(self.client, size)
         self.entry = self.client.objects.reserve(Kind.BUFFER, size)
 
     def run(self) -> Answer:
-        session, dsp, client = self.session, self.broker.dsp, self.client
-        scope = dsp.pool.scope(client, client.uid)
+        domain, client, objects = self.domain, self.client, self.client.objects
+        memory = domain.device.require_memory()
+        scope = memory.pool.scope(client, client.uid)
         try:
-            buffer = dsp.run(session, lambda: dsp.pool.allocate(session, scope, self.entry.size))
+            buffer, mapping = memory.allocate(
+                self.entry.size, scope, domain.registry, self._fallback
+            )
         except BaseException:
-            self.client.objects.failed(self.entry)
+            objects.failed(self.entry)
             raise
+        held = HeldBuffer(buffer, mapping)
         try:
             # The reply's fd is a dup made now, before any later request can free
             # the buffer: the reply must carry this buffer's file, never whatever
             # file reuses a closed fd number.
             reply_fd = OwnedFd(os.dup(buffer.fd))
         except OSError as exc:
-            self.client.objects.failed(self.entry)
-            self.broker.release_now(session, buffers=[buffer])
+            objects.failed(self.entry)
+            let_go(domain, buffers=[held])
             raise CodedError(
                 ErrorCode.DMA_BUF_ALLOC, msg=f"no fd for the reply: {exc.strerror}"
             ) from None
-        if not self.client.objects.created(self.entry, buffer):
+        if not objects.created(self.entry, held):
             reply_fd.close()
-            self.broker.release_now(session, buffers=[buffer])
+            let_go(domain, buffers=[held])
             raise CodedError(ErrorCode.DSP_RESTARTED)
         reply = p.AllocReply(
             id=self.request.id, buffer=self.entry.id, size=buffer.size, fd=reply_fd.fileno()
@@ -234,9 +259,19 @@ class Free(Handler[p.FreeRequest]):
         self._waits += _destroyable(self.entry)
 
     def run(self) -> Answer:
-        buffer = self._buffer(self.entry)
+        held = self._held_buffer(self.entry)
         self.client.objects.remove(self.entry)
-        self.broker.recycle(self.client, buffer)  # kept by the pool, or released
+        domain, client = self.domain, self.client
+        memory = domain.device.require_memory()
+        mapping = held.live_mapping()
+        held.mapping = None
+        if mapping is not None and not memory.pool.settings.keep_dsp_mappings:
+            # The pool keeps buffers unmapped: unmap now, then offer it.
+            let_go(domain, buffers=[HeldBuffer(held.buffer, mapping)], strict=True)
+            return Answer(p.FreeReply(id=self.request.id))
+        scope = memory.pool.scope(client, client.uid)
+        if not memory.free(scope, held.buffer, mapping, domain.control.submit) and mapping:
+            let_go(domain, buffers=[HeldBuffer(held.buffer, mapping)], strict=True)
         return Answer(p.FreeReply(id=self.request.id))
 
 
@@ -244,13 +279,17 @@ class Map(Handler[p.MapRequest]):
     route = Route.CONTROL
 
     def arrive(self) -> None:
-        self.session = self.broker.dsp.current()
+        self.session = self.domain.current()
         self.entry = self._use(self.request.buffer, Kind.BUFFER)
 
     def run(self) -> Answer:
-        buffer = self._buffer(self.entry)
-        session = self.session
-        address = self.broker.dsp.run(session, lambda: session.map(buffer))
+        held = self._held_buffer(self.entry)
+        address = held.dsp_address
+        if address is None:
+            session, registry = self.session, self.domain.registry
+            mapping = self.domain.run(session, lambda: registry.map(session, held.buffer))
+            held.mapping = mapping
+            address = mapping.address
         return Answer(p.MapReply(id=self.request.id, dsp_address=address))
 
 
@@ -262,16 +301,18 @@ class Unmap(Handler[p.UnmapRequest]):
         self.entry = self._use(self.request.buffer, Kind.BUFFER)
 
     def run(self) -> Answer:
-        buffer = self._buffer(self.entry)
-        if buffer.dsp_address is None:
+        held = self._held_buffer(self.entry)
+        mapping = held.live_mapping()
+        if mapping is None:
             raise CodedError(
                 ErrorCode.INVALID_ARGUMENT, detail=f"buffer id {self.entry.id} is not mapped"
             )
-        dsp = self.broker.dsp
-        session = dsp.session
+        domain = self.domain
+        session = domain.session
         if session is None:
             raise CodedError(ErrorCode.DSP_RESTARTED)
-        dsp.run(session, lambda: session.unmap(buffer))
+        domain.run(session, lambda: domain.registry.unmap(session, mapping, going=False))
+        held.mapping = None
         return Answer(p.UnmapReply(id=self.request.id))
 
 
@@ -282,19 +323,20 @@ class Open(Handler[p.OpenRequest]):
     route = Route.LOADER
 
     def arrive(self) -> None:
-        self.session = self.broker.dsp.current()
-        self.broker.clients.check_handle(self.client)
+        self.session = self.domain.current()
+        self.quotas.check_handle(self.client)
         self.entry = self.client.objects.reserve(Kind.HANDLE)
 
     def run(self) -> Answer:
-        session, uri = self.session, self.request.uri
+        session, uri, domain = self.session, self.request.uri, self.domain
         try:
-            handle = self.broker.dsp.run(session, lambda: session.remote_open(uri))
+            handle = domain.run(session, lambda: session.remote_open(uri))
         except BaseException:
             self.client.objects.failed(self.entry)
             raise
-        if not self.client.objects.created(self.entry, handle):
-            self.broker.release_now(session, handles=[handle])
+        opened = OpenHandle(handle, domain.registry.opened(handle))
+        if not self.client.objects.created(self.entry, opened):
+            let_go(domain, handles=[opened])
             raise CodedError(ErrorCode.DSP_RESTARTED)
         return Answer(p.OpenReply(id=self.request.id, handle=self.entry.id))
 
@@ -308,10 +350,9 @@ class Close(Handler[p.CloseRequest]):
         self._waits += _destroyable(self.entry)
 
     def run(self) -> Answer:
-        handle = self._ready(self.entry)
-        assert isinstance(handle, int)
+        opened = self._handle(self.entry)
         self.client.objects.remove(self.entry)
-        self.broker.release_now(self.broker.dsp.session, handles=[handle], strict=True)
+        let_go(self.domain, handles=[opened], strict=True)
         return Answer(p.CloseReply(id=self.request.id))
 
 
@@ -324,9 +365,9 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
     route = Route.DSP
 
     def arrive(self) -> None:
-        broker, client, request = self.broker, self.client, self.request
-        self.session = broker.dsp.current()
-        limits = broker.client_limits(client)
+        request = self.request
+        self.session = self.domain.current()
+        limits = self.limits
         for resource, used in (
             ("inline input bytes", request.inline_input_bytes),
             ("inline output bytes", request.inline_output_bytes),
@@ -348,9 +389,8 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
         self.begin_call()
 
     def run(self) -> Answer:
-        handle = self._ready(self.handle)
-        assert isinstance(handle, int)
-        buffers = {id(arg): self._buffer(entry) for arg, entry in self.slices}
+        handle = self._handle(self.handle).handle
+        buffers = {id(arg): self._held_buffer(entry).buffer for arg, entry in self.slices}
         for arg, entry in self.slices:
             _check_slice(arg, entry)
 
@@ -366,7 +406,7 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
         outputs = [argument(arg) for arg in request.outputs]
         started = time.perf_counter()
         try:
-            result: InvokeResult = self.broker.dsp.run(
+            result: InvokeResult = self.domain.run(
                 session,
                 lambda: session.invoke(handle, request.scalars, inputs, outputs),  # type: ignore[arg-type]
             )
@@ -399,32 +439,45 @@ def _check_slice(arg: p.BufferSlice, entry: Entry) -> None:
 class LoadModel(Handler[p.ModelLoadRequest]):
     route = Route.LOADER
 
-    def __init__(self, broker: Broker, client: Client, request: p.ModelLoadRequest) -> None:
-        super().__init__(broker, client, request)
+    def __init__(self, client: Client, domain: Domain, request: p.ModelLoadRequest) -> None:
+        super().__init__(client, domain, request)
         # The client's file: ours from now on, closed once when the request ends.
         self.file = OwnedFd(self.request.fd)
 
     def arrive(self) -> None:
-        self.session = self.broker.dsp.current()
+        self.session = self.domain.current()
         try:
             size = os.fstat(self.file.fileno()).st_size
         except OSError as exc:
             raise CodedError(
                 ErrorCode.MODEL_FILE_UNREADABLE, detail=f"cannot stat the file: {exc.strerror}"
             ) from None
-        self.broker.clients.check_model(self.client, size)
+        self.quotas.check_model(self.client, size)
         self.entry = self.client.objects.reserve(Kind.MODEL, size)
 
     def run(self) -> Answer:
-        session, request, objects = self.session, self.request, self.client.objects
-        backend = self.broker.profile.kind
+        session, request, objects, domain = (
+            self.session,
+            self.request,
+            self.client.objects,
+            self.domain,
+        )
+        backend = domain.device.kind
         assert backend in ("kernel", "emulator")
         shapes = {name: tuple(dims) for name, dims in request.shapes.items()}
+        memory = domain.device.require_memory()
         try:
-            model = self.broker.dsp.run(
+            model = domain.run(
                 session,
                 lambda: NpuModel.load(
-                    session, backend, self.file.fileno(), name=request.name, shapes=shapes
+                    session,
+                    domain.registry,
+                    backend,  # type: ignore[arg-type]
+                    self.file.fileno(),
+                    name=request.name,
+                    shapes=shapes,
+                    allocate=lambda size: memory.allocate_fresh(size, self._fallback),
+                    release_arena=memory.release,
                 ),
             )
         except BaseException:
@@ -432,11 +485,11 @@ class LoadModel(Handler[p.ModelLoadRequest]):
             raise
         try:
             self.entry.size = model.bytes
-            self.broker.clients.check_model_bytes(self.client)
+            self.quotas.check_model_bytes(self.client)
             reply_fd = OwnedFd(os.dup(model.arena.fd))
         except BaseException as exc:
             objects.failed(self.entry)
-            self.broker.release_now(session, models=[model])
+            let_go(domain, models=[model])
             if isinstance(exc, OSError):
                 raise CodedError(
                     ErrorCode.DMA_BUF_ALLOC, msg=f"no fd for the reply: {exc.strerror}"
@@ -444,7 +497,7 @@ class LoadModel(Handler[p.ModelLoadRequest]):
             raise
         if not objects.created(self.entry, model):
             reply_fd.close()
-            self.broker.release_now(session, models=[model])
+            let_go(domain, models=[model])
             raise CodedError(ErrorCode.DSP_RESTARTED)
         reply = p.ModelLoadReply(
             id=request.id, model=self.entry.id, info=model.info, fd=reply_fd.fileno()
@@ -473,7 +526,7 @@ class RunModel(CallTiming, Handler[p.ModelRunRequest]):
     route = Route.DSP
 
     def arrive(self) -> None:
-        self.session = self.broker.dsp.current()
+        self.session = self.domain.current()
         self.arrive_as_call(self.request.timeout_ms, self.request.deadline_ms)
         self.entry = self._use(self.request.model, Kind.MODEL)
         self.begin_call()
@@ -482,7 +535,7 @@ class RunModel(CallTiming, Handler[p.ModelRunRequest]):
         model = self._model(self.entry)
         started = time.perf_counter()
         try:
-            self.broker.dsp.run(model.session, model.run)
+            self.domain.run(model.session, model.run)
         finally:
             self.dsp_seconds = time.perf_counter() - started
         model.count_run(self.dsp_seconds)
@@ -505,7 +558,7 @@ class UnloadModel(Handler[p.ModelUnloadRequest]):
     def run(self) -> Answer:
         model = self._model(self.entry)
         self.client.objects.remove(self.entry)
-        self.broker.release_now(self.broker.dsp.session, models=[model], strict=True)
+        let_go(self.domain, models=[model], strict=True)
         return Answer(p.ModelUnloadReply(id=self.request.id))
 
 
@@ -517,7 +570,9 @@ class Status(Handler[p.StatusRequest]):
     acquires = False
 
     def run(self) -> Answer:
-        return Answer(p.StatusReply(id=self.request.id, status=self.broker.status()))
+        daemon = self.client.daemon
+        assert daemon is not None, "a welcomed client sees the daemon"
+        return Answer(p.StatusReply(id=self.request.id, status=daemon.status(self.client)))
 
 
 class Ping(Handler[p.PingRequest]):
@@ -540,17 +595,34 @@ class Debug(Handler[p.DebugRequest]):
                 ErrorCode.NOT_PERMITTED,
                 detail=f"debug faults need root (this client is uid {self.client.uid})",
             )
-        if self.broker.profile.kind != "emulator":
+        if self.domain.device.kind != "emulator":
             raise CodedError(
                 ErrorCode.UNSUPPORTED,
                 what="debug faults on the kernel backend: they are the emulator's",
             )
+        self.target: Domain | None = None
+        if self.request.domain:
+            daemon = self.client.daemon
+            target = daemon.domain_named(self.request.domain) if daemon is not None else None
+            if target is None:
+                raise CodedError(
+                    ErrorCode.INVALID_ARGUMENT, detail=f"no domain {self.request.domain!r}"
+                )
+            if self.request.action != "ssr":
+                raise CodedError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    detail="a domain is a target of ssr only (the other faults are the DSP's)",
+                )
+            self.target = target
 
     def run(self) -> Answer:
-        faults = self.broker.dsp.driver.faults  # type: ignore[attr-defined]
+        driver: Any = self.domain.device.driver
+        faults = driver.faults
         request = self.request
         seconds = request.duration_ms / 1000
-        if request.action == "ssr":
+        if request.action == "ssr" and self.target is not None:
+            detail = _crash_domain(driver, self.target)
+        elif request.action == "ssr":
             faults.subsystem_restart(down_for=seconds)
             detail = f"subsystem restart: the DSP is away for {seconds:g} s"
         elif request.action == "latency":
@@ -570,6 +642,19 @@ class Debug(Handler[p.DebugRequest]):
             "debug fault injected", action=request.action, detail=detail, pid=self.client.pid
         )
         return Answer(p.DebugReply(id=request.id, detail=detail))
+
+
+def _crash_domain(driver: Any, domain: Domain) -> str:
+    """The domain's DSP process crashes (the emulator kills it): the domain recovers alone."""
+    session = domain.session
+    if session is None:
+        raise CodedError(ErrorCode.DSP_RESTARTED)
+    if not driver.crash_process(session.fileno()):
+        raise CodedError(
+            ErrorCode.INVALID_ARGUMENT, detail=f"domain {domain.name!r} has no DSP process"
+        )
+    domain.notice_restart("the DSP process crashed (debug ssr of the domain)")
+    return f"the DSP process of domain {domain.name!r} crashed; it restarts alone"
 
 
 def _destroyable(entry: Entry) -> list[Gate]:
@@ -595,24 +680,3 @@ HANDLERS: Final[dict[type[p.Request], type[Handler[Any]]]] = {
     p.DebugRequest: Debug,
 }
 """The handler of each request type; every type in ``p.REPLY_TYPES`` has one."""
-
-
-def release_session_objects(
-    session: FastRpcSession,
-    buffers: list[SessionBuffer],
-    handles: list[int],
-    models: list[NpuModel] | None = None,
-) -> list[CodedError]:
-    """Release ``models``, close ``handles`` and free ``buffers`` on ``session``; the failures."""
-    failures = release_models(models or [])
-    for handle in handles:
-        try:
-            session.remote_close(handle)
-        except CodedError as exc:
-            failures.append(exc)
-    for buffer in buffers:
-        try:
-            session.free(buffer)  # deferred by the session while an invoke uses it
-        except CodedError as exc:
-            failures.append(exc)
-    return failures

@@ -125,7 +125,13 @@ class Account:
     period_used: float = 0.0
     period_overrun: bool = False
     closed: bool = False
+    throttled_until: float = -math.inf
+    """A call of this client hung: until then its calls run one at a time, as background."""
     _queue: deque[Job] = field(default_factory=deque)
+
+    @property
+    def throttled(self) -> bool:
+        return time.monotonic() < self.throttled_until
 
     def wait_percentile(self, q: float) -> float:
         """The ``q`` quantile (0..1) of recent queue waits, in seconds; 0 with none."""
@@ -309,7 +315,15 @@ class Scheduler:
             )
 
     # --- policy ---------------------------------------------------------------------
+    def throttle(self, account: Account, seconds: float) -> None:
+        """``account``'s calls run one at a time, in the background class, for ``seconds``
+        (a call of it hung): it can no longer hold slots others need."""
+        with self._lock:
+            account.throttled_until = max(account.throttled_until, self._clock() + seconds)
+
     def _class_of(self, account: Account, now: float) -> int:
+        if now < account.throttled_until:
+            return BACKGROUND
         if self.policy.mode == "fifo":
             return NORMAL
         if account.budget is not None and account.klass == REALTIME:
@@ -325,7 +339,8 @@ class Scheduler:
             return False
         if policy.mode == "fifo":
             return True
-        if job.account.running >= policy.per_client_running:
+        cap = 1 if self._clock() < job.account.throttled_until else policy.per_client_running
+        if job.account.running >= cap:
             return False
         if job.klass != REALTIME and running[NORMAL] + running[BACKGROUND] >= (
             policy.dsp_slots - policy.realtime_reserve

@@ -214,14 +214,14 @@ class Daemon:
             now, calls = trio.current_time(), self.broker.calls_total
             rate = (calls - last_calls) / max(now - last_time, 1e-9)
             last_calls, last_time = calls, now
-            self.broker.dsp.check_session()
+            self.broker.domains.check_sessions()
             self.notifier.status(f"{self.broker.describe()}; {rate:.1f} calls/s")
 
     async def _feed_watchdog(self, interval: float) -> None:
         """Ping only while healthy: a wedged lane or a dead thread lets systemd restart us."""
         while True:
-            self.broker.dsp.check_session()
-            if self.broker.dsp.healthy():
+            self.broker.domains.check_sessions()
+            if self.broker.healthy():
                 self.notifier.watchdog()
             else:
                 log.error("unhealthy: withholding the watchdog ping")
@@ -283,7 +283,7 @@ class Daemon:
             self._refusals.note(uid, "connection refused: not on the allow-list", pid=pid, gid=gid)
             await _refuse(sock, f"uid {uid} (gid {gid}) is not allowed to use npud")
             return
-        if self.broker.dsp.stopping:
+        if self.broker.device.stopping:
             await _refuse_code(sock, p.ErrorMessage.for_code(ErrorCode.SHUTTING_DOWN))
             return
         # Connections that have not said Hello are counted apart from clients
@@ -329,7 +329,7 @@ class Daemon:
 
     async def _shutdown(self, nursery: trio.Nursery) -> None:
         grace = self.config.daemon.shutdown_grace
-        self.broker.dsp.stopping = True
+        self.broker.device.stopping = True
         self.listener.close()
         await self.broker.broadcast(
             p.ShuttingDown(reason="npud is stopping", grace_ms=int(grace * 1000))
@@ -345,7 +345,7 @@ class Daemon:
         for link in datapath.links():
             datapath.fail_unanswered(link, stopping)
             link.drop("npud is stopping")
-        self.broker.dsp.stop_waiting()
+        self.broker.stop_waiting()
         nursery.cancel_scope.cancel()
 
 

@@ -148,6 +148,17 @@ class fastrpc_ioctl_capability(ctypes.Structure):
     )
 
 
+class dma_heap_allocation_data(ctypes.Structure):
+    """include/uapi/linux/dma-heap.h: an allocation from a DMA-BUF heap."""
+
+    _fields_ = (
+        ("len", ctypes.c_uint64),
+        ("fd", ctypes.c_uint32),
+        ("fd_flags", ctypes.c_uint32),
+        ("heap_flags", ctypes.c_uint64),
+    )
+
+
 # --------------------------------------------------------------------------
 # Request numbers. The kernel compares the full 32-bit word; any other value
 # (right nr, wrong direction or size) is ENOTTY.
@@ -165,7 +176,12 @@ FASTRPC_IOCTL_MEM_MAP: Final = _IOWR("R", 10, fastrpc_mem_map)
 FASTRPC_IOCTL_MEM_UNMAP: Final = _IOWR("R", 11, fastrpc_mem_unmap)
 FASTRPC_IOCTL_GET_DSP_INFO: Final = _IOWR("R", 13, fastrpc_ioctl_capability)
 
+# The system DMA-BUF heap (drivers/dma-buf/dma-heap.c), where libcdsprpc's rpcmem
+# allocates: any other command word is ENOTTY.
+DMA_HEAP_IOCTL_ALLOC: Final = _IOWR("H", 0, dma_heap_allocation_data)
+
 IOCTL_NAMES: Final[dict[int, str]] = {
+    DMA_HEAP_IOCTL_ALLOC: "DMA_HEAP_IOCTL_ALLOC",
     FASTRPC_IOCTL_ALLOC_DMA_BUFF: "ALLOC_DMA_BUFF",
     FASTRPC_IOCTL_FREE_DMA_BUFF: "FREE_DMA_BUFF",
     FASTRPC_IOCTL_INVOKE: "INVOKE",
@@ -315,6 +331,12 @@ ADSP_LISTENER_HANDLE: Final = 3
 ADSP_CURRENT_PROCESS1_HANDLE: Final = 4
 ADSP_LISTENER1_HANDLE: Final = 7
 REMOTECTL1_HANDLE: Final = 8
+
+# The system DMA-BUF heap: fd_flags may hold O_CLOEXEC and an access mode only,
+# heap_flags must be 0 (DMA_HEAP_VALID_FD_FLAGS, DMA_HEAP_VALID_HEAP_FLAGS).
+DMA_HEAP_SYSTEM: Final = "/dev/dma_heap/system"
+DMA_HEAP_VALID_FD_FLAGS: Final = 0o2000000 | 0o3  # O_CLOEXEC | O_ACCMODE
+DMA_HEAP_VALID_HEAP_FLAGS: Final = 0
 
 # Device nodes of the compute DSP. The secure node is tried first, as
 # libcdsprpc does; on X1E80100 both behave identically.

@@ -1,9 +1,9 @@
 """DMA-BUF sizing rules and the host side of one DMA-BUF.
 
-A :class:`SessionBuffer` owns its fd and its host mapping and releases them exactly
-once; the FastRpcSession that allocated it decides when (``FastRpcSession.free``
-defers the release while an invoke uses the buffer). Users get the buffer's
-memory through :meth:`SessionBuffer.view` and pass slices of it to invokes.
+A :class:`DmaBuffer` owns its fd and its host mapping and releases them exactly
+once, when its owner has let it go and no invoke and no DSP mapping holds it
+any more. Users get the buffer's memory through :meth:`DmaBuffer.view` and pass
+slices of it to invokes; any session can map it (MEM_MAP) and pass it.
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import mmap
 import os
 import threading
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from npu_protocol import MAX_DMA_SIZE, ErrorCode
 from npud.fastrpc.errors import RpcError
+
+if TYPE_CHECKING:
+    from npud.fastrpc.trace import TraceHooks
 
 PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
 _U64_MAX: Final = (1 << 64) - 1
@@ -75,34 +78,59 @@ class DeviceFd:
             self._close(fd)
 
 
-class SessionBuffer:
-    """One DMA-BUF: its fd, its shared host mapping and, once mapped, its DSP address.
+class DmaBuffer:
+    """One DMA-BUF: its fd, its shared host mapping, and the reasons it must stay.
 
     The buffer owns its fd and its host mapping and releases both exactly once
-    in :meth:`release`. Its DSP mapping is made and undone by the session
-    (ioctls on the session's fd), which reports each change here with
-    :meth:`mapped_at` and :meth:`unmapped`; nothing outside changes its state.
+    (:meth:`release`). Its *owner* (the FastRpcSession that allocated it through
+    ALLOC_DMA_BUFF, or the daemon's heap allocator for a system-heap buffer)
+    decides when it is no longer wanted (:meth:`request_release`); it is then
+    released by whichever thread lets go of the last reason to keep it:
+
+    * **pins**: invokes in flight that pass a slice of it (the DSP may be using it);
+    * **DSP mappings**: one per session that has it MEM_MAPped (each session keeps
+      its own address; :meth:`add_mapping` / :meth:`drop_mapping`). A mapping whose
+      MEM_UNMAP failed stays counted until its session closes: the kernel keeps
+      that mapping under the fd's number, so the fd must stay open (else a later
+      buffer reusing the number would alias it).
 
     ``size`` is the allocated size, a whole number of pages: the one size that
     slices are checked against and that quotas count.
     """
 
-    def __init__(self, buffer_id: int, fd: DeviceFd, size: int, host: mmap.mmap) -> None:
+    def __init__(
+        self,
+        buffer_id: int,
+        fd: DeviceFd,
+        size: int,
+        host: mmap.mmap,
+        *,
+        before_close: Callable[[int], None] | None = None,
+        origin: str = "fastrpc",
+        hooks: TraceHooks | None = None,
+        trace_session: int = 0,
+    ) -> None:
         self.id = buffer_id
         self._fd = fd
         self.size = size
+        self.origin = origin
+        """Where it was allocated: "heap" (the system DMA-BUF heap) or "fastrpc"
+        (ALLOC_DMA_BUFF on a session's device fd)."""
         self._host: mmap.mmap | None = host
         anchor = ctypes.c_char.from_buffer(host)
         self.host_address = ctypes.addressof(anchor)
         del anchor  # drop the buffer export so the mapping can be closed later
-        self._dsp_address: int | None = None
-        # In-flight invokes using this buffer; release waits for zero.
+        self._before_close = before_close
+        self._hooks = hooks
+        self.trace_session = trace_session
+        """The trace session number of the allocator (a trace names buffers per allocator)."""
         self._pins = 0
+        self._mappings = 0
         self._release_pending = False
         # Kept by the buffer pool between a free and the next allocation: no invoke may pin it.
         self._parked = False
         self.lock = threading.Lock()
-        """Held by the session across a change of the DSP mapping and the release."""
+        """Held across a change of a DSP mapping of the buffer and across its release."""
 
     @property
     def fd(self) -> int:
@@ -110,19 +138,37 @@ class SessionBuffer:
         return self._fd.fileno()
 
     @property
+    def trace_ref(self) -> int | str:
+        """How a trace names it: its number for a session's own buffer, ``h<number>`` for
+        one of the system heap (docs/trace-format.md)."""
+        return f"h{self.id}" if self.origin == "heap" else self.id
+
+    def give_up(self) -> None:
+        """Its owner (the daemon's memory) lets it go for good: released now, or by whatever
+        still holds it once that lets go. A trace records it as a ``release`` operation."""
+        if self._hooks is None:
+            self._give_up()
+            return
+        with self._hooks.operation("release", self.trace_session, buffer=self.trace_ref):
+            self._give_up()
+
+    def _give_up(self) -> None:
+        if self.request_release():
+            self.release()
+
+    @property
     def released(self) -> bool:
         return self._fd.closed
 
     @property
-    def dsp_address(self) -> int | None:
-        """Where the buffer is mapped in the DSP process, or None."""
-        return self._dsp_address
+    def release_pending(self) -> bool:
+        """Its owner let it go; it is released once nothing else holds it."""
+        return self._release_pending
 
-    def mapped_at(self, address: int) -> None:
-        self._dsp_address = address
-
-    def unmapped(self) -> None:
-        self._dsp_address = None
+    @property
+    def mappings(self) -> int:
+        """Sessions that have it mapped into their DSP process (failed unmaps included)."""
+        return self._mappings
 
     def view(self) -> memoryview:
         """Read-write view of the whole buffer."""
@@ -140,7 +186,7 @@ class SessionBuffer:
                 size=self.size,
             )
 
-    # --- pinning (called by the session under its own rules) -------------
+    # --- what keeps it (the caller holds ``lock`` for the mapping counts) -------------
     def pin(self) -> None:
         with self.lock:
             if self.released or self._release_pending or self._parked:
@@ -148,23 +194,42 @@ class SessionBuffer:
             self._pins += 1
 
     def unpin(self) -> bool:
-        """Drop one pin; True when a deferred release is now due."""
+        """Drop one pin; True when the release is now due (the caller releases it)."""
         with self.lock:
             self._pins -= 1
-            return self._pins == 0 and self._release_pending
+            return self._due()
+
+    def add_mapping(self) -> None:
+        """A session mapped it (caller holds ``lock``)."""
+        if self.released:
+            raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=self.id)
+        self._mappings += 1
+
+    def drop_mapping(self) -> bool:
+        """A session's mapping of it is gone (caller holds ``lock``); True when the
+        release is now due (the caller releases it, after letting go of the lock)."""
+        self._mappings -= 1
+        return self._due()
 
     def request_release(self) -> bool:
-        """Mark for release; True when it can happen now (no invoke uses it)."""
+        """The owner lets it go; True when the release can happen now (nothing holds it)."""
         with self.lock:
             if self.released or self._release_pending:
                 return False
             self._release_pending = True
-            return self._pins == 0
+            return self._due()
+
+    def _due(self) -> bool:
+        return self._release_pending and not self._pins and not self._mappings and not self.released
 
     # --- keeping for reuse (npud/pool.py) -----------------------------------
     @property
     def parked(self) -> bool:
         return self._parked
+
+    @property
+    def pinned(self) -> bool:
+        return self._pins > 0
 
     def park(self) -> bool:
         """Take the buffer out of use, to be kept for reuse: True when no invoke uses it
@@ -191,37 +256,26 @@ class SessionBuffer:
             ctypes.memset(self.host_address, 0, self.size)
             return True
 
-    def release(self, before_close: Callable[[int], None]) -> None:
-        """Unmap the host mapping, then close the fd; ``before_close(fd)`` runs in
-        between (the session's FREE_DMA_BUFF). Exactly once; the caller holds
-        ``lock`` and has undone the DSP mapping."""
-        if self.released:
-            return
-        self._dsp_address = None
-        host, self._host = self._host, None
-        try:
-            if host is not None:
-                host.close()
-        finally:
+    def release(self) -> None:
+        """Unmap the host mapping, then close the fd (the allocator's ``before_close(fd)``
+        runs in between: a session's FREE_DMA_BUFF). Exactly once; call it when one of
+        :meth:`request_release`, :meth:`unpin` or :meth:`drop_mapping` said it is due."""
+        with self.lock:
+            if self.released:
+                return
+            host, self._host = self._host, None
             try:
-                before_close(self._fd.fileno())
+                if host is not None:
+                    host.close()
             finally:
-                self._fd.close()
-
-    def release_host_mapping(self) -> None:
-        """Unmap the host mapping but keep the fd (its DSP mapping could not be undone:
-        the session parks the fd so its number cannot be reused). The caller holds
-        ``lock``."""
-        host, self._host = self._host, None
-        if host is not None:
-            host.close()
-
-    def detach_fd(self) -> DeviceFd:
-        """Hand the fd over (to be closed by the caller); the buffer is released."""
-        self._dsp_address = None
-        fd = DeviceFd(self._fd.fileno(), self._fd._close)
-        self._fd._fd = -1
-        return fd
+                try:
+                    if self._before_close is not None:
+                        self._before_close(self._fd.fileno())
+                finally:
+                    self._fd.close()
 
     def __repr__(self) -> str:
-        return f"<SessionBuffer id={self.id} fd={self.fd} size={self.size} dsp={self._dsp_address}>"
+        return (
+            f"<DmaBuffer id={self.id} fd={self.fd} size={self.size} {self.origin}"
+            f" pins={self._pins} mappings={self._mappings}>"
+        )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from npud.fastrpc.dma import SessionBuffer
+from npud.fastrpc.dma import DmaBuffer
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,7 @@ class Capacity:
 
 @dataclass(frozen=True, slots=True)
 class Slice:
-    buffer: SessionBuffer
+    buffer: DmaBuffer
     offset: int
     length: int
 

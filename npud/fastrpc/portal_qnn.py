@@ -317,14 +317,12 @@ class PortalQnn:
             return {slot: model.loaded for slot, model in self._models.items()}
 
     # ----------------------------------------------------------------- load
-    def load(self, fd: int, *, shapes: Mapping[str, Sequence[int]] | None = None) -> LoadedModel:
-        """Load the model file open on ``fd`` (the caller keeps it) into a free slot.
-
-        ``shapes`` fixes free dimensions of an ONNX model's tensors by name (the
-        emulator backend); a QNN model library's shapes are fixed already.
-        """
+    @staticmethod
+    def check_file(fd: int, backend: Backend) -> Sniffed:
+        """What the model file open on ``fd`` is; ModelError when ``backend`` cannot load
+        it (unreadable, another format, damaged, or refers to external data)."""
         try:
-            sniffed = check_model_file(fd, self.backend)
+            return check_model_file(fd, backend)
         except ModelFileError as exc:
             failure = {
                 "unreadable": ModelFailure.FILE_UNREADABLE,
@@ -333,6 +331,14 @@ class PortalQnn:
                 "refused": ModelFailure.MODEL_REJECTED,
             }[exc.kind]
             raise ModelError(failure, str(exc)) from None
+
+    def load(self, fd: int, *, shapes: Mapping[str, Sequence[int]] | None = None) -> LoadedModel:
+        """Load the model file open on ``fd`` (the caller keeps it) into a free slot.
+
+        ``shapes`` fixes free dimensions of an ONNX model's tensors by name (the
+        emulator backend); a QNN model library's shapes are fixed already.
+        """
+        sniffed = self.check_file(fd, self.backend)
         if shapes and self.backend == "kernel":
             raise ModelError(
                 ModelFailure.TENSOR_MISMATCH,

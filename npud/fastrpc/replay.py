@@ -46,6 +46,8 @@ import msgspec
 
 from npu_protocol import CodedError
 from npud.fastrpc import abi
+from npud.fastrpc.dma import DmaBuffer
+from npud.fastrpc.dma_heap import DmaHeap
 from npud.fastrpc.driver import IoctlArg
 from npud.fastrpc.exposed_files import EXPOSED_PREFIX, ExposedFile
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, OutArg, Slice
@@ -400,7 +402,9 @@ class ReplayDriver:
             self._end(call)
             self._raise_recorded(call)
             if isinstance(arg, abi.fastrpc_alloc_dma_buf):
-                self._allocate(call, arg)
+                self._allocate(call, arg, int(arg.size))
+            elif isinstance(arg, abi.dma_heap_allocation_data):
+                self._allocate(call, arg, int(arg.len))
             self._apply_outputs(call, request, arg)
             if request == abi.FASTRPC_IOCTL_INVOKE:
                 self._write_invoke_outputs(call, raw)
@@ -455,9 +459,15 @@ class ReplayDriver:
         if isinstance(err, int):
             raise OSError(err, os.strerror(err))
 
-    def _allocate(self, call: Record, arg: abi.fastrpc_alloc_dma_buf) -> None:
+    def _allocate(
+        self,
+        call: Record,
+        arg: abi.fastrpc_alloc_dma_buf | abi.dma_heap_allocation_data,
+        size: int,
+    ) -> None:
+        """The recorded DMA-BUF, stood in for by a memfd of its size."""
         fd = os.memfd_create("replay-dmabuf", os.MFD_CLOEXEC)
-        os.ftruncate(fd, int(arg.size))
+        os.ftruncate(fd, size)
         arg.fd = fd
         with self._lock:
             self._real_fds.add(fd)
@@ -642,7 +652,8 @@ class _Replayer:
         self.driver = driver
         self.library = library
         self.sessions: dict[int, FastRpcSession] = {}
-        self.buffers: dict[tuple[int, int], object] = {}
+        self.heaps: dict[int, DmaHeap | None] = {}
+        self.buffers: dict[tuple[int, JsonValue], object] = {}
         self.exposed: dict[str, ExposedFile] = {}
         self.format_error: TraceFormatError | None = None
 
@@ -719,6 +730,8 @@ class _Replayer:
         session_id = int(op.get("session", 0))
         if name == "open":
             return _op_open(self, session_id, args)
+        if name in _HEAP_OPERATIONS:
+            return _HEAP_OPERATIONS[name](self, session_id, args, op)
         handler = _OPERATIONS.get(name)
         if handler is None:
             raise TraceFormatError(f"op {op.get('id')}: unknown operation {name!r}")
@@ -727,10 +740,18 @@ class _Replayer:
             raise TraceFormatError(f"op {op.get('id')}: session {session_id} was never opened")
         return handler(self, session, session_id, args, op)
 
-    def buffer(self, session: int, buffer_id: JsonValue) -> object:
-        return self.buffers[(session, int(buffer_id))]
+    def buffer(self, session: int, buffer_ref: JsonValue) -> object:
+        """A buffer by its trace name: ``h<n>`` is the system heap's (any session may pass
+        it), a number is the session's own."""
+        if isinstance(buffer_ref, str):
+            return self.buffers[(HEAP_BUFFERS, buffer_ref)]
+        return self.buffers[(session, int(buffer_ref))]
 
     def close_leftovers(self) -> None:
+        for heap in self.heaps.values():
+            if heap is not None:
+                with contextlib.suppress(Exception):
+                    heap.close()
         for exposed in list(self.exposed.values()):
             with contextlib.suppress(Exception):
                 exposed.close()
@@ -757,6 +778,15 @@ def _op_alloc(r: _Replayer, s: FastRpcSession, sid: int, args: Record, op: Recor
     recorded = (op.get("result") or {}).get("buffer", buffer.id)
     r.buffers[(sid, int(recorded))] = buffer
     return {"buffer": buffer.id, "size": buffer.size}
+
+
+def _op_alloc_unowned(
+    r: _Replayer, s: FastRpcSession, sid: int, args: Record, op: Record
+) -> Record:
+    buffer = s.alloc_unowned(int(args["size"]))
+    recorded = (op.get("result") or {}).get("buffer", buffer.id)
+    r.buffers[(sid, int(recorded))] = buffer
+    return {"buffer": recorded, "size": buffer.size}
 
 
 def _op_free(r: _Replayer, s: FastRpcSession, sid: int, args: Record, op: Record) -> Record:
@@ -847,10 +877,53 @@ def _op_close(r: _Replayer, s: FastRpcSession, sid: int, args: Record, op: Recor
     return {}
 
 
+HEAP_BUFFERS: Final = -1
+"""Where the replayer keeps the system heap's buffers (their trace names are ``h<n>``)."""
+
+
+def _op_heap_open(r: _Replayer, sid: int, args: Record, op: Record) -> Record:
+    heap = DmaHeap.open(r.driver, str(args.get("path", abi.DMA_HEAP_SYSTEM)))
+    r.heaps[sid] = heap
+    return {"available": heap is not None}
+
+
+def _op_heap_alloc(r: _Replayer, sid: int, args: Record, op: Record) -> Record:
+    heap = r.heaps.get(sid)
+    if heap is None:
+        raise TraceFormatError(f"op {op.get('id')}: heap {sid} was never opened")
+    buffer = heap.allocate(int(args["size"]))
+    recorded = (op.get("result") or {}).get("buffer", buffer.trace_ref)
+    r.buffers[(HEAP_BUFFERS, str(recorded))] = buffer
+    return {"buffer": recorded, "size": buffer.size}
+
+
+def _op_heap_close(r: _Replayer, sid: int, args: Record, op: Record) -> Record:
+    heap = r.heaps.pop(sid, None)
+    if heap is not None:
+        heap.close()
+    return {}
+
+
+def _op_release(r: _Replayer, sid: int, args: Record, op: Record) -> Record:
+    buffer = r.buffer(sid, args["buffer"])
+    assert isinstance(buffer, DmaBuffer)
+    buffer.give_up()
+    return {}
+
+
 _Operation = Callable[[_Replayer, FastRpcSession, int, Record, Record], Record]
+_HeapOperation = Callable[[_Replayer, int, Record, Record], Record]
+_HEAP_OPERATIONS: Final[dict[str, _HeapOperation]] = {
+    "heap_open": _op_heap_open,
+    "heap_alloc": _op_heap_alloc,
+    "heap_close": _op_heap_close,
+    "release": _op_release,
+}
+"""Operations of the system heap and of buffers let go by their owner: no session."""
 _OPERATIONS: Final[dict[str, _Operation]] = {
     "load_shell": _op_load_shell,
     "alloc": _op_alloc,
+    "alloc_unowned": _op_alloc_unowned,
     "free": _op_free,
     "map": _op_map,
     "unmap": _op_unmap,

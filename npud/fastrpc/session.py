@@ -8,11 +8,21 @@ Lifecycle::
     result = session.invoke(handle, sc, inputs, outputs)
     session.close()
 
-File descriptors. The session opens two fds on the CDSP node: ``meta_fd``
-for DMA-BUF allocation and ``rpc_fd`` for process creation, mappings and
-invokes. Each fd is one kernel session (one of the channel's 12 compute
-context banks on X1E). The session owns both, every DMA-BUF fd it allocates
-and every host mapping of those, and closes each exactly once.
+File descriptors. The session opens one fd on the CDSP node, ``rpc_fd``, for
+everything: capabilities, allocation, process creation, mappings and invokes,
+as libcdsprpc does. Each open of the node is one kernel session (one of the
+channel's 12 compute context banks on X1E), so one fd per session leaves the
+most DSP processes possible to npud's domains. The session owns that fd and
+every DMA-BUF it allocates
+itself (:meth:`alloc`, the shell, files it shares with the DSP), and lets go
+of each exactly once.
+
+Buffers of others. A DMA-BUF the session did not allocate (one from the
+system heap, :mod:`npud.fastrpc.dma_heap`) can be mapped (:meth:`map`) and
+passed in invokes just the same: the session keeps its DSP address of every
+buffer it mapped, and counts itself as one of the buffer's holders
+(``DmaBuffer.add_mapping``) until the mapping is undone or the session
+closes, which drops every mapping at once.
 
 Serialization rule. The kernel runs ioctls on one fd concurrently (libcdsprpc
 invokes from many threads, and the listener sits in INVOKE on ``rpc_fd`` the
@@ -28,8 +38,9 @@ serialize, and why:
 * ``close()`` waits for in-flight invokes: the kernel cannot release a file
   while a thread is inside an ioctl on it.
 
-Allocation goes to ``meta_fd`` and takes no lock that an invoke holds, so an
-allocation never waits behind a long invoke.
+Allocation takes no lock that an invoke holds (the kernel runs ALLOC_DMA_BUFF
+beside an INVOKE on the same fd), so an allocation never waits behind a long
+invoke.
 
 Signals: KernelDriver does not retry EINTR. Threads that call into the
 session (the daemon's DSP lanes) block signals, so a signal never interrupts
@@ -72,7 +83,7 @@ from npud.fastrpc import abi, remotectl
 from npud.fastrpc.apps_mem import AppsMemServer
 from npud.fastrpc.apps_std import AppsStdServer, SharedSource, SharingError
 from npud.fastrpc.capabilities import DspInfo, query_capabilities
-from npud.fastrpc.dma import DeviceFd, SessionBuffer, checked_dma_size
+from npud.fastrpc.dma import DeviceFd, DmaBuffer, checked_dma_size
 from npud.fastrpc.driver import Driver, IoctlArg
 from npud.fastrpc.errors import (
     DriverCall,
@@ -137,7 +148,6 @@ class FastRpcSession:
         self,
         driver: Driver,
         device: str,
-        meta_fd: DeviceFd,
         rpc_fd: DeviceFd,
         capabilities: DspInfo,
         library_path: Sequence[Path],
@@ -147,25 +157,25 @@ class FastRpcSession:
         self._hooks: TraceHooks | None = trace_hooks_of(driver)
         self._trace_session = trace_session
         self.device = device
-        self._meta_fd = meta_fd
         self._rpc_fd = rpc_fd
         self.capabilities = capabilities
         self._library_path = tuple(library_path)
         self._state_lock = threading.Lock()
         self._load_lock = threading.Lock()  # INIT_CREATE runs once
         self._idle = threading.Condition(self._state_lock)
-        self._buffers: dict[int, SessionBuffer] = {}
+        self._buffers: dict[int, DmaBuffer] = {}  # allocated here, not yet freed
         self._buffer_ids = itertools.count(1)
+        self._mapped: dict[DmaBuffer, int] = {}  # every buffer mapped here -> DSP address
         self._handles: set[int] = set()
         self._handle_calls: dict[int, int] = {}  # invokes on the DSP, per handle
         self._closing_handles: set[int] = set()  # closed by the client, awaiting their end
         self._in_flight = 0
         self._invokes_done = 0
-        self._shell: SessionBuffer | None = None
+        self._shell: DmaBuffer | None = None
         self._listener: ReverseRpcListener | None = None
         self._exposed = ExposedFiles()  # descriptors lent to the DSP's loader
-        self._shared_files: dict[int, SessionBuffer] = {}  # apps_std *_fd files, by fd
-        self._stale: list[SessionBuffer] = []  # MEM_UNMAP failed: fds kept until close
+        self._shared_files: dict[int, DmaBuffer] = {}  # apps_std *_fd files, by fd
+        self._stale: set[DmaBuffer] = set()  # freed, MEM_UNMAP failed: mapped until close
         self._remotectl: remotectl.RemotectlGeneration | None = None
         self._reverse_observer: ReverseObserver | None = None
         self._free_supported = True
@@ -186,7 +196,7 @@ class FastRpcSession:
         nodes: Sequence[str] = abi.CDSP_NODES,
         library_path: Sequence[Path] = (),
     ) -> FastRpcSession:
-        """Open ``meta_fd`` and ``rpc_fd`` and read the DSP's capabilities.
+        """Open ``rpc_fd`` and read the DSP's capabilities.
 
         The secure node is tried first; ENOENT or EACCES fall back to the next
         node, as libcdsprpc does. EBUSY does not: both nodes share one pool.
@@ -209,26 +219,25 @@ class FastRpcSession:
         library_path: Sequence[Path],
         trace_session: int,
     ) -> FastRpcSession:
-        device, meta = _open_first(driver, nodes)
-        meta_fd = DeviceFd(meta, driver.close)
-        fds = [meta_fd]
+        device, fd = _open_first(driver, nodes)
+        rpc_fd = DeviceFd(fd, driver.close)
         try:
-            rpc_fd = DeviceFd(_open_node(driver, device), driver.close)
-            fds.append(rpc_fd)
-            try:
-                capabilities = query_capabilities(
-                    lambda arg: driver.ioctl(meta, abi.FASTRPC_IOCTL_GET_DSP_INFO, arg)
-                )
-            except OSError as exc:
-                raise translate_os_error(
-                    exc, abi.FASTRPC_IOCTL_GET_DSP_INFO, device=device
-                ) from None
+            capabilities = query_capabilities(
+                lambda arg: driver.ioctl(fd, abi.FASTRPC_IOCTL_GET_DSP_INFO, arg)
+            )
+        except OSError as exc:
+            rpc_fd.close()
+            raise translate_os_error(exc, abi.FASTRPC_IOCTL_GET_DSP_INFO, device=device) from None
         except BaseException:
-            for fd in fds:
-                fd.close()
+            rpc_fd.close()
             raise
         log.info("fastrpc session opened", extra={"device": device, "arch": capabilities.arch})
-        return cls(driver, device, meta_fd, rpc_fd, capabilities, library_path, trace_session)
+        return cls(driver, device, rpc_fd, capabilities, library_path, trace_session)
+
+    def fileno(self) -> int:
+        """The session's device fd (owned here; -1 once closed): for the emulator's fault
+        injection, which names a DSP process by the fd it is bound to."""
+        return self._rpc_fd.fileno()
 
     # ------------------------------------------------------------- the shell
     @property
@@ -294,23 +303,23 @@ class FastRpcSession:
                     self._exit_process()  # undo INIT_CREATE
                     raise
             except BaseException:
-                self._release(buffer)
+                self._discard(buffer)
                 raise
             self._shell = buffer
             self._listener = listener
         log.info("DSP process created", extra={"shell_bytes": len(shell), "attrs": f"0x{attrs:x}"})
 
     # ------------------------------------------------------------------- DMA
-    def alloc(self, size: int) -> SessionBuffer:
+    def alloc(self, size: int) -> DmaBuffer:
         """Allocate a DMA-BUF of ``size`` bytes (page-rounded) with a host mapping."""
         return self._traced(
             "alloc",
             lambda: {"size": size},
             lambda: self._alloc(size),
-            lambda buffer: {"buffer": buffer.id, "size": buffer.size},
+            lambda buffer: {"buffer": buffer.trace_ref, "size": buffer.size},
         )
 
-    def _alloc(self, size: int) -> SessionBuffer:
+    def _alloc(self, size: int) -> DmaBuffer:
         self._check_usable()
         buffer = self._allocate(size)
         with self._state_lock:
@@ -320,15 +329,34 @@ class FastRpcSession:
                 closing = False
                 self._buffers[buffer.id] = buffer
         if closing:
-            self._release(buffer)
+            self._discard(buffer)
             raise RpcError(ErrorCode.SESSION_CLOSED)
         return buffer
 
-    def _allocate(self, size: int) -> SessionBuffer:
+    def alloc_unowned(self, size: int) -> DmaBuffer:
+        """A DMA-BUF from ALLOC_DMA_BUFF on this session's device that the *caller* owns:
+        the session neither tracks nor releases it (where there is no system heap, the
+        daemon's buffers come from here). Closing its fd frees it; the kernel keeps the
+        memory in this session's context bank, and it lives on after the session closes.
+        """
+        # No FREE_DMA_BUFF before the close: it would need this session's fd, and closing
+        # frees the buffer anyway (mainline has no FREE_DMA_BUFF).
+        return self._traced(
+            "alloc_unowned",
+            lambda: {"size": size},
+            lambda: self._alloc_unowned(size),
+            lambda buffer: {"buffer": buffer.trace_ref, "size": buffer.size},
+        )
+
+    def _alloc_unowned(self, size: int) -> DmaBuffer:
+        self._check_usable()
+        return self._allocate(size, owned=False)
+
+    def _allocate(self, size: int, *, owned: bool = True) -> DmaBuffer:
         """A DMA-BUF of ``size`` bytes rounded up to whole pages, mapped on the host."""
         allocated = checked_dma_size(size)
         req = abi.fastrpc_alloc_dma_buf(fd=-1, flags=0, size=allocated)
-        self._ioctl(self._meta_fd.fileno(), abi.FASTRPC_IOCTL_ALLOC_DMA_BUFF, req)
+        self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_ALLOC_DMA_BUFF, req)
         if int(req.fd) < 0:  # pragma: no cover - a kernel that succeeds always sets it
             raise RpcError(ErrorCode.DMA_BUF_ALLOC, msg="the driver returned no fd")
         fd = DeviceFd(int(req.fd), self._driver.close)
@@ -340,54 +368,76 @@ class FastRpcSession:
         except BaseException:
             fd.close()
             raise
-        return SessionBuffer(next(self._buffer_ids), fd, allocated, host)
+        return DmaBuffer(
+            next(self._buffer_ids),
+            fd,
+            allocated,
+            host,
+            before_close=self._free_dma_buff if owned else None,
+            hooks=self._hooks,
+            trace_session=self._trace_session,
+        )
 
-    def buffer(self, buffer_id: int) -> SessionBuffer:
+    def buffer(self, buffer_id: int) -> DmaBuffer:
         try:
             return self._buffers[buffer_id]
         except KeyError:
             raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer_id) from None
 
-    def owns(self, buffer: SessionBuffer) -> bool:
+    def owns(self, buffer: DmaBuffer) -> bool:
         """True while ``buffer`` is one of this session's (allocated here, not yet freed)."""
         with self._state_lock:
             return self._buffers.get(buffer.id) is buffer
 
-    def free(self, buffer: SessionBuffer) -> None:
-        """Release ``buffer``: DSP unmap, host munmap, close. Deferred while an invoke uses it."""
-        self._traced("free", lambda: {"buffer": buffer.id}, lambda: self._free(buffer))
+    def free(self, buffer: DmaBuffer) -> None:
+        """Release ``buffer`` (allocated here): DSP unmap, host munmap, close. Deferred
+        while an invoke uses it or another session still has it mapped."""
+        self._traced("free", lambda: {"buffer": buffer.trace_ref}, lambda: self._free(buffer))
 
-    def _free(self, buffer: SessionBuffer) -> None:
+    def _free(self, buffer: DmaBuffer) -> None:
         with self._state_lock:
             if self._buffers.get(buffer.id) is not buffer:
                 raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
             del self._buffers[buffer.id]
-        if buffer.request_release():
-            self._release(buffer)
+        try:
+            self._unmap_for_good(buffer)
+        finally:
+            if buffer.request_release():
+                buffer.release()
 
-    def _release(self, buffer: SessionBuffer) -> None:
-        """Free order of the seed: DSP unmap → host munmap → FREE_DMA_BUFF → close.
-
-        When the DSP unmap fails the kernel keeps the mapping under the fd's
-        number: the fd stays open (unmapped on the host) until the session
-        closes, so no later buffer can get that number and alias the mapping.
-        """
+    def _unmap_for_good(self, buffer: DmaBuffer) -> None:
+        """Undo this session's mapping of ``buffer``, which is going away. When the
+        MEM_UNMAP fails the kernel keeps the mapping under the fd's number: the mapping
+        then stays counted (so the fd stays open and no later buffer can get its number
+        and alias it) until the session closes, and the failure is raised."""
+        if self._dead or self._process_ended:
+            return  # the process is gone: its mappings go with rpc_fd at close
+        due = False
         with buffer.lock:
-            if buffer.released:
+            if buffer not in self._mapped:
                 return
-            if buffer.dsp_address is not None and not (self._dead or self._process_ended):
-                try:
-                    self._mem_unmap(buffer)
-                except RpcError as exc:
-                    buffer.release_host_mapping()
-                    with self._state_lock:
-                        self._stale.append(buffer)
-                    log.warning(
-                        "MEM_UNMAP failed: keeping the buffer's fd open until the session closes",
-                        extra={"buffer": buffer.id, "error": str(exc)},
-                    )
-                    raise
-            buffer.release(self._free_dma_buff)
+            try:
+                self._mem_unmap(buffer, self._mapped[buffer])
+            except RpcError as exc:
+                with self._state_lock:
+                    self._stale.add(buffer)
+                log.warning(
+                    "MEM_UNMAP failed: keeping the buffer's fd open until the session closes",
+                    extra={"buffer": buffer.id, "error": str(exc)},
+                )
+                raise
+            with self._state_lock:
+                del self._mapped[buffer]
+            due = buffer.drop_mapping()
+        if due:
+            buffer.release()
+
+    def _discard(self, buffer: DmaBuffer) -> None:
+        """Release a buffer of the session's own (the shell, a shared file), quietly."""
+        with contextlib.suppress(RpcError):  # kept mapped, counted stale: released at close
+            self._unmap_for_good(buffer)
+        if buffer.request_release():
+            self._release_quietly(buffer)
 
     def _free_dma_buff(self, fd: int) -> None:
         """FREE_DMA_BUFF where a kernel implements it; ENOTTY means closing frees."""
@@ -395,9 +445,7 @@ class FastRpcSession:
             return
         arg = ctypes.c_uint32(fd)
         try:
-            self._driver.ioctl(
-                self._meta_fd.fileno(), abi.FASTRPC_IOCTL_FREE_DMA_BUFF, _as_arg(arg)
-            )
+            self._driver.ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_FREE_DMA_BUFF, _as_arg(arg))
         except OSError as exc:
             if exc.errno == errno.ENOTTY:
                 self._free_supported = False
@@ -407,50 +455,70 @@ class FastRpcSession:
                 )
 
     # ------------------------------------------------------------ DSP mapping
-    def map(self, buffer: SessionBuffer) -> int:
+    def map(self, buffer: DmaBuffer) -> int:
         """Map ``buffer`` into the DSP process (MEM_MAP); idempotent. Returns the DSP address."""
         return self._traced(
             "map",
-            lambda: {"buffer": buffer.id},
+            lambda: {"buffer": buffer.trace_ref},
             lambda: self._map(buffer),
             lambda address: {"address": address},
         )
 
-    def _map(self, buffer: SessionBuffer) -> int:
+    def _map(self, buffer: DmaBuffer) -> int:
         self._check_usable()
-        self._check_owned(buffer)
         self._require_process()
         with buffer.lock:
-            if buffer.released:
+            if buffer.released or buffer.release_pending:
                 raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
-            if buffer.dsp_address is not None:
-                return buffer.dsp_address
+            address = self._mapped.get(buffer)
+            if address is not None:
+                return address
             req = _whole_buffer_map(buffer)
             rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_MEM_MAP, req)
             if rc != 0:
                 raise RpcError(ErrorCode.MMAP_FAILED, code=rc)
             address = int(req.vaddrout)
-            buffer.mapped_at(address)
+            buffer.add_mapping()
+            with self._state_lock:
+                self._mapped[buffer] = address
             return address
 
-    def unmap(self, buffer: SessionBuffer) -> None:
-        """Undo :meth:`map`; a buffer that is not mapped is left as it is."""
-        self._traced("unmap", lambda: {"buffer": buffer.id}, lambda: self._unmap(buffer))
+    def address_of(self, buffer: DmaBuffer) -> int | None:
+        """Where ``buffer`` is mapped in this session's DSP process, or None."""
+        with self._state_lock:
+            return self._mapped.get(buffer)
 
-    def _unmap(self, buffer: SessionBuffer) -> None:
+    def unmap(self, buffer: DmaBuffer, *, going: bool = False) -> None:
+        """Undo :meth:`map`; a buffer that is not mapped here is left as it is. When the
+        MEM_UNMAP fails the buffer stays mapped (and usable); a retry may succeed.
+
+        ``going``: its holder is letting the buffer go. A failed MEM_UNMAP then keeps
+        the mapping counted until the session closes (the kernel still holds it under
+        the fd's number, so the fd must stay open), and the failure is raised.
+        """
+        args = {"buffer": buffer.trace_ref}
+        if going:
+            self._traced("unmap", lambda: args, lambda: self._unmap_for_good(buffer))
+        else:
+            self._traced("unmap", lambda: args, lambda: self._unmap(buffer))
+
+    def _unmap(self, buffer: DmaBuffer) -> None:
         self._check_usable()
-        self._check_owned(buffer)
+        due = False
         with buffer.lock:
-            if buffer.dsp_address is None:
+            address = self._mapped.get(buffer)
+            if address is None:
                 return
-            self._mem_unmap(buffer)
-            buffer.unmapped()
+            self._mem_unmap(buffer, address)
+            with self._state_lock:
+                del self._mapped[buffer]
+                self._stale.discard(buffer)
+            due = buffer.drop_mapping()
+        if due:
+            buffer.release()
 
-    def _mem_unmap(self, buffer: SessionBuffer) -> None:
-        assert buffer.dsp_address is not None
-        req = abi.fastrpc_mem_unmap(
-            vesion=0, fd=buffer.fd, vaddr=buffer.dsp_address, length=buffer.size
-        )
+    def _mem_unmap(self, buffer: DmaBuffer, address: int) -> None:
+        req = abi.fastrpc_mem_unmap(vesion=0, fd=buffer.fd, vaddr=address, length=buffer.size)
         rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_MEM_UNMAP, req)
         if rc != 0:
             raise RpcError(ErrorCode.MMAP_FAILED, code=rc)
@@ -513,7 +581,7 @@ class FastRpcSession:
         """The INVOKE itself. The listener uses it directly: its next2 stays pending
         until the DSP process exits, which close() itself brings about."""
         _check_scalars(sc, inputs, outputs)
-        pinned: list[SessionBuffer] = []
+        pinned: list[DmaBuffer] = []
         try:
             args, memory = self._marshal(inputs, outputs, pinned)
             invoke = abi.fastrpc_invoke(
@@ -547,15 +615,15 @@ class FastRpcSession:
             )
             return rc
 
-    def _release_quietly(self, buffer: SessionBuffer) -> None:
+    def _release_quietly(self, buffer: DmaBuffer) -> None:
         """Release where a caller cannot act on a failure: log it, never strand the rest."""
         try:
-            self._release(buffer)
+            buffer.release()
         except (RpcError, BufferError, OSError) as exc:
             log.error("releasing buffer failed", extra={"buffer": buffer.id, "error": str(exc)})
 
     def _marshal(
-        self, inputs: Sequence[InArg], outputs: Sequence[OutArg], pinned: list[SessionBuffer]
+        self, inputs: Sequence[InArg], outputs: Sequence[OutArg], pinned: list[DmaBuffer]
     ) -> tuple[ctypes.Array[abi.fastrpc_invoke_args], list[_RawBuffer | None]]:
         """Fill the args array; returns it and, per argument, the ctypes memory behind it."""
         args = (abi.fastrpc_invoke_args * (len(inputs) + len(outputs)))()
@@ -563,7 +631,6 @@ class FastRpcSession:
         for slot, arg in zip(args, [*inputs, *outputs], strict=True):
             raw: _RawBuffer | None = None
             if isinstance(arg, Slice):
-                self._check_owned(arg.buffer)
                 arg.buffer.check_slice(arg.offset, arg.length)
                 arg.buffer.pin()
                 pinned.append(arg.buffer)
@@ -733,7 +800,7 @@ class FastRpcSession:
                 dead=self._dead,
                 buffers=len(buffers),
                 buffer_bytes=sum(b.size for b in buffers),
-                mapped_buffers=sum(b.dsp_address is not None for b in buffers),
+                mapped_buffers=len(self._mapped),
                 remote_handles=len(self._handles),
                 invokes_in_flight=self._in_flight,
                 invokes_done=self._invokes_done,
@@ -789,21 +856,11 @@ class FastRpcSession:
                 log.warning("exposed files still lent at close", extra={"closed": leftover})
             if listener is not None:
                 listener_gone = self._end_process(listener)
-            with self._state_lock:
-                shared = list(self._shared_files.values())
-                self._shared_files.clear()
-            for buffer in [*buffers, *shared, *([shell] if shell is not None else [])]:
-                if buffer.request_release():  # False: already released, or pending
-                    # The process is gone: closing rpc_fd drops its mappings, so
-                    # skip per-buffer DSP unmaps.
-                    buffer.unmapped()
-                    self._release_quietly(buffer)
+            self._let_go_of_buffers([*buffers, *([shell] if shell is not None else [])])
         finally:
-            fds = [self._meta_fd]
+            fds = []
             if listener_gone:
                 fds.append(self._rpc_fd)
-                # Stale mappings died with rpc_fd: their fds may be reused now.
-                fds.extend(self._take_stale())
             else:
                 # A thread may still enter INVOKE on rpc_fd: closing it could let
                 # that call land on whatever fd reuses the number. Keep it open
@@ -816,10 +873,25 @@ class FastRpcSession:
                     log.error("closing a device fd failed", extra={"error": exc.strerror})
         log.info("fastrpc session closed", extra={"device": self.device})
 
-    def _take_stale(self) -> list[DeviceFd]:
+    def _let_go_of_buffers(self, owned: list[DmaBuffer]) -> None:
+        """At close: every mapping goes with the process (or with rpc_fd), and the
+        buffers allocated here are let go (each released now unless held elsewhere)."""
         with self._state_lock:
-            stale, self._stale = self._stale, []
-        return [buffer.detach_fd() for buffer in stale]
+            owned += self._shared_files.values()
+            self._shared_files.clear()
+            mapped = list(self._mapped)
+            self._mapped.clear()
+            self._stale.clear()
+        due = []
+        for buffer in mapped:
+            with buffer.lock:
+                if buffer.drop_mapping():
+                    due.append(buffer)
+        for buffer in owned:
+            if buffer.request_release():  # False: already released, or held elsewhere
+                due.append(buffer)
+        for buffer in due:
+            self._release_quietly(buffer)
 
     def __enter__(self) -> FastRpcSession:
         return self
@@ -951,10 +1023,6 @@ class FastRpcSession:
                 ErrorCode.INVALID_ARGUMENT, detail="no DSP process yet: load the shell first"
             )
 
-    def _check_owned(self, buffer: SessionBuffer) -> None:
-        if self._buffers.get(buffer.id) is not buffer:
-            raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
-
     @contextmanager
     def _tracked_call(self) -> Iterator[None]:
         with self._state_lock:
@@ -973,7 +1041,7 @@ class FastRpcSession:
 def _traced_arg(arg: InArg | OutArg, limit: int, *, data: bool) -> Record:
     """An invoke argument as a trace records it (a slice's bytes too, for inputs)."""
     if isinstance(arg, Slice):
-        record: Record = {"slice": [arg.buffer.id, arg.offset, arg.length]}
+        record: Record = {"slice": [arg.buffer.trace_ref, arg.offset, arg.length]}
         if data:
             view = arg.buffer.view()
             record["data"] = encode_data(bytes(view[arg.offset : arg.offset + arg.length]), limit)
@@ -1115,9 +1183,12 @@ class _ReverseHost:
                 raise SharingError(aee_for_errno(exc.errno)) from None
             if rc != 0:
                 raise SharingError(rc)
-            buffer.mapped_at(int(request.vaddrout))
+            with buffer.lock:
+                buffer.add_mapping()
+                with session._state_lock:
+                    session._mapped[buffer] = int(request.vaddrout)
         except BaseException:
-            session._release_quietly(buffer)
+            session._discard(buffer)
             raise
         with session._state_lock:
             session._shared_files[buffer.fd] = buffer
@@ -1130,12 +1201,15 @@ class _ReverseHost:
         if buffer is None:
             raise SharingError(int(AEE.EBADFD))
         try:
-            session._release(buffer)
+            session._unmap_for_good(buffer)
         except RpcError:
             raise SharingError(int(AEE.EFAILED)) from None
+        finally:
+            if buffer.request_release():
+                session._release_quietly(buffer)
 
 
-def _whole_buffer_map(buffer: SessionBuffer) -> abi.fastrpc_mem_map:
+def _whole_buffer_map(buffer: DmaBuffer) -> abi.fastrpc_mem_map:
     """MEM_MAP of all of ``buffer`` by fd (FASTRPC_MAP_FD), at its host address."""
     return abi.fastrpc_mem_map(
         version=0,

@@ -322,8 +322,8 @@ class TracingDriver:
         with self._call("ioctl", fields) as record:
             ret = self.inner.ioctl(fd, request, arg)
             raw_out = struct_bytes(arg)
-            if isinstance(arg, abi.fastrpc_alloc_dma_buf):
-                self.symbols.assign("buf", int(arg.fd))
+            if isinstance(arg, abi.fastrpc_alloc_dma_buf | abi.dma_heap_allocation_data):
+                self.symbols.assign("buf", _signed32(int(arg.fd)))
             record["ret"] = ret
             record["out"] = raw_out.hex()
             outputs = normalized_fields(request, raw_out, self.symbols, self.mappings)
@@ -371,3 +371,8 @@ def trace_hooks_of(driver: Driver) -> TraceHooks | None:
     """The hooks a driver offers for tracing (a TracingDriver, a replay), else None."""
     hooks = getattr(driver, "trace_hooks", None)
     return hooks if isinstance(hooks, TraceHooks) else None
+
+
+def _signed32(value: int) -> int:
+    """A u32 fd field (the heap's) as the fd it holds."""
+    return value - (1 << 32) if value & 0x8000_0000 else value

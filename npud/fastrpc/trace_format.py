@@ -39,6 +39,7 @@ STRUCTS: Final[Mapping[int, type[ctypes.Structure]]] = {
     abi.FASTRPC_IOCTL_MEM_MAP: abi.fastrpc_mem_map,
     abi.FASTRPC_IOCTL_MEM_UNMAP: abi.fastrpc_mem_unmap,
     abi.FASTRPC_IOCTL_GET_DSP_INFO: abi.fastrpc_ioctl_capability,
+    abi.DMA_HEAP_IOCTL_ALLOC: abi.dma_heap_allocation_data,
 }
 POINTER_FIELDS: Final[Mapping[int, frozenset[str]]] = {
     abi.FASTRPC_IOCTL_INVOKE: frozenset({"args"}),
@@ -52,9 +53,11 @@ FD_FIELDS: Final[Mapping[int, frozenset[str]]] = {
     abi.FASTRPC_IOCTL_MMAP: frozenset({"fd"}),
     abi.FASTRPC_IOCTL_MEM_MAP: frozenset({"fd"}),
     abi.FASTRPC_IOCTL_MEM_UNMAP: frozenset({"fd"}),
+    abi.DMA_HEAP_IOCTL_ALLOC: frozenset({"fd"}),
 }
 OUTPUT_FIELDS: Final[Mapping[int, tuple[str, ...]]] = {
     abi.FASTRPC_IOCTL_ALLOC_DMA_BUFF: ("fd",),
+    abi.DMA_HEAP_IOCTL_ALLOC: ("fd",),
     abi.FASTRPC_IOCTL_MMAP: ("vaddrout",),
     abi.FASTRPC_IOCTL_MEM_MAP: ("vaddrout",),
     # The pre-2024 copy-back bug writes the answer over ``domain``.

@@ -76,6 +76,8 @@ class PeerConnection:
     handles: dict[int, Skel] = field(default_factory=dict)
     lost_below: int = 0
     """Ids below this went with a session restart: DSP_RESTARTED, not unknown."""
+    version: int = p.PROTOCOL_VERSION
+    """The version the client's Hello offered."""
     requests: list[p.AnyRequest] = field(default_factory=list)
     calls_done: int = 0
     _next_id: int = 1
@@ -147,13 +149,14 @@ class PeerConnection:
                     self._request(event)
 
     def _welcome(self, hello: p.Hello) -> bool:
+        self.version = hello.protocol_version
         if self.peer.refusal is not None:
             self.send(self.peer.refusal)
             return False
         self.send(
             p.Welcome(
                 server_version=self.peer.version,
-                protocol_version=p.PROTOCOL_VERSION,
+                protocol_version=min(hello.protocol_version, self.peer.protocol_version),
                 backend="emulator",
                 dsp=self.peer.dsp,
                 limits=self.peer.limits_for(hello),
@@ -251,8 +254,16 @@ class PeerConnection:
             return _error(request, p.ErrorCode.DSP_RESTARTED)
         return _error(request, unknown, **{name: object_id})
 
+    def forget_dsp_objects(self) -> None:
+        """A session restart as a version 3 daemon makes it: handles go, buffers stay
+        (unmapped)."""
+        for buffer in self.buffers.values():
+            buffer.dsp_address = None
+        self.handles.clear()
+        self.lost_below = self._next_id
+
     def forget_everything(self) -> None:
-        """A session restart: the daemon releases every buffer and handle."""
+        """A session restart as a version 2 daemon made it: every buffer and handle goes."""
         for buffer in self.buffers.values():
             buffer.close()
         self.buffers.clear()
@@ -342,6 +353,8 @@ class Peer:
     def __init__(self, path: str, *, limits: p.ClientLimits | None = None) -> None:
         self.path = path
         self.version = "0.1.0-peer"
+        self.protocol_version = p.PROTOCOL_VERSION
+        """The newest version this peer speaks (2 plays a daemon before domains)."""
         self.dsp = p.DspCapabilities(arch_ver=0x73, hvx_support_128b=4, vtcm_page=262144)
         self.limits = limits or p.ClientLimits(priority=p.Priority.NORMAL)
         self.epoch = 1
@@ -387,7 +400,11 @@ class Peer:
     def broadcast(self, event: p.ServerEvent) -> None:
         for conn in list(self.connections):
             if isinstance(event, p.SessionRestarted):
-                conn.forget_everything()
+                # What the daemon releases at a restart depends on the version spoken.
+                if min(conn.version, self.protocol_version) >= 3:
+                    conn.forget_dsp_objects()
+                else:
+                    conn.forget_everything()
             conn.send(event)
         if isinstance(event, p.SessionRestarted):
             self.epoch = event.epoch

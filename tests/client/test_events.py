@@ -25,7 +25,35 @@ from tests.client.peer import (
 )
 
 
-def test_a_session_restart_moves_the_epoch_and_releases_old_buffers(peer: Peer) -> None:
+def test_a_session_restart_keeps_buffers_unmapped_and_ends_handles(peer: Peer) -> None:
+    """Version 3: a buffer belongs to no DSP process; only its mapping goes."""
+    events: list[p.ServerEvent] = []
+    with npu_client.connect(peer.path, name="restart", on_event=events.append) as client:
+        buffer = client.alloc(4096)
+        buffer.map()
+        buffer.view()[:5] = b"still"
+        handle = client.open(ECHO_URI)
+        restarted = p.SessionRestarted(epoch=2, reason="SSR", domain="default")
+        peer.broadcast(restarted)
+        assert client.ping() == b""
+        assert client.epoch == 2
+        assert events == [restarted]
+        assert not buffer.freed
+        assert client.buffers == (buffer,)
+        assert buffer.dsp_address is None  # its mapping died with the DSP process
+        assert bytes(buffer.view()[:5]) == b"still"
+        with pytest.raises(npu_client.DspRestarted, match="reopen the session"):
+            handle.invoke(2, [struct.pack("<II", 0, 0), b""], [0])
+        handle.close()  # gone with the session: no error
+        assert buffer.map() is not None  # mapped again, in the new process
+        buffer.free()
+        assert buffer.freed
+
+
+def test_a_version_2_session_restart_moves_the_epoch_and_releases_old_buffers(
+    peer: Peer,
+) -> None:
+    peer.protocol_version = 2
     events: list[p.ServerEvent] = []
     before = open_fds()
     with npu_client.connect(peer.path, name="restart", on_event=events.append) as client:
@@ -55,7 +83,10 @@ def test_a_session_restart_moves_the_epoch_and_releases_old_buffers(peer: Peer) 
     assert open_fds() == before
 
 
-def test_an_alloc_answered_before_the_restart_event_is_gone(peer: Peer) -> None:
+def test_an_alloc_answered_before_the_restart_event_is_gone_with_version_2(
+    peer: Peer,
+) -> None:
+    peer.protocol_version = 2
     hold = Hold(p.AllocRequest)
     peer.intercept = hold
     with npu_client.connect(peer.path, name="racy") as client:

@@ -115,6 +115,27 @@ def test_metric_names_follow_the_conventions() -> None:
         assert metric.help.endswith("."), metric
     client_names = {metric.name for metric in _metrics.CLIENT_METRICS}
     assert all(name.startswith("npud_client_") for name in client_names)
+    for metric in _metrics.DOMAIN_METRICS:
+        assert metric.name.startswith("npud_domain_"), metric
+        assert metric.name.endswith("_total") == (metric.kind == "counter"), metric
+        assert metric.help.endswith("."), metric
+
+
+def test_domains_and_memory_as_metrics() -> None:
+    domains = (
+        p.DomainRow(name="default", epoch=2, restarts=1, clients=3),
+        p.DomainRow(name="llm#1", isolated=True, hung_calls=1, state="restarting"),
+    )
+    status = msgspec.structs.replace(
+        STATUS, domains=domains, memory=p.MemoryRow(source="heap", buffers=4, bytes=65536)
+    )
+    text = _metrics.render(status)
+    assert value(text, "npud_domain_epoch", domain="default") == 2
+    assert value(text, "npud_domain_restarts_total", domain="default") == 1
+    assert value(text, "npud_domain_hung_calls_total", domain="llm#1", isolated="true") == 1
+    assert value(text, "npud_domain_clients", domain="llm#1", state="restarting") == 0
+    assert value(text, "npud_memory_bytes") == 65536
+    assert "npud_memory_" not in _metrics.render(STATUS)  # a daemon that does not report it
 
 
 def _numeric_fields(record: type[msgspec.Struct], prefix: str = "") -> set[str]:
@@ -135,7 +156,10 @@ def test_every_numeric_status_field_is_a_metric() -> None:
         _numeric_fields(p.DaemonStatus)
         | _numeric_fields(p.Totals, "totals.")
         | _numeric_fields(p.PoolRow, "pool.")
+        | _numeric_fields(p.MemoryRow, "memory.")
     )
+    domain = {metric.field for metric in _metrics.DOMAIN_METRICS}
+    assert _numeric_fields(p.DomainRow) <= domain, "add one line to DOMAIN_METRICS"
     wanted_client = _numeric_fields(p.ClientRow) - NOT_EXPORTED
     where = "add one line to {} in client/src/npu_client/_metrics.py"
     assert wanted_daemon <= daemon, (wanted_daemon - daemon, where.format("DAEMON_METRICS"))

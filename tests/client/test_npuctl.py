@@ -32,6 +32,8 @@ STATUS_KEYS = [
     "lanes",
     "scheduler",
     "pool",
+    "domains",
+    "memory",
 ]
 """The stable top-level keys of ``npuctl status --json`` (client/README.md)."""
 

@@ -141,7 +141,22 @@ async def test_bad_inputs_are_refused_before_sending(peer: Peer) -> None:
         assert len(peer.connection().requests) == sent
 
 
-async def test_events_are_recorded_and_old_buffers_released(peer: Peer) -> None:
+async def test_events_are_recorded_and_old_buffers_kept_unmapped(peer: Peer) -> None:
+    seen: list[p.ServerEvent] = []
+    async with npu_client.open_trio_client(peer.path, name="events", on_event=seen.append) as npu:
+        buffer = await npu.alloc(4096)
+        await buffer.map()
+        peer.broadcast(p.SessionRestarted(epoch=3, reason="SSR"))
+        await npu.ping()
+        assert npu.epoch == 3
+        assert seen == [p.SessionRestarted(epoch=3, reason="SSR")]
+        assert not buffer.freed
+        assert buffer.dsp_address is None
+        await buffer.free()
+
+
+async def test_events_are_recorded_and_old_buffers_released_with_version_2(peer: Peer) -> None:
+    peer.protocol_version = 2
     seen: list[p.ServerEvent] = []
     async with npu_client.open_trio_client(peer.path, name="events", on_event=seen.append) as npu:
         buffer = await npu.alloc(4096)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -15,7 +17,9 @@ from npud.backend import select_profile
 from npud.broker import Broker
 from npud.clients import Client, Kind
 from npud.config import ConfigError, parse_config
-from npud.fastrpc.dma import SessionBuffer
+from npud.domain.life import Domain
+from npud.fastrpc.dma import DmaBuffer
+from npud.holdings import HeldBuffer
 from npud.requests import HANDLERS, Answer
 from npud.sim import EmulatedDriver
 from tests.error_scan import leaked_numbers
@@ -29,28 +33,55 @@ def make_broker(extra: str = "") -> Broker:
     return Broker(config, select_profile(config))
 
 
+@asynccontextmanager
+async def running(extra: str = "") -> AsyncIterator[Broker]:
+    """A started broker (its default domain up); closed, leaving no device fd, at the end."""
+    b = make_broker(extra)
+    try:
+        await b.start()
+        async with trio.open_nursery() as nursery:
+            b.attach(nursery)
+            yield b
+            nursery.cancel_scope.cancel()
+    finally:
+        await b.close(grace=5)
+    assert emulator(b).statistics().device_fds_open == 0
+
+
 @pytest.fixture
 async def broker() -> AsyncIterator[Broker]:
-    b = make_broker()
-    await b.start()
-    async with trio.open_nursery() as nursery:
-        b.attach(nursery)
+    async with running() as b:
         yield b
-        nursery.cancel_scope.cancel()
-    await b.close(grace=5)
-    assert b.dsp.driver.statistics().device_fds_open == 0  # type: ignore[attr-defined]
 
 
-def client(broker: Broker, priority: p.Priority = p.Priority.NORMAL, uid: int = 1000) -> Client:
+def emulator(broker: Broker) -> EmulatedDriver:
+    driver = broker.device.driver
+    assert isinstance(driver, EmulatedDriver)
+    return driver
+
+
+def default(broker: Broker) -> Domain:
+    domain = broker.default_domain
+    assert domain is not None
+    return domain
+
+
+DOMAINS: dict[Client, Domain] = {}
+
+
+async def client(
+    broker: Broker, priority: p.Priority = p.Priority.NORMAL, uid: int = 1000
+) -> Client:
+    """A client admitted as at its Hello: quotas, scheduler account, its domain."""
     c = Client(pid=4242, uid=uid, gid=uid, name="test", priority=priority)
-    broker.clients.admit(c)
+    DOMAINS[c] = await broker.admit(c, None)
     return c
 
 
 async def answer(broker: Broker, c: Client, request: p.AnyRequest) -> Answer:
     """What the data path does with one request: arrive, wait for its objects, run
     (on a thread: handlers block in ioctls), end."""
-    handler = HANDLERS[type(request)](broker, c, request)
+    handler = HANDLERS[type(request)](c, DOMAINS[c], request)
     try:
         handler.start()
         try:
@@ -62,7 +93,8 @@ async def answer(broker: Broker, c: Client, request: p.AnyRequest) -> Answer:
     except CodedError as exc:
         # What the client would be told names only its own ids.
         message = format_message(exc.code, **exc.fields)
-        leaks = leaked_numbers(request, exc.code, exc.fields, message, broker.client_limits(c))
+        assert c.limits is not None
+        leaks = leaked_numbers(request, exc.code, exc.fields, message, c.limits)
         if leaks:
             raise AssertionError(f"{message!r} leaks: {leaks}") from exc
         raise
@@ -111,18 +143,18 @@ async def open_handle(broker: Broker, c: Client, uri: str) -> int:
     return reply.handle
 
 
-async def alloc(broker: Broker, c: Client, size: int) -> tuple[int, SessionBuffer]:
+async def alloc(broker: Broker, c: Client, size: int) -> tuple[int, DmaBuffer]:
     """Allocate as the connection does, closing the reply's dup of the fd."""
     reply = await call(broker, c, p.AllocRequest(id=1, size=size))
     assert isinstance(reply, p.AllocReply)
     return reply.buffer, buffer_of(c, reply.buffer)
 
 
-def buffer_of(c: Client, buffer_id: int) -> SessionBuffer:
+def buffer_of(c: Client, buffer_id: int) -> DmaBuffer:
     for entry in c.objects.entries(Kind.BUFFER):
         if entry.id == buffer_id:
-            assert isinstance(entry.value, SessionBuffer)
-            return entry.value
+            assert isinstance(entry.value, HeldBuffer)
+            return entry.value.buffer
     raise AssertionError(f"no buffer {buffer_id}")
 
 
@@ -134,7 +166,7 @@ async def refused(code: ErrorCode, call: Awaitable[object]) -> CodedError:
 
 
 async def test_alloc_map_invoke_free(broker: Broker) -> None:
-    c = client(broker)
+    c = await client(broker)
     buffer_id, buffer = await alloc(broker, c, 5000)
     assert buffer_id == 1
     assert buffer.size == 8192  # the allocated size: whole pages
@@ -158,7 +190,7 @@ async def test_alloc_map_invoke_free(broker: Broker) -> None:
 
 
 async def test_ids_from_another_client_mean_nothing(broker: Broker) -> None:
-    a, b = client(broker), client(broker)
+    a, b = await client(broker), await client(broker)
     buffer_id, _ = await alloc(broker, a, 4096)
     handle = await open_handle(broker, a, ECHO_URI)
     await refused(ErrorCode.UNKNOWN_BUFFER, call(broker, b, p.MapRequest(id=1, buffer=buffer_id)))
@@ -167,7 +199,7 @@ async def test_ids_from_another_client_mean_nothing(broker: Broker) -> None:
 
 
 async def test_bad_sizes_and_slices(broker: Broker) -> None:
-    c = client(broker)
+    c = await client(broker)
     await refused(ErrorCode.DMA_BUF_ALLOC, call(broker, c, p.AllocRequest(id=1, size=0)))
     await refused(
         ErrorCode.DMA_EXCEEDS_MAX_SIZE, call(broker, c, p.AllocRequest(id=1, size=(256 << 20) + 1))
@@ -196,7 +228,7 @@ async def test_bad_sizes_and_slices(broker: Broker) -> None:
 
 
 async def test_a_failing_skel_is_invoke_failed_with_the_code(broker: Broker) -> None:
-    c = client(broker)
+    c = await client(broker)
     handle = await open_handle(broker, c, ECHO_URI)
     lying = p.InvokeRequest(
         id=1,
@@ -214,70 +246,62 @@ async def test_a_failing_skel_is_invoke_failed_with_the_code(broker: Broker) -> 
 
 
 async def test_per_client_quotas() -> None:
-    b = make_broker(
-        "[client_limits]\nmax_buffers = 2\nmax_buffer_bytes = 16384\nmax_handles = 1\n"
-        "max_calls_in_flight = 1\n"
-    )
-    await b.start()
-    try:
-        async with trio.open_nursery() as nursery:
-            b.attach(nursery)
-            c = client(b)
-            await alloc(b, c, 4096)
-            error = await refused(
-                ErrorCode.QUOTA_EXCEEDED, call(b, c, p.AllocRequest(id=1, size=16384))
-            )
-            assert str(error) == "buffer bytes quota exceeded: the limit is 16384"
-            await alloc(b, c, 4096)
-            await refused(ErrorCode.QUOTA_EXCEEDED, call(b, c, p.AllocRequest(id=1, size=4096)))
-            handle = await open_handle(b, c, TEST_URI)
-            error = await refused(ErrorCode.QUOTA_EXCEEDED, open_handle(b, c, ECHO_URI))
-            assert "handles quota" in str(error)
-            started = trio.Event()
+    async with (
+        running(
+            "[client_limits]\nmax_buffers = 2\nmax_buffer_bytes = 16384\nmax_handles = 1\n"
+            "max_calls_in_flight = 1\n"
+        ) as b,
+        trio.open_nursery() as nursery,
+    ):
+        c = await client(b)
+        await alloc(b, c, 4096)
+        error = await refused(
+            ErrorCode.QUOTA_EXCEEDED, call(b, c, p.AllocRequest(id=1, size=16384))
+        )
+        assert str(error) == "buffer bytes quota exceeded: the limit is 16384"
+        await alloc(b, c, 4096)
+        await refused(ErrorCode.QUOTA_EXCEEDED, call(b, c, p.AllocRequest(id=1, size=4096)))
+        handle = await open_handle(b, c, TEST_URI)
+        error = await refused(ErrorCode.QUOTA_EXCEEDED, open_handle(b, c, ECHO_URI))
+        assert "handles quota" in str(error)
+        started = trio.Event()
 
-            async def long_call() -> None:
-                started.set()
-                await invoke(b, c, busy(handle, 200_000))
+        async def long_call() -> None:
+            started.set()
+            await invoke(b, c, busy(handle, 200_000))
 
-            nursery.start_soon(long_call)
-            await started.wait()
-            await trio.sleep(0.01)
-            error = await refused(ErrorCode.QUOTA_EXCEEDED, invoke(b, c, busy(handle, 1)))
-            assert "calls in flight" in str(error)
-    finally:
-        await b.close(grace=5)
+        nursery.start_soon(long_call)
+        await started.wait()
+        await trio.sleep(0.01)
+        error = await refused(ErrorCode.QUOTA_EXCEEDED, invoke(b, c, busy(handle, 1)))
+        assert "calls in flight" in str(error)
 
 
 async def test_global_limits() -> None:
-    b = make_broker("[limits]\nmax_clients = 1\nmax_buffers = 1\n")
-    await b.start()
-    try:
-        c = client(b)
+    async with running("[limits]\nmax_clients = 1\nmax_buffers = 1\n") as b:
+        c = await client(b)
         with pytest.raises(CodedError) as caught:
-            client(b)
+            await client(b)
         assert caught.value.code is ErrorCode.QUOTA_EXCEEDED
         await alloc(b, c, 4096)
         error = await refused(ErrorCode.QUOTA_EXCEEDED, call(b, c, p.AllocRequest(id=1, size=4096)))
         assert "daemon buffers" in str(error)
-    finally:
-        await b.close(grace=5)
 
 
 async def test_release_frees_everything_the_client_held(broker: Broker) -> None:
-    c = client(broker)
+    c = await client(broker)
     for _ in range(10):
         buffer_id, _ = await alloc(broker, c, 65536)
         await call(broker, c, p.MapRequest(id=1, buffer=buffer_id))
     await open_handle(broker, c, ECHO_URI)
-    sim = broker.dsp.driver
-    assert isinstance(sim, EmulatedDriver)
+    sim = emulator(broker)
     assert sim.statistics().mem_maps == 10
-    await broker.release_client(c)
+    await broker.release_client(c, DOMAINS[c])
     assert broker.status().totals == p.Totals()
     assert sim.statistics().mem_maps == 0
     assert sim.statistics().remote_handles_open == 0
-    assert broker.dsp.session is not None
-    assert broker.dsp.session.statistics().buffers == 0
+    assert broker.device.require_memory().statistics().buffers == 0
+    assert default(broker).registry.statistics().mappings == 0
 
 
 async def test_realtime_is_granted_only_to_listed_peers() -> None:
@@ -290,13 +314,12 @@ async def test_realtime_is_granted_only_to_listed_peers() -> None:
 
 
 async def test_a_dsp_restart_releases_everyone_and_opens_a_new_epoch(broker: Broker) -> None:
-    c = client(broker)
+    c = await client(broker)
     events: list[p.ServerEvent] = []
     c.send_event = events.append
     buffer_id, _ = await alloc(broker, c, 4096)
     handle = await open_handle(broker, c, ECHO_URI)
-    sim = broker.dsp.driver
-    assert isinstance(sim, EmulatedDriver)
+    sim = emulator(broker)
     sim.faults.subsystem_restart(down_for=0.3)
     await refused(ErrorCode.DSP_RESTARTED, invoke(broker, c, echo(handle, b"x", 1)))
     with trio.fail_after(10):
@@ -305,11 +328,12 @@ async def test_a_dsp_restart_releases_everyone_and_opens_a_new_epoch(broker: Bro
     assert len(events) == 1
     assert isinstance(events[0], p.SessionRestarted)
     assert events[0].epoch == 2
-    assert broker.dsp.epoch == 2
-    assert broker.dsp.restarts == 1
-    # What the client held is gone, and says why.
-    await refused(ErrorCode.DSP_RESTARTED, call(broker, c, p.MapRequest(id=1, buffer=buffer_id)))
+    assert events[0].domain == "default"
+    assert default(broker).epoch == 2
+    assert default(broker).restarts == 1
+    # Its handles are gone, and say why; its buffers (protocol 3) live on, unmapped.
     await refused(ErrorCode.DSP_RESTARTED, invoke(broker, c, echo(handle, b"x", 1)))
+    assert isinstance(await call(broker, c, p.MapRequest(id=1, buffer=buffer_id)), p.MapReply)
     # New work goes through the new session.
     new_handle = await open_handle(broker, c, ECHO_URI)
     assert new_handle > handle
@@ -317,53 +341,73 @@ async def test_a_dsp_restart_releases_everyone_and_opens_a_new_epoch(broker: Bro
     assert broker.status().restarts == 1
 
 
+async def test_a_version_2_clients_buffers_go_with_a_restart(broker: Broker) -> None:
+    """Version 2 promised that a restart releases every id: such a client's buffers
+    are released by the daemon (it closes its own copies when it is told)."""
+    c = await client(broker)
+    c.protocol_version = 2
+    events: list[p.ServerEvent] = []
+    c.send_event = events.append
+    buffer_id, buffer = await alloc(broker, c, 4096)
+    emulator(broker).faults.subsystem_restart(down_for=0.2)
+    with trio.fail_after(10):
+        while not events:
+            await trio.sleep(0.02)
+    await refused(ErrorCode.DSP_RESTARTED, call(broker, c, p.MapRequest(id=1, buffer=buffer_id)))
+    assert buffer.released
+    assert broker.device.require_memory().statistics().buffers == 0
+
+
 async def test_shutting_down_refuses_new_work(broker: Broker) -> None:
-    c = client(broker)
-    broker.dsp.stopping = True
+    c = await client(broker)
+    broker.device.stopping = True
     await refused(ErrorCode.SHUTTING_DOWN, call(broker, c, p.AllocRequest(id=1, size=4096)))
-    broker.dsp.stopping = False
+    broker.device.stopping = False
 
 
 async def test_a_restart_noticed_only_by_the_listener_is_recovered_at_once(
     broker: Broker,
 ) -> None:
-    c = client(broker)
+    c = await client(broker)
     events: list[p.ServerEvent] = []
     c.send_event = events.append
-    sim = broker.dsp.driver
-    assert isinstance(sim, EmulatedDriver)
-    sim.faults.subsystem_restart(down_for=0.2)
+    emulator(broker).faults.subsystem_restart(down_for=0.2)
     # Nobody calls anything: the listener's pending next2 gets EPIPE, and that
     # alone starts the recovery (no status or watchdog round needed).
     with trio.fail_after(10):
         while not events:
             await trio.sleep(0.02)
-    assert broker.dsp.epoch == 2
-    assert broker.dsp.healthy()
+    assert default(broker).epoch == 2
+    assert default(broker).healthy()
 
 
-async def test_a_dead_session_nobody_recovers_withholds_the_watchdog(broker: Broker) -> None:
-    session = broker.dsp.session
+async def test_a_dead_session_nobody_noticed_is_recovered_by_the_idle_check(
+    broker: Broker,
+) -> None:
+    """A domain's trouble is the domain's: the daemon stays healthy (systemd's watchdog
+    keeps being pinged) and the idle round restarts the domain."""
+    domain = default(broker)
+    session = domain.session
     assert session is not None
     session.on_dead = None  # as if the restart went unnoticed
-    sim = broker.dsp.driver
-    assert isinstance(sim, EmulatedDriver)
-    sim.faults.subsystem_restart(down_for=0.2)
+    emulator(broker).faults.subsystem_restart(down_for=0.2)
     with trio.fail_after(10):
         while not session.dead:
             await trio.sleep(0.01)
-    assert not broker.dsp.healthy()  # dead and nobody recovering: systemd would restart us
-    broker.dsp.check_session()  # what the status and watchdog loops do while idle
+    assert not domain.healthy()
+    assert broker.healthy()
+    broker.domains.check_sessions()  # what the status and watchdog loops do while idle
     with trio.fail_after(10):
-        while broker.dsp.epoch < 2:
+        while domain.epoch < 2:
             await trio.sleep(0.02)
-    assert broker.dsp.healthy()
+    assert domain.healthy()
 
 
 async def test_inline_limits_and_timeouts_are_enforced_by_the_daemon(broker: Broker) -> None:
-    c = client(broker)
+    c = await client(broker)
     handle = await open_handle(broker, c, ECHO_URI)
-    limit = broker.client_limits(c).max_inline_bytes
+    assert c.limits is not None
+    limit = c.limits.max_inline_bytes
     greedy = p.InvokeRequest(
         id=1,
         handle=handle,
@@ -373,12 +417,12 @@ async def test_inline_limits_and_timeouts_are_enforced_by_the_daemon(broker: Bro
     )
     error = await refused(ErrorCode.QUOTA_EXCEEDED, invoke(broker, c, greedy))
     assert "inline output bytes quota exceeded" in str(error)
-    patient = echo(handle, b"x", 1, timeout_ms=broker.client_limits(c).max_timeout_ms + 1)
+    patient = echo(handle, b"x", 1, timeout_ms=c.limits.max_timeout_ms + 1)
     await refused(ErrorCode.INVALID_ARGUMENT, invoke(broker, c, patient))
 
 
 async def test_the_reply_fd_is_this_buffers_even_if_it_is_freed_at_once(broker: Broker) -> None:
-    c = client(broker)
+    c = await client(broker)
     allocated = await answer(broker, c, p.AllocRequest(id=1, size=8192))
     assert isinstance(allocated.reply, p.AllocReply)
     assert allocated.fd is not None
@@ -395,7 +439,9 @@ async def test_the_reply_fd_is_this_buffers_even_if_it_is_freed_at_once(broker: 
 
 
 async def test_no_default_timeout_is_announced_unless_configured(broker: Broker) -> None:
-    assert broker.client_limits(client(broker)).default_timeout_ms is None
+    limits = (await client(broker)).limits
+    assert limits is not None
+    assert limits.default_timeout_ms is None
 
 
 def test_a_default_timeout_above_the_largest_is_refused() -> None:
@@ -406,15 +452,14 @@ def test_a_default_timeout_above_the_largest_is_refused() -> None:
 async def test_a_client_gone_while_its_alloc_runs_leaks_nothing(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    c = client(broker)
-    session = broker.dsp.session
-    assert session is not None
-    real_alloc = session.alloc
+    c = await client(broker)
+    memory = broker.device.require_memory()
+    real_allocate = memory.allocate
 
-    def alloc_while_the_client_leaves(size: int) -> SessionBuffer:
+    def allocate_while_the_client_leaves(*args: Any) -> tuple[DmaBuffer, Any]:
         c.objects.take_all()  # the connection ended meanwhile
-        return real_alloc(size)
+        return real_allocate(*args)
 
-    monkeypatch.setattr(session, "alloc", alloc_while_the_client_leaves)
+    monkeypatch.setattr(memory, "allocate", allocate_while_the_client_leaves)
     await refused(ErrorCode.DSP_RESTARTED, call(broker, c, p.AllocRequest(id=1, size=4096)))
-    assert session.statistics().buffers == 0  # what nobody will ever name was freed
+    assert memory.statistics().buffers == 0  # what nobody will ever name was let go

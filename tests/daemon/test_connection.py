@@ -20,12 +20,14 @@ from npud.connection import PeerConnection
 async def broker() -> AsyncIterator[Broker]:
     config = parse_config("[backend]\nkind = 'emulator'\n[daemon]\nhello_timeout = 0.2\n")
     b = Broker(config, select_profile(config))
-    await b.start()
-    async with trio.open_nursery() as nursery:
-        b.attach(nursery)
-        yield b
-        nursery.cancel_scope.cancel()
-    await b.close(grace=5)
+    try:
+        await b.start()
+        async with trio.open_nursery() as nursery:
+            b.attach(nursery)
+            yield b
+            nursery.cancel_scope.cancel()
+    finally:
+        await b.close(grace=5)
 
 
 async def test_a_peer_that_never_says_hello_is_closed(

@@ -18,7 +18,7 @@ from npu_protocol import ErrorCode
 from npud.config import PoolConfig
 from npud.server import Daemon
 from npud.sim import EmulatedDriver
-from tests.daemon.test_broker import alloc, call, client, make_broker
+from tests.daemon.test_broker import alloc, call, client, running
 from tests.daemon.wire import ECHO_URI, RawPeer, serve_daemon
 
 SIZE = 64 * 1024
@@ -37,14 +37,17 @@ def pool_of(daemon: Daemon) -> p.PoolRow:
 
 
 def sim_of(daemon: Daemon) -> EmulatedDriver:
-    driver = daemon.broker.dsp.driver
+    driver = daemon.broker.device.driver
     assert isinstance(driver, EmulatedDriver)
     return driver
 
 
 async def settled(daemon: Daemon) -> None:
-    """Wait for the control lane to run what is queued on it (the zeroing after a free)."""
-    await daemon.broker.dsp.control.call(lambda: None)
+    """Wait for the default domain's control lane to run what is queued on it (the
+    zeroing after a free)."""
+    domain = daemon.broker.default_domain
+    assert domain is not None
+    await domain.control.call(lambda: None)
 
 
 async def test_a_secret_freed_by_one_client_reaches_the_next_as_zeros(tmp_path: Path) -> None:
@@ -89,9 +92,8 @@ async def test_by_default_a_freed_buffer_goes_back_to_its_connection_only(tmp_pa
             while pool_of(daemon).buffers:
                 await trio.sleep(0.01)
         assert pool_of(daemon).dropped == 1
-        session = daemon.broker.dsp.session
-        assert session is not None
-        assert session.statistics().buffers == 0  # the session holds no DMA-BUF any more
+        memory = daemon.broker.device.require_memory()
+        assert memory.statistics().buffers == 0  # npud holds no DMA-BUF any more
 
 
 async def test_a_free_behind_a_call_still_writing_the_buffer_waits_for_it(
@@ -110,7 +112,9 @@ async def test_a_free_behind_a_call_still_writing_the_buffer_waits_for_it(
         assert isinstance(allocated, p.AllocReply)
         assert isinstance(opened, p.OpenReply)
         freed = inode(peer.fds[-1])
-        session = daemon.broker.dsp.session
+        domain = daemon.broker.default_domain
+        assert domain is not None
+        session = domain.session
         assert session is not None
         sim_of(daemon).faults.set_latency(0.3)
         late = p.InvokeRequest(
@@ -154,25 +158,32 @@ async def test_what_a_connection_still_holds_when_it_ends_is_released_not_kept(
         assert row.kept == 0
 
 
-async def test_a_dsp_restart_drops_every_kept_buffer(tmp_path: Path) -> None:
+async def test_a_dsp_restart_keeps_kept_buffers_and_ends_their_mappings(tmp_path: Path) -> None:
+    """A buffer belongs to no DSP process: a restart ends its mapping, not the buffer,
+    which the next allocation of its size gets, zeroed and unmapped."""
     async with serve_daemon(tmp_path) as daemon:
         path = tmp_path / "npud.sock"
         async with open_trio_client(path, name="a") as a:
             buffer = await a.alloc(SIZE)
             await buffer.map()
+            freed = inode(buffer.fd)
             await buffer.free()
             await settled(daemon)
             assert (pool_of(daemon).buffers, pool_of(daemon).mapped) == (1, 1)
             sim_of(daemon).faults.subsystem_restart(down_for=0.2)
+            domain = daemon.broker.default_domain
+            assert domain is not None
             with trio.fail_after(10):
-                while daemon.broker.dsp.epoch < 2 or daemon.broker.dsp.session is None:
+                while domain.epoch < 2 or domain.session is None:
                     await trio.sleep(0.01)
             row = pool_of(daemon)
-            assert (row.buffers, row.dropped) == (0, 1)
-            fresh = await a.alloc(SIZE)
-            assert bytes(fresh.view()) == bytes(SIZE)
-            assert pool_of(daemon).hits == 0
-            await fresh.free()
+            assert (row.buffers, row.mapped, row.dropped) == (1, 0, 0)
+            again = await a.alloc(SIZE)
+            assert inode(again.fd) == freed
+            assert bytes(again.view()) == bytes(SIZE)
+            assert pool_of(daemon).hits == 1
+            assert daemon.broker.status().clients[0].mappings == 0
+            await again.free()
 
 
 async def test_a_kept_buffer_comes_back_mapped(tmp_path: Path) -> None:
@@ -216,16 +227,16 @@ async def test_idle_buffers_are_trimmed_and_a_reload_applies_the_pool_settings(
 
 
 async def test_with_share_user_another_users_client_never_gets_it() -> None:
-    broker = make_broker("[pool]\nshare = 'user'\n")
-    await broker.start()
-    try:
-        mine, theirs, also_mine = client(broker), client(broker, uid=1001), client(broker)
+    async with running("[pool]\nshare = 'user'\n") as broker:
+        mine = await client(broker)
+        theirs = await client(broker, uid=1001)
+        also_mine = await client(broker)
         buffer_id, buffer = await alloc(broker, mine, SIZE)
         await call(broker, mine, p.FreeRequest(id=2, buffer=buffer_id))
-        await broker.dsp.control.call(lambda: None)  # zeroed
+        domain = broker.default_domain
+        assert domain is not None
+        await domain.control.call(lambda: None)  # zeroed
         _, other = await alloc(broker, theirs, SIZE)
         assert other is not buffer
         _, same = await alloc(broker, also_mine, SIZE)
         assert same is buffer
-    finally:
-        await broker.close(grace=5)

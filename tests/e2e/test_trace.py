@@ -31,8 +31,12 @@ def test_a_traced_daemon_run_replays(tmp_path: Path) -> None:
     loaded = load_trace(trace)
     assert loaded.complete  # the daemon closed it on SIGTERM
     ops = [op["op"] for op in loaded.ops]
-    assert ops[:2] == ["open", "load_shell"]
-    assert {"alloc", "map", "remote_open", "invoke", "remote_close", "free", "close"} <= set(ops)
+    assert ops[:3] == ["heap_open", "open", "load_shell"]  # memory first, then the default domain
+    # Client buffers come from the system heap (heap_alloc), or from the driver's
+    # ALLOC_DMA_BUFF where there is none (alloc_unowned); the daemon lets go (release).
+    assert {"map", "remote_open", "invoke", "remote_close", "release", "close"} <= set(ops)
+    assert {"heap_open"} <= set(ops)
+    assert {"heap_alloc", "alloc_unowned"} & set(ops)
     threads = {op["thread"] for op in loaded.ops}
     assert len(threads) > 1  # lanes and workers: the replay runs them on threads of their own
     report = replay(trace)

@@ -105,7 +105,7 @@ def test_a_kernel_call_that_times_out_is_a_timeout(
         session.map(buffer)
     assert caught.value.code is ErrorCode.TIMEOUT
     assert "MEM_MAP on /dev/fastrpc-cdsp-secure did not finish within 10000 ms" in str(caught.value)
-    assert buffer.dsp_address is None
+    assert session.address_of(buffer) is None
     assert not session.dead
     session.map(buffer)  # the DSP answers again
     session.free(buffer)

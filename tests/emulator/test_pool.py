@@ -1,5 +1,6 @@
-"""The buffer pool (npud/pool.py) over a real session on the emulator: what is kept, what is
-zeroed and when, who gets a kept buffer, and what is released (and when)."""
+"""The buffer pool (npud/domain/pool.py) and the daemon's memory (npud/domain/memory.py)
+over a real session on the emulator: what is kept, what is zeroed and when, who gets a
+kept buffer, what is released (and when), and how mappings kept with a buffer behave."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ import pytest
 from npu_protocol import ErrorCode
 from npud.backend import DEV_SHELL
 from npud.config import PoolConfig
-from npud.fastrpc.dma import SessionBuffer
+from npud.domain.memory import Memory
+from npud.domain.pool import BufferPool
+from npud.domain.registry import Registry
+from npud.fastrpc.dma import DmaBuffer
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Inline, Slice
 from npud.fastrpc.session import FastRpcSession
-from npud.pool import BufferPool
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from tests.emulator.conftest import ECHO_URI, fastrpc_threads, open_fds
 
@@ -26,7 +29,7 @@ PAGE = mmap.PAGESIZE
 
 
 class Lane:
-    """The control lane, run by hand: jobs wait until the test runs them."""
+    """A control lane, run by hand: jobs wait until the test runs them."""
 
     def __init__(self) -> None:
         self.jobs: list[Callable[[], None]] = []
@@ -47,6 +50,18 @@ class Clock:
         return self.now
 
 
+class Released:
+    """The pool's ``release``: lets go of a buffer as the daemon's memory would."""
+
+    def __init__(self) -> None:
+        self.buffers: list[DmaBuffer] = []
+
+    def __call__(self, buffer: DmaBuffer) -> None:
+        self.buffers.append(buffer)
+        if buffer.request_release():
+            buffer.release()
+
+
 @pytest.fixture
 def sim() -> EmulatedDriver:
     return EmulatedDriver()
@@ -54,7 +69,7 @@ def sim() -> EmulatedDriver:
 
 @pytest.fixture
 def session(sim: EmulatedDriver) -> Iterator[FastRpcSession]:
-    """A loaded session; its close must release every buffer, kept ones included."""
+    """A loaded session; at the end every buffer is released and no fd is left."""
     fds_before = open_fds()
     s = FastRpcSession.open(sim, library_path=(DSP_LIBRARY_DIR,))
     s.load_shell(DEV_SHELL.read_bytes())
@@ -74,74 +89,87 @@ def clock() -> Clock:
     return Clock()
 
 
-def make_pool(session: FastRpcSession, lane: Lane, clock: Clock, **settings: object) -> BufferPool:
-    pool = BufferPool(PoolConfig(**settings), lane.submit, clock=clock)  # type: ignore[arg-type]
-    pool.attach(session)
-    return pool
+@pytest.fixture
+def released() -> Released:
+    return Released()
 
 
-def dirty(session: FastRpcSession, size: int) -> SessionBuffer:
-    buffer = session.alloc(size)
+@pytest.fixture
+def registry(session: FastRpcSession, lane: Lane) -> Registry:
+    return Registry(lane.submit, lambda: session)
+
+
+def make_pool(released: Released, clock: Clock, **settings: object) -> BufferPool:
+    return BufferPool(PoolConfig(**settings), released, clock=clock)  # type: ignore[arg-type]
+
+
+def dirty(session: FastRpcSession, size: int) -> DmaBuffer:
+    """A buffer its holder owns (as the daemon owns a heap buffer), written all over."""
+    buffer = session.alloc_unowned(size)
     buffer.view()[:] = b"\xa5" * size
     return buffer
 
 
+def let_go(buffer: DmaBuffer) -> None:
+    if buffer.request_release():
+        buffer.release()
+
+
 def test_a_kept_buffer_is_zeroed_before_anyone_gets_it(
-    session: FastRpcSession, lane: Lane, clock: Clock
+    session: FastRpcSession, lane: Lane, clock: Clock, released: Released
 ) -> None:
-    pool = make_pool(session, lane, clock)
-    buffer = pool.allocate(session, "a", 3 * PAGE)
-    buffer.view()[:] = b"secret!!" * (3 * PAGE // 8)
+    pool = make_pool(released, clock)
+    buffer = dirty(session, 3 * PAGE)
     fd = buffer.fd
-    assert pool.give(session, "a", buffer)
+    assert pool.give("a", buffer, None, lane.submit)
     assert buffer.parked
     assert not buffer.released
     # Not zeroed yet: no allocation may have it. The zeroing waits on the lane.
-    assert pool.take(session, "a", 3 * PAGE) is None
+    assert pool.take("a", 3 * PAGE, None) is None
     assert pool.row().scrubbing == 1
     lane.run()
-    again = pool.allocate(session, "a", 3 * PAGE)
-    assert again is buffer
+    taken = pool.take("a", 3 * PAGE, None)
+    assert taken is not None
+    again, mapping = taken
+    assert (again, mapping) == (buffer, None)
     assert again.fd == fd
     assert not again.parked
     assert bytes(again.view()) == bytes(3 * PAGE)
     row = pool.row()
-    assert (row.hits, row.misses, row.kept, row.buffers, row.bytes) == (1, 2, 1, 0, 0)
+    assert (row.hits, row.misses, row.kept, row.buffers, row.bytes) == (1, 1, 1, 0, 0)
     assert row.scrubbed_bytes == 3 * PAGE
-    session.free(again)
+    let_go(again)
 
 
 def test_only_its_scope_and_its_exact_size_get_a_kept_buffer(
-    session: FastRpcSession, lane: Lane, clock: Clock
+    session: FastRpcSession, lane: Lane, clock: Clock, released: Released
 ) -> None:
-    pool = make_pool(session, lane, clock)
+    pool = make_pool(released, clock)
     buffer = dirty(session, 2 * PAGE)
-    assert pool.give(session, "a", buffer)
+    assert pool.give("a", buffer, None, lane.submit)
     lane.run()
-    assert pool.take(session, "b", 2 * PAGE) is None
-    assert pool.take(session, "a", PAGE) is None
-    assert pool.take(session, "a", 3 * PAGE) is None
-    assert pool.take(session, "a", 2 * PAGE) is buffer
-    session.free(buffer)
+    assert pool.take("b", 2 * PAGE, None) is None
+    assert pool.take("a", PAGE, None) is None
+    assert pool.take("a", 3 * PAGE, None) is None
+    assert pool.take("a", 2 * PAGE, None) == (buffer, None)
+    let_go(buffer)
 
 
-def test_the_scope_follows_the_share_setting(
-    session: FastRpcSession, lane: Lane, clock: Clock
-) -> None:
+def test_the_scope_follows_the_share_setting(released: Released, clock: Clock) -> None:
     connection = object()
-    assert make_pool(session, lane, clock).scope(connection, 1000) is connection
-    by_user = make_pool(session, lane, clock, share="user")
+    assert make_pool(released, clock).scope(connection, 1000) is connection
+    by_user = make_pool(released, clock, share="user")
     assert by_user.scope(connection, 1000) == by_user.scope(object(), 1000)
     assert by_user.scope(connection, 1000) != by_user.scope(connection, 1001)
 
 
 def test_a_buffer_an_invoke_still_uses_is_never_kept(
-    session: FastRpcSession, sim: EmulatedDriver, lane: Lane, clock: Clock
+    session: FastRpcSession, sim: EmulatedDriver, lane: Lane, clock: Clock, released: Released
 ) -> None:
     """The DSP may still write into it: a later holder would see what it writes."""
-    pool = make_pool(session, lane, clock)
+    pool = make_pool(released, clock)
     handle = session.remote_open(ECHO_URI)
-    buffer = session.alloc(PAGE)
+    buffer = session.alloc_unowned(PAGE)
     sim.faults.set_latency(0.3)
     prim = (PAGE).to_bytes(4, "little") * 2
     results: list[object] = []
@@ -158,10 +186,10 @@ def test_a_buffer_an_invoke_still_uses_is_never_kept(
         while session.statistics().invokes_in_flight == 0:
             assert time.monotonic() < deadline
             time.sleep(0.005)
-        assert not pool.give(session, "a", buffer)
+        assert not pool.give("a", buffer, None, lane.submit)
         assert not buffer.parked
         assert pool.row().passed == 1
-        session.free(buffer)  # what the caller does then: released once the invoke returns
+        let_go(buffer)  # what the caller does then: released once the invoke returns
         assert not buffer.released
     finally:
         call.join()
@@ -193,50 +221,54 @@ def test_a_parked_buffer_cannot_be_pinned_and_a_pinned_one_cannot_be_parked(
 
 
 def test_the_longest_kept_go_first_to_stay_within_max_bytes(
-    session: FastRpcSession, lane: Lane, clock: Clock
+    session: FastRpcSession, lane: Lane, clock: Clock, released: Released
 ) -> None:
-    pool = make_pool(session, lane, clock, max_bytes=3 * PAGE)
+    pool = make_pool(released, clock, max_bytes=3 * PAGE)
     first, second, third = dirty(session, PAGE), dirty(session, PAGE), dirty(session, 2 * PAGE)
-    assert pool.give(session, "a", first)
-    assert pool.give(session, "a", second)
-    assert pool.give(session, "a", third)
+    lane_run_between = [pool.give("a", b, None, lane.submit) for b in (first, second)]
+    lane.run()  # the first two are zeroed (not being zeroed, they can be let go)
+    assert lane_run_between == [True, True]
+    assert pool.give("a", third, None, lane.submit)
     assert first.released
     assert not second.released
     assert not third.released
     row = pool.row()
     assert (row.buffers, row.bytes, row.evicted, row.kept) == (2, 3 * PAGE, 1, 3)
     lane.run()
-    assert pool.take(session, "a", PAGE) is second
-    assert pool.take(session, "a", 2 * PAGE) is third
+    assert pool.take("a", PAGE, None) == (second, None)
+    assert pool.take("a", 2 * PAGE, None) == (third, None)
     for buffer in (second, third):
-        session.free(buffer)
+        let_go(buffer)
 
 
-def test_what_is_too_large_or_foreign_is_not_kept(
-    session: FastRpcSession, lane: Lane, clock: Clock
+def test_what_is_too_large_mapped_without_leave_or_off_is_not_kept(
+    session: FastRpcSession, lane: Lane, clock: Clock, released: Released, registry: Registry
 ) -> None:
-    pool = make_pool(session, lane, clock, max_buffer_bytes=2 * PAGE)
+    pool = make_pool(released, clock, max_buffer_bytes=2 * PAGE, keep_dsp_mappings=False)
     large = dirty(session, 3 * PAGE)
-    assert not pool.give(session, "a", large)
-    session.free(large)
-    assert not pool.give(session, "a", large)  # no longer the session's
-    assert not pool.give(None, "a", dirty(session, PAGE))  # no session (a restart)
-    assert pool.row().passed == 3
-    off = make_pool(session, lane, clock, enabled=False)
+    assert not pool.give("a", large, None, lane.submit)
+    mapped = dirty(session, PAGE)
+    lease = registry.map(session, mapped)
+    assert not pool.give("a", mapped, lease, lane.submit)  # the caller unmaps it first
+    assert pool.row().passed == 2
+    off = make_pool(released, clock, enabled=False)
     small = dirty(session, PAGE)
-    assert not off.give(session, "a", small)
-    assert off.take(session, "a", PAGE) is None
+    assert not off.give("a", small, None, lane.submit)
+    assert off.take("a", PAGE, None) is None
     assert off.row().misses == 0  # the pool did not look
-    session.free(small)
+    registry.unmap(session, lease, going=True)
+    for buffer in (large, mapped, small):
+        let_go(buffer)
+    assert mapped.released
 
 
 def test_a_buffer_no_allocation_takes_is_released_after_idle_seconds(
-    session: FastRpcSession, lane: Lane, clock: Clock
+    session: FastRpcSession, lane: Lane, clock: Clock, released: Released
 ) -> None:
-    pool = make_pool(session, lane, clock, idle_seconds=10.0)
+    pool = make_pool(released, clock, idle_seconds=10.0)
     assert pool.next_trim_in() == 10.0
     buffer = dirty(session, PAGE)
-    assert pool.give(session, "a", buffer)
+    assert pool.give("a", buffer, None, lane.submit)
     lane.run()
     clock.now += 9.5
     assert pool.next_trim_in() == pytest.approx(0.5)
@@ -246,25 +278,30 @@ def test_a_buffer_no_allocation_takes_is_released_after_idle_seconds(
     clock.now += 0.5
     pool.trim()
     assert buffer.released
+    assert released.buffers == [buffer]
     assert not pool.holds()
     assert pool.row().trimmed == 1
 
 
 def test_a_scope_that_ends_releases_its_buffers_even_one_being_zeroed(
-    session: FastRpcSession, lane: Lane, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    session: FastRpcSession,
+    lane: Lane,
+    clock: Clock,
+    released: Released,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pool = make_pool(session, lane, clock)
+    pool = make_pool(released, clock)
     mine, other = dirty(session, PAGE), dirty(session, PAGE)
     zero = mine.zero
 
     def zero_while_the_connection_ends() -> bool:
-        pool.drop("a")  # as from the loader lane, while the control lane zeroes
+        pool.drop("a")  # as from another lane, while this one zeroes
         assert not mine.released  # not under the zeroing's feet
         return zero()
 
     monkeypatch.setattr(mine, "zero", zero_while_the_connection_ends)
-    assert pool.give(session, "a", mine)
-    assert pool.give(session, "b", other)
+    assert pool.give("a", mine, None, lane.submit)
+    assert pool.give("b", other, None, lane.submit)
     assert pool.holds("a")
     assert pool.holds("b")
     lane.run()
@@ -278,86 +315,109 @@ def test_a_scope_that_ends_releases_its_buffers_even_one_being_zeroed(
     assert other.released
 
 
-def test_a_kept_buffer_keeps_its_dsp_mapping_unless_told_not_to(
-    session: FastRpcSession, lane: Lane, clock: Clock
+def test_a_kept_buffer_keeps_its_dsp_mapping_for_its_own_domain_only(
+    session: FastRpcSession, lane: Lane, clock: Clock, released: Released, registry: Registry
 ) -> None:
-    pool = make_pool(session, lane, clock)
+    pool = make_pool(released, clock)
     buffer = dirty(session, PAGE)
-    address = session.map(buffer)
-    assert pool.give(session, "a", buffer)
+    lease = registry.map(session, buffer)
+    assert pool.give("a", buffer, lease, lane.submit)
     lane.run()
     assert pool.row().mapped == 1
-    again = pool.take(session, "a", PAGE)
-    assert again is buffer
-    assert again.dsp_address == address
-    assert session.map(again) == address  # no new mapping
-    unmapping = make_pool(session, lane, clock, keep_dsp_mappings=False)
-    assert unmapping.give(session, "a", again)
-    assert again.dsp_address is None
-    lane.run()
-    session.free(unmapping.take(session, "a", PAGE) or again)
+    other_domain = Registry(lane.submit, lambda: session)
+    assert pool.take("a", PAGE, other_domain) is None  # never seen by another DSP process
+    taken = pool.take("a", PAGE, registry)
+    assert taken == (buffer, lease)
+    assert lease.valid
+    second = registry.map(session, buffer)
+    assert second.address == lease.address  # the same mapping
+    assert registry.statistics().mapping_leases == 2
+    registry.unmap(session, lease, going=True)
+    assert session.address_of(buffer) == lease.address  # one lease still holds it
+    registry.unmap(session, second, going=True)
+    assert session.address_of(buffer) is None
+    let_go(buffer)
+    assert buffer.released
 
 
-def test_a_restart_forgets_the_kept_buffers_and_the_sessions_close_releases_them(
-    session: FastRpcSession, lane: Lane, clock: Clock
+def test_a_restart_of_the_domain_leaves_kept_buffers_kept_and_unmapped(
+    session: FastRpcSession, lane: Lane, clock: Clock, released: Released, registry: Registry
 ) -> None:
-    pool = make_pool(session, lane, clock)
+    pool = make_pool(released, clock)
     buffer = dirty(session, PAGE)
-    session.map(buffer)
-    assert pool.give(session, "a", buffer)
+    lease = registry.map(session, buffer)
+    assert pool.give("a", buffer, lease, lane.submit)
     lane.run()
-    pool.detach()
-    assert not pool.holds()
-    assert not buffer.released
-    assert pool.row().dropped == 1
-    assert pool.take(session, "a", PAGE) is None  # not the pool's session any more
-    assert not pool.give(session, "a", dirty(session, PAGE))
-    # The session fixture closes the session: it releases both, and checks no fd is left.
+    registry.forget_all()  # the domain's DSP process is gone
+    assert not lease.valid
+    assert pool.row().mapped == 0
+    other_domain = Registry(lane.submit, lambda: session)
+    assert pool.take("a", PAGE, other_domain) == (buffer, None)  # unmapped: anyone's now
+    let_go(buffer)
+    assert not buffer.released  # the old session still counts its mapping until it closes
+    # The session fixture's close drops it; the buffer is released then.
+
+
+def test_releasing_a_mapped_kept_buffer_unmaps_it_on_its_lane_first(
+    session: FastRpcSession, lane: Lane, clock: Clock, released: Released, registry: Registry
+) -> None:
+    pool = make_pool(released, clock)
+    buffer = dirty(session, PAGE)
+    lease = registry.map(session, buffer)
+    assert pool.give("a", buffer, lease, lane.submit)
+    lane.run()
+    pool.drop("a")
+    assert released.buffers == []  # not before its domain's lane unmapped it
+    assert session.address_of(buffer) == lease.address
+    lane.run()
+    assert session.address_of(buffer) is None
+    assert released.buffers == [buffer]
+    assert buffer.released
 
 
 def test_an_allocation_that_fails_gets_the_pools_memory(
-    session: FastRpcSession, lane: Lane, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    session: FastRpcSession, lane: Lane
 ) -> None:
-    pool = make_pool(session, lane, clock)
-    kept = dirty(session, PAGE)
-    assert pool.give(session, "a", kept)
+    memory = Memory(None, PoolConfig())
+    kept, _ = memory.allocate(PAGE, "a", None, session.alloc_unowned)
+    assert memory.free("a", kept, None, lane.submit)
     lane.run()
-    alloc = session.alloc
     failures = iter([RpcError(ErrorCode.DMA_BUF_ALLOC, msg="ENOMEM")])
 
-    def short_of_memory(size: int) -> SessionBuffer:
+    def short_of_memory(size: int) -> DmaBuffer:
         failure = next(failures, None)
         if failure is not None:
             raise failure
-        return alloc(size)
+        return session.alloc_unowned(size)
 
-    monkeypatch.setattr(session, "alloc", short_of_memory)
-    fresh = pool.allocate(session, "b", 2 * PAGE)
+    fresh, _ = memory.allocate(2 * PAGE, "b", None, short_of_memory)
     assert kept.released
     assert fresh.size == 2 * PAGE
-    assert pool.row().evicted == 1
+    assert memory.pool.row().evicted == 1
     # With nothing kept, the failure is the caller's.
     failures = iter([RpcError(ErrorCode.DMA_BUF_ALLOC, msg="ENOMEM")])
     with pytest.raises(RpcError) as caught:
-        pool.allocate(session, "b", 2 * PAGE)
+        memory.allocate(2 * PAGE, "b", None, short_of_memory)
     assert caught.value.code is ErrorCode.DMA_BUF_ALLOC
-    session.free(fresh)
+    assert memory.statistics().buffers == 1
+    memory.release(fresh)
+    memory.release(fresh)  # once
+    assert fresh.released
+    assert memory.statistics().buffers == 0
 
 
 def test_a_reload_releases_what_its_new_settings_do_not_allow(
-    session: FastRpcSession, lane: Lane, clock: Clock
+    session: FastRpcSession, lane: Lane, clock: Clock, released: Released
 ) -> None:
-    pool = make_pool(session, lane, clock)
+    pool = make_pool(released, clock)
     small, large = dirty(session, PAGE), dirty(session, 4 * PAGE)
-    assert pool.give(session, "a", small)
-    assert pool.give(session, "a", large)
+    assert pool.give("a", small, None, lane.submit)
+    assert pool.give("a", large, None, lane.submit)
     lane.run()
     pool.reconfigure(PoolConfig(max_bytes=2 * PAGE))  # a lower bound: trimmed to fit
-    lane.run()
     assert large.released
     assert not small.released
     pool.reconfigure(PoolConfig(max_bytes=2 * PAGE, share="user"))  # other scopes: all go
-    lane.run()
     assert small.released
     assert pool.row().buffers == 0
     assert pool.row().dropped == 1
@@ -365,29 +425,7 @@ def test_a_reload_releases_what_its_new_settings_do_not_allow(
 
 
 def test_zeroing_lets_go_of_the_gil() -> None:
-    """The zeroing runs on the control lane while workers serve invokes: it must not hold
+    """The zeroing runs on a control lane while workers serve invokes: it must not hold
     the GIL. ctypes releases it around a foreign call unless the function is a
     PYFUNCTYPE one (FUNCFLAG_PYTHONAPI); ctypes.memset is not."""
     assert not ctypes.memset._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
-
-
-def test_a_restart_while_a_buffer_is_being_zeroed_leaves_it_to_the_sessions_close(
-    session: FastRpcSession, lane: Lane, clock: Clock, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A hung DSP must not be asked to unmap it: the dying session's close releases it."""
-    pool = make_pool(session, lane, clock)
-    buffer = dirty(session, PAGE)
-    session.map(buffer)
-    zero = buffer.zero
-
-    def zero_while_the_dsp_restarts() -> bool:
-        pool.detach()  # as the trio thread does when recovery starts
-        return zero()
-
-    monkeypatch.setattr(buffer, "zero", zero_while_the_dsp_restarts)
-    assert pool.give(session, "a", buffer)
-    lane.run()
-    assert not buffer.released
-    assert session.owns(buffer)
-    assert pool.row().buffers == 0
-    # The session fixture's close releases it (and checks that no fd is left).

@@ -17,7 +17,7 @@ import pytest
 
 from npu_protocol import ErrorCode
 from npud.backend import DEV_SHELL
-from npud.fastrpc.dma import SessionBuffer
+from npud.fastrpc.dma import DmaBuffer
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Slice
 from npud.fastrpc.portal_qnn import (
@@ -66,7 +66,7 @@ class Tensors:
     """Arrays in and out of one DMA-BUF, a SLOT_BYTES slot each."""
 
     def __init__(self, session: FastRpcSession) -> None:
-        self.buffer: SessionBuffer = session.alloc(64 * SLOT_BYTES)
+        self.buffer: DmaBuffer = session.alloc(64 * SLOT_BYTES)
         self._next = 0
 
     def slot(self, length: int) -> Slice:

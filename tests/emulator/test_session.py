@@ -12,6 +12,7 @@ import pytest
 from npu_protocol import AEE, MAX_DMA_SIZE, ErrorCode
 from npud.fastrpc import abi
 from npud.fastrpc.dma import PAGE_SIZE
+from npud.fastrpc.driver import KernelDriver
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Capacity, Inline, Slice
 from npud.fastrpc.session import FastRpcSession
@@ -64,16 +65,20 @@ def test_no_device_node_is_device_not_found(emulator: EmulatedDriver) -> None:
 
 def test_a_busy_device_is_no_free_session_and_leaks_nothing(emulator: EmulatedDriver) -> None:
     before = open_fds()
-    emulator.faults.limit_sessions(1)  # room for meta_fd, not for rpc_fd
+    emulator.faults.limit_sessions(1)
+    held = FastRpcSession.open(emulator)  # takes the one compute session there is
     with pytest.raises(RpcError) as caught:
         FastRpcSession.open(emulator)
     assert code_of(caught) is ErrorCode.NO_FREE_SESSION
+    held.close()
     assert open_fds() == before
     assert emulator.statistics().sessions_in_use == 0
 
 
-def test_six_sessions_fill_the_twelve_context_banks(emulator: EmulatedDriver) -> None:
-    sessions = [FastRpcSession.open(emulator) for _ in range(6)]
+def test_twelve_sessions_fill_the_twelve_context_banks(emulator: EmulatedDriver) -> None:
+    """One device fd per session (as libcdsprpc): each session takes one of the X1E
+    CDSP's twelve compute context banks, so twelve DSP processes fit."""
+    sessions = [FastRpcSession.open(emulator) for _ in range(12)]
     try:
         with pytest.raises(RpcError) as caught:
             FastRpcSession.open(emulator)
@@ -201,7 +206,7 @@ def test_map_is_idempotent_and_free_unmaps(session: FastRpcSession, driver: obje
     assert session.statistics().mapped_buffers == 1
     session.unmap(buffer)
     session.unmap(buffer)  # not mapped: left as it is
-    assert buffer.dsp_address is None
+    assert session.address_of(buffer) is None
     session.map(buffer)
     session.free(buffer)
     if isinstance(driver, EmulatedDriver):
@@ -215,15 +220,29 @@ def test_free_dma_buff_enotty_is_remembered(session: FastRpcSession) -> None:
     assert session._free_supported is False
 
 
-def test_buffers_of_another_session_are_refused(
-    session: FastRpcSession, emulator: EmulatedDriver
+def test_a_buffer_of_another_session_maps_here_and_is_freed_by_its_own(
+    session: FastRpcSession, driver: object, shell_bytes: bytes
 ) -> None:
-    with FastRpcSession.open(emulator) as other:
+    """A DMA-BUF belongs to no DSP process: any session maps it (MEM_MAP attaches it to
+    that session's context bank) and passes slices of it; only the session that
+    allocated it frees it, and it stays until every session's mapping of it is gone."""
+    assert isinstance(driver, EmulatedDriver | KernelDriver)
+    with FastRpcSession.open(driver) as other:
+        other.load_shell(shell_bytes)
         foreign = other.alloc(4096)
-        for call in (session.free, session.map, session.unmap):
-            with pytest.raises(RpcError) as caught:
-                call(foreign)
-            assert code_of(caught) is ErrorCode.UNKNOWN_BUFFER
+        with pytest.raises(RpcError) as caught:
+            session.free(foreign)
+        assert code_of(caught) is ErrorCode.UNKNOWN_BUFFER
+        here, there = session.map(foreign), other.map(foreign)
+        assert session.address_of(foreign) == here
+        assert other.address_of(foreign) == there
+        assert foreign.mappings == 2
+        other.free(foreign)
+        assert not foreign.released  # still mapped here
+        assert other.address_of(foreign) is None
+        session.unmap(foreign)
+        assert foreign.released
+        session.unmap(foreign)  # not mapped: left as it is
 
 
 # ------------------------------------------------------------------- invoke

@@ -137,7 +137,7 @@ def test_an_altered_field_is_reported_with_its_call_and_name(tmp_path: Path) -> 
     assert divergence is not None
     assert (divergence.call, divergence.field) == (changed[0], "fields.sc")
     assert (divergence.expected, divergence.actual) == (0x02020101, 0x02020100)
-    assert str(divergence).startswith(f"call {changed[0]} (INVOKE on dev1")
+    assert str(divergence).startswith(f"call {changed[0]} (INVOKE on dev0")
     assert "fields.sc: trace 0x2020101, session 0x2020100" in str(divergence)
 
 

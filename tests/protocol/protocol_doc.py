@@ -169,6 +169,8 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.LaneRow,
     p.SchedulerRow,
     p.PoolRow,
+    p.DomainRow,
+    p.MemoryRow,
     p.Budget,
     p.Totals,
     p.ClientRow,
@@ -443,7 +445,11 @@ def _conversation() -> Iterator[tuple[str, Callable[[], p.Message], str]]:
         lambda: p.DebugReply(id=11, detail="subsystem restart: the DSP is away for 1 s"),
         "s",
     )
-    yield "`session_restarted`", lambda: p.SessionRestarted(epoch=2, reason="DSP crashed"), "s"
+    yield (
+        "`session_restarted`",
+        lambda: p.SessionRestarted(epoch=2, reason="DSP crashed", domain="default"),
+        "s",
+    )
     yield "`shutting_down`", lambda: p.ShuttingDown(reason="systemctl stop", grace_ms=5000), "s"
 
 

@@ -14,6 +14,7 @@ from npud.fastrpc import abi
 from tests.tools import require_file, require_tool
 
 HEADER = Path("/usr/include/misc/fastrpc.h")
+HEAP_HEADER = Path("/usr/include/linux/dma-heap.h")
 
 STRUCTS: dict[str, type[ctypes.Structure]] = {
     "fastrpc_invoke_args": abi.fastrpc_invoke_args,
@@ -25,6 +26,7 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "fastrpc_req_munmap": abi.fastrpc_req_munmap,
     "fastrpc_mem_unmap": abi.fastrpc_mem_unmap,
     "fastrpc_ioctl_capability": abi.fastrpc_ioctl_capability,
+    "dma_heap_allocation_data": abi.dma_heap_allocation_data,
 }
 
 # Request macros in the Debian header (INIT_CREATE_STATIC arrived in later kernels).
@@ -40,9 +42,12 @@ REQUESTS: dict[str, int] = {
     "FASTRPC_IOCTL_MEM_MAP": abi.FASTRPC_IOCTL_MEM_MAP,
     "FASTRPC_IOCTL_MEM_UNMAP": abi.FASTRPC_IOCTL_MEM_UNMAP,
     "FASTRPC_IOCTL_GET_DSP_INFO": abi.FASTRPC_IOCTL_GET_DSP_INFO,
+    "DMA_HEAP_IOCTL_ALLOC": abi.DMA_HEAP_IOCTL_ALLOC,
 }
 
 CONSTANTS: dict[str, int] = {
+    "DMA_HEAP_VALID_FD_FLAGS": abi.DMA_HEAP_VALID_FD_FLAGS,
+    "DMA_HEAP_VALID_HEAP_FLAGS": abi.DMA_HEAP_VALID_HEAP_FLAGS,
     "FASTRPC_MAP_STATIC": abi.FASTRPC_MAP_STATIC,
     "FASTRPC_MAP_FD": abi.FASTRPC_MAP_FD,
     "FASTRPC_MAP_FD_DELAYED": abi.FASTRPC_MAP_FD_DELAYED,
@@ -61,10 +66,13 @@ CONSTANTS: dict[str, int] = {
 
 def _c_program() -> str:
     lines = [
+        "#define _GNU_SOURCE",  # O_CLOEXEC under -std=c11 (dma-heap.h's valid fd flags)
         "#include <stdio.h>",
         "#include <stddef.h>",
+        "#include <fcntl.h>",
         "#include <linux/ioctl.h>",
         f'#include "{HEADER}"',
+        f'#include "{HEAP_HEADER}"',
         "int main(void) {",
     ]
     for name, struct in STRUCTS.items():
@@ -84,6 +92,7 @@ def _c_program() -> str:
 def compiler_view(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     gcc = require_tool("gcc", "gcc")
     require_file(HEADER, "linux-libc-dev")
+    require_file(HEAP_HEADER, "linux-libc-dev")
     work = tmp_path_factory.mktemp("abi")
     source = work / "abi.c"
     source.write_text(_c_program())
@@ -132,6 +141,7 @@ def test_golden_request_numbers() -> None:
     assert abi.FASTRPC_IOCTL_MEM_MAP == 0xC040520A
     assert abi.FASTRPC_IOCTL_MEM_UNMAP == 0xC030520B
     assert abi.FASTRPC_IOCTL_GET_DSP_INFO == 0xC01C520D
+    assert abi.DMA_HEAP_IOCTL_ALLOC == 0xC0184800  # reference section 1, "Related"
 
 
 def test_golden_struct_sizes() -> None:
@@ -146,6 +156,7 @@ def test_golden_struct_sizes() -> None:
         "fastrpc_req_munmap": 16,
         "fastrpc_mem_unmap": 48,
         "fastrpc_ioctl_capability": 28,
+        "dma_heap_allocation_data": 24,
     }
     assert ctypes.sizeof(abi.fastrpc_init_create_static) == 16
 

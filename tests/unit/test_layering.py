@@ -5,6 +5,11 @@
 * ``npud.sim`` describes the kernel's structs with its own layouts, so a drift
   between it and ``npud.fastrpc.abi`` is caught: it never imports ``npud.fastrpc``.
 * ``npud.idl`` and ``npud.formats`` are pure and shared by both of the above.
+* ``npud.domain`` (sessions, their registries, memory) sits below the daemon's
+  clients, requests and connections, and never imports them.
+* No import cycle among npud's modules (imports outside functions, those only for
+  type checking included; a function that imports lazily, as the emulator's skel
+  table does, is not a cycle at load).
 * ``npu_protocol`` is pure (tests/protocol/test_purity.py).
 
 Each rule is checked two ways: the source's import statements, and what a fresh
@@ -30,6 +35,19 @@ RULES = {
     "npud.sim": ("trio", "npu_client", "npud.fastrpc"),
     # Shared by both of the above: the IDL stubs are pure, standard library only.
     "npud.idl": ("trio", "npu_client", "npud.fastrpc", "npud.sim", "npu_protocol"),
+    # Domains sit below the daemon's clients and requests: they know sessions, not clients.
+    "npud.domain": (
+        "npud.broker",
+        "npud.requests",
+        "npud.clients",
+        "npud.holdings",
+        "npud.models",
+        "npud.datapath",
+        "npud.link",
+        "npud.connection",
+        "npud.server",
+        "npud.sim",
+    ),
     # File formats read for clients: pure, standard library only, shared by both sides.
     "npud.formats": (
         "trio",
@@ -96,3 +114,86 @@ def test_the_rules_can_fail() -> None:
     # The checker itself: a module that imports trio is caught.
     assert _forbidden("trio.lowlevel", RULES["npud.fastrpc"])
     assert not _forbidden("trionic", RULES["npud.fastrpc"])
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(NPUD.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(path: pathlib.Path, known: set[str]) -> set[str]:
+    """The npud modules ``path`` imports outside functions, TYPE_CHECKING ones included
+    (an import only for types is still an arrow back up)."""
+    found: set[str] = set()
+    tree = ast.parse(path.read_text(), str(path))
+    for node in tree.body:
+        for inner in ast.walk(node) if not isinstance(node, ast.FunctionDef) else ():
+            if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            names: list[str] = []
+            if isinstance(inner, ast.Import):
+                names = [alias.name for alias in inner.names]
+            elif isinstance(inner, ast.ImportFrom) and inner.module and not inner.level:
+                # ``from pkg import mod`` imports the module; ``from mod import name`` the
+                # module the name is in.
+                names = [
+                    f"{inner.module}.{a.name}"
+                    if f"{inner.module}.{a.name}" in known
+                    else inner.module
+                    for a in inner.names
+                ]
+            found.update(name for name in names if name in known)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    paths = [path for path in NPUD.rglob("*.py") if "__pycache__" not in path.parts]
+    known = {_module_name(path) for path in paths}
+    return {
+        _module_name(path): _top_level_imports(path, known) - {_module_name(path)} for path in paths
+    }
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_cycle_finder_can_fail() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

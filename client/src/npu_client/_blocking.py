@@ -155,9 +155,11 @@ class Client(DaemonView["DmaBuffer"]):
 
     Server events are read while some request waits for its answer (an idle
     client sees them with its next request). A ``SessionRestarted`` moves
-    :attr:`epoch`: the daemon released every buffer, handle and DSP mapping
-    of earlier epochs, so the client closes those buffers here (they report
-    ``freed``); allocate, open and map again. A ``ShuttingDown`` sets
+    :attr:`epoch`: the DSP process of the client's domain restarted, and every
+    handle, model and DSP mapping of earlier epochs is gone: open, load and map
+    again. Buffers stay (protocol version 3: they belong to no DSP process),
+    unmapped; from a daemon of version 2 they go too, and are closed here (they
+    report ``freed``). A ``ShuttingDown`` sets
     :attr:`shutting_down`. Each event is then passed to ``on_event``.
     Requests naming what is gone, or made while the daemon shuts down, fail
     with its errors (``DspRestarted``, ``ShuttingDownError``); once the

@@ -317,11 +317,19 @@ class ClientCore(Generic[B]):
         if self._death is not None:
             buffer._release_local()
             raise self._death.error()
-        if buffer.epoch < self.epoch:
+        if buffer.epoch < self.epoch and not self.buffers_outlive_restarts:
             buffer._release_local(restart_reason(self.epoch))
             raise DspRestarted(code_message(ErrorCode.DSP_RESTARTED))
+        if buffer.epoch < self.epoch:
+            buffer._forget_mapping()  # a mapping made in the old epoch died with it
         self._buffers[buffer.id] = buffer
         return buffer
+
+    @property
+    def buffers_outlive_restarts(self) -> bool:
+        """Protocol version 3: a restart of the DSP process leaves the buffers (the
+        daemon keeps them; only their DSP mappings end)."""
+        return self.protocol_version >= 3
 
     def owns(self, buffer: MappedBuffer) -> bool:
         """Whether ``buffer`` is a live buffer of this connection."""
@@ -342,9 +350,13 @@ class ClientCore(Generic[B]):
             model.release_local(reason.removeprefix("gone: "))
 
     def _release_buffers_before(self, epoch: int) -> None:
-        """The daemon released every buffer and model of earlier sessions: close ours."""
+        """The daemon released every model (and, before version 3, every buffer) of
+        earlier sessions: close ours. From version 3 buffers stay, unmapped."""
         stale = [buffer for buffer in self._buffers.values() if buffer.epoch < epoch]
         for buffer in stale:
+            if self.buffers_outlive_restarts:
+                buffer._forget_mapping()
+                continue
             del self._buffers[buffer.id]
             buffer._release_local(restart_reason(epoch))
         for model in [m for m in self._models.values() if m.epoch < epoch]:

@@ -88,7 +88,8 @@ class MappedBuffer:
 
     @property
     def epoch(self) -> int:
-        """The DSP session epoch it was allocated in; a restart releases it."""
+        """The DSP session epoch it was allocated in (before protocol version 3 a restart
+        released it; from version 3 a restart only ends its mapping)."""
         return self._epoch
 
     @property

@@ -78,6 +78,8 @@ DAEMON_METRICS: Final = (
     Metric("npud_pool_dropped_total", COUNTER, "pool.dropped", "Kept buffers whose owner went."),
     Metric("npud_pool_scrubbed_bytes_total", COUNTER, "pool.scrubbed_bytes", "Bytes zeroed."),
     Metric("npud_pool_scrub_seconds_total", COUNTER, "pool.scrub_us", "Time spent zeroing."),
+    Metric("npud_memory_buffers", GAUGE, "memory.buffers", "DMA-BUFs held for clients, pool too."),
+    Metric("npud_memory_bytes", GAUGE, "memory.bytes", "Bytes of those DMA-BUFs."),
 )
 """Daemon-wide metrics: fields of :class:`~npu_protocol.DaemonStatus` and its totals."""
 
@@ -98,11 +100,28 @@ CLIENT_METRICS: Final = (
     Metric("npud_client_budget_overruns_total", COUNTER, "overruns", "Periods over budget."),
     Metric("npud_client_budget_period_seconds", GAUGE, "budget_period_us", "Declared period."),
     Metric("npud_client_budget_seconds", GAUGE, "budget_us", "Declared DSP budget per period."),
+    Metric("npud_client_hung_calls_total", COUNTER, "hung_calls", "Calls the watchdog caught."),
 )
-"""Per-client metrics, labelled pid, uid, name and priority: fields of each client row."""
+"""Per-client metrics, labelled pid, uid, name, priority and domain: fields of each client row."""
+
+DOMAIN_METRICS: Final = (
+    Metric("npud_domain_epoch", GAUGE, "epoch", "The domain's session epoch."),
+    Metric("npud_domain_restarts_total", COUNTER, "restarts", "Restarts of its DSP process."),
+    Metric("npud_domain_hung_calls_total", COUNTER, "hung_calls", "Calls the watchdog caught."),
+    Metric("npud_domain_clients", GAUGE, "clients", "Clients whose calls run in the domain."),
+    Metric("npud_domain_mappings", GAUGE, "mappings", "Buffers mapped into its DSP process."),
+    Metric("npud_domain_handles", GAUGE, "remote_handles", "Skel handles open in it."),
+    Metric("npud_domain_models", GAUGE, "models", "Model loads it holds (shared ones once)."),
+    Metric("npud_domain_invokes_in_flight", GAUGE, "invokes_in_flight", "Its calls on the DSP."),
+    Metric("npud_domain_invokes_total", COUNTER, "invokes_done", "Calls of its current session."),
+    Metric("npud_domain_uptime_seconds", GAUGE, "uptime_ms", "Seconds since it opened."),
+)
+"""Per-domain metrics, labelled domain, isolated and state: fields of each domain row."""
 # fmt: on
 
-CLIENT_LABELS: Final = ("pid", "uid", "name", "priority")
+CLIENT_LABELS: Final = ("pid", "uid", "name", "priority", "domain")
+DOMAIN_LABELS: Final = (("domain", "name"), ("isolated", "isolated"), ("state", "state"))
+"""(label, field) of each domain row."""
 UP: Final = Metric("npud_up", GAUGE, "", "1 when npud answered the status request, else 0.")
 INFO_NAME: Final = "npud_info"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -140,7 +159,22 @@ def render(status: DaemonStatus, *, exclude: tuple[int, str] | None = None) -> s
             for row in rows
         ]
         lines += _family(metric, samples)
+    for metric in DOMAIN_METRICS:
+        samples = [
+            (
+                tuple((label, _label_text(row[key])) for label, key in DOMAIN_LABELS),
+                _value(row, metric.field),
+            )
+            for row in record.get("domains", [])
+        ]
+        lines += _family(metric, samples)
     return "\n".join(lines) + "\n"
+
+
+def _label_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def render_down() -> str:

@@ -56,8 +56,15 @@ class DaemonView(Generic[B]):
 
     @property
     def epoch(self) -> int:
-        """The DSP session epoch: from the Welcome, then from each SessionRestarted."""
+        """The DSP session epoch of this client's domain: from the Welcome, then from
+        each SessionRestarted."""
         return self._core.epoch
+
+    @property
+    def domain(self) -> str:
+        """The domain (DSP process) this client's calls run in (protocol version 3; empty
+        from an older daemon)."""
+        return self.welcome.domain
 
     @property
     def shutting_down(self) -> bool:

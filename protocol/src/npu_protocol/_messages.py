@@ -85,7 +85,9 @@ class Welcome(Message, tag="welcome", frozen=True, kw_only=True):
     dsp: DspCapabilities
     limits: ClientLimits
     epoch: U63
-    """The current session epoch (see SessionRestarted)."""
+    """The current session epoch of the client's domain (see SessionRestarted)."""
+    domain: Name = ""
+    """Version 3: the domain (DSP process) the client's calls run in."""
 
 
 class ErrorMessage(Message, tag="error", frozen=True, kw_only=True):
@@ -313,6 +315,9 @@ class DebugRequest(Request, tag="debug", frozen=True, kw_only=True):
     answers ``code`` (an AEE result); ``clear`` undoes latency and pending failures."""
     duration_ms: U32 = 0
     code: U32 = 0
+    domain: Name = ""
+    """Version 3: for ``ssr``, the domain whose DSP process crashes and restarts alone;
+    empty: the whole DSP restarts (every domain)."""
 
 
 class PingRequest(Request, tag="ping", frozen=True, kw_only=True):
@@ -407,11 +412,14 @@ class DebugReply(Reply, tag="debug_reply", frozen=True, kw_only=True):
 
 
 class SessionRestarted(Message, tag="session_restarted", frozen=True, kw_only=True):
-    """The DSP session restarted: every buffer, handle and DSP mapping of
-    earlier epochs is gone (requests naming them fail with DSP_RESTARTED)."""
+    """The DSP process of the client's domain restarted: every handle, model and DSP
+    mapping of earlier epochs is gone (requests naming them fail with DSP_RESTARTED);
+    so are buffers before version 3, while from version 3 on buffers stay (unmapped)."""
 
     epoch: U63
     reason: Text = ""
+    domain: Name = ""
+    """Version 3: the domain that restarted (the client's)."""
 
 
 class ShuttingDown(Message, tag="shutting_down", frozen=True, kw_only=True):

@@ -203,6 +203,12 @@ class ClientRow(_Record, frozen=True, kw_only=True):
     budget_period_us: U63 = 0
     budget_us: U63 = 0
     """The declared realtime budget (0: none)."""
+    domain: Name = ""
+    """The domain (DSP process) the client's calls run in."""
+    hung_calls: U32 = 0
+    """Calls of this client the watchdog caught (each one restarted its domain)."""
+    throttled: bool = False
+    """The client pays for a hung call: its calls run one at a time, as background."""
     models: Annotated[tuple[ModelRow, ...], msgspec.Meta(max_length=64)] = ()
     """The client's loaded models."""
 
@@ -257,6 +263,41 @@ class SessionRow(_Record, frozen=True, kw_only=True):
     listener_requests: U63 = 0
     listener_stopped_because: Text = ""
     """Why the listener ended, once it has; empty while it runs."""
+
+
+class DomainRow(_Record, frozen=True, kw_only=True):
+    """One domain: one DSP process (one FastRPC session) and the clients it serves."""
+
+    name: Name
+    """``default``, a configured domain's name, or ``NAME#N`` for the N-th isolated one."""
+    isolated: bool = False
+    """Opened for one client alone, and closed when it goes."""
+    state: Name = "up"
+    """``starting``, ``up``, ``dead`` (a fault was seen, recovery starts), ``restarting``,
+    ``closing`` or ``closed``."""
+    epoch: U63 = 0
+    """Starts at 1, grows by one at every restart of this domain's DSP process."""
+    restarts: U32 = 0
+    hung_calls: U32 = 0
+    """Calls the watchdog caught in this domain."""
+    clients: U32 = 0
+    mappings: U32 = 0
+    """Buffers mapped into this DSP process."""
+    remote_handles: U32 = 0
+    models: U32 = 0
+    """Model loads held, each shared by the clients that loaded the same model."""
+    invokes_in_flight: U32 = 0
+    invokes_done: U63 = 0
+    uptime_ms: U63 = 0
+
+
+class MemoryRow(_Record, frozen=True, kw_only=True):
+    """The DMA-BUFs held for clients and kept by the pool."""
+
+    source: Name = "heap"
+    """``heap``: the system DMA-BUF heap; ``fastrpc``: the FastRPC driver (no heap)."""
+    buffers: U32 = 0
+    bytes: U63 = 0
 
 
 class LaneRow(_Record, frozen=True, kw_only=True):
@@ -329,3 +370,7 @@ class DaemonStatus(_Record, frozen=True, kw_only=True):
     scheduler: SchedulerRow | None = None
     pool: PoolRow | None = None
     """None from a daemon that does not report it."""
+    domains: Annotated[tuple[DomainRow, ...], msgspec.Meta(max_length=64)] = ()
+    """Every domain (DSP process); empty from a daemon before domains. ``epoch``,
+    ``restarts``, ``session`` and ``lanes`` describe the default domain."""
+    memory: MemoryRow | None = None

@@ -15,7 +15,7 @@ from npu_protocol.errors import MAX_DMA_SIZE
 
 # --- versions ----------------------------------------------------------------
 
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 """The newest protocol version this package speaks (PROTOCOL.md section 12)."""
 
 MIN_PROTOCOL_VERSION: Final = 1

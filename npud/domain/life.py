@@ -1,47 +1,45 @@
-"""The life of the one FastRPC session: start, health, recovery from restarts, epochs.
+"""One domain: one FastRPC session, one DSP process, its lanes, epoch and recovery.
 
-:class:`Dsp` owns the session and the lane threads that run blocking session
-calls for trio:
+A :class:`Domain` owns its session and two lane threads that run its blocking
+session calls for trio:
 
-* ``control``: allocation, mapping, client release. One thread, so these never
-  wait behind an invoke (invokes run on the data path's workers).
-* ``loader``: remotectl open/close (a skel load reads files through the
-  listener and can be slow).
-* ``closer``: closes fds that peers sent, off the trio thread (a close can block).
+* ``control``: allocation, mapping, the pool's zeroing, client release. One thread,
+  so these never wait behind an invoke (invokes run on the data path's workers).
+* ``loader``: remotectl open and close, model load and unload (a skel or model load
+  reads files through the listener and can be slow).
 
-It also owns the buffer pool (:mod:`npud.pool`), bound to each session in turn: its
-zeroing and trimming run on the control lane, and a restart drops what it kept.
+What the domain holds on the DSP is in its :class:`~npud.domain.registry.Registry`.
 
-A DSP restart (EPIPE) ends the session: every client's buffers, mappings and
-handles are gone with it, a new session is opened as soon as the device is
-back, the epoch grows by one and every client is told. :meth:`Dsp.translate` is
-the one place where a session call's failure becomes the code a client sees
-(:meth:`Dsp.run` on the threads that call the session, :meth:`Dsp.call` on trio).
+A fault of the domain's DSP process (EPIPE from a subsystem restart, the process
+ending, a call past the watchdog) ends this domain's session only: its clients'
+DSP objects are forgotten, a new session is opened as soon as the device lets it,
+the epoch grows by one and the domain's clients are told. Other domains see
+nothing; a subsystem restart of the whole DSP reaches every domain, and each
+recovers on its own. :meth:`Domain.translate` is the one place where a session
+call's failure becomes the code a client sees.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Final, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Final, Literal, TypeVar
 
 import structlog
 import trio
 
 import npu_protocol as p
-from npu_client.transport import OwnedFd, close_all
 from npu_protocol import CodedError, ErrorCode
-from npud.backend import Profile
-from npud.config import PoolConfig
+from npud.domain.device import LANE_STOP_SECONDS, Device
+from npud.domain.registry import Registry
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.session import FastRpcSession
-from npud.fastrpc.shell import VerifiedShell
-from npud.lanes import LanePool, LaneStatistics, LaneTimeoutError
-from npud.pool import BufferPool
+from npud.lanes import LanePool, LaneTimeoutError
 
-log = structlog.get_logger("npud.dsp")
+log = structlog.get_logger("npud.domain")
 
 T = TypeVar("T")
 
@@ -62,73 +60,106 @@ _SESSION_INTERNAL: Final = frozenset({ErrorCode.UNKNOWN_HANDLE, ErrorCode.UNKNOW
 """Session errors that name the session's own objects (a DSP handle, a session
 buffer number): never shown to a client, whose ids are another table's."""
 
+State = Literal["starting", "up", "restarting", "closing", "closed"]
 
-class Dsp:
-    """The session, its lanes, its epoch and its recovery. Lives on the trio thread."""
+Restarted = Callable[["Domain", str], None]
+"""Called on the trio thread when the domain's DSP process is gone (its clients'
+objects are forgotten there), with the reason."""
+Reopened = Callable[["Domain", str], Awaitable[None]]
+"""Awaited on the trio thread once the new session is up, before it is used (the
+domain's clients are told of the new epoch there)."""
+
+
+class Domain:
+    """See the module docstring. Lives on the trio thread; ``current``, ``run``,
+    ``translate`` and the ``notice_*`` methods may be called from any thread."""
+
+    _serials = itertools.count(1)
 
     def __init__(
         self,
-        profile: Profile,
+        device: Device,
+        name: str,
         *,
-        forget_clients: Callable[[], None],
-        announce: Callable[[p.ServerEvent], Awaitable[None]],
-        pool: PoolConfig | None = None,
+        isolated: bool = False,
+        on_restarted: Restarted = lambda domain, reason: None,
+        on_reopened: Reopened | None = None,
     ) -> None:
-        self.profile = profile
-        self.driver = profile.make_driver()
-        self.control = LanePool("control", 1)
-        self.loader = LanePool("loader", 1)
-        self.closer = LanePool("closer", 1)
-        self.pool = BufferPool(
-            pool or PoolConfig(), self.control.submit, on_filled=self._pool_filled
-        )
-        self._trimming = False
+        self.device = device
+        self.name = name
+        self.isolated = isolated
+        self.serial = next(self._serials)
+        self.control = LanePool(f"control:{name}", 1)
+        self.loader = LanePool(f"loader:{name}", 1)
         self.session: FastRpcSession | None = None
-        self.shell: VerifiedShell | None = None
+        self.registry = Registry(self.control.submit, lambda: self.session)
         self.epoch = 0
         self.restarts = 0
-        self.stopping = False
-        self._forget_clients = forget_clients
-        self._announce = announce
+        self.hung_calls = 0
+        self.state: State = "starting"
+        self.created = time.monotonic()
+        self.members: set[object] = set()
+        """The clients in this domain (trio thread)."""
+        self._on_restarted = on_restarted
+        self._on_reopened = on_reopened
         self._recovering = False
+        self._lock = threading.Lock()
         self._nursery: trio.Nursery | None = None
         self._token: trio.lowlevel.TrioToken | None = None
 
+    def __repr__(self) -> str:
+        return f"<Domain {self.name} epoch={self.epoch} {self.state}>"
+
     @property
-    def pools(self) -> tuple[LanePool, ...]:
-        return (self.control, self.loader, self.closer)
+    def lanes(self) -> tuple[LanePool, ...]:
+        return (self.control, self.loader)
+
+    @property
+    def stopping(self) -> bool:
+        return self.device.stopping or self.state in ("closing", "closed")
 
     # ------------------------------------------------------------------ life
-    def attach(self, nursery: trio.Nursery) -> None:
-        """Where background work (session recovery, the pool's idle trim) runs."""
-        self._nursery = nursery
-        self._token = trio.lowlevel.current_trio_token()
-
     async def start(self) -> None:
-        """Verify the shell, open the session and load it. Raises on any failure."""
-        for pool in self.pools:
-            pool.start()
-        self.shell = await self.control.call(self.profile.verify_shell)
-        self.session = await self._open_session()
-        self.pool.attach(self.session)
+        """Start the lanes, open the session and load the shell. Raises on failure
+        (the lanes are stopped again). A restart is recovered once :meth:`attach`
+        gave the domain a nursery."""
+        self._token = trio.lowlevel.current_trio_token()
+        for lane in self.lanes:
+            lane.start()
+        try:
+            self.session = await self._open_session()
+        except BaseException:
+            self.state = "closed"
+            with trio.CancelScope(shield=True):
+                await self._stop_lanes()
+            raise
         self.epoch = 1
+        self.state = "up"
         log.info(
-            "session ready",
-            backend=self.profile.kind,
+            "domain ready",
+            domain=self.name,
+            isolated=self.isolated,
+            backend=self.device.kind,
             device=self.session.device,
             arch=self.session.capabilities.arch,
-            shell=str(self.shell.path),
-            shell_sha256=self.shell.sha256,
             epoch=self.epoch,
         )
 
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Where recovery runs."""
+        self._nursery = nursery
+        session = self.session
+        if session is not None and session.dead:
+            self._start_recovery("the DSP restarted (before the domain was attached)")
+
     async def _open_session(self) -> FastRpcSession:
-        assert self.shell is not None
-        shell = self.shell
+        shell = self.device.shell
+        assert shell is not None, "the device verifies the shell first"
+        profile, driver = self.device.profile, self.device.driver
 
         def open_and_load() -> FastRpcSession:
             session = FastRpcSession.open(
-                self.driver, nodes=self.profile.nodes, library_path=self.profile.library_path
+                driver, nodes=profile.nodes, library_path=profile.library_path
             )
             session.on_dead = self.notice_restart  # often the listener sees it first
             try:
@@ -142,58 +173,53 @@ class Dsp:
 
     async def close(self, grace: float) -> None:
         """Close the session and stop the lanes; calls still on the DSP get ``grace``
-        seconds, the lanes half a second more (all at once)."""
+        seconds, the lanes half a second more. What the DSP held is forgotten."""
+        if self.state == "closed":
+            return
+        self.state = "closing"
         session, self.session = self.session, None
-        self.pool.detach()  # the session's close releases what it kept
+        self.registry.forget_all()
         if session is not None:
             try:
                 await self.control.call(lambda: session.close(timeout=grace), timeout=grace + 5)
             except (RpcError, LaneTimeoutError) as exc:
-                log.error("session not closed cleanly; the kernel frees it at exit", error=str(exc))
-        async with trio.open_nursery() as nursery:
-            for pool in self.pools:
-                nursery.start_soon(self._stop_pool, pool)
+                log.error(
+                    "session not closed cleanly; the kernel frees it at exit",
+                    domain=self.name,
+                    error=str(exc),
+                )
+        await self._stop_lanes()
+        self.state = "closed"
+        log.info("domain closed", domain=self.name, epoch=self.epoch)
 
-    @staticmethod
-    async def _stop_pool(pool: LanePool) -> None:
-        if not await trio.to_thread.run_sync(pool.stop, 0.5):
-            log.warning("lane still busy at exit", lane=pool.name)
+    async def _stop_lanes(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for lane in self.lanes:
+                nursery.start_soon(_stop_lane, lane)
 
     def stop_waiting(self) -> None:
         """Shutdown past its grace: nobody waits for calls still on the DSP."""
-        for pool in self.pools:
-            pool.stop_waiting()
+        for lane in self.lanes:
+            lane.stop_waiting()
 
     def healthy(self) -> bool:
-        """Lane threads alive, the control lane not wedged (it only runs short calls),
-        and the session usable or being recovered."""
-        if not all(pool.alive() for pool in self.pools):
+        """Lanes alive, the control lane not wedged, the session usable or recovering."""
+        if self.state != "up":
+            return self.state in ("restarting", "starting")
+        if not all(lane.alive() for lane in self.lanes):
             return False
         if self.control.statistics().oldest_running_seconds >= CONTROL_STUCK_SECONDS:
             return False
         session = self.session
-        if session is None:
-            return self._recovering or self.stopping
-        if session.dead:
+        if session is None or session.dead:
             return self._recovering
         return session.listener_running
 
     def check_session(self) -> None:
         """Notice a restart that no request has run into yet (the listener sees it first)."""
-        if self.session is not None and self.session.dead:
+        session = self.session
+        if session is not None and session.dead:
             self._start_recovery("the DSP restarted (noticed while idle)")
-
-    def close_later(self, fds: Sequence[int]) -> None:
-        """Close peer-supplied fds on a lane: a close can block (SO_LINGER, FUSE...)."""
-        if fds:
-            owned = [OwnedFd(fd) for fd in fds]
-            self.closer.submit(lambda: close_all(owned))
-
-    def describe(self) -> str:
-        """One line for systemd's STATUS=."""
-        if self.session is None:
-            return "DSP restarting"
-        return f"DSP up ({self.profile.kind}, {self.session.capabilities.arch}, epoch {self.epoch})"
 
     def capabilities(self) -> p.DspCapabilities:
         session = self.session
@@ -214,40 +240,10 @@ class Dsp:
             status_notification_support=int(caps.status_notification),
         )
 
-    def _pool_filled(self) -> None:
-        """The pool kept its first buffer (any thread): trim it from now until it is empty."""
-        token = self._token
-        if token is not None:
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(self._start_trimming)
-
-    def _start_trimming(self) -> None:
-        if self._trimming or self._nursery is None or self.stopping:
-            return
-        self._trimming = True
-        self._nursery.start_soon(self._trim_pool)
-
-    async def _trim_pool(self) -> None:
-        """Have the control lane release what the pool kept too long, when it is due; ends
-        when the pool is empty (the next buffer it keeps starts it again)."""
-        try:
-            while self.pool.holds() and not self.stopping:
-                await trio.sleep(self.pool.next_trim_in())
-                if self.pool.holds():
-                    try:
-                        await self.control.call(self.pool.trim)  # one trim queued at a time
-                    except Exception:
-                        log.exception("trimming the buffer pool failed")
-        finally:
-            self._trimming = False
-
-    def lane_rows(self) -> tuple[p.LaneRow, ...]:
-        return tuple(_lane_row(pool.statistics()) for pool in self.pools)
-
     def session_row(self) -> p.SessionRow:
         session = self.session
         if session is None:
-            return p.SessionRow(state="restarting")
+            return p.SessionRow(state="restarting" if self.state != "closed" else "closed")
         stats = session.statistics()
         return p.SessionRow(
             state="dead" if stats.dead else "up",
@@ -259,6 +255,9 @@ class Dsp:
             listener_requests=stats.listener_requests,
             listener_stopped_because=stats.listener_stopped_because,
         )
+
+    def lane_rows(self) -> tuple[p.LaneRow, ...]:
+        return tuple(_lane_row(lane) for lane in self.lanes)
 
     # -------------------------------------------------------------- requests
     def current(self) -> FastRpcSession:
@@ -273,37 +272,6 @@ class Dsp:
             raise CodedError(ErrorCode.DSP_RESTARTED)
         return session
 
-    async def call(
-        self,
-        pool: LanePool,
-        session: FastRpcSession,
-        fn: Callable[[], T],
-        *,
-        priority: int = 0,
-        timeout: float | None = None,
-        on_abandoned: Callable[[T], object] | None = None,
-        operation: str = "",
-    ) -> T:
-        """Run ``fn`` (a call on ``session``) on a lane. The one place where its
-        failure becomes a client's code, and where a restart is noticed."""
-        try:
-            result = await pool.call(
-                fn, priority=priority, timeout=timeout, on_abandoned=on_abandoned
-            )
-        except LaneTimeoutError:
-            raise CodedError(
-                ErrorCode.TIMEOUT,
-                operation=operation,
-                timeout_ms=round((timeout or 0) * 1000),
-            ) from None
-        except CodedError as exc:
-            raise self.translate(session, exc) from None
-        if session is not self.session:
-            # The DSP restarted while this ran: what it made died with the old
-            # session (whose close releases it).
-            raise CodedError(ErrorCode.DSP_RESTARTED)
-        return result
-
     def run(self, session: FastRpcSession, fn: Callable[[], T]) -> T:
         """Run ``fn`` (a call on ``session``) here, on a worker or lane thread; its
         failure becomes a client's code, and a restart is noticed."""
@@ -312,6 +280,8 @@ class Dsp:
         except CodedError as exc:
             raise self.translate(session, exc) from None
         if session is not self.session:
+            # The DSP restarted while this ran: what it made died with the old
+            # session (whose close releases it).
             raise CodedError(ErrorCode.DSP_RESTARTED)
         return result
 
@@ -326,46 +296,55 @@ class Dsp:
             # The client's ids are checked before a call is made; the session
             # not knowing its own object is our bug. Its message names the
             # session's numbers, which mean nothing to (and are not for) a client.
-            log.error("session lost track of an object", error=str(exc))
+            log.error("session lost track of an object", domain=self.name, error=str(exc))
             return CodedError(ErrorCode.INTERNAL_ERROR, detail=exc.code.name)
         return exc
 
     # -------------------------------------------------------------- restarts
     def notice_restart(self, reason: str) -> None:
         """A restart seen on any thread: recovery starts on the trio thread."""
-        token = self._token
-        if token is None:
-            return
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(self._start_recovery, reason)
+        self._soon(self._start_recovery, reason, False)
 
     def notice_hung(self, reason: str) -> None:
         """A call never returned (the data path's watchdog): end the DSP process and
-        restart the session, as libcdsprpc does. Any thread."""
+        restart this domain's session, as libcdsprpc does. Any thread."""
+        with self._lock:
+            self.hung_calls += 1
+        self._soon(self._start_recovery, reason, True)
+
+    def _soon(self, fn: Callable[[str, bool], None], reason: str, end_process: bool) -> None:
         token = self._token
         if token is None:
             return
         with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(self._start_recovery, reason, True)
+            token.run_sync_soon(fn, reason, end_process)
 
     def _start_recovery(self, reason: str, end_process: bool = False) -> None:
-        if self._recovering or self.stopping or self._nursery is None:
+        if self._recovering or self.state != "up" or self.device.stopping:
+            return
+        if self._nursery is None:
             return
         self._recovering = True
+        self.state = "restarting"
         self._nursery.start_soon(self._recover, reason, end_process)
 
-    async def _recover(self, reason: str, end_process: bool = False) -> None:
+    async def _recover(self, reason: str, end_process: bool) -> None:
         old, self.session = self.session, None
-        log.error("DSP restarted; releasing every client's DSP state", reason=reason)
-        self._forget_clients()
-        self.pool.detach()  # the old session's close releases what it kept
+        log.error(
+            "DSP process of the domain gone; releasing its clients' DSP state",
+            domain=self.name,
+            reason=reason,
+        )
+        self.registry.forget_all()
+        self._on_restarted(self, reason)
         if old is not None:
             with trio.CancelScope(shield=True):
-                await self.control.call(lambda: _retire(old, end_process=end_process))
+                await self.control.call(lambda: _retire(old, self.name, end_process=end_process))
         started = time.monotonic()
         last_log = float("-inf")
         for attempt in itertools.count():
             if self.stopping:
+                self._recovering = False
                 return
             try:
                 session = await self._open_session()
@@ -380,6 +359,7 @@ class Dsp:
                     last_log = time.monotonic()
                     log.warning(
                         "DSP not back yet",
+                        domain=self.name,
                         error=str(exc),
                         retry_in=delay,
                         waited_s=round(waited, 2),
@@ -387,20 +367,42 @@ class Dsp:
                 await trio.sleep(delay)
         self.epoch += 1
         self.restarts += 1
-        # Every client hears of the new epoch before any answer from the new
-        # session can reach it: clients drop what they held when they see it.
-        await self._announce(p.SessionRestarted(epoch=self.epoch, reason=reason))
-        self.pool.attach(session)
+        # Every client of the domain hears of the new epoch before any answer from
+        # the new session can reach it: clients drop what they held when they see it.
+        if self._on_reopened is not None:
+            await self._on_reopened(self, reason)
         self.session = session
+        self.state = "up" if not self.stopping else self.state
         self._recovering = False
         log.info(
-            "session reopened",
+            "domain session reopened",
+            domain=self.name,
             epoch=self.epoch,
             outage_s=round(time.monotonic() - started, 3),
         )
 
+    def row(self, clients: int) -> p.DomainRow:
+        session = self.session
+        stats = session.statistics() if session is not None else None
+        registry = self.registry.statistics()
+        return p.DomainRow(
+            name=self.name,
+            isolated=self.isolated,
+            state=self.state if not (stats and stats.dead) else "dead",
+            epoch=self.epoch,
+            restarts=self.restarts,
+            hung_calls=self.hung_calls,
+            clients=clients,
+            mappings=registry.mappings,
+            remote_handles=stats.remote_handles if stats else 0,
+            models=registry.shared,
+            invokes_in_flight=stats.invokes_in_flight if stats else 0,
+            invokes_done=stats.invokes_done if stats else 0,
+            uptime_ms=int((time.monotonic() - self.created) * 1000),
+        )
 
-def _retire(session: FastRpcSession, *, end_process: bool) -> None:
+
+def _retire(session: FastRpcSession, domain: str, *, end_process: bool) -> None:
     """Close a session that died or hangs. A call that never returns keeps its memory
     (the kernel frees it when the process exits); the new session does not wait for it."""
     if end_process:
@@ -410,11 +412,18 @@ def _retire(session: FastRpcSession, *, end_process: bool) -> None:
     except RpcError as exc:
         log.error(
             "old session abandoned: calls on it never returned; the kernel frees it at exit",
+            domain=domain,
             error=str(exc),
         )
 
 
-def _lane_row(stats: LaneStatistics) -> p.LaneRow:
+async def _stop_lane(lane: LanePool) -> None:
+    if not await trio.to_thread.run_sync(lane.stop, LANE_STOP_SECONDS):
+        log.warning("lane still busy at exit", lane=lane.name)
+
+
+def _lane_row(lane: LanePool) -> p.LaneRow:
+    stats = lane.statistics()
     return p.LaneRow(
         name=stats.name,
         threads=stats.threads,
@@ -422,7 +431,3 @@ def _lane_row(stats: LaneStatistics) -> p.LaneRow:
         running=stats.running,
         completed=stats.completed,
     )
-
-
-def monotonic_ms(since: float) -> int:
-    return int((time.monotonic() - since) * 1000)

@@ -12,37 +12,36 @@ told is the size it gets, as without the pool), and only within the buffer's *sc
 are released when it disconnects); with ``user``, any connection of the same uid.
 npud cannot take back an fd or a mapping it gave out, so a process that keeps either
 after its free sees whatever the next holder writes there: the scope bounds who that
-can be.
+can be. A buffer kept with its DSP mapping goes only to an allocation of the same
+domain (another domain's DSP process must never see it).
 
 Zeroing. Every buffer is zeroed before anyone gets it again, the connection that freed
-it included (an allocation always reads zeros, as a new buffer does). The zeroing runs
-on the control lane as a job of its own, queued when the buffer enters the pool: the
-free's reply does not wait for it, and an allocation that arrives after the free on the
-same lane runs after it, so it finds the buffer zeroed. An allocation takes only
-zeroed buffers; it never zeroes one itself.
+it included (an allocation always reads zeros, as a new buffer does). The zeroing is a
+job of its own on the freeing domain's control lane, queued when the buffer enters the
+pool: the free's reply does not wait for it, and an allocation of that domain that
+arrives after the free runs after it on the same lane, so it finds the buffer zeroed.
+An allocation takes only zeroed buffers; it never zeroes one itself.
 
 What is never kept: a buffer that an invoke still uses when it is freed (the DSP may
-still write into it: the session releases it when the invoke returns, as without the
-pool); a buffer larger than ``pool.max_buffer_bytes``; the buffers a connection still
-held when it ended (its threads may still be writing them); anything while the pool is
-off. A DSP restart drops every kept buffer (their session is gone, and with it their
-DSP mappings).
+still write into it: it is released when the invoke returns, as without the pool); a
+buffer larger than ``pool.max_buffer_bytes``; the buffers a connection still held when
+it ended (its threads may still be writing them); anything while the pool is off. A
+restart of a domain ends the DSP mappings kept there (the buffers stay kept).
 
-Ownership. A kept buffer stays registered with its FastRpcSession, which stays the one
-owner of its fd and mappings: the session's close (at a restart, at shutdown) releases
-kept buffers with the rest. The pool holds the policy: which kept buffer goes to which
-allocation, and when one goes back to the session to be released (to stay within
-``pool.max_bytes``, after ``pool.idle_seconds`` unused, when its scope ends).
+Ownership. The pool holds each kept buffer as its owner would (one reference, see
+:class:`~npud.fastrpc.dma.DmaBuffer`) and, when mapped, one mapping lease of the
+domain's registry. Releasing a kept buffer gives the lease back on its domain's control
+lane and then lets go of the buffer (``release``, given by the daemon's memory).
 
-Threads. take, give, zeroing and trimming run on the control lane; dropping a
-connection's buffers may run on the loader lane; ``row`` on any thread. One lock guards
-the pool's tables; zeroing and releases run outside it.
+Threads: take and give run on control lanes, zeroing on the freeing domain's control
+lane, trimming on the closer lane; ``row`` on any thread. One lock guards the pool's
+tables; zeroing and releases run outside it.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -51,10 +50,9 @@ from typing import Final
 import structlog
 
 import npu_protocol as p
-from npu_protocol import CodedError, ErrorCode
 from npud.config import PoolConfig
-from npud.fastrpc.dma import SessionBuffer
-from npud.fastrpc.session import FastRpcSession
+from npud.domain.registry import MappingLease
+from npud.fastrpc.dma import DmaBuffer
 
 log = structlog.get_logger("npud.pool")
 
@@ -64,19 +62,28 @@ Scope = Hashable
 MIN_TRIM_WAIT: Final = 0.05
 """Seconds the idle trimmer sleeps at least between two looks."""
 
+Job = Callable[[], None]
+
 
 @dataclasses.dataclass(eq=False)
 class _Kept:
     """One kept buffer."""
 
-    buffer: SessionBuffer
-    session: FastRpcSession
+    buffer: DmaBuffer
     scope: Scope
     since: float
     """When it entered the pool (on the pool's clock)."""
+    mapping: MappingLease | None
     zeroed: bool = False
+    zeroing: bool = False
     doomed: bool = False
     """Let go while being zeroed: the zeroing job releases it when done."""
+
+    @property
+    def domain(self) -> object | None:
+        """The registry (one per domain) its mapping lives in, while it is valid."""
+        mapping = self.mapping
+        return mapping.registry if mapping is not None and mapping.valid else None
 
 
 @dataclasses.dataclass
@@ -93,35 +100,30 @@ class _Counters:
 
 
 class BufferPool:
-    """Freed buffers of the current session, by scope and size. One per daemon (its
-    counters span restarts); :meth:`attach` binds it to each new session."""
+    """Freed buffers by scope and size, for the whole daemon."""
 
     def __init__(
         self,
         settings: PoolConfig,
-        schedule: Callable[[Callable[[], None]], None],
+        release: Callable[[DmaBuffer], None],
         *,
         on_filled: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``schedule(job)`` runs ``job`` later on the control lane (zeroing, trimming);
-        ``on_filled()`` is called (on the thread that keeps it) when an empty pool keeps a
-        buffer: the owner's cue to trim it until it is empty again."""
+        """``release(buffer)`` lets go of a buffer the pool no longer keeps (its mapping
+        lease already given back); ``on_filled()`` is called (on the thread that keeps it)
+        when an empty pool keeps a buffer: the owner's cue to trim it until it is empty."""
         self._settings = settings
-        self._schedule = schedule
+        self._release_buffer = release
         self._on_filled = on_filled
         self._clock = clock
         self._lock = threading.Lock()
-        self._session: FastRpcSession | None = None
-        self._order: dict[int, _Kept] = {}  # by buffer id, oldest first
+        self._order: dict[DmaBuffer, _Kept] = {}  # oldest first
         self._zeroed: dict[tuple[Scope, int], list[_Kept]] = {}  # by (scope, size), newest last
-        self._dirty: collections.deque[_Kept] = collections.deque()
-        self._zeroing: _Kept | None = None
-        self._zero_job_queued = False
         self._bytes = 0
         self._counters = _Counters()
 
-    # --- settings and sessions ------------------------------------------------------
+    # --- settings --------------------------------------------------------------------
     @property
     def settings(self) -> PoolConfig:
         return self._settings
@@ -131,7 +133,7 @@ class BufferPool:
         return connection if self._settings.share == "client" else ("uid", uid)
 
     def reconfigure(self, settings: PoolConfig) -> None:
-        """A reload. Buffers kept under rules that changed are released (on the control lane)."""
+        """A reload. Buffers kept under rules that changed are released."""
         with self._lock:
             old, self._settings = self._settings, settings
         restart = (
@@ -139,130 +141,88 @@ class BufferPool:
             or settings.share != old.share
             or (old.keep_dsp_mappings and not settings.keep_dsp_mappings)
         )
-        self._schedule(self.drop_all if restart else self.trim)
+        if restart:
+            self.drop_all()
+        else:
+            self.trim()
 
-    def attach(self, session: FastRpcSession) -> None:
-        """Keep buffers of ``session`` from now on (a new session, at start or after a restart)."""
-        self.detach()
+    # --- allocation and free (control lanes) -------------------------------------------------
+    def take(
+        self, scope: Scope, size: int, domain: object
+    ) -> tuple[DmaBuffer, MappingLease | None] | None:
+        """A kept, zeroed buffer of exactly ``size`` bytes for ``scope``, back in use, with
+        its mapping lease when it is mapped in ``domain`` (a registry); or None. The
+        caller now holds the buffer (and the lease)."""
         with self._lock:
-            self._session = session
-
-    def detach(self) -> None:
-        """Forget every kept buffer without releasing it: the session is being closed, and
-        its close releases them."""
-        with self._lock:
-            self._session = None
-            self._counters.dropped += len(self._forget_locked_all(list(self._order.values())))
-
-    # --- the control lane -------------------------------------------------------------
-    def allocate(self, session: FastRpcSession, scope: Scope, size: int) -> SessionBuffer:
-        """A buffer of ``size`` bytes (whole pages) for ``scope``: a kept one if there is
-        one, else a new one from the session. A new one that cannot be had is tried once
-        more after every kept buffer was released: the pool never makes an allocation fail."""
-        buffer = self.take(session, scope, size)
-        if buffer is not None:
-            return buffer
-        try:
-            return session.alloc(size)
-        except CodedError as exc:
-            if exc.code is not ErrorCode.DMA_BUF_ALLOC or not self._evict_all():
-                raise
-            log.warning("allocation failed; released the pool's buffers and retried", size=size)
-        return session.alloc(size)
-
-    def take(self, session: FastRpcSession, scope: Scope, size: int) -> SessionBuffer | None:
-        """A kept, zeroed buffer of exactly ``size`` bytes for ``scope``, back in use; or None."""
-        with self._lock:
-            if not self._settings.enabled or session is not self._session:
+            if not self._settings.enabled:
                 return None
-            bucket = self._zeroed.get((scope, size))
-            while bucket:
-                kept = bucket[-1]  # the most recently kept: the likeliest to be warm
-                self._forget_locked(kept)
-                if session.owns(kept.buffer):
+            bucket = self._zeroed.get((scope, size), [])
+            for kept in reversed(bucket):  # the most recently kept: the likeliest to be warm
+                if kept.domain is None or kept.domain is domain:
                     break
             else:
                 self._counters.misses += 1
                 return None
+            self._forget_locked(kept)
             self._counters.hits += 1
         kept.buffer.unpark()
-        return kept.buffer
+        mapping = kept.mapping if kept.mapping is not None and kept.mapping.valid else None
+        return kept.buffer, mapping
 
-    def give(self, session: FastRpcSession | None, scope: Scope, buffer: SessionBuffer) -> bool:
-        """Offer a buffer its client freed. True: the pool keeps it (the caller must not
-        release it); False: the caller releases it, as without the pool."""
+    def give(
+        self,
+        scope: Scope,
+        buffer: DmaBuffer,
+        mapping: MappingLease | None,
+        lane: Callable[[Job], None],
+    ) -> bool:
+        """Offer a buffer its client freed, with its mapping lease if the client had it
+        mapped and the pool keeps mappings. True: the pool keeps both (the caller lets go
+        of neither); False: the caller releases them, as without the pool. The zeroing
+        is queued on ``lane`` (the freeing domain's control lane)."""
         settings = self._settings
         if (
-            session is None
-            or not settings.enabled
+            not settings.enabled
             or buffer.size > min(settings.max_buffer_bytes, settings.max_bytes)
-            or session is not self._session
-            or session.dead
-            or not session.owns(buffer)
+            or (mapping is not None and not settings.keep_dsp_mappings)
             or not buffer.park()  # an invoke still uses it
         ):
             self._count_passed()
             return False
-        if buffer.dsp_address is not None and not settings.keep_dsp_mappings:
-            try:
-                session.unmap(buffer)
-            except CodedError as exc:
-                log.warning("unmapping a freed buffer failed; releasing it", error=str(exc))
-                buffer.unpark()
-                self._count_passed()
-                return False
-        kept = _Kept(buffer, session, scope, self._clock())
+        kept = _Kept(buffer, scope, self._clock(), mapping, zeroing=True)
         with self._lock:
-            if session is not self._session:  # a restart meanwhile: its close releases it
-                self._counters.passed += 1
-                buffer.unpark()
-                return False
             filled = not self._order
-            self._order[buffer.id] = kept
-            self._dirty.append(kept)
+            self._order[buffer] = kept
             self._bytes += buffer.size
             self._counters.kept += 1
             evicted = self._evict_locked(self._settings.max_bytes)
-            queue_job = not self._zero_job_queued
-            self._zero_job_queued = True
         self._release(evicted)
-        if queue_job:
-            self._schedule(self.zero_kept)
+        lane(lambda: self._zero(kept))
         if filled and self._on_filled is not None:
             self._on_filled()
         return True
 
-    def zero_kept(self) -> None:
-        """Zero every kept buffer that is not zeroed yet (a control-lane job)."""
-        while True:
-            with self._lock:
-                if not self._dirty:
-                    self._zero_job_queued = False
-                    return
-                kept = self._dirty.popleft()
-                self._zeroing = kept
-            started = time.perf_counter()
-            zeroed = kept.buffer.zero()
-            elapsed = time.perf_counter() - started
-            with self._lock:
-                self._zeroing = None
-                self._counters.scrub_seconds += elapsed
-                if zeroed:
-                    self._counters.scrubbed_bytes += kept.buffer.size
-                release = kept.doomed and zeroed
-                if kept.doomed:
-                    pass  # forgotten while being zeroed: released here, below
-                elif zeroed:
-                    kept.zeroed = True
-                    self._zeroed.setdefault((kept.scope, kept.buffer.size), []).append(kept)
-                elif self._order.pop(kept.buffer.id, None) is kept:
-                    self._bytes -= kept.buffer.size  # released under us: its session closed
-            if release:
-                self._release([kept])
+    def _zero(self, kept: _Kept) -> None:
+        """Zero one kept buffer (a job on the freeing domain's control lane)."""
+        started = time.perf_counter()
+        zeroed = kept.buffer.zero()
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            kept.zeroing = False
+            self._counters.scrub_seconds += elapsed
+            if zeroed:
+                self._counters.scrubbed_bytes += kept.buffer.size
+            release = kept.doomed
+            if not release:
+                kept.zeroed = True
+                self._zeroed.setdefault((kept.scope, kept.buffer.size), []).append(kept)
+        if release:
+            self._release([kept])
 
+    # --- letting go ------------------------------------------------------------------------
     def trim(self) -> None:
         """Release what was kept longer than ``idle_seconds``, and what a lowered bound no
-        longer allows (a control-lane job)."""
+        longer allows."""
         now = self._clock()
         with self._lock:
             settings = self._settings
@@ -292,15 +252,15 @@ class BufferPool:
         self._release(released)
 
     def drop_all(self) -> None:
-        """Release every kept buffer (the rules they were kept under changed)."""
+        """Release every kept buffer (the rules they were kept under changed, or npud stops)."""
         with self._lock:
             everything = list(self._order.values())
             self._counters.dropped += len(everything)
             released = self._forget_locked_all(everything)
         self._release(released)
 
-    def _evict_all(self) -> bool:
-        """Release every kept buffer to make room; True if there was any."""
+    def evict_all(self) -> bool:
+        """Release every kept buffer to make room (an allocation failed); True if any."""
         with self._lock:
             everything = list(self._order.values())
             self._counters.evicted += len(everything)
@@ -337,7 +297,7 @@ class BufferPool:
             buffers=len(kept),
             bytes=total,
             max_bytes=settings.max_bytes,
-            mapped=sum(k.buffer.dsp_address is not None for k in kept),
+            mapped=sum(k.domain is not None for k in kept),
             scrubbing=sum(not k.zeroed for k in kept),
             hits=counters.hits,
             misses=counters.misses,
@@ -358,20 +318,17 @@ class BufferPool:
     def _forget_locked(self, kept: _Kept) -> bool:
         """Take ``kept`` out of every table (the lock is held). True: the caller releases
         it; False: it is being zeroed (the zeroing job releases it) or was forgotten already."""
-        if self._order.pop(kept.buffer.id, None) is not kept:
+        if self._order.pop(kept.buffer, None) is not kept:
             return False
         self._bytes -= kept.buffer.size
-        if self._zeroing is kept:
+        if kept.zeroing:
             kept.doomed = True
             return False
-        if kept.zeroed:
-            key = (kept.scope, kept.buffer.size)
-            bucket = self._zeroed[key]
-            bucket.remove(kept)
-            if not bucket:
-                del self._zeroed[key]
-        else:
-            self._dirty.remove(kept)
+        key = (kept.scope, kept.buffer.size)
+        bucket = self._zeroed[key]
+        bucket.remove(kept)
+        if not bucket:
+            del self._zeroed[key]
         return True
 
     def _forget_locked_all(self, gone: Iterable[_Kept]) -> list[_Kept]:
@@ -390,14 +347,13 @@ class BufferPool:
         return evicted
 
     def _release(self, gone: Iterable[_Kept]) -> None:
-        """Give buffers back to their session to be released (DSP unmap, munmap, close).
-        Not those of a session the pool let go of: its close releases them (a hung DSP
-        must not be asked to unmap them first)."""
+        """Let go of buffers: a valid mapping lease is given back on its domain's control
+        lane first (never a DSP call here), then the buffer is released."""
         for kept in gone:
-            session = kept.session
-            if session is not self._session or not session.owns(kept.buffer):
-                continue
-            try:
-                session.free(kept.buffer)
-            except CodedError as exc:
-                log.warning("releasing a kept buffer failed", error=str(exc))
+            buffer = kept.buffer
+            buffer.unpark()
+            mapping = kept.mapping
+            if mapping is not None and mapping.valid:
+                mapping.release_later(functools.partial(self._release_buffer, buffer))
+            else:
+                self._release_buffer(buffer)
