@@ -168,7 +168,7 @@ class Broker:
             allowed = (
                 client.uid in (0, os.getuid())
                 or client.uid in access.realtime_uids
-                or client.gid in access.realtime_gids
+                or bool(set(client.groups or (client.gid,)) & set(access.realtime_gids))
             )
             if not allowed:
                 return p.Priority.NORMAL

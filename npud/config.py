@@ -211,7 +211,10 @@ class AccessConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
             "systemd the socket's group (npu) already limits who can reach the socket."
         ),
     ] = ()
-    allow_gids: Annotated[tuple[_Id, ...], _doc("Primary groups allowed to connect.")] = ()
+    allow_gids: Annotated[
+        tuple[_Id, ...],
+        _doc("Groups whose members may connect: primary or supplementary (usermod -aG)."),
+    ] = ()
     realtime_uids: Annotated[
         tuple[_Id, ...],
         _doc(
@@ -220,7 +223,8 @@ class AccessConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
         ),
     ] = ()
     realtime_gids: Annotated[
-        tuple[_Id, ...], _doc("Primary groups who may be granted the realtime class.")
+        tuple[_Id, ...],
+        _doc("Groups (primary or supplementary) whose members may be granted realtime."),
     ] = ()
 
 

@@ -32,7 +32,7 @@ import structlog
 import trio
 
 import npu_protocol as p
-from npu_client.transport import fds_ancillary, peer_credentials
+from npu_client.transport import fds_ancillary
 from npu_protocol import CodedError, ErrorCode
 from npud.broker import Broker
 from npud.clients import Client
@@ -40,6 +40,7 @@ from npud.config import Config, ConfigError
 from npud.connection import PeerConnection
 from npud.loglimit import PeerBudgets
 from npud.logs import set_level
+from npud.peers import identify
 from npud.sd import Notifier, watchdog_interval
 
 log = structlog.get_logger("npud.server")
@@ -131,9 +132,15 @@ def _clear_stale(path: Path) -> None:
     )
 
 
-def peer_allowed(config: Config, uid: int, gid: int) -> bool:
+def peer_allowed(config: Config, uid: int, groups: tuple[int, ...]) -> bool:
+    """Root, npud's own user, a listed uid, or a member of a listed group (primary or
+    supplementary)."""
     access = config.access
-    return uid in (0, os.getuid()) or uid in access.allow_uids or gid in access.allow_gids
+    return (
+        uid in (0, os.getuid())
+        or uid in access.allow_uids
+        or bool(set(groups) & set(access.allow_gids))
+    )
 
 
 class Daemon:
@@ -245,7 +252,7 @@ class Daemon:
             revoked = 0
             for connection in list(self._connections):
                 client = connection.client
-                if not peer_allowed(applied, client.uid, client.gid):
+                if not peer_allowed(applied, client.uid, client.groups or (client.gid,)):
                     revoked += 1
                     connection.revoke(
                         f"uid {client.uid} (gid {client.gid}) is no longer allowed to use npud "
@@ -274,12 +281,12 @@ class Daemon:
 
     async def _serve_client(self, sock: trio.socket.SocketType) -> None:
         try:
-            pid, uid, gid = peer_credentials(sock)
+            pid, uid, gid, groups = identify(sock)
         except OSError as exc:
             log.warning("connection dropped: no peer credentials", error=exc.strerror)
             sock.close()
             return
-        if not peer_allowed(self.config, uid, gid):
+        if not peer_allowed(self.config, uid, groups):
             self._refusals.note(uid, "connection refused: not on the allow-list", pid=pid, gid=gid)
             await _refuse(sock, f"uid {uid} (gid {gid}) is not allowed to use npud")
             return
@@ -315,7 +322,9 @@ class Daemon:
                 self._handshakes[uid] -= 1
 
         connection = PeerConnection(
-            self.broker, _stdlib_socket(sock), Client(pid=pid, uid=uid, gid=gid)
+            self.broker,
+            _stdlib_socket(sock),
+            Client(pid=pid, uid=uid, gid=gid, groups=groups),
         )
         self._connections.add(connection)
         try:

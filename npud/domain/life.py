@@ -394,6 +394,7 @@ class Domain:
             hung_calls=self.hung_calls,
             clients=clients,
             mappings=registry.mappings,
+            mapped_bytes=registry.mapped_bytes,
             remote_handles=stats.remote_handles if stats else 0,
             models=registry.shared,
             invokes_in_flight=stats.invokes_in_flight if stats else 0,

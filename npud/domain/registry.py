@@ -75,6 +75,7 @@ class Shared(Generic[T]):
 @dataclasses.dataclass(frozen=True)
 class RegistryStatistics:
     mappings: int
+    mapped_bytes: int
     mapping_leases: int
     handles: int
     shared: int
@@ -229,6 +230,7 @@ class Registry:
         with self._lock:
             return RegistryStatistics(
                 mappings=len(self._mappings),
+                mapped_bytes=sum(buffer.size for buffer in self._mappings),
                 mapping_leases=sum(m.leases for m in self._mappings.values()),
                 handles=len(self._handles),
                 shared=len(self._shared),

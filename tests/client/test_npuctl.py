@@ -72,6 +72,7 @@ def test_status_shows_everything(peer: Peer, capsys: pytest.CaptureFixture[str])
         "UID",
         "NAME",
         "PRIORITY",
+        "DOMAIN",
         "BUFFERS",
         "BYTES",
         "MAPPINGS",
@@ -86,6 +87,7 @@ def test_status_shows_everything(peer: Peer, capsys: pytest.CaptureFixture[str])
         str(os.getuid()),
         "voice-stt",
         "realtime",
+        "-",  # the peer plays a daemon that names no domain
         "1",
         "72.0",
         "KiB",

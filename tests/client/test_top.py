@@ -56,3 +56,29 @@ def test_no_clients_and_no_scheduler_row_still_render() -> None:
     text = render(frame(Sample(status(), 0), Sample(status(), 1)))
     assert "(no clients)" in text
     assert " ? " in text  # an older daemon without a scheduler row
+
+
+def test_each_clients_domain_and_each_domain_are_shown() -> None:
+    domains = (
+        p.DomainRow(name="default", epoch=1, clients=1, mapped_bytes=4 << 20, models=1),
+        p.DomainRow(name="llm#1", isolated=True, state="restarting", epoch=3, restarts=2),
+    )
+    after = p.DaemonStatus(
+        daemon_version="0.1.0",
+        uptime_ms=1,
+        backend="emulator",
+        device="/dev/x",
+        dsp=p.DspCapabilities(),
+        shell=p.ShellStatus(verified=True),
+        epoch=1,
+        clients=(row(7, "llama-cli", 1, 0, domain="llm#1"),),
+        domains=domains,
+    )
+    view = frame(Sample(status(), 0), Sample(after, 1))
+    assert view.rows[0].domain == "llm#1"
+    assert [d.name for d in view.domains] == ["default", "llm#1"]
+    text = render(view)
+    assert "llama-cli   llm#1" in text
+    assert "domain default (shared): up, epoch 1, 0 restarts, 1 clients, 4.0 MiB mapped" in text
+    assert "domain llm#1 (isolated): restarting, epoch 3, 2 restarts" in text
+    assert max(len(line) for line in text.splitlines()) <= WIDTH

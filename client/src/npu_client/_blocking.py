@@ -261,13 +261,16 @@ class Client(DaemonView["DmaBuffer"]):
         """A round trip through the daemon; returns the payload it echoed."""
         return self._run(requests.ping(payload))
 
-    def debug_fault(self, action: str, duration: float = 0.0, code: int = 0) -> str:
+    def debug_fault(
+        self, action: str, duration: float = 0.0, code: int = 0, *, domain: str = ""
+    ) -> str:
         """Inject a fault into the emulated DSP, to exercise recovery: ``"ssr"`` (a
-        subsystem restart, the DSP away for ``duration`` seconds), ``"latency"`` (every
-        invoke ``duration`` longer), ``"fail_next_invoke"`` (answers ``code``),
-        ``"clear"``. Root only, and the emulator only (``NotPermitted``,
-        ``Unsupported``). Returns what the daemon did."""
-        return self._run(requests.debug_fault(action, duration, code))
+        subsystem restart, the DSP away for ``duration`` seconds; with ``domain``, that
+        domain's DSP process crashes and it restarts alone), ``"latency"`` (every invoke
+        ``duration`` longer), ``"fail_next_invoke"`` (answers ``code``), ``"clear"``. Root
+        only, and the emulator only (``NotPermitted``, ``Unsupported``). Returns what the
+        daemon did."""
+        return self._run(requests.debug_fault(action, duration, code, domain))
 
     # --- closing -------------------------------------------------------------------------------
 

@@ -110,6 +110,7 @@ DOMAIN_METRICS: Final = (
     Metric("npud_domain_hung_calls_total", COUNTER, "hung_calls", "Calls the watchdog caught."),
     Metric("npud_domain_clients", GAUGE, "clients", "Clients whose calls run in the domain."),
     Metric("npud_domain_mappings", GAUGE, "mappings", "Buffers mapped into its DSP process."),
+    Metric("npud_domain_mapped_bytes", GAUGE, "mapped_bytes", "Bytes of those buffers."),
     Metric("npud_domain_handles", GAUGE, "remote_handles", "Skel handles open in it."),
     Metric("npud_domain_models", GAUGE, "models", "Model loads it holds (shared ones once)."),
     Metric("npud_domain_invokes_in_flight", GAUGE, "invokes_in_flight", "Its calls on the DSP."),

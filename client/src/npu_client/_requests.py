@@ -303,8 +303,9 @@ def _pong(pending: Pending) -> bytes:
 DEBUG_ACTIONS: Final = ("ssr", "latency", "fail_next_invoke", "clear")
 
 
-def debug_fault(action: str, duration: float, code: int) -> Call[str]:
-    """Inject a fault into the emulated DSP (root only, the emulator only)."""
+def debug_fault(action: str, duration: float, code: int, domain: str = "") -> Call[str]:
+    """Inject a fault into the emulated DSP (root only, the emulator only); ``domain``
+    names the domain whose DSP process ``ssr`` crashes (version 3)."""
     if action not in DEBUG_ACTIONS:
         raise ValueError(f"action must be one of {', '.join(DEBUG_ACTIONS)}, not {action!r}")
     if not isinstance(duration, int | float) or isinstance(duration, bool) or duration < 0:
@@ -317,6 +318,7 @@ def debug_fault(action: str, duration: float, code: int) -> Call[str]:
         action=action,  # type: ignore[arg-type]
         duration_ms=milliseconds,
         code=code,
+        domain=domain,
     )
     return Call(lambda rid: msgspec.structs.replace(request, id=rid), _debug_detail)
 

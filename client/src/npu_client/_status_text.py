@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from npu_protocol import ClientRow, DaemonStatus, DspCapabilities, PoolRow, ShellStatus, Totals
+from npu_protocol import (
+    ClientRow,
+    DaemonStatus,
+    DomainRow,
+    DspCapabilities,
+    MemoryRow,
+    PoolRow,
+    ShellStatus,
+    Totals,
+)
 
 _LABEL: Final = 12
 _COLUMNS: Final = (
@@ -13,6 +22,7 @@ _COLUMNS: Final = (
     "UID",
     "NAME",
     "PRIORITY",
+    "DOMAIN",
     "BUFFERS",
     "BYTES",
     "MAPPINGS",
@@ -32,11 +42,14 @@ def render_status(status: DaemonStatus) -> str:
         _line("shell", _shell(status.shell)),
         _line("session", f"epoch {status.epoch}, {_count(status.restarts, 'restart')}"),
         _line("totals", _totals(status.totals)),
+        *([_line("memory", _memory(status.memory))] if status.memory is not None else []),
         *([_line("pool", _pool(status.pool))] if status.pool is not None else []),
         _line("dsp", status.dsp.domain),
         *_capabilities(status.dsp),
         "",
     ]
+    if status.domains:
+        lines += [_line("domains:", ""), *_domains(status.domains), ""]
     if status.clients:
         lines.extend(_table(status.clients))
     else:
@@ -122,6 +135,57 @@ def _pool(pool: PoolRow) -> str:
     )
 
 
+def _memory(memory: MemoryRow) -> str:
+    source = "system DMA-BUF heap" if memory.source == "heap" else f"{memory.source} driver"
+    return f"{_count(memory.buffers, 'buffer')} ({format_bytes(memory.bytes)}) from the {source}"
+
+
+_DOMAIN_COLUMNS: Final = (
+    "DOMAIN",
+    "KIND",
+    "STATE",
+    "EPOCH",
+    "RESTARTS",
+    "HUNG",
+    "CLIENTS",
+    "MAPPED",
+    "HANDLES",
+    "MODELS",
+    "IN FLIGHT",
+    "UP",
+)
+
+
+def _domains(domains: Sequence[DomainRow]) -> list[str]:
+    """One line per domain (DSP process): its name, its state and what it holds."""
+    rows = [
+        (
+            row.name,
+            "isolated" if row.isolated else "shared",
+            row.state,
+            str(row.epoch),
+            str(row.restarts),
+            str(row.hung_calls),
+            str(row.clients),
+            f"{row.mappings} ({format_bytes(row.mapped_bytes)})",
+            str(row.remote_handles),
+            str(row.models),
+            str(row.invokes_in_flight),
+            format_duration(row.uptime_ms),
+        )
+        for row in domains
+    ]
+    return _aligned(_DOMAIN_COLUMNS, rows)
+
+
+def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(cells[i]) for cells in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+        for cells in [header, *rows]
+    ]
+
+
 def _capabilities(dsp: DspCapabilities) -> list[str]:
     """Each capability the DSP reported, by its FastRPC attribute name."""
     lines = []
@@ -140,7 +204,8 @@ def _table(clients: Sequence[ClientRow]) -> list[str]:
             str(row.pid),
             str(row.uid),
             row.name,
-            row.priority,
+            row.priority + (" (throttled)" if row.throttled else ""),
+            row.domain or "-",
             str(row.buffers),
             format_bytes(row.bytes),
             str(row.mappings),

@@ -2,7 +2,9 @@
 
 Each frame compares two status records taken ``interval`` apart: calls per
 second and the share of DSP time are rates over that interval; queue waits are
-the daemon's recent percentiles; misses and late calls are totals. The view
+the daemon's recent percentiles (the 99th in the table, both in ``--json``);
+misses and late calls are totals. Each client's domain (its DSP process) is a
+column, and each domain a line below the clients. The view
 is plain text (a terminal's own scrolling and copy work), redrawn in place
 when stdout is a terminal; ``--json`` gives the same rows as one JSON object
 per frame for scripts.
@@ -30,6 +32,8 @@ class TopRow(msgspec.Struct, frozen=True, kw_only=True):
     pid: int
     name: str
     priority: str
+    domain: str = ""
+    """The domain (DSP process) its calls run in."""
     calls_per_s: float
     dsp_pct: float
     """Share of the interval its calls were on the DSP, percent of one slot."""
@@ -41,6 +45,19 @@ class TopRow(msgspec.Struct, frozen=True, kw_only=True):
     late: int
     budget_ms: float
     period_ms: float
+
+
+class TopDomain(msgspec.Struct, frozen=True, kw_only=True):
+    """One domain (DSP process) now."""
+
+    name: str
+    isolated: bool
+    state: str
+    epoch: int
+    restarts: int
+    clients: int
+    mapped_bytes: int
+    models: int
 
 
 class TopFrame(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,6 +74,7 @@ class TopFrame(msgspec.Struct, frozen=True, kw_only=True):
     queued: tuple[int, int, int]
     running: tuple[int, int, int]
     rows: tuple[TopRow, ...]
+    domains: tuple[TopDomain, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,6 +117,19 @@ def frame(
             else (0, 0, 0)
         ),
         rows=tuple(rows),
+        domains=tuple(
+            TopDomain(
+                name=d.name,
+                isolated=d.isolated,
+                state=d.state,
+                epoch=d.epoch,
+                restarts=d.restarts,
+                clients=d.clients,
+                mapped_bytes=d.mapped_bytes,
+                models=d.models,
+            )
+            for d in after.status.domains
+        ),
     )
 
 
@@ -109,6 +140,7 @@ def _row(now: ClientRow, then: ClientRow | None, elapsed: float) -> TopRow:
         pid=now.pid,
         name=now.name,
         priority=now.priority,
+        domain=now.domain,
         calls_per_s=round(max(calls, 0) / elapsed, 1),
         dsp_pct=round(max(dsp_us, 0) / 1e6 / elapsed * 100, 1),
         wait_p50_ms=now.wait_p50_us / 1000,
@@ -136,7 +168,7 @@ def _sort_key(sort: SortKey) -> Callable[[TopRow], tuple[float | int | str, ...]
 # --- text -----------------------------------------------------------------------------------
 
 _HEADER: Final = (
-    f"{'PID':>7} {'NAME':<14} {'CL':<2} {'CALLS/S':>7} {'DSP%':>5} {'WAIT50':>7} "
+    f"{'PID':>7} {'NAME':<11} {'DOMAIN':<8} {'CL':<2} {'CALLS/S':>7} {'DSP%':>5} "
     f"{'WAIT99':>7} {'Q/R':>5} {'MISS':>4} {'LATE':>4} {'BUDGET':>7}"
 )
 
@@ -162,15 +194,36 @@ def render(top: TopFrame) -> str:
         budget = f"{row.budget_ms:g}/{row.period_ms:g}" if row.period_ms else "-"
         lines.append(
             _clip(
-                f"{row.pid:>7} {row.name[:14]:<14} {CLASS_LETTERS.get(row.priority, '?'):<2} "
-                f"{row.calls_per_s:>7.1f} {row.dsp_pct:>5.1f} {_ms(row.wait_p50_ms):>7} "
+                f"{row.pid:>7} {row.name[:11]:<11} {(row.domain or '-')[:8]:<8} "
+                f"{CLASS_LETTERS.get(row.priority, '?'):<2} "
+                f"{row.calls_per_s:>7.1f} {row.dsp_pct:>5.1f} "
                 f"{_ms(row.wait_p99_ms):>7} {f'{row.queued}/{row.running}':>5} "
                 f"{_count(row.misses):>4} {_count(row.late):>4} {budget:>7}"
             )
         )
     if not top.rows:
         lines.append("(no clients)")
+    if top.domains:
+        lines.append("")
+        for domain in top.domains:
+            kind = "isolated" if domain.isolated else "shared"
+            lines.append(
+                _clip(
+                    f"domain {domain.name} ({kind}): {domain.state}, epoch {domain.epoch}, "
+                    f"{domain.restarts} restarts, {domain.clients} clients, "
+                    f"{_bytes(domain.mapped_bytes)} mapped, {domain.models} models"
+                )
+            )
     return "\n".join(lines)
+
+
+def _bytes(count: int) -> str:
+    value, unit = float(count), "B"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            break
+        value /= 1024
+    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def _count(value: int) -> str:

@@ -225,10 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
         "action",
         choices=("ssr", "latency", "fail-next-invoke", "clear"),
         help=(
-            "ssr: a subsystem restart, the DSP away for --seconds (default 1); latency: every "
-            "later invoke takes --seconds longer; fail-next-invoke: the next invoke answers "
-            "--code; clear: undo latency and pending failures"
+            "ssr: a subsystem restart, the DSP away for --seconds (default 1), every domain "
+            "restarts; with --domain, that domain's DSP process crashes and it restarts "
+            "alone; latency: every later invoke takes --seconds longer; fail-next-invoke: the "
+            "next invoke answers --code; clear: undo latency and pending failures"
         ),
+    )
+    debug.add_argument(
+        "--domain",
+        default="",
+        metavar="NAME",
+        help="for ssr: the domain whose DSP process crashes (a name npuctl status shows)",
     )
     debug.add_argument(
         "--seconds",
@@ -306,8 +313,12 @@ def _dsp_result(text: str) -> int:
 
 
 def _debug(client: Client, args: argparse.Namespace) -> int:
+    if args.domain and args.action != "ssr":
+        _error("--domain goes with ssr only")
+        return EXIT_USAGE
     if args.action == "ssr":
-        detail = client.debug_fault("ssr", 1.0 if args.seconds is None else args.seconds)
+        seconds = 1.0 if args.seconds is None else args.seconds
+        detail = client.debug_fault("ssr", seconds, domain=args.domain)
     elif args.action == "latency":
         detail = client.debug_fault("latency", args.seconds or 0.0)
     elif args.action == "fail-next-invoke":

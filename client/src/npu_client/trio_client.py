@@ -184,9 +184,11 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
     async def ping(self, payload: bytes | bytearray | memoryview = b"") -> bytes:
         return await self._run(requests.ping(payload))
 
-    async def debug_fault(self, action: str, duration: float = 0.0, code: int = 0) -> str:
+    async def debug_fault(
+        self, action: str, duration: float = 0.0, code: int = 0, *, domain: str = ""
+    ) -> str:
         """As :meth:`npu_client.Client.debug_fault`."""
-        return await self._run(requests.debug_fault(action, duration, code))
+        return await self._run(requests.debug_fault(action, duration, code, domain))
 
     # --- closing -------------------------------------------------------------------------------
 

@@ -283,6 +283,8 @@ class DomainRow(_Record, frozen=True, kw_only=True):
     clients: U32 = 0
     mappings: U32 = 0
     """Buffers mapped into this DSP process."""
+    mapped_bytes: U63 = 0
+    """Their total size: the memory this DSP process can reach."""
     remote_handles: U32 = 0
     models: U32 = 0
     """Model loads held, each shared by the clients that loaded the same model."""
