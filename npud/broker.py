@@ -17,6 +17,7 @@ Lives on the trio thread; ``status``, ``domain_named`` and the watchdog's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from typing import Any, Final
@@ -189,10 +190,17 @@ class Broker:
             default_timeout_ms=limits.default_timeout_ms or None,
         )
 
-    async def admit(self, client: Client, budget: p.Budget | None) -> Domain:
+    async def admit(
+        self, client: Client, budget: p.Budget | None, *, isolate: bool = False
+    ) -> Domain:
         """Take ``client`` in (after its Hello): quotas, the scheduler's admission, then
-        its domain (opened if it needs one of its own). Raises CodedError to refuse;
-        nothing is held then."""
+        its domain (opened if it needs one of its own, or ``isolate`` asks for one).
+        Raises CodedError to refuse; nothing is held then."""
+        if isolate and not self.config.domains.allow_isolate:
+            raise CodedError(
+                ErrorCode.NOT_PERMITTED,
+                detail="a DSP process of one's own ([domains] allow_isolate is false)",
+            )
         self.clients.admit(client)
         klass = {p.Priority.REALTIME: REALTIME, p.Priority.NORMAL: NORMAL}.get(
             client.priority, BACKGROUND
@@ -206,6 +214,8 @@ class Broker:
             self.clients.remove(client)
             raise CodedError(ErrorCode.ADMISSION_REFUSED, detail=str(exc)) from None
         placement = self.domains.placement(client.uid, client.groups, client.name)
+        if isolate:
+            placement = dataclasses.replace(placement, isolate=True)
         try:
             domain = await self.domains.join(placement, client)
         except BaseException:

@@ -318,6 +318,8 @@ class Client:
     objects: ObjectTable = field(default_factory=ObjectTable)
     calls_in_flight: int = 0
     calls_done: int = 0
+    waits: int = 0
+    """Its calls that wait for the DSP now (invoke with ``wait``)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def begin_call(self, limit: int) -> None:
@@ -331,6 +333,19 @@ class Client:
         with self._lock:
             self.calls_in_flight -= 1
             self.calls_done += 1
+
+    def begin_wait(self, limit: int) -> None:
+        """One more call that waits for the DSP; refused past ``limit`` at once."""
+        with self._lock:
+            if self.waits >= limit:
+                raise CodedError(
+                    ErrorCode.QUOTA_EXCEEDED, resource="calls waiting for the DSP", limit=limit
+                )
+            self.waits += 1
+
+    def end_wait(self) -> None:
+        with self._lock:
+            self.waits -= 1
 
     @property
     def buffer_bytes(self) -> int:

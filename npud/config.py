@@ -463,6 +463,13 @@ class DomainsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
         ),
     ] = False
     rule: Annotated[tuple[DomainRuleConfig, ...], _doc("The named domains, first match wins.")] = ()
+    allow_isolate: Annotated[
+        bool,
+        _doc(
+            "A client may ask for a DSP process of its own at its Hello (isolate, protocol "
+            "version 4; npud's libcdsprpc does, for dspqueue); false refuses such a Hello."
+        ),
+    ] = True
 
     def __post_init__(self) -> None:
         names = [rule.name for rule in self.rule]

@@ -213,7 +213,7 @@ class PeerConnection:
         client.priority = self.broker.grant_priority(client, hello.priority)
         client.protocol_version = version
         try:
-            domain = await self.broker.admit(client, hello.budget)
+            domain = await self.broker.admit(client, hello.budget, isolate=hello.isolate)
         except CodedError as exc:
             self.log.warning("refused", code=exc.code.name, error=str(exc))
             await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))

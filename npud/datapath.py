@@ -337,7 +337,9 @@ class DataPath:
             return inline
         if route is not Route.DSP:
             domain = call.handler.domain
-            lane = domain.control if route is Route.CONTROL else domain.loader
+            lane = {Route.CONTROL: domain.control, Route.LOADER: domain.loader}.get(
+                route, domain.waits
+            )
             lane.submit(lambda: self._execute(call))
             return inline
         if self._submit(call) and inline is None:

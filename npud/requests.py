@@ -58,6 +58,9 @@ class Route(enum.Enum):
     or a model is read through the listener)."""
     HERE = "here"
     """On the thread that read it: cheap, and touches no DSP."""
+    WAIT = "wait"
+    """The domain's waits lane: a call that waits for the DSP (invoke with ``wait``) takes
+    no scheduler slot and no worker, and the watchdog leaves it alone."""
 
 
 @dataclass
@@ -72,7 +75,8 @@ class Handler(abc.ABC, Generic[R]):
     """One request, from its arrival to its answer. It is given its client and the
     domain the client's calls run in, and touches nothing else."""
 
-    route: ClassVar[Route]
+    route: Route
+    """Where its work runs (a class's own, or set per request)."""
     acquires: ClassVar[bool] = True
     """Takes DSP resources: refused with SHUTTING_DOWN once the daemon stops.
     Releases (free, unmap, close), status and ping are still served then."""
@@ -245,7 +249,11 @@ class Alloc(Handler[p.AllocRequest]):
             let_go(domain, buffers=[held])
             raise CodedError(ErrorCode.DSP_RESTARTED)
         reply = p.AllocReply(
-            id=self.request.id, buffer=self.entry.id, size=buffer.size, fd=reply_fd.fileno()
+            id=self.request.id,
+            buffer=self.entry.id,
+            size=buffer.size,
+            fd=reply_fd.fileno(),
+            dsp_fd=buffer.fd,
         )
         return Answer(reply, reply_fd)
 
@@ -286,8 +294,8 @@ class Map(Handler[p.MapRequest]):
         held = self._held_buffer(self.entry)
         address = held.dsp_address
         if address is None:
-            session, registry = self.session, self.domain.registry
-            mapping = self.domain.run(session, lambda: registry.map(session, held.buffer))
+            session, registry, flags = self.session, self.domain.registry, self.request.flags
+            mapping = self.domain.run(session, lambda: registry.map(session, held.buffer, flags))
             held.mapping = mapping
             address = mapping.address
         return Answer(p.MapReply(id=self.request.id, dsp_address=address))
@@ -360,13 +368,28 @@ class Close(Handler[p.CloseRequest]):
 
 
 class Invoke(CallTiming, Handler[p.InvokeRequest]):
-    """A remote call. Its handle and buffers are held from arrival to the end."""
+    """A remote call. Its handle and buffers are held from arrival to the end. A call
+    that waits for the DSP (``wait``) runs on the domain's waits lane."""
 
     route = Route.DSP
+    _waiting = False
+
+    def __init__(self, client: Client, domain: Domain, request: p.InvokeRequest) -> None:
+        super().__init__(client, domain, request)
+        if request.wait:
+            self.route = Route.WAIT
 
     def arrive(self) -> None:
         request = self.request
         self.session = self.domain.current()
+        if request.wait:
+            if request.timeout_ms is not None or request.deadline_ms is not None:
+                raise CodedError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    detail="a call that waits for the DSP has no timeout_ms or deadline_ms",
+                )
+            self.client.begin_wait(MAX_WAITS)
+            self._waiting = True
         limits = self.limits
         for resource, used in (
             ("inline input bytes", request.inline_input_bytes),
@@ -417,8 +440,15 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
         return Answer(p.InvokeReply(id=request.id, outputs=result.outputs))
 
     def end(self) -> None:
+        if self._waiting:
+            self._waiting = False
+            self.client.end_wait()
         self.end_call()
         super().end()
+
+
+MAX_WAITS: Final = 2
+"""Calls of one client that wait for the DSP at once (dspqueue keeps one)."""
 
 
 def _check_slice(arg: p.BufferSlice, entry: Entry) -> None:

@@ -54,6 +54,8 @@ RECOVERY_LOG_EVERY: Final = 2.0
 RETIRE_TIMEOUT: Final = 2.0
 """Seconds a dead or hung session gets to close before it is abandoned to the kernel."""
 CONTROL_STUCK_SECONDS: Final = 60.0
+WAIT_THREADS: Final = 4
+"""Threads of a domain's waits lane: two waiting calls for each of two clients."""
 """Allocation, mapping and remotectl calls never take this long on a healthy DSP."""
 
 _SESSION_INTERNAL: Final = frozenset({ErrorCode.UNKNOWN_HANDLE, ErrorCode.UNKNOWN_BUFFER})
@@ -91,6 +93,9 @@ class Domain:
         self.serial = next(self._serials)
         self.control = LanePool(f"control:{name}", 1)
         self.loader = LanePool(f"loader:{name}", 1)
+        self.waits = LanePool(f"waits:{name}", WAIT_THREADS)
+        """Calls that wait for the DSP (dspqueue's wait_signal): no scheduler slot, no
+        worker, no watchdog."""
         self.session: FastRpcSession | None = None
         self.registry = Registry(self.control.submit, lambda: self.session)
         self.epoch = 0
@@ -112,7 +117,7 @@ class Domain:
 
     @property
     def lanes(self) -> tuple[LanePool, ...]:
-        return (self.control, self.loader)
+        return (self.control, self.loader, self.waits)
 
     @property
     def stopping(self) -> bool:

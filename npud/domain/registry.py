@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 from npu_protocol import ErrorCode
+from npud.fastrpc.abi import FASTRPC_MAP_FD
 from npud.fastrpc.dma import DmaBuffer
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.session import FastRpcSession
@@ -102,16 +103,19 @@ class Registry:
         self._shared: dict[Hashable, Shared[object]] = {}
 
     # --- mappings (on the control lane) -----------------------------------------------
-    def map(self, session: FastRpcSession, buffer: DmaBuffer) -> MappingLease:
-        """A lease on ``buffer``'s mapping; the first one maps it (MEM_MAP). Raises the
-        session's error (nothing is held then)."""
+    def map(
+        self, session: FastRpcSession, buffer: DmaBuffer, flags: int = FASTRPC_MAP_FD
+    ) -> MappingLease:
+        """A lease on ``buffer``'s mapping; the first one maps it (MEM_MAP with ``flags``;
+        later leases share that mapping whatever they ask). Raises the session's error
+        (nothing is held then)."""
         with self._lock:
             generation = self.generation
             entry = self._mappings.get(buffer)
             if entry is not None:
                 entry.leases += 1
                 return MappingLease(self, generation, buffer, entry.address)
-        address = session.map(buffer)  # idempotent: a concurrent first lease maps once
+        address = session.map(buffer, flags)  # idempotent: a concurrent first lease maps once
         with self._lock:
             if generation != self.generation:  # a restart meanwhile: that mapping is gone
                 raise RpcError(ErrorCode.DSP_RESTARTED)

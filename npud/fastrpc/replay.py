@@ -795,7 +795,9 @@ def _op_free(r: _Replayer, s: FastRpcSession, sid: int, args: Record, op: Record
 
 
 def _op_map(r: _Replayer, s: FastRpcSession, sid: int, args: Record, op: Record) -> Record:
-    return {"address": s.map(r.buffer(sid, args["buffer"]))}  # type: ignore[arg-type]
+    buffer = r.buffer(sid, args["buffer"])
+    flags = int(args.get("flags", abi.FASTRPC_MAP_FD))
+    return {"address": s.map(buffer, flags)}  # type: ignore[arg-type]
 
 
 def _op_unmap(r: _Replayer, s: FastRpcSession, sid: int, args: Record, op: Record) -> Record:

@@ -114,6 +114,8 @@ OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK
 REMOTECTL_FALLBACK: Final = frozenset({AEE.ERPC.dsp, AEE.ENOSUCHMOD.dsp})
 """A DSP without remotectl1 (static handle 8) answers one of these; libcdsprpc falls back."""
 SHARE_CHUNK: Final = 1024 * 1024
+MAP_FLAGS: Final = frozenset({abi.FASTRPC_MAP_FD, abi.FASTRPC_MAP_FD_DELAYED})
+"""What a client's map may ask the DSP for: the whole buffer now, or at its first use."""
 
 _RawBuffer = ctypes.Array[ctypes.c_char]
 T = TypeVar("T")
@@ -455,16 +457,27 @@ class FastRpcSession:
                 )
 
     # ------------------------------------------------------------ DSP mapping
-    def map(self, buffer: DmaBuffer) -> int:
-        """Map ``buffer`` into the DSP process (MEM_MAP); idempotent. Returns the DSP address."""
+    def map(self, buffer: DmaBuffer, flags: int = abi.FASTRPC_MAP_FD) -> int:
+        """Map ``buffer`` into the DSP process (MEM_MAP with ``flags``: FASTRPC_MAP_FD, or
+        FASTRPC_MAP_FD_DELAYED to let the DSP map it at its first use); idempotent.
+        Returns the DSP address."""
+        if flags not in MAP_FLAGS:
+            raise RpcError(
+                ErrorCode.INVALID_ARGUMENT,
+                detail=f"map flags {flags}: {abi.FASTRPC_MAP_FD} (FASTRPC_MAP_FD) or "
+                f"{abi.FASTRPC_MAP_FD_DELAYED} (FASTRPC_MAP_FD_DELAYED)",
+            )
+        args: Record = {"buffer": buffer.trace_ref}
+        if flags != abi.FASTRPC_MAP_FD:
+            args["flags"] = flags
         return self._traced(
             "map",
-            lambda: {"buffer": buffer.trace_ref},
-            lambda: self._map(buffer),
+            lambda: args,
+            lambda: self._map(buffer, flags),
             lambda address: {"address": address},
         )
 
-    def _map(self, buffer: DmaBuffer) -> int:
+    def _map(self, buffer: DmaBuffer, flags: int = abi.FASTRPC_MAP_FD) -> int:
         self._check_usable()
         self._require_process()
         with buffer.lock:
@@ -473,7 +486,7 @@ class FastRpcSession:
             address = self._mapped.get(buffer)
             if address is not None:
                 return address
-            req = _whole_buffer_map(buffer)
+            req = _whole_buffer_map(buffer, flags)
             rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_MEM_MAP, req)
             if rc != 0:
                 raise RpcError(ErrorCode.MMAP_FAILED, code=rc)
@@ -1209,13 +1222,13 @@ class _ReverseHost:
                 session._release_quietly(buffer)
 
 
-def _whole_buffer_map(buffer: DmaBuffer) -> abi.fastrpc_mem_map:
-    """MEM_MAP of all of ``buffer`` by fd (FASTRPC_MAP_FD), at its host address."""
+def _whole_buffer_map(buffer: DmaBuffer, flags: int = abi.FASTRPC_MAP_FD) -> abi.fastrpc_mem_map:
+    """MEM_MAP of all of ``buffer`` by fd (FASTRPC_MAP_FD unless told), at its host address."""
     return abi.fastrpc_mem_map(
         version=0,
         fd=buffer.fd,
         offset=0,
-        flags=abi.FASTRPC_MAP_FD,
+        flags=flags,
         vaddrin=buffer.host_address,
         length=buffer.size,
         attrs=0,

@@ -80,7 +80,7 @@ def test_alloc_reply_carries_its_fd_as_slot_zero_on_the_wire() -> None:
     data, fds = server.send(p.AllocReply(id=1, buffer=1, size=4096, fd=1234))
     assert fds == [1234]
     assert data[2] == 1  # the header's fd count
-    assert data.endswith(b"\xa2fd\x00")  # "fd": 0, the slot index
+    assert b"\xa2fd\x00\xa6dsp_fd" in data  # "fd": 0, the slot index (then dsp_fd)
     feed(client, data, fds)
     [reply] = drain(client)
     assert isinstance(reply, p.AllocReply)

@@ -33,6 +33,7 @@ from npu_protocol._wire import (
     BufferOffset,
     BufferSize,
     ClientName,
+    DspFd,
     FdSlot,
     InlineBytes,
     InlineCapacity,
@@ -72,6 +73,10 @@ class Hello(Message, tag="hello", frozen=True, kw_only=True):
     """The class the client asks for."""
     budget: Budget | None = None
     """Version 2: a realtime client's declared period and budget (admission control)."""
+    isolate: bool = False
+    """Version 4: the client needs a DSP process of its own (its DSP-side state, such as
+    dspqueue's, is per process); refused with NOT_PERMITTED where the server does not
+    allow it."""
 
 
 class Welcome(Message, tag="welcome", frozen=True, kw_only=True):
@@ -161,6 +166,9 @@ class MapRequest(Request, tag="map", frozen=True, kw_only=True):
     """Map a whole buffer into the DSP's address space."""
 
     buffer: ObjectId
+    flags: U32 = 2
+    """Version 4: the fastrpc_map_flags value the DSP gets: 2 FASTRPC_MAP_FD (mapped now),
+    3 FASTRPC_MAP_FD_DELAYED (the DSP maps it when it first uses it)."""
 
 
 class UnmapRequest(Request, tag="unmap", frozen=True, kw_only=True):
@@ -229,6 +237,10 @@ class InvokeRequest(Request, tag="invoke", frozen=True, kw_only=True):
     deadline_ms: TimeoutMs | None = None
     """Version 2: the call must be dispatched within this many ms of its arrival, or it
     fails with DEADLINE_EXCEEDED; finishing later counts as a miss. None: no deadline."""
+    wait: bool = False
+    """Version 4: the call waits for the DSP rather than computing (dspqueue's
+    wait_signal): it takes no scheduler slot, the watchdog leaves it alone, and it runs
+    on a thread of its own; at most two of a client's calls wait at once."""
 
     def __post_init__(self) -> None:
         if (self.method is None) == (self.sc is None):
@@ -341,6 +353,10 @@ class AllocReply(Reply, tag="alloc_reply", frozen=True, kw_only=True):
     size: BufferSize
     """The allocated size: the requested size rounded up to whole pages."""
     fd: FdSlot
+    dsp_fd: DspFd = -1
+    """Version 4: the number the DSP knows the buffer by (the fd the server maps it
+    with): what DSP code that names buffers by fd (a dspqueue packet, HAP_mmap) must be
+    given, never the client's own fd number. Unique among the server's live buffers."""
 
 
 class FreeReply(Reply, tag="free_reply", frozen=True, kw_only=True):

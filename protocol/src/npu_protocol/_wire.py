@@ -15,7 +15,7 @@ from npu_protocol.errors import MAX_DMA_SIZE
 
 # --- versions ----------------------------------------------------------------
 
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 """The newest protocol version this package speaks (PROTOCOL.md section 12)."""
 
 MIN_PROTOCOL_VERSION: Final = 1
@@ -107,3 +107,6 @@ Shape = Annotated[tuple[Annotated[int, Meta(ge=1, le=_U32_MAX)], ...], Meta(max_
 """A tensor's dimensions (rank 0..8; rank 0 is a scalar)."""
 Text = Annotated[str, Meta(max_length=1024)]
 LongText = Annotated[str, Meta(max_length=4096)]
+
+DspFd = Annotated[int, Meta(ge=-1, le=0x7FFF_FFFF)]
+"""The number the DSP knows a buffer by (the server's fd of it); -1: not told."""
