@@ -36,6 +36,7 @@ MODULES: dict[str, str] = {
     "portal_qnn_vad": "bench.portal_qnn_vad",
     "model_vad": "bench.model_vad",
     "daemon": "bench.daemon",
+    "domains": "bench.domains",
 }
 """Every benchmark module by its NAME, in the order they run. Add yours here."""
 

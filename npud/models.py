@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import os
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from typing import Final
@@ -35,6 +33,7 @@ import msgspec
 
 import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
+from npud.domain.digests import FileDigests
 from npud.domain.registry import Registry, Shared
 from npud.fastrpc.dma import DmaBuffer
 from npud.fastrpc.invoke_args import Slice
@@ -48,8 +47,6 @@ from npud.fastrpc.portal_qnn import (
     arena_layout,
 )
 from npud.fastrpc.session import FastRpcSession
-
-HASH_CHUNK: Final = 1 << 20
 
 PAGE: Final = 4096
 
@@ -109,17 +106,18 @@ class SharedLoad:
 
 
 def load_key(
-    fd: int, size: int, backend: Backend, shapes: Mapping[str, tuple[int, ...]]
+    digests: FileDigests,
+    fd: int,
+    size: int,
+    backend: Backend,
+    shapes: Mapping[str, tuple[int, ...]],
 ) -> Hashable:
-    """What makes two loads the same: the file's first ``size`` bytes (its size when it was
-    checked: a file that grows meanwhile is not read forever), by SHA-256 read through
-    ``fd`` with pread (the caller's offset stays), the backend and the shapes."""
-    digest = hashlib.sha256()
-    offset = 0
-    while offset < size and (chunk := os.pread(fd, min(HASH_CHUNK, size - offset), offset)):
-        digest.update(chunk)
-        offset += len(chunk)
-    return ("model", backend, offset, digest.hexdigest(), tuple(sorted(shapes.items())))
+    """What makes two loads the same: the SHA-256 of the file's first ``size`` bytes (its
+    size when it was checked: a file that grows meanwhile is not read forever), known to
+    ``digests`` or read through ``fd`` with pread (the caller's offset stays), the backend
+    and the shapes."""
+    digest, length = digests.sha256(fd, size)
+    return ("model", backend, length, digest, tuple(sorted(shapes.items())))
 
 
 class NpuModel:
@@ -180,19 +178,20 @@ class NpuModel:
         backend: Backend,
         fd: int,
         *,
+        digests: FileDigests,
         name: str,
         shapes: dict[str, tuple[int, ...]],
         allocate: Callable[[int], DmaBuffer],
         release_arena: Callable[[DmaBuffer], None],
     ) -> NpuModel:
         """The model open on ``fd`` (the caller keeps it), loaded or shared in the domain
-        (``registry``), with an arena from ``allocate(size)``. On any failure what was
-        made is released again before raising."""
+        (its ``registry`` and ``digests``), with an arena from ``allocate(size)``. On any
+        failure what was made is released again before raising."""
         # The file is checked before a byte of it is hashed: a regular file, of the format
         # the backend takes, self-contained (npud.fastrpc.model_format).
         sniffed = PortalQnn.check_file(fd, backend)
         try:
-            key = load_key(fd, sniffed.size, backend, shapes)
+            key = load_key(digests, fd, sniffed.size, backend, shapes)
         except OSError as exc:
             raise CodedError(
                 ErrorCode.MODEL_FILE_UNREADABLE, detail=f"cannot read the file: {exc.strerror}"

@@ -506,6 +506,7 @@ class LoadModel(Handler[p.ModelLoadRequest]):
                     self.file.fileno(),
                     name=request.name,
                     shapes=shapes,
+                    digests=domain.digests,
                     allocate=lambda size: memory.allocate_fresh(size, self._fallback),
                     release_arena=memory.release,
                 ),

@@ -34,6 +34,7 @@ import trio
 import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
 from npud.domain.device import LANE_STOP_SECONDS, Device
+from npud.domain.digests import FileDigests
 from npud.domain.registry import Registry
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.session import FastRpcSession
@@ -98,6 +99,8 @@ class Domain:
         worker, no watchdog."""
         self.session: FastRpcSession | None = None
         self.registry = Registry(self.control.submit, lambda: self.session)
+        self.digests = FileDigests()
+        """The digests of model files loaded here (shared loads are found by them)."""
         self.epoch = 0
         self.restarts = 0
         self.hung_calls = 0
@@ -184,6 +187,7 @@ class Domain:
         self.state = "closing"
         session, self.session = self.session, None
         self.registry.forget_all()
+        self.digests.clear()
         if session is not None:
             try:
                 await self.control.call(lambda: session.close(timeout=grace), timeout=grace + 5)

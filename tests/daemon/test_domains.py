@@ -234,6 +234,26 @@ async def test_different_shapes_or_bytes_are_different_loads(tmp_path: Path) -> 
         await five.unload()
 
 
+async def test_a_file_rewritten_in_place_is_a_different_load(tmp_path: Path) -> None:
+    path = tmp_path / "npud.sock"
+    model_path = tmp_path / "model.onnx"
+    model_path.write_bytes(onnx_models.affine())
+    async with (
+        serve_daemon(tmp_path) as daemon,
+        trio_client.open_trio_client(path, name="first") as first,
+        trio_client.open_trio_client(path, name="second") as second,
+    ):
+        old = await first.load_model(model_path)
+        with model_path.open("r+b") as rewritten:  # the same inode, other bytes
+            rewritten.write(onnx_models.add_one((3,)))
+            rewritten.truncate()
+        new = await second.load_model(model_path)
+        assert rows(daemon)["default"].models == 2
+        x = np.array([1, 2, 3], np.float32)
+        np.testing.assert_array_equal((await new.run({"x": x}))["y"], x + 1)
+        assert {tensor.name for tensor in old.inputs} == {"a", "b", "k"}
+
+
 async def test_domains_do_not_share_loads(tmp_path: Path) -> None:
     path = tmp_path / "npud.sock"
     model_path = tmp_path / "affine.onnx"
