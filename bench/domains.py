@@ -255,11 +255,16 @@ class _Churn:
         return (time.perf_counter() - start) / self._batch
 
 
-def _settled(client: npu_client.Client, deadline: float) -> npu_client.DaemonStatus:
-    """The status once the daemon let go of every departed client (or the deadline)."""
+def _settled(
+    client: npu_client.Client, pid: int, fds: int, deadline: float
+) -> npu_client.DaemonStatus:
+    """The status once the daemon let go of every departed client and is back to ``fds``
+    open files (a connection's socket closes a moment after its client left the table),
+    or at the deadline."""
     while True:
         status = client.status()
-        if (len(status.domains), status.totals.clients) == (1, 1) or time.monotonic() > deadline:
+        back = (len(status.domains), status.totals.clients, len(open_files(pid))) == (1, 1, fds)
+        if back or time.monotonic() > deadline:
             return status
         time.sleep(0.05)
 
@@ -275,7 +280,7 @@ def _churn_rows(ctx: Context) -> list[Row]:
         churn = _Churn(socket_path, batch)
         churn.run("warm")
         isolated, shared = interleave(batches, lambda: churn.run("iso"), lambda: churn.run("plain"))
-        status = _settled(watch, time.monotonic() + 30)
+        status = _settled(watch, pid, len(fds_before), time.monotonic() + 30)
         memory = status.memory
         left = {
             "domains": len(status.domains) - 1,
