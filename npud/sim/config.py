@@ -129,6 +129,8 @@ class SimConfig:
       root itself); otherwise they keep npud's uid, without capabilities.
     * ``pd_landlock``: confine PD children with Landlock where the kernel has it
       (read-only Python and system libraries, nothing else of the filesystem).
+    * ``dma_heap``: ``/dev/dma_heap/system`` exists. False models a machine
+      without the node: its open is ENOENT (rpcmem then uses ALLOC_DMA_BUFF).
     """
 
     sessions: int = X1E_CDSP_SESSIONS
@@ -154,6 +156,7 @@ class SimConfig:
     pd_isolation: PdIsolation = "process"
     pd_user: str = "nobody"
     pd_landlock: bool = True
+    dma_heap: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.sessions <= 14:

@@ -7,6 +7,9 @@ the emulator's own layout (:mod:`npud.sim.layout`) and answered the way
 word, DSP result codes as return values. docs/emulator.md lists every rule and
 every place where the emulator had to choose.
 
+It also emulates the system DMA-BUF heap, ``/dev/dma_heap/system``
+(:mod:`npud.sim.dma_heap`), where libcdsprpc's rpcmem allocates.
+
 Threads: every call runs on the caller's thread; the emulator starts none in
 npud's process. With ``SimConfig.pd_isolation="process"`` (the default) each
 DSP process's skels run in a child process of its own, forked by a zygote
@@ -35,7 +38,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from npu_protocol.aee import AEE
-from npud.sim import layout
+from npud.sim import dma_heap, layout
 from npud.sim.addrspace import AddressSpaceFullError
 from npud.sim.channel import Channel
 from npud.sim.config import MAX_DSP_ATTRIBUTES, SimConfig
@@ -182,6 +185,8 @@ class EmulatedDriver:
         if self._processes_in_children:
             self._pd.start()  # the zygote imports in the background meanwhile
         self._crashes = 0
+        self._heaps: set[int] = set()  # open /dev/dma_heap/system fds
+        self._heap_allocations = 0
         self._devices: dict[int, _DeviceFile] = {}  # open device fds
         self._live: set[_DeviceFile] = set()  # open, or closed with a release pending
         self._generation = 1
@@ -218,7 +223,11 @@ class EmulatedDriver:
 
         ENOENT for any other path or while the DSP is down, EBUSY when no
         session is free. ``flags`` are accepted and ignored, as by the misc device.
+        ``/dev/dma_heap/system`` opens the DMA-BUF heap (ENOENT with
+        ``SimConfig.dma_heap=False``), whatever the DSP does.
         """
+        if path == dma_heap.SYSTEM_HEAP_NODE:
+            return self._open_heap(path)
         secure = NODES.get(path)
         if secure is None:
             raise fault(errno.ENOENT, f"{path}: not a node of the emulated DSP")
@@ -246,6 +255,7 @@ class EmulatedDriver:
         in other threads: it happens when the last of them returns.
         """
         with self._lock:
+            self._heaps.discard(fd)
             device = self._devices.pop(fd, None)
             release = device is not None and self._mark_closed(device)
         os.close(fd)
@@ -256,7 +266,12 @@ class EmulatedDriver:
         """Run ``request`` on device ``fd``; the DSP's result, or OSError with the errno.
 
         ENOTTY for fds that are not emulated device fds and for unknown commands.
+        A DMA-BUF heap fd answers the heap's own command (:mod:`npud.sim.dma_heap`).
         """
+        with self._lock:
+            heap = fd in self._heaps
+        if heap:
+            return self._heap_ioctl(request, arg)
         device = self._enter(fd)
         try:
             handler = self._handlers.get(request)
@@ -282,6 +297,8 @@ class EmulatedDriver:
         with self._lock:
             if fd in self._devices:
                 raise fault(errno.ENODEV, "the FastRPC device cannot be mapped")
+            if fd in self._heaps:
+                raise fault(errno.ENODEV, "the DMA-BUF heap device cannot be mapped")
         buffer = self._dmabufs.identify(fd)
         if buffer is not None:
             DmaBufRegistry.check_user_mmap(buffer, length, offset)
@@ -305,7 +322,11 @@ class EmulatedDriver:
         processes = [(d.process, dead[d]) for d in live if d.process is not None]
         children = sum(1 for p, _ in processes if p.child is not None and p.check_child())
         with self._lock:
-            crashes = self._crashes
+            crashes, heaps, heap_allocations = (
+                self._crashes,
+                len(self._heaps),
+                self._heap_allocations,
+            )
         user_mappings, dsp_mappings = self._mappings.counts()
         return SimStatistics(
             device_fds_open=open_fds,
@@ -327,6 +348,8 @@ class EmulatedDriver:
             dsp_up=channel is not None,
             pd_children=children,
             pd_crashes=crashes,
+            dma_heap_fds_open=heaps,
+            dma_heap_allocations=heap_allocations,
         )
 
     def pd_pid(self, fd: int) -> int | None:
@@ -469,6 +492,35 @@ class EmulatedDriver:
         with self._lock:
             if not device.channel.alive:
                 raise fault(errno.EPIPE, f"{operation}: the DSP restarted; reopen the device")
+
+    # -- the DMA-BUF heap ----------------------------------------------------
+
+    def _open_heap(self, path: str) -> int:
+        if not self.config.dma_heap:
+            raise fault(errno.ENOENT, f"{path}: this machine has no system DMA-BUF heap")
+        fd = os.eventfd(0, os.EFD_CLOEXEC)
+        with self._lock:
+            self._heaps.add(fd)
+        return fd
+
+    def _heap_ioctl(self, request: int, arg: IoctlBuffer) -> int:
+        def allocate(size: int, cloexec: bool) -> int:
+            injected = self.faults.take_heap_failure()
+            if injected is not None:
+                raise fault(injected, "injected")
+            fd = self._dmabufs.allocate(
+                size, cloexec=cloexec, name=dma_heap.MEMFD_NAME, fd_error=None
+            )
+            with self._lock:
+                self._heap_allocations += 1
+            return fd
+
+        def injected_fault(word: int) -> None:
+            injected = self.faults.take_ioctl_fault(word)
+            if injected is not None:
+                raise fault(injected.err, "injected")
+
+        return dma_heap.heap_ioctl(request, arg, allocate, injected_fault)
 
     # -- ioctl handlers ------------------------------------------------------
 

@@ -28,6 +28,8 @@
   process isolation its child dies while the method runs. The call and every
   later invoke of that process answer AEE_EBADSTATE; its listener stops.
   ``EmulatedDriver.crash_process(fd)`` crashes one at once.
+* ``fail_next_heap_alloc(err=ENOMEM)``: the next DMA-BUF heap allocation that
+  passes the argument checks fails with ``err``. Several queue up in order.
 * ``clear()``: forget pending failures, interruptions, crashes, latency and the
   session limit.
 
@@ -38,6 +40,7 @@ caller as an errno, as libc reports it.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
 import threading
 from collections.abc import Callable
@@ -74,6 +77,7 @@ class FaultInjector:
         self._ioctl_faults: list[IoctlFault] = []
         self._interrupts: list[int | None] = []
         self._crashes: list[int | None] = []
+        self._heap_failures: list[int] = []
         self._latency = 0.0
         self._session_limit = sessions
 
@@ -116,6 +120,12 @@ class FaultInjector:
         with self._lock:
             self._crashes.append(handle)
 
+    def fail_next_heap_alloc(self, err: int = errno.ENOMEM) -> None:
+        if not 1 <= err <= ERRNO_MAX:
+            raise ValueError(f"err={err}: an errno is 1..{ERRNO_MAX}")
+        with self._lock:
+            self._heap_failures.append(err)
+
     def set_latency(self, seconds: float) -> None:
         if not (math.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"latency {seconds} must be a finite number of seconds >= 0")
@@ -134,6 +144,7 @@ class FaultInjector:
             self._ioctl_faults.clear()
             self._interrupts.clear()
             self._crashes.clear()
+            self._heap_failures.clear()
             self._latency = 0.0
             self._session_limit = self._sessions
 
@@ -181,6 +192,13 @@ class FaultInjector:
                     return True
             return False
 
+    def take_heap_failure(self) -> int | None:
+        """The errno for the next heap allocation, consuming it; None if none."""
+        if not self._heap_failures:
+            return None
+        with self._lock:
+            return self._heap_failures.pop(0) if self._heap_failures else None
+
     @property
     def latency(self) -> float:
         with self._lock:
@@ -193,12 +211,13 @@ class FaultInjector:
 
     @property
     def pending_failures(self) -> int:
-        """Injected failures not yet consumed: invoke results, ioctl errnos, interruptions
-        and crashes."""
+        """Injected failures not yet consumed: invoke results, ioctl errnos, interruptions,
+        crashes and heap failures."""
         with self._lock:
             return (
                 len(self._failures)
                 + len(self._ioctl_faults)
                 + len(self._interrupts)
                 + len(self._crashes)
+                + len(self._heap_failures)
             )

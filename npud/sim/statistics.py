@@ -35,6 +35,9 @@ class SimStatistics:
       DSP process).
     * ``pd_crashes``: DSP processes that crashed (a total): their child died on its
       own, or ``crash_process`` / ``faults.crash_next_invoke`` made it.
+    * ``dma_heap_fds_open``: open fds of ``/dev/dma_heap/system``.
+    * ``dma_heap_allocations``: DMA_HEAP_IOCTL_ALLOC successes (a total; counted in
+      ``dma_bufs_allocated`` too).
     """
 
     device_fds_open: int
@@ -56,3 +59,5 @@ class SimStatistics:
     dsp_up: bool
     pd_children: int
     pd_crashes: int
+    dma_heap_fds_open: int
+    dma_heap_allocations: int
