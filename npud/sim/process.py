@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Final
 
 from npu_protocol.aee import AEE
 from npud.sim.apps_mem import DspHeap
+from npud.sim.compute import Cancellation
 from npud.sim.config import SimConfig
 from npud.sim.errors import ListenerInterruptedError, ProcessExitedError, SubsystemDownError
 from npud.sim.host_calls import HostChannel
@@ -153,6 +154,23 @@ def _write_text(target: memoryview, text: str) -> None:
     target[: len(data)] = data
 
 
+class _Ending:
+    """What stops a call's DSP work (``SkelCall.work``): the process's end, or its
+    child's death, noticed here (the work asks every 50 ms) when no other call of the
+    process reads the child's socket to find it out."""
+
+    def __init__(self, process: DspProcess) -> None:
+        self._process = process
+
+    def is_set(self) -> bool:
+        process = self._process
+        if process._gone.is_set():
+            return True
+        if process.child is not None and not process.check_child():
+            return True
+        return process._gone.is_set()
+
+
 class DspProcess:
     """One process on the simulated DSP, bound to one device fd."""
 
@@ -160,7 +178,7 @@ class DspProcess:
         self,
         info: ProcessInfo,
         config: SimConfig,
-        sleep: Callable[[float, threading.Event | None], None],
+        sleep: Callable[[float, Cancellation | None], None],
         child: PdChild | None = None,
         on_crash: Callable[[DspProcess], None] | None = None,
     ) -> None:
@@ -189,6 +207,7 @@ class DspProcess:
         """The process ended because its child died on its own (or by crash())."""
         self._gone = threading.Event()
         """Set when the process ends: work still running for it stops (AEE_EBADSTATE)."""
+        self._ending = _Ending(self)
 
     @property
     def exited(self) -> bool:
@@ -293,7 +312,7 @@ class DspProcess:
             raise self._child_gone() from None
 
     def _work(self, seconds: float) -> None:
-        self._sleep(seconds, self._gone)
+        self._sleep(seconds, self._ending)
 
     # -- remotectl -----------------------------------------------------------
 
