@@ -27,7 +27,6 @@ import logging
 import os
 import pwd
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -258,6 +257,9 @@ class Zygote:
             raise PdSpawnError(f"the PD zygote (pid {self.pid}) {what}") from None
         self._ready = True
         self.sandbox = ready.sandbox
+        # Its working directory stays the zygote's (and its children's) after the
+        # name is gone: empty, unwritable, and nothing left in /tmp even if npud dies.
+        self._remove_workdir()
         log.debug("PD zygote ready", extra={"pid": ready.pid, "sandbox": ready.sandbox})
 
     def close(self) -> None:
@@ -276,8 +278,7 @@ class Zygote:
 
     def _remove_workdir(self) -> None:
         with contextlib.suppress(OSError):
-            os.chmod(self._workdir, 0o700)
-            shutil.rmtree(self._workdir)
+            os.rmdir(self._workdir)  # empty: nothing can write in it
 
 
 class _Pool:
@@ -287,26 +288,36 @@ class _Pool:
         self._lock = threading.Lock()
         self._zygotes: dict[tuple[Credentials, bool], tuple[Zygote, int]] = {}
 
+    # A zygote is started and closed outside the lock: a driver's finalizer (the
+    # garbage collector, on any thread, at any allocation) may release a lease.
+
     def acquire(self, key: tuple[Credentials, bool]) -> Zygote:
         with self._lock:
             entry = self._zygotes.get(key)
+            if entry is not None:
+                self._zygotes[key] = (entry[0], entry[1] + 1)
+                return entry[0]
+        started = Zygote(key[0], landlock=key[1])
+        with self._lock:
+            entry = self._zygotes.get(key)
             if entry is None:
-                zygote = Zygote(key[0], landlock=key[1])
-                self._zygotes[key] = (zygote, 1)
-                return zygote
-            zygote, users = entry
-            self._zygotes[key] = (zygote, users + 1)
-            return zygote
+                self._zygotes[key] = (started, 1)
+                return started
+            self._zygotes[key] = (entry[0], entry[1] + 1)
+        started.close()  # another thread started one meanwhile
+        return entry[0]
 
     def replace(self, key: tuple[Credentials, bool], dead: Zygote) -> Zygote:
         """A fresh zygote in place of ``dead`` (same users)."""
+        started = Zygote(key[0], landlock=key[1])
         with self._lock:
             zygote, users = self._zygotes[key]
             if zygote is dead:
-                zygote = Zygote(key[0], landlock=key[1])
-                self._zygotes[key] = (zygote, users)
-        if zygote is not dead:
-            dead.close()
+                self._zygotes[key] = (started, users)
+                zygote = started
+        if zygote is not started:
+            started.close()
+        dead.close()
         return zygote
 
     def release(self, key: tuple[Credentials, bool]) -> None:
