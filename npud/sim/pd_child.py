@@ -571,8 +571,10 @@ class ChildRuntime:
             call.send(wire.Result(call.id, result & 0xFFFFFFFF), tail)
         finally:
             for part in reversed(views):
-                with contextlib.suppress(BufferError):  # skel code kept an export
+                try:  # noqa: SIM105 - no context manager per view on every call
                     part.release()
+                except BufferError:  # skel code kept an export: it goes with its object
+                    pass
             for memory_id, mapping in acquired:
                 self.memory.release(memory_id, mapping)
             for mapping in transient.values():
