@@ -323,10 +323,14 @@ class ChildRuntime:
             target=self._work, args=(worker,), name=f"pd-{worker.number}", daemon=True
         ).start()
 
-    def _stop_reading(self) -> None:
-        """Under the lock: give the socket up; calls waiting for answers may read now."""
+    def _stop_reading(self, *, for_a_call: bool = False) -> None:
+        """Under the lock: give the socket up. Calls waiting for answers may read now;
+        so may an idle worker, unless this thread stops to run a call it received (then
+        the doorbell covers what comes meanwhile, and the thread reads again after)."""
         self._reading = False
         self._answer_cond.notify_all()
+        if not for_a_call:
+            self._idle_cond.notify()
 
     # -- reading -------------------------------------------------------------------------
 
@@ -422,7 +426,7 @@ class ChildRuntime:
                         job = self._dispatch(message, received, buffer)
                 finally:
                     with self._lock:
-                        self._stop_reading()
+                        self._stop_reading(for_a_call=True)
             assert job is not None
             self.run_call(*job)
 

@@ -330,6 +330,47 @@ def test_calls_on_one_pd_run_at_once(driver: EmulatedDriver, session: FastRpcSes
         assert _rc(busy) == AEE.EBADSTATE.dsp
 
 
+@both_isolations
+def test_many_calls_at_once_on_one_pd(driver: EmulatedDriver, session: FastRpcSession) -> None:
+    """Calls that ask npud for work, calls that do not, large and small payloads and
+    buffers coming and going, from eight threads at once: every answer is right."""
+    echo_handle = session.remote_open(ECHO_URI)
+    test_handle = session.remote_open(TEST_URI)
+    failures: list[str] = []
+
+    def client(number: int) -> None:
+        try:
+            for index in range(25):
+                data = bytes([number, index]) * (40_000 if index % 5 == 0 else 8)
+                if _echo(session, echo_handle, data) != data:
+                    failures.append(f"echo {number}/{index}")
+                prim = Inline(struct.pack("<I", 1000))
+                if session.invoke(test_handle, SC_BUSY, [prim], []).rc != 0:
+                    failures.append(f"busy {number}/{index}")
+                buffer = session.alloc(2 * 4096)
+                try:
+                    buffer.view()[:4] = bytes([number, index, 7, 7])
+                    result = session.invoke(
+                        echo_handle,
+                        SC_ECHO,
+                        [Inline(struct.pack("<II", 4, 4)), Slice(buffer, 0, 4)],
+                        [Slice(buffer, 4096, 4)],
+                    )
+                    if result.rc != 0 or bytes(buffer.view()[4096:4100]) != bytes(
+                        [number, index, 7, 7]
+                    ):
+                        failures.append(f"slice {number}/{index}")
+                finally:
+                    session.free(buffer)  # the child drops it while others run
+        except Exception as exc:  # reported below
+            failures.append(f"client {number}: {exc!r}")
+
+    clients = [Background(lambda n=n: client(n)) for n in range(8)]  # type: ignore[misc]
+    for background in clients:
+        background.join()
+    assert failures == []
+
+
 def _portal_call(session: FastRpcSession, handle: int, name: str, **arguments: object) -> int:
     method = PORTAL.method(name)
     encoded = method.encode(**arguments)
