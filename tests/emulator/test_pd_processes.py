@@ -241,6 +241,17 @@ def test_thread_isolation_runs_skels_in_npuds_process(
     assert driver.statistics().pd_children == 0
 
 
+def test_the_knobs_are_checked() -> None:
+    with pytest.raises(ValueError, match="pd_isolation"):
+        SimConfig(pd_isolation="fork")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pd_user"):
+        SimConfig(pd_user="")
+    if ROOT:  # the user only matters to a driver that runs as root
+        for user, reason in [("root", "is root"), ("no-such-user-here", "no such user")]:
+            with pytest.raises(ValueError, match=reason):
+                EmulatedDriver(SimConfig(pd_user=user))
+
+
 # -- the child is unprivileged and confined ------------------------------------------------------
 
 
