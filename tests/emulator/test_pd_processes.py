@@ -26,7 +26,7 @@ from typing import Final
 
 import pytest
 
-from npu_protocol import AEE
+from npu_protocol import AEE, ErrorCode
 from npud import idl
 from npud.backend import DEV_SHELL
 from npud.fastrpc import abi
@@ -423,7 +423,12 @@ def test_a_looping_model_burns_only_its_child(driver: EmulatedDriver, tmp_path: 
         assert run.running
         # Not this process: the loop's CPU is its child's (npud spent what the echoes cost).
         assert time.process_time() - npud_cpu < (_cpu_ticks(child) / os.sysconf("SC_CLK_TCK"))
-        looping.end_process()  # the DSP ends the process: its run returns at once
+        # Closing the session as the daemon does: busy at first (the run is on the DSP),
+        # then it ends the process, whose run returns at once, and closes.
+        with pytest.raises(RpcError) as busy:
+            looping.close(timeout=0.1)
+        assert busy.value.code is ErrorCode.SESSION_BUSY
+        looping.end_process()
         run.join()
         assert run.error is None
         assert run.result == AEE.EBADSTATE.dsp
