@@ -15,6 +15,15 @@ interleaved; a round's figure is the median call):
   emulated kernel and DSP cost beyond the unavoidable copies.
 * ``emulator.slice_vs_inline``: the slice echo over the inline echo, from the
   rounds above: a dma-buf argument should cost no more than a copied one.
+* ``emulator.pd_inline_echo`` and ``emulator.pd_slice_echo``: the same echoes
+  with the skel in the DSP process's child process (``pd_isolation="process"``,
+  the default) over the skel on the caller's thread (``"thread"``), sessions of
+  one run, interleaved round by round. Ratio: process / thread, what running a
+  PD in its own process costs per invoke (two process wake-ups and the
+  messages between them).
+
+The first three rows run with ``pd_isolation="thread"``: they measure the
+emulated kernel, whatever process the skel runs in.
 """
 
 from __future__ import annotations
@@ -34,7 +43,10 @@ from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 
 NAME = "emulator"
-SUMMARY = "emulator invoke cost at the FastRpcSession level: slice and inline echo"
+SUMMARY = (
+    "emulator invoke cost at the FastRpcSession level: slice and inline echo; "
+    "skels in a PD child process vs on the caller's thread"
+)
 
 ECHO_URI = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
 ECHO_SC = 0x02020100
@@ -46,12 +58,13 @@ SLICE_GOAL_US = 350.0
 
 @contextlib.contextmanager
 def _echo_session(config: SimConfig) -> Iterator[tuple[FastRpcSession, int]]:
-    session = FastRpcSession.open(EmulatedDriver(config), library_path=(DSP_LIBRARY_DIR,))
-    try:
-        session.load_shell(DEV_SHELL.read_bytes())
-        yield session, session.remote_open(ECHO_URI)
-    finally:
-        session.close()
+    with EmulatedDriver(config) as driver:
+        session = FastRpcSession.open(driver, library_path=(DSP_LIBRARY_DIR,))
+        try:
+            session.load_shell(DEV_SHELL.read_bytes())
+            yield session, session.remote_open(ECHO_URI)
+        finally:
+            session.close()
 
 
 def _timer(call: Callable[[], None], calls: int) -> Callable[[], float]:
@@ -140,22 +153,24 @@ def rows(ctx: Context) -> list[Row]:
     rounds = ctx.rounds(9, 3)
     calls = ctx.rounds(300, 60)
     old_calls = ctx.rounds(30, 10)  # the old path costs about a millisecond a call
-    old_config = SimConfig(address_cache=False, procmap_query=False)
+    thread = SimConfig(pd_isolation="thread")
+    old_config = SimConfig(address_cache=False, procmap_query=False, pd_isolation="thread")
     with (
-        _echo_session(SimConfig()) as (session, handle),
-        _echo_session(old_config) as (
-            old_session,
-            old_handle,
-        ),
+        _echo_session(thread) as (session, handle),
+        _echo_session(old_config) as (old_session, old_handle),
+        _echo_session(SimConfig(pd_isolation="process")) as (pd_session, pd_handle),
     ):
         new_slice, free_new = _slice_echo(session, handle)
         old_slice, free_old = _slice_echo(old_session, old_handle)
+        pd_slice, free_pd = _slice_echo(pd_session, pd_handle)
         try:
             variants = {
                 "slice": _timer(new_slice, calls),
                 "slice_old_path": _timer(old_slice, old_calls),
                 "inline": _timer(_inline_echo(session, handle), calls),
                 "bare_copies": _timer(_BareCopies(), calls),
+                "pd_inline": _timer(_inline_echo(pd_session, pd_handle), calls),
+                "pd_slice": _timer(pd_slice, calls),
             }
             results: dict[str, list[float]] = {name: [] for name in variants}
             for index in range(rounds):
@@ -165,8 +180,10 @@ def rows(ctx: Context) -> list[Row]:
         finally:
             free_new()
             free_old()
+            free_pd()
     slice_us, old_us = results["slice"], results["slice_old_path"]
     inline_us, bare_us = results["inline"], results["bare_copies"]
+    pd_inline_us, pd_slice_us = results["pd_inline"], results["pd_slice"]
     return [
         ratio_row(
             "emulator.slice_echo",
@@ -186,5 +203,17 @@ def rows(ctx: Context) -> list[Row]:
             "slice echo / inline echo",
             [s / i for s, i in zip(slice_us, inline_us, strict=True)],
             {"slice_us": median(slice_us), "inline_us": median(inline_us)},
+        ),
+        ratio_row(
+            "emulator.pd_inline_echo",
+            "skel in a PD child process / on the caller's thread, 64-byte inline echo",
+            [p / t for p, t in zip(pd_inline_us, inline_us, strict=True)],
+            {"process_us": median(pd_inline_us), "thread_us": median(inline_us)},
+        ),
+        ratio_row(
+            "emulator.pd_slice_echo",
+            "skel in a PD child process / on the caller's thread, 64-byte slice echo",
+            [p / t for p, t in zip(pd_slice_us, slice_us, strict=True)],
+            {"process_us": median(pd_slice_us), "thread_us": median(slice_us)},
         ),
     ]

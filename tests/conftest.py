@@ -47,6 +47,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+# --- one PD zygote for the whole run --------------------------------------------------------
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _pd_zygote() -> Iterator[None]:
+    """Hold the emulator's PD zygote for the whole run, as a daemon holds its own.
+
+    Every EmulatedDriver of this process (the tests', the in-process daemons') then
+    shares it instead of starting one per driver (a second of imports each), and an
+    fd count taken inside a test sees its control socket neither come nor go.
+    Tests of the zygote's own life hold none (tests/emulator/test_pd_processes.py
+    runs those in fresh interpreters)."""
+    from npud.sim.pd_host import acquire_zygote
+
+    lease = acquire_zygote()
+    yield
+    lease.release()
+
+
 # --- every refusal a daemon in this process sends names only the requester's ids ---------
 
 _LEAKS: list[str] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Final
 
-from npud.sim.compute import SharedCompute
+from npud.sim.compute import Cancellation, SharedCompute
 from npud.sim.errors import SubsystemDownError
 
 FASTRPC_CTX_MAX: Final = 256
@@ -61,7 +61,7 @@ class Channel:
         self.alive = False
         self.down.set()
 
-    def work(self, seconds: float, cancelled: threading.Event | None = None) -> None:
+    def work(self, seconds: float, cancelled: Cancellation | None = None) -> None:
         """Do ``seconds`` of DSP work, sharing the units with the calls running beside
         it; a subsystem restart cuts it short with SubsystemDownError, ``cancelled``
         (the process ended) with ProcessExitedError."""

@@ -19,8 +19,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from npud.sim.errors import ProcessExitedError, SubsystemDownError
+
+
+class Cancellation(Protocol):
+    """What ends a call's work early: the process's end (a ``threading.Event``, or
+    anything that answers ``is_set``; it is asked at least every 50 ms)."""
+
+    def is_set(self) -> bool: ...
 
 
 class _Work:
@@ -45,7 +53,7 @@ class SharedCompute:
         self._active: list[_Work] = []
         self._since = clock()
 
-    def work(self, seconds: float, cancelled: threading.Event | None = None) -> None:
+    def work(self, seconds: float, cancelled: Cancellation | None = None) -> None:
         """Do ``seconds`` of work, sharing the units; SubsystemDownError on a restart,
         ProcessExitedError when ``cancelled`` is set (the calling process ended)."""
         if seconds <= 0:

@@ -60,6 +60,14 @@ LoaderPath = Literal["fopen_with_env", "fopen_with_env_fd", "search_paths"]
 """
 LOADER_PATHS: Final[tuple[LoaderPath, ...]] = get_args(LoaderPath)
 
+PdIsolation = Literal["thread", "process"]
+"""Where a DSP process's skels run (docs/emulator.md, PD processes):
+
+* ``process``: in a child process of its own, unprivileged, forked by a zygote;
+* ``thread``: in npud's process, on the caller's thread.
+"""
+PD_ISOLATIONS: Final[tuple[PdIsolation, ...]] = get_args(PdIsolation)
+
 MIB: Final = 1024 * 1024
 
 
@@ -115,6 +123,14 @@ class SimConfig:
       recorded MEM_MAP mapping was made through use *that* mapping's buffer,
       even when the number now names another buffer (a stale mapping whose
       MEM_UNMAP failed aliases the new one).
+    * ``pd_isolation``: ``"process"`` runs each DSP process's skels in a child
+      process (:data:`PdIsolation`); ``"thread"`` in npud's process.
+    * ``pd_user``: the user PD children run as when npud runs as root (never
+      root itself); otherwise they keep npud's uid, without capabilities.
+    * ``pd_landlock``: confine PD children with Landlock where the kernel has it
+      (read-only Python and system libraries, nothing else of the filesystem).
+    * ``dma_heap``: ``/dev/dma_heap/system`` exists. False models a machine
+      without the node: its open is ENOENT (rpcmem then uses ALLOC_DMA_BUFF).
     """
 
     sessions: int = X1E_CDSP_SESSIONS
@@ -137,6 +153,10 @@ class SimConfig:
     loader_paths: tuple[LoaderPath, ...] = ("fopen_with_env",)
     initial_heap: int | None = None
     map_match_fd_only: bool = False
+    pd_isolation: PdIsolation = "process"
+    pd_user: str = "nobody"
+    pd_landlock: bool = True
+    dma_heap: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.sessions <= 14:
@@ -169,6 +189,15 @@ class SimConfig:
             raise ValueError(f"loader_paths: unknown {unknown!r}; known: {', '.join(LOADER_PATHS)}")
         if self.initial_heap is not None and not 0 <= self.initial_heap <= 0xFFFFFFFF:
             raise ValueError(f"initial_heap={self.initial_heap} is outside 0..4 GiB")
+        self._check_pd()
+
+    def _check_pd(self) -> None:
+        if self.pd_isolation not in PD_ISOLATIONS:
+            raise ValueError(
+                f"pd_isolation={self.pd_isolation!r}: one of {', '.join(PD_ISOLATIONS)}"
+            )
+        if not self.pd_user:
+            raise ValueError("pd_user must name a user")
 
     def heap_for(self, image_size: int) -> int:
         """The user PD's initial heap for a shell of ``image_size`` bytes."""

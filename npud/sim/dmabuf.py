@@ -66,21 +66,33 @@ class DmaBufRegistry:
         self._allocated = 0
         self._sweep_at = SWEEP_MIN
 
-    def allocate(self, size: int) -> int:
-        """A new sealed memfd of ``size`` bytes; the caller owns the returned fd."""
+    def allocate(
+        self,
+        size: int,
+        *,
+        cloexec: bool = True,
+        name: str = MEMFD_NAME,
+        fd_error: int | None = errno.EINVAL,
+    ) -> int:
+        """A new sealed memfd of ``size`` bytes; the caller owns the returned fd.
+
+        A failed fd installation (EMFILE...) is ``fd_error`` (FastRPC reports EINVAL),
+        or its own errno with None (the DMA-BUF heap)."""
         if size == 0:
             raise fault(errno.EINVAL, "ALLOC_DMA_BUFF: size 0")
         if size > self._max_size:
-            raise fault(errno.ENOMEM, f"ALLOC_DMA_BUFF: {size} bytes exceeds the DMA pool")
+            raise fault(errno.ENOMEM, f"{size} bytes exceeds the DMA pool")
         with self._lock:
             due = len(self._buffers) >= self._sweep_at
         if due:
             self.sweep()
+        flags = os.MFD_ALLOW_SEALING | (os.MFD_CLOEXEC if cloexec else 0)
         try:
-            fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            fd = os.memfd_create(name, flags)
         except OSError as exc:
-            # The kernel reports a failed fd install (EMFILE...) as EINVAL.
-            raise fault(errno.EINVAL, f"ALLOC_DMA_BUFF: no fd for the buffer: {exc}") from None
+            if fd_error is None:
+                raise
+            raise fault(fd_error, f"no fd for the buffer: {exc}") from None
         try:
             os.ftruncate(fd, size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)

@@ -7,7 +7,15 @@ the emulator's own layout (:mod:`npud.sim.layout`) and answered the way
 word, DSP result codes as return values. docs/emulator.md lists every rule and
 every place where the emulator had to choose.
 
-Threads: every call runs on the caller's thread; the emulator starts none.
+It also emulates the system DMA-BUF heap, ``/dev/dma_heap/system``
+(:mod:`npud.sim.dma_heap`), where libcdsprpc's rpcmem allocates.
+
+Threads: every call runs on the caller's thread; the emulator starts none in
+npud's process. With ``SimConfig.pd_isolation="process"`` (the default) each
+DSP process's skels run in a child process of its own, forked by a zygote
+(:mod:`npud.sim.pd_host`, :mod:`npud.sim.zygote`); those processes have
+threads of their own. :meth:`EmulatedDriver.shutdown` ends them (garbage
+collection of the driver does too).
 Locks: the driver lock guards the fd table, the channels and their sessions;
 each DSP process has its own locks (handles, mappings, reverse-RPC queue).
 Order: driver lock -> fault injector lock; no process lock is taken while the
@@ -19,15 +27,18 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import errno
+import logging
 import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
+from types import TracebackType
 from typing import Any, Final
 
 from npu_protocol.aee import AEE
-from npud.sim import layout
+from npud.sim import dma_heap, layout
 from npud.sim.addrspace import AddressSpaceFullError
 from npud.sim.channel import Channel
 from npud.sim.config import MAX_DSP_ATTRIBUTES, SimConfig
@@ -37,6 +48,7 @@ from npud.sim.faults import FaultInjector
 from npud.sim.invoke import InvokeArguments
 from npud.sim.mappings import MappingTable, dsp_mapping
 from npud.sim.memory import MemMapping
+from npud.sim.pd_host import PdChild, PdSpawnError, ZygoteLease, acquire_zygote
 from npud.sim.process import (
     LAST_STATIC_HANDLE,
     DspCall,
@@ -61,6 +73,8 @@ ADSP_MMAP_ADD_PAGES: Final = 0x1000
 ADSP_MMAP_REMOTE_HEAP_ADDR: Final = 0x8
 OLD_KERNEL_DEV_MAX: Final = 5  # FASTRPC_DEV_MAX before K-2026 (K-6.12ish)
 MDSP_DOMAIN_ID: Final = 1
+
+log = logging.getLogger(__name__)
 
 IoctlBuffer = ctypes.Structure | ctypes.Array[Any] | bytearray | memoryview | None
 """What ``ioctl`` accepts as ``arg``: any writable buffer (or None)."""
@@ -110,6 +124,48 @@ class _DeviceFile:
         return self.session + 1
 
 
+class _PdHost:
+    """The driver's PD processes: its lease on the zygote and the children it spawned.
+
+    Kept apart from the driver so that a finalizer can end them when the driver is
+    garbage-collected without :meth:`EmulatedDriver.shutdown`."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self._user = config.pd_user
+        self._landlock = config.pd_landlock
+        self._lock = threading.Lock()
+        self._lease: ZygoteLease | None = None
+        self._children: weakref.WeakSet[PdChild] = weakref.WeakSet()
+
+    def start(self) -> None:
+        """Take a lease on the zygote (which starts in the background if no one runs it)."""
+        with self._lock:
+            if self._lease is None:
+                self._lease = acquire_zygote(self._user, landlock=self._landlock)
+
+    def spawn(self) -> PdChild:
+        self.start()
+        with self._lock:
+            lease = self._lease
+        if lease is None:  # pragma: no cover - shut down meanwhile
+            raise PdSpawnError("the driver was shut down")
+        child = lease.spawn()
+        with self._lock:
+            self._children.add(child)
+        return child
+
+    def close(self) -> None:
+        """Kill every child still alive and give the zygote back. Idempotent."""
+        with self._lock:
+            children = list(self._children)
+            self._children = weakref.WeakSet()
+            lease, self._lease = self._lease, None
+        for child in children:
+            child.kill()
+        if lease is not None:
+            lease.release()
+
+
 class EmulatedDriver:
     """The emulated kernel driver and DSP; see the module docstring and docs/emulator.md."""
 
@@ -118,9 +174,19 @@ class EmulatedDriver:
         self._lock = threading.Lock()
         self._usermem = UserMemory()
         self._dmabufs = DmaBufRegistry(self.config.max_dma_buf_size)
+        self._processes_in_children = self.config.pd_isolation == "process"
         self._mappings = MappingTable(
-            VmaFinder(procmap_query=self.config.procmap_query), enabled=self.config.address_cache
+            VmaFinder(procmap_query=self.config.procmap_query),
+            enabled=self.config.address_cache,
+            on_retire=self._retired if self._processes_in_children else None,
         )
+        self._pd = _PdHost(self.config)
+        self._finalizer = weakref.finalize(self, self._pd.close)
+        if self._processes_in_children:
+            self._pd.start()  # the zygote imports in the background meanwhile
+        self._crashes = 0
+        self._heaps: set[int] = set()  # open /dev/dma_heap/system fds
+        self._heap_allocations = 0
         self._devices: dict[int, _DeviceFile] = {}  # open device fds
         self._live: set[_DeviceFile] = set()  # open, or closed with a release pending
         self._generation = 1
@@ -157,7 +223,11 @@ class EmulatedDriver:
 
         ENOENT for any other path or while the DSP is down, EBUSY when no
         session is free. ``flags`` are accepted and ignored, as by the misc device.
+        ``/dev/dma_heap/system`` opens the DMA-BUF heap (ENOENT with
+        ``SimConfig.dma_heap=False``), whatever the DSP does.
         """
+        if path == dma_heap.SYSTEM_HEAP_NODE:
+            return self._open_heap(path)
         secure = NODES.get(path)
         if secure is None:
             raise fault(errno.ENOENT, f"{path}: not a node of the emulated DSP")
@@ -185,6 +255,7 @@ class EmulatedDriver:
         in other threads: it happens when the last of them returns.
         """
         with self._lock:
+            self._heaps.discard(fd)
             device = self._devices.pop(fd, None)
             release = device is not None and self._mark_closed(device)
         os.close(fd)
@@ -195,7 +266,12 @@ class EmulatedDriver:
         """Run ``request`` on device ``fd``; the DSP's result, or OSError with the errno.
 
         ENOTTY for fds that are not emulated device fds and for unknown commands.
+        A DMA-BUF heap fd answers the heap's own command (:mod:`npud.sim.dma_heap`).
         """
+        with self._lock:
+            heap = fd in self._heaps
+        if heap:
+            return self._heap_ioctl(request, arg)
         device = self._enter(fd)
         try:
             handler = self._handlers.get(request)
@@ -221,6 +297,8 @@ class EmulatedDriver:
         with self._lock:
             if fd in self._devices:
                 raise fault(errno.ENODEV, "the FastRPC device cannot be mapped")
+            if fd in self._heaps:
+                raise fault(errno.ENODEV, "the DMA-BUF heap device cannot be mapped")
         buffer = self._dmabufs.identify(fd)
         if buffer is not None:
             DmaBufRegistry.check_user_mmap(buffer, length, offset)
@@ -232,6 +310,7 @@ class EmulatedDriver:
     # -- observation ---------------------------------------------------------
 
     def statistics(self) -> SimStatistics:
+        """A snapshot. PD children found dead on their own are crashes, noticed here."""
         with self._lock:
             live = list(self._live)
             channel = self._channel
@@ -241,6 +320,13 @@ class EmulatedDriver:
             sessions = channel.sessions_in_use if channel is not None else 0
             dead = {device: not device.channel.alive for device in live}
         processes = [(d.process, dead[d]) for d in live if d.process is not None]
+        children = sum(1 for p, _ in processes if p.child is not None and p.check_child())
+        with self._lock:
+            crashes, heaps, heap_allocations = (
+                self._crashes,
+                len(self._heaps),
+                self._heap_allocations,
+            )
         user_mappings, dsp_mappings = self._mappings.counts()
         return SimStatistics(
             device_fds_open=open_fds,
@@ -260,7 +346,58 @@ class EmulatedDriver:
             reverse_requests_pending=sum(p.reverse.pending for p, _ in processes),
             restarts=restarts,
             dsp_up=channel is not None,
+            pd_children=children,
+            pd_crashes=crashes,
+            dma_heap_fds_open=heaps,
+            dma_heap_allocations=heap_allocations,
         )
+
+    def pd_pid(self, fd: int) -> int | None:
+        """The pid of the child process that runs the skels of device ``fd``'s DSP process
+        (process isolation; None without a process, a child, or once it ended)."""
+        with self._lock:
+            device = self._devices.get(fd)
+        if device is None:
+            raise fault(errno.EBADF, f"fd {fd} is not an open emulated device")
+        process = device.process
+        child = process.child if process is not None else None
+        if process is None or child is None or process.exited or not child.alive:
+            return None
+        return child.pid
+
+    def crash_process(self, fd: int) -> bool:
+        """The DSP process bound to device ``fd`` crashes now (its child dies): calls
+        waiting on it and every later invoke answer AEE_EBADSTATE, its listener stops.
+        False when ``fd`` has no live process."""
+        with self._lock:
+            device = self._devices.get(fd)
+        process = device.process if device is not None else None
+        if process is None or process.exited:
+            return False
+        process.crash()
+        return True
+
+    def shutdown(self) -> None:
+        """End every DSP process of this driver (as by an exit: their calls answer
+        AEE_EBADSTATE), kill their PD children and give the zygote back. Open fds stay
+        open (their owners close them). The driver remains usable: a later INIT starts
+        what it needs again. Garbage collection of the driver does the same."""
+        with self._lock:
+            processes = [d.process for d in self._live if d.process is not None]
+        for process in processes:
+            process.end()
+        self._pd.close()
+
+    def __enter__(self) -> EmulatedDriver:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.shutdown()
 
     def process_info(self, fd: int) -> ProcessInfo | None:
         """What INIT_CREATE/INIT_ATTACH recorded for device ``fd`` (None before either)."""
@@ -356,6 +493,35 @@ class EmulatedDriver:
             if not device.channel.alive:
                 raise fault(errno.EPIPE, f"{operation}: the DSP restarted; reopen the device")
 
+    # -- the DMA-BUF heap ----------------------------------------------------
+
+    def _open_heap(self, path: str) -> int:
+        if not self.config.dma_heap:
+            raise fault(errno.ENOENT, f"{path}: this machine has no system DMA-BUF heap")
+        fd = os.eventfd(0, os.EFD_CLOEXEC)
+        with self._lock:
+            self._heaps.add(fd)
+        return fd
+
+    def _heap_ioctl(self, request: int, arg: IoctlBuffer) -> int:
+        def allocate(size: int, cloexec: bool) -> int:
+            injected = self.faults.take_heap_failure()
+            if injected is not None:
+                raise fault(injected, "injected")
+            fd = self._dmabufs.allocate(
+                size, cloexec=cloexec, name=dma_heap.MEMFD_NAME, fd_error=None
+            )
+            with self._lock:
+                self._heap_allocations += 1
+            return fd
+
+        def injected_fault(word: int) -> None:
+            injected = self.faults.take_ioctl_fault(word)
+            if injected is not None:
+                raise fault(injected.err, "injected")
+
+        return dma_heap.heap_ioctl(request, arg, allocate, injected_fault)
+
     # -- ioctl handlers ------------------------------------------------------
 
     def _alloc_dma_buff(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
@@ -384,6 +550,12 @@ class EmulatedDriver:
             if not channel.claim_context():
                 raise fault(errno.ENOSPC, "INVOKE: 255 calls are already outstanding")
             self._invokes_in_flight += 1
+        process = device.process
+        in_child = (
+            process is not None
+            and process.child is not None
+            and request.handle > LAST_STATIC_HANDLE
+        )
         try:
             with InvokeArguments(
                 self._usermem,
@@ -393,11 +565,11 @@ class EmulatedDriver:
                 args,
                 self.config.max_dma_buf_size,
                 alias=self._stale_alias(device),
+                for_child=in_child,
             ) as arguments:
                 inputs, outputs = arguments.prepare()
-                result = self._run_on_dsp(
-                    device, DspCall(request.handle, request.sc, inputs, outputs)
-                )
+                call = DspCall(request.handle, request.sc, inputs, outputs, arguments)
+                result = self._run_on_dsp(device, call)
                 if not channel.alive:
                     raise SubsystemDownError
                 if self.faults.take_interrupt(request.handle):
@@ -430,7 +602,7 @@ class EmulatedDriver:
             latency = self.faults.latency
             if latency > 0:
                 device.channel.sleep(latency)
-        return process.invoke(call)
+        return process.invoke(call, crash=self.faults.take_crash(call.handle))
 
     def _init_create(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
         view = _arg_view(arg, layout.INIT_CREATE_STRUCT.size, writable=False)
@@ -474,8 +646,34 @@ class EmulatedDriver:
                 return AEE.EALREADY.dsp
             if image is not None and not is_hexagon_elf(image):
                 return AEE.EBADELF.dsp
-            device.process = DspProcess(info, self.config, device.channel.work)
-        return 0
+        child = None
+        if self._processes_in_children:
+            try:
+                child = self._pd.spawn()  # outside the lock: the zygote may still be starting
+            except PdSpawnError as exc:
+                log.error("no process for the DSP process", extra={"error": str(exc)})
+                return AEE.EFAILED.dsp
+        process = DspProcess(info, self.config, device.channel.work, child, self._crashed)
+        with self._lock:
+            if device.channel.alive and device.process is None:
+                device.process = process
+                return 0
+            alive = device.channel.alive
+        process.end()  # another thread created one meanwhile, or the DSP restarted
+        if not alive:
+            raise fault(errno.EPIPE, "INIT: the DSP restarted; reopen the device")
+        return AEE.EALREADY.dsp
+
+    def _crashed(self, process: DspProcess) -> None:
+        with self._lock:
+            self._crashes += 1
+
+    def _retired(self, memory_ids: Sequence[int]) -> None:
+        """The address cache closed these DSP mappings: the children drop them too."""
+        with self._lock:
+            processes = [d.process for d in self._live if d.process is not None]
+        for process in processes:
+            process.forget_memory(memory_ids)
 
     def _init_attach(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
         return self._create_process(device, ProcessInfo(ProcessKind.ROOT_PD, device.client_id))
@@ -544,7 +742,7 @@ class EmulatedDriver:
             return AEE.EBADPARM.dsp
         mapping = dsp_mapping(request.fd, buffer)
         try:
-            vaddr = process.memory.add_map(
+            vaddr = process.map_buffer(
                 request.fd, buffer, mapping, request.offset, request.length, request.flags
             )
         except AddressSpaceFullError:
@@ -564,7 +762,7 @@ class EmulatedDriver:
         if not self._fits(stale.buffer, request.offset, request.length):
             return AEE.EBADPARM.dsp
         try:
-            vaddr = process.memory.add_alias(request.fd, stale, request.offset, request.length)
+            vaddr = process.map_alias(request.fd, stale, request.offset, request.length)
         except AddressSpaceFullError:
             raise fault(errno.ENOMEM, "MEM_MAP: the DSP address space is full") from None
         layout.U64.pack_into(view, layout.MEM_MAP_VADDROUT_OFFSET, vaddr)
@@ -582,7 +780,7 @@ class EmulatedDriver:
         if process is None or entry is None:
             raise fault(errno.EINVAL, "MEM_UNMAP: no mapping at that address for that fd")
         self._require_alive(device, "MEM_UNMAP")
-        if not process.memory.remove_map(entry):
+        if not process.unmap(entry):
             raise fault(errno.EINVAL, "MEM_UNMAP: no mapping at that address for that fd")
         return 0
 

@@ -23,7 +23,15 @@
   (or exactly ``handle``, static ones included) reaches the DSP and runs
   there, but the caller gets EINTR and no outputs: a signal or the suspend
   freezer interrupted the kernel's interruptible wait (ERESTARTSYS).
-* ``clear()``: forget pending failures, interruptions, latency and the session limit.
+* ``crash_next_invoke(handle=None)``: the next INVOKE on a remote handle (or
+  exactly ``handle``) crashes its DSP process in the middle of the call: with
+  process isolation its child dies while the method runs. The call and every
+  later invoke of that process answer AEE_EBADSTATE; its listener stops.
+  ``EmulatedDriver.crash_process(fd)`` crashes one at once.
+* ``fail_next_heap_alloc(err=ENOMEM)``: the next DMA-BUF heap allocation that
+  passes the argument checks fails with ``err``. Several queue up in order.
+* ``clear()``: forget pending failures, interruptions, crashes, latency and the
+  session limit.
 
 A DSP result in -4095..-1 (``fail_next_invoke(0xFFFFFFF2)``) reaches the
 caller as an errno, as libc reports it.
@@ -32,6 +40,7 @@ caller as an errno, as libc reports it.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
 import threading
 from collections.abc import Callable
@@ -67,6 +76,8 @@ class FaultInjector:
         self._failures: list[tuple[int, int | None]] = []
         self._ioctl_faults: list[IoctlFault] = []
         self._interrupts: list[int | None] = []
+        self._crashes: list[int | None] = []
+        self._heap_failures: list[int] = []
         self._latency = 0.0
         self._session_limit = sessions
 
@@ -103,6 +114,18 @@ class FaultInjector:
         with self._lock:
             self._interrupts.append(handle)
 
+    def crash_next_invoke(self, handle: int | None = None) -> None:
+        if handle is not None and not 0 <= handle <= 0xFFFFFFFF:
+            raise ValueError(f"handle={handle:#x} is not a u32")
+        with self._lock:
+            self._crashes.append(handle)
+
+    def fail_next_heap_alloc(self, err: int = errno.ENOMEM) -> None:
+        if not 1 <= err <= ERRNO_MAX:
+            raise ValueError(f"err={err}: an errno is 1..{ERRNO_MAX}")
+        with self._lock:
+            self._heap_failures.append(err)
+
     def set_latency(self, seconds: float) -> None:
         if not (math.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"latency {seconds} must be a finite number of seconds >= 0")
@@ -120,6 +143,8 @@ class FaultInjector:
             self._failures.clear()
             self._ioctl_faults.clear()
             self._interrupts.clear()
+            self._crashes.clear()
+            self._heap_failures.clear()
             self._latency = 0.0
             self._session_limit = self._sessions
 
@@ -156,6 +181,24 @@ class FaultInjector:
                     return True
             return False
 
+    def take_crash(self, handle: int) -> bool:
+        """True (consuming it) when a crash waits for an invoke on ``handle``."""
+        if not self._crashes:
+            return False
+        with self._lock:
+            for index, wanted in enumerate(self._crashes):
+                if wanted == handle or (wanted is None and handle > LAST_STATIC_HANDLE):
+                    del self._crashes[index]
+                    return True
+            return False
+
+    def take_heap_failure(self) -> int | None:
+        """The errno for the next heap allocation, consuming it; None if none."""
+        if not self._heap_failures:
+            return None
+        with self._lock:
+            return self._heap_failures.pop(0) if self._heap_failures else None
+
     @property
     def latency(self) -> float:
         with self._lock:
@@ -168,6 +211,13 @@ class FaultInjector:
 
     @property
     def pending_failures(self) -> int:
-        """Injected failures not yet consumed: invoke results, ioctl errnos, interruptions."""
+        """Injected failures not yet consumed: invoke results, ioctl errnos, interruptions,
+        crashes and heap failures."""
         with self._lock:
-            return len(self._failures) + len(self._ioctl_faults) + len(self._interrupts)
+            return (
+                len(self._failures)
+                + len(self._ioctl_faults)
+                + len(self._interrupts)
+                + len(self._crashes)
+                + len(self._heap_failures)
+            )

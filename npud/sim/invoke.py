@@ -21,6 +21,13 @@ Mirrors ``fastrpc_get_args``/``fastrpc_put_args``:
 All plain inputs are copied in one ``process_vm_readv`` and all plain outputs
 back in one ``process_vm_writev``.
 
+For a PD child (``SimConfig.pd_isolation="process"``) the arguments also
+describe where each buffer is (``for_child``, :attr:`InvokeArguments.spans`):
+a dma-buf by its DSP mapping's memory id and an fd of it, a plain buffer by
+its place in the payload; and a payload larger than a message can carry is
+built in a memfd (:attr:`InvokeArguments.payload_fd`) that the child maps
+too: the skel reads and writes the kernel's copy in place.
+
 Failures: EINVAL for anything about a dma-buf argument, EFAULT for unreadable
 or unwritable plain memory, ENOMEM when the plain buffers together exceed
 what the kernel could allocate for its payload.
@@ -31,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
+import os
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Protocol, Self
@@ -39,13 +47,18 @@ from npud.sim.dmabuf import DmaBuf, DmaBufRegistry
 from npud.sim.errors import fault
 from npud.sim.layout import InvokeArg, Scalars
 from npud.sim.mappings import DspMemory, MappingTable
+from npud.sim.pd_host import BufferSpan, MemoryRef
+from npud.sim.pd_wire import INLINE_MAX
 from npud.sim.usermem import Copy, UserMemory
 from npud.sim.vmas import VmaFinder
+
+PAYLOAD_MEMFD_NAME = "fastrpc-payload"
 
 
 class StaleMapping(Protocol):
     """What an fd-number lookup finds: a recorded mapping's buffer and memory."""
 
+    id: int
     buffer: DmaBuf
     mapping: mmap.mmap
 
@@ -66,8 +79,11 @@ class InvokeArguments:
         args: Sequence[InvokeArg],
         max_payload: int,
         alias: Callable[[int], StaleMapping | None] | None = None,
+        *,
+        for_child: bool = False,
     ) -> None:
         self._usermem = usermem
+        self._for_child = for_child
         self._alias = alias
         self._max_payload = max_payload
         self._dmabufs = dmabufs
@@ -79,6 +95,15 @@ class InvokeArguments:
         self._memory: dict[tuple[int, int], DspMemory] = {}  # the DSP's mapping, per buffer
         self._buffers: list[memoryview] = []
         self._local: dict[int, int] = {}  # plain argument index -> its payload address
+        self._placed: dict[int, int] = {}  # plain argument index -> its payload offset
+        self.inbufs = scalars.inbufs
+        self.spans: list[BufferSpan] = []
+        """Where each buffer is, for a PD child (inputs then outputs; ``for_child`` only)."""
+        self.payload: memoryview = memoryview(b"")
+        """The whole payload: the kernel's copy of the plain buffers."""
+        self.payload_fd: int | None = None
+        """A memfd holding the payload (``for_child`` and too large for a message)."""
+        self._payload_map: mmap.mmap | None = None
 
     def __enter__(self) -> Self:
         return self
@@ -95,6 +120,13 @@ class InvokeArguments:
         for memory in self._memory.values():
             memory.release()
         self._memory.clear()
+        self.payload = memoryview(b"")
+        if self._payload_map is not None:
+            self._payload_map.close()
+            self._payload_map = None
+        if self.payload_fd is not None:
+            os.close(self.payload_fd)
+            self.payload_fd = None
 
     def _track(self, view: memoryview) -> memoryview:
         self._views.append(view)
@@ -103,20 +135,32 @@ class InvokeArguments:
     def prepare(self) -> tuple[list[memoryview], list[memoryview]]:
         """Map dma-bufs, build the payload, copy inputs in: (inputs, outputs) for the DSP."""
         buffers: list[memoryview | None] = [None] * self._nbufs
+        spans: list[BufferSpan | None] = [None] * self._nbufs
         for index, arg in enumerate(self._args):
             if _is_plain(arg):
                 continue
             stale = self._alias(arg.fd) if self._alias is not None else None
             if stale is not None:
                 if index < self._nbufs:
-                    buffers[index] = self._aliased(index, arg, stale)
+                    offset = self._aliased(index, arg, stale)
+                    whole = self._track(memoryview(stale.mapping))
+                    buffers[index] = self._track(whole[offset : offset + arg.length])
+                    ref = MemoryRef(stale.id, None, stale.buffer.size, cached=True)
+                    spans[index] = BufferSpan(ref, offset, arg.length)
                 continue
             buffer = self._dma_buf(index, arg)
             if index < self._nbufs:
                 offset, memory = self._locate(index, arg, buffer)
                 whole = self._track(memoryview(memory.mapping))
                 buffers[index] = self._track(whole[offset : offset + arg.length])
+                ref = MemoryRef(memory.id, arg.fd, buffer.size, cached=memory.cached)
+                spans[index] = BufferSpan(ref, offset, arg.length)
         complete = self._build_payload(buffers)
+        if self._for_child:
+            self.spans = [
+                span if span is not None else BufferSpan(None, self._placed[index], arg.length)
+                for index, (span, arg) in enumerate(zip(spans, self._args, strict=False))
+            ]
         # Every plain input in one process_vm_readv (the kernel's copy_from_user per buffer).
         self._usermem.read_many(
             [
@@ -143,13 +187,13 @@ class InvokeArguments:
             )
         return buffer
 
-    def _aliased(self, index: int, arg: InvokeArg, stale: StaleMapping) -> memoryview:
+    def _aliased(self, index: int, arg: InvokeArg, stale: StaleMapping) -> int:
+        """The offset in ``stale``'s buffer that the kernel computes from the VMA."""
         vma = VmaFinder().find(arg.ptr)
         offset = arg.ptr - vma.start if vma is not None else -1
         if offset < 0 or offset + arg.length > stale.buffer.size:
             raise fault(errno.EINVAL, f"INVOKE arg {index}: outside the mapped buffer")
-        whole = self._track(memoryview(stale.mapping))
-        return self._track(whole[offset : offset + arg.length])
+        return offset
 
     def _locate(self, index: int, arg: InvokeArg, buffer: DmaBuf) -> tuple[int, DspMemory]:
         """The argument's offset in ``buffer`` and the DSP's mapping of it (one per buffer)."""
@@ -181,13 +225,14 @@ class InvokeArguments:
         if size > self._max_payload:
             raise fault(errno.ENOMEM, f"INVOKE: {size} bytes of plain buffers")
         # One payload for all regions, as the kernel allocates it.
-        payload = bytearray(size)
+        payload = self._allocate_payload(size)
         base = 0
         if size:
             anchor = ctypes.c_char.from_buffer(payload)
             base = ctypes.addressof(anchor)
             del anchor  # the payload is never resized; the views below keep it alive
         whole = self._track(memoryview(payload))
+        self.payload = whole
         placed: list[int] = []  # region index -> its offset in the payload
         offset = 0
         for start, end in regions:
@@ -199,13 +244,31 @@ class InvokeArguments:
             if mapped is not None:
                 complete.append(mapped)
             elif not arg.length:
+                self._placed[index] = 0
                 complete.append(self._track(whole[0:0]))
             else:
                 region = owner[index]
                 offset = placed[region] + arg.ptr - regions[region][0]
+                self._placed[index] = offset
                 self._local[index] = base + offset
                 complete.append(self._track(whole[offset : offset + arg.length]))
         return complete
+
+    def _allocate_payload(self, size: int) -> bytearray | mmap.mmap:
+        """Zeroed payload memory: a memfd a PD child can map when it is too large for a
+        message (``for_child``), else a bytearray."""
+        if not self._for_child or size <= INLINE_MAX:
+            return bytearray(size)
+        fd = os.memfd_create(PAYLOAD_MEMFD_NAME, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.payload_fd = fd
+        self._payload_map = mapping
+        return mapping
 
     def copy_out(self) -> None:
         """put_args: plain output buffers go back to user memory (EFAULT when unwritable)."""

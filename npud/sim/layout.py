@@ -72,6 +72,16 @@ U32: Final = struct.Struct("<I")
 S32: Final = struct.Struct("<i")
 U64: Final = struct.Struct("<Q")
 
+# --------------------------------------------------------------------------
+# The system DMA-BUF heap (include/uapi/linux/dma-heap.h), where rpcmem
+# allocates (reference section 7): not a FastRPC command.
+
+DMA_HEAP_IOCTL_ALLOC: Final = 0xC0184800  # _IOWR('H', 0, struct dma_heap_allocation_data)
+DMA_HEAP_ALLOCATION_STRUCT: Final = struct.Struct("<QIIQ")  # len, fd, fd_flags, heap_flags
+DMA_HEAP_ALLOCATION_FD_OFFSET: Final = 8
+DMA_HEAP_VALID_FD_FLAGS: Final = 0o2000000 | 0o3  # O_CLOEXEC | O_ACCMODE
+DMA_HEAP_VALID_HEAP_FLAGS: Final = 0
+
 
 class InvokeRequest(NamedTuple):
     handle: int
@@ -141,6 +151,13 @@ class Capability(NamedTuple):
     domain: int
     attribute_id: int
     capability: int
+
+
+class DmaHeapAllocation(NamedTuple):
+    len: int
+    fd: int
+    fd_flags: int
+    heap_flags: int
 
 
 # --------------------------------------------------------------------------

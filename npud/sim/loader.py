@@ -30,13 +30,20 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
-from typing import Final, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from npu_protocol.aee import AEE
 from npud.sim.apps_mem import DspHeap, HeapExhaustedError, HeapReservation
 from npud.sim.host_files import HostFileReader, HostReadError
-from npud.sim.skels import DOMAIN_METHOD_OFFSET, HostFileError, Skel, SkelFactory
+from npud.sim.skels import DOMAIN_METHOD_OFFSET, HostFileError, SkelFactory
+
+if TYPE_CHECKING:
+    from npud.sim.pd import SkelInstance
+
+Instantiate = Callable[[str, SkelFactory, int], "SkelInstance"]
+"""Makes the skel instance of an open handle where the process runs its skels:
+(skel name, factory, method offset); LoadError when it cannot."""
 
 DESCRIPTOR_MAGIC: Final = "NPUD-SIM-SKEL 1"
 MAX_LIBRARY_SIZE: Final = 64 * 1024
@@ -123,7 +130,7 @@ def method_offset(symbol: str) -> int | None:
 
 
 class LoadedSkel(NamedTuple):
-    skel: Skel
+    instance: SkelInstance
     method_offset: int
     library: str
     symbol: str
@@ -132,7 +139,7 @@ class LoadedSkel(NamedTuple):
     def unload(self) -> None:
         """The handle closes: the skel's close hook runs and its library leaves the heap."""
         try:
-            self.skel.close()
+            self.instance.close()
         finally:
             self.resident.release()
 
@@ -145,16 +152,22 @@ class SkelLoader:
     """
 
     def __init__(
-        self, files: HostFileReader, heap: DspHeap, skels: Mapping[str, SkelFactory]
+        self,
+        files: HostFileReader,
+        heap: DspHeap,
+        skels: Mapping[str, SkelFactory],
+        instantiate: Instantiate,
     ) -> None:
         self._files = files
         self._heap = heap
         self._skels = skels
+        self._instantiate = instantiate
 
     def load(self, uri: str) -> LoadedSkel:
         """Bind the skel ``uri`` names; LoadError describes any failure.
 
-        SubsystemDownError and ProcessExitedError from the reverse calls pass through.
+        SubsystemDownError and ProcessExitedError from the reverse calls pass through,
+        and PdGoneError when the process's child ended.
         """
         request = parse_module_uri(uri)
         library = request.library
@@ -180,11 +193,14 @@ class SkelLoader:
         except HeapExhaustedError as exc:
             raise LoadError(f"{library}: cannot map segments: {exc.message}", exc.code) from None
         try:
-            skel = factory()
+            instance = self._instantiate(descriptor.skel, factory, offset)
+        except LoadError as exc:
+            resident.release()
+            raise LoadError(f"{library}: {exc.message}", exc.code) from None
         except BaseException:
             resident.release()
             raise
-        return LoadedSkel(skel, offset, library, request.symbol, resident)
+        return LoadedSkel(instance, offset, library, request.symbol, resident)
 
     def read_host_file(self, name: str, *, limit: int) -> bytes:
         """Read ``name`` whole from the host, in chunks of HOST_FILE_CHUNK where it streams.

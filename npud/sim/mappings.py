@@ -43,10 +43,12 @@ import dataclasses
 import errno
 import mmap
 import threading
+from collections.abc import Callable
 from typing import Final
 
 from npud.sim.dmabuf import DmaBuf
 from npud.sim.errors import fault
+from npud.sim.memory import new_memory_id
 from npud.sim.vmas import VmaFinder
 
 _SHARED_RW: Final = {"flags": mmap.MAP_SHARED, "prot": mmap.PROT_READ | mmap.PROT_WRITE}
@@ -107,15 +109,21 @@ class _Entry:
     dsp: mmap.mmap | None = None  # the DSP's cached mapping of the whole buffer
     leases: int = 0  # calls using ``dsp`` now
     gone: bool = False
+    id: int = dataclasses.field(default_factory=new_memory_id)  # names ``dsp`` for PD children
 
 
 class DspMemory:
-    """The DSP's mapping of one buffer for one call; :meth:`release` exactly once."""
+    """The DSP's mapping of one buffer for one call; :meth:`release` exactly once.
+
+    ``id`` names it for PD children; ``cached``: it outlives the call (kept with the
+    caller's mapping), and the table reports its end to ``on_retire``."""
 
     def __init__(self, mapping: mmap.mmap, table: MappingTable, entry: _Entry | None) -> None:
         self.mapping = mapping
         self._table = table
         self._entry = entry
+        self.id = entry.id if entry is not None else new_memory_id()
+        self.cached = entry is not None
 
     def release(self) -> None:
         """End this call's use: a per-call mapping is closed, a cached one returned."""
@@ -128,9 +136,17 @@ class DspMemory:
 class MappingTable:
     """The live :class:`UserMapping` objects by address, and the DSP mappings kept with them."""
 
-    def __init__(self, vmas: VmaFinder, *, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        vmas: VmaFinder,
+        *,
+        enabled: bool = True,
+        on_retire: Callable[[list[int]], None] | None = None,
+    ) -> None:
         self._vmas = vmas
         self._enabled = enabled
+        self._on_retire = on_retire
+        self._retired: list[int] = []  # ids of closed DSP mappings, reported outside the lock
         self._lock = threading.Lock()
         self._starts: list[int] = []  # sorted
         self._entries: dict[int, _Entry] = {}
@@ -156,6 +172,7 @@ class MappingTable:
             else:  # pragma: no cover - the old mapping's end was seen before this munmap
                 self._retire(stale)
             self._entries[start] = entry
+        self._report_retired()
         mapping._table = self
         mapping._start = start
         return mapping
@@ -165,6 +182,7 @@ class MappingTable:
         with self._lock:
             self._drain_pending()
             self._remove(start)
+        self._report_retired()
 
     def forget_later(self, start: int) -> None:
         """Like :meth:`forget`, from a finalizer: done before the next lookup."""
@@ -190,6 +208,17 @@ class MappingTable:
             entry.dsp.close()
             entry.dsp = None
             self._dsp_mappings -= 1
+            if self._on_retire is not None:
+                self._retired.append(entry.id)
+
+    def _report_retired(self) -> None:
+        """Outside the lock: tell ``on_retire`` which cached DSP mappings closed."""
+        if not self._retired or self._on_retire is None:
+            return
+        with self._lock:
+            retired, self._retired = self._retired, []
+        if retired:
+            self._on_retire(retired)
 
     # -- lookups -------------------------------------------------------------
 
@@ -204,6 +233,7 @@ class MappingTable:
         with self._lock:
             self._drain_pending()
             entry = self._covering(buffer, ptr, length)
+        self._report_retired()
         if entry is not None:
             return ptr - entry.start
         return self._locate_exactly(buffer, ptr, length, operation)
@@ -217,6 +247,7 @@ class MappingTable:
             entry = self._covering(buffer, ptr, length)
             if entry is not None:
                 entry.leases += 1
+        self._report_retired()
         if entry is None:
             offset = self._locate_exactly(buffer, ptr, length, operation)
             return offset, DspMemory(dsp_mapping(fd, buffer), self, None)
@@ -241,6 +272,7 @@ class MappingTable:
             entry.leases -= 1
             if entry.gone:
                 self._retire(entry)
+        self._report_retired()
 
     def _covering(self, buffer: DmaBuf, ptr: int, length: int) -> _Entry | None:
         """Under the lock: the entry that answers for [ptr, ptr+length), if one may."""
@@ -280,4 +312,6 @@ class MappingTable:
         """
         with self._lock:
             self._drain_pending()
-            return len(self._entries), self._dsp_mappings
+            counts = len(self._entries), self._dsp_mappings
+        self._report_retired()
+        return counts

@@ -9,11 +9,21 @@ the memory alive after the caller closed its fd, like the kernel's map refcount.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import mmap
 import threading
 
 from npud.sim.addrspace import DspAddressSpace
 from npud.sim.dmabuf import DmaBuf
+
+_memory_ids = itertools.count(1)
+
+
+def new_memory_id() -> int:
+    """A number naming one DSP-side view of a buffer, unique in this process: a MEM_MAP
+    mapping, or a buffer the address cache keeps mapped for calls (a PD child knows the
+    buffers it may reach by these numbers)."""
+    return next(_memory_ids)
 
 
 @dataclasses.dataclass(eq=False)
@@ -33,6 +43,8 @@ class MemMapping:
     flags: int
     mapping: mmap.mmap
     region: int  # start of the address-space range
+    alias_of: int | None = None  # an old kernel's map by fd number: the target's id
+    id: int = dataclasses.field(default_factory=new_memory_id)
 
 
 class ProcessMemory:
@@ -73,11 +85,11 @@ class ProcessMemory:
         offset: int,
         length: int,
         flags: int,
-    ) -> int:
+    ) -> MemMapping:
         """Map ``length`` bytes of ``buffer`` from ``offset``; takes ownership of ``mapping``.
 
-        Returns the DSP address of byte ``offset``; raises AddressSpaceFullError
-        (``mapping`` then stays the caller's).
+        Returns the new mapping (``vaddr``: the DSP address of byte ``offset``);
+        raises AddressSpaceFullError (``mapping`` then stays the caller's).
         """
         page_offset = offset % mmap.PAGESIZE
         with self._lock:
@@ -86,9 +98,9 @@ class ProcessMemory:
                 region + page_offset, fd, buffer, offset, length, flags, mapping, region
             )
             self._maps.append(entry)
-            return entry.vaddr
+            return entry
 
-    def add_alias(self, fd: int, target: MemMapping, offset: int, length: int) -> int:
+    def add_alias(self, fd: int, target: MemMapping, offset: int, length: int) -> MemMapping:
         """A MEM_MAP through ``fd`` that an old kernel resolved to ``target``'s buffer
         (found by fd number): a new DSP range over the same memory. Raises
         AddressSpaceFullError."""
@@ -104,9 +116,10 @@ class ProcessMemory:
                 target.flags,
                 target.mapping,  # shared: closed with the last entry that uses it
                 region,
+                alias_of=target.id,
             )
             self._maps.append(entry)
-            return entry.vaddr
+            return entry
 
     def find_map(self, vaddr: int, fd: int) -> MemMapping | None:
         """The mapping at ``vaddr`` made through ``fd`` (any fd when ``fd < 0``)."""

@@ -14,28 +14,48 @@ opened:
   unknown or closed; handles are never reused within a process).
 
 Once the process exited (handle 4 exit) every invoke answers AEE_EBADSTATE.
+
+Where the skels of its remote handles run is its runner's business
+(:mod:`npud.sim.pd`): on the caller's thread, or in the process's own child
+process (``SimConfig.pd_isolation``). When the process ends (exit, close of
+its fd, a subsystem restart) its child is killed and every call still running
+there returns at once: AEE_EBADSTATE, or EPIPE for a restart. A child that
+dies on its own is a crash of the process: the calls waiting on it and every
+later invoke answer AEE_EBADSTATE, and the listener's next2 returns it too
+(reference 5.6: "the process is dead", the listener stops).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import struct
 import threading
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from npu_protocol.aee import AEE
 from npud.sim.apps_mem import DspHeap
+from npud.sim.compute import Cancellation
 from npud.sim.config import SimConfig
 from npud.sim.errors import ListenerInterruptedError, ProcessExitedError, SubsystemDownError
 from npud.sim.host_calls import HostChannel
 from npud.sim.host_files import HostFileReader
 from npud.sim.layout import decode_scalars
 from npud.sim.loader import LoadedSkel, LoadError, SkelLoader
-from npud.sim.memory import ProcessMemory
+from npud.sim.memory import MemMapping, ProcessMemory
+from npud.sim.pd import LocalRunner, ProcessRunner, SkelInstance, SkelRunner
+from npud.sim.pd_host import CallTransfer, PdChild, PdGoneError
 from npud.sim.reverse import BadReverseMessageError, ListenerNotReadyError, ReverseRpc
-from npud.sim.skels import SkelCall, run_method
+from npud.sim.skels import SkelFactory
+
+if TYPE_CHECKING:
+    import mmap
+
+    from npud.sim.dmabuf import DmaBuf
+
+log = logging.getLogger(__name__)
 
 REMOTECTL_METHODS: Final = {0: (0, 1), 8: (2, 3)}  # handle -> (open, close)
 LISTENER_METHODS: Final = {3: (3, 4, 5), 7: (5, 6, 7)}  # handle -> (init2, next2, get_in_bufs2)
@@ -100,12 +120,15 @@ class ProcessInfo:
 
 @dataclasses.dataclass(frozen=True)
 class DspCall:
-    """An invocation as it reaches the DSP: buffers already copied in or mapped."""
+    """An invocation as it reaches the DSP: buffers already copied in or mapped.
+
+    ``transfer`` says where each buffer is, for a process whose skels run in a child."""
 
     handle: int
     sc: int
     inputs: Sequence[memoryview]
     outputs: Sequence[memoryview]
+    transfer: CallTransfer | None = None
 
 
 class _BadCallError(Exception):
@@ -131,6 +154,23 @@ def _write_text(target: memoryview, text: str) -> None:
     target[: len(data)] = data
 
 
+class _Ending:
+    """What stops a call's DSP work (``SkelCall.work``): the process's end, or its
+    child's death, noticed here (the work asks every 50 ms) when no other call of the
+    process reads the child's socket to find it out."""
+
+    def __init__(self, process: DspProcess) -> None:
+        self._process = process
+
+    def is_set(self) -> bool:
+        process = self._process
+        if process._gone.is_set():
+            return True
+        if process.child is not None and not process.check_child():
+            return True
+        return process._gone.is_set()
+
+
 class DspProcess:
     """One process on the simulated DSP, bound to one device fd."""
 
@@ -138,24 +178,36 @@ class DspProcess:
         self,
         info: ProcessInfo,
         config: SimConfig,
-        sleep: Callable[[float, threading.Event | None], None],
+        sleep: Callable[[float, Cancellation | None], None],
+        child: PdChild | None = None,
+        on_crash: Callable[[DspProcess], None] | None = None,
     ) -> None:
+        """``child``: the process's PD child (process isolation), None to run skels on
+        the callers' threads; ``on_crash`` hears of a crash (once)."""
         self.info = info
         self.memory = ProcessMemory()
         self.reverse = ReverseRpc()
         host = HostChannel(self.reverse, config.reverse_rpc_timeout)
         self.heap = DspHeap(config.heap_for(info.image_size), host)
         files = HostFileReader(host, self.memory, config.loader_paths)
-        self._loader = SkelLoader(files, self.heap, config.skels)
+        self._loader = SkelLoader(files, self.heap, config.skels, self._instantiate)
+        self._runner: SkelRunner = (
+            LocalRunner(self._work, self._loader) if child is None else ProcessRunner(child, self)
+        )
         self._domain_handles = config.domain_handles
         self._absent_module = config.absent_module_result
         self._sleep = sleep
+        self._on_crash = on_crash
         self._lock = threading.Lock()
         self._handles: dict[int, LoadedSkel] = {}
         self._issued = 0
         self._exited = False
+        self._reason: type[ProcessExitedError] | type[SubsystemDownError] | None = None
+        self.crashed = False
+        """The process ended because its child died on its own (or by crash())."""
         self._gone = threading.Event()
         """Set when the process ends: work still running for it stops (AEE_EBADSTATE)."""
+        self._ending = _Ending(self)
 
     @property
     def exited(self) -> bool:
@@ -167,20 +219,78 @@ class DspProcess:
         with self._lock:
             return len(self._handles)
 
+    @property
+    def child(self) -> PdChild | None:
+        """The PD child process (process isolation), killed or not."""
+        return self._runner.child
+
+    # -- what a child asks of the thread waiting for its call (pd_host.CallServices) ----
+
+    def work(self, seconds: float) -> None:
+        """SkelCall.work of skel code in the child: the channel's shared compute."""
+        self._work(seconds)
+
+    def read_host_file(self, name: str, *, limit: int) -> bytes:
+        """host_files.read_host_file of skel code in the child: reverse RPC, as the loader."""
+        return self._loader.read_host_file(name, limit=limit)
+
+    def _instantiate(self, name: str, factory: SkelFactory, method_offset: int) -> SkelInstance:
+        return self._runner.instantiate(name, factory, method_offset)
+
+    # -- memory the DSP reaches ------------------------------------------------------------
+
+    def map_buffer(
+        self,
+        fd: int,
+        buffer: DmaBuf,
+        mapping: mmap.mmap,
+        offset: int,
+        length: int,
+        flags: int,
+    ) -> int:
+        """MEM_MAP: record it (taking ``mapping``) and tell the child; the DSP address.
+        AddressSpaceFullError leaves ``mapping`` the caller's."""
+        entry = self.memory.add_map(fd, buffer, mapping, offset, length, flags)
+        self._runner.bind(entry, fd)
+        return entry.vaddr
+
+    def map_alias(self, fd: int, target: MemMapping, offset: int, length: int) -> int:
+        """MEM_MAP that an old kernel resolved by fd number to ``target``."""
+        entry = self.memory.add_alias(fd, target, offset, length)
+        self._runner.bind(entry, fd)
+        return entry.vaddr
+
+    def unmap(self, entry: MemMapping) -> bool:
+        """MEM_UNMAP of ``entry``; False when another thread already did."""
+        if not self.memory.remove_map(entry):
+            return False
+        self._runner.unbind(entry)
+        return True
+
+    def forget_memory(self, memory_ids: Sequence[int]) -> None:
+        """The driver stopped caching these buffers' DSP mappings."""
+        self._runner.drop(memory_ids)
+
     # -- invocation ----------------------------------------------------------
 
-    def invoke(self, call: DspCall) -> int:
-        """Run ``call``; the AEE result. SubsystemDownError when the DSP restarts meanwhile."""
+    def invoke(self, call: DspCall, *, crash: bool = False) -> int:
+        """Run ``call``; the AEE result. SubsystemDownError when the DSP restarts meanwhile.
+
+        ``crash`` (fault injection): the process crashes during the call; with a child
+        and a remote handle, the child dies in the middle of the method."""
         if self.exited:
             return AEE.EBADSTATE.dsp
         try:
-            return self._dispatch(call)
+            if crash and (self._runner.child is None or call.handle <= LAST_STATIC_HANDLE):
+                self.crash()
+                return AEE.EBADSTATE.dsp
+            return self._dispatch(call, crash)
         except _BadCallError:
             return AEE.EBADPARM.dsp
         except ProcessExitedError:
             return AEE.EBADSTATE.dsp
 
-    def _dispatch(self, call: DspCall) -> int:
+    def _dispatch(self, call: DspCall, crash: bool = False) -> int:
         handle = call.handle
         if handle in DOMAIN_HANDLES and not self._domain_handles:
             return self._absent_module
@@ -196,11 +306,13 @@ class DspProcess:
             loaded = self._handles.get(handle)
         if loaded is None:
             return AEE.EINVHANDLE.dsp
-        skel_call = SkelCall(call.sc, call.inputs, call.outputs, self._work, self._loader)
-        return run_method(loaded.skel, loaded.method_offset, skel_call)
+        try:
+            return loaded.instance.invoke(call, crash=crash)
+        except PdGoneError:
+            raise self._child_gone() from None
 
     def _work(self, seconds: float) -> None:
-        self._sleep(seconds, self._gone)
+        self._sleep(seconds, self._ending)
 
     # -- remotectl -----------------------------------------------------------
 
@@ -224,6 +336,8 @@ class DspProcess:
         uri = bytes(name[: name_length - 1]).split(b"\0", 1)[0].decode("utf-8", errors="replace")
         try:
             loaded = self._loader.load(uri)
+        except PdGoneError:
+            raise self._child_gone() from None
         except LoadError as exc:
             result[:] = _OPEN_RESULT.pack(0, exc.code)
             _write_text(error_text, exc.message)
@@ -319,15 +433,59 @@ class DspProcess:
     # -- lifecycle -----------------------------------------------------------
 
     def _end(self, reason: type[ProcessExitedError] | type[SubsystemDownError]) -> None:
-        """The process stops existing on the DSP: handles go, waiters wake up."""
+        """The process stops existing on the DSP: handles go, waiters wake up, its child
+        is killed (the calls waiting on it return at once)."""
         with self._lock:
             self._exited = True
+            if self._reason is None:
+                self._reason = reason
             handles, self._handles = self._handles, {}
+        self._runner.end()
         self.heap.close()  # the kernel drops heap grants with the fd: nothing to give back
         self._gone.set()
         self.reverse.shutdown(reason)
         for loaded in handles.values():
             loaded.unload()
+
+    def _child_gone(self) -> ProcessExitedError | SubsystemDownError:
+        """What a call answers when the child ended under it: the reason the process
+        ended, or (nobody ended it) a crash, which ends the process now."""
+        with self._lock:
+            reason = self._reason
+        if reason is None:
+            self.crash()
+            return ProcessExitedError()
+        return reason()
+
+    def crash(self) -> None:
+        """The process crashes (its child dies, or died): like an exit, and reported."""
+        with self._lock:
+            if self._exited or self.crashed:
+                return
+            self.crashed = True
+        child = self._runner.child
+        log.warning(
+            "DSP process crashed",
+            extra={"client_id": self.info.client_id, "pid": child.pid if child else None},
+        )
+        self._end(ProcessExitedError)
+        if self._on_crash is not None:
+            self._on_crash(self)
+
+    def check_child(self) -> bool:
+        """True while the process's child lives (or it has none); a child found dead on
+        its own makes the process crash now."""
+        child = self._runner.child
+        if child is None or self.exited:
+            return child is None or child.alive
+        if child.alive:
+            return True
+        self.crash()
+        return False
+
+    def end(self) -> None:
+        """The process ends as by an exit (the driver's shutdown)."""
+        self._end(ProcessExitedError)
 
     def channel_down(self) -> None:
         """Subsystem restart: the DSP side is gone; kernel-side mappings stay until close."""

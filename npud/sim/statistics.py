@@ -31,6 +31,13 @@ class SimStatistics:
     * ``reverse_requests_pending``: reverse-RPC requests queued or being served.
     * ``restarts``: subsystem restarts so far (a total).
     * ``dsp_up``: the device nodes exist.
+    * ``pd_children``: PD child processes alive (process isolation: one per live
+      DSP process).
+    * ``pd_crashes``: DSP processes that crashed (a total): their child died on its
+      own, or ``crash_process`` / ``faults.crash_next_invoke`` made it.
+    * ``dma_heap_fds_open``: open fds of ``/dev/dma_heap/system``.
+    * ``dma_heap_allocations``: DMA_HEAP_IOCTL_ALLOC successes (a total; counted in
+      ``dma_bufs_allocated`` too).
     """
 
     device_fds_open: int
@@ -50,3 +57,7 @@ class SimStatistics:
     reverse_requests_pending: int
     restarts: int
     dsp_up: bool
+    pd_children: int
+    pd_crashes: int
+    dma_heap_fds_open: int
+    dma_heap_allocations: int

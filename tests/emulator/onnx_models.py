@@ -77,6 +77,47 @@ def affine() -> bytes:
     )
 
 
+def endless_loop() -> bytes:
+    """y = x + 2**62 by a Loop of 2**62 iterations adding 1 (float32 [1]): it never ends."""
+    trips = helper.make_tensor("trips", TensorProto.INT64, [], [2**62])
+    keep_going = helper.make_tensor("keep_going", TensorProto.BOOL, [], [True])
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond"], ["cond_out"]),
+            helper.make_node("Add", ["v", "one_inner"], ["v_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            tensor("v", "float32", [1]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            tensor("v_out", "float32", [1]),
+        ],
+        [helper.make_tensor("one_inner", TensorProto.FLOAT, [], [1.0])],
+    )
+    return model(
+        [helper.make_node("Loop", ["trips", "keep_going", "x"], ["y"], body=body)],
+        [tensor("x", "float32", [1])],
+        [tensor("y", "float32", [1])],
+        [trips, keep_going],
+    )
+
+
+def large_add(elements: int = 65536) -> bytes:
+    """y = x + w with a float32 initializer of ``elements``: a model file larger than one
+    message between npud and a PD child (256 KiB by default)."""
+    weights = helper.make_tensor("w", TensorProto.FLOAT, [elements], [0.5] * elements)
+    return model(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        [tensor("x", "float32", [elements])],
+        [tensor("y", "float32", [elements])],
+        [weights],
+    )
+
+
 def identity(dtype: str, shape: Sequence[Dim] = (5,), *, name: str = "x") -> bytes:
     return model(
         [helper.make_node("Identity", [name], ["y"])],

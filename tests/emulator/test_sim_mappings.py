@@ -15,6 +15,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -66,8 +67,8 @@ def registry() -> Iterator[DmaBufRegistry]:
     fds: list[int] = []
     original = registry.allocate
 
-    def allocate(size: int) -> int:
-        fds.append(original(size))
+    def allocate(size: int, **options: Any) -> int:
+        fds.append(original(size, **options))
         return fds[-1]
 
     registry.allocate = allocate  # type: ignore[method-assign]

@@ -143,6 +143,8 @@ def test_the_emulator_module_runs_quick(tmp_path: Path) -> None:
         "emulator.slice_echo",
         "emulator.inline_echo",
         "emulator.slice_vs_inline",
+        "emulator.pd_inline_echo",
+        "emulator.pd_slice_echo",
     ]
     assert all(row.rounds == 3 and row.ratio > 0 for row in rows)
 

@@ -1,0 +1,192 @@
+"""Where a simulated DSP process runs its skels: ``SimConfig.pd_isolation``.
+
+* ``"thread"`` (:class:`LocalRunner`): skel instances live in npud's process
+  and their methods run on the calling thread, holding its GIL (the emulator's
+  behaviour before PD processes).
+* ``"process"`` (:class:`ProcessRunner`): the DSP process has a child process
+  (:mod:`npud.sim.pd_host`); the instances live there and their methods run
+  there, on one of its threads per concurrent call. What a method asks of the
+  driver while it runs (DSP work on the shared compute, host files through
+  reverse RPC) is served by the thread waiting for it.
+
+Either way the DSP process (:mod:`npud.sim.process`) keeps remotectl, the
+listener, the heap and the kernel's records in npud's process; a runner
+only makes instances, runs methods and, for a child, mirrors the memories the
+DSP may reach (:meth:`ProcessRunner.bind`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from npud.sim.loader import LoadError
+from npud.sim.pd_host import CallServices, PdChild, PdGoneError
+from npud.sim.skels import HostFiles, Skel, SkelCall, SkelFactory, run_method
+
+if TYPE_CHECKING:
+    from npud.sim.memory import MemMapping
+    from npud.sim.process import DspCall
+
+
+class SkelInstance(Protocol):
+    """One open remote handle's skel, wherever it runs."""
+
+    def invoke(self, call: DspCall, *, crash: bool = False) -> int:
+        """The method's AEE result; PdGoneError when its child ended meanwhile."""
+        ...
+
+    def close(self) -> None:
+        """remotectl close (or the process's end): the skel's close hook runs."""
+        ...
+
+
+class SkelRunner(Protocol):
+    def instantiate(self, name: str, factory: SkelFactory, method_offset: int) -> SkelInstance:
+        """A new instance; LoadError when it cannot be made, PdGoneError when the child
+        is gone."""
+        ...
+
+    def bind(self, mapping: MemMapping, fd: int) -> None:
+        """A MEM_MAP of the process (``fd``: the number it was made through, open now)."""
+        ...
+
+    def unbind(self, mapping: MemMapping) -> None: ...
+
+    def drop(self, memory_ids: Sequence[int]) -> None:
+        """Buffers the driver stopped caching: no call will name them again."""
+        ...
+
+    def end(self) -> None:
+        """The process ends: stop everything that runs for it, at once."""
+        ...
+
+    @property
+    def child(self) -> PdChild | None: ...
+
+
+class LocalSkel:
+    def __init__(
+        self,
+        skel: Skel,
+        method_offset: int,
+        work: Callable[[float], None],
+        host_files: HostFiles,
+    ) -> None:
+        self.skel = skel
+        self._method_offset = method_offset
+        self._work = work
+        self._host_files = host_files
+
+    def invoke(self, call: DspCall, *, crash: bool = False) -> int:
+        skel_call = SkelCall(call.sc, call.inputs, call.outputs, self._work, self._host_files)
+        return run_method(self.skel, self._method_offset, skel_call)
+
+    def close(self) -> None:
+        self.skel.close()
+
+
+class LocalRunner:
+    """Thread isolation: instances in npud's process, methods on the caller's thread."""
+
+    def __init__(self, work: Callable[[float], None], host_files: HostFiles) -> None:
+        self._work = work
+        self._host_files = host_files
+
+    @property
+    def child(self) -> PdChild | None:
+        return None
+
+    def instantiate(self, name: str, factory: SkelFactory, method_offset: int) -> SkelInstance:
+        return LocalSkel(factory(), method_offset, self._work, self._host_files)
+
+    def bind(self, mapping: MemMapping, fd: int) -> None:
+        pass  # the DSP's code finds MEM_MAP'd buffers in the process's own records
+
+    def unbind(self, mapping: MemMapping) -> None:
+        pass
+
+    def drop(self, memory_ids: Sequence[int]) -> None:
+        pass
+
+    def end(self) -> None:
+        pass  # calls running on callers' threads finish (or stop at their next wait)
+
+
+class RemoteSkel:
+    def __init__(
+        self, child: PdChild, instance: int, method_offset: int, services: CallServices
+    ) -> None:
+        self._child = child
+        self._instance = instance
+        self._method_offset = method_offset
+        self._services = services
+
+    def invoke(self, call: DspCall, *, crash: bool = False) -> int:
+        if call.transfer is None:
+            raise ValueError("a call for a PD child needs its transfer description")
+        return self._child.invoke(
+            self._instance,
+            self._method_offset,
+            call.sc,
+            call.transfer,
+            call.outputs,
+            self._services,
+            crash=crash,
+        )
+
+    def close(self) -> None:
+        if self._child.killed:
+            return  # it died with its process
+        with contextlib.suppress(PdGoneError):  # a crash: the next call notices it
+            self._child.destroy(self._instance)
+
+
+class ProcessRunner:
+    """Process isolation: instances and methods in the process's child."""
+
+    def __init__(self, child: PdChild, services: CallServices) -> None:
+        self._child = child
+        self._services = services
+
+    @property
+    def child(self) -> PdChild | None:
+        return self._child
+
+    def instantiate(self, name: str, factory: SkelFactory, method_offset: int) -> SkelInstance:
+        try:
+            blob = pickle.dumps(factory)
+        except Exception as exc:
+            raise LoadError(
+                f"skel {name!r}: its factory cannot be sent to the PD process ({exc}); a"
+                " factory must be importable by name (a class or a module-level function)"
+            ) from None
+        try:
+            instance = self._child.create(name, blob)
+        except ValueError as exc:
+            raise LoadError(str(exc)) from None
+        return RemoteSkel(self._child, instance, method_offset, self._services)
+
+    def bind(self, mapping: MemMapping, fd: int) -> None:
+        try:
+            if mapping.alias_of is not None:
+                self._child.bind_alias(
+                    mapping.id, mapping.alias_of, mapping.fd, mapping.offset, mapping.length
+                )
+            else:
+                self._child.bind_fd(
+                    mapping.id, fd, mapping.buffer.size, mapping.offset, mapping.length
+                )
+        except PdGoneError:
+            pass  # the child crashed: the next call finds out
+
+    def unbind(self, mapping: MemMapping) -> None:
+        self._child.drop([mapping.id])
+
+    def drop(self, memory_ids: Sequence[int]) -> None:
+        self._child.drop(memory_ids)
+
+    def end(self) -> None:
+        self._child.kill()
