@@ -52,6 +52,10 @@ DEV_SHELL = DEV_SHELL_DIR / "fastrpc_shell_unsigned_3"
 DEV_PUBLIC_KEY = DEV_SHELL_DIR / "shell-signing.pub"
 
 
+class EmulatorStartError(Exception):
+    """The emulator cannot start as ``[emulator]`` says (an unknown ``pd_user``...)."""
+
+
 class _VerifierSlot:
     """At most one lent ShellVerifier, until a verification takes it."""
 
@@ -82,6 +86,9 @@ class Profile:
     allow_development_key: bool
     emulator_dsp_units: int = 0
     """The emulated DSP's shared execution units (``[emulator] dsp_units``)."""
+    emulator_pd_isolation: Literal["process", "thread"] = "process"
+    emulator_pd_user: str = "nobody"
+    emulator_dma_heap: bool = True
     _verifier: _VerifierSlot = field(default_factory=_VerifierSlot, compare=False, repr=False)
     trace: TraceWriter | None = None
     """Where every Driver call is recorded (``npud --trace``); the caller owns the writer."""
@@ -109,7 +116,17 @@ class Profile:
             return KernelDriver()
         from npud.sim import EmulatedDriver, SimConfig  # noqa: PLC0415  (not on a device)
 
-        return EmulatedDriver(SimConfig(dsp_units=self.emulator_dsp_units))
+        try:
+            return EmulatedDriver(
+                SimConfig(
+                    dsp_units=self.emulator_dsp_units,
+                    pd_isolation=self.emulator_pd_isolation,
+                    pd_user=self.emulator_pd_user,
+                    dma_heap=self.emulator_dma_heap,
+                )
+            )
+        except (ValueError, OSError) as exc:
+            raise EmulatorStartError(f"[emulator]: {exc}") from exc
 
     def lend_verifier(self, verifier: ShellVerifier) -> None:
         """A verifier started earlier, for the next :meth:`verify_shell` to use up.
@@ -183,4 +200,7 @@ def select_profile(config: Config, override: str | None = None) -> Profile:
         trusted_uids=frozenset(shell_cfg.trusted_uids) | {os.getuid()},
         allow_development_key=True,
         emulator_dsp_units=config.emulator.dsp_units,
+        emulator_pd_isolation=config.emulator.pd_isolation,
+        emulator_pd_user=config.emulator.pd_user,
+        emulator_dma_heap=config.emulator.dma_heap,
     )

@@ -335,6 +335,27 @@ class EmulatorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
             "alone."
         ),
     ] = 0
+    pd_isolation: Annotated[
+        Literal["process", "thread"],
+        _doc(
+            "Where each emulated DSP process runs its skels and models: 'process', in a "
+            "child process of its own (unprivileged, an empty working directory; a looping "
+            "model burns only that child), or 'thread', on npud's own threads (faster calls, "
+            "no confinement: for profiling the daemon)."
+        ),
+    ] = "process"
+    pd_user: Annotated[
+        str,
+        msgspec.Meta(min_length=1, max_length=32),
+        _doc("The user the DSP processes' children run as when npud runs as root."),
+    ] = "nobody"
+    dma_heap: Annotated[
+        bool,
+        _doc(
+            "Emulate the system DMA-BUF heap (/dev/dma_heap/system). false: buffers come "
+            "from the FastRPC driver's ALLOC_DMA_BUFF, as on a kernel without the heap."
+        ),
+    ] = True
 
 
 PoolShare = Literal["client", "user"]

@@ -154,6 +154,7 @@ def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
     import structlog  # noqa: PLC0415
     import trio  # noqa: PLC0415
 
+    from npud.backend import EmulatorStartError  # noqa: PLC0415
     from npud.broker import Broker  # noqa: PLC0415
     from npud.config import load_config  # noqa: PLC0415
     from npud.fastrpc.errors import RpcError  # noqa: PLC0415
@@ -201,6 +202,9 @@ def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
     except RpcError as exc:
         notifier.send(f"STATUS=start-up failed: {exc}")
         return _fail(f"cannot start the NPU session: {exc}")
+    except EmulatorStartError as exc:
+        notifier.send(f"STATUS=start-up failed: {exc}")
+        return _fail(f"cannot start the emulator: {exc}")
     except _TraceError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:

@@ -76,11 +76,17 @@ class Device:
         self._token = trio.lowlevel.current_trio_token()
 
     async def close(self) -> None:
-        """Let go of the pool and the heap, then stop the closer lane."""
+        """Let go of the pool and the heap, then of the driver (after every domain
+        closed: the emulator ends its DSP processes' children), then stop the closer
+        lane."""
         memory = self.memory
         if memory is not None:
             with contextlib.suppress(Exception):
                 await self.closer.call(memory.close, timeout=5.0)
+        try:
+            await self.closer.call(self.driver.shutdown, timeout=5.0)
+        except Exception as exc:  # shutting down: say so and go on
+            log.warning("driver shutdown failed", error=repr(exc))
         if not await trio.to_thread.run_sync(self.closer.stop, LANE_STOP_SECONDS):
             log.warning("lane still busy at exit", lane=self.closer.name)
 

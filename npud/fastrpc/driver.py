@@ -42,6 +42,12 @@ class Driver(Protocol):
 
     def mmap(self, fd: int, length: int, offset: int = 0) -> mmap.mmap: ...
 
+    def shutdown(self) -> None:
+        """The owner is done with the driver: let go of what it holds besides the fds it
+        gave out (their owners close those). The emulator ends its DSP processes and
+        their child processes; the kernel's driver holds nothing."""
+        ...
+
 
 def _load_libc() -> ctypes.CDLL:
     name = ctypes.util.find_library("c") or "libc.so.6"
@@ -83,6 +89,9 @@ class KernelDriver:
         return mmap.mmap(
             fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=offset
         )
+
+    def shutdown(self) -> None:
+        """Nothing to let go of: the kernel's state hangs on the fds."""
 
 
 def errno_name(err: int) -> str:

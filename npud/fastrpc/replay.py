@@ -387,6 +387,9 @@ class ReplayDriver:
                 self.mappings.add(symbol, mapping_address(mapping), length)
             return mapping
 
+    def shutdown(self) -> None:
+        """Nothing to let go of: a replay holds no DSP."""
+
     def ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:
         with self._guard():
             call = self._begin("ioctl")

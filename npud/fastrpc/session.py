@@ -464,8 +464,7 @@ class FastRpcSession:
         if flags not in MAP_FLAGS:
             raise RpcError(
                 ErrorCode.INVALID_ARGUMENT,
-                detail=f"map flags {flags}: {abi.FASTRPC_MAP_FD} (FASTRPC_MAP_FD) or "
-                f"{abi.FASTRPC_MAP_FD_DELAYED} (FASTRPC_MAP_FD_DELAYED)",
+                detail=f"map flags {flags}: FASTRPC_MAP_FD or FASTRPC_MAP_FD_DELAYED only",
             )
         args: Record = {"buffer": buffer.trace_ref}
         if flags != abi.FASTRPC_MAP_FD:

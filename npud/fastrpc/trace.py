@@ -305,6 +305,10 @@ class TracingDriver:
                 self.mappings.add(symbol, mapping_address(mapping), length)
             return mapping
 
+    def shutdown(self) -> None:
+        """Passed on, not recorded: no syscall (the emulator's own teardown)."""
+        self.inner.shutdown()
+
     def ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:
         raw_in = struct_bytes(arg)
         fields: Record = {

@@ -48,10 +48,10 @@ from npud.sim.faults import FaultInjector
 from npud.sim.invoke import InvokeArguments
 from npud.sim.mappings import MappingTable, dsp_mapping
 from npud.sim.memory import MemMapping
+from npud.sim.pd import DspCall
 from npud.sim.pd_host import PdChild, PdSpawnError, ZygoteLease, acquire_zygote
 from npud.sim.process import (
     LAST_STATIC_HANDLE,
-    DspCall,
     DspProcess,
     ProcessInfo,
     ProcessKind,

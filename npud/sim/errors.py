@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Final
 
+from npu_protocol.aee import AEE
+
 ERRNO_MAX: Final = 4095
 """libc treats a syscall result in -4095..-1 as an errno."""
 
@@ -36,3 +38,12 @@ class ReverseTimeoutError(Exception):
 
 class ListenerInterruptedError(Exception):
     """A next2 call was interrupted (fault injection): it returns AEE_EINTERRUPTED."""
+
+
+class LoadError(Exception):
+    """A failed dlopen on the DSP: remotectl open reports ``code`` and ``message``."""
+
+    def __init__(self, message: str, code: int = AEE.ENOSUCHMOD.dsp) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 
 from npu_protocol.aee import AEE
 from npud.sim.apps_mem import DspHeap, HeapExhaustedError, HeapReservation
+from npud.sim.errors import LoadError
 from npud.sim.host_files import HostFileReader, HostReadError
 from npud.sim.skels import DOMAIN_METHOD_OFFSET, HostFileError, SkelFactory
 
@@ -55,15 +56,6 @@ DOMAIN_SYMBOL_SUFFIX: Final = "_skel_handle_invoke"
 PLAIN_SYMBOL_SUFFIX: Final = "_skel_invoke"
 
 _INTERFACE_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class LoadError(Exception):
-    """A failed dlopen on the DSP: remotectl open reports ``code`` and ``message``."""
-
-    def __init__(self, message: str, code: int = AEE.ENOSUCHMOD.dsp) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class ModuleRequest(NamedTuple):

@@ -18,17 +18,30 @@ DSP may reach (:meth:`ProcessRunner.bind`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import pickle
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from npud.sim.loader import LoadError
-from npud.sim.pd_host import CallServices, PdChild, PdGoneError
+from npud.sim.errors import LoadError
+from npud.sim.pd_host import CallServices, CallTransfer, PdChild, PdGoneError
 from npud.sim.skels import HostFiles, Skel, SkelCall, SkelFactory, run_method
 
 if TYPE_CHECKING:
     from npud.sim.memory import MemMapping
-    from npud.sim.process import DspCall
+
+
+@dataclasses.dataclass(frozen=True)
+class DspCall:
+    """An invocation as it reaches the DSP: buffers already copied in or mapped.
+
+    ``transfer`` says where each buffer is, for a process whose skels run in a child."""
+
+    handle: int
+    sc: int
+    inputs: Sequence[memoryview]
+    outputs: Sequence[memoryview]
+    transfer: CallTransfer | None = None
 
 
 class SkelInstance(Protocol):

@@ -39,14 +39,19 @@ from npu_protocol.aee import AEE
 from npud.sim.apps_mem import DspHeap
 from npud.sim.compute import Cancellation
 from npud.sim.config import SimConfig
-from npud.sim.errors import ListenerInterruptedError, ProcessExitedError, SubsystemDownError
+from npud.sim.errors import (
+    ListenerInterruptedError,
+    LoadError,
+    ProcessExitedError,
+    SubsystemDownError,
+)
 from npud.sim.host_calls import HostChannel
 from npud.sim.host_files import HostFileReader
 from npud.sim.layout import decode_scalars
-from npud.sim.loader import LoadedSkel, LoadError, SkelLoader
+from npud.sim.loader import LoadedSkel, SkelLoader
 from npud.sim.memory import MemMapping, ProcessMemory
-from npud.sim.pd import LocalRunner, ProcessRunner, SkelInstance, SkelRunner
-from npud.sim.pd_host import CallTransfer, PdChild, PdGoneError
+from npud.sim.pd import DspCall, LocalRunner, ProcessRunner, SkelInstance, SkelRunner
+from npud.sim.pd_host import PdChild, PdGoneError
 from npud.sim.reverse import BadReverseMessageError, ListenerNotReadyError, ReverseRpc
 from npud.sim.skels import SkelFactory
 
@@ -116,19 +121,6 @@ class ProcessInfo:
         if self.kind is not ProcessKind.USER_PD:
             return None
         return 7 if self.attrs else 6
-
-
-@dataclasses.dataclass(frozen=True)
-class DspCall:
-    """An invocation as it reaches the DSP: buffers already copied in or mapped.
-
-    ``transfer`` says where each buffer is, for a process whose skels run in a child."""
-
-    handle: int
-    sc: int
-    inputs: Sequence[memoryview]
-    outputs: Sequence[memoryview]
-    transfer: CallTransfer | None = None
 
 
 class _BadCallError(Exception):

@@ -183,3 +183,16 @@ def test_an_unknown_socket_group_is_refused(tmp_path: Path) -> None:
     result = run_npud("--config", str(config), "--socket", str(tmp_path / "s"))
     assert result.returncode == 1
     assert "groupadd no-such-group-x" in one_line_after_logs(result)
+
+
+def test_an_unknown_pd_user_stops_start_up(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("pd_user applies when npud runs as root")
+    config = tmp_path / "npud.toml"
+    config.write_text("[backend]\nkind = 'emulator'\n[emulator]\npd_user = 'no-such-user-here'\n")
+    result = run_npud("--config", str(config), "--socket", str(tmp_path / "s"))
+    assert result.returncode == 1, result.stderr
+    assert one_line_after_logs(result) == (
+        "npud: cannot start the emulator: [emulator]: pd_user='no-such-user-here': no such user"
+    )
+    assert not (tmp_path / "s").exists()

@@ -9,7 +9,8 @@ import mmap
 import pytest
 
 from npud.sim.addrspace import AddressSpaceFullError, DspAddressSpace
-from npud.sim.loader import LoadError, parse_module_uri
+from npud.sim.errors import LoadError
+from npud.sim.loader import parse_module_uri
 from npud.sim.reverse import BadReverseMessageError, pack_request, unpack_reply
 from npud.sim.usermem import Copy, UserMemory
 from npud.sim.vmas import VmaFinder
