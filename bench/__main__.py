@@ -37,6 +37,7 @@ MODULES: dict[str, str] = {
     "model_vad": "bench.model_vad",
     "daemon": "bench.daemon",
     "domains": "bench.domains",
+    "confinement": "bench.confinement",
 }
 """Every benchmark module by its NAME, in the order they run. Add yours here."""
 

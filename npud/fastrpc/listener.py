@@ -96,9 +96,18 @@ class ListenerStatistics:
 
 
 class ReverseRpcListener:
-    def __init__(self, invoke: RawInvoke, modules: ReverseModules) -> None:
+    def __init__(
+        self,
+        invoke: RawInvoke,
+        modules: ReverseModules,
+        on_stopped: Callable[[str], None] | None = None,
+    ) -> None:
+        """``on_stopped`` hears, on the listener's thread, why it stopped serving (once,
+        after a successful start): its owner tells an exit it asked for from a DSP
+        process that ended on its own."""
         self._invoke = invoke
         self._modules = modules
+        self._on_stopped = on_stopped
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._start_error: RpcError | None = None
@@ -168,6 +177,8 @@ class ReverseRpcListener:
                 "reverse-RPC listener stopped",
                 extra={"reason": reason},
             )
+            if self._on_stopped is not None:
+                self._on_stopped(reason)
 
     def _init(self) -> None:
         for generation in GENERATIONS:

@@ -250,6 +250,7 @@ def check_model_file(fd: int, backend: str) -> Sniffed:
         )
     if sniffed.format is ModelFormat.ONNX:
         check_self_contained(fd, sniffed.size)
+        check_bounded(fd, sniffed.size)
     return sniffed
 
 
@@ -263,6 +264,23 @@ def check_self_contained(fd: int, size: int) -> None:
         raise ModelFileError("unreadable", f"cannot read the model file: {exc}") from None
     if external is not None:
         raise ModelFileError("refused", external_data_refusal(external))
+
+
+def check_bounded(fd: int, size: int) -> None:
+    """Refuse an ONNX model on ``fd`` (borrowed) with a node that may loop without end."""
+    try:
+        looping = onnx_proto.find_looping_node(onnx_proto.FdSource(fd, size))
+    except onnx_proto.DamagedError as exc:
+        raise ModelFileError("damaged", f"the model file is a damaged ONNX model: {exc}") from None
+    except OSError as exc:
+        raise ModelFileError("unreadable", f"cannot read the model file: {exc}") from None
+    if looping is not None:
+        raise ModelFileError(
+            "refused",
+            f"the model has {looping.describe()}: a loop whose trip count the model computes"
+            " at run time has no bound, and the HTP runs no control flow; unroll it (export"
+            " with fixed sequence lengths) or run the model on the CPU",
+        )
 
 
 def external_data_refusal(external: onnx_proto.ExternalData) -> str:

@@ -110,6 +110,9 @@ log = logging.getLogger(__name__)
 DEFAULT_PROCESS_ATTRS: Final = abi.FASTRPC_MODE_UNSIGNED_MODULE
 EXIT_SC: Final = abi.remote_scalars_make(2, 0, 0)  # adsp_current_process1.exit
 LISTENER_JOIN_TIMEOUT: Final = 10.0  # the kernel's own timeout for internal calls
+CRASH_NOTICE_SECONDS: Final = 0.2
+"""How long a call that answered AEE_EBADSTATE waits for the listener to stop, the sign
+that its DSP process ended under it."""
 OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK
 REMOTECTL_FALLBACK: Final = frozenset({AEE.ERPC.dsp, AEE.ENOSUCHMOD.dsp})
 """A DSP without remotectl1 (static handle 8) answers one of these; libcdsprpc falls back."""
@@ -298,7 +301,9 @@ class FastRpcSession:
                     [apps_std, AppsMemServer(host)],
                     observer=self._reverse_observer or self._trace_observer(apps_std),
                 )
-                listener = ReverseRpcListener(self._listener_invoke(), modules)
+                listener = ReverseRpcListener(
+                    self._listener_invoke(), modules, on_stopped=self._listener_stopped
+                )
                 try:
                     listener.start()
                 except BaseException:
@@ -568,7 +573,10 @@ class FastRpcSession:
                 raise RpcError(ErrorCode.UNKNOWN_HANDLE, handle=handle)
             self._handle_calls[handle] = self._handle_calls.get(handle, 0) + 1
         try:
-            return self._invoke_raw(handle, sc, inputs, outputs)
+            result = self._invoke_raw(handle, sc, inputs, outputs)
+            if result.rc and self._crashed_under(result.rc):
+                raise RpcError(ErrorCode.DSP_RESTARTED)
+            return result
         finally:
             with self._state_lock:
                 self._handle_calls[handle] -= 1
@@ -1015,6 +1023,26 @@ class FastRpcSession:
             if exc.code is ErrorCode.DSP_RESTARTED:
                 self._mark_dead(str(exc))
             raise
+
+    def _listener_stopped(self, reason: str) -> None:
+        """The listener's thread: it stopped serving. Unless this session asked its DSP
+        process to exit (or is closing), the process ended on its own (it crashed, or
+        the DSP killed it): as after a restart, everything it held is gone."""
+        if self._process_ended or self._closing or self._closed:
+            return
+        log.warning("DSP process ended on its own", extra={"reason": reason})
+        self._mark_dead(f"the DSP process ended on its own ({reason})")
+
+    def _crashed_under(self, rc: int) -> bool:
+        """True when a call that answered ``rc`` met its DSP process's end: AEE_EBADSTATE,
+        and the listener (whose pending next2 the end completes too) stops right after.
+        A skel's own AEE_EBADSTATE leaves the listener running: that waits
+        :data:`CRASH_NOTICE_SECONDS` once, on an error path."""
+        listener = self._listener
+        if rc != AEE.EBADSTATE.dsp or listener is None or self._process_ended:
+            return False
+        listener.join(CRASH_NOTICE_SECONDS)
+        return self._dead
 
     def _mark_dead(self, reason: str) -> None:
         """The DSP restarted (EPIPE): every call fails from now on; tell ``on_dead`` once."""

@@ -7,7 +7,8 @@ file, or, for a model given as bytes (as the emulated DSP gives it), against
 the process's working directory; so a model naming ``etc/shadow`` would make
 the DSP read a file its client cannot. npud loads only self-contained
 models: :func:`find_external_data` says where a model refers to external
-data, without resolving, opening or even decoding any path.
+data, without resolving, opening or even decoding any path. Nor does it load a
+model that may loop without end: :func:`find_looping_node` finds a ``Loop``.
 
 The walk visits every message of the schema that can hold a tensor (the
 graph and its subgraphs in node attributes, initializers, sparse
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
 from typing import Final, Protocol
 
 WINDOW: Final = 64 * 1024
@@ -78,6 +80,16 @@ TENSOR_PATHS: Final[dict[str, dict[int, tuple[str, str]]]] = {
 TENSOR_NAME: Final = 8
 TENSOR_EXTERNAL_DATA: Final = 13  # repeated StringStringEntryProto {1: key, 2: value}
 TENSOR_DATA_LOCATION: Final = 14  # enum: 0 DEFAULT, 1 EXTERNAL
+
+# NodeProto's fields that matter here.
+NODE_NAME: Final = 3
+NODE_OP_TYPE: Final = 4
+NODE_DOMAIN: Final = 7
+
+LOOPING_OPS: Final = frozenset({"Loop"})
+"""Ops whose trip count a model may compute at run time: nothing bounds a run of them
+(Scan's trip count is its input's length, If runs one branch once). The HTP runs no
+control flow; the emulator refuses them for what they would do to its DSP time."""
 ENTRY_KEY, ENTRY_VALUE = 1, 2
 
 
@@ -220,21 +232,17 @@ def _tensor(source: Source, start: int, end: int, place: str) -> ExternalData | 
     return ExternalData(place, name, location) if external else None
 
 
-def find_external_data(
+def _messages(
     source: Source, start: int = 0, end: int | None = None
-) -> ExternalData | None:
-    """The first tensor of the ModelProto in [start, end) that refers to external data.
-
-    None when the model is self-contained. DamagedError when the bytes are not
-    a well-formed message or nest deeper than MAX_DEPTH.
-    """
+) -> Iterator[tuple[str, int, int, str]]:
+    """Every message of the ModelProto in [start, end) that is or leads to a tensor or a
+    node: (its type, where it starts and ends, how its parent calls it). DamagedError
+    when the bytes are not a well-formed message or nest deeper than MAX_DEPTH."""
     pending = [("ModelProto", start, source.size if end is None else end, 0, "model")]
     while pending:
         message, offset, stop, depth, place = pending.pop()
+        yield message, offset, stop, place
         if message == "TensorProto":
-            found = _tensor(source, offset, stop, place)
-            if found is not None:
-                return found
             continue
         if depth >= MAX_DEPTH:
             raise DamagedError(f"messages nest deeper than {MAX_DEPTH}")
@@ -243,4 +251,52 @@ def find_external_data(
             child = paths.get(field.number)
             if child is not None and field.wire == LENGTH:
                 pending.append((child[0], field.start, field.end, depth + 1, child[1]))
+
+
+def find_external_data(
+    source: Source, start: int = 0, end: int | None = None
+) -> ExternalData | None:
+    """The first tensor of the ModelProto in [start, end) that refers to external data.
+
+    None when the model is self-contained. DamagedError when the bytes are not
+    a well-formed message or nest deeper than MAX_DEPTH.
+    """
+    for message, offset, stop, place in _messages(source, start, end):
+        if message == "TensorProto":
+            found = _tensor(source, offset, stop, place)
+            if found is not None:
+                return found
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopingNode:
+    """A node that repeats its body until a value computed at run time says stop."""
+
+    op_type: str
+    name: str  # may be empty
+
+    def describe(self) -> str:
+        return f"node {self.name!r} ({self.op_type})" if self.name else f"a {self.op_type} node"
+
+
+def find_looping_node(source: Source, start: int = 0, end: int | None = None) -> LoopingNode | None:
+    """The first node of the ModelProto in [start, end), in any graph, subgraph or
+    function, whose op is one of :data:`LOOPING_OPS` of the default domain. None when
+    there is none; DamagedError as :func:`find_external_data`."""
+    for message, offset, stop, _ in _messages(source, start, end):
+        if message != "NodeProto":
+            continue
+        op_type = name = domain = ""
+        for field in fields(source, offset, stop):
+            if field.wire != LENGTH:
+                continue
+            if field.number == NODE_OP_TYPE:
+                op_type = _text(source, field)
+            elif field.number == NODE_NAME:
+                name = _text(source, field)
+            elif field.number == NODE_DOMAIN:
+                domain = _text(source, field)
+        if op_type in LOOPING_OPS and domain in ("", "ai.onnx"):
+            return LoopingNode(op_type, name)
     return None

@@ -53,7 +53,7 @@ from npud.sim.memory import MemMapping, ProcessMemory
 from npud.sim.pd import DspCall, LocalRunner, ProcessRunner, SkelInstance, SkelRunner
 from npud.sim.pd_host import PdChild, PdGoneError
 from npud.sim.reverse import BadReverseMessageError, ListenerNotReadyError, ReverseRpc
-from npud.sim.skels import SkelFactory
+from npud.sim.skels import SkelFactory, SkelFaultError
 
 if TYPE_CHECKING:
     import mmap
@@ -302,6 +302,9 @@ class DspProcess:
             return loaded.instance.invoke(call, crash=crash)
         except PdGoneError:
             raise self._child_gone() from None
+        except SkelFaultError:  # thread isolation: a child would have died of it
+            self.crash()
+            raise ProcessExitedError from None
 
     def _work(self, seconds: float) -> None:
         self._sleep(seconds, self._ending)

@@ -20,6 +20,9 @@ Interfaces (idl/echo.idl, idl/npu_test.idl), domain method numbers and sc:
   method 4, sc 0x04010000; primIn {u32 us}; does that much DSP work: as long
   as alone, longer while other calls share the DSP's units (SimConfig.dsp_units);
   a subsystem restart interrupts it and the invoke fails with EPIPE.
+* npu_test.fault()
+  method 5, sc 0x05000000; the skel faults (:class:`SkelFaultError`): its DSP
+  process dies in the middle of the call, as a real skel's bad pointer kills its PD.
 
 * portal_qnn (idl/portal_qnn.idl): ONNX models on onnxruntime, in
   :mod:`npud.sim.portal_qnn` (imported when a process first opens it).
@@ -54,6 +57,10 @@ ESCAPE_METHOD: Final = 31
 
 class BadParameterError(Exception):
     """Marshalled arguments that do not match the method: AEE_EBADPARM."""
+
+
+class SkelFaultError(Exception):
+    """Skel code faulted: its DSP process dies (as a bad pointer kills a real PD)."""
 
 
 class HostFileError(Exception):
@@ -192,7 +199,7 @@ class EchoSkel(Skel):
 
 
 class NpuTestSkel(Skel):
-    """Test methods for the daemon: fill, checksum and busy (see the module docstring)."""
+    """Test methods for the daemon: fill, checksum, busy and fault (the module docstring)."""
 
     name = "npu_test"
     _FILL: Final = NPU_TEST_IDL.method("fill")
@@ -201,7 +208,13 @@ class NpuTestSkel(Skel):
 
     def __init__(self) -> None:
         self._methods = idl_methods(
-            NPU_TEST_IDL, {"fill": self._fill, "checksum": self._checksum, "busy": self._busy}
+            NPU_TEST_IDL,
+            {
+                "fill": self._fill,
+                "checksum": self._checksum,
+                "busy": self._busy,
+                "fault": self._fault,
+            },
         )
 
     def methods(self) -> Mapping[int, SkelMethod]:
@@ -227,6 +240,10 @@ class NpuTestSkel(Skel):
         args = call.unpack(cls._BUSY)
         call.work(args.integer("microseconds") / 1_000_000)
         return 0
+
+    @classmethod
+    def _fault(cls, call: SkelCall) -> int:
+        raise SkelFaultError("npu_test.fault: the skel faulted on purpose")
 
 
 def _portal_qnn() -> Skel:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import trio
 
+import npu_client
 import npu_protocol as p
 from npu_client import trio_client
 from npu_protocol import ErrorCode
@@ -183,6 +184,84 @@ async def test_a_hung_call_restarts_its_domain_only_and_its_client_pays(tmp_path
         assert "2 of its calls hung past the watchdog" in final.message
         offender.close()
         assert seen == []
+
+
+async def test_a_skel_crash_restarts_its_domain_only(tmp_path: Path) -> None:
+    """A skel faults mid-call: its DSP process dies. The daemon sees the process end (the
+    session's listener stops), answers the call DSP_RESTARTED, tells that domain's clients
+    and restarts it; the other domain sees nothing, and the crashed domain serves again."""
+    path = tmp_path / "npud.sock"
+    seen: list[p.ServerEvent] = []
+    told: list[p.ServerEvent] = []
+    async with (
+        serve_daemon(tmp_path, RULES.format(domains="")) as daemon,
+        trio_client.open_trio_client(path, name="bystander", on_event=seen.append) as bystander,
+        trio_client.open_trio_client(path, name="iso-crasher", on_event=told.append) as crasher,
+    ):
+        echo = await bystander.open(ECHO_URI)
+        skel = await crasher.open(TEST_URI)
+        with pytest.raises(npu_client.DspRestarted, match="crashed"):
+            await skel.invoke(5, [])
+        await settle(daemon, lambda: rows(daemon)[crasher.domain].state == "up")
+        assert rows(daemon)[crasher.domain].restarts == 1
+        again = await crasher.open(TEST_URI)  # reads the event that came meanwhile
+        assert len(told) == 1
+        assert isinstance(told[0], p.SessionRestarted)
+        assert told[0].domain == crasher.domain
+        assert "ended on its own" in told[0].reason
+        await again.invoke(4, [b"\x01\0\0\0"])
+        assert await echo.invoke(2, [b"\x02\0\0\0\x02\0\0\0", b"ok"], [2]) == [b"ok"]
+        assert (seen, rows(daemon)["default"].restarts) == ([], 0)
+
+
+async def test_an_endless_model_burns_only_its_own_domain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model that loops without end (one the load check missed, as a file rewritten
+    after the check would be) runs in its client's DSP process: the watchdog ends that
+    process, the offender pays, and another client's model runs all along, every one of
+    them answered, the daemon healthy throughout (issue 16, item 3)."""
+    from npud.fastrpc import model_format
+
+    monkeypatch.setattr(model_format, "check_bounded", lambda fd, size: None)
+    path = tmp_path / "npud.sock"
+    looping = tmp_path / "loop.onnx"
+    looping.write_bytes(onnx_models.endless_loop())
+    steady = tmp_path / "affine.onnx"
+    steady.write_bytes(onnx_models.affine())
+    seen: list[p.ServerEvent] = []
+    async with (
+        serve_daemon(tmp_path, WATCHDOG + RULES.format(domains="")) as daemon,
+        trio_client.open_trio_client(path, name="steady", on_event=seen.append) as victim,
+        trio_client.open_trio_client(path, name="iso-spinner") as spinner,
+    ):
+        model = await victim.load_model(steady)
+        endless = await spinner.load_model(looping)
+        a = np.array([1, 2, 3], np.float32)
+        runs = 0
+        healthy = True
+
+        async def keep_running() -> None:
+            nonlocal runs, healthy
+            while True:
+                out = await model.run({"a": a, "b": a, "k": runs})
+                np.testing.assert_array_equal(out["y"], a * 3)
+                healthy = healthy and daemon.broker.healthy()
+                runs += 1
+                await trio.sleep(0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keep_running)
+            with pytest.raises(npu_client.DspRestarted), trio.fail_after(30):
+                await endless.run({"x": np.zeros(1, np.float32)})
+            nursery.cancel_scope.cancel()
+        assert runs > 0
+        assert healthy
+        assert seen == []
+        table = rows(daemon)
+        assert (table[spinner.domain].hung_calls, table["default"].restarts) == (1, 0)
+        row = next(r for r in daemon.broker.status().clients if r.name == "iso-spinner")
+        assert (row.hung_calls, row.throttled) == (1, True)
 
 
 async def test_a_model_loaded_twice_in_a_domain_is_loaded_once(tmp_path: Path) -> None:

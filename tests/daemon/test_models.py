@@ -371,3 +371,19 @@ async def test_the_dsp_refuses_external_data_even_past_the_daemons_check(
     ):
         with pytest.raises(npu_client.ModelRejected, match="outside portal_qnn's limits"):
             await npu.load_model(path)
+
+
+async def test_a_model_that_may_loop_without_end_is_refused_at_load(tmp_path: Path) -> None:
+    """A Loop whose trip count the model computes has no bound: refused before the DSP
+    sees it, the reason and the way out in the error (issue 16, item 3)."""
+    path = model_file(tmp_path, onnx_models.endless_loop())
+    async with (
+        serve_daemon(tmp_path) as daemon,
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        before = await totals(npu)
+        with pytest.raises(npu_client.ModelRejected, match="a Loop node") as caught:
+            await npu.load_model(path)
+        assert "unroll it" in str(caught.value)
+        assert await totals(npu) == before
+        assert daemon.broker.status().domains[0].models == 0

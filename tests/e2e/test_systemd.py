@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -223,3 +224,77 @@ def test_a_wrongly_activated_npud_refuses_to_start(tmp_path: Path, kind: str, me
     assert result.returncode == 1
     assert message in result.stderr
     assert result.stderr.count("\n") == 1  # one line, no traceback
+
+
+TEST_URI = "file:///libnpu_test_skel.so?npu_test_skel_handle_invoke&_modver=1.0&_dom=cdsp"
+
+
+def _descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == parent:
+                found.add(int(entry.name))
+                pending.append(int(entry.name))
+    return found
+
+
+def test_an_endless_call_neither_stops_the_watchdog_nor_shutdown(
+    tmp_path: Path, notify: NotifyListener
+) -> None:
+    """A call that never ends runs in its client's own DSP process (a child process on
+    the emulator): npud keeps pinging systemd within WatchdogSec all the while, and
+    SIGTERM still stops it, ending that process and its child (issue 16, item 3)."""
+    from tests.e2e.daemon import start_npud
+
+    config = (
+        "[daemon]\ncall_watchdog = 0\nshutdown_grace = 0.5\n"
+        "[[domains.rule]]\nname = 'spin'\nclients = ['spinner']\nisolate = true\n"
+    )
+    watchdog_sec = 1.0
+    daemon = start_npud(
+        tmp_path,
+        config,
+        env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(int(watchdog_sec * 1e6))},
+    )
+    try:
+        notify.wait_for("READY", "1")
+        spinner = RawPeer.connect(daemon.socket_path)
+        assert spinner.hello(name="spinner").domain == "spin#1"
+        opened = spinner.request(p.OpenRequest(id=spinner.next_id(), uri=TEST_URI))
+        assert isinstance(opened, p.OpenReply)
+        spinner.send(  # busy for 4294 s: for ever, as far as this test goes
+            p.InvokeRequest(
+                id=spinner.next_id(),
+                handle=opened.handle,
+                sc=0x04010000,
+                inputs=(p.InlineInput(data=(0xFFFFFFFF).to_bytes(4, "little")),),
+            )
+        )
+        children = _descendants(daemon.pid)
+        notify.messages.clear()  # from here on, each ping is timed as it arrives
+        pings = []
+        deadline = time.monotonic() + 4 * watchdog_sec
+        while time.monotonic() < deadline:
+            notify.wait_for("WATCHDOG", "1", timeout=watchdog_sec)
+            pings.append(time.monotonic())
+        gaps = [b - a for a, b in itertools.pairwise(pings)]
+        assert max(gaps) < watchdog_sec, gaps
+        daemon.process.send_signal(signal.SIGTERM)
+        notify.wait_for("STOPPING", "1")
+        assert daemon.process.wait(20) == 0
+        spinner.close()
+        alive = {pid for pid in children if Path(f"/proc/{pid}").exists()}
+        assert not alive, f"left running after npud stopped: {alive}"
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+            daemon.process.wait()

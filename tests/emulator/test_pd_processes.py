@@ -196,6 +196,19 @@ def _rc(outcome: Background) -> int:
     return int(getattr(outcome.result, "rc", -1))
 
 
+def _restarted(outcome: Background) -> None:
+    """The call met its DSP process's crash: the session, having seen the process end on
+    its own, answers as after a restart."""
+    assert isinstance(outcome.error, RpcError), outcome.error
+    assert outcome.error.code is ErrorCode.DSP_RESTARTED
+
+
+def _invoke_restarted(session: FastRpcSession, handle: int, sc: int, inputs: list[Inline]) -> None:
+    with pytest.raises(RpcError) as caught:
+        session.invoke(handle, sc, inputs, [Capacity(1)] if inputs else [])
+    assert caught.value.code is ErrorCode.DSP_RESTARTED
+
+
 def _busy_forever(session: FastRpcSession, handle: int) -> Background:
     return Background(
         lambda: session.invoke(handle, SC_BUSY, [Inline(struct.pack("<I", FOREVER_US))], [])
@@ -542,12 +555,9 @@ def test_a_crash_mid_call_ends_the_pd(driver: EmulatedDriver, session: FastRpcSe
     child = driver.pd_pid(_fd(session))
     driver.faults.crash_next_invoke()
     prim = Inline(struct.pack("<II", 1, 1))
-    assert session.invoke(handle, SC_ECHO, [prim, Inline(b"x")], [Capacity(1)]).rc == (
-        AEE.EBADSTATE.dsp
-    )
-    assert session.invoke(handle, SC_ECHO, [prim, Inline(b"x")], [Capacity(1)]).rc == (
-        AEE.EBADSTATE.dsp
-    )
+    _invoke_restarted(session, handle, SC_ECHO, [prim, Inline(b"x")])
+    assert session.dead
+    _invoke_restarted(session, handle, SC_ECHO, [prim, Inline(b"x")])
     _wait_for(lambda: not session.listener_running, "the listener stopping")
     stats = driver.statistics()
     assert (stats.pd_crashes, stats.dsp_processes, stats.pd_children) == (1, 0, 0)
@@ -564,7 +574,7 @@ def test_crash_process_answers_waiting_calls(
     _wait_for(lambda: driver.statistics().invokes_in_flight >= 2, "the busy call on the DSP")
     assert driver.crash_process(_fd(session))
     busy.join()
-    assert _rc(busy) == AEE.EBADSTATE.dsp
+    _restarted(busy)
     assert not driver.crash_process(_fd(session))  # no live process any more
     assert driver.statistics().pd_crashes == 1
 
@@ -578,8 +588,7 @@ def test_a_child_killed_from_outside_is_a_crash(
     assert _gone(child)
     assert driver.statistics().pd_children == 0  # noticed, and the PD crashed
     prim = Inline(struct.pack("<II", 1, 1))
-    result = session.invoke(handle, SC_ECHO, [prim, Inline(b"x")], [Capacity(1)])
-    assert result.rc == AEE.EBADSTATE.dsp
+    _invoke_restarted(session, handle, SC_ECHO, [prim, Inline(b"x")])
     assert driver.statistics().pd_crashes == 1
 
 
@@ -594,7 +603,7 @@ def test_a_child_killed_under_a_working_call(
     _wait_for(lambda: driver.statistics().invokes_in_flight >= 2, "the busy call on the DSP")
     os.kill(child, 9)
     busy.join()
-    assert _rc(busy) == AEE.EBADSTATE.dsp
+    _restarted(busy)
     assert driver.statistics().pd_crashes == 1
 
 
@@ -603,12 +612,32 @@ def test_a_skel_that_raises_crashes_its_pd(
 ) -> None:
     handle = session.remote_open(probe_skel.URI)
     child = _child(driver, session)
-    assert session.invoke(handle, probe_skel.SC_RAISE, [], []).rc == AEE.EBADSTATE.dsp
+    _invoke_restarted(session, handle, probe_skel.SC_RAISE, [])
     assert _gone(child)
     assert any(
         "the probe skel was asked to raise" in record.getMessage() for record in caplog.records
     )
     assert driver.statistics().pd_crashes == 1
+
+
+@both_isolations
+def test_the_test_skels_fault_crashes_its_pd_alone(
+    driver: EmulatedDriver, session: FastRpcSession, tmp_path: Path
+) -> None:
+    other = _open(driver, tmp_path)
+    try:
+        echo = other.remote_open(ECHO_URI)
+        handle = session.remote_open(TEST_URI)
+        fault = idl.load("npu_test").method("fault").sc
+        with pytest.raises(RpcError) as caught:  # the session saw its DSP process end
+            session.invoke(handle, fault, [], [])
+        assert caught.value.code is ErrorCode.DSP_RESTARTED
+        assert session.dead
+        assert driver.statistics().pd_crashes == 1
+        prim = Inline(struct.pack("<II", 1, 1))
+        assert other.invoke(echo, SC_ECHO, [prim, Inline(b"x")], [Capacity(1)]).rc == 0
+    finally:
+        other.close()
 
 
 def test_crash_process_without_a_process(driver: EmulatedDriver) -> None:

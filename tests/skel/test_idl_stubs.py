@@ -35,6 +35,7 @@ PINNED_WORDS: Final = {
     ("npu_test", "fill"): SC_FILL,
     ("npu_test", "checksum"): SC_CHECKSUM,
     ("npu_test", "busy"): SC_BUSY,
+    ("npu_test", "fault"): 0x05000000,
     ("portal_qnn", "open"): 0x00020001,
     ("portal_qnn", "close"): 0x01000010,
     ("portal_qnn", "model_load"): 0x02020100,

@@ -85,7 +85,8 @@ def test_error_numbers_are_unique() -> None:
         (
             ErrorCode.DSP_RESTARTED,
             {},
-            "the DSP restarted (subsystem restart, EPIPE): every DSP handle and mapping is gone; reopen the session",
+            "the DSP process restarted (it crashed, a call hung past the watchdog, or the DSP "
+            "restarted): every DSP handle and mapping of it is gone; reopen the session",
         ),
         (
             ErrorCode.NO_FREE_SESSION,

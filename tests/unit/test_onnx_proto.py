@@ -226,3 +226,82 @@ def test_the_daemons_gate_refuses_with_a_reason(tmp_path: Path, fds: list[int]) 
     with pytest.raises(ModelFileError, match="damaged ONNX model: field 1 runs") as damaged:
         check_model_file(fds[-1], "emulator")
     assert damaged.value.kind == "damaged"
+
+
+# --- loops ------------------------------------------------------------------------------
+
+
+def _with_loop_in(where: str) -> bytes:
+    """A model whose Loop sits in the main graph, an If branch, or a model-local function."""
+    loop = onnx.load_from_string(onnx_models.endless_loop())
+    if where == "graph":
+        return bytes(loop.SerializeToString())
+    if where == "subgraph":
+        branch = helper.make_graph(
+            list(loop.graph.node), "then", [], [helper.make_tensor_value_info("y", 1, [1])]
+        )
+        other = helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["y2"])],
+            "else",
+            [],
+            [helper.make_tensor_value_info("y2", 1, [1])],
+        )
+        graph = helper.make_graph(
+            [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=other)],
+            "g",
+            [helper.make_tensor_value_info("c", TensorProto.BOOL, []), *loop.graph.input],
+            [helper.make_tensor_value_info("y", 1, [1])],
+            list(loop.graph.initializer),
+        )
+        return bytes(helper.make_model(graph).SerializeToString())
+    function = helper.make_function(
+        "local", "spin", ["trips", "keep_going", "x"], ["y"], list(loop.graph.node), []
+    )
+    model = onnx.ModelProto()
+    model.CopyFrom(loop)
+    model.functions.append(function)
+    del model.graph.node[:]
+    model.graph.node.append(
+        helper.make_node("spin", ["trips", "keep_going", "x"], ["y"], domain="local")
+    )
+    return bytes(model.SerializeToString())
+
+
+@pytest.mark.parametrize("where", ["graph", "subgraph", "function"])
+def test_a_loop_is_found_wherever_it_sits(where: str) -> None:
+    found = onnx_proto.find_looping_node(BytesSource(_with_loop_in(where)))
+    assert found is not None
+    assert found.op_type == "Loop"
+
+
+def test_models_without_a_loop_pass() -> None:
+    for data in (onnx_models.affine(), onnx_models.add_one()):
+        assert onnx_proto.find_looping_node(BytesSource(data)) is None
+
+
+def test_an_op_named_loop_in_another_domain_is_not_onnx_loop() -> None:
+    node = helper.make_node("Loop", ["x"], ["y"], domain="com.example", name="mine")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", 1, [1])],
+        [helper.make_tensor_value_info("y", 1, [1])],
+    )
+    data = helper.make_model(graph).SerializeToString()
+    assert onnx_proto.find_looping_node(BytesSource(data)) is None
+
+
+def test_a_named_loop_is_described_by_its_name() -> None:
+    model = onnx.load_from_string(onnx_models.endless_loop())
+    model.graph.node[0].name = "spinner"
+    found = onnx_proto.find_looping_node(BytesSource(model.SerializeToString()))
+    assert found is not None
+    assert found.describe() == "node 'spinner' (Loop)"
+
+
+def test_check_model_file_refuses_a_loop(tmp_path: Path, fds: list[int]) -> None:
+    source = fd_source(tmp_path, fds, onnx_models.endless_loop())
+    with pytest.raises(ModelFileError, match="a Loop node: a loop whose trip count") as caught:
+        check_model_file(fds[-1], "emulator")
+    assert caught.value.kind == "refused"
+    assert source.size > 0

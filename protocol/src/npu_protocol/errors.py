@@ -94,8 +94,8 @@ _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.INVOKE_FAILED: "remote invoke failed with DSP result {code}",
     ErrorCode.MMAP_FAILED: "mapping buffer into the DSP failed: {code}",
     ErrorCode.DSP_RESTARTED: (
-        "the DSP restarted (subsystem restart, EPIPE): every DSP handle and mapping is gone; "
-        "reopen the session"
+        "the DSP process restarted (it crashed, a call hung past the watchdog, or the DSP "
+        "restarted): every DSP handle and mapping of it is gone; reopen the session"
     ),
     ErrorCode.NO_FREE_SESSION: (
         "no free FastRPC session on {device} (EBUSY): every compute context bank is in use"
