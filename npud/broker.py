@@ -35,6 +35,7 @@ from npud.datapath import DataPath
 from npud.domain.device import Device
 from npud.domain.domains import Domains
 from npud.domain.life import Domain
+from npud.fastrpc.session import FastRpcSession
 from npud.holdings import HeldBuffer, OpenHandle, let_go
 from npud.models import NpuModel
 from npud.requests import Handler
@@ -286,7 +287,10 @@ class Broker:
     def charge_hung(self, handler: Handler[Any], reason: str) -> None:
         """The watchdog caught ``handler``'s call (timer thread): its domain's DSP process
         is ended and restarted, and its client pays (``daemon.hung_call_penalty``)."""
-        handler.domain.notice_hung(reason)
+        # The session the call ran on (handlers that call the DSP keep it): a watchdog
+        # firing after the domain restarted already must not restart the new session.
+        session = getattr(handler, "session", None)
+        handler.domain.notice_hung(reason, session if isinstance(session, FastRpcSession) else None)
         client = handler.client
         client.hung_calls += 1
         daemon = self.config.daemon

@@ -684,7 +684,7 @@ def _crash_domain(driver: Any, domain: Domain) -> str:
         raise CodedError(
             ErrorCode.INVALID_ARGUMENT, detail=f"domain {domain.name!r} has no DSP process"
         )
-    domain.notice_restart("the DSP process crashed (debug ssr of the domain)")
+    domain.notice_restart("the DSP process crashed (debug ssr of the domain)", session)
     return f"the DSP process of domain {domain.name!r} crashed; it restarts alone"
 
 

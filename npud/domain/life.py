@@ -22,6 +22,7 @@ call's failure becomes the code a client sees.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 import time
@@ -169,7 +170,8 @@ class Domain:
             session = FastRpcSession.open(
                 driver, nodes=profile.nodes, library_path=profile.library_path
             )
-            session.on_dead = self.notice_restart  # often the listener sees it first
+            # Often the listener sees it first, on its own thread.
+            session.on_dead = functools.partial(self._session_dead, session)
             try:
                 session.load_shell(shell.data)
             except BaseException:
@@ -228,7 +230,7 @@ class Domain:
         """Notice a restart that no request has run into yet (the listener sees it first)."""
         session = self.session
         if session is not None and session.dead:
-            self._start_recovery("the DSP restarted (noticed while idle)")
+            self._start_recovery("the DSP restarted (noticed while idle)", False, session)
 
     def capabilities(self) -> p.DspCapabilities:
         session = self.session
@@ -277,7 +279,7 @@ class Domain:
         if session is None:
             raise CodedError(ErrorCode.DSP_RESTARTED)
         if session.dead:
-            self.notice_restart("the DSP restarted")
+            self.notice_restart("the DSP restarted", session)
             raise CodedError(ErrorCode.DSP_RESTARTED)
         return session
 
@@ -299,7 +301,7 @@ class Domain:
         replaced = session is not self.session
         if exc.code is ErrorCode.DSP_RESTARTED or session.dead or replaced:
             if not replaced:
-                self.notice_restart(str(exc))
+                self.notice_restart(str(exc), session)
             return CodedError(ErrorCode.DSP_RESTARTED)
         if exc.code in _SESSION_INTERNAL:
             # The client's ids are checked before a call is made; the session
@@ -310,25 +312,34 @@ class Domain:
         return exc
 
     # -------------------------------------------------------------- restarts
-    def notice_restart(self, reason: str) -> None:
-        """A restart seen on any thread: recovery starts on the trio thread."""
-        self._soon(self._start_recovery, reason, False)
+    def _session_dead(self, session: FastRpcSession, reason: str) -> None:
+        self.notice_restart(reason, session)
 
-    def notice_hung(self, reason: str) -> None:
+    def notice_restart(self, reason: str, session: FastRpcSession | None = None) -> None:
+        """A restart seen on any thread: recovery starts on the trio thread. ``session``:
+        the session the news is about; news of one already replaced is old and changes
+        nothing (a listener may stop, or a watchdog fire, after its domain restarted)."""
+        self._soon(reason, False, session)
+
+    def notice_hung(self, reason: str, session: FastRpcSession | None = None) -> None:
         """A call never returned (the data path's watchdog): end the DSP process and
         restart this domain's session, as libcdsprpc does. Any thread."""
         with self._lock:
             self.hung_calls += 1
-        self._soon(self._start_recovery, reason, True)
+        self._soon(reason, True, session)
 
-    def _soon(self, fn: Callable[[str, bool], None], reason: str, end_process: bool) -> None:
+    def _soon(self, reason: str, end_process: bool, session: FastRpcSession | None) -> None:
         token = self._token
         if token is None:
             return
         with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(fn, reason, end_process)
+            token.run_sync_soon(self._start_recovery, reason, end_process, session)
 
-    def _start_recovery(self, reason: str, end_process: bool = False) -> None:
+    def _start_recovery(
+        self, reason: str, end_process: bool = False, session: FastRpcSession | None = None
+    ) -> None:
+        if session is not None and session is not self.session:
+            return  # about a session this domain no longer has
         if self._recovering or self.state != "up" or self.device.stopping:
             return
         if self._nursery is None:

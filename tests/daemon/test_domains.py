@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 import npu_client
 import npu_protocol as p
@@ -212,6 +213,26 @@ async def test_a_skel_crash_restarts_its_domain_only(tmp_path: Path) -> None:
         await again.invoke(4, [b"\x01\0\0\0"])
         assert await echo.invoke(2, [b"\x02\0\0\0\x02\0\0\0", b"ok"], [2]) == [b"ok"]
         assert (seen, rows(daemon)["default"].restarts) == ([], 0)
+
+
+async def test_news_of_a_replaced_session_changes_nothing(tmp_path: Path) -> None:
+    """A listener that stops, or a watchdog that fires, after its domain restarted speaks
+    of the old session: the new one stays (it restarted twice before this fix)."""
+    async with serve_daemon(tmp_path) as daemon:
+        domain = daemon.broker.domains.get("default")
+        assert domain is not None
+        old = domain.session
+        domain.notice_restart("the first news")
+        await settle(daemon, lambda: domain.state == "up" and domain.session is not old)
+        assert domain.epoch == 2
+        domain.notice_restart("late news of the old session", old)
+        domain.notice_hung("a late watchdog of the old session", old)
+        # The notices reach trio through run_sync_soon; once every task is blocked again
+        # they have been handled, and a restart would have begun.
+        await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+        assert (domain.epoch, domain.state) == (2, "up")
+        domain.notice_restart("news of the current session", domain.session)
+        await settle(daemon, lambda: domain.epoch == 3 and domain.state == "up")
 
 
 async def test_an_endless_model_burns_only_its_own_domain(
