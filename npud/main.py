@@ -239,6 +239,11 @@ def _traced(
         return profile, None
     try:
         trace = TraceWriter(path, backend=profile.kind)
+    except FileExistsError:
+        raise _TraceError(
+            f"cannot write the trace {path}: it exists (npud writes a new file only: "
+            "move the old one away or name another)"
+        ) from None
     except OSError as exc:
         raise _TraceError(f"cannot write the trace {path}: {exc.strerror}") from None
     structlog.get_logger("npud").info("tracing FastRPC calls", file=str(path))

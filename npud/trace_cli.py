@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import stat
 import struct
 import sys
 from collections.abc import Sequence
@@ -64,7 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a scenario on a traced session and write the trace",
         description="Run a scenario on a traced session and write the trace.",
     )
-    record.add_argument("output", type=Path, metavar="TRACE", help="the trace file to write")
+    record.add_argument(
+        "output",
+        type=Path,
+        metavar="TRACE",
+        help="the trace file to write: a new file, mode 0600 (it holds buffers' bytes)",
+    )
+    record.add_argument(
+        "--replace",
+        action="store_true",
+        help="remove an existing regular file at TRACE first (never a symlink's target)",
+    )
     record.add_argument(
         "--scenario",
         choices=("echo", "model"),
@@ -152,7 +163,15 @@ def _record(args: argparse.Namespace) -> int:
     profile = select_profile(config, args.backend)
     try:
         shell = profile.verify_shell()
+        if args.replace:
+            _remove_regular(args.output)
         writer = TraceWriter(args.output, backend=profile.kind, capture_limit=args.capture_limit)
+    except FileExistsError:
+        print_error(f"npud trace record: {args.output} exists (--replace removes it first)")
+        return 1
+    except _NotReplacedError as exc:
+        print_error(f"npud trace record: {exc}")
+        return 1
     except (OSError, RpcError) as exc:
         print_error(f"npud trace record: {exc}")
         return 1
@@ -231,3 +250,19 @@ def model_scenario(session: FastRpcSession, model: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+class _NotReplacedError(Exception):
+    """--replace met something other than a regular file."""
+
+
+def _remove_regular(path: Path) -> None:
+    """Remove ``path`` when it is a regular file (not following a symlink);
+    _NotReplacedError when it is anything else."""
+    try:
+        status = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(status.st_mode):
+        raise _NotReplacedError(f"{path} exists and is not a regular file; not replaced")
+    os.unlink(path)

@@ -110,8 +110,21 @@ class _NullScope:
 NULL_SCOPE: Final = _NullScope()
 
 
+TRACE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_private(path: Path) -> IO[str]:
+    """A new file at ``path`` that only its owner may read (0600): a trace holds the bytes
+    of clients' buffers. Never an existing file, never through a symlink (O_EXCL, and
+    O_NOFOLLOW for the last component): a daemon running as root must not be made to
+    write over, or into, a file someone else put there. FileExistsError when it exists."""
+    fd = os.open(path, TRACE_FLAGS, 0o600)
+    return os.fdopen(fd, "w", encoding="utf-8")
+
+
 class TraceWriter:
-    """The trace file, its event counter and its operations. Owns the file."""
+    """The trace file, its event counter and its operations. Owns the file, which it
+    creates (:func:`open_private`)."""
 
     def __init__(
         self,
@@ -122,7 +135,7 @@ class TraceWriter:
     ) -> None:
         self.path = Path(path)
         self.capture_limit = capture_limit
-        self._file: IO[str] | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - owned, closed in close()
+        self._file: IO[str] | None = open_private(self.path)
         self._lock = threading.Lock()
         self._events = itertools.count(1)
         self._calls = itertools.count(1)

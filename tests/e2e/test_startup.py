@@ -196,3 +196,18 @@ def test_an_unknown_pd_user_stops_start_up(tmp_path: Path) -> None:
         "npud: cannot start the emulator: [emulator]: pd_user='no-such-user-here': no such user"
     )
     assert not (tmp_path / "s").exists()
+
+
+def test_a_trace_path_that_exists_stops_start_up(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("someone else's\n")
+    result = run_npud(
+        "--backend", "emulator", "--socket", str(tmp_path / "s"), "--trace", str(trace)
+    )
+    assert result.returncode == 1, result.stderr
+    line = one_line_after_logs(result)
+    assert line == (
+        f"npud: cannot write the trace {trace}: it exists (npud writes a new file only: "
+        "move the old one away or name another)"
+    )
+    assert trace.read_text() == "someone else's\n"

@@ -3,7 +3,7 @@
 ``tests/emulator/traces/echo.jsonl`` is the emulator's recording of the echo
 scenario, made with::
 
-    npud trace record --backend emulator --scenario echo tests/emulator/traces/echo.jsonl
+    npud trace record --replace --backend emulator --scenario echo tests/emulator/traces/echo.jsonl
 
 A test below records the scenario again and checks the file is still what the
 recorder produces (regenerate it with that command when a change to the
@@ -101,7 +101,7 @@ def test_the_shipped_trace_is_what_the_recorder_writes_today(tmp_path: Path) -> 
     record(fresh, echo_scenario)
     assert [stable(r) for r in records(fresh)] == [stable(r) for r in records(FIXTURE)], (
         "the session's calls changed: if that is intended, regenerate the fixture with "
-        "`npud trace record --backend emulator --scenario echo tests/emulator/traces/echo.jsonl`"
+        "`npud trace record --replace --backend emulator --scenario echo tests/emulator/traces/echo.jsonl`"
     )
 
 
@@ -306,6 +306,40 @@ def test_the_command_line(tmp_path: Path) -> None:
     recorded = npud("record", "--backend", "emulator", str(tmp_path / "r.jsonl"))
     assert recorded.returncode == 0, recorded.stderr
     assert load_trace(tmp_path / "r.jsonl").complete
+    assert (tmp_path / "r.jsonl").stat().st_mode & 0o777 == 0o600
+    again = npud("record", "--backend", "emulator", str(tmp_path / "r.jsonl"))
+    assert again.returncode == 1
+    assert "exists (--replace removes it first)" in again.stderr
+    replaced = npud("record", "--replace", "--backend", "emulator", str(tmp_path / "r.jsonl"))
+    assert replaced.returncode == 0, replaced.stderr
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    linked = npud("record", "--replace", "--backend", "emulator", str(tmp_path / "link.jsonl"))
+    assert linked.returncode == 1
+    assert "not a regular file; not replaced" in linked.stderr
+    assert not (tmp_path / "elsewhere.jsonl").exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "symlink", "dangling symlink"])
+def test_a_trace_is_a_new_private_file(tmp_path: Path, kind: str) -> None:
+    """A trace holds clients' bytes: 0600, never over an existing file, never through a
+    symlink (issue 16, item 7)."""
+    target = tmp_path / "victim"
+    path = tmp_path / "trace.jsonl"
+    if kind == "file":
+        path.write_text("keep me")
+    else:
+        if kind == "symlink":
+            target.write_text("keep me")
+        path.symlink_to(target)
+    with pytest.raises(FileExistsError):
+        TraceWriter(path, backend="emulator")
+    if kind != "dangling symlink":
+        assert (target if kind == "symlink" else path).read_text() == "keep me"
+    else:
+        assert not target.exists()
+    fresh = TraceWriter(tmp_path / "fresh.jsonl", backend="emulator")
+    fresh.close()
+    assert (tmp_path / "fresh.jsonl").stat().st_mode & 0o777 == 0o600
 
 
 # --- on the device too ------------------------------------------------------------------
