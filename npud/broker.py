@@ -62,6 +62,7 @@ class Broker:
         self.started = time.monotonic()
         self.clients = Clients(config)
         self.device = Device(profile, config.pool)
+        self.device.peer_fds.max_pending = config.uid_limits.max_fds_waiting
         self.domains = Domains(
             self.device,
             config.domains,
@@ -104,6 +105,7 @@ class Broker:
         self.domains.config = config.domains
         for client in self.clients:
             client.limits = self.make_limits(client)
+        self.device.peer_fds.max_pending = config.uid_limits.max_fds_waiting
         memory = self.device.memory
         if memory is not None and config.pool != old.pool:
             self.device.closer.submit(lambda: memory.pool.reconfigure(config.pool))

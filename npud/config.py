@@ -415,6 +415,15 @@ class UidLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
         _Bytes, _doc("Bytes of DMA-BUFs held for one user: half the daemon's, by default.")
     ] = 2 << 30
     max_handles: Annotated[_Count, _doc("Remote handles one user may have open.")] = 256
+    max_fds_waiting: Annotated[
+        _Count,
+        _doc(
+            "Fds one user's connections sent that npud has yet to close (stray fds, model "
+            "files): a close can block, so they are closed on a thread of the user's own; "
+            "past this many waiting, the connection that sends more is dropped "
+            "(QUOTA_EXCEEDED)."
+        ),
+    ] = 64
 
 
 DomainName = Annotated[

@@ -27,7 +27,6 @@ import trio
 
 import npu_protocol as p
 from npu_client.transport import (
-    ANCILLARY_SPACE,
     TransportError,
     fds_ancillary,
     parse_ancillary,
@@ -37,7 +36,7 @@ from npud import __version__
 from npud.broker import Broker
 from npud.clients import Client
 from npud.domain.life import Domain
-from npud.link import Link
+from npud.link import FRAME_ANCILLARY_SPACE, Link
 from npud.loglimit import LogBudget
 from npud.loglimit import fields as log_fields
 from npud.requests import HANDLERS, Handler
@@ -112,7 +111,9 @@ class PeerConnection:
                     self.broker.datapath.remove(link)
                     link.release_pending_fds()  # a worker may still be inside its read
                 else:
-                    self.broker.device.close_later(self.protocol.take_pending_fds())
+                    self.broker.device.close_later(
+                        self.client.uid, self.protocol.take_pending_fds()
+                    )
                 if self._admitted:
                     await self.broker.release_client(self.client, self.domain)
                 self._trio_sock.close()
@@ -150,7 +151,8 @@ class PeerConnection:
             log_context=self.log,
             arrive=arrive,
             on_finished=lambda _link: None,
-            close_later=broker.device.close_later,
+            close_later=lambda fds: broker.device.close_later(client.uid, fds),
+            fds_waiting_cap=broker.config.uid_limits.max_fds_waiting,
             log_budget=LogBudget(
                 broker.config.daemon.log_burst, broker.config.daemon.log_summary_interval
             ),
@@ -162,7 +164,7 @@ class PeerConnection:
         while True:
             try:
                 data, ancdata, flags, _ = await self._trio_sock.recvmsg(
-                    HANDSHAKE_READ, ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC
+                    HANDSHAKE_READ, FRAME_ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC
                 )
             except OSError as exc:
                 return False, f"receive failed: {errno.errorcode.get(exc.errno or 0, exc)}"
@@ -177,7 +179,9 @@ class PeerConnection:
                 try:
                     event = self.protocol.next_event()
                 except p.RemoteProtocolError as exc:
-                    self.broker.device.close_later(self.protocol.take_pending_fds())
+                    self.broker.device.close_later(
+                        self.client.uid, self.protocol.take_pending_fds()
+                    )
                     self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
                     await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
                     return False, f"protocol violation: {exc}"
@@ -186,8 +190,9 @@ class PeerConnection:
                 if isinstance(event, p.ConnectionClosed):
                     return False, "closed before its Hello"
                 if isinstance(event, p.StrayFds):
-                    self.broker.device.close_later(event.fds)
                     self.log.warning("closed fds the client sent unasked", count=len(event.fds))
+                    if not self.broker.device.close_later(self.client.uid, event.fds):
+                        return False, "too many of its user's fds wait to be closed"
                     continue
                 assert isinstance(event, p.Hello)  # the protocol allows nothing else first
                 if await self._welcome(event):

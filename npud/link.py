@@ -22,6 +22,7 @@ about the connection, under one lock:
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import os
@@ -36,12 +37,12 @@ import structlog
 
 import npu_protocol as p
 from npu_client.transport import (
-    ANCILLARY_SPACE,
     OwnedFd,
     TransportError,
     fds_ancillary,
     parse_ancillary,
 )
+from npud.closer import MAX_PENDING_PER_UID
 from npud.loglimit import LogBudget
 from npud.loglimit import fields as log_fields
 
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("npud.link")
 
 SEND_FLAGS: Final = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+FRAME_ANCILLARY_SPACE: Final = socket.CMSG_SPACE(p.MAX_FDS_PER_FRAME * array.array("i").itemsize)
+"""Room for the fds of one frame and no more (PROTOCOL.md section 3): a sendmsg with more
+is cut short by the kernel, which closes the surplus and says MSG_CTRUNC (FDS_TRUNCATED)."""
 RECV_CHUNK: Final = 256 * 1024
 """Bytes taken from one socket in one read; more waits for the next turn."""
 
@@ -66,7 +70,8 @@ class Link:
         log_context: structlog.typing.FilteringBoundLogger,
         arrive: Callable[[p.AnyRequest], Handler[Any]],
         on_finished: Callable[[Link], None],
-        close_later: Callable[[Sequence[int]], None],
+        close_later: Callable[[Sequence[int]], bool],
+        fds_waiting_cap: int = MAX_PENDING_PER_UID,
         log_budget: LogBudget | None = None,
     ) -> None:
         self.sock = sock
@@ -99,6 +104,9 @@ class Link:
         self.on_finished = on_finished
         """Called once, from the thread that finishes the link."""
         self._close_later = close_later
+        self._fds_waiting_cap = fds_waiting_cap
+        """Closes fds the client sent (owned from then on) off this thread; False when its
+        user has too many waiting to be closed (npud/closer.py): the link is dropped."""
         self.needs_write_arm: Callable[[Link], None] = lambda link: None
         """Set by the data path: arm the writability registration."""
 
@@ -142,7 +150,10 @@ class Link:
                     self._note_partial_frame()
                     return messages
                 if isinstance(event, p.StrayFds):
-                    self._close_later(event.fds)
+                    if not self._close_later(event.fds):
+                        self._drop_for_fds_locked()
+                        messages.append(p.ConnectionClosed())
+                        return messages
                     held = self.log_budget.take()
                     if held is not None:
                         self.log.warning(
@@ -163,7 +174,7 @@ class Link:
         kernel cut the fds short (MSG_CTRUNC, fatal)."""
         try:
             size, ancdata, flags, _ = self.sock.recvmsg_into(
-                [buffer], ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT
+                [buffer], FRAME_ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT
             )
         except BlockingIOError:
             return None, [], False  # what the protocol already holds is still processed
@@ -296,6 +307,16 @@ class Link:
                 return
             self._finished = True
         self.on_finished(self)
+
+    def _drop_for_fds_locked(self) -> None:
+        self.log.warning("dropped: its user's fds pile up waiting to be closed")
+        refusal = p.ErrorMessage.for_code(
+            p.ErrorCode.QUOTA_EXCEEDED,
+            resource="fds this user sent that wait to be closed",
+            limit=self._fds_waiting_cap,
+        )
+        self._send_locked(refusal, [])
+        self._drop_locked("too many of its user's fds wait to be closed")
 
     @property
     def finished(self) -> bool:

@@ -536,7 +536,9 @@ class LoadModel(Handler[p.ModelLoadRequest]):
         return Answer(reply, reply_fd)
 
     def end(self) -> None:
-        self.file.close()
+        # The client's file: its close may block (FUSE), and this may be the loader lane.
+        if self.file.fd >= 0:
+            self.domain.device.close_later(self.client.uid, [self.file.detach()])
         super().end()
 
 

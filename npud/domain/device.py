@@ -24,8 +24,8 @@ from typing import Final
 import structlog
 import trio
 
-from npu_client.transport import OwnedFd, close_all
 from npud.backend import Profile
+from npud.closer import Closer
 from npud.config import PoolConfig
 from npud.domain.memory import Memory
 from npud.fastrpc.dma_heap import DmaHeap
@@ -45,6 +45,8 @@ class Device:
         self.profile = profile
         self.driver: Driver = profile.make_driver()
         self.closer = LanePool("closer", 1)
+        self.peer_fds = Closer()
+        """Closes what peers sent, one thread per uid (npud/closer.py)."""
         self.shell: VerifiedShell | None = None
         self.memory: Memory | None = None
         self._pool_settings = pool
@@ -89,12 +91,13 @@ class Device:
             log.warning("driver shutdown failed", error=repr(exc))
         if not await trio.to_thread.run_sync(self.closer.stop, LANE_STOP_SECONDS):
             log.warning("lane still busy at exit", lane=self.closer.name)
+        await trio.to_thread.run_sync(self.peer_fds.close, LANE_STOP_SECONDS)
 
-    def close_later(self, fds: Sequence[int]) -> None:
-        """Close peer-supplied fds on the closer lane: a close can block (SO_LINGER, FUSE...)."""
-        if fds:
-            owned = [OwnedFd(fd) for fd in fds]
-            self.closer.submit(lambda: close_all(owned))
+    def close_later(self, uid: int, fds: Sequence[int]) -> bool:
+        """Close fds a peer of ``uid`` sent (owned from here) on that uid's closing thread
+        (npud/closer.py): a close can block (SO_LINGER, FUSE). False when the uid has
+        more waiting to be closed than the cap: drop the connection that sent them."""
+        return self.peer_fds.submit(uid, fds)
 
     def stop_waiting(self) -> None:
         """Shutdown past its grace: nobody waits for the closer lane's jobs."""

@@ -20,10 +20,11 @@ class Closer:
     def __init__(self) -> None:
         self.closed: list[int] = []
 
-    def __call__(self, fds: Sequence[int]) -> None:
+    def __call__(self, fds: Sequence[int]) -> bool:
         for fd in fds:
             os.close(fd)
         self.closed.extend(fds)
+        return True
 
 
 @pytest.fixture

@@ -1,0 +1,122 @@
+"""The fds a client sends: at most a frame's four per sendmsg, closed where a close that
+blocks holds up no one else, and a user whose fds pile up waiting to be closed is
+dropped (issue 16, item 2)."""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+
+import npu_protocol as p
+from npu_protocol import ErrorCode
+from npud import closer as closer_module
+from npud.server import Daemon
+from tests.daemon.wire import RawPeer, serve_daemon
+
+
+async def send_with_fds(peer: RawPeer, message: p.ClientMessage, count: int) -> None:
+    """``message`` framed as carrying no fds, sent in one sendmsg with ``count`` fds (of
+    /dev/null; ours are closed once the kernel took its own references)."""
+    frame, _ = peer.protocol.send(message)
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(count)]
+    try:
+        rights = array.array("i", fds).tobytes()
+        await peer.sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+async def next_or_closed(peer: RawPeer) -> p.ServerMessage | None:
+    """The next message, or None once the daemon closed the connection."""
+    while True:
+        event = peer.protocol.next_event()
+        if isinstance(event, p.ConnectionClosed):
+            return None
+        if event is not p.NEED_DATA and not isinstance(event, p.StrayFds):
+            return event
+        data = await peer.sock.recv(65536)
+        peer.protocol.receive_data(data, [])
+
+
+async def connected(tmp_path: Path) -> RawPeer:
+    """A peer past its Welcome and one round trip: the daemon's side of it is all set up
+    (its link's own fds too) before anyone counts fds."""
+    peer = await RawPeer.connect(tmp_path / "npud.sock")
+    await peer.write(p.PingRequest(id=100))
+    assert isinstance(await peer.next(), p.PongReply)
+    return peer
+
+
+def daemon_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def settled_fds(daemon: Daemon, expected: int) -> None:
+    with trio.fail_after(10):
+        while daemon.broker.device.peer_fds.pending() or daemon_fds() > expected:
+            await trio.sleep(0.01)
+
+
+async def test_more_fds_than_a_frame_may_carry_are_fatal(tmp_path: Path) -> None:
+    async with serve_daemon(tmp_path) as daemon:
+        peer = await connected(tmp_path)
+        before = daemon_fds()
+        await send_with_fds(peer, p.PingRequest(id=1), 5)
+        error = await next_or_closed(peer)
+        assert isinstance(error, p.ErrorMessage)
+        assert error.error_code is ErrorCode.FDS_TRUNCATED
+        assert await next_or_closed(peer) is None
+        peer.close()
+        await settled_fds(daemon, before - 1)  # the connection's own socket went too
+
+
+async def test_four_stray_fds_are_closed_and_the_connection_lives(tmp_path: Path) -> None:
+    async with serve_daemon(tmp_path) as daemon:
+        peer = await connected(tmp_path)
+        before = daemon_fds()
+        await send_with_fds(peer, p.PingRequest(id=1), 4)
+        pong = await next_or_closed(peer)
+        assert isinstance(pong, p.PongReply)
+        await settled_fds(daemon, before)
+        assert daemon.broker.device.peer_fds.closed >= 4
+        peer.close()
+
+
+async def test_a_user_whose_fds_pile_up_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closes that block (a FUSE file's, say) hold up that user's closing thread: past
+    the cap of fds waiting, the connection that sends more is dropped with
+    QUOTA_EXCEEDED, and the fds are closed once the closes unblock."""
+    release = threading.Event()
+    real = closer_module.close_now
+
+    def blocked(fd: int) -> None:
+        release.wait(30)
+        real(fd)
+
+    monkeypatch.setattr(closer_module, "close_now", blocked)
+    async with serve_daemon(tmp_path, "[uid_limits]\nmax_fds_waiting = 8\n") as daemon:
+        peer = await connected(tmp_path)
+        before = daemon_fds()
+        answers: list[p.ServerMessage | None] = []
+        for index in range(3):  # 4, 8 (at the cap), 12 waiting: dropped
+            await send_with_fds(peer, p.PingRequest(id=index + 1), 4)
+            answers.append(await next_or_closed(peer))
+        assert [type(a) for a in answers[:2]] == [p.PongReply, p.PongReply]
+        refusal = answers[2]
+        assert isinstance(refusal, p.ErrorMessage)
+        assert refusal.error_code is ErrorCode.QUOTA_EXCEEDED
+        assert "fds this user sent that wait to be closed" in refusal.message
+        assert await next_or_closed(peer) is None
+        assert daemon.broker.device.peer_fds.pending() == 12
+        release.set()
+        peer.close()
+        await settled_fds(daemon, before - 1)
