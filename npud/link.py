@@ -52,6 +52,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger("npud.link")
 
 SEND_FLAGS: Final = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+MIN_OUTBOX_BYTES: Final = 8 * 1024 * 1024
+"""What may wait to be sent to one client, at least: its replies beyond what its socket
+buffer holds. The bound is the larger of this and four of its largest frames; a client
+that reads nothing while it asks for more is dropped past it."""
 FRAME_ANCILLARY_SPACE: Final = socket.CMSG_SPACE(p.MAX_FDS_PER_FRAME * array.array("i").itemsize)
 """Room for the fds of one frame and no more (PROTOCOL.md section 3): a sendmsg with more
 is cut short by the kernel, which closes the surplus and says MSG_CTRUNC (FDS_TRUNCATED)."""
@@ -98,6 +102,7 @@ class Link:
         self.pending: set[object] = set()
         """Requests that arrived and have not ended (their handlers)."""
         self._outbox: deque[tuple[memoryview, list[OwnedFd]]] = deque()
+        self._outbox_bytes = 0
         self.backlog_since: float | None = None
         self._finished = False
         self._fds_released = False
@@ -240,9 +245,28 @@ class Link:
             return self._send_locked(fallback, [])
         assert [fd.fileno() for fd in fds] == numbers, "the message's fds are the ones given"
         self._outbox.append((memoryview(data), fds))
+        self._outbox_bytes += len(data)
         if len(self._outbox) == 1:
             self._flush_locked()
+        bound = self.outbox_bound
+        if self._outbox_bytes > bound:
+            self.log.warning(
+                "dropped: it reads none of its replies", waiting=self._outbox_bytes, bound=bound
+            )
+            self._drop_locked(f"it left more than {bound} bytes of replies unread")
         return True
+
+    @property
+    def outbox_bound(self) -> int:
+        """Bytes that may wait to be sent to the client (MIN_OUTBOX_BYTES)."""
+        limits = self.protocol.limits
+        frame = limits.max_frame_size if limits is not None else p.DEFAULT_MAX_FRAME_SIZE
+        return max(MIN_OUTBOX_BYTES, 4 * frame)
+
+    @property
+    def outbox_bytes(self) -> int:
+        with self.lock:
+            return self._outbox_bytes
 
     def flush(self) -> None:
         """Send what waits in the outbox (the socket became writable)."""
@@ -265,6 +289,7 @@ class Link:
             if sent:
                 _close_all(fds)  # they went with the frame's first byte
                 fds.clear()
+                self._outbox_bytes -= sent
             if sent == len(data):
                 self._outbox.popleft()
                 continue
@@ -291,6 +316,7 @@ class Link:
         for _, fds in self._outbox:
             _close_all(fds)
         self._outbox.clear()
+        self._outbox_bytes = 0
         self.backlog_since = None
         # Wakes any poll on the socket; the peer sees the end at once.
         with contextlib.suppress(OSError):

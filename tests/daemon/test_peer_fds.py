@@ -10,12 +10,15 @@ import socket
 import threading
 from pathlib import Path
 
+import msgspec
 import pytest
 import trio
 
 import npu_protocol as p
 from npu_protocol import ErrorCode
+from npu_protocol._framing import encode_frame_header
 from npud import closer as closer_module
+from npud.link import Link
 from npud.server import Daemon
 from tests.daemon.wire import RawPeer, serve_daemon
 
@@ -120,3 +123,54 @@ async def test_a_user_whose_fds_pile_up_is_dropped(
         release.set()
         peer.close()
         await settled_fds(daemon, before - 1)
+
+
+def ping_frames(first_id: int, count: int) -> bytes:
+    """Ping frames made by hand: a hostile client is no npu_protocol connection, and
+    counts no requests in flight."""
+    payload = b"x" * p.MAX_PING_PAYLOAD
+    frames = []
+    for request_id in range(first_id, first_id + count):
+        body = msgspec.msgpack.encode(p.PingRequest(id=request_id, payload=payload))
+        frames.append(encode_frame_header(len(body), 0) + body)
+    return b"".join(frames)
+
+
+async def test_a_client_that_reads_no_replies_is_dropped_at_the_bound(tmp_path: Path) -> None:
+    """Pings sent 16 at a time (the most in flight), each batch once the daemon answered
+    the last, none of the replies read: they wait in npud's outbox only up to its
+    bound, then the connection is dropped and what waited is let go (issue 16, item 10;
+    npud grew by 66 MiB before)."""
+    async with serve_daemon(tmp_path) as daemon:
+        peer = await connected(tmp_path)
+        link = next(iter(daemon.broker.datapath._links.values()))
+        base = link.protocol.statistics().frames_received
+        sent = 0
+        with trio.fail_after(60):
+            try:
+                while not link.closing:
+                    view = memoryview(ping_frames(1000 + sent, 16))
+                    while view:
+                        view = view[await peer.sock.send(view) :]
+                    sent += 16
+                    while not link.closing and not answered(link, base + sent):
+                        await trio.sleep(0.001)  # the daemon's worker reads and answers
+                    assert link.outbox_bytes <= link.outbox_bound
+            except OSError:
+                pass  # the daemon shut the connection down under the write
+        assert sent * p.MAX_PING_PAYLOAD > link.outbox_bound
+        assert link.outbox_bytes == 0
+        await settle_clients(daemon)
+        peer.close()
+
+
+def answered(link: Link, frames: int) -> bool:
+    """The daemon read ``frames`` frames of the link and answered every one."""
+    stats = link.protocol.statistics()
+    return stats.frames_received >= frames and not stats.requests_in_flight
+
+
+async def settle_clients(daemon: Daemon) -> None:
+    with trio.fail_after(10):
+        while daemon.broker.status().totals.clients:
+            await trio.sleep(0.01)
