@@ -212,6 +212,7 @@ _CONSTANTS: Final = (
     ("MAX_DMA_SIZE", "largest buffer (bytes)"),
     ("MAX_TENSORS", "inputs (and outputs) of one model"),
     ("MAX_RANK", "dimensions of one tensor"),
+    ("MAX_REQUEST_ITEMS", "msgpack items in one request payload (section 4)"),
 )
 
 

@@ -500,3 +500,27 @@ def test_keys_written_longer_than_they_need_are_not_repeats() -> None:
     payload = _map((b"\xd9\x04type", b"\xd9\x04ping"), (b"\xd9\x02id", b"\xcc\x01"))
     feed(server, frame(payload))
     assert server.next_event() == p.PingRequest(id=1)
+
+
+def _array_under_unknown_key(items: int) -> bytes:
+    """A ping whose unknown key holds an array of ``items`` one-byte integers: with the
+    map, its three keys, two values and the array itself, ``items`` + 7 items in all."""
+    array = b"\xdd" + struct.pack(">I", items) + b"\x00" * items
+    return _map((_str("type"), _str("ping")), (_str("id"), b"\x01"), (_str("pad"), array))
+
+
+def test_a_request_of_more_items_than_the_walk_allows_is_fatal() -> None:
+    """Half a megabyte of one-byte integers would cost the key walk 80 ms of a
+    worker's GIL (issue 16, item 11): past MAX_REQUEST_ITEMS the walk stops and the
+    request is refused."""
+    payload = _array_under_unknown_key(1 << 19)
+    error = fatal(connected_pair()[1], frame(payload))
+    assert error.code is ErrorCode.BAD_MESSAGE
+    assert f"more than {p.MAX_REQUEST_ITEMS} msgpack items" in str(error)
+
+
+def test_a_request_within_the_item_bound_passes() -> None:
+    server = connected_pair()[1]
+    payload = _array_under_unknown_key(p.MAX_REQUEST_ITEMS - 7)  # exactly the bound
+    feed(server, frame(payload))
+    assert isinstance(server.next_event(), p.PingRequest)

@@ -39,8 +39,8 @@ from npu_protocol._messages import (
     tag_of,
 )
 from npu_protocol._records import ClientLimits
-from npu_protocol._unique_keys import repeated_key
-from npu_protocol._wire import FRAME_HEADER_SIZE, HANDSHAKE_MAX_FRAME_SIZE
+from npu_protocol._unique_keys import TooManyItemsError, repeated_key
+from npu_protocol._wire import FRAME_HEADER_SIZE, HANDSHAKE_MAX_FRAME_SIZE, MAX_REQUEST_ITEMS
 from npu_protocol.errors import ErrorCode
 
 InT = TypeVar("InT", bound=Message)
@@ -310,7 +310,10 @@ class Connection(abc.ABC, Generic[InT, OutT]):
         except RecursionError as exc:  # msgspec's answer to deeply nested (even ignored) values
             raise RemoteProtocolError(ErrorCode.BAD_MESSAGE, detail="nested too deeply") from exc
         if self._reject_repeated_keys:
-            key = repeated_key(payload)
+            try:
+                key = repeated_key(payload, MAX_REQUEST_ITEMS)
+            except TooManyItemsError as exc:
+                raise RemoteProtocolError(ErrorCode.BAD_MESSAGE, detail=str(exc)) from None
             if key is not None:
                 raise RemoteProtocolError(
                     ErrorCode.BAD_MESSAGE,

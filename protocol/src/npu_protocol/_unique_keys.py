@@ -9,6 +9,13 @@ under keys the receiver ignores.
 error (so every length in it is known to be in bounds) and returns the first
 repeated key it finds. Two keys are the same when they decode to the same
 value: ``"id"`` as a fixstr and as a str8 are one key.
+
+The walk runs in Python, one step per item: a frame of a million one-byte
+integers would cost a worker a sixth of a second under the GIL, and every other
+client with it. So the receiver bounds it: a payload of more than
+``MAX_REQUEST_ITEMS`` items (a request needs a few thousand at most) is refused
+before it is walked further (:class:`TooManyItemsError`), which keeps any walk
+to a few milliseconds.
 """
 
 from __future__ import annotations
@@ -61,17 +68,23 @@ class _RepeatedKeyError(Exception):
         self.key = key
 
 
+class TooManyItemsError(ValueError):
+    """The payload holds more items than the walk was allowed."""
+
+
 FAST_PATH_LIMIT: Final = 4096
 """Payloads up to this size are first checked by a round trip through msgspec."""
 _FLOAT_MARKERS: Final = (b"\xca", b"\xcb")
 
 
-def repeated_key(payload: bytes) -> object | None:
-    """The first key that appears twice in one map of ``payload``, or None."""
+def repeated_key(payload: bytes, max_items: int | None = None) -> object | None:
+    """The first key that appears twice in one map of ``payload``, or None.
+    TooManyItemsError when the payload holds more than ``max_items`` items."""
     if len(payload) <= FAST_PATH_LIMIT and _canonical_without_repeats(payload):
         return None
+    walk = _Walk(payload, len(payload) if max_items is None else max_items)
     try:
-        _skip(payload, 0)
+        walk.skip(0)
     except _RepeatedKeyError as found:
         return found.key
     return None
@@ -100,52 +113,62 @@ _DECODE: Final = msgspec.msgpack.Decoder().decode
 _ENCODE: Final = msgspec.msgpack.Encoder().encode
 
 
-def _skip(data: bytes, at: int) -> int:
-    """The offset just past the item that starts at ``at``."""
-    head = data[at]
-    if head <= 0x7F or head >= 0xE0:  # positive and negative fixint
-        return at + 1
-    if head >= 0xA0 and head <= 0xBF:  # fixstr
-        return at + 1 + (head & 0x1F)
-    if head <= 0x8F:  # fixmap
-        return _skip_map(data, at + 1, head & 0x0F)
-    if head <= 0x9F:  # fixarray
-        return _skip_items(data, at + 1, head & 0x0F)
-    fixed = _FIXED.get(head)
-    if fixed is not None:
-        return at + fixed
-    sized = _SIZED.get(head)
-    if sized is not None:
-        width, before = sized
-        length = data[at + 1] if width == 1 else (_U16 if width == 2 else _U32)(data, at + 1)[0]
-        return at + before + length
-    if head == 0xDC:
-        return _skip_items(data, at + 3, _U16(data, at + 1)[0])
-    if head == 0xDD:
-        return _skip_items(data, at + 5, _U32(data, at + 1)[0])
-    if head == 0xDE:
-        return _skip_map(data, at + 3, _U16(data, at + 1)[0])
-    if head == 0xDF:
-        return _skip_map(data, at + 5, _U32(data, at + 1)[0])
-    raise ValueError(f"0x{head:02X} is not a msgpack type")  # 0xC1: msgspec refused it first
+class _Walk:
+    """One walk of a payload, counting the items it steps over."""
 
+    def __init__(self, data: bytes, max_items: int) -> None:
+        self.data = data
+        self.left = max_items
+        self.max_items = max_items
 
-def _skip_items(data: bytes, at: int, count: int) -> int:
-    for _ in range(count):
-        at = _skip(data, at)
-    return at
+    def skip(self, at: int) -> int:
+        """The offset just past the item that starts at ``at``."""
+        self.left -= 1
+        if self.left < 0:
+            raise TooManyItemsError(f"more than {self.max_items} msgpack items in one payload")
+        data = self.data
+        head = data[at]
+        if head <= 0x7F or head >= 0xE0:  # positive and negative fixint
+            return at + 1
+        if head >= 0xA0 and head <= 0xBF:  # fixstr
+            return at + 1 + (head & 0x1F)
+        if head <= 0x8F:  # fixmap
+            return self.skip_map(at + 1, head & 0x0F)
+        if head <= 0x9F:  # fixarray
+            return self.skip_items(at + 1, head & 0x0F)
+        fixed = _FIXED.get(head)
+        if fixed is not None:
+            return at + fixed
+        sized = _SIZED.get(head)
+        if sized is not None:
+            width, before = sized
+            length = data[at + 1] if width == 1 else (_U16 if width == 2 else _U32)(data, at + 1)[0]
+            return at + before + length
+        if head == 0xDC:
+            return self.skip_items(at + 3, _U16(data, at + 1)[0])
+        if head == 0xDD:
+            return self.skip_items(at + 5, _U32(data, at + 1)[0])
+        if head == 0xDE:
+            return self.skip_map(at + 3, _U16(data, at + 1)[0])
+        if head == 0xDF:
+            return self.skip_map(at + 5, _U32(data, at + 1)[0])
+        raise ValueError(f"0x{head:02X} is not a msgpack type")  # 0xC1: msgspec refused it first
 
+    def skip_items(self, at: int, count: int) -> int:
+        for _ in range(count):
+            at = self.skip(at)
+        return at
 
-def _skip_map(data: bytes, at: int, count: int) -> int:
-    seen: set[object] = set()
-    for _ in range(count):
-        end = _skip(data, at)
-        key = _key_identity(data, at, end)
-        if key in seen:
-            raise _RepeatedKeyError(key)
-        seen.add(key)
-        at = _skip(data, end)
-    return at
+    def skip_map(self, at: int, count: int) -> int:
+        seen: set[object] = set()
+        for _ in range(count):
+            end = self.skip(at)
+            key = _key_identity(self.data, at, end)
+            if key in seen:
+                raise _RepeatedKeyError(key)
+            seen.add(key)
+            at = self.skip(end)
+        return at
 
 
 def _key_identity(data: bytes, start: int, end: int) -> object:

@@ -62,6 +62,9 @@ MAX_ERROR_FIELDS: Final = 16
 MAX_TENSORS: Final = 32
 """Inputs (and outputs) of one model graph (portal_qnn's limit)."""
 MAX_RANK: Final = 8
+MAX_REQUEST_ITEMS: Final = 16384
+"""Msgpack items (each scalar, string, array and map counts once) in one payload a
+client sends; more is BAD_MESSAGE (the server walks every item for repeated keys)."""
 """Dimensions of one tensor."""
 MAX_STATUS_CLIENTS: Final = 1024
 
