@@ -335,8 +335,16 @@ class Broker:
         return self.domains.get(name)
 
     def status(self, viewer: Client | None = None) -> p.DaemonStatus:
+        """The daemon's status as ``viewer`` may see it: every client's row for root, for
+        npud's own user and for npud itself (no viewer); for anyone else, only the rows
+        of its own uid (pids, names and models of other users are theirs). The totals
+        count everyone."""
         clients = sorted(self.clients, key=lambda c: c.pid)
         rows = [c.row() for c in clients]
+        if viewer is None or viewer.uid in (0, os.getuid()):
+            shown = rows
+        else:
+            shown = [row for row in rows if row.uid == viewer.uid]
         totals = p.Totals(
             clients=len(rows),
             buffers=sum(r.buffers for r in rows),
@@ -374,7 +382,7 @@ class Broker:
             epoch=default.epoch if default is not None else 0,
             restarts=default.restarts if default is not None else 0,
             totals=totals,
-            clients=tuple(rows[: p.MAX_STATUS_CLIENTS]),
+            clients=tuple(shown[: p.MAX_STATUS_CLIENTS]),
             session=default.session_row() if default is not None else None,
             lanes=self._lane_rows(),
             scheduler=self._scheduler_row(),

@@ -351,3 +351,21 @@ def test_the_console_script_has_help_and_no_tracebacks(socket_path: str) -> None
     assert failed.stdout == ""
     assert failed.stderr.count("\n") == 1
     assert failed.stderr.startswith("npuctl: cannot connect to npud at ")
+
+
+def test_status_says_how_many_clients_of_other_users_it_does_not_show() -> None:
+    status = p.DaemonStatus(
+        daemon_version="0.1.0",
+        uptime_ms=1_000,
+        backend="emulator",
+        device="",
+        dsp=p.DspCapabilities(),
+        shell=p.ShellStatus(verified=False),
+        epoch=1,
+        restarts=0,
+        totals=p.Totals(clients=3),
+        clients=(p.ClientRow(pid=7, uid=1000, name="mine", priority="normal"),),
+    )
+    assert "(and 2 clients of other users, not shown)" in render_status(status)
+    alone = msgspec.structs.replace(status, totals=p.Totals(clients=1))
+    assert "of other users" not in render_status(alone)

@@ -463,3 +463,22 @@ async def test_a_client_gone_while_its_alloc_runs_leaks_nothing(
     monkeypatch.setattr(memory, "allocate", allocate_while_the_client_leaves)
     await refused(ErrorCode.DSP_RESTARTED, call(broker, c, p.AllocRequest(id=1, size=4096)))
     assert memory.statistics().buffers == 0  # what nobody will ever name was let go
+
+
+async def test_status_shows_other_users_only_as_counts(broker: Broker) -> None:
+    """Another user's pids, client names and models are theirs: a client sees the rows of
+    its own uid, root and npud's own user see every row, and the totals count everyone
+    (issue 16, item 8)."""
+    mine = await client(broker, uid=1000)
+    also_mine = await client(broker, uid=1000)
+    theirs = await client(broker, uid=1001)
+    root = await client(broker, uid=0)
+    seen = broker.status(mine)
+    assert {row.uid for row in seen.clients} == {1000}
+    assert len(seen.clients) == 2
+    assert seen.totals.clients == 4
+    assert {row.uid for row in broker.status(theirs).clients} == {1001}
+    assert len(broker.status(root).clients) == 4
+    assert len(broker.status().clients) == 4
+    for c in (mine, also_mine, theirs, root):
+        await broker.release_client(c, DOMAINS[c])

@@ -54,6 +54,9 @@ def render_status(status: DaemonStatus) -> str:
         lines.extend(_table(status.clients))
     else:
         lines.append(_line("clients", "none"))
+    others = status.totals.clients - len(status.clients)
+    if others > 0:  # npud shows a user only its own clients (root sees all)
+        lines.append(f"(and {_count(others, 'client')} of other users, not shown)")
     models = _models(status.clients)
     if models:
         lines += ["", *models]
