@@ -38,6 +38,7 @@ from npud.domain.life import Domain
 from npud.fastrpc.session import FastRpcSession
 from npud.holdings import HeldBuffer, OpenHandle, let_go
 from npud.models import NpuModel
+from npud.peers import group_ids
 from npud.requests import Handler
 from npud.scheduler import (
     BACKGROUND,
@@ -58,6 +59,7 @@ RELEASE_GRACE: Final = 5.0
 class Broker:
     def __init__(self, config: Config, profile: Profile) -> None:
         self._config = config
+        self._realtime_group_ids = group_ids(config.access.realtime_groups)
         self.profile = profile
         self.started = time.monotonic()
         self.clients = Clients(config)
@@ -79,6 +81,11 @@ class Broker:
                 background_wait=policy.background_wait_ms / 1000,
                 per_client_running=policy.per_client_running,
                 realtime_utilisation=policy.realtime_utilisation_pct / 100,
+                realtime_utilisation_per_owner=policy.realtime_utilisation_per_uid_pct / 100,
+                realtime_default_budget=Budget(
+                    policy.realtime_default_period_us / 1e6,
+                    policy.realtime_default_budget_us / 1e6,
+                ),
             )
         )
         self.datapath = DataPath(
@@ -101,10 +108,13 @@ class Broker:
         """A reload: access lists, limits and domain rules apply to the next request or
         Hello, the pool's settings at once."""
         old, self._config = self._config, config
+        self._realtime_group_ids = group_ids(config.access.realtime_groups)
         self.clients.config = config
         self.domains.config = config.domains
         for client in self.clients:
             client.limits = self.make_limits(client)
+            if client.priority is p.Priority.REALTIME and not self.may_be_realtime(client):
+                self._demote(client)
         self.device.peer_fds.max_pending = config.uid_limits.max_fds_waiting
         memory = self.device.memory
         if memory is not None and config.pool != old.pool:
@@ -167,16 +177,32 @@ class Broker:
 
     # --------------------------------------------------------------- clients
     def grant_priority(self, client: Client, asked: p.Priority) -> p.Priority:
-        access = self.config.access
-        if asked is p.Priority.REALTIME and (access.realtime_uids or access.realtime_gids):
-            allowed = (
-                client.uid in (0, os.getuid())
-                or client.uid in access.realtime_uids
-                or bool(set(client.groups or (client.gid,)) & set(access.realtime_gids))
-            )
-            if not allowed:
-                return p.Priority.NORMAL
+        if asked is p.Priority.REALTIME and not self.may_be_realtime(client):
+            return p.Priority.NORMAL
         return asked
+
+    def _demote(self, client: Client) -> None:
+        """A reload took ``client``'s user off the realtime lists: normal from now on."""
+        client.priority = p.Priority.NORMAL
+        if client.account is not None:
+            self.scheduler.demote(client.account)
+        log.warning(
+            "realtime no longer granted (configuration reloaded); the client now runs as normal",
+            client=client.name,
+            pid=client.pid,
+            uid=client.uid,
+        )
+
+    def may_be_realtime(self, client: Client) -> bool:
+        """Root, npud's own user, and the users and groups ``[access]`` names."""
+        access = self.config.access
+        groups = set(client.groups or (client.gid,))
+        return (
+            client.uid in (0, os.getuid())
+            or client.uid in access.realtime_uids
+            or bool(groups & set(access.realtime_gids))
+            or bool(groups & self._realtime_group_ids)
+        )
 
     def make_limits(self, client: Client) -> p.ClientLimits:
         """The limits ``client`` is told and held to, from the configuration now."""
@@ -212,7 +238,9 @@ class Broker:
             None if budget is None else Budget(budget.period_us / 1e6, budget.budget_us / 1e6)
         )
         try:
-            client.account = self.scheduler.open_account(client.name, klass, declared)
+            client.account = self.scheduler.open_account(
+                client.name, klass, declared, owner=client.uid
+            )
         except AdmissionRefusedError as exc:
             self.clients.remove(client)
             raise CodedError(ErrorCode.ADMISSION_REFUSED, detail=str(exc)) from None

@@ -218,14 +218,23 @@ class AccessConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     realtime_uids: Annotated[
         tuple[_Id, ...],
         _doc(
-            "Users who may be granted the realtime class (voice); others asking for it get "
-            "normal. With realtime_gids also empty: every allowed peer may."
+            "Users who may be granted the realtime class (voice), besides root and the "
+            "daemon's own user; anyone else asking for it gets normal. A reload that takes "
+            "a user off demotes its live realtime connections."
         ),
     ] = ()
     realtime_gids: Annotated[
         tuple[_Id, ...],
         _doc("Groups (primary or supplementary) whose members may be granted realtime."),
     ] = ()
+    realtime_groups: Annotated[
+        tuple[Annotated[str, msgspec.Meta(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")], ...],
+        _doc(
+            "Groups, by name, whose members may be granted realtime (sysusers.d makes "
+            "npu-realtime: add the voice service's user to it). A name the system does "
+            "not know matches no one."
+        ),
+    ] = ("npu-realtime",)
 
 
 MAX_TIMEOUT_MS: Final = 600_000
@@ -304,6 +313,28 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
         msgspec.Meta(ge=1, le=100),
         _doc("Realtime budgets declared at hello are admitted up to this share of the DSP."),
     ] = 50
+    realtime_utilisation_per_uid_pct: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=100),
+        _doc(
+            "The share of the DSP the realtime budgets of one user's connections may take "
+            "together, so one user cannot shut another's voice client out."
+        ),
+    ] = 25
+    realtime_default_budget_us: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=10_000_000),
+        _doc(
+            "A realtime client that declares no budget is admitted as though it declared "
+            "this much DSP time every realtime_default_period_us (beyond it, its calls run "
+            "as normal)."
+        ),
+    ] = 4_000
+    realtime_default_period_us: Annotated[
+        int,
+        msgspec.Meta(ge=1000, le=10_000_000),
+        _doc("The period of that default budget."),
+    ] = 32_000
     workers: Annotated[
         int,
         msgspec.Meta(ge=0, le=256),
@@ -315,6 +346,11 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
             raise ValueError(
                 f"realtime_reserve {self.realtime_reserve} leaves no slot of {self.dsp_slots} "
                 "for normal and background calls"
+            )
+        if self.realtime_default_budget_us > self.realtime_default_period_us:
+            raise ValueError(
+                f"realtime_default_budget_us {self.realtime_default_budget_us} is longer than "
+                f"its period, realtime_default_period_us {self.realtime_default_period_us}"
             )
 
     @property

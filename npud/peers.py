@@ -9,11 +9,17 @@ whole set: a user added to the ``npu`` group with ``usermod -aG`` is in it.
 from __future__ import annotations
 
 import errno
+import grp
 import socket
 import struct
+from collections.abc import Iterable
 from typing import Final, Protocol
 
+import structlog
+
 from npu_client.transport import peer_credentials
+
+log = structlog.get_logger("npud.peers")
 
 SO_PEERGROUPS: Final = getattr(socket, "SO_PEERGROUPS", 59)
 """include/uapi/asm-generic/socket.h (Python 3.11's socket module does not name it)."""
@@ -47,3 +53,15 @@ def identify(sock: _HasSockopt) -> tuple[int, int, int, tuple[int, ...]]:
     """(pid, uid, primary gid, every gid) of the peer."""
     pid, uid, gid = peer_credentials(sock)
     return pid, uid, gid, peer_groups(sock, gid)
+
+
+def group_ids(names: Iterable[str]) -> frozenset[int]:
+    """The gids of the groups named (the system's group database); a name it does not
+    know matches no one, and the log says so."""
+    found: set[int] = set()
+    for name in names:
+        try:
+            found.add(grp.getgrnam(name).gr_gid)
+        except KeyError:
+            log.info("group not on this system; it grants nothing", group=name)
+    return frozenset(found)

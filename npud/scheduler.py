@@ -75,6 +75,10 @@ class Policy:
     background_wait: float = 0.5
     per_client_running: int = 2
     realtime_utilisation: float = 0.5
+    realtime_utilisation_per_owner: float = 0.25
+    """The share of the DSP one owner's (uid's) declared budgets may take together."""
+    realtime_default_budget: Budget | None = None
+    """What a realtime client that declares no budget is admitted with (None: unbounded)."""
 
     def __post_init__(self) -> None:
         if self.dsp_slots < 1:
@@ -108,6 +112,8 @@ class Account:
     name: str
     klass: int
     budget: Budget | None = None
+    owner: int = -1
+    """Whose (a uid): realtime budgets are capped per owner too."""
     vtime: float = 0.0
     """DSP seconds used, as the fairness clock of its class sees them."""
     queued: int = 0
@@ -195,21 +201,19 @@ class Scheduler:
         self._busy_history.append((self._busy_since, 0.0))
 
     # --- clients ---------------------------------------------------------------
-    def open_account(self, name: str, klass: int, budget: Budget | None = None) -> Account:
-        """A client joins; a realtime budget is admitted or refused here."""
+    def open_account(
+        self, name: str, klass: int, budget: Budget | None = None, owner: int = -1
+    ) -> Account:
+        """A client of ``owner`` (a uid) joins; a realtime budget is admitted or refused
+        here. A realtime client that declares none gets the policy's default budget."""
         with self._lock:
+            if budget is not None and klass != REALTIME:
+                raise AdmissionRefusedError("only realtime clients declare a budget")
+            if budget is None and klass == REALTIME:
+                budget = self.policy.realtime_default_budget
             if budget is not None:
-                if klass != REALTIME:
-                    raise AdmissionRefusedError("only realtime clients declare a budget")
-                declared = self._declared() + budget.share
-                bound = self.policy.realtime_utilisation
-                if declared > bound + 1e-9:
-                    raise AdmissionRefusedError(
-                        f"{budget.budget * 1000:g} ms every {budget.period * 1000:g} ms would "
-                        f"bring declared realtime use to {declared:.0%} of the DSP, above the "
-                        f"configured {bound:.0%}"
-                    )
-            account = Account(name, klass, budget)
+                self._admit(budget, owner)
+            account = Account(name, klass, budget, owner)
             actives = [a for a in self._accounts if a.klass == klass]
             account.vtime = min((a.vtime for a in actives), default=0.0)
             self._accounts.add(account)
@@ -470,8 +474,41 @@ class Scheduler:
             account.period_overrun = True
             account.overruns += 1
 
-    def _declared(self) -> float:
-        return sum(a.budget.share for a in self._accounts if a.budget is not None)
+    def _declared(self, owner: int | None = None) -> float:
+        return sum(
+            a.budget.share
+            for a in self._accounts
+            if a.budget is not None and (owner is None or a.owner == owner)
+        )
+
+    def _admit(self, budget: Budget, owner: int) -> None:
+        asked = f"{budget.budget * 1000:g} ms every {budget.period * 1000:g} ms"
+        declared = self._declared() + budget.share
+        bound = self.policy.realtime_utilisation
+        if declared > bound + 1e-9:
+            raise AdmissionRefusedError(
+                f"{asked} would bring declared realtime use to {declared:.0%} of the DSP, "
+                f"above the configured {bound:.0%}"
+            )
+        if owner < 0:
+            return  # no owner to cap (the scheduler's own tests, npud's internal clients)
+        mine = self._declared(owner) + budget.share
+        per_owner = self.policy.realtime_utilisation_per_owner
+        if mine > per_owner + 1e-9:
+            raise AdmissionRefusedError(
+                f"{asked} would bring this user's declared realtime use to {mine:.0%} of "
+                f"the DSP, above the {per_owner:.0%} one user may declare"
+            )
+
+    def demote(self, account: Account) -> None:
+        """``account`` may no longer be realtime (a reload took its user off the list):
+        its calls run as normal from now on, and its budget is given back."""
+        with self._lock:
+            if account.klass != REALTIME:
+                return
+            account.klass = NORMAL
+            account.budget = None
+            account.period_overrun = False
 
     def _note_busy(self, now: float) -> None:
         """Add the slot time used since the last event (cheap: called at every start and

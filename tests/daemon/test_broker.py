@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import grp
 import os
 import struct
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
@@ -21,6 +23,7 @@ from npud.domain.life import Domain
 from npud.fastrpc.dma import DmaBuffer
 from npud.holdings import HeldBuffer
 from npud.requests import HANDLERS, Answer
+from npud.scheduler import NORMAL
 from npud.sim import EmulatedDriver
 from tests.error_scan import leaked_numbers
 
@@ -482,3 +485,38 @@ async def test_status_shows_other_users_only_as_counts(broker: Broker) -> None:
     assert len(broker.status().clients) == 4
     for c in (mine, also_mine, theirs, root):
         await broker.release_client(c, DOMAINS[c])
+
+
+def test_realtime_is_for_the_users_and_groups_the_configuration_names() -> None:
+    """With nothing named, only root and npud's own user may be realtime (it was open to
+    every allowed peer); groups may be named, and a name the system lacks grants nothing
+    (issue 16, item 6)."""
+    closed = make_broker()
+    stranger = Client(pid=1, uid=1000, gid=1000, groups=(1000, 1001))
+    assert closed.grant_priority(stranger, p.Priority.REALTIME) is p.Priority.NORMAL
+    assert closed.grant_priority(stranger, p.Priority.BACKGROUND) is p.Priority.BACKGROUND
+    assert closed.grant_priority(Client(pid=2, uid=0, gid=0), p.Priority.REALTIME) is (
+        p.Priority.REALTIME
+    )
+    root_group = grp.getgrgid(0).gr_name
+    by_name = make_broker(f"[access]\nrealtime_groups = ['{root_group}', 'no-such-group']\n")
+    member = Client(pid=3, uid=1000, gid=1000, groups=(1000, 0))
+    assert by_name.grant_priority(member, p.Priority.REALTIME) is p.Priority.REALTIME
+    assert by_name.grant_priority(stranger, p.Priority.REALTIME) is p.Priority.NORMAL
+    by_uid = make_broker("[access]\nrealtime_uids = [1000]\nrealtime_groups = []\n")
+    assert by_uid.grant_priority(stranger, p.Priority.REALTIME) is p.Priority.REALTIME
+
+
+async def test_a_reload_that_takes_a_user_off_the_list_demotes_its_clients() -> None:
+    async with running("[access]\nrealtime_uids = [1000]\n") as broker:
+        voice = await client(broker, priority=p.Priority.REALTIME, uid=1000)
+        assert voice.account is not None
+        assert voice.account.budget is not None  # the default budget: it declared none
+        broker.config = msgspec.structs.replace(
+            broker.config, access=msgspec.structs.replace(broker.config.access, realtime_uids=())
+        )
+        assert voice.priority is p.Priority.NORMAL
+        assert voice.account.klass == NORMAL
+        assert broker.scheduler.statistics().realtime_declared == 0
+        assert broker.status().clients[0].priority == "normal"
+        await broker.release_client(voice, DOMAINS[voice])

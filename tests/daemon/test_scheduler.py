@@ -226,6 +226,40 @@ def test_budgets_are_admitted_under_the_bound(clock: Clock) -> None:
     assert s.statistics().realtime_declared == pytest.approx(0.425)
 
 
+def test_one_user_cannot_declare_more_than_its_share(clock: Clock) -> None:
+    """One user's 50% budget used to shut another user's voice client out (issue 16,
+    item 6): each user's declarations are capped on their own."""
+    s = make(clock, realtime_utilisation=0.5, realtime_utilisation_per_owner=0.25)
+    s.open_account("mine-1", REALTIME, Budget(period=0.1, budget=0.02), owner=1000)
+    with pytest.raises(AdmissionRefusedError, match="this user's declared realtime use to 30%"):
+        s.open_account("greedy", REALTIME, Budget(period=0.1, budget=0.01), owner=1000)
+    with pytest.raises(AdmissionRefusedError, match="above the 25% one user may declare"):
+        s.open_account("greedier", REALTIME, Budget(period=0.1, budget=0.03), owner=1001)
+    s.open_account("voice", REALTIME, Budget(period=0.032, budget=0.004), owner=1001)
+    assert s.statistics().realtime_declared == pytest.approx(0.325)
+
+
+def test_a_realtime_client_without_a_budget_gets_the_default_one(clock: Clock) -> None:
+    default = Budget(period=0.032, budget=0.004)
+    s = make(clock, realtime_default_budget=default, realtime_utilisation_per_owner=0.3)
+    account = s.open_account("unbudgeted", REALTIME, owner=1000)
+    assert account.budget == default
+    assert s.open_account("normal", NORMAL, owner=1000).budget is None
+    s.open_account("second", REALTIME, owner=1000)  # 25% of the DSP in all for this user
+    with pytest.raises(AdmissionRefusedError, match="one user may declare"):
+        s.open_account("third", REALTIME, owner=1000)
+
+
+def test_a_demoted_account_runs_as_normal_and_gives_its_budget_back(clock: Clock) -> None:
+    s = make(clock, realtime_utilisation=0.5)
+    account = s.open_account("voice", REALTIME, Budget(period=0.1, budget=0.05))
+    s.demote(account)
+    assert (account.klass, account.budget) == (NORMAL, None)
+    assert s.statistics().realtime_declared == 0
+    s.demote(account)  # again: nothing more
+    assert account.klass == NORMAL
+
+
 def test_a_closed_account_frees_its_budget(clock: Clock) -> None:
     s = make(clock, realtime_utilisation=0.5)
     first = s.open_account("vad", REALTIME, Budget(period=0.1, budget=0.05))

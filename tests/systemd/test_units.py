@@ -18,6 +18,7 @@ import pytest
 from npud import config
 from npud.fastrpc import abi
 from tests.systemd.units import (
+    REPO,
     SERVICE,
     SOCKET,
     SYSUSERS,
@@ -119,6 +120,25 @@ def test_users_and_groups_named_by_the_units_are_declared() -> None:
         assert (user, group) in members
     assert socket_unit.value("Socket", "SocketUser") in users
     assert socket_unit.value("Socket", "SocketGroup") in groups
+
+
+def test_the_groups_deploy_md_adds_users_to_are_the_ones_that_let_them_in() -> None:
+    """deploy.md tells the admin which groups to put users in (usermod -aG); each must be
+    declared by sysusers.d, and do what the doc says: npu reaches the socket (its
+    group), npu-realtime is what the shipped npud.toml grants realtime to; and the
+    shipped config must not grant realtime or access to everyone (issue 16, item 12)."""
+    doc = (REPO / "docs" / "deploy.md").read_text()
+    added = {
+        group for groups in re.findall(r"usermod -aG ([\w,-]+)", doc) for group in groups.split(",")
+    }
+    declared, _, _ = _sysusers()
+    assert added == {"npu", "npu-realtime"}
+    assert added <= declared
+    assert socket_unit.value("Socket", "SocketGroup") == "npu"
+    shipped = config.load_config(REPO / "config" / "npud.toml")
+    assert shipped.access.realtime_groups == ("npu-realtime",)
+    assert (shipped.access.realtime_uids, shipped.access.realtime_gids) == ((), ())
+    assert shipped == config.Config(), "the shipped example is the defaults"
 
 
 def test_runtime_directory_agrees_with_tmpfiles_and_the_socket() -> None:
