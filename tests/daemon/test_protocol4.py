@@ -102,7 +102,7 @@ async def test_a_waiting_call_holds_no_slot_and_escapes_the_watchdog(tmp_path: P
         assert refused.error_code is ErrorCode.QUOTA_EXCEEDED
         assert "calls waiting for the DSP quota exceeded: the limit is 2" in refused.message
         # Past the watchdog (0.2 s), nothing was taken as hung.
-        waited = sorted(await peer.answers(2), key=lambda m: m.id or 0)  # either may end first
+        waited = sorted(await peer.answers(2), key=lambda m: getattr(m, "id", 0))  # either first
         assert waited == [p.InvokeReply(id=2), p.InvokeReply(id=3)]
         row = daemon.broker.status().clients[0]
         assert row.hung_calls == 0
