@@ -437,8 +437,9 @@ class Clients:
 
     def check_buffer(self, client: Client, size: int) -> None:
         """Room for one more buffer of ``size`` bytes: for this client, for its user and
-        for the daemon."""
-        counts = [(c, c.objects.pending(Kind.BUFFER)) for c in {*self.snapshot(), client}]
+        for the daemon. A user's and the daemon's bytes include their models' (file and
+        arena): both are memory a client made npud hold."""
+        counts = [(c, _held(c)) for c in {*self.snapshot(), client}]
         scopes = (
             ("buffers", "buffer bytes", self.config.client_limits, (client,)),
             (
@@ -479,7 +480,9 @@ class Clients:
             raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="handles of this user", limit=mine)
 
     def check_model(self, client: Client, size: int) -> None:
-        """Room for one more model of ``size`` bytes (its file, then file plus arena)."""
+        """Room for one more model of ``size`` bytes (its file, then file plus arena): in
+        the client's model limits, in its user's model slots, and in the bytes its user
+        and the daemon may hold (buffers and models together)."""
         mine = self.config.client_limits
         count, used = client.objects.pending(Kind.MODEL)
         if count >= mine.max_models:
@@ -488,9 +491,49 @@ class Clients:
             raise CodedError(
                 ErrorCode.QUOTA_EXCEEDED, resource="model bytes", limit=mine.max_model_bytes
             )
+        everyone = {*self.snapshot(), client}
+        ours = [c for c in everyone if c.uid == client.uid]
+        user = self.config.uid_limits
+        models = sum(c.objects.pending(Kind.MODEL)[0] for c in ours)
+        if models >= user.max_models:
+            raise CodedError(
+                ErrorCode.QUOTA_EXCEEDED, resource="models of this user", limit=user.max_models
+            )
+        if sum(_held(c)[1] for c in ours) + size > user.max_buffer_bytes:
+            raise CodedError(
+                ErrorCode.QUOTA_EXCEEDED,
+                resource="buffer and model bytes of this user",
+                limit=user.max_buffer_bytes,
+            )
+        daemon = self.config.limits
+        if sum(_held(c)[1] for c in everyone) + size > daemon.max_buffer_bytes:
+            raise CodedError(
+                ErrorCode.QUOTA_EXCEEDED,
+                resource="daemon buffer and model bytes",
+                limit=daemon.max_buffer_bytes,
+            )
 
     def check_model_bytes(self, client: Client) -> None:
-        """The client's models, as now sized, are within ``max_model_bytes``."""
+        """The client's models, as now sized (a load learns its arena's size), are within
+        ``max_model_bytes``, and its user's and the daemon's bytes within theirs."""
         limit = self.config.client_limits.max_model_bytes
         if client.objects.pending(Kind.MODEL)[1] > limit:
             raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="model bytes", limit=limit)
+        everyone = {*self.snapshot(), client}
+        user = self.config.uid_limits.max_buffer_bytes
+        if sum(_held(c)[1] for c in everyone if c.uid == client.uid) > user:
+            raise CodedError(
+                ErrorCode.QUOTA_EXCEEDED, resource="buffer and model bytes of this user", limit=user
+            )
+        daemon = self.config.limits.max_buffer_bytes
+        if sum(_held(c)[1] for c in everyone) > daemon:
+            raise CodedError(
+                ErrorCode.QUOTA_EXCEEDED, resource="daemon buffer and model bytes", limit=daemon
+            )
+
+
+def _held(client: Client) -> tuple[int, int]:
+    """What ``client`` holds for the user and daemon quotas: its buffers, and the bytes of
+    its buffers and its models together."""
+    buffers, buffer_bytes = client.objects.pending(Kind.BUFFER)
+    return buffers, buffer_bytes + client.objects.pending(Kind.MODEL)[1]

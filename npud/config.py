@@ -275,7 +275,8 @@ class DaemonLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True
     max_clients: Annotated[_Count, _doc("Connections at once.")] = 64
     max_buffers: Annotated[_Count, _doc("DMA-BUFs held for all clients together.")] = 4096
     max_buffer_bytes: Annotated[
-        _Bytes, _doc("Bytes of DMA-BUFs held for all clients together.")
+        _Bytes,
+        _doc("Bytes of DMA-BUFs and of loaded models (files and arenas) held for all clients."),
     ] = 4 << 30
 
 
@@ -448,9 +449,14 @@ class UidLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     max_clients: Annotated[_Count, _doc("Connections of one user at once.")] = 16
     max_buffers: Annotated[_Count, _doc("DMA-BUFs held for one user.")] = 2048
     max_buffer_bytes: Annotated[
-        _Bytes, _doc("Bytes of DMA-BUFs held for one user: half the daemon's, by default.")
+        _Bytes,
+        _doc(
+            "Bytes of DMA-BUFs and of loaded models (files and arenas) held for one user: "
+            "half the daemon's, by default."
+        ),
     ] = 2 << 30
     max_handles: Annotated[_Count, _doc("Remote handles one user may have open.")] = 256
+    max_models: Annotated[_Count, _doc("Models one user's connections may have loaded.")] = 16
     max_fds_waiting: Annotated[
         _Count,
         _doc(

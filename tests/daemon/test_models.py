@@ -225,6 +225,43 @@ async def test_quotas_on_models_and_their_bytes(tmp_path: Path) -> None:
             await model.unload()
 
 
+async def test_models_count_in_their_users_and_the_daemons_memory(tmp_path: Path) -> None:
+    """Arenas and model files count in the bytes a user and the daemon may hold, with
+    buffers; model slots are counted per user too (one uid held 1792 MiB of arenas past
+    caps of 256 MiB: issue 16, item 5)."""
+    path = model_file(tmp_path, onnx_models.add_one())
+    size = path.stat().st_size
+    per_user = f"[uid_limits]\nmax_buffer_bytes = {64 * 1024 + size}\nmax_models = 3\n"
+    async with (
+        serve_daemon(tmp_path, per_user),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock"), name="a") as a,
+        trio_client.open_trio_client(str(tmp_path / "npud.sock"), name="b") as b,
+    ):
+        held = await a.alloc(64 * 1024)
+        with pytest.raises(
+            npu_client.QuotaExceeded, match="buffer and model bytes of this user quota"
+        ):
+            await b.load_model(path)  # another connection, the same user
+        await held.free()
+        models = [await client.load_model(path) for client in (a, b, a)]
+        with pytest.raises(npu_client.QuotaExceeded, match="models of this user quota"):
+            await b.load_model(path)
+        with pytest.raises(npu_client.QuotaExceeded, match="buffer bytes of this user"):
+            await a.alloc(64 * 1024)  # the models' bytes count against buffers too
+        for model in models:
+            await model.unload()
+    daemon_wide = f"[limits]\nmax_buffer_bytes = {2 * (8192 + size)}\n"
+    async with (
+        serve_daemon(tmp_path, daemon_wide),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock"), name="a") as a,
+    ):
+        kept = [await a.load_model(path) for _ in range(2)]
+        with pytest.raises(npu_client.QuotaExceeded, match="daemon buffer and model bytes"):
+            await a.load_model(path)
+        for model in kept:
+            await model.unload()
+
+
 async def test_the_model_file_fd_is_closed_once_whatever_happens(tmp_path: Path) -> None:
     """A raw peer sends model_load frames whose fd is refused, fails and succeeds; the
     daemon (in this process) ends with exactly the fds it started with."""
