@@ -25,6 +25,7 @@ which trio tasks and threads can both wait on.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import threading
@@ -405,6 +406,28 @@ class Clients:
         self.config = config
         self._lock = threading.Lock()
         self._all: set[Client] = set()
+        self._loading: collections.Counter[int] = collections.Counter()
+        """Model loads in flight (arrived, not ended), by uid."""
+
+    def begin_load(self, client: Client) -> None:
+        """One more model load of ``client``'s user in flight; QUOTA_EXCEEDED past
+        ``[uid_limits] max_loads_in_flight`` (the loader takes users in turns, and this
+        bounds how many turns one user queues). Pair with :meth:`end_load`."""
+        limit = self.config.uid_limits.max_loads_in_flight
+        with self._lock:
+            if self._loading[client.uid] >= limit:
+                raise CodedError(
+                    ErrorCode.QUOTA_EXCEEDED,
+                    resource="model loads in flight of this user",
+                    limit=limit,
+                )
+            self._loading[client.uid] += 1
+
+    def end_load(self, client: Client) -> None:
+        with self._lock:
+            self._loading[client.uid] -= 1
+            if self._loading[client.uid] <= 0:
+                del self._loading[client.uid]
 
     def snapshot(self) -> tuple[Client, ...]:
         """The clients now (any thread)."""

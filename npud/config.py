@@ -457,6 +457,13 @@ class UidLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     ] = 2 << 30
     max_handles: Annotated[_Count, _doc("Remote handles one user may have open.")] = 256
     max_models: Annotated[_Count, _doc("Models one user's connections may have loaded.")] = 16
+    max_loads_in_flight: Annotated[
+        _Count,
+        _doc(
+            "Model loads of one user in flight at once (a domain's loader takes users in "
+            "turns; this bounds how many one user queues)."
+        ),
+    ] = 2
     max_fds_waiting: Annotated[
         _Count,
         _doc(

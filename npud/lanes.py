@@ -79,11 +79,17 @@ class LanePool:
         if threads < 1:
             raise ValueError("a lane pool needs at least one thread")
         self.name = name
-        # Jobs wait in a heap ordered by (priority, arrival); every job put in
+        # Jobs wait in a heap ordered by (priority, turn, arrival); every job put in
         # also puts one wake-up token in a SimpleQueue, on which idle threads
         # block. SimpleQueue is C code: a hand-off costs about a quarter of a
         # queue.PriorityQueue's, which is most of a short invoke's overhead.
-        self._heap: list[tuple[int, int, _Job[object] | None]] = []
+        # A job's turn takes turns between submitters (``fair_key``): each key's
+        # next job comes one turn after its last, and no earlier than the turn now
+        # being served, so a key with many jobs waiting is served in turn with the
+        # others instead of before them (start-time fair queueing, by jobs).
+        self._heap: list[tuple[int, int, int, _Job[object] | None]] = []
+        self._turn_now = 0
+        self._next_turn: dict[object, int] = {}
         self._heap_lock = threading.Lock()
         self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._seq = itertools.count()
@@ -158,8 +164,11 @@ class LanePool:
         assert job.result is not None
         return job.result.unwrap()
 
-    def submit(self, fn: Callable[[], object], *, priority: int = 0) -> None:
-        """Run ``fn`` on a lane without waiting; its failure is logged, not raised."""
+    def submit(
+        self, fn: Callable[[], object], *, priority: int = 0, fair_key: object = None
+    ) -> None:
+        """Run ``fn`` on a lane without waiting; its failure is logged, not raised.
+        ``fair_key``: whose job it is (a uid); jobs of different keys take turns."""
 
         def logged() -> None:
             try:
@@ -167,11 +176,17 @@ class LanePool:
             except Exception:
                 log.exception("lane job failed", lane=self.name)
 
-        self._put(priority, _Job(logged, None))
+        self._put(priority, _Job(logged, None), fair_key)
 
-    def _put(self, priority: int, job: _Job[object] | None) -> None:
+    def _put(self, priority: int, job: _Job[object] | None, fair_key: object = None) -> None:
         with self._heap_lock:
-            heapq.heappush(self._heap, (priority, next(self._seq), job))
+            turn = max(self._turn_now, self._next_turn.get(fair_key, 0))
+            self._next_turn[fair_key] = turn + 1
+            if len(self._next_turn) > 1024:  # keys long served: forget them
+                self._next_turn = {
+                    key: due for key, due in self._next_turn.items() if due > self._turn_now
+                }
+            heapq.heappush(self._heap, (priority, turn, next(self._seq), job))
         self._tokens.put(None)
 
     @staticmethod
@@ -231,7 +246,8 @@ class LanePool:
         while True:
             self._tokens.get()
             with self._heap_lock:
-                _, _, job = heapq.heappop(self._heap)
+                _, turn, _, job = heapq.heappop(self._heap)
+                self._turn_now = max(self._turn_now, turn)
             if job is None:
                 return
             with job.lock:

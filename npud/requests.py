@@ -483,6 +483,8 @@ class LoadModel(Handler[p.ModelLoadRequest]):
                 ErrorCode.MODEL_FILE_UNREADABLE, detail=f"cannot stat the file: {exc.strerror}"
             ) from None
         self.quotas.check_model(self.client, size)
+        self.quotas.begin_load(self.client)
+        self._loading = True
         self.entry = self.client.objects.reserve(Kind.MODEL, size)
 
     def run(self) -> Answer:
@@ -535,7 +537,12 @@ class LoadModel(Handler[p.ModelLoadRequest]):
         )
         return Answer(reply, reply_fd)
 
+    _loading = False
+
     def end(self) -> None:
+        if self._loading:
+            self._loading = False
+            self.quotas.end_load(self.client)
         # The client's file: its close may block (FUSE), and this may be the loader lane.
         if self.file.fd >= 0:
             self.domain.device.close_later(self.client.uid, [self.file.detach()])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 
@@ -155,3 +156,27 @@ async def test_submit_runs_without_waiting_and_logs_failures(pool: LanePool) -> 
         assert await trio.to_thread.run_sync(done.wait, 5)
         await pool.call(lambda: None)  # the lane survived the failure
     assert [(e["event"], e["lane"]) for e in logs] == [("lane job failed", "test")]
+
+
+def test_submitters_take_turns(pool: LanePool) -> None:
+    """One user's eight queued loads do not all go before another user's open (issue 16,
+    item 4): jobs of different fair keys alternate; jobs of one key keep their order."""
+    gate, started = threading.Event(), threading.Event()
+    order: list[str] = []
+    finished = threading.Event()
+
+    def blocker() -> None:
+        started.set()
+        gate.wait(10)
+
+    pool.submit(blocker, fair_key="a")
+    assert started.wait(10)
+    for index in range(4):
+        pool.submit(functools.partial(order.append, f"a{index}"), fair_key="a")
+    pool.submit(lambda: order.append("b0"), fair_key="b")
+    pool.submit(lambda: order.append("b1"), fair_key="b")
+    pool.submit(lambda: order.append("none"))
+    pool.submit(finished.set, fair_key="a")  # a's last turn: after everything above
+    gate.set()
+    assert finished.wait(10)
+    assert order == ["b0", "none", "a0", "b1", "a1", "a2", "a3"]

@@ -424,3 +424,26 @@ async def test_a_model_that_may_loop_without_end_is_refused_at_load(tmp_path: Pa
         assert "unroll it" in str(caught.value)
         assert await totals(npu) == before
         assert daemon.broker.status().domains[0].models == 0
+
+
+async def test_a_users_model_loads_in_flight_are_bounded(tmp_path: Path) -> None:
+    """Three loads sent at once by one user: two go to the loader, the third is refused
+    at once, and a load after them is served (issue 16, item 4)."""
+    path = model_file(tmp_path, onnx_models.large_add(1 << 20))
+    async with serve_daemon(tmp_path, "[client_limits]\nmax_model_bytes = 268435456\n"):
+        peer = await RawPeer.connect(tmp_path / "npud.sock")
+        fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for _ in range(3)]
+        for request_id, fd in enumerate(fds, start=1):
+            frame, numbers = peer.protocol.send(p.ModelLoadRequest(id=request_id, fd=fd))
+            await peer.sock.sendmsg([frame], fds_ancillary(numbers))
+        for fd in fds:
+            os.close(fd)
+        answers = {answer.id: answer for answer in await peer.answers(3)}  # type: ignore[union-attr]
+        refused = answers[3]
+        assert isinstance(refused, p.ErrorMessage)
+        assert refused.error_code is ErrorCode.QUOTA_EXCEEDED
+        assert "model loads in flight of this user quota exceeded: the limit is 2" in (
+            refused.message
+        )
+        assert all(isinstance(answers[i], p.ModelLoadReply) for i in (1, 2))
+        peer.close()
