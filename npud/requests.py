@@ -227,7 +227,7 @@ class Alloc(Handler[p.AllocRequest]):
         scope = memory.pool.scope(client, client.uid)
         try:
             buffer, mapping = memory.allocate(
-                self.entry.size, scope, domain.registry, self._fallback
+                self.entry.size, scope, domain.registry, self._fallback, taker=client
             )
         except BaseException:
             objects.failed(self.entry)
@@ -278,7 +278,7 @@ class Free(Handler[p.FreeRequest]):
             let_go(domain, buffers=[HeldBuffer(held.buffer, mapping)], strict=True)
             return Answer(p.FreeReply(id=self.request.id))
         scope = memory.pool.scope(client, client.uid)
-        if not memory.free(scope, held.buffer, mapping, domain.control.submit) and mapping:
+        if not memory.free(scope, held.buffer, mapping, domain.control.submit, client) and mapping:
             let_go(domain, buffers=[HeldBuffer(held.buffer, mapping)], strict=True)
         return Answer(p.FreeReply(id=self.request.id))
 

@@ -69,13 +69,14 @@ class Memory:
         scope: Scope,
         domain: object,
         fallback: Callable[[int], DmaBuffer],
+        taker: object = None,
     ) -> tuple[DmaBuffer, MappingLease | None]:
         """A buffer of ``size`` bytes (whole pages) for ``scope``: a kept one when the pool
         has one (with its mapping lease when it is mapped in ``domain``), else a new one
         from the heap, or from ``fallback(size)`` (the domain's session) without a heap.
         A new one that cannot be had is tried once more after the pool let go of all it
         kept: the pool never makes an allocation fail."""
-        taken = self.pool.take(scope, size, domain)
+        taken = self.pool.take(scope, size, domain, taker)
         if taken is not None:
             return taken
         try:
@@ -103,11 +104,13 @@ class Memory:
         buffer: DmaBuffer,
         mapping: MappingLease | None,
         lane: Callable[[Job], None],
+        freed_by: object = None,
     ) -> bool:
-        """A client freed ``buffer`` (its mapping lease, if still held, with it): the pool
-        keeps it, or it is let go. True when the pool kept the lease too; False when the
-        caller must give the lease back (then the buffer is let go right after)."""
-        if self.pool.give(scope, buffer, mapping, lane):
+        """A client (connection ``freed_by``) freed ``buffer`` (its mapping lease, if still
+        held, with it): the pool keeps it, or it is let go. True when the pool kept the
+        lease too; False when the caller must give the lease back (then the buffer is let
+        go right after)."""
+        if self.pool.give(scope, buffer, mapping, lane, freed_by):
             return True
         if mapping is None or not mapping.valid:
             self.release(buffer)

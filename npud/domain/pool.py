@@ -20,7 +20,9 @@ it included (an allocation always reads zeros, as a new buffer does). The zeroin
 job of its own on the freeing domain's control lane, queued when the buffer enters the
 pool: the free's reply does not wait for it, and an allocation of that domain that
 arrives after the free runs after it on the same lane, so it finds the buffer zeroed.
-An allocation takes only zeroed buffers; it never zeroes one itself.
+An allocation takes only zeroed buffers, and zeroes one again when another connection
+than the one that freed it takes it (``share = "user"``): the freeing connection may
+have kept an fd or a mapping and written through it after its free.
 
 What is never kept: a buffer that an invoke still uses when it is freed (the DSP may
 still write into it: it is released when the invoke returns, as without the pool); a
@@ -78,6 +80,8 @@ class _Kept:
     zeroing: bool = False
     doomed: bool = False
     """Let go while being zeroed: the zeroing job releases it when done."""
+    freed_by: object = None
+    """The connection that freed it: anyone else gets it zeroed once more."""
 
     @property
     def domain(self) -> object | None:
@@ -148,11 +152,13 @@ class BufferPool:
 
     # --- allocation and free (control lanes) -------------------------------------------------
     def take(
-        self, scope: Scope, size: int, domain: object
+        self, scope: Scope, size: int, domain: object, taker: object = None
     ) -> tuple[DmaBuffer, MappingLease | None] | None:
         """A kept, zeroed buffer of exactly ``size`` bytes for ``scope``, back in use, with
         its mapping lease when it is mapped in ``domain`` (a registry); or None. The
-        caller now holds the buffer (and the lease)."""
+        caller now holds the buffer (and the lease). A buffer that ``taker`` (a
+        connection) did not free itself is zeroed again first: the connection that freed
+        it may have kept an fd or a mapping and written through it since."""
         with self._lock:
             if not self._settings.enabled:
                 return None
@@ -165,6 +171,8 @@ class BufferPool:
                 return None
             self._forget_locked(kept)
             self._counters.hits += 1
+        if kept.freed_by is not taker:
+            kept.buffer.zero()
         kept.buffer.unpark()
         mapping = kept.mapping if kept.mapping is not None and kept.mapping.valid else None
         return kept.buffer, mapping
@@ -175,11 +183,13 @@ class BufferPool:
         buffer: DmaBuffer,
         mapping: MappingLease | None,
         lane: Callable[[Job], None],
+        freed_by: object = None,
     ) -> bool:
-        """Offer a buffer its client freed, with its mapping lease if the client had it
-        mapped and the pool keeps mappings. True: the pool keeps both (the caller lets go
-        of neither); False: the caller releases them, as without the pool. The zeroing
-        is queued on ``lane`` (the freeing domain's control lane)."""
+        """Offer a buffer its client (connection ``freed_by``) freed, with its mapping
+        lease if the client had it mapped and the pool keeps mappings. True: the pool
+        keeps both (the caller lets go of neither); False: the caller releases them, as
+        without the pool. The zeroing is queued on ``lane`` (the freeing domain's control
+        lane)."""
         settings = self._settings
         if (
             not settings.enabled
@@ -189,7 +199,7 @@ class BufferPool:
         ):
             self._count_passed()
             return False
-        kept = _Kept(buffer, scope, self._clock(), mapping, zeroing=True)
+        kept = _Kept(buffer, scope, self._clock(), mapping, zeroing=True, freed_by=freed_by)
         with self._lock:
             filled = not self._order
             self._order[buffer] = kept

@@ -242,3 +242,31 @@ async def test_with_share_user_another_users_client_never_gets_it() -> None:
         assert other is not buffer
         _, same = await alloc(broker, also_mine, SIZE)
         assert same is buffer
+
+
+async def test_a_write_through_a_mapping_kept_after_free_never_reaches_another_holder(
+    tmp_path: Path,
+) -> None:
+    """A process that keeps its fd and mapping after its free and writes through them:
+    the next holder, another connection of the same user (share = "user"), still reads
+    zeros, because a buffer another connection freed is zeroed again when handed out
+    (issue 16, item 9)."""
+    import mmap
+
+    async with serve_daemon(tmp_path, "[pool]\nshare = 'user'\n") as daemon:
+        peer = await RawPeer.connect(tmp_path / "npud.sock")
+        await peer.write(p.AllocRequest(id=1, size=SIZE))
+        allocated = await peer.next()
+        assert isinstance(allocated, p.AllocReply)
+        kept_view = mmap.mmap(peer.fds[-1], SIZE)  # kept past the free
+        await peer.write(p.FreeRequest(id=2, buffer=allocated.buffer))
+        assert await peer.next() == p.FreeReply(id=2)
+        await settled(daemon)  # the pool zeroed it
+        kept_view[:] = b"\xee" * SIZE  # written after the free
+        async with open_trio_client(tmp_path / "npud.sock", name="next") as following:
+            other = await following.alloc(SIZE)
+            assert inode(other.fd) == inode(peer.fds[-1])  # that very buffer
+            assert bytes(other.view()) == bytes(SIZE)
+            await other.free()
+        kept_view.close()
+        peer.close()
