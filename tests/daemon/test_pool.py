@@ -217,10 +217,12 @@ async def test_idle_buffers_are_trimmed_and_a_reload_applies_the_pool_settings(
         # machine), and turning the pool off then releases what it kept.
         broker = daemon.broker
         broker.config = msgspec.structs.replace(broker.config, pool=PoolConfig(idle_seconds=3600))
+        await broker.device.closer.call(lambda: None)  # where the reload reconfigures the pool
         await (await idle.alloc(SIZE)).free()
         await settled(daemon)
         assert pool_of(daemon).buffers == 1
         broker.config = msgspec.structs.replace(broker.config, pool=PoolConfig(enabled=False))
+        await broker.device.closer.call(lambda: None)
         await settled(daemon)
         row = pool_of(daemon)
         assert (row.enabled, row.buffers, row.dropped) == (False, 0, 1)
