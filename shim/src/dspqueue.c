@@ -304,7 +304,6 @@ static int dom_create(struct dspq_domain **out) {
     pthread_mutex_init(&d->send_mu, NULL);
     init_cond(&d->send_cv);
     d->state_fd = -1;
-    d->session = port_session();
 
     int rc = port_open(DSPQ_RPC_URI "&_dom=cdsp&_session=0", &d->rpc);
     if (rc != 0) {
@@ -313,9 +312,9 @@ static int dom_create(struct dspq_domain **out) {
         dom_free(d);
         return rc == AEE_ECONNRESET ? rc : AEE_EUNSUPPORTED; /* as libcdsprpc */
     }
-    if (d->session == 0) {
-        d->session = port_session();
-    }
+    /* the process the module was opened in (npud announces a new one before any
+     * answer from it, so this is the open's) */
+    d->session = port_session();
     void *state = NULL;
     rc = port_alloc(STATE_SIZE, &state);
     if (rc != 0) {
