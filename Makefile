@@ -8,7 +8,7 @@ SOCKET ?=
 # More npud options for `make run`, e.g. ARGS='--config my.toml'.
 ARGS   ?=
 
-.PHONY: install run test test-deps lint typecheck unit docs bench campaign clean
+.PHONY: install run test test-deps lint typecheck unit docs bench campaign shim peer-llama clean
 
 $(STAMP): pyproject.toml protocol/pyproject.toml client/pyproject.toml protocol/src/npu_protocol/_version.py
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || { \
@@ -50,5 +50,14 @@ bench: $(STAMP)
 campaign: $(STAMP)
 	$(BIN)/python -m bench.campaign
 
+# npud's libcdsprpc.so.1, for unmodified FastRPC programs (shim/README.md): shim/build/.
+shim:
+	$(MAKE) -C shim
+
+# llama.cpp's Hexagon backend built against it, from the llama-cpp-python sdist, cached
+# outside the tree (scripts/peer-llama.sh --help).
+peer-llama: shim
+	bash scripts/peer-llama.sh
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis shim/build

@@ -8,7 +8,7 @@ readonly PROG=test-deps.sh
 # tool|package|why: a tool is a command on PATH or an absolute path that must exist.
 readonly NEEDS=(
     "gcc|gcc|the ABI check and the skels' host build compile C"
-    "make|make|the skels' host build"
+    "make|make|the skels' host build and npud's libcdsprpc (shim/)"
     "/usr/include/misc/fastrpc.h|linux-libc-dev|the ABI check reads the kernel's uapi header"
     "shellcheck|shellcheck|every shell script is linted"
     "systemd-analyze|systemd|systemd-analyze verify and security on the units"
@@ -18,6 +18,8 @@ readonly NEEDS=(
     "zstd|zstd|doctor reads zstd-compressed firmware"
     "dash|dash|config/portal-npu.sh is sourced by POSIX shells"
     "groff|groff-base|the man pages are checked by groff"
+    "g++|g++|npud's libcdsprpc headers are checked as C++ (llama.cpp includes them)"
+    "/usr/include/msgpack.h|libmsgpack-dev|npud's libcdsprpc speaks msgpack through msgpack-c"
 )
 
 usage() {

@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# llama.cpp's Hexagon backend, built unmodified against npud's libcdsprpc
+# (shim/README.md, "llama.cpp"). Every step is cached outside the tree.
+set -euo pipefail
+
+readonly PROG=peer-llama.sh
+readonly VERSION=0.3.36
+readonly SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+readonly DEFAULT_STEPS=(fetch cpu hexagon helpers models)
+readonly ALL_STEPS=(fetch cpu hexagon helpers models run)
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+readonly REPO
+CACHE=${NPUD_PEER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/npud-peer}
+readonly CACHE
+JOBS=${JOBS:-$(nproc)}
+readonly JOBS
+PYTHON=${PYTHON:-python3}
+readonly PYTHON
+
+readonly SDIST=$CACHE/dl/llama_cpp_python-$VERSION.tar.gz
+readonly SRC=$CACHE/src/llama_cpp_python-$VERSION
+readonly LLAMA=$SRC/vendor/llama.cpp
+readonly HEX=$LLAMA/ggml/src/ggml-hexagon
+readonly CPU_BUILD=$CACHE/build-cpu
+readonly BIN=$CPU_BUILD/bin
+readonly HEX_BUILD=$CACHE/hexagon
+readonly HELPERS=$CACHE/helpers
+readonly MODELS=$CACHE/models
+readonly VENV=$CACHE/venv
+readonly SHIM_BUILD=$CACHE/shim
+
+usage() {
+    cat <<EOF
+Usage: $PROG [STEP...]
+       $PROG --help
+
+Build llama.cpp's Hexagon backend (ggml-hexagon, from the llama-cpp-python
+$VERSION sdist on PyPI, unmodified) against npud's libcdsprpc headers and
+the hand-written htp_iface stub (shim/include, shim/htp), with what its peer
+test needs. Each step is cached and redone only when its inputs change.
+
+Steps (default: ${DEFAULT_STEPS[*]}):
+  fetch     download the sdist (pip), check its SHA-256, extract it
+  cpu       llama.cpp CPU-only, backends as libraries (GGML_BACKEND_DL):
+            test-llama-archs, llama-simple (about 10 minutes on 2 cores)
+  hexagon   libggml-hexagon.so beside them, and npud's libcdsprpc.so.1
+  helpers   libnpud-load-all.so: LD_PRELOAD that loads the backends before
+            main(), so test-llama-archs sees the Hexagon device
+  models    tiny GGUF llamas (f16, q8_0, q4_0) with a planted greedy answer
+  run       llama.cpp through npud: not yet (it needs the emulated DSP side,
+            the dspqueue_rpc and htp skels); says so and fails
+
+Cache: \$NPUD_PEER_CACHE, else \$XDG_CACHE_HOME/npud-peer, else
+~/.cache/npud-peer (now $CACHE). CI keeps it between steps.
+Environment: JOBS (build jobs, default nproc), PYTHON (default python3).
+Needs: gcc, g++, make, cmake, ninja (or make), python3 with venv and pip,
+msgpack-c (libmsgpack-dev); network access to PyPI for fetch and models.
+
+Exit status: 0 done, 1 a step failed, 2 bad usage, 3 run is not ready.
+EOF
+}
+
+log() {
+    printf '%s: %s\n' "$PROG" "$*" >&2
+}
+
+die() {
+    log "$*"
+    exit 1
+}
+
+need() {
+    local tool
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || die "missing $tool (install it: see --help)"
+    done
+}
+
+# A digest of files (and words): a step is redone when its inputs' digest changes.
+digest() {
+    local item
+    for item in "$@"; do
+        if [[ -f $item ]]; then
+            sha256sum "$item"
+        else
+            printf '%s\n' "$item"
+        fi
+    done | sha256sum | cut -d' ' -f1
+}
+
+fresh() { # fresh STAMP DIGEST: the stamp says the work was done for these inputs
+    [[ -f $1 && $(<"$1") == "$2" ]]
+}
+
+timed() {
+    local name=$1 start
+    shift
+    start=$(date +%s)
+    "$@"
+    log "$name: $(($(date +%s) - start)) s"
+}
+
+step_fetch() {
+    if [[ ! -f $SDIST ]]; then
+        need "$PYTHON"
+        mkdir -p "$CACHE/dl"
+        log "downloading llama-cpp-python $VERSION (sdist) from PyPI"
+        "$PYTHON" -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+            "llama-cpp-python==$VERSION" -d "$CACHE/dl"
+    fi
+    local sum
+    sum=$(sha256sum "$SDIST" | cut -d' ' -f1)
+    [[ $sum == "$SDIST_SHA256" ]] || die "$SDIST: SHA-256 $sum, expected $SDIST_SHA256"
+    if [[ ! -f $HEX/ggml-hexagon.cpp ]]; then
+        local scratch=$CACHE/src.partial
+        rm -rf "$scratch"
+        mkdir -p "$scratch" "$CACHE/src"
+        tar -xzf "$SDIST" -C "$scratch"
+        rm -rf "$SRC"
+        mv "$scratch/llama_cpp_python-$VERSION" "$SRC"
+        rmdir "$scratch"
+    fi
+    [[ -f $HEX/ggml-hexagon.cpp ]] || die "the sdist has no ggml/src/ggml-hexagon"
+}
+
+step_cpu() {
+    need cmake g++
+    local generator=(-G "Unix Makefiles")
+    if command -v ninja >/dev/null; then
+        generator=(-G Ninja)
+    fi
+    if [[ ! -f $CPU_BUILD/CMakeCache.txt ]]; then
+        cmake -S "$LLAMA" -B "$CPU_BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+            -DGGML_BACKEND_DL=ON -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF \
+            -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=OFF \
+            -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF >"$CACHE/cpu-configure.log"
+    fi
+    cmake --build "$CPU_BUILD" -j "$JOBS" --target test-llama-archs llama-simple \
+        >"$CACHE/cpu-build.log" || die "the CPU build failed: $CACHE/cpu-build.log"
+}
+
+step_hexagon() {
+    need gcc g++ make
+    [[ -f $BIN/libggml-base.so ]] || die "no CPU build yet: run the cpu step"
+    local inputs=("$REPO"/shim/include/*.h "$REPO"/shim/htp/* "$HEX/ggml-hexagon.cpp"
+        "$HEX/htp-drv.cpp" "$BIN/libggml-base.so" "$VERSION")
+    local sum
+    sum=$(digest "${inputs[@]}")
+    if ! fresh "$HEX_BUILD/stamp" "$sum"; then
+        mkdir -p "$HEX_BUILD"
+        # Flags as CMake's ggml_add_backend_library sets them; __fp16 is only sizeof'd
+        # on the host. No compat header: shim/include has what these sources need.
+        local cxxflags=(-std=c++17 -O2 -fPIC -DNDEBUG -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED
+            -DGGML_BACKEND_DL -DGGML_SHARED -D__fp16=uint16_t
+            -I"$REPO/shim/include" -I"$REPO/shim/htp" -I"$HEX" -I"$HEX/htp"
+            -I"$LLAMA/ggml/src" -I"$LLAMA/ggml/include")
+        g++ "${cxxflags[@]}" -c "$HEX/htp-drv.cpp" -o "$HEX_BUILD/htp-drv.o"
+        g++ "${cxxflags[@]}" -c "$HEX/ggml-hexagon.cpp" -o "$HEX_BUILD/ggml-hexagon.o"
+        gcc -std=c11 -O2 -fPIC -Wall -Wextra -Werror -I"$REPO/shim/include" \
+            -I"$REPO/shim/htp" -c "$REPO/shim/htp/htp_iface_stub.c" \
+            -o "$HEX_BUILD/htp_iface_stub.o"
+        # shellcheck disable=SC2016 # $ORIGIN is for the dynamic linker
+        g++ -shared -fPIC -o "$HEX_BUILD/libggml-hexagon.so" "$HEX_BUILD/ggml-hexagon.o" \
+            "$HEX_BUILD/htp-drv.o" "$HEX_BUILD/htp_iface_stub.o" -L"$BIN" -lggml-base \
+            -Wl,-rpath,'$ORIGIN' -ldl -lpthread -Wl,--no-undefined
+        printf '%s\n' "$sum" >"$HEX_BUILD/stamp"
+    fi
+    # ggml_backend_load_all() finds backends beside the executable
+    cp -p "$HEX_BUILD/libggml-hexagon.so" "$BIN/libggml-hexagon.so"
+    make --no-print-directory -C "$REPO/shim" OUT="$SHIM_BUILD" >"$CACHE/shim-build.log" ||
+        die "npud's libcdsprpc did not build: $CACHE/shim-build.log"
+}
+
+step_helpers() {
+    need gcc
+    [[ -f $BIN/libggml.so ]] || die "no CPU build yet: run the cpu step"
+    local sum
+    sum=$(digest "$REPO/shim/peer/load_all.c" "$BIN/libggml.so" "$VERSION")
+    if ! fresh "$HELPERS/stamp" "$sum"; then
+        mkdir -p "$HELPERS"
+        gcc -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror -I"$LLAMA/ggml/include" \
+            "$REPO/shim/peer/load_all.c" -o "$HELPERS/libnpud-load-all.so" \
+            -L"$BIN" -lggml -lggml-base -Wl,-rpath,"$BIN"
+        printf '%s\n' "$sum" >"$HELPERS/stamp"
+    fi
+}
+
+step_models() {
+    need "$PYTHON"
+    local script=$REPO/shim/peer/make_tiny_llama.py sum
+    if [[ ! -x $VENV/bin/python ]]; then
+        "$PYTHON" -m venv "$VENV"
+    fi
+    sum=$(digest "$LLAMA/gguf-py/pyproject.toml" "$VERSION")
+    if ! fresh "$VENV/stamp" "$sum"; then
+        "$VENV/bin/python" -m pip install --quiet "$LLAMA/gguf-py"
+        printf '%s\n' "$sum" >"$VENV/stamp"
+    fi
+    mkdir -p "$MODELS"
+    local type
+    for type in f16 q8_0 q4_0; do
+        sum=$(digest "$script" "$type")
+        if ! fresh "$MODELS/tiny-llama-$type.stamp" "$sum"; then
+            "$VENV/bin/python" "$script" "$MODELS/tiny-llama-$type.gguf" --type "$type" >&2
+            printf '%s\n' "$sum" >"$MODELS/tiny-llama-$type.stamp"
+        fi
+    done
+}
+
+# Later: npud on the emulator with the dspqueue_rpc and htp skels, then
+#   LD_LIBRARY_PATH=$SHIM_BUILD NPUD_SOCKET=... $BIN/llama-simple -m $MODELS/tiny-llama-f16.gguf
+#       -n 24 "hello world"       (the CPU's greedy text, exactly)
+#   LD_PRELOAD=$HELPERS/libnpud-load-all.so ... $BIN/test-llama-archs -a llama -b HTP0
+step_run() {
+    log "run: not yet: llama.cpp through npud needs the emulated DSP side (the dspqueue_rpc"
+    log "and htp skels); the build is in $CACHE"
+    exit 3
+}
+
+main() {
+    local steps=("$@") step known known_step
+    if ((${#steps[@]} == 0)); then
+        steps=("${DEFAULT_STEPS[@]}")
+    fi
+    for step in "${steps[@]}"; do
+        case $step in
+            -h | --help) usage; exit 0 ;;
+        esac
+        known=0
+        for known_step in "${ALL_STEPS[@]}"; do
+            [[ $step == "$known_step" ]] && known=1
+        done
+        if ((known == 0)); then
+            printf '%s: unknown step: %s\nTry %s --help.\n' "$PROG" "$step" "$PROG" >&2
+            exit 2
+        fi
+    done
+    mkdir -p "$CACHE"
+    for step in "${steps[@]}"; do
+        timed "$step" "step_$step"
+    done
+    log "done: $BIN (llama.cpp, libggml-hexagon.so), $SHIM_BUILD, $HELPERS, $MODELS"
+}
+
+main "$@"

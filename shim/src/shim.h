@@ -1,0 +1,71 @@
+/*
+ * shim.h -- what the parts of npud's libcdsprpc share.
+ *
+ * Layout of the library (shim/README.md has the whole story):
+ *   fault.c    the n-th-call fault hook (built in with -DSHIM_FAULTS) and the
+ *              allocation wrappers every part uses
+ *   log.c      NPUD_SHIM_LOG diagnostics
+ *   errors.c   npud error codes -> AEE codes, in one table
+ *   wire.c     frames and msgpack helpers (no I/O)
+ *   conn.c     the one connection of the process: Hello, the reader thread,
+ *              pipelined requests and their waiters, events
+ *   mem.c      rpcmem, fastrpc_mmap/munmap, remote_register_buf*
+ *   handles.c  remote_handle*_open/invoke/close and the controls
+ *   port.c     what dspqueue.c needs, on top of mem.c and handles.c
+ *   dspq_ring.c, dspq_rpc.c, dspqueue.c   dspqueue, CPU side
+ */
+#ifndef NPUD_SHIM_H
+#define NPUD_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The exported ABI (the version script lists the same names). */
+#define SHIM_API __attribute__((visibility("default")))
+
+/* ---- fault.c --------------------------------------------------------------------- */
+#ifdef SHIM_FAULTS
+/* 1 when this call (the n-th fault point passed, NPUD_SHIM_FAULT_AT=n) must fail. */
+int shim_fault(const char *what);
+#define FAULT(what) shim_fault(what)
+#else
+#define FAULT(what) 0
+#endif
+
+/* malloc/calloc/realloc with a fault point each; NULL and errno ENOMEM on failure. */
+void *x_malloc(size_t size);
+void *x_calloc(size_t count, size_t size);
+void *x_realloc(void *ptr, size_t size);
+
+/* ---- log.c ------------------------------------------------------------------------ */
+void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* NPUD_SHIM_LOG: 0 off, 1 errors and events, 2 also each invoke's arguments. */
+int shim_log_level(void);
+
+/* ---- errors.c --------------------------------------------------------------------- */
+/* The AEE code for an npud error (code) with its DSP result field (dsp_rc, 0 if none). */
+int shim_aee_from_npud(int code, uint32_t dsp_rc);
+/* The AEE code libcdsprpc gives for a failed syscall's errno. */
+int shim_aee_from_errno(int err);
+
+
+/* A domain argument: 0 for the CDSP's default session (3, or -1 for "the
+ * current domain"), AEE_EUNSUPPORTED for another valid effective domain id
+ * (npud brokers that one process only), AEE_EBADPARM for anything else. */
+int shim_check_domain(int domain);
+
+/* npud's error codes (protocol/PROTOCOL.md section 11) that the library acts on. */
+enum npud_code {
+    NPUD_FASTRPC = 100,
+    NPUD_OPEN_FAILED = 101,
+    NPUD_INVOKE_FAILED = 102,
+    NPUD_MMAP_FAILED = 103,
+    NPUD_DSP_RESTARTED = 104,
+    NPUD_UNSUPPORTED = 106,
+    NPUD_UNKNOWN_HANDLE = 109,
+    NPUD_UNKNOWN_BUFFER = 205,
+    NPUD_INVALID_ARGUMENT = 206,
+    NPUD_QUOTA_EXCEEDED = 601,
+};
+
+#endif /* NPUD_SHIM_H */
