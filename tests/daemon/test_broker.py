@@ -459,9 +459,9 @@ async def test_a_client_gone_while_its_alloc_runs_leaks_nothing(
     memory = broker.device.require_memory()
     real_allocate = memory.allocate
 
-    def allocate_while_the_client_leaves(*args: Any) -> tuple[DmaBuffer, Any]:
+    def allocate_while_the_client_leaves(*args: Any, **kwargs: Any) -> tuple[DmaBuffer, Any]:
         c.objects.take_all()  # the connection ended meanwhile
-        return real_allocate(*args)
+        return real_allocate(*args, **kwargs)
 
     monkeypatch.setattr(memory, "allocate", allocate_while_the_client_leaves)
     await refused(ErrorCode.DSP_RESTARTED, call(broker, c, p.AllocRequest(id=1, size=4096)))
