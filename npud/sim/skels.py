@@ -44,6 +44,7 @@ from typing import ClassVar, Final, Protocol
 from npu_protocol.aee import AEE
 from npud import idl
 from npud.sim.layout import decode_scalars
+from npud.sim.pd_services import PdServices
 
 DOMAIN_METHOD_OFFSET: Final = 2
 """remote_handle64 interfaces number user methods from 2 (0 = open, 1 = close)."""
@@ -78,9 +79,11 @@ class _NoHostFiles:
 
 
 class SkelCall:
-    """One invocation as a skel sees it: buffers in qaic order, a way to wait, host files."""
+    """One invocation as a skel sees it: buffers in qaic order, a way to wait, host files,
+    and ``pd``, what the DSP process offers beyond the call (memory by fd, per-process
+    state, threads: :class:`npud.sim.pd_services.PdServices`; None outside a process)."""
 
-    __slots__ = ("_sleep", "host_files", "inputs", "outputs", "sc")
+    __slots__ = ("_sleep", "host_files", "inputs", "outputs", "pd", "sc")
 
     def __init__(
         self,
@@ -89,12 +92,15 @@ class SkelCall:
         outputs: Sequence[memoryview],
         sleep: Callable[[float], None],
         host_files: HostFiles | None = None,
+        *,
+        pd: PdServices | None = None,
     ) -> None:
         self.sc = sc
         self.inputs = inputs
         self.outputs = outputs
         self._sleep = sleep
         self.host_files: HostFiles = host_files if host_files is not None else _NoHostFiles()
+        self.pd = pd
 
     def work(self, seconds: float) -> None:
         """Spend ``seconds`` of DSP time: shared with the calls running beside it when the
