@@ -23,6 +23,8 @@ Interfaces (idl/echo.idl, idl/npu_test.idl), domain method numbers and sc:
 
 * portal_qnn (idl/portal_qnn.idl): ONNX models on onnxruntime, in
   :mod:`npud.sim.portal_qnn` (imported when a process first opens it).
+* dspqueue_rpc (qualcomm/fastrpc's dspqueue_rpc.idl, methods 2-8): the DSP side of
+  dspqueue's shared-memory queues, in :mod:`npud.sim.skels_dspqueue`.
 
 The layouts come from the IDL files themselves (:mod:`npud.idl`, pure
 and independent of ``npud.fastrpc.abi``), so a skel and its IDL cannot drift.
@@ -243,8 +245,19 @@ def _portal_qnn() -> Skel:
     return PortalQnnSkel()
 
 
+def _dspqueue_rpc() -> Skel:
+    from npud.sim.skels_dspqueue import DspQueueRpcSkel  # noqa: PLC0415 - it imports this module
+
+    return DspQueueRpcSkel()
+
+
 BUILTIN_SKELS: Final[Mapping[str, SkelFactory]] = MappingProxyType(
-    {EchoSkel.name: EchoSkel, NpuTestSkel.name: NpuTestSkel, "portal_qnn": _portal_qnn}
+    {
+        EchoSkel.name: EchoSkel,
+        NpuTestSkel.name: NpuTestSkel,
+        "portal_qnn": _portal_qnn,
+        "dspqueue_rpc": _dspqueue_rpc,
+    }
 )
 
 
