@@ -296,8 +296,9 @@ class ChildRuntime:
     that received a call runs it and the one that finished it reads next. A call's
     thread waiting for the driver's answer reads when no thread does. Whatever the
     driver sends while calls run comes with a ring of the doorbell: the doorbell's
-    thread then reads what is waiting (if no one reads), handing calls to idle
-    workers (or new ones)."""
+    thread then reads what is waiting, handing calls to idle workers (or new ones);
+    when a thread was reading at the ring, that thread reads what is waiting before
+    it leaves the socket (the message may have come after its last read)."""
 
     def __init__(self, sock: socket.socket, doorbell: socket.socket) -> None:
         self._sock = sock
@@ -307,6 +308,7 @@ class ChildRuntime:
         self._idle_cond = threading.Condition(self._lock)  # idle workers wait here
         self._answer_cond = threading.Condition(self._lock)  # calls waiting for answers
         self._reading = False
+        self._missed = False  # the doorbell rang while another thread read the socket
         self._calls: dict[int, _Call] = {}
         self._idle: list[_Thread] = []
         self._threads = 0
@@ -368,6 +370,23 @@ class ChildRuntime:
         threading.Thread(
             target=self._work, args=(worker,), name=f"pd-{worker.number}", daemon=True
         ).start()
+
+    def _leave(self, *, for_a_call: bool = False) -> None:
+        """As the reader, give the socket up; but first read, without waiting, whatever
+        came with a ring of the doorbell that the doorbell's thread skipped because this
+        thread was reading (the message may have arrived after this thread's last read,
+        and no one else would read it)."""
+        while True:
+            with self._lock:
+                if not self._missed:
+                    self._stop_reading(for_a_call=for_a_call)
+                    return
+                self._missed = False
+            while (read := self._next(wait=False)) is not None:
+                job = self._dispatch(*read)
+                if job is not None:
+                    with self._lock:
+                        self._give_job(job)
 
     def _stop_reading(self, *, for_a_call: bool = False) -> None:
         """Under the lock: give the socket up. Calls waiting for answers may read now;
@@ -446,8 +465,7 @@ class ChildRuntime:
                     with self._lock:
                         self._give_job(job)  # this thread is busy with its own call
         finally:
-            with self._lock:
-                self._stop_reading()
+            self._leave()
 
     def _work(self, me: _Thread) -> None:
         """A worker: run the job it was given, or read when no one does and run the call
@@ -471,8 +489,7 @@ class ChildRuntime:
                         message, received, buffer = self._next(wait=True)  # type: ignore[misc]
                         job = self._dispatch(message, received, buffer)
                 finally:
-                    with self._lock:
-                        self._stop_reading(for_a_call=True)
+                    self._leave(for_a_call=True)
             assert job is not None
             self.run_call(*job)
 
@@ -487,6 +504,7 @@ class ChildRuntime:
                 os._exit(0)  # the driver is gone
             with self._lock:
                 if self._reading:
+                    self._missed = True  # the reader reads what came before it leaves
                     continue
                 self._reading = True
             try:
