@@ -25,6 +25,8 @@ Interfaces (idl/echo.idl, idl/npu_test.idl), domain method numbers and sc:
   :mod:`npud.sim.portal_qnn` (imported when a process first opens it).
 * dspqueue_rpc (qualcomm/fastrpc's dspqueue_rpc.idl, methods 2-8): the DSP side of
   dspqueue's shared-memory queues, in :mod:`npud.sim.skels_dspqueue`.
+* htp_iface (llama.cpp's ggml-hexagon ``htp_iface.idl``, methods 2-8): the DSP side of
+  llama.cpp's Hexagon backend, op batches on a dspqueue, in :mod:`npud.sim.htp`.
 
 The layouts come from the IDL files themselves (:mod:`npud.idl`, pure
 and independent of ``npud.fastrpc.abi``), so a skel and its IDL cannot drift.
@@ -251,12 +253,19 @@ def _dspqueue_rpc() -> Skel:
     return DspQueueRpcSkel()
 
 
+def _htp_iface() -> Skel:
+    from npud.sim.htp.skel import HtpIfaceSkel  # noqa: PLC0415 - numpy, on first open
+
+    return HtpIfaceSkel()
+
+
 BUILTIN_SKELS: Final[Mapping[str, SkelFactory]] = MappingProxyType(
     {
         EchoSkel.name: EchoSkel,
         NpuTestSkel.name: NpuTestSkel,
         "portal_qnn": _portal_qnn,
         "dspqueue_rpc": _dspqueue_rpc,
+        "htp_iface": _htp_iface,
     }
 )
 
