@@ -118,7 +118,9 @@ class Packet:
 class CpuQueues:
     """The dspqueue state of one CPU process for one domain (``dspqueue_domain_queues``)."""
 
-    def __init__(self, session: FastRpcSession) -> None:
+    def __init__(self, session: FastRpcSession, *, receive: bool = True) -> None:
+        """``receive``: keep a wait_signal outstanding (the library always does; without
+        it, nothing of the CPU waits in the DSP process)."""
         self.session = session
         self.handle = session.remote_open(URI)
         self.mapped: dict[int, DmaBuffer] = {}
@@ -147,7 +149,9 @@ class CpuQueues:
         self._sender = threading.Thread(
             target=self._send_loop, name="dspqueue-cpu-send", daemon=True
         )
-        self._receiver.start()
+        self._receiving = receive
+        if receive:
+            self._receiver.start()
         self._sender.start()
 
     def map(self, buffer: DmaBuffer) -> DmaBuffer:
@@ -281,8 +285,7 @@ class CpuQueues:
     def close(self) -> None:
         """After the last queue: cancel wait_signal, join the threads, let go of the rest."""
         rc = self._invoke(SC_CANCEL_WAIT_SIGNAL, [])[0] if not self.error else 0
-        self._receiver.join(GUARD)
-        assert not self._receiver.is_alive(), "the receive thread did not end"
+        self.join_receiver()
         with self._send:
             self._send_stop = True
             self._send.notify()
@@ -290,6 +293,18 @@ class CpuQueues:
         self.abandon()
         if rc:
             raise QueueError("cancel_wait_signal", rc)
+
+    def let_go(self) -> None:
+        """Let go of the CPU's own views and threads only (the session's close then
+        releases the buffers and ends the DSP process, as a process's exit does)."""
+        self.closed = True
+        with self._send:
+            self._send_stop = True
+            self._send.notify()
+        self._sender.join(GUARD)
+        for queue in list(self.queues.values()):
+            queue.memory.release()
+        self.state.release()
 
     def abandon(self) -> None:
         """Let go of the CPU's resources without asking the DSP (its process died)."""
@@ -309,6 +324,8 @@ class CpuQueues:
             self.session.free(self._state_buffer)
 
     def join_receiver(self) -> None:
+        if not self._receiving:
+            return
         self._receiver.join(GUARD)
         assert not self._receiver.is_alive(), "the receive thread did not end"
 
