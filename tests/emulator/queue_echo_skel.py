@@ -10,7 +10,8 @@ Methods (domain numbers, user methods from 2):
 * start(u64 queue id): import the queue, start the echo thread; the import's AEE
   result otherwise (sc 0x02010000);
 * stop(): close the import, wait for the thread (sc 0x03000000);
-* served(rout u32): requests answered so far (sc 0x04000100).
+* served(rout u32): requests answered so far (sc 0x04000100);
+* crash_thread(): start a thread of the PD that raises, and wait for it (sc 0x05000000).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ DESCRIPTOR: Final = "NPUD-SIM-SKEL 1\nskel=queue_echo\nsymbols=queue_echo_skel_h
 SC_START: Final = 0x02010000
 SC_STOP: Final = 0x03000000
 SC_SERVED: Final = 0x04000100
+SC_CRASH_THREAD: Final = 0x05000000
 THREAD_NAME: Final = "dsp-queue-echo"
 
 _U64: Final = struct.Struct("<Q")
@@ -50,6 +52,7 @@ class QueueEchoSkel(Skel):
             0: SkelMethod("start", 1, 0, self._start),
             1: SkelMethod("stop", 0, 0, self._stop),
             2: SkelMethod("served", 0, 1, self._served_count),
+            3: SkelMethod("crash_thread", 0, 0, self._crash_thread),
         }
 
     def methods(self) -> Mapping[int, SkelMethod]:
@@ -83,6 +86,17 @@ class QueueEchoSkel(Skel):
 
     def _stop(self, call: SkelCall) -> int:
         self.close()
+        return 0
+
+    @staticmethod
+    def _crash_thread(call: SkelCall) -> int:
+        if call.pd is None:
+            return AEE.EUNSUPPORTED.dsp
+
+        def boom() -> None:
+            raise RuntimeError("a thread of the PD raised")
+
+        call.pd.start_thread("dsp-boom", boom).join()
         return 0
 
     def _served_count(self, call: SkelCall) -> int:

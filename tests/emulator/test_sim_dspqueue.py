@@ -439,3 +439,16 @@ def test_the_process_state_is_per_pd(driver: EmulatedDriver, tmp_path: Path) -> 
         finish(domain, echo, queue)
     for session in sessions:
         session.close()
+
+
+def test_a_thread_of_the_pd_that_raises_crashes_the_pd(
+    driver: EmulatedDriver, session: FastRpcSession
+) -> None:
+    echo = Echo(session)
+    crashes = driver.statistics().pd_crashes
+    rc = session.invoke(echo.handle, queue_echo_skel.SC_CRASH_THREAD, [], []).rc
+    assert rc in (0, AEE.EBADSTATE.dsp)  # thread isolation: the call itself ends first
+    result = session.invoke(echo.handle, queue_echo_skel.SC_SERVED, [], [Capacity(4)])
+    assert result.rc == AEE.EBADSTATE.dsp
+    assert driver.statistics().pd_crashes == crashes + 1
+    assert not [t for t in threading.enumerate() if t.name == "dsp-boom"]
