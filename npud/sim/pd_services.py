@@ -135,14 +135,6 @@ class PdServices:
             raise NoSuchMapError(f"fd {fd} names no MEM_MAP of this process")
         return memory
 
-    def has_fd(self, fd: int) -> bool:
-        """True when a MEM_MAP of the process was made through ``fd``."""
-        memory = self._resolve(fd)
-        if memory is None:
-            return False
-        memory.close()
-        return True
-
     # -- state of the PD -----------------------------------------------------------------
 
     def resident(self, kind: type[R]) -> R:
