@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -264,4 +265,57 @@ def rope_yarn_row(
         x0, x1 = float(row[i]), float(row[j])
         out[i] = x0 * c - x1 * s
         out[j] = x0 * s + x1 * c
+    return out
+
+
+def mrope_row(  # noqa: PLR0912 - ggml's branches, one for one
+    row: F32,
+    positions: Sequence[int],
+    n_dims: int,
+    mode: int,
+    sections: tuple[int, int, int, int],
+    base: float,
+) -> F64:
+    """One row of ROPE in a multi-section mode (8 mrope, 40 imrope, 24 vision), from
+    ggml_mrope_cache_init and rotate_pairs, without YaRN."""
+    vision, imrope = mode == 24, mode == 40
+    ne0 = row.shape[0]
+    scale = base ** (-2.0 / n_dims)
+    bases = [float(p) for p in positions]
+    thetas = list(bases)
+    sect_dims = sum(sections)
+    sec_w = sections[0] + sections[1]
+    sec_e = sections[2] + sec_w
+    cache: list[tuple[float, float]] = []
+    for i0 in range(0, ne0, 2):
+        sector = (i0 // 2) % sect_dims
+        if vision:
+            for start, which in ((0, 0), (sections[0], 1), (sec_w, 2), (sec_e, 3)):
+                if sector == start:
+                    thetas[which] = bases[which]
+        theta = thetas[0]
+        if imrope:
+            if sector % 3 == 1 and sector < 3 * sections[1]:
+                theta = thetas[1]
+            elif sector % 3 == 2 and sector < 3 * sections[2]:
+                theta = thetas[2]
+            elif sector % 3 == 0 and sector < 3 * sections[0]:
+                theta = thetas[0]
+            else:
+                theta = thetas[3]
+        elif sections[0] <= sector < sec_w:
+            theta = thetas[1]
+        elif sec_w <= sector < sec_w + sections[2]:
+            theta = thetas[2]
+        elif sector >= sec_w + sections[2]:
+            theta = thetas[3]
+        cache.append((math.cos(theta), math.sin(theta)))
+        thetas = [t * scale for t in thetas]
+    out = row.astype(np.float64).copy()
+    pairs, apart = (ne0 // 2, n_dims) if vision else (n_dims // 2, n_dims // 2)
+    for pair in range(pairs):
+        c, s = cache[pair]
+        x0, x1 = float(row[pair]), float(row[pair + apart])
+        out[pair] = x0 * c - x1 * s
+        out[pair + apart] = x0 * s + x1 * c
     return out

@@ -1107,3 +1107,24 @@ def test_a_subsystem_restart_ends_the_worker_and_the_wait(driver: EmulatedDriver
     session.close()
     driver.faults.boot()
     assert driver.statistics().pd_children == 0
+
+
+@pytest.mark.parametrize(("mode", "head", "n_dims"), [(8, 64, 48), (40, 64, 48), (24, 64, 32)])
+def test_rope_multi_section_modes(
+    host: HtpHost, arena: Arena, mode: int, head: int, n_dims: int
+) -> None:
+    tokens, heads, sections = 3, 2, (4, 6, 6, 2)
+    x = arena.tensor(F32, (head, heads, tokens))
+    pos = arena.tensor(I32, (4 * tokens,))
+    x.set(randn(1, tokens, heads, head))
+    positions = rng.integers(0, 50, 4 * tokens)
+    pos.set(positions[None, None, None, :])
+    params = rope_params(n_dims, mode)
+    params[11:15] = sections
+    dst = arena.tensor(F32, (head, heads, tokens))
+    run_ok(host, "ROPE", [x, pos], [dst], params)
+    for t in range(tokens):
+        at = tuple(int(positions[t + k * tokens]) for k in range(4))
+        for h in range(heads):
+            expected = ref.mrope_row(x.get()[0, t, h], at, n_dims, mode, sections, 10000.0)
+            close(dst.get()[0, t, h], expected, 1e-4)
