@@ -41,8 +41,6 @@ BLOCK_BYTES: Final = {
     Type.MXFP4: 17,
 }
 """Bytes of one 32-element block of each plain quantized type the emulator decodes."""
-K_QUANTS: Final = {Type.Q4_K: (256, 144), Type.Q5_K: (256, 176), Type.Q6_K: (256, 210)}
-"""(elements, bytes) per block of the K-quants: known for sizes, not decoded."""
 TILE_BYTES: Final = {
     Type.Q4_0: 576,
     Type.IQ4_NL: 576,

@@ -86,43 +86,10 @@ class Tensor:
     def repacked(self) -> bool:
         return bool(self.flags & TENSOR_REPACK)
 
-    @property
-    def memory_key(self) -> tuple[int, int]:
-        """Where its first byte is: tensors with equal keys are views of one memory."""
-        return id(self._memory), self.desc.data
-
     def describe(self) -> str:
         ne = ",".join(str(n) for n in self.ne)
         nb = ",".join(str(n) for n in self.nb)
         return f"#{self.index} {type_name(self.type)} ne {ne} nb {nb}"
-
-    def is_contiguous(self) -> bool:
-        itemsize = self._element_bytes()
-        ne, nb = self.ne, self.nb
-        return (
-            nb[0] == itemsize
-            and nb[1] == nb[0] * ne[0] // self._block()
-            and nb[2] == nb[1] * ne[1]
-            and nb[3] == nb[2] * ne[2]
-        )
-
-    def _block(self) -> int:
-        kind = self.type
-        if kind in quant.BLOCK_BYTES:
-            return quant.QK
-        if kind in quant.K_QUANTS:
-            return quant.K_QUANTS[Type(kind)][0]
-        return 1
-
-    def _element_bytes(self) -> int:
-        kind = self.type
-        if kind in NATIVE:
-            return np.dtype(NATIVE[kind]).itemsize
-        if kind in quant.BLOCK_BYTES:
-            return quant.BLOCK_BYTES[Type(kind)]
-        if kind in quant.K_QUANTS:
-            return quant.K_QUANTS[Type(kind)][1]
-        raise NotSupportedError(f"tensor {self.describe()}: unknown type")
 
     def _check_extent(self, last: int, dims: Sequence[int]) -> None:
         """The bytes from ``data`` to the end of the last element (``last`` bytes, at the
