@@ -3,8 +3,9 @@
 ``EmulatedDriver`` implements the ``npud.fastrpc.driver.Driver`` seam, so the
 session code that talks to ``/dev/fastrpc-cdsp*`` on the device runs unchanged
 in tests. ``DSP_LIBRARY_DIR`` holds the skel descriptors
-(``libecho_skel.so``, ``libnpu_test_skel.so``, ``libportal_qnn_skel.so``) that
-the simulated DSP loads through the session's reverse-RPC listener: put it on
+(``libecho_skel.so``, ``libnpu_test_skel.so``, ``libportal_qnn_skel.so``,
+``libdspqueue_rpc_skel.so``, ``libggml-htp-v73.so``) that the simulated DSP
+loads through the session's reverse-RPC listener: put it on
 ``ADSP_LIBRARY_PATH``.
 
 The classes load on first use, so naming ``DSP_LIBRARY_DIR`` costs nothing.

@@ -4,10 +4,14 @@ The kernel keeps both lists per fd and drops them on close(); the DSP gives
 each a range of the process's 32-bit address space. A MEM_MAP mapping holds
 the emulator's own ``mmap`` of the dma-buf: that is the reference that keeps
 the memory alive after the caller closed its fd, like the kernel's map refcount.
+DSP code that holds a MEM_MAP'd buffer (found by fd number, :meth:`pin_by_fd`)
+pins that mmap: a MEM_UNMAP or the process's release meanwhile leaves it open
+until the last pin goes (:meth:`unpin`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import mmap
@@ -55,6 +59,7 @@ class ProcessMemory:
         self._space = DspAddressSpace()
         self._heap: list[HeapBuffer] = []
         self._maps: list[MemMapping] = []
+        self._pins: dict[int, int] = {}  # id(mmap) -> pins held by DSP code
 
     def add_heap(self, size: int, flags: int) -> int:
         """Reserve DSP addresses for a heap buffer; raises AddressSpaceFullError."""
@@ -138,6 +143,30 @@ class ProcessMemory:
                     return entry
             return None
 
+    def pin_by_fd(self, fd: int) -> MemMapping | None:
+        """The newest mapping made through fd number ``fd``, its mmap pinned (kept open
+        through a MEM_UNMAP or release) until :meth:`unpin`; None when there is none."""
+        with self._lock:
+            for entry in reversed(self._maps):
+                if entry.fd == fd:
+                    key = id(entry.mapping)
+                    self._pins[key] = self._pins.get(key, 0) + 1
+                    return entry
+            return None
+
+    def unpin(self, entry: MemMapping) -> None:
+        """Let go of a :meth:`pin_by_fd`; the mmap closes if no mapping uses it any more."""
+        with self._lock:
+            key = id(entry.mapping)
+            left = self._pins[key] - 1
+            if left:
+                self._pins[key] = left
+                return
+            del self._pins[key]
+            close = not any(m.mapping is entry.mapping for m in self._maps)
+        if close:
+            _close(entry.mapping)
+
     def remove_map(self, entry: MemMapping) -> bool:
         """Drop ``entry``; False when another thread already did."""
         with self._lock:
@@ -145,19 +174,28 @@ class ProcessMemory:
                 return False
             self._maps.remove(entry)
             self._space.release(entry.region)
-            # An alias shares its target's mapping: the last entry using it closes it.
-            close = not any(m.mapping is entry.mapping for m in self._maps)
+            # An alias shares its target's mapping: the last entry using it closes it,
+            # unless DSP code holds it (the last unpin closes it then).
+            close = (
+                not any(m.mapping is entry.mapping for m in self._maps)
+                and id(entry.mapping) not in self._pins
+            )
         if close:
             entry.mapping.close()
         return True
 
     def release_all(self) -> None:
-        """close(): every mapping and heap buffer goes."""
+        """close(): every mapping and heap buffer goes (a pinned one at its last unpin)."""
         with self._lock:
             maps, self._maps = self._maps, []
             self._heap.clear()
             self._space = DspAddressSpace()
-        for mapping in {id(entry.mapping): entry.mapping for entry in maps}.values():
+            closing = {
+                id(entry.mapping): entry.mapping
+                for entry in maps
+                if id(entry.mapping) not in self._pins
+            }
+        for mapping in closing.values():
             mapping.close()
 
     @property
@@ -169,3 +207,8 @@ class ProcessMemory:
     def map_count(self) -> int:
         with self._lock:
             return len(self._maps)
+
+
+def _close(mapping: mmap.mmap) -> None:
+    with contextlib.suppress(BufferError):  # DSP code kept a view: it goes with it
+        mapping.close()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from npud.sim.errors import LoadError
 from npud.sim.pd_host import CallServices, CallTransfer, PdChild, PdGoneError
+from npud.sim.pd_services import EndReason, PdServices
 from npud.sim.skels import HostFiles, Skel, SkelCall, SkelFactory, run_method
 
 if TYPE_CHECKING:
@@ -72,8 +73,9 @@ class SkelRunner(Protocol):
         """Buffers the driver stopped caching: no call will name them again."""
         ...
 
-    def end(self) -> None:
-        """The process ends: stop everything that runs for it, at once."""
+    def end(self, reason: EndReason) -> None:
+        """The process ends (``reason``: an exit or a restart): stop everything that runs
+        for it, at once."""
         ...
 
     @property
@@ -87,14 +89,18 @@ class LocalSkel:
         method_offset: int,
         work: Callable[[float], None],
         host_files: HostFiles,
+        pd: PdServices,
     ) -> None:
         self.skel = skel
         self._method_offset = method_offset
         self._work = work
         self._host_files = host_files
+        self._pd = pd
 
     def invoke(self, call: DspCall, *, crash: bool = False) -> int:
-        skel_call = SkelCall(call.sc, call.inputs, call.outputs, self._work, self._host_files)
+        skel_call = SkelCall(
+            call.sc, call.inputs, call.outputs, self._work, self._host_files, pd=self._pd
+        )
         return run_method(self.skel, self._method_offset, skel_call)
 
     def close(self) -> None:
@@ -102,18 +108,22 @@ class LocalSkel:
 
 
 class LocalRunner:
-    """Thread isolation: instances in npud's process, methods on the caller's thread."""
+    """Thread isolation: instances in npud's process, methods on the caller's thread;
+    the PD's own threads (:class:`PdServices`) in npud's process too, joined at its end."""
 
-    def __init__(self, work: Callable[[float], None], host_files: HostFiles) -> None:
+    def __init__(
+        self, work: Callable[[float], None], host_files: HostFiles, pd: PdServices
+    ) -> None:
         self._work = work
         self._host_files = host_files
+        self._pd = pd
 
     @property
     def child(self) -> PdChild | None:
         return None
 
     def instantiate(self, name: str, factory: SkelFactory, method_offset: int) -> SkelInstance:
-        return LocalSkel(factory(), method_offset, self._work, self._host_files)
+        return LocalSkel(factory(), method_offset, self._work, self._host_files, self._pd)
 
     def bind(self, mapping: MemMapping, fd: int) -> None:
         pass  # the DSP's code finds MEM_MAP'd buffers in the process's own records
@@ -124,8 +134,10 @@ class LocalRunner:
     def drop(self, memory_ids: Sequence[int]) -> None:
         pass
 
-    def end(self) -> None:
-        pass  # calls running on callers' threads finish (or stop at their next wait)
+    def end(self, reason: EndReason) -> None:
+        # Calls running on callers' threads finish (or stop at their next wait); the
+        # PD's own threads stop and are joined, its residents let go of its memory.
+        self._pd.end(reason)
 
 
 class RemoteSkel:
@@ -201,5 +213,5 @@ class ProcessRunner:
     def drop(self, memory_ids: Sequence[int]) -> None:
         self._child.drop(memory_ids)
 
-    def end(self) -> None:
-        self._child.kill()
+    def end(self, reason: EndReason) -> None:
+        self._child.kill()  # its threads and mappings go with it

@@ -9,8 +9,10 @@ killed. It holds what runs on the DSP for that process:
 * a table of memories: buffers mapped here by id (``AddMemory``, sent once
   per buffer while the caller's mapping lives), MEM_MAP'd buffers also by the
   fd number the DSP was told (``BindFd``, ``BindAlias``; what a HAP_mmap-style
-  "map by fd" call would look up: :meth:`MemoryTable.find_by_fd`), dropped on
-  ``DropMemory``.
+  "map by fd" call looks up: skel code asks ``SkelCall.pd.map_fd``), dropped on
+  ``DropMemory``;
+* the PD's services (:class:`npud.sim.pd_services.PdServices`): state of the
+  process (dspqueue), threads of its own, memory by fd. They end with the child.
 
 Threads: the main thread reads the socket. It applies table changes in
 order (so a call finds every memory sent before it), hands each call to a
@@ -46,6 +48,7 @@ import msgspec
 
 from npu_protocol.aee import AEE
 from npud.sim import pd_wire as wire
+from npud.sim.pd_services import FdMemory, PdServices
 from npud.sim.skels import HostFileError, Skel, SkelCall, run_method
 
 CRASH_EXIT: Final = 70
@@ -141,6 +144,18 @@ class MemoryTable:
                     return
         _close_mapping(mapping)
 
+    def acquire_by_fd(self, fd_number: int) -> tuple[int, mmap.mmap, int, int] | None:
+        """(id, mapping, offset, length) of the newest MEM_MAP made through ``fd_number``,
+        acquired as by :meth:`acquire` (:meth:`release` it); None when there is none."""
+        with self._lock:
+            bound = self._by_fd.get(fd_number)
+            if not bound:
+                return None
+            memory_id, offset, length = bound[-1]
+            memory = self._by_id[memory_id]
+            memory.users += 1
+            return memory_id, memory.mapping, offset, length
+
     def find_by_fd(self, fd_number: int) -> tuple[int, int, int] | None:
         """(id, offset, length) of the newest MEM_MAP made through ``fd_number``."""
         with self._lock:
@@ -217,29 +232,37 @@ class _Call:
             self.runtime.give_back(buffer)
 
     def log(self, record: logging.LogRecord) -> None:
-        fields: dict[str, wire.Field] = {}
-        for key, value in record.__dict__.items():
-            if key in _STANDARD_RECORD or len(fields) >= 32 or len(key) > 64:
-                continue
-            if value is None or isinstance(value, bool | int | float):
-                fields[key] = value
-            else:
-                fields[key] = str(value)[:4096]
-        message = record.getMessage()
-        if record.exc_info:
-            message += "\n" + "".join(traceback.format_exception(*record.exc_info))
-        self.send(wire.Log(self.id, record.name[:200], record.levelno, message[:4096], fields))
+        self.send(_log_message(self.id, record))
+
+
+def _log_message(call_id: int, record: logging.LogRecord) -> wire.Log:
+    fields: dict[str, wire.Field] = {}
+    for key, value in record.__dict__.items():
+        if key in _STANDARD_RECORD or len(fields) >= 32 or len(key) > 64:
+            continue
+        if value is None or isinstance(value, bool | int | float):
+            fields[key] = value
+        else:
+            fields[key] = str(value)[:4096]
+    message = record.getMessage()
+    if record.exc_info:
+        message += "\n" + "".join(traceback.format_exception(*record.exc_info))
+    return wire.Log(call_id, record.name[:200], record.levelno, message[:4096], fields)
 
 
 class _ForwardHandler(logging.Handler):
-    """Log records of skel code go to the driver with the id of their call."""
+    """Log records of skel code go to the driver with the id of their call; those of
+    the PD's own threads (a queue's worker) without one, when the socket takes them."""
 
     def emit(self, record: logging.LogRecord) -> None:
         call = _current.call
-        if call is None:
-            return  # not in a call (a thread of onnxruntime...): nowhere to send it
-        with contextlib.suppress(_DriverGoneError):
-            call.log(record)
+        if call is not None:
+            with contextlib.suppress(_DriverGoneError):
+                call.log(record)
+            return
+        runtime = _runtime
+        if runtime is not None:
+            runtime.send_unattached(_log_message(wire.NO_CALL, record))
 
 
 Job = tuple[_Call, wire.CallMessage, wire.Received, bytearray]
@@ -273,8 +296,9 @@ class ChildRuntime:
     that received a call runs it and the one that finished it reads next. A call's
     thread waiting for the driver's answer reads when no thread does. Whatever the
     driver sends while calls run comes with a ring of the doorbell: the doorbell's
-    thread then reads what is waiting (if no one reads), handing calls to idle
-    workers (or new ones)."""
+    thread then reads what is waiting, handing calls to idle workers (or new ones);
+    when a thread was reading at the ring, that thread reads what is waiting before
+    it leaves the socket (the message may have come after its last read)."""
 
     def __init__(self, sock: socket.socket, doorbell: socket.socket) -> None:
         self._sock = sock
@@ -284,12 +308,14 @@ class ChildRuntime:
         self._idle_cond = threading.Condition(self._lock)  # idle workers wait here
         self._answer_cond = threading.Condition(self._lock)  # calls waiting for answers
         self._reading = False
+        self._missed = False  # the doorbell rang while another thread read the socket
         self._calls: dict[int, _Call] = {}
         self._idle: list[_Thread] = []
         self._threads = 0
         self._buffers: list[bytearray] = []
         self._skels: dict[int, Skel] = {}
         self.memory = MemoryTable()
+        self.pd = PdServices(self._resolve_fd, self._crash_thread)
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -301,6 +327,28 @@ class ChildRuntime:
                 wire.send(self._sock, message, tail)
         except wire.ClosedError:
             raise _DriverGoneError from None
+
+    def send_unattached(self, message: msgspec.Struct) -> None:
+        """Send what belongs to no call, if the socket takes it at once (nobody may read
+        it until the next call); dropped otherwise."""
+        with contextlib.suppress(BlockingIOError, wire.ClosedError), self._send_lock:
+            wire.send(self._sock, message, wait=False)
+
+    def _resolve_fd(self, fd: int) -> FdMemory | None:
+        """PdServices.map_fd: the newest MEM_MAP bound to fd number ``fd``, acquired."""
+        found = self.memory.acquire_by_fd(fd)
+        if found is None:
+            return None
+        memory_id, mapping, offset, length = found
+
+        def release() -> None:
+            self.memory.release(memory_id, mapping)
+
+        return FdMemory(fd, memoryview(mapping), offset, length, release)
+
+    def _crash_thread(self, text: str) -> NoReturn:
+        """A thread of the PD's own raised (PdServices logged it): the PD crashes."""
+        os._exit(CRASH_EXIT)
 
     def give_back(self, buffer: bytearray) -> None:
         with self._lock:
@@ -322,6 +370,23 @@ class ChildRuntime:
         threading.Thread(
             target=self._work, args=(worker,), name=f"pd-{worker.number}", daemon=True
         ).start()
+
+    def _leave(self, *, for_a_call: bool = False) -> None:
+        """As the reader, give the socket up; but first read, without waiting, whatever
+        came with a ring of the doorbell that the doorbell's thread skipped because this
+        thread was reading (the message may have arrived after this thread's last read,
+        and no one else would read it)."""
+        while True:
+            with self._lock:
+                if not self._missed:
+                    self._stop_reading(for_a_call=for_a_call)
+                    return
+                self._missed = False
+            while (read := self._next(wait=False)) is not None:
+                job = self._dispatch(*read)
+                if job is not None:
+                    with self._lock:
+                        self._give_job(job)
 
     def _stop_reading(self, *, for_a_call: bool = False) -> None:
         """Under the lock: give the socket up. Calls waiting for answers may read now;
@@ -400,8 +465,7 @@ class ChildRuntime:
                     with self._lock:
                         self._give_job(job)  # this thread is busy with its own call
         finally:
-            with self._lock:
-                self._stop_reading()
+            self._leave()
 
     def _work(self, me: _Thread) -> None:
         """A worker: run the job it was given, or read when no one does and run the call
@@ -425,8 +489,7 @@ class ChildRuntime:
                         message, received, buffer = self._next(wait=True)  # type: ignore[misc]
                         job = self._dispatch(message, received, buffer)
                 finally:
-                    with self._lock:
-                        self._stop_reading(for_a_call=True)
+                    self._leave(for_a_call=True)
             assert job is not None
             self.run_call(*job)
 
@@ -441,6 +504,7 @@ class ChildRuntime:
                 os._exit(0)  # the driver is gone
             with self._lock:
                 if self._reading:
+                    self._missed = True  # the reader reads what came before it leaves
                     continue
                 self._reading = True
             try:
@@ -565,7 +629,7 @@ class ChildRuntime:
             if skel is None:
                 result = AEE.EINVHANDLE.dsp
             else:
-                skel_call = SkelCall(message.sc, inputs, outputs, call.work, call)
+                skel_call = SkelCall(message.sc, inputs, outputs, call.work, call, pd=self.pd)
                 result = run_method(skel, message.method_offset, skel_call)
             tail = [
                 out

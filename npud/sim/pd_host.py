@@ -598,6 +598,9 @@ class PdChild:
             answer = _CHILD.decode(received.header)
             if isinstance(answer, wire.Hello):
                 raise _ViolationError("hello out of place")
+            if isinstance(answer, wire.Log) and answer.call == wire.NO_CALL:
+                _emit(answer)  # a thread of the PD's own logged it
+                continue
             if answer.call == call.id:
                 return answer, received.tail
             with self._lock:

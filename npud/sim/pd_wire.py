@@ -59,6 +59,9 @@ MAX_FDS: Final = 64
 """Fds one message may carry (SCM_MAX_FD is 253)."""
 INLINE: Final = -1
 """``Span.memory`` for bytes of the message's tail."""
+NO_CALL: Final = 0
+"""``Log.call`` of a record logged outside any call (a thread of the PD's own); call ids
+start at 1."""
 
 _FD_SIZE: Final = array.array("i").itemsize
 _GONE: Final = (errno.EBADF, errno.ENOTCONN, errno.EPIPE, errno.ECONNRESET)
@@ -218,7 +221,9 @@ class ReadFile(msgspec.Struct, tag="read"):
 
 
 class Log(msgspec.Struct, tag="log"):
-    """A log record of skel code (the DSP's FARF), re-emitted by the driver."""
+    """A log record of skel code (the DSP's FARF), re-emitted by the driver; ``call`` is
+    NO_CALL for one logged by a thread of the PD outside any call (sent only when the
+    socket takes it at once, and read by whichever thread of the driver reads next)."""
 
     call: int
     logger: Annotated[str, msgspec.Meta(max_length=200)]
@@ -263,10 +268,13 @@ def send(
     message: msgspec.Struct,
     tail: Sequence[bytes | bytearray | memoryview] = (),
     fds: Sequence[int] = (),
+    *,
+    wait: bool = True,
 ) -> None:
     """One message; the fds are duplicated into the peer (the caller keeps its own).
 
-    ClosedError when the peer is gone."""
+    ClosedError when the peer is gone; without ``wait``, BlockingIOError when the
+    socket cannot take it at once."""
     header = _ENCODER.encode(message)
     if len(header) > HEADER_MAX:
         raise WireError(f"a {type(message).__name__} header of {len(header)} bytes")
@@ -275,7 +283,9 @@ def send(
     if fds:
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
     try:
-        sock.sendmsg(parts, ancillary)
+        sock.sendmsg(parts, ancillary, 0 if wait else socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        raise
     except OSError as exc:
         if exc.errno in _GONE:
             raise ClosedError(str(exc)) from None

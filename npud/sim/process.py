@@ -52,6 +52,7 @@ from npud.sim.loader import LoadedSkel, SkelLoader
 from npud.sim.memory import MemMapping, ProcessMemory
 from npud.sim.pd import DspCall, LocalRunner, ProcessRunner, SkelInstance, SkelRunner
 from npud.sim.pd_host import PdChild, PdGoneError
+from npud.sim.pd_services import FdMemory, PdServices
 from npud.sim.reverse import BadReverseMessageError, ListenerNotReadyError, ReverseRpc
 from npud.sim.skels import SkelFactory, SkelFaultError
 
@@ -183,9 +184,12 @@ class DspProcess:
         self.heap = DspHeap(config.heap_for(info.image_size), host)
         files = HostFileReader(host, self.memory, config.loader_paths)
         self._loader = SkelLoader(files, self.heap, config.skels, self._instantiate)
-        self._runner: SkelRunner = (
-            LocalRunner(self._work, self._loader) if child is None else ProcessRunner(child, self)
-        )
+        self._runner: SkelRunner
+        if child is None:
+            pd = PdServices(self._resolve_fd, self._crash_from_thread)
+            self._runner = LocalRunner(self._work, self._loader, pd)
+        else:
+            self._runner = ProcessRunner(child, self)
         self._domain_handles = config.domain_handles
         self._absent_module = config.absent_module_result
         self._sleep = sleep
@@ -258,6 +262,22 @@ class DspProcess:
             return False
         self._runner.unbind(entry)
         return True
+
+    def _resolve_fd(self, fd: int) -> FdMemory | None:
+        """PdServices.map_fd with thread isolation: the newest MEM_MAP through ``fd``,
+        pinned in the process's records."""
+        entry = self.memory.pin_by_fd(fd)
+        if entry is None:
+            return None
+
+        def release() -> None:
+            self.memory.unpin(entry)
+
+        return FdMemory(fd, memoryview(entry.mapping), entry.offset, entry.length, release)
+
+    def _crash_from_thread(self, text: str) -> None:
+        """A thread of the PD's own raised (thread isolation): the process crashes."""
+        self.crash()
 
     def forget_memory(self, memory_ids: Sequence[int]) -> None:
         """The driver stopped caching these buffers' DSP mappings."""
@@ -434,8 +454,9 @@ class DspProcess:
             self._exited = True
             if self._reason is None:
                 self._reason = reason
+            first = self._reason
             handles, self._handles = self._handles, {}
-        self._runner.end()
+        self._runner.end(first)
         self.heap.close()  # the kernel drops heap grants with the fd: nothing to give back
         self._gone.set()
         self.reverse.shutdown(reason)

@@ -26,6 +26,10 @@ Interfaces (idl/echo.idl, idl/npu_test.idl), domain method numbers and sc:
 
 * portal_qnn (idl/portal_qnn.idl): ONNX models on onnxruntime, in
   :mod:`npud.sim.portal_qnn` (imported when a process first opens it).
+* dspqueue_rpc (qualcomm/fastrpc's dspqueue_rpc.idl, methods 2-8): the DSP side of
+  dspqueue's shared-memory queues, in :mod:`npud.sim.skels_dspqueue`.
+* htp_iface (llama.cpp's ggml-hexagon ``htp_iface.idl``, methods 2-8): the DSP side of
+  llama.cpp's Hexagon backend, op batches on a dspqueue, in :mod:`npud.sim.htp`.
 
 The layouts come from the IDL files themselves (:mod:`npud.idl`, pure
 and independent of ``npud.fastrpc.abi``), so a skel and its IDL cannot drift.
@@ -47,6 +51,7 @@ from typing import ClassVar, Final, Protocol
 from npu_protocol.aee import AEE
 from npud import idl
 from npud.sim.layout import decode_scalars
+from npud.sim.pd_services import PdServices
 
 DOMAIN_METHOD_OFFSET: Final = 2
 """remote_handle64 interfaces number user methods from 2 (0 = open, 1 = close)."""
@@ -85,9 +90,11 @@ class _NoHostFiles:
 
 
 class SkelCall:
-    """One invocation as a skel sees it: buffers in qaic order, a way to wait, host files."""
+    """One invocation as a skel sees it: buffers in qaic order, a way to wait, host files,
+    and ``pd``, what the DSP process offers beyond the call (memory by fd, per-process
+    state, threads: :class:`npud.sim.pd_services.PdServices`; None outside a process)."""
 
-    __slots__ = ("_sleep", "host_files", "inputs", "outputs", "sc")
+    __slots__ = ("_sleep", "host_files", "inputs", "outputs", "pd", "sc")
 
     def __init__(
         self,
@@ -96,12 +103,15 @@ class SkelCall:
         outputs: Sequence[memoryview],
         sleep: Callable[[float], None],
         host_files: HostFiles | None = None,
+        *,
+        pd: PdServices | None = None,
     ) -> None:
         self.sc = sc
         self.inputs = inputs
         self.outputs = outputs
         self._sleep = sleep
         self.host_files: HostFiles = host_files if host_files is not None else _NoHostFiles()
+        self.pd = pd
 
     def work(self, seconds: float) -> None:
         """Spend ``seconds`` of DSP time: shared with the calls running beside it when the
@@ -254,8 +264,26 @@ def _portal_qnn() -> Skel:
     return PortalQnnSkel()
 
 
+def _dspqueue_rpc() -> Skel:
+    from npud.sim.skels_dspqueue import DspQueueRpcSkel  # noqa: PLC0415 - it imports this module
+
+    return DspQueueRpcSkel()
+
+
+def _htp_iface() -> Skel:
+    from npud.sim.htp.skel import HtpIfaceSkel  # noqa: PLC0415 - numpy, on first open
+
+    return HtpIfaceSkel()
+
+
 BUILTIN_SKELS: Final[Mapping[str, SkelFactory]] = MappingProxyType(
-    {EchoSkel.name: EchoSkel, NpuTestSkel.name: NpuTestSkel, "portal_qnn": _portal_qnn}
+    {
+        EchoSkel.name: EchoSkel,
+        NpuTestSkel.name: NpuTestSkel,
+        "portal_qnn": _portal_qnn,
+        "dspqueue_rpc": _dspqueue_rpc,
+        "htp_iface": _htp_iface,
+    }
 )
 
 

@@ -45,7 +45,13 @@ import msgspec
 from npud.sim import pd_wire as wire
 from npud.sim import sandbox
 
-PRELOAD: Final = ("numpy", "npud.sim.pd_child", "npud.sim.portal_qnn")
+PRELOAD: Final = (
+    "numpy",
+    "npud.sim.pd_child",
+    "npud.sim.portal_qnn",
+    "npud.sim.skels_dspqueue",
+    "npud.sim.htp.skel",
+)
 """Imported before any fork; a module that cannot be imported is skipped (the child
 imports it when a skel needs it, and fails there)."""
 CHILD_FAILED: Final = 71

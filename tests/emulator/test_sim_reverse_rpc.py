@@ -116,7 +116,13 @@ def test_a_small_listener_buffer_uses_get_in_bufs2(driver: EmulatedDriver) -> No
 
 def test_libraries_ship_with_the_package() -> None:
     names = sorted(path.name for path in DSP_LIBRARY_DIR.iterdir())
-    assert names == ["libecho_skel.so", "libnpu_test_skel.so", "libportal_qnn_skel.so"]
+    assert names == [
+        "libdspqueue_rpc_skel.so",
+        "libecho_skel.so",
+        "libggml-htp-v73.so",
+        "libnpu_test_skel.so",
+        "libportal_qnn_skel.so",
+    ]
     for path in DSP_LIBRARY_DIR.iterdir():
         assert path.read_text().startswith("NPUD-SIM-SKEL 1\n")
 
