@@ -93,6 +93,9 @@ class PeerConnection:
                 finished = trio.Event()
                 token = trio.lowlevel.current_trio_token()
                 link.on_finished = lambda _link: _set_soon(token, finished)
+                domain = self.domain
+                assert domain is not None
+                link.on_hangup = lambda gone: domain.abandoned(gone.reason or "hung up")
                 self.client.send_event = link.send
                 self._link = link
                 self.broker.welcomed(self.client, self.revoke)

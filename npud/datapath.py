@@ -293,6 +293,7 @@ class DataPath:
                     calls.append(call)
         finally:
             link.read_lock.release()
+        link.tell_hangup()
         started = link.partial_since
         if started is not None and self.frame_timeout and link.partial_timer != started:
             link.partial_timer = started  # one timer per frame begun

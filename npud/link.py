@@ -108,6 +108,10 @@ class Link:
         self._fds_released = False
         self.on_finished = on_finished
         """Called once, from the thread that finishes the link."""
+        self.on_hangup: Callable[[Link], None] = lambda link: None
+        """Called once, on any thread, when the client stopped talking (hung up, or was
+        dropped) while requests of it are still pending: their caller is gone."""
+        self._hangup_told = False
         self._close_later = close_later
         self._fds_waiting_cap = fds_waiting_cap
         """Closes fds the client sent (owned from then on) off this thread; False when its
@@ -200,6 +204,15 @@ class Link:
         with self.lock:
             self.reading = False
             self.reason = self.reason or reason
+        self.tell_hangup()
+
+    def tell_hangup(self) -> None:
+        """Call ``on_hangup`` if reading is over with requests still pending (once)."""
+        with self.lock:
+            if self._hangup_told or self.reading or not self.pending:
+                return
+            self._hangup_told = True
+        self.on_hangup(self)
 
     # --- requests ------------------------------------------------------------------
     def arrived(self, handler: object) -> None:
@@ -305,6 +318,7 @@ class Link:
         """Stop talking to the client now (it misbehaved, or the daemon stops)."""
         with self.lock:
             self._drop_locked(reason)
+        self.tell_hangup()
         self.check_finished()
 
     def _drop_locked(self, reason: str) -> None:

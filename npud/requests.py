@@ -388,6 +388,14 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
                     ErrorCode.INVALID_ARGUMENT,
                     detail="a call that waits for the DSP has no timeout_ms or deadline_ms",
                 )
+            if not self.domain.isolated:
+                # Nothing but its own DSP process's end stops a wait whose client left:
+                # in a shared process that would hold a waits thread for good.
+                raise CodedError(
+                    ErrorCode.NOT_PERMITTED,
+                    detail="a call that waits for the DSP needs a DSP process of its own "
+                    "(hello.isolate, or an isolating [domains] rule)",
+                )
             self.client.begin_wait(MAX_WAITS)
             self._waiting = True
         limits = self.limits

@@ -181,6 +181,19 @@ class Domain:
 
         return await self.control.call(open_and_load)
 
+    def abandoned(self, reason: str) -> None:
+        """The client of this isolated domain hung up with calls still on its DSP process
+        (a dspqueue ``wait_signal`` never returns on its own): end the process now, as
+        the end of a libcdsprpc process does, so they return and the client can be let
+        go. Any thread; the exit goes on the device's closer lane, not this domain's."""
+        session = self.session
+        if not self.isolated or session is None or self.state != "up":
+            return
+        log.info(
+            "client gone with calls on its DSP process; ending it", domain=self.name, reason=reason
+        )
+        self.device.closer.submit(session.end_process)
+
     async def close(self, grace: float) -> None:
         """Close the session and stop the lanes; calls still on the DSP get ``grace``
         seconds, the lanes half a second more. What the DSP held is forgotten."""

@@ -243,6 +243,13 @@ static void *recv_main(void *arg) {
 
 /* ---- the domain ------------------------------------------------------------------------------ */
 
+#define CANCEL_TRIES 3
+
+/* The DSP process or npud is gone: the wait returned (or will) on its own. */
+static int dom_lost(struct dspq_domain *d) {
+    return atomic_load(&d->error) == AEE_ECONNRESET;
+}
+
 static void dom_free(struct dspq_domain *d) {
     pthread_cond_destroy(&d->send_cv);
     pthread_mutex_destroy(&d->send_mu);
@@ -256,7 +263,13 @@ static int dom_destroy(struct dspq_domain *d) {
     int rc = 0;
     int lost = atomic_load(&d->error) != 0;
     if (d->recv_started) {
+        /* A cancel that could not be sent (a failed allocation, a send cut short) is
+         * tried again: without it the wait, its thread and d stay until the process
+         * ends. */
         int cancelled = dspq_rpc_cancel_wait_signal(d->rpc);
+        for (int again = 0; cancelled != 0 && again < CANCEL_TRIES && !dom_lost(d); again++) {
+            cancelled = dspq_rpc_cancel_wait_signal(d->rpc);
+        }
         if (cancelled != 0 && port_session() == d->session) {
             /* The wait is still on the DSP, which did not let it go: it returns
              * only when the DSP or npud goes, and the thread with it. Leave the
@@ -785,12 +798,17 @@ SHIM_API AEEResult dspqueue_close(dspqueue_t queue) {
     if (q->callback_started) {
         pthread_join(q->callback_thread, NULL);
     }
+    /* From here on the queue goes whatever fails: an error is returned only while the
+     * queue is still open (above), so a caller may always close again after one. What
+     * fails in the teardown is logged; its memory and fds are let go all the same. */
     int lost = atomic_load(&d->error) != 0;
     int destroyed = lost ? 0 : dspq_rpc_destroy_queue(d->rpc, q->dsp_id);
     int unmapped = port_munmap(q->mem_fd, q->mem, q->mem_size);
-    if (!lost) {
-        rc = destroyed != 0 ? destroyed : unmapped;
+    if (!lost && (destroyed != 0 || unmapped != 0)) {
+        shim_log("dspqueue: closing queue %u: destroy 0x%x, munmap 0x%x", q->id,
+                 (unsigned)destroyed, (unsigned)unmapped);
     }
+    rc = 0;
     port_free(q->mem);
     unsigned id = q->id;
     queue_free(q);
@@ -802,8 +820,8 @@ SHIM_API AEEResult dspqueue_close(dspqueue_t queue) {
             g_dom = NULL;
         }
         int down = dom_destroy(d);
-        if (rc == 0) {
-            rc = down;
+        if (down != 0) {
+            shim_log("dspqueue: the last queue's teardown failed (0x%x)", (unsigned)down);
         }
     }
     pthread_mutex_unlock(&g_dq_lock);

@@ -84,7 +84,8 @@ def waiting_busy(request_id: int, handle: int, micros: int) -> p.InvokeRequest:
 async def test_a_waiting_call_holds_no_slot_and_escapes_the_watchdog(tmp_path: Path) -> None:
     config = "[daemon]\ncall_watchdog = 0.2\n[scheduler]\ndsp_slots = 2\nrealtime_reserve = 0\n"
     async with serve_daemon(tmp_path, config) as daemon:
-        peer = await RawPeer.connect(tmp_path / "npud.sock", name="waiter")
+        peer, welcome = await connect(tmp_path / "npud.sock", "waiter", isolate=True)
+        assert isinstance(welcome, p.Welcome)
         await peer.write(p.OpenRequest(id=1, uri=TEST_URI))
         opened = await peer.next()
         assert isinstance(opened, p.OpenReply)
@@ -106,8 +107,9 @@ async def test_a_waiting_call_holds_no_slot_and_escapes_the_watchdog(tmp_path: P
         assert waited == [p.InvokeReply(id=2), p.InvokeReply(id=3)]
         row = daemon.broker.status().clients[0]
         assert row.hung_calls == 0
-        assert daemon.broker.default_domain is not None
-        assert daemon.broker.default_domain.restarts == 0
+        domain = daemon.broker.domains.get(welcome.domain)
+        assert domain is not None
+        assert domain.restarts == 0
         bad = p.InvokeRequest(
             id=6,
             handle=handle,
@@ -121,6 +123,44 @@ async def test_a_waiting_call_holds_no_slot_and_escapes_the_watchdog(tmp_path: P
         assert isinstance(answer, p.ErrorMessage)
         assert answer.error_code is ErrorCode.INVALID_ARGUMENT
         peer.close()
+
+
+async def test_a_wait_needs_a_dsp_process_of_its_own(tmp_path: Path) -> None:
+    """In a shared process nothing would stop a wait whose client left."""
+    async with serve_daemon(tmp_path):
+        peer = await RawPeer.connect(tmp_path / "npud.sock", name="shared")
+        await peer.write(p.OpenRequest(id=1, uri=TEST_URI))
+        opened = await peer.next()
+        assert isinstance(opened, p.OpenReply)
+        await peer.write(waiting_busy(2, opened.handle, 1000))
+        refused = await peer.next()
+        assert isinstance(refused, p.ErrorMessage)
+        assert refused.error_code is ErrorCode.NOT_PERMITTED
+        assert "needs a DSP process of its own" in refused.message
+        peer.close()
+
+
+async def test_a_client_gone_with_a_wait_pending_is_let_go(tmp_path: Path) -> None:
+    """A libcdsprpc client killed with its dspqueue wait_signal outstanding: the wait
+    would never end, so its DSP process is ended, and the client and its domain go
+    (before, every such client kept a domain until npud stopped)."""
+    async with serve_daemon(tmp_path) as daemon:
+        peer, welcome = await connect(tmp_path / "npud.sock", "llama", isolate=True)
+        assert isinstance(welcome, p.Welcome)
+        await peer.write(p.OpenRequest(id=1, uri=TEST_URI))
+        opened = await peer.next()
+        assert isinstance(opened, p.OpenReply)
+        await peer.write(waiting_busy(2, opened.handle, 0xFFFFFFFF))  # for ever
+        with trio.fail_after(10):
+            while not sim_of(daemon).statistics().invokes_in_flight:
+                await trio.sleep(0.01)
+        peer.close()
+        with trio.fail_after(10):
+            while daemon.broker.domains.get(welcome.domain) is not None or len(
+                daemon.broker.clients
+            ):
+                await trio.sleep(0.01)
+        assert sim_of(daemon).statistics().sessions_in_use == 1
 
 
 def test_the_map_flags_are_the_kernels() -> None:

@@ -413,9 +413,14 @@ static void scenario_controls(void) {
 
 static void scenario_dspqueue(void) {
     dspqueue_t q = NULL;
-    /* the emulated DSP has no dspqueue_rpc skel (yet): unsupported, as on a DSP without one */
-    RC(dspqueue_create(CDSP_DOMAIN_ID, 0, 2560, 6656, NULL, NULL, NULL, &q), AEE_EUNSUPPORTED);
-    CHECK(q == NULL);
+    /* the emulated DSP's dspqueue_rpc skel takes the queue (after the version handshake) */
+    RC(dspqueue_create(CDSP_DOMAIN_ID, 0, 2560, 6656, NULL, NULL, NULL, &q), 0);
+    CHECK(q != NULL);
+    uint64_t id = 0;
+    RC(dspqueue_export(q, &id), 0);
+    CHECK(id != 0);
+    RC(dspqueue_close(q), 0);
+    q = NULL;
     RC(dspqueue_create(CDSP_DOMAIN_ID, 0, 0, 0, NULL, NULL, NULL, NULL), AEE_EBADPARM);
     RC(dspqueue_create(ADSP_DOMAIN_ID, 0, 0, 0, NULL, NULL, NULL, &q), AEE_EUNSUPPORTED);
     RC(dspqueue_create(CDSP_DOMAIN_ID, 3, 0, 0, NULL, NULL, NULL, &q), AEE_EBADPARM);
