@@ -55,8 +55,9 @@ shim:
 	$(MAKE) -C shim
 
 # llama.cpp's Hexagon backend built against it, from the llama-cpp-python sdist, cached
-# outside the tree (scripts/peer-llama.sh --help).
-peer-llama: shim
+# outside the tree, then run through npud on the emulator (scripts/peer-llama.sh --help;
+# the first build takes about 10 minutes on 2 cores).
+peer-llama: shim $(STAMP)
 	bash scripts/peer-llama.sh
 
 clean:

@@ -20,7 +20,11 @@ each writes its own log. Steps:
   4. echo      npud trace record --scenario echo on the device, then replayed
   5. model     npud trace record --scenario model --model FILE (with --model)
   6. daemon    npud --trace run with npuctl selftest and npuctl status --json
-  7. pack      OUT.tar.gz of everything, with summary.txt listing each step
+  7. llama     llama.cpp's Hexagon backend through npud's libcdsprpc (with
+               --llama-bin and --gguf): a 32-token greedy decode through npud
+               against the CPU's, under a 120 s limit (docs/llm.md: the first
+               dspqueue round trip may hang on mainline, qualcomm/fastrpc#377)
+  8. pack      OUT.tar.gz of everything, with summary.txt listing each step
 
 Options:
   --out DIR        where to write (default: ./npud-bringup-HOST-DATE); the
@@ -31,6 +35,11 @@ Options:
   --config PATH    npud configuration (npud.toml) for steps 2, 4-6
   --python PATH    the Python with npud installed (default: the checkout's
                    .venv/bin/python if present, else python3)
+  --llama-bin DIR  llama.cpp's bin directory (llama-simple, libggml-hexagon.so;
+                   scripts/peer-llama.sh builds one) for step 7
+  --gguf FILE      the model step 7 decodes (a small one: it also runs on the CPU)
+  --shim DIR       where npud's libcdsprpc.so.1 is (default: the checkout's
+                   shim/build, made with make shim)
   --skip-tests     skip step 3
   -h, --help       this text
 
@@ -54,6 +63,9 @@ backend=kernel
 config=""
 python=""
 skip_tests=0
+llama_bin=""
+gguf=""
+shim=$repo/shim/build
 while (($#)); do
     case $1 in
         -h | --help)
@@ -66,6 +78,9 @@ while (($#)); do
         --config) config=${2:?--config needs a file}; shift 2 ;;
         --python) python=${2:?--python needs a path}; shift 2 ;;
         --skip-tests) skip_tests=1; shift ;;
+        --llama-bin) llama_bin=${2:?--llama-bin needs a directory}; shift 2 ;;
+        --gguf) gguf=${2:?--gguf needs a file}; shift 2 ;;
+        --shim) shim=${2:?--shim needs a directory}; shift 2 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -78,6 +93,13 @@ if [[ -n $model && ! -r $model ]]; then
 fi
 if [[ -n $config && ! -r $config ]]; then
     die "--config $config: not a readable file"
+fi
+if [[ -n $llama_bin || -n $gguf ]]; then
+    [[ -n $llama_bin && -n $gguf ]] || die "--llama-bin and --gguf go together (step 7)"
+    [[ -x $llama_bin/llama-simple ]] || die "--llama-bin $llama_bin: no llama-simple in it"
+    [[ -r $gguf ]] || die "--gguf $gguf: not a readable file"
+    llama_bin=$(cd -- "$llama_bin" && pwd -P)  # the CPU run starts elsewhere
+    gguf=$(cd -- "$(dirname -- "$gguf")" && pwd -P)/$(basename -- "$gguf")
 fi
 if [[ -z $python ]]; then
     if [[ -x $repo/.venv/bin/python ]]; then
@@ -207,6 +229,55 @@ daemon_run() {
     return "$status"
 }
 step daemon daemon.txt daemon_run
+
+# llama.cpp through npud: the same decode on the CPU alone and through npud's library;
+# the texts must be equal. The CPU run is a copy of llama-simple in a directory without
+# libggml-hexagon.so (ggml loads backends from the program's directory), so a system
+# libcdsprpc cannot put it on the DSP. A hang past 120 s is the known risk of mainline
+# kernels (qualcomm/fastrpc#377): the library's log says where.
+llama_run() {
+    local socket=$out/npud-llama.sock pid tries status=0
+    "$python" -m npud.main --backend "$backend" "${config_args[@]}" --socket "$socket" \
+        --log-format json 2>"$out/llama-daemon.log" &
+    pid=$!
+    daemon_pid=$pid
+    for ((tries = 0; tries < 100; tries++)); do
+        [[ -S $socket ]] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    local cpu npu
+    local cpu_only=$out/llama-cpu-only
+    mkdir -p -- "$cpu_only"
+    cp -- "$llama_bin/llama-simple" "$llama_bin"/libggml-cpu*.so "$cpu_only/" || status=1
+    cpu=$(cd -- "$cpu_only" && LD_LIBRARY_PATH=$llama_bin timeout 300 ./llama-simple \
+        -m "$gguf" -n 32 "hello world" 2>"$out/llama-cpu.log") || status=1
+    if grep -q 'assigned to device HTP' "$out/llama-cpu.log"; then
+        echo "the CPU run used the DSP (llama-cpu.log)"
+        status=1
+    fi
+    npu=$(NPUD_SOCKET=$socket LD_LIBRARY_PATH=$shim GGML_HEXAGON_MBUF=256 NPUD_SHIM_LOG=1 \
+        NPUD_SHIM_STATS=$out/llama-requests.txt \
+        timeout 120 "$llama_bin/llama-simple" -m "$gguf" -n 32 "hello world" \
+        2>"$out/llama-npud.log") || status=1
+    printf 'cpu:  %s\nnpud: %s\n' "$cpu" "$npu"
+    if [[ $status -ne 0 || -z $npu || $cpu != "$npu" ]]; then
+        echo "the decode through npud failed or differs from the CPU's (llama-npud.log)"
+        status=1
+    fi
+    grep -q 'assigned to device HTP0' "$out/llama-npud.log" ||
+        { echo "llama.cpp did not offload to HTP0 (llama-npud.log)"; status=1; }
+    NPUD_SOCKET=$socket npuctl status --json >"$out/llama-status.json" || status=1
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid" || status=1
+    daemon_pid=""
+    return "$status"
+}
+if [[ -n $llama_bin && -n $gguf ]]; then
+    step llama llama.txt llama_run
+else
+    skip llama "no --llama-bin and --gguf"
+fi
 
 {
     echo

@@ -45,6 +45,12 @@ Options:
                      the shell installed in $DSP_DIR
   --with-venv        also create $VENV_DIR and pip-install npud into it
                      (the running system only; needs python3 >= 3.11)
+  --with-shim        also build npud's libcdsprpc (shim/, needs gcc, make and
+                     libmsgpack-dev) and install it as
+                     PREFIX/lib/npud/libcdsprpc.so.1 with the libcdsprpc.so
+                     link llama.cpp loads (docs/llm.md). A directory of its
+                     own, so Qualcomm's libcdsprpc stays what the loader finds
+                     by default; programs meant for npud set LD_LIBRARY_PATH.
   --no-activate      on the running system, do not run systemd-sysusers,
                      systemd-tmpfiles, udevadm and systemctl
   -h, --help         show this help
@@ -60,6 +66,8 @@ The admin's files (below --root; never overwritten: when yours differs, the
 shipped one is written beside it as FILE.new and the script says so):
   $CONFIG_DIR/npud.toml
   $CONFIG_DIR/$PUBLIC_KEY_NAME                (--signing-dir)
+With --with-shim (replaced when they differ):
+  PREFIX/lib/npud/libcdsprpc.so.1 (mode 0755), PREFIX/lib/npud/libcdsprpc.so
 With the shell (replaced, like the shell itself):
   $DSP_DIR/$SHELL_NAME.sha256, .sig   (--signing-dir)
 Mode 0644, owned by root when run as root. Copies an older install.sh put in
@@ -93,6 +101,7 @@ prefix=$DEFAULT_PREFIX
 dry_run=0
 activate=1
 with_venv=0
+with_shim=0
 signing_dir=""
 shell_image=""
 
@@ -112,6 +121,7 @@ while [[ $# -gt 0 ]]; do
         --shell-image=*) shell_image=${1#*=}; shift ;;
         --dry-run) dry_run=1; shift ;;
         --with-venv) with_venv=1; shift ;;
+        --with-shim) with_shim=1; shift ;;
         --no-activate) activate=0; shift ;;
         -h | --help) usage; exit 0 ;;
         *) usage_error "unknown argument: $1" ;;
@@ -223,6 +233,27 @@ install_file() {
     mv -f -- "$tmp" "$dest"
     pending_tmp=""
     report "${action/%e/}ed" "$path"
+}
+
+# install_link TARGET PATH: PATH is a symbolic link to TARGET (relative).
+install_link() {
+    local link_target=$1 path=$2 dest
+    dest=$(target "$path")
+    if [[ -L $dest && $(readlink -- "$dest") == "$link_target" ]]; then
+        report unchanged "$path"
+        return
+    fi
+    if [[ -e $dest && ! -L $dest ]]; then
+        die "$dest exists and is not a symbolic link; move it away first"
+    fi
+    changes=$((changes + 1))
+    if [[ $dry_run == 1 ]]; then
+        note "would link $path -> $link_target"
+        return
+    fi
+    mkdir -p -- "$(dirname -- "$dest")"
+    ln -sfn -- "$link_target" "$dest"
+    report linked "$path -> $link_target"
 }
 
 # install_conffile SRC PATH WHAT: like install_file, for a file of the admin's:
@@ -347,6 +378,17 @@ if [[ $with_venv == 1 ]]; then
         die "$python must be Python 3.11 or newer with the venv module (apt-get install python3-venv)"
 fi
 
+shim_dir=""
+if [[ $with_shim == 1 ]]; then
+    for tool in make gcc; do
+        command -v "$tool" >/dev/null || die "--with-shim needs $tool (apt-get install build-essential)"
+    done
+    shim_dir=$(mktemp -d)
+    trap 'cleanup; rm -rf -- "$shim_dir"' EXIT
+    make -s -C "$SOURCE_DIR/shim" OUT="$shim_dir" >&2 ||
+        die "building the shim failed (it needs libmsgpack-dev: apt-get install libmsgpack-dev)"
+fi
+
 # --- Lay out the files ---------------------------------------------------
 
 if [[ $dry_run == 1 ]]; then
@@ -374,6 +416,11 @@ else
         [[ -f $(target "$path") ]] ||
             warn "$path is missing: npud refuses to load the shell without it (use --signing-dir)"
     done
+fi
+
+if [[ $with_shim == 1 ]]; then
+    install_file "$shim_dir/libcdsprpc.so.1" "$prefix/lib/npud/libcdsprpc.so.1" 755
+    install_link libcdsprpc.so.1 "$prefix/lib/npud/libcdsprpc.so"
 fi
 
 if [[ $with_venv == 1 ]]; then

@@ -6,7 +6,7 @@ set -euo pipefail
 readonly PROG=peer-llama.sh
 readonly VERSION=0.3.36
 readonly SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
-readonly DEFAULT_STEPS=(fetch cpu hexagon helpers models)
+readonly DEFAULT_STEPS=(fetch cpu hexagon helpers models run)
 readonly ALL_STEPS=(fetch cpu hexagon helpers models run)
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -48,8 +48,10 @@ Steps (default: ${DEFAULT_STEPS[*]}):
   helpers   libnpud-load-all.so: LD_PRELOAD that loads the backends before
             main(), so test-llama-archs sees the Hexagon device
   models    tiny GGUF llamas (f16, q8_0, q4_0) with a planted greedy answer
-  run       llama.cpp through npud: not yet (it needs the emulated DSP side,
-            the dspqueue_rpc and htp skels); says so and fails
+  run       llama.cpp through npud on the emulator (shim/peer/check_llama.py):
+            greedy decodes equal to the CPU's, test-llama-archs, voice beside a
+            decode, SIGKILL cleanup; prints the figures as JSON; then
+            scripts/hw_bringup.sh's llama step against the emulator
 
 Cache: \$NPUD_PEER_CACHE, else \$XDG_CACHE_HOME/npud-peer, else
 ~/.cache/npud-peer (now $CACHE). CI keeps it between steps.
@@ -57,7 +59,7 @@ Environment: JOBS (build jobs, default nproc), PYTHON (default python3).
 Needs: gcc, g++, make, cmake, ninja (or make), python3 with venv and pip,
 msgpack-c (libmsgpack-dev); network access to PyPI for fetch and models.
 
-Exit status: 0 done, 1 a step failed, 2 bad usage, 3 run is not ready.
+Exit status: 0 done, 1 a step or a check failed, 2 bad usage.
 EOF
 }
 
@@ -208,14 +210,30 @@ step_models() {
     done
 }
 
-# Later: npud on the emulator with the dspqueue_rpc and htp skels, then
-#   LD_LIBRARY_PATH=$SHIM_BUILD NPUD_SOCKET=... $BIN/llama-simple -m $MODELS/tiny-llama-f16.gguf
-#       -n 24 "hello world"       (the CPU's greedy text, exactly)
-#   LD_PRELOAD=$HELPERS/libnpud-load-all.so ... $BIN/test-llama-archs -a llama -b HTP0
+# llama.cpp through npud on the emulator: shim/peer/check_llama.py starts npud from this
+# checkout, checks greedy decodes, test-llama-archs, VAD beside a decode and SIGKILL
+# cleanup, and prints the figures (round trips per token, time per batch, tokens/s).
 step_run() {
-    log "run: not yet: llama.cpp through npud needs the emulated DSP side (the dspqueue_rpc"
-    log "and htp skels); the build is in $CACHE"
-    exit 3
+    local python=$REPO/.venv/bin/python
+    if [[ ! -x $python ]]; then
+        die "run: no $REPO/.venv (make install first)"
+    fi
+    [[ -x $BIN/llama-simple && -f $HEX_BUILD/libggml-hexagon.so && -f $MODELS/tiny-llama-q4_0.gguf ]] \
+        || die "run: the build is not complete: run the other steps first"
+    "$python" "$REPO/shim/peer/check_llama.py" --repo "$REPO" --bin "$BIN" --models "$MODELS" \
+        --shim "$SHIM_BUILD" --preload "$HELPERS/libnpud-load-all.so"
+    # The device bring-up's llama step (docs/hardware.md), rehearsed on the emulator.
+    local rehearsal
+    rehearsal=$(mktemp -d)
+    if ! bash "$REPO/scripts/hw_bringup.sh" --python "$python" --backend emulator --skip-tests \
+        --out "$rehearsal/bringup" --llama-bin "$BIN" --gguf "$MODELS/tiny-llama-q4_0.gguf" \
+        --shim "$SHIM_BUILD" >"$rehearsal/log" 2>&1 || ! grep -q '^llama *ok' "$rehearsal/bringup/summary.txt"; then
+        cat -- "$rehearsal/log" "$rehearsal/bringup/llama.txt" >&2 || true
+        rm -rf -- "$rehearsal"
+        die "run: the bring-up's llama step failed on the emulator"
+    fi
+    rm -rf -- "$rehearsal"
+    log "run: the bring-up's llama step passed on the emulator"
 }
 
 main() {

@@ -883,6 +883,7 @@ int conn_call(struct conn *c, struct conn_request *req) {
     c->used++;
     size_t max_payload = c->welcome.max_frame_size;
     pthread_mutex_unlock(&c->mu);
+    stats_count(req->reply_type);
 
     struct wbuf b;
     msgpack_packer pk;

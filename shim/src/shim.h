@@ -39,6 +39,8 @@ void *x_realloc(void *ptr, size_t size);
 
 /* ---- log.c ------------------------------------------------------------------------ */
 void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* One more request of this kind sent to npud (stats.c: NPUD_SHIM_STATS). */
+void stats_count(const char *reply_type);
 /* NPUD_SHIM_LOG: 0 off, 1 errors and events, 2 also each invoke's arguments. */
 int shim_log_level(void);
 

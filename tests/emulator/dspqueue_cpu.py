@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from npu_protocol import AEE
+from npu_protocol import AEE, ErrorCode
 from npud.fastrpc.dma import DmaBuffer
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Capacity, Inline
@@ -113,6 +113,13 @@ class Packet:
     flags: int
     buffers: tuple[Buffer, ...]
     message: bytes
+
+
+def _answer_under(error: RpcError) -> int:
+    """What libcdsprpc's own call would have answered where npud's session raised:
+    the session turns the DSP process's end (AEE_EBADSTATE, with the listener
+    stopping) into DSP_RESTARTED; anything else is a plain failure."""
+    return AEE.EBADSTATE.dsp if error.code is ErrorCode.DSP_RESTARTED else AEE.EFAILED
 
 
 class CpuQueues:
@@ -209,8 +216,8 @@ class CpuQueues:
                 self._send_pending = False
             try:
                 rc = self._invoke(SC_SIGNAL, [])[0]
-            except RpcError:
-                rc = AEE.EFAILED
+            except RpcError as exc:
+                rc = _answer_under(exc)
             if rc:
                 self._fail(rc)
                 return
@@ -220,8 +227,8 @@ class CpuQueues:
         while True:
             try:
                 rc, data = self._invoke(SC_WAIT_SIGNAL, [], 4)
-            except RpcError:  # the session went away under the call
-                self._fail(AEE.EFAILED)
+            except RpcError as exc:  # the session went away under the call
+                self._fail(_answer_under(exc))
                 return
             if rc:
                 self._fail(rc)

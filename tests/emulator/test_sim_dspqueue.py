@@ -17,8 +17,9 @@ from typing import Final
 
 import pytest
 
-from npu_protocol import AEE
+from npu_protocol import AEE, ErrorCode
 from npud.backend import DEV_SHELL
+from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
@@ -446,9 +447,14 @@ def test_a_thread_of_the_pd_that_raises_crashes_the_pd(
 ) -> None:
     echo = Echo(session)
     crashes = driver.statistics().pd_crashes
-    rc = session.invoke(echo.handle, queue_echo_skel.SC_CRASH_THREAD, [], []).rc
-    assert rc in (0, AEE.EBADSTATE.dsp)  # thread isolation: the call itself ends first
-    result = session.invoke(echo.handle, queue_echo_skel.SC_SERVED, [], [Capacity(4)])
-    assert result.rc == AEE.EBADSTATE.dsp
+    try:  # thread isolation: the call itself may end first, or the PD's end reaches it
+        rc = session.invoke(echo.handle, queue_echo_skel.SC_CRASH_THREAD, [], []).rc
+        code = None
+    except RpcError as crashed:
+        rc, code = None, crashed.code
+    assert (rc, code) in ((0, None), (None, ErrorCode.DSP_RESTARTED))
+    with pytest.raises(RpcError) as ended:  # the session saw its DSP process end
+        session.invoke(echo.handle, queue_echo_skel.SC_SERVED, [], [Capacity(4)])
+    assert ended.value.code is ErrorCode.DSP_RESTARTED
     assert driver.statistics().pd_crashes == crashes + 1
     assert not [t for t in threading.enumerate() if t.name == "dsp-boom"]

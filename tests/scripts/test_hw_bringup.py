@@ -50,6 +50,11 @@ def test_bad_command_lines_are_refused(tmp_path: Path) -> None:
     assert (wrong.returncode, "kernel or emulator" in wrong.stderr) == (2, True)
     missing = run("--model", str(tmp_path / "none.bin"))
     assert (missing.returncode, "not a readable file" in missing.stderr) == (2, True)
+    alone = run("--llama-bin", str(tmp_path))
+    assert (alone.returncode, "go together" in alone.stderr) == (2, True)
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    no_llama = run("--llama-bin", str(tmp_path), "--gguf", str(tmp_path / "model.gguf"))
+    assert (no_llama.returncode, "no llama-simple" in no_llama.stderr) == (2, True)
     (tmp_path / "taken").mkdir()
     taken = run("--out", str(tmp_path / "taken"))
     assert (taken.returncode, "exists" in taken.stderr) == (2, True)
@@ -67,6 +72,7 @@ def test_a_rehearsal_on_the_emulator_packs_every_step(tmp_path: Path) -> None:
     for name in ("system", "doctor", "echo", "model", "daemon"):
         assert any(line.split()[:2] == [name, "ok"] for line in summary.splitlines()), summary
     assert "tests    skipped --skip-tests" in summary
+    assert "llama    skipped no --llama-bin and --gguf" in summary  # run by make peer-llama
     with tarfile.open(f"{out}.tar.gz") as packed:
         names = {Path(member).name for member in packed.getnames()}
     assert {"summary.txt", "system.txt", "doctor.json", "echo.jsonl", "model.jsonl",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import stat
@@ -337,3 +338,27 @@ def test_a_missing_root_is_an_error(tmp_path: Path) -> None:
     result = run_script(INSTALL, "--root", tmp_path / "nope", tmp=tmp_path)
     assert result.returncode == 1
     assert "is not a directory" in result.stderr
+
+
+def test_with_shim_builds_and_installs_npuds_libcdsprpc(root: Path) -> None:
+    result = install(root, "--with-shim")
+    assert result.returncode == 0, result.stderr
+    library = root / "usr/lib/npud/libcdsprpc.so.1"
+    link = root / "usr/lib/npud/libcdsprpc.so"
+    assert _mode(library) == 0o755
+    assert os.readlink(link) == "libcdsprpc.so.1"  # the name llama.cpp dlopens
+    loaded = ctypes.CDLL(str(link))
+    for symbol in ("remote_handle64_open", "rpcmem_alloc2", "dspqueue_create"):
+        assert hasattr(loaded, symbol), symbol
+    again = install(root, "--with-shim")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to change" in again.stdout  # the build is reproducible
+
+
+def test_with_shim_never_replaces_a_file_where_its_link_goes(root: Path) -> None:
+    (root / "usr/lib/npud").mkdir(parents=True)
+    (root / "usr/lib/npud/libcdsprpc.so").write_bytes(b"someone's library")
+    result = install(root, "--with-shim")
+    assert result.returncode == 1
+    assert "libcdsprpc.so exists and is not a symbolic link" in result.stderr
+    assert (root / "usr/lib/npud/libcdsprpc.so").read_bytes() == b"someone's library"

@@ -68,10 +68,10 @@ def test_peer_script_help_and_steps(tmp_path: Path) -> None:
     assert not (tmp_path / "cache").exists()  # nothing done on bad usage
 
 
-def test_peer_script_run_is_not_ready_yet(tmp_path: Path) -> None:
+def test_peer_script_run_needs_the_build(tmp_path: Path) -> None:
     ran = _script(tmp_path, "run")
-    assert ran.returncode == 3
-    assert "emulated DSP side" in ran.stderr
+    assert ran.returncode == 1
+    assert "the build is not complete: run the other steps first" in ran.stderr
 
 
 def test_peer_script_steps_need_the_previous_ones(tmp_path: Path) -> None:
