@@ -20,6 +20,7 @@ readonly NEEDS=(
     "groff|groff-base|the man pages are checked by groff"
     "g++|g++|npud's libcdsprpc headers are checked as C++ (llama.cpp includes them)"
     "/usr/include/msgpack.h|libmsgpack-dev|npud's libcdsprpc speaks msgpack through msgpack-c"
+    "cmake|cmake|make peer-llama (run by .ci/run) builds llama.cpp"
 )
 
 usage() {
