@@ -41,7 +41,8 @@ from typing import Final
 
 import npu_client
 from bench.harness import Context, Goal, Row, ratio_row
-from bench.processes import CHILD_ENVIRONMENT, npud_process
+from bench.processes import npud_process, ready_child
+from npu_protocol import DomainRow
 
 NAME = "confinement"
 SUMMARY = "a realtime VAD client while another domain crashes, hangs and loops (vs shared)"
@@ -69,6 +70,7 @@ VAD = """
 import json, sys, time
 import numpy as np
 import npu_client
+from npu_protocol import DomainRow
 from bench.model_vad import SILERO, SHAPES
 path, period, deadline = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 npu = npu_client.connect(path, name="vad", priority="realtime", budget=(period, 0.008))
@@ -138,6 +140,10 @@ def _loop_model(path: Path) -> None:
     path.write_bytes(endless_loop())
 
 
+# The faults that end the domain's DSP process (the Loop model is refused at load).
+RESTARTING_FAULTS = frozenset({"killed_pd", "hung_call", "endless_model", "skel_crash"})
+
+
 class _Faults:
     """Each kind of fault, in the domain the ``rough*`` clients join."""
 
@@ -156,14 +162,23 @@ class _Faults:
 
     def run(self, kind: str, domain: str) -> None:
         fault: Callable[[str], None] = getattr(self, f"_{kind}")
+        epoch = self._row(domain).epoch
         fault(domain)
-        self._back_up(domain)
+        # A crash is noticed after the call that caused it has answered: wait for the
+        # restart itself, or the next fault's open would meet it.
+        self._back_up(domain, after_epoch=epoch if kind in RESTARTING_FAULTS else 0)
 
-    def _back_up(self, domain: str) -> None:
+    def _row(self, domain: str) -> DomainRow:
+        rows = {row.name: row for row in self._admin.status().domains}
+        if domain not in rows:
+            raise AssertionError(f"domain {domain} is not in the status")
+        return rows[domain]
+
+    def _back_up(self, domain: str, after_epoch: int) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            rows = {row.name: row for row in self._admin.status().domains}
-            if domain in rows and rows[domain].state == "up":
+            row = self._row(domain)
+            if row.state == "up" and row.epoch > after_epoch:
                 return
             time.sleep(0.01)
         raise AssertionError(f"domain {domain} did not come back up")
@@ -212,26 +227,9 @@ class _Faults:
 
 @contextmanager
 def _vad(socket_path: Path) -> Iterator[subprocess.Popen[str]]:
-    process = subprocess.Popen(
-        [sys.executable, "-c", VAD, str(socket_path), str(PERIOD_S), str(DEADLINE_S)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=CHILD_ENVIRONMENT,
-        text=True,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
-    try:
-        assert process.stdout is not None
-        if process.stdout.readline().strip() != "READY":
-            raise RuntimeError("the VAD client did not start")
+    args = [sys.executable, "-c", VAD, str(socket_path), str(PERIOD_S), str(DEADLINE_S)]
+    with ready_child(args, "the VAD client", cwd=Path(__file__).resolve().parent.parent) as process:
         yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(30)
-        for pipe in (process.stdin, process.stdout):
-            if pipe is not None:
-                pipe.close()
 
 
 Runs = list[tuple[float, float, bool]]

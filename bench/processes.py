@@ -69,6 +69,34 @@ def running(args: list[str], stderr: Path | None = None) -> Iterator[subprocess.
                 pipe.close()
 
 
+@contextmanager
+def ready_child(
+    args: list[str], what: str, cwd: Path | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """A child that prints READY once it is set up, with text pipes to and from it; killed
+    and reaped on the way out. ``what`` names it in the error when it never gets ready."""
+    process = subprocess.Popen(
+        args,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=CHILD_ENVIRONMENT,
+        text=True,
+        cwd=cwd,
+    )
+    try:
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != "READY":
+            raise RuntimeError(f"{what} did not start")
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
 def wait_for_hello(process: subprocess.Popen[bytes], socket_path: Path) -> float:
     """Poll until ``socket_path`` answers a Hello with a Welcome; the monotonic time it did."""
     deadline = time.monotonic() + START_TIMEOUT

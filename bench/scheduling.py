@@ -33,7 +33,7 @@ from pathlib import Path
 
 import npu_client
 from bench.harness import Context, Goal, Row, median, ratio_row
-from bench.processes import CHILD_ENVIRONMENT, npud
+from bench.processes import npud, ready_child
 
 NAME = "scheduling"
 SUMMARY = "a realtime client beside 8 background clients: fair scheduling vs FIFO"
@@ -84,21 +84,8 @@ with npu_client.connect(path, name="voice", priority="realtime", budget=(period,
 
 @contextmanager
 def _started(args: list[str]) -> Iterator[subprocess.Popen[str]]:
-    process = subprocess.Popen(
-        args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=CHILD_ENVIRONMENT, text=True
-    )
-    try:
-        assert process.stdout is not None
-        if process.stdout.readline().strip() != "READY":
-            raise RuntimeError("a load client did not start")
+    with ready_child(args, "a load client") as process:
         yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(30)
-        for pipe in (process.stdin, process.stdout):
-            if pipe is not None:
-                pipe.close()
 
 
 def _run(path: Path, seconds: float) -> dict[str, float]:
