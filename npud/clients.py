@@ -175,6 +175,11 @@ class ObjectTable:
             self._entries[entry.id] = entry
             return entry
 
+    def skip_id(self) -> None:
+        """A creating request was refused before it reserved: its id is taken all the same."""
+        with self._lock:
+            self._next_id += 1
+
     def use(self, object_id: int, kind: Kind) -> Entry:
         """Hold ``object_id`` for a request until :meth:`done_with`; raises if unknown."""
         with self._lock:

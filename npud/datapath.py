@@ -162,6 +162,13 @@ class DataPath:
     def add(self, link: Link) -> None:
         """Start serving ``link`` (its protocol may already hold bytes to process)."""
         link.needs_write_arm = self._arm_write
+        owners_hangup = link.on_hangup
+
+        def hung_up(gone: Link) -> None:
+            self._release_queued(gone)  # ours first: what never started never will
+            owners_hangup(gone)
+
+        link.on_hangup = hung_up
         with self._links_lock:
             self._links[link.fd] = link
             self._links[link.write_fd.fileno()] = link
@@ -304,6 +311,11 @@ class DataPath:
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.modify(link.fd, _READ)
         else:
+            if not link.hung_up:
+                # Half-closed with calls pending: wake on the peer's full close (POLLHUP
+                # is reported with no event asked for), which releases its queued calls.
+                with contextlib.suppress(OSError, ValueError):
+                    self._epoll.modify(link.fd, select.EPOLLONESHOT)
             link.check_finished()
         inline: Call | None = None
         for call in calls:
@@ -361,6 +373,9 @@ class DataPath:
         """Hand a DSP call to the scheduler; True when it may run now."""
         handler = call.handler
         assert handler.account is not None  # a welcomed client has one
+        if call.link.hung_up:  # its objects came to exist after its client left
+            self._release(call)
+            return False
         job = Job(
             handler.account,
             payload=call,
@@ -445,6 +460,29 @@ class DataPath:
             call.handler.end()
         finally:
             call.link.ended(call)
+
+    # --- a client gone ---------------------------------------------------------------------
+    def _release_queued(self, link: Link) -> None:
+        """``link``'s client is gone (PROTOCOL.md section 5): its DSP calls still waiting
+        for a slot never run. Running ones finish; calls waiting for an object to exist
+        are released when they would be submitted."""
+        with link.lock:
+            pending = [call for call in link.pending if isinstance(call, Call)]
+        released = 0
+        for call in pending:
+            job = call.job
+            if job is not None and self.scheduler.cancel(job):
+                self._release(call)
+                released += 1
+        if released:
+            link.log.info("client gone: its queued calls released", calls=released)
+
+    def _release(self, call: Call) -> None:
+        """End a call nobody will read the answer of, without running it."""
+        if call.timer is not None:
+            call.timer.cancel()
+        call.claim()
+        self._end(call)
 
     # --- answers that are not the work's -------------------------------------------------
     def _time_out(self, call: Call) -> None:

@@ -26,6 +26,7 @@ import array
 import contextlib
 import errno
 import os
+import select
 import socket
 import threading
 import time
@@ -109,8 +110,8 @@ class Link:
         self.on_finished = on_finished
         """Called once, from the thread that finishes the link."""
         self.on_hangup: Callable[[Link], None] = lambda link: None
-        """Called once, on any thread, when the client stopped talking (hung up, or was
-        dropped) while requests of it are still pending: their caller is gone."""
+        """Called once, on any thread, when requests of the client are still pending but
+        nobody can read their answers (it closed its socket, or was dropped)."""
         self._hangup_told = False
         self._close_later = close_later
         self._fds_waiting_cap = fds_waiting_cap
@@ -207,12 +208,32 @@ class Link:
         self.tell_hangup()
 
     def tell_hangup(self) -> None:
-        """Call ``on_hangup`` if reading is over with requests still pending (once)."""
+        """Call ``on_hangup`` once, if reading is over with requests still pending and
+        nobody can read their answers: the link was dropped, or the peer closed its
+        socket. A half-close (``shutdown(SHUT_WR)``) is not a hang-up: that client still
+        reads every answer (PROTOCOL.md section 5)."""
         with self.lock:
             if self._hangup_told or self.reading or not self.pending:
                 return
+            if not (self.closing or self._peer_closed()):
+                return
             self._hangup_told = True
         self.on_hangup(self)
+
+    @property
+    def hung_up(self) -> bool:
+        """``on_hangup`` was called: the requests still pending have nobody to answer."""
+        return self._hangup_told
+
+    def _peer_closed(self) -> bool:
+        """The peer closed its socket (both directions shut: POLLHUP), not just its
+        sending side."""
+        poller = select.poll()
+        poller.register(self.fd, 0)  # POLLHUP and POLLERR are always reported
+        try:
+            return any(mask & (select.POLLHUP | select.POLLERR) for _, mask in poller.poll(0))
+        except OSError:
+            return True
 
     # --- requests ------------------------------------------------------------------
     def arrived(self, handler: object) -> None:

@@ -80,6 +80,11 @@ class Handler(abc.ABC, Generic[R]):
     acquires: ClassVar[bool] = True
     """Takes DSP resources: refused with SHUTTING_DOWN once the daemon stops.
     Releases (free, unmap, close), status and ping are still served then."""
+    creates: ClassVar[bool] = False
+    """Creates an object (alloc, open, model_load): takes the connection's next id at
+    arrival whatever its answer, so a pipelining client can predict every id
+    (PROTOCOL.md section 6). Its ``arrive`` reserves with :meth:`_reserve`."""
+    _reserved = False
 
     # DSP-bound handlers set these (the data path reads them).
     account: Account | None = None
@@ -104,11 +109,19 @@ class Handler(abc.ABC, Generic[R]):
                 raise CodedError(ErrorCode.SHUTTING_DOWN)
             self.arrive()
         except BaseException:
+            if self.creates and not self._reserved:
+                self.client.objects.skip_id()  # refused before its id was reserved
             self.end()
             raise
 
     def arrive(self) -> None:
         """Checks and id resolution at arrival; raise CodedError to refuse."""
+
+    def _reserve(self, kind: Kind, size: int = 0) -> Entry:
+        """The id of the object this request creates (the last step of its arrival)."""
+        entry = self.client.objects.reserve(kind, size)
+        self._reserved = True
+        return entry
 
     def gates(self) -> list[Gate]:
         """What must be open before :meth:`run` may start."""
@@ -215,11 +228,12 @@ class CallTiming:
 
 class Alloc(Handler[p.AllocRequest]):
     route = Route.CONTROL
+    creates = True
 
     def arrive(self) -> None:
         size = checked_dma_size(self.request.size)
         self.quotas.check_buffer(self.client, size)
-        self.entry = self.client.objects.reserve(Kind.BUFFER, size)
+        self.entry = self._reserve(Kind.BUFFER, size)
 
     def run(self) -> Answer:
         domain, client, objects = self.domain, self.client, self.client.objects
@@ -329,11 +343,12 @@ class Unmap(Handler[p.UnmapRequest]):
 
 class Open(Handler[p.OpenRequest]):
     route = Route.LOADER
+    creates = True
 
     def arrive(self) -> None:
         self.session = self.domain.current()
         self.quotas.check_handle(self.client)
-        self.entry = self.client.objects.reserve(Kind.HANDLE)
+        self.entry = self._reserve(Kind.HANDLE)
 
     def run(self) -> Answer:
         session, uri, domain = self.session, self.request.uri, self.domain
@@ -476,6 +491,7 @@ def _check_slice(arg: p.BufferSlice, entry: Entry) -> None:
 
 class LoadModel(Handler[p.ModelLoadRequest]):
     route = Route.LOADER
+    creates = True
 
     def __init__(self, client: Client, domain: Domain, request: p.ModelLoadRequest) -> None:
         super().__init__(client, domain, request)
@@ -493,7 +509,7 @@ class LoadModel(Handler[p.ModelLoadRequest]):
         self.quotas.check_model(self.client, size)
         self.quotas.begin_load(self.client)
         self._loading = True
-        self.entry = self.client.objects.reserve(Kind.MODEL, size)
+        self.entry = self._reserve(Kind.MODEL, size)
 
     def run(self) -> Answer:
         session, request, objects, domain = (

@@ -385,16 +385,18 @@ class Scheduler:
         best: Job | None = None
         best_key: tuple[float, float, int] | None = None
         for account in self._accounts:
-            for job in account._queue:
-                if job.klass == klass:
-                    break
-            else:
+            # Every queued call of the class, not the client's first: one client's
+            # calls with deadlines go earliest first too (PROTOCOL.md section 8).
+            # Whether a call fits depends on its client and class only: ask once.
+            mine = [
+                ((math.inf if job.deadline is None else job.deadline, account.vtime, job.seq), job)
+                for job in account._queue
+                if job.klass == klass
+            ]
+            if not mine:
                 continue
-            if not self._fits(job):
-                continue
-            deadline = job.deadline if job.deadline is not None else math.inf
-            key = (deadline, account.vtime, job.seq)
-            if best_key is None or key < best_key:
+            key, job = min(mine, key=lambda entry: entry[0])
+            if (best_key is None or key < best_key) and self._fits(job):
                 best, best_key = job, key
         return best
 

@@ -208,6 +208,7 @@ async def test_bad_sizes_and_slices(broker: Broker) -> None:
         ErrorCode.DMA_EXCEEDS_MAX_SIZE, call(broker, c, p.AllocRequest(id=1, size=(256 << 20) + 1))
     )
     buffer_id, buffer = await alloc(broker, c, 5000)
+    assert buffer_id == 3  # the refused allocs took ids 1 and 2
     assert buffer.size == 8192
     handle = await open_handle(broker, c, ECHO_URI)
 
@@ -227,7 +228,7 @@ async def test_bad_sizes_and_slices(broker: Broker) -> None:
     buffer.view()[5000:5008] = b"pagetail"
     assert await invoke(broker, c, echo_slice(5000)) == (b"pagetail",)
     error = await refused(ErrorCode.SLICE_OUT_OF_RANGE, invoke(broker, c, echo_slice(8188)))
-    assert str(error) == "slice offset 8188 length 8 is outside buffer id 1 of 8192 bytes"
+    assert str(error) == f"slice offset 8188 length 8 is outside buffer id {buffer_id} of 8192 bytes"
 
 
 async def test_a_failing_skel_is_invoke_failed_with_the_code(broker: Broker) -> None:
@@ -257,16 +258,22 @@ async def test_per_client_quotas() -> None:
         trio.open_nursery() as nursery,
     ):
         c = await client(b)
-        await alloc(b, c, 4096)
+        assert (await alloc(b, c, 4096))[0] == 1
         error = await refused(
             ErrorCode.QUOTA_EXCEEDED, call(b, c, p.AllocRequest(id=1, size=16384))
         )
         assert str(error) == "buffer bytes quota exceeded: the limit is 16384"
-        await alloc(b, c, 4096)
+        # Every creating request takes its id, refused or not (PROTOCOL.md section 6).
+        assert (await alloc(b, c, 4096))[0] == 3
         await refused(ErrorCode.QUOTA_EXCEEDED, call(b, c, p.AllocRequest(id=1, size=4096)))
+        await refused(ErrorCode.DMA_BUF_ALLOC, call(b, c, p.AllocRequest(id=1, size=0)))
         handle = await open_handle(b, c, TEST_URI)
+        assert handle == 6
         error = await refused(ErrorCode.QUOTA_EXCEEDED, open_handle(b, c, ECHO_URI))
         assert "handles quota" in str(error)
+        await call(b, c, p.CloseRequest(id=1, handle=handle))
+        assert await open_handle(b, c, TEST_URI) == 8
+        handle = 8
         started = trio.Event()
 
         async def long_call() -> None:

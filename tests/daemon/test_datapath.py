@@ -223,6 +223,30 @@ async def test_a_half_closed_client_still_gets_its_answers(tmp_path: Path) -> No
         peer.close()
 
 
+@pytest.mark.parametrize("leaving", ["close", "half-close, then close"])
+async def test_a_departed_clients_queued_calls_never_run(tmp_path: Path, leaving: str) -> None:
+    """PROTOCOL.md section 5: a client that closes its socket has its queued requests
+    released; only the calls already on the DSP finish (a half-close alone is not
+    leaving: that client still reads its answers)."""
+    async with serve_daemon(tmp_path) as daemon:
+        scheduler = daemon.broker.scheduler
+        peer = await RawPeer.connect(tmp_path / "npud.sock")
+        handle = await opened(peer, 1, TEST_URI)
+        await peer.write(*(busy(2 + n, handle, 150_000) for n in range(8)))
+        with trio.fail_after(5):
+            while scheduler.statistics().dispatched < 2:
+                await trio.sleep(0.005)
+        assert scheduler.statistics().dispatched == 2  # two per client run, six wait
+        if leaving != "close":
+            peer.sock.shutdown(socket.SHUT_WR)
+            await trio.sleep(0.02)
+        peer.close()
+        with trio.fail_after(5):
+            while len(daemon.broker.clients):
+                await trio.sleep(0.01)
+        assert scheduler.statistics().dispatched == 2
+
+
 async def test_control_requests_are_read_and_answered_during_a_long_call(tmp_path: Path) -> None:
     async with serve_daemon(tmp_path) as _:
         peer = await RawPeer.connect(tmp_path / "npud.sock")

@@ -152,6 +152,24 @@ def test_deadlines_go_first_within_a_class(clock: Clock) -> None:
     assert [first, second, third] == [soon, later, plain]
 
 
+def test_one_clients_deadlines_go_earliest_first(clock: Clock) -> None:
+    """Not in arrival order: 6 s, 4 s and 5 s sent in one write run 4, 5, 6 (PROTOCOL.md 8)."""
+    s = make(clock, dsp_slots=1, realtime_reserve=0, per_client_running=1)
+    busy, client = s.open_account("busy", NORMAL), s.open_account("client", NORMAL)
+    running = job(s, busy)
+    s.submit(running)
+    six, four, five = (job(s, client, clock.now + d) for d in (6, 4, 5))
+    plain = job(s, client)
+    for j in (plain, six, four, five):
+        assert s.submit(j) is Outcome.QUEUED
+    order = []
+    current = running
+    for _ in range(4):
+        (current,), _ = s.finish(current, 0.001)
+        order.append(current)
+    assert order == [four, five, six, plain]
+
+
 def test_a_call_past_its_deadline_is_not_dispatched(clock: Clock) -> None:
     s = make(clock, dsp_slots=1, realtime_reserve=0)
     a = s.open_account("a", NORMAL)
