@@ -359,7 +359,9 @@ def _frame(payload: bytes, fd_count: int = 0) -> bytes:
 
 def hostile_frames(path: Path, count: int) -> int:
     """``count`` bad frames over many connections; how many were sent."""
-    hello = p.ClientConnection().send(p.Hello(client_name="hostile"))[0]
+    hello = p.ClientConnection().send(
+        p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="hostile")
+    )[0]
     kinds = [
         lambda: _frame(os.urandom(random.randint(1, 200))),
         lambda: b"XX" + os.urandom(6),

@@ -79,7 +79,7 @@ class MinimalClient:
         self._sock.connect(path)
         self._conn = p.ClientConnection()
         self._buffer = bytearray(64 * 1024)
-        self._send(p.Hello(client_name="bench-minimal"))
+        self._send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="bench-minimal"))
         self._next_message()  # the Welcome
         self._handle = 0
 

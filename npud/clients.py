@@ -358,6 +358,12 @@ class Client:
         return sum(entry.size for entry in self.objects.entries(Kind.BUFFER))
 
     @property
+    def pools_freed_buffers(self) -> bool:
+        """What it frees may go to the pool and to its next holder (protocol version 2:
+        a client closes its fd and mapping once ``free`` is answered)."""
+        return self.protocol_version >= 2
+
+    @property
     def keeps_buffers(self) -> bool:
         """A restart of its domain leaves its buffers alone (protocol version 3)."""
         return self.protocol_version >= 3

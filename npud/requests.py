@@ -80,6 +80,9 @@ class Handler(abc.ABC, Generic[R]):
     acquires: ClassVar[bool] = True
     """Takes DSP resources: refused with SHUTTING_DOWN once the daemon stops.
     Releases (free, unmap, close), status and ping are still served then."""
+    since: ClassVar[int] = 1
+    """The protocol version that brought this request: on a connection that speaks an
+    older one it is answered UNSUPPORTED (PROTOCOL.md section 12)."""
     creates: ClassVar[bool] = False
     """Creates an object (alloc, open, model_load): takes the connection's next id at
     arrival whatever its answer, so a pipelining client can predict every id
@@ -105,6 +108,14 @@ class Handler(abc.ABC, Generic[R]):
     def start(self) -> None:
         """The arrival step; on a refusal, what it took is given back and it raises."""
         try:
+            version = self.client.protocol_version
+            if version < self.since:
+                tag = p.tag_of(self.request)
+                raise CodedError(
+                    ErrorCode.UNSUPPORTED,
+                    what=f"{tag} on a connection that speaks version {version}"
+                    f" (it came with version {self.since}: offer it in the hello)",
+                )
             if self.acquires and self.domain.device.stopping:
                 raise CodedError(ErrorCode.SHUTTING_DOWN)
             self.arrive()
@@ -287,6 +298,11 @@ class Free(Handler[p.FreeRequest]):
         memory = domain.device.require_memory()
         mapping = held.live_mapping()
         held.mapping = None
+        if not client.pools_freed_buffers:
+            # Version 1 promised that freed memory lives on until the client's fd and
+            # mapping are gone: never hand it to anyone else (PROTOCOL.md 7.2).
+            let_go(domain, buffers=[HeldBuffer(held.buffer, mapping)], strict=True)
+            return Answer(p.FreeReply(id=self.request.id))
         if mapping is not None and not memory.pool.settings.keep_dsp_mappings:
             # The pool keeps buffers unmapped: unmap now, then offer it.
             let_go(domain, buffers=[HeldBuffer(held.buffer, mapping)], strict=True)
@@ -490,6 +506,7 @@ def _check_slice(arg: p.BufferSlice, entry: Entry) -> None:
 
 
 class LoadModel(Handler[p.ModelLoadRequest]):
+    since = 2
     route = Route.LOADER
     creates = True
 
@@ -574,6 +591,7 @@ class LoadModel(Handler[p.ModelLoadRequest]):
 
 
 class ModelInfo(Handler[p.ModelInfoRequest]):
+    since = 2
     route = Route.HERE
     acquires = False
 
@@ -586,6 +604,8 @@ class ModelInfo(Handler[p.ModelInfoRequest]):
 
 class RunModel(CallTiming, Handler[p.ModelRunRequest]):
     """One run, scheduled like an invoke; the model is held from arrival to the end."""
+
+    since = 2
 
     route = Route.DSP
 
@@ -612,6 +632,7 @@ class RunModel(CallTiming, Handler[p.ModelRunRequest]):
 
 
 class UnloadModel(Handler[p.ModelUnloadRequest]):
+    since = 2
     route = Route.LOADER
     acquires = False
 
@@ -649,6 +670,8 @@ class Ping(Handler[p.PingRequest]):
 
 class Debug(Handler[p.DebugRequest]):
     """Fault injection on the emulator, for exercising recovery on a running daemon."""
+
+    since = 2
 
     route = Route.HERE
     acquires = False

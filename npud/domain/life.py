@@ -37,6 +37,7 @@ from npu_protocol import CodedError, ErrorCode
 from npud.domain.device import LANE_STOP_SECONDS, Device
 from npud.domain.digests import FileDigests
 from npud.domain.registry import Registry
+from npud.fastrpc.capabilities import DspInfo
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.session import FastRpcSession
 from npud.lanes import LanePool, LaneTimeoutError
@@ -249,20 +250,7 @@ class Domain:
         session = self.session
         # A dead session's capabilities are the old epoch's: none until the next one.
         caps = session.capabilities if session is not None and not session.dead else None
-        if caps is None or not caps.available:
-            return p.DspCapabilities()
-        return p.DspCapabilities(
-            unsigned_pd_support=int(caps.unsigned_pd),
-            hvx_support_64b=caps.hvx_64b,
-            hvx_support_128b=caps.hvx_128b,
-            vtcm_page=caps.vtcm_page,
-            vtcm_count=caps.vtcm_count,
-            arch_ver=caps.arch_version,
-            hmx_support_depth=caps.hmx_depth,
-            hmx_support_spatial=caps.hmx_spatial,
-            async_fastrpc_support=int(caps.async_fastrpc),
-            status_notification_support=int(caps.status_notification),
-        )
+        return capabilities_record(caps)
 
     def session_row(self) -> p.SessionRow:
         session = self.session
@@ -464,4 +452,23 @@ def _lane_row(lane: LanePool) -> p.LaneRow:
         queued=stats.queued,
         running=stats.running,
         completed=stats.completed,
+    )
+
+
+def capabilities_record(caps: DspInfo | None) -> p.DspCapabilities:
+    """What the wire says of the DSP's GET_DSP_INFO answers: zeros when it gave none."""
+    if caps is None or not caps.available:
+        return p.DspCapabilities()
+    return p.DspCapabilities(
+        unsigned_pd_support=int(caps.unsigned_pd),
+        hvx_support_64b=caps.hvx_64b,
+        hvx_support_128b=caps.hvx_128b,
+        vtcm_page=caps.vtcm_page,
+        vtcm_count=caps.vtcm_count,
+        arch_ver=caps.arch_version,
+        hmx_support_depth=caps.hmx_depth,
+        hmx_support_spatial=caps.hmx_spatial,
+        async_fastrpc_support=int(caps.async_fastrpc),
+        status_notification_support=caps.status_notification_answer,
+        status_notifications=caps.status_notification,
     )

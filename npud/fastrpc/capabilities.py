@@ -96,6 +96,11 @@ class DspInfo:
         return bool(self._get(abi.ASYNC_FASTRPC_SUPPORT))
 
     @property
+    def status_notification_answer(self) -> int:
+        """Attribute 10 as the DSP answered it."""
+        return self._get(abi.STATUS_NOTIFICATION_SUPPORT)
+
+    @property
     def status_notification(self) -> bool:
         """Status notifications (version 2): the DSP answers 3, not 1 (libcdsprpc's rule)."""
         return self._get(abi.STATUS_NOTIFICATION_SUPPORT) == STATUS_NOTIFICATION_V2

@@ -59,7 +59,9 @@ def test_the_default_name_is_the_program_name_made_acceptable(
     monkeypatch.setattr(sys, "argv", [argv0])
     assert client_name() == expected
     # Whatever it makes, the protocol accepts.
-    p.ClientConnection().send(p.Hello(client_name=client_name()))
+    p.ClientConnection().send(
+        p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name=client_name())
+    )
 
 
 def test_the_default_name_reaches_the_daemon(peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -228,7 +228,7 @@ async def test_bad_sizes_and_slices(broker: Broker) -> None:
     buffer.view()[5000:5008] = b"pagetail"
     assert await invoke(broker, c, echo_slice(5000)) == (b"pagetail",)
     error = await refused(ErrorCode.SLICE_OUT_OF_RANGE, invoke(broker, c, echo_slice(8188)))
-    assert str(error) == f"slice offset 8188 length 8 is outside buffer id {buffer_id} of 8192 bytes"
+    assert str(error) == f"slice offset 8188 length 8 is outside buffer {buffer_id} of 8192 bytes"
 
 
 async def test_a_failing_skel_is_invoke_failed_with_the_code(broker: Broker) -> None:

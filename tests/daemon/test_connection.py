@@ -53,7 +53,7 @@ async def test_a_welcomed_peer_is_not_cut_by_the_hello_deadline(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(conn.serve)
         peer_sock = trio.socket.from_stdlib_socket(theirs)
-        data, _ = peer.send(p.Hello(client_name="prompt"))
+        data, _ = peer.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="prompt"))
         await peer_sock.send(data)
         peer.receive_data(await peer_sock.recv(65536))
         assert isinstance(peer.next_event(), p.Welcome)

@@ -175,7 +175,11 @@ async def _hello(path: Path, name: str, priority: p.Priority, budget: p.Budget |
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     await sock.connect(str(path))
     peer = RawPeer(sock)
-    await peer.write(p.Hello(client_name=name, priority=priority, budget=budget))
+    await peer.write(
+        p.Hello(
+            protocol_version=p.PROTOCOL_VERSION, client_name=name, priority=priority, budget=budget
+        )
+    )
     return _Hello(peer, await peer.next())
 
 

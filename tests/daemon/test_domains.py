@@ -44,7 +44,7 @@ async def hello(path: Path, name: str) -> p.Welcome | p.ErrorMessage:
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     await sock.connect(str(path))
     peer = RawPeer(sock)
-    await peer.write(p.Hello(client_name=name))
+    await peer.write(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name=name))
     while True:
         event = peer.protocol.next_event()
         if event is p.NEED_DATA:

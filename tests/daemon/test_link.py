@@ -108,7 +108,9 @@ def test_a_read_of_a_dropped_link_delivers_nothing(
     sock, peer = pair
     closer = Closer()
     link = link_over(sock, closer)
-    hello, _ = p.ClientConnection().send(p.Hello(client_name="late"))
+    hello, _ = p.ClientConnection().send(
+        p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="late")
+    )
     send_fds(peer, hello)
     link.reading = True  # as a read that passed its check before the drop
     with link.lock:

@@ -70,7 +70,9 @@ async def test_load_run_info_unload(tmp_path: Path) -> None:
         await model.unload()
         await model.unload()  # idempotent
         assert model.unloaded
-        with pytest.raises(npu_client.ModelNotLoaded, match=f"model {model.id} is not loaded"):
+        with pytest.raises(
+            npu_client.ModelNotLoaded, match=f"no model is loaded: model {model.id}"
+        ):
             await model.run()
         assert await totals(npu) == before
 
@@ -317,7 +319,7 @@ async def test_unload_waits_for_earlier_runs_and_later_requests_find_nothing(
             error = answers[late]
             assert isinstance(error, p.ErrorMessage)
             assert error.error_code is ErrorCode.MODEL_NOT_LOADED
-            assert error.message == f"model {model} is not loaded"
+            assert error.message == f"no model is loaded: model {model}"
         peer.close()
 
 

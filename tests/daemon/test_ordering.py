@@ -94,7 +94,7 @@ async def test_a_request_after_a_free_finds_the_buffer_gone(tmp_path: Path) -> N
         refusal = answers[4]
         assert error_code(refusal) is ErrorCode.UNKNOWN_BUFFER
         assert isinstance(refusal, p.ErrorMessage)
-        assert refusal.message == f"unknown buffer id {buffer}"  # its own id, nothing else
+        assert refusal.message == f"unknown buffer {buffer}"  # its own id, nothing else
         peer.close()
 
 
@@ -155,10 +155,10 @@ async def test_unknown_ids_name_the_requesters_own_id(tmp_path: Path) -> None:
         answers = {a.id: a for a in await peer.answers(4)}  # type: ignore[union-attr]
         messages = {i: a.message for i, a in answers.items() if isinstance(a, p.ErrorMessage)}
         assert messages == {
-            1: "unknown handle id 4",
-            2: "unknown handle id 4",
-            3: "unknown buffer id 9",
-            4: "unknown handle id 4",
+            1: "unknown remote handle 4",
+            2: "unknown remote handle 4",
+            3: "unknown buffer 9",
+            4: "unknown remote handle 4",
         }
         peer.close()
 

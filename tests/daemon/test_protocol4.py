@@ -23,7 +23,7 @@ async def connect(path: Path, name: str, **hello: object) -> tuple[RawPeer, p.Se
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     await sock.connect(str(path))
     peer = RawPeer(sock)
-    await peer.write(p.Hello(client_name=name, **hello))  # type: ignore[arg-type]
+    await peer.write(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name=name, **hello))  # type: ignore[arg-type]
     return peer, await peer.next()
 
 

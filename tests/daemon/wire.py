@@ -51,15 +51,23 @@ class RawPeer:
         self.protocol = p.ClientConnection()
         self.events: list[p.ServerMessage] = []
         self.fds: list[int] = []
+        self.welcome: p.Welcome | None = None
 
     @classmethod
-    async def connect(cls, path: Path, name: str = "raw-peer") -> RawPeer:
+    async def connect(
+        cls, path: Path, name: str = "raw-peer", version: int | None = p.PROTOCOL_VERSION
+    ) -> RawPeer:
+        """Connected and welcomed; ``version`` None sends a hello without the key."""
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         await sock.connect(str(path))
         peer = cls(sock)
-        await peer.write(p.Hello(client_name=name))
+        hello = p.Hello(client_name=name)
+        if version is not None:
+            hello = p.Hello(protocol_version=version, client_name=name)
+        await peer.write(hello)
         welcome = await peer.next()
         assert isinstance(welcome, p.Welcome), welcome
+        peer.welcome = welcome
         return peer
 
     async def write(self, *messages: p.ClientMessage) -> None:

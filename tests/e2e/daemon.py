@@ -120,7 +120,7 @@ class RawPeer:
             return event
 
     def hello(self, name: str = "raw", priority: p.Priority = p.Priority.NORMAL) -> p.Welcome:
-        self.send(p.Hello(client_name=name, priority=priority))
+        self.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name=name, priority=priority))
         welcome = self.receive()
         assert isinstance(welcome, p.Welcome), welcome
         return welcome

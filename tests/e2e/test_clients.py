@@ -216,7 +216,7 @@ def test_a_peer_not_on_the_allow_list_is_refused(tmp_path_factory: pytest.TempPa
             os.setgid(65534)
             os.setuid(65534)
             peer = RawPeer.connect(npud.socket_path)
-            peer.send(p.Hello(client_name="intruder"))
+            peer.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="intruder"))
             answer = peer.receive()
             refused = (
                 isinstance(answer, p.ErrorMessage) and answer.code == p.ErrorCode.NOT_PERMITTED
@@ -307,7 +307,7 @@ def test_hostile_clients_get_an_error_or_a_close_while_others_carry_on(
         assert _closed_after_error(sock)[:2] == p.FRAME_MAGIC
     elif attack == "surplus-fds":
         hello = p.ClientConnection()
-        data, _ = hello.send(p.Hello(client_name="fd-spammer"))
+        data, _ = hello.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="fd-spammer"))
         r, w = os.pipe()
         sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("ii", r, w))])
         os.close(r)
@@ -319,7 +319,7 @@ def test_hostile_clients_get_an_error_or_a_close_while_others_carry_on(
         # Fds on the first byte of a frame that never comes, then a hang-up: the
         # protocol holds them for that frame until the connection ends.
         hello = p.ClientConnection()
-        data, _ = hello.send(p.Hello(client_name="fd-dangler"))
+        data, _ = hello.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="fd-dangler"))
         sock.sendall(data)
         time.sleep(0.1)  # welcomed: the link reads from here
         r, w = os.pipe()
@@ -330,7 +330,7 @@ def test_hostile_clients_get_an_error_or_a_close_while_others_carry_on(
         sock.close()
     elif attack == "stops-mid-frame":
         hello = p.ClientConnection()
-        data, _ = hello.send(p.Hello(client_name="half"))
+        data, _ = hello.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="half"))
         sock.sendall(data[: len(data) // 2])
         _other_client_works(npud)  # while this one dangles mid-frame
         sock.close()
@@ -391,7 +391,9 @@ def test_silent_connections_cannot_shut_clients_out(tmp_path: Path) -> None:
         time.sleep(0.3)  # let the daemon accept them all
         extra = _raw(daemon)
         answer = p.ClientConnection()
-        data, _ = answer.send(p.Hello(client_name="one-too-many"))
+        data, _ = answer.send(
+            p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="one-too-many")
+        )
         extra.sendall(data)
         answer.receive_data(_closed_after_error(extra))
         refusal = answer.next_event()

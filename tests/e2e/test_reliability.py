@@ -162,7 +162,7 @@ def test_every_call_in_flight_or_queued_across_a_restart_is_told_dsp_restarted(
         peer.close()
     finally:
         assert daemon.stop() == 0
-    assert "unknown handle id" not in daemon.log()
+    assert "unknown remote handle" not in daemon.log()
 
 
 def test_shutdown_past_the_grace_answers_shutting_down_and_exits_in_time(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from npu_protocol import ErrorCode
 from npud.backend import DEV_SHELL
+from npud.domain.life import capabilities_record
 from npud.fastrpc import abi
 from npud.fastrpc.errors import InterruptedCallError, RpcError
 from npud.fastrpc.invoke_args import Capacity, Inline
@@ -190,5 +191,11 @@ def test_status_notification_is_supported_only_at_3(answer: int, supported: bool
     session = FastRpcSession.open(EmulatedDriver(config), library_path=[DSP_LIBRARY_DIR])
     try:
         assert session.capabilities.status_notification is supported
+        # The wire carries the answer as the DSP gave it (as version 1 did), and the verdict.
+        record = capabilities_record(session.capabilities)
+        assert (record.status_notification_support, record.status_notifications) == (
+            answer,
+            supported,
+        )
     finally:
         session.close()

@@ -149,7 +149,7 @@ def test_load_describes_run_computes_unload_frees(
         portal.unload(model.slot)
     assert failure(unloaded_twice) is ModelFailure.NOT_LOADED
     assert unloaded_twice.value.code is ErrorCode.MODEL_NOT_LOADED
-    with pytest.raises(ModelError, match=r"model slot [0-9] is not loaded"):
+    with pytest.raises(ModelError, match=r"no model is loaded: model slot [0-9]"):
         portal.execute(model.slot)
 
 
@@ -240,7 +240,7 @@ def test_set_input_checks_dtype_shape_size_and_names(
         portal.set_input(model.slot, "a", a, graph=1)
     with pytest.raises(TypeError, match="DMA-BUF Slice"):
         portal.set_input(model.slot, "a", b"\0" * 12)  # type: ignore[arg-type]
-    with pytest.raises(ModelError, match=r"model slot [0-9] is not loaded"):
+    with pytest.raises(ModelError, match=r"no model is loaded: model slot [0-9]"):
         portal.set_input(MAX_MODELS - 1, "a", a)
 
 
@@ -401,7 +401,7 @@ def test_close_unloads_everything(
     portal.close()
     portal.close()
     assert driver.statistics().remote_handles_open == 0
-    with pytest.raises(ModelError, match=r"model slot [0-9] is not loaded"):
+    with pytest.raises(ModelError, match=r"no model is loaded: model slot [0-9]"):
         portal.execute(model.slot)
     with pytest.raises(RpcError) as closed:
         load(portal, tmp_path, onnx_models.add_one())
@@ -473,7 +473,7 @@ def test_run_arena_checks_and_failures(
         portal.run_arena(affine.slot, inputs, outputs, graph=1)
     with pytest.raises(TypeError, match="DMA-BUF Slice"):
         portal.run_arena(affine.slot, b"", outputs)  # type: ignore[arg-type]
-    with pytest.raises(ModelError, match=r"model slot [0-9] is not loaded") as gone:
+    with pytest.raises(ModelError, match=r"no model is loaded: model slot [0-9]") as gone:
         portal.run_arena(3, inputs, outputs)
     assert failure(gone) is ModelFailure.NOT_LOADED
 

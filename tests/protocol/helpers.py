@@ -79,7 +79,12 @@ def connected_pair(
 ) -> tuple[p.ClientConnection, p.ServerConnection]:
     """A client and a server that have finished the handshake."""
     client, server = p.ClientConnection(), p.ServerConnection()
-    transfer(client, server, p.Hello(client_name="test-client"), chunk)
+    transfer(
+        client,
+        server,
+        p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="test-client"),
+        chunk,
+    )
     transfer(server, client, welcome, chunk)
     assert client.state is server.state is p.ConnectionState.READY
     return client, server

@@ -271,13 +271,14 @@ def _render_frame(title: str, frame: bytes, fds: list[int]) -> str:
     return "\n".join(lines)
 
 
-_WELCOME: Final = p.Welcome(
+_WELCOME: Final = p.Welcome(  # the answer to the hello example, which offers the newest
     server_version="0.1.0",
-    protocol_version=1,
+    protocol_version=p.PROTOCOL_VERSION,
     backend="emulator",
     dsp=p.DspCapabilities(arch_ver=0x73, hvx_support_128b=4, vtcm_page=0x800000, vtcm_count=1),
     limits=p.ClientLimits(priority=p.Priority.REALTIME),
     epoch=1,
+    domain="default",
 )
 
 _STATUS: Final = p.DaemonStatus(
@@ -345,7 +346,15 @@ _VAD: Final = p.ModelInfo(
 
 def _conversation() -> Iterator[tuple[str, Callable[[], p.Message], str]]:
     """(title, message factory, direction) in the order a session would send them."""
-    yield "`hello`", lambda: p.Hello(client_name="voice-stt", priority=p.Priority.REALTIME), "c"
+    yield (
+        "`hello`",
+        lambda: p.Hello(
+            protocol_version=p.PROTOCOL_VERSION,
+            client_name="voice-stt",
+            priority=p.Priority.REALTIME,
+        ),
+        "c",
+    )
     yield "`welcome`", lambda: _WELCOME, "s"
     yield "`alloc` (id 1, 64 KiB)", lambda: p.AllocRequest(id=1, size=65536), "c"
     yield (
@@ -467,7 +476,11 @@ def render_examples() -> str:
         assert isinstance(event, p.Message), event
         sections.append(_render_frame(f"{title} ({arrow})", frame, fds))
     refused = p.ServerConnection()
-    refused.receive_data(*p.ClientConnection().send(p.Hello(client_name="old-tool")))
+    refused.receive_data(
+        *p.ClientConnection().send(
+            p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="old-tool")
+        )
+    )
     refused.next_event()
     frame, fds = refused.send(
         p.ErrorMessage.for_code(p.ErrorCode.NOT_PERMITTED, detail="uid 1001 may not use the NPU")

@@ -18,7 +18,9 @@ URI = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
 @pytest.mark.parametrize("chunk", CHUNK_SIZES)
 def test_every_message_kind_crosses_intact(chunk: int | None) -> None:
     client, server = p.ClientConnection(), p.ServerConnection()
-    hello = p.Hello(client_name="voice-stt", priority=p.Priority.REALTIME)
+    hello = p.Hello(
+        protocol_version=p.PROTOCOL_VERSION, client_name="voice-stt", priority=p.Priority.REALTIME
+    )
     assert transfer(client, server, hello, chunk) == hello
     assert server.hello == hello
     assert transfer(server, client, WELCOME, chunk) == WELCOME
@@ -136,7 +138,7 @@ def test_statistics_snapshot_counts_bytes() -> None:
 
 def test_handshake_refusal_closes_both_sides() -> None:
     client, server = p.ClientConnection(), p.ServerConnection()
-    transfer(client, server, p.Hello(client_name="intruder"))
+    transfer(client, server, p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="intruder"))
     refusal = p.ErrorMessage.for_code(ErrorCode.NOT_PERMITTED, detail="uid 1001")
     data, _ = server.send(refusal)
     feed(client, data)
@@ -214,7 +216,7 @@ def test_request_before_the_welcome_is_refused_locally() -> None:
     client = p.ClientConnection()
     with pytest.raises(p.LocalProtocolError, match="requests wait for the Welcome"):
         client.send(p.PingRequest(id=1))
-    client.send(p.Hello(client_name="c"))
+    client.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="c"))
     with pytest.raises(p.LocalProtocolError, match="unexpected ping message"):
         client.send(p.PingRequest(id=1))
     assert client.state is ConnectionState.HANDSHAKE
@@ -223,7 +225,7 @@ def test_request_before_the_welcome_is_refused_locally() -> None:
 def test_second_hello_is_refused() -> None:
     client, _ = connected_pair()
     with pytest.raises(p.LocalProtocolError, match="the Hello was already sent"):
-        client.send(p.Hello(client_name="again"))
+        client.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="again"))
     assert client.state is ConnectionState.READY
 
 
@@ -308,7 +310,7 @@ def test_events_and_replies_wait_for_the_welcome() -> None:
     client, server = p.ClientConnection(), p.ServerConnection()
     with pytest.raises(p.LocalProtocolError, match="no Hello has arrived"):
         server.send(WELCOME)
-    transfer(client, server, p.Hello(client_name="c"))
+    transfer(client, server, p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="c"))
     with pytest.raises(p.LocalProtocolError, match="the Welcome has not been sent"):
         server.send(p.SessionRestarted(epoch=2))
     server.send(WELCOME)

@@ -168,7 +168,7 @@ def test_unknown_fields_are_ignored() -> None:
     feed(
         server, packed({"type": "hello", "client_name": "a", "favourite_colour": [1, {"x": None}]})
     )
-    assert server.next_event() == p.Hello(client_name="a")
+    assert server.next_event() == p.Hello(protocol_version=1, client_name="a")  # no key: version 1
 
 
 # --- frames and fds ----------------------------------------------------------------------
@@ -253,14 +253,16 @@ def test_request_before_hello() -> None:
 
 def test_request_before_the_welcome_was_sent() -> None:
     server = p.ServerConnection()
-    feed(server, packed(p.Hello(client_name="eager")))
+    feed(server, packed(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="eager")))
     server.next_event()
     error = fatal(server, packed(p.PingRequest(id=1)))
     assert "the client must wait for the Welcome" in str(error)
 
 
 def test_second_hello() -> None:
-    error = fatal(ready_server(), packed(p.Hello(client_name="again")))
+    error = fatal(
+        ready_server(), packed(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="again"))
+    )
     assert str(error) == "unexpected hello message: the handshake is over"
 
 
@@ -326,7 +328,7 @@ def test_server_speaking_before_the_hello() -> None:
 )
 def test_anything_but_welcome_or_refusal_during_the_handshake(message: p.Message) -> None:
     client = p.ClientConnection()
-    client.send(p.Hello(client_name="c"))
+    client.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="c"))
     error = fatal(client, packed(message))
     assert "the handshake is not finished" in str(error)
 
@@ -338,7 +340,7 @@ def test_second_welcome() -> None:
 
 def test_welcome_with_limits_that_cannot_hold_an_inline_invoke() -> None:
     client = p.ClientConnection()
-    client.send(p.Hello(client_name="c"))
+    client.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="c"))
     welcome = msgspec.to_builtins(WELCOME)
     welcome["limits"]["max_inline_bytes"] = welcome["limits"]["max_frame_size"]
     error = fatal(client, packed(welcome))
@@ -360,7 +362,7 @@ def test_after_a_peer_error_the_server_says_why_once_and_closes() -> None:
     assert fds == []
     assert server.state is ConnectionState.CLOSED
     client = p.ClientConnection()
-    client.send(p.Hello(client_name="c"))
+    client.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="c"))
     feed(client, goodbye)
     event = client.next_event()
     assert isinstance(event, p.ErrorMessage)

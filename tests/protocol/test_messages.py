@@ -6,6 +6,7 @@ import typing
 from typing import Any
 
 import msgspec
+import msgspec.inspect as mi
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -168,7 +169,7 @@ def test_the_fd_carriers_carry_one_fd_each() -> None:
 
 def test_a_model_load_carries_its_fd_both_ways() -> None:
     client, server = p.ClientConnection(), p.ServerConnection()
-    data, _ = client.send(p.Hello(client_name="t"))
+    data, _ = client.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="t"))
     server.receive_data(data)
     assert isinstance(server.next_event(), p.Hello)
     welcome = p.Welcome(
@@ -291,3 +292,23 @@ def test_error_message_clips_long_text_so_it_stays_sendable() -> None:
     assert detail.endswith("...")
     assert len(error.message) <= 4096
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(error), type=p.ServerMessage) == error
+
+
+def test_the_hello_never_changes() -> None:
+    """PROTOCOL.md section 12: the hello's version 1 keys keep their types and defaults
+    forever (a hello without ``protocol_version`` offers 1), and every key added later
+    has a default that means what version 1 meant."""
+    fields = {field.name: field for field in mi.type_info(p.Hello).fields}  # type: ignore[attr-defined]
+    frozen = {
+        "protocol_version": (mi.IntType, 1),
+        "client_name": (mi.StrType, msgspec.NODEFAULT),
+        "priority": (mi.EnumType, p.Priority.NORMAL),
+    }
+    for name, (kind, default) in frozen.items():
+        assert isinstance(fields[name].type, kind), name
+        assert fields[name].default == default, name
+    later = {name: field.default for name, field in fields.items() if name not in frozen}
+    assert later == {"budget": None, "isolate": False}
+    assert msgspec.msgpack.decode(
+        msgspec.msgpack.encode({"type": "hello", "client_name": "old-tool"}), type=p.Hello
+    ) == p.Hello(protocol_version=1, client_name="old-tool")

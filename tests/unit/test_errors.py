@@ -7,6 +7,7 @@ import errno
 import pytest
 
 from npu_protocol import AEE, ErrorCode, aee_name, describe_result, format_message
+from npu_protocol.errors import template
 from npud.fastrpc import abi
 from npud.fastrpc.errors import (
     INVOKE_ERRNOS,
@@ -17,6 +18,7 @@ from npud.fastrpc.errors import (
     dsp_result_in_errno_range,
     translate_os_error,
 )
+from tests.protocol.published_templates import PUBLISHED
 
 # Numbers never change and are never reused.
 PINNED_NUMBERS = {
@@ -70,7 +72,7 @@ def test_error_numbers_are_unique() -> None:
         (
             ErrorCode.OPEN_FAILED,
             {"uri": "file:///libx_skel.so?x", "code": 0x8000043E, "detail": "no such file"},
-            "cannot open remote module file:///libx_skel.so?x: 0x8000043E (AEE_ENOSUCHMOD): no such file",
+            "cannot open remote module 'file:///libx_skel.so?x': 0x8000043E (AEE_ENOSUCHMOD): no such file",
         ),
         (
             ErrorCode.INVOKE_FAILED,
@@ -85,8 +87,9 @@ def test_error_numbers_are_unique() -> None:
         (
             ErrorCode.DSP_RESTARTED,
             {},
-            "the DSP process restarted (it crashed, a call hung past the watchdog, or the DSP "
-            "restarted): every DSP handle and mapping of it is gone; reopen the session",
+            "the DSP restarted (subsystem restart, EPIPE): every DSP handle and mapping is gone; "
+            "reopen the session (or the client's DSP process alone ended: it crashed, or a call "
+            "hung past the watchdog)",
         ),
         (
             ErrorCode.NO_FREE_SESSION,
@@ -105,7 +108,7 @@ def test_error_numbers_are_unique() -> None:
             "DMA buffer size 268435457 exceeds the maximum of 256 MB",
         ),
         (ErrorCode.QNN, {"msg": "graph finalize failed"}, "QNN error: graph finalize failed"),
-        (ErrorCode.MODEL_NOT_LOADED, {"model": 3}, "model 3 is not loaded"),
+        (ErrorCode.MODEL_NOT_LOADED, {"model": 3}, "no model is loaded: model 3"),
         (ErrorCode.INVALID_TENSOR_INDEX, {"index": 7}, "invalid tensor index 7"),
         (
             ErrorCode.MODEL_SLOTS_FULL,
@@ -138,11 +141,11 @@ def test_error_numbers_are_unique() -> None:
             "DSP shell verification failed: bad signature",
         ),
         (ErrorCode.INVALID_FD, {"fd": -3}, "invalid file descriptor -3"),
-        (ErrorCode.UNKNOWN_HANDLE, {"handle": 9}, "unknown handle id 9"),
+        (ErrorCode.UNKNOWN_HANDLE, {"handle": 9}, "unknown remote handle 9"),
         (
             ErrorCode.SLICE_OUT_OF_RANGE,
             {"offset": 10, "length": 20, "buffer": 3, "size": 16},
-            "slice offset 10 length 20 is outside buffer id 3 of 16 bytes",
+            "slice offset 10 length 20 is outside buffer 3 of 16 bytes",
         ),
     ],
 )
@@ -262,3 +265,16 @@ def test_other_calls_never_carry_a_dsp_result_as_errno() -> None:
     assert dsp_result_in_errno_range(OSError(errno.ENOENT, "x"), abi.FASTRPC_IOCTL_MEM_MAP) is None
     assert dsp_result_in_errno_range(OSError(errno.ENOENT, "x"), DriverCall.OPEN) is None
     assert dsp_result_in_errno_range(OSError(None, "x"), abi.FASTRPC_IOCTL_INVOKE) is None
+
+
+def test_templates_only_gain_detail_at_their_end() -> None:
+    """PROTOCOL.md section 11 against the last published table: no code is gone, no
+    template changed but by detail added at its end, no code added unpublished."""
+    current = {int(code): template(code) for code in ErrorCode}
+    assert set(current) == set(PUBLISHED), "publish new codes in published_templates.py"
+    broken = {
+        code: (PUBLISHED[code], text)
+        for code, text in current.items()
+        if not text.startswith(PUBLISHED[code])
+    }
+    assert not broken, broken

@@ -33,6 +33,7 @@ from npu_client._models import ModelState
 from npu_client.transport import OwnedFd
 from npu_protocol import (
     NEED_DATA,
+    PROTOCOL_VERSION,
     AnyRequest,
     Budget,
     ClientConnection,
@@ -151,7 +152,9 @@ class ClientCore(Generic[B]):
 
     def __init__(self, name: str, priority: Priority, budget: Budget | None = None) -> None:
         self._conn = ClientConnection()
-        self._hello = Hello(client_name=name, priority=priority, budget=budget)
+        self._hello = Hello(
+            protocol_version=PROTOCOL_VERSION, client_name=name, priority=priority, budget=budget
+        )
         self._pending: dict[int, Pending] = {}
         self._max_in_flight = 0  # from the Welcome: nothing is sent before it
         self._limits: ClientLimits | None = None

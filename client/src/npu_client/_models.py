@@ -227,7 +227,7 @@ class ModelState:
 
     def release_local(self, reason: str) -> None:
         """Close the mapping and the arena's fd; idempotent. ``reason`` ends the
-        message of later uses ("model N is not loaded: ...")."""
+        message of later uses ("no model is loaded: model N: ...")."""
         if self._mmap is not None:
             self._gone = reason
         memory, self._mmap = self._mmap, None

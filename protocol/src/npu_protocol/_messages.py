@@ -26,7 +26,6 @@ from npu_protocol._wire import (
     MAX_ERROR_FIELDS,
     MAX_PING_PAYLOAD,
     MAX_TENSORS,
-    PROTOCOL_VERSION,
     U16,
     U32,
     U63,
@@ -66,8 +65,10 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 class Hello(Message, tag="hello", frozen=True, kw_only=True):
     """The client's first frame."""
 
-    protocol_version: ProtocolVersion = PROTOCOL_VERSION
-    """The newest version the client speaks; the server answers with one it also speaks."""
+    protocol_version: ProtocolVersion = 1
+    """The newest version the client speaks; the server answers with one it also speaks.
+    A hello without it offers version 1, as it did in version 1: the hello is frozen
+    (PROTOCOL.md section 12), so a client offering more says so."""
     client_name: ClientName
     priority: Priority = Priority.NORMAL
     """The class the client asks for."""

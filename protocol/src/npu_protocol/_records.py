@@ -62,8 +62,11 @@ class DspCapabilities(_Record, frozen=True, kw_only=True):
     hmx_support_depth: U32 = 0  # 7
     hmx_support_spatial: U32 = 0  # 8
     async_fastrpc_support: U32 = 0  # 9
-    status_notification_support: U32 = 0  # 10
+    status_notification_support: U32 = 0  # 10: the DSP's answer, as it gave it
     mcid_multicast: U32 = 0  # 11
+    status_notifications: bool = False
+    """Status notifications are supported: attribute 10 answered 3, the only answer
+    libcdsprpc counts as supported (older DSPs answer 1 for an earlier scheme)."""
 
 
 class ClientLimits(_Record, frozen=True, kw_only=True):

@@ -90,12 +90,13 @@ class ErrorCode(enum.IntEnum):
 # result codes and are rendered by describe_result().
 _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.FASTRPC: "FastRPC call failed with DSP result {rc}",
-    ErrorCode.OPEN_FAILED: "cannot open remote module {uri}: {code}: {detail}",
+    ErrorCode.OPEN_FAILED: "cannot open remote module {uri!r}: {code}: {detail}",
     ErrorCode.INVOKE_FAILED: "remote invoke failed with DSP result {code}",
     ErrorCode.MMAP_FAILED: "mapping buffer into the DSP failed: {code}",
     ErrorCode.DSP_RESTARTED: (
-        "the DSP process restarted (it crashed, a call hung past the watchdog, or the DSP "
-        "restarted): every DSP handle and mapping of it is gone; reopen the session"
+        "the DSP restarted (subsystem restart, EPIPE): every DSP handle and mapping is gone; "
+        "reopen the session (or the client's DSP process alone ended: it crashed, or a call "
+        "hung past the watchdog)"
     ),
     ErrorCode.NO_FREE_SESSION: (
         "no free FastRPC session on {device} (EBUSY): every compute context bank is in use"
@@ -103,19 +104,19 @@ _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.UNSUPPORTED: "not supported: {what}",
     ErrorCode.DEVICE_NOT_FOUND: "no FastRPC device node: tried {tried}",
     ErrorCode.DEVICE_ERROR: "{operation} failed on the FastRPC device: {reason}",
-    ErrorCode.UNKNOWN_HANDLE: "unknown handle id {handle}",
+    ErrorCode.UNKNOWN_HANDLE: "unknown remote handle {handle}",
     ErrorCode.SESSION_CLOSED: "the FastRPC session is closed",
     ErrorCode.DMA_BUF_ALLOC: "DMA-BUF allocation failed: {msg}",
     ErrorCode.DMA_SIZE_OVERFLOW: "DMA buffer size {size} overflows when rounded up to a page",
     ErrorCode.DMA_EXCEEDS_MAX_SIZE: "DMA buffer size {size} exceeds the maximum of 256 MB",
     ErrorCode.INVALID_FD: "invalid file descriptor {fd}",
     ErrorCode.SLICE_OUT_OF_RANGE: (
-        "slice offset {offset} length {length} is outside buffer id {buffer} of {size} bytes"
+        "slice offset {offset} length {length} is outside buffer {buffer} of {size} bytes"
     ),
-    ErrorCode.UNKNOWN_BUFFER: "unknown buffer id {buffer}",
+    ErrorCode.UNKNOWN_BUFFER: "unknown buffer {buffer}",
     ErrorCode.INVALID_ARGUMENT: "invalid argument: {detail}",
     ErrorCode.QNN: "QNN error: {msg}",
-    ErrorCode.MODEL_NOT_LOADED: "model {model} is not loaded",
+    ErrorCode.MODEL_NOT_LOADED: "no model is loaded: model {model}",
     ErrorCode.INVALID_TENSOR_INDEX: "invalid tensor index {index}",
     ErrorCode.MODEL_SLOTS_FULL: "no free model slot: {detail}",
     ErrorCode.TENSOR_MISMATCH: "tensor mismatch: {detail}",
