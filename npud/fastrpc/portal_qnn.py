@@ -45,7 +45,9 @@ from npud import idl
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, OutArg, Slice
 from npud.fastrpc.model_format import ModelFileError, ModelFormat, Sniffed, check_model_file
+from npud.fastrpc.model_shapes import ShapeError, check_shapes
 from npud.fastrpc.session import FastRpcSession
+from npud.formats import onnx_proto
 
 PORTAL_QNN_URI: Final = (
     "file:///libportal_qnn_skel.so?portal_qnn_skel_handle_invoke&_modver=1.0&_dom=cdsp"
@@ -357,6 +359,8 @@ class PortalQnn:
                     ModelFailure.TENSOR_MISMATCH,
                     f"the shapes make the model URI {len(uri)} bytes; at most {MAX_URI_BYTES - 1}",
                 )
+            if sniffed.format is ModelFormat.ONNX:
+                _check_shapes(fd, sniffed.size, shapes or {})
             rc, values = self._call(_LOAD, model_uri=uri)
         if rc != 0:
             raise _load_error(rc, sniffed)
@@ -643,6 +647,26 @@ def _out_arg(item: int | idl.BufferRef) -> OutArg:
         return Capacity(item)
     assert isinstance(item, Slice)
     return item
+
+
+def _check_shapes(fd: int, size: int, shapes: Mapping[str, Sequence[int]]) -> None:
+    """Refuse here, saying which tensor and what to give, what the DSP would refuse
+    with one generic code (its log has the reason; its client would not)."""
+    try:
+        check_shapes(onnx_proto.FdSource(fd, size), shapes)
+    except ShapeError as exc:
+        failure = (
+            ModelFailure.MODEL_REJECTED if exc.kind == "free" else ModelFailure.TENSOR_MISMATCH
+        )
+        raise ModelError(failure, str(exc)) from None
+    except onnx_proto.DamagedError as exc:
+        raise ModelError(
+            ModelFailure.FILE_MALFORMED, f"the model file is a damaged ONNX model: {exc}"
+        ) from None
+    except OSError as exc:
+        raise ModelError(
+            ModelFailure.FILE_UNREADABLE, f"cannot read the model file: {exc}"
+        ) from None
 
 
 def _load_error(rc: int, sniffed: Sniffed) -> RpcError:

@@ -300,3 +300,90 @@ def find_looping_node(source: Source, start: int = 0, end: int | None = None) ->
         if op_type in LOOPING_OPS and domain in ("", "ai.onnx"):
             return LoopingNode(op_type, name)
     return None
+
+
+# The main graph's inputs and outputs: ModelProto.graph (7), GraphProto.initializer (5),
+# .input (11), .output (12); ValueInfoProto {1: name, 2: type}; TypeProto.tensor_type
+# (1) {2: shape}; TensorShapeProto {1: dim}; Dimension {1: dim_value, 2: dim_param}.
+MODEL_GRAPH: Final = 7
+GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_OUTPUT = 5, 11, 12
+VALUE_NAME, VALUE_TYPE = 1, 2
+TYPE_TENSOR, TENSOR_TYPE_SHAPE, SHAPE_DIM = 1, 2, 1
+DIM_VALUE, DIM_PARAM = 1, 2
+
+Dim = int | str | None
+"""A dimension: its size, the name of a symbolic one (dim_param), or None (unknown)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphTensor:
+    """One input or output of the main graph, as the model declares it."""
+
+    kind: str  # "input" or "output"
+    name: str
+    dims: tuple[Dim, ...] | None  # None: the model gives no shape (not a tensor, or unknown)
+
+
+def graph_io(source: Source) -> list[GraphTensor]:
+    """The main graph's inputs (initializers listed as inputs left out: old IR versions
+    list them) and outputs, in order. DamagedError when malformed."""
+    graphs = [f for f in fields(source, 0, source.size) if f.number == MODEL_GRAPH]
+    if not graphs or graphs[-1].wire != LENGTH:
+        return []
+    graph = fields(source, graphs[-1].start, graphs[-1].end)
+    initializers = {
+        _text(source, name)
+        for f in graph
+        if f.number == GRAPH_INITIALIZER and f.wire == LENGTH
+        for name in fields(source, f.start, f.end)
+        if name.number == TENSOR_NAME and name.wire == LENGTH
+    }
+    found: list[GraphTensor] = []
+    for field in graph:
+        if field.wire != LENGTH or field.number not in (GRAPH_INPUT, GRAPH_OUTPUT):
+            continue
+        tensor = _value_info(source, field, "input" if field.number == GRAPH_INPUT else "output")
+        if tensor.kind == "output" or tensor.name not in initializers:
+            found.append(tensor)
+    return found
+
+
+def _value_info(source: Source, field: Field, kind: str) -> GraphTensor:
+    name, dims = "", None
+    for part in fields(source, field.start, field.end):
+        if part.wire != LENGTH:
+            continue
+        if part.number == VALUE_NAME:
+            name = _text(source, part)
+        elif part.number == VALUE_TYPE:
+            dims = _tensor_dims(source, part)
+    return GraphTensor(kind, name, dims)
+
+
+def _only(source: Source, field: Field, number: int) -> Field | None:
+    """The last length-delimited field ``number`` in ``field``'s message (protobuf's
+    rule for a repeated singular field), or None."""
+    chosen = None
+    for part in fields(source, field.start, field.end):
+        if part.number == number and part.wire == LENGTH:
+            chosen = part
+    return chosen
+
+
+def _tensor_dims(source: Source, type_field: Field) -> tuple[Dim, ...] | None:
+    tensor = _only(source, type_field, TYPE_TENSOR)
+    shape = _only(source, tensor, TENSOR_TYPE_SHAPE) if tensor is not None else None
+    if shape is None:
+        return None
+    dims: list[Dim] = []
+    for dim in fields(source, shape.start, shape.end):
+        if dim.number != SHAPE_DIM or dim.wire != LENGTH:
+            continue
+        size: Dim = None
+        for part in fields(source, dim.start, dim.end):
+            if part.number == DIM_VALUE and part.wire == VARINT:
+                size = part.value if part.value < 1 << 63 else None  # int64: negative is unknown
+            elif part.number == DIM_PARAM and part.wire == LENGTH:
+                size = _text(source, part) or None
+        dims.append(size)
+    return tuple(dims)

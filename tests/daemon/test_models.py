@@ -113,6 +113,18 @@ async def test_seed_level_calls_check_before_anything_is_sent(tmp_path: Path) ->
             model.set_input("b", np.zeros(4, np.float32))
         with pytest.raises(npu_client.TensorMismatch, match="got float32"):
             model.set_input("k", np.float32(1.5))  # float into int64: not within its kind
+        # Never across kinds, and the message says how to convert (PROTOCOL: strict inputs).
+        with pytest.raises(
+            npu_client.TensorMismatch,
+            match=r"got int16 \[3\]: an integer array is not taken as floating point \(int16 to "
+            r"float32\): .*for 16-bit audio samples, array.astype\('float32'\) / 32768",
+        ):
+            model.set_input("a", np.array([1005, -3, 7], np.int16))
+        with pytest.raises(npu_client.TensorMismatch, match="a boolean array is not taken"):
+            model.set_input("a", np.array([True, False, True]))
+        with pytest.raises(npu_client.TensorMismatch, match=r"do not fit in int64"):
+            model.set_input("k", np.uint64(2**63))
+        model.set_input("k", np.uint8(7))  # within the integer kind, and it fits
         with pytest.raises(npu_client.TensorMismatch, match="got 3 bytes"):
             model.set_input("b", b"abc")
         with pytest.raises(npu_client.InvalidTensorIndex, match=r"input 'nope'.*'a', 'b', 'k'"):
@@ -156,7 +168,12 @@ async def test_a_graph_that_fails_is_a_qnn_error_and_leaves_no_outputs(tmp_path:
             npu_client.ModelMalformed,
             "malformed model: the model file is a damaged ONNX model",
         ),
-        (onnx_models.add_one(("n", 4)), npu_client.ModelRejected, "every dimension fixed"),
+        (
+            onnx_models.add_one(("n", 4)),
+            npu_client.ModelRejected,
+            r"input 'x' dimension 0 is free \('n'\); 'y' has free dimensions too: .*"
+            r"shapes=\{'x': \[N, 4\], 'y': \[N, 4\]\} \(npuctl run --shape x=N,4 --shape y=N,4\)",
+        ),
         (onnx_models.unknown_op(), npu_client.QnnError, "composing the model failed"),
     ],
     ids=["empty", "elf", "text", "damaged", "free dimension", "unknown op"],
@@ -184,7 +201,9 @@ async def test_shapes_fix_free_dimensions_or_are_refused(tmp_path: Path) -> None
         async with await npu.load_model(path, shapes={"x": (3, 4)}, name="batch3") as model:
             assert model.name == "batch3"
             assert model.inputs[0].shape == (3, 4)
-        with pytest.raises(npu_client.TensorMismatch, match="the shapes given do not fit"):
+        with pytest.raises(
+            npu_client.TensorMismatch, match="input 'x' dimension 1 is 4; the shape given says 5"
+        ):
             await npu.load_model(path, shapes={"x": (3, 5)})
         with pytest.raises(ValueError, match="positive integer dimensions"):
             await npu.load_model(path, shapes={"x": (0, 4)})

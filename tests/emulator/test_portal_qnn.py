@@ -185,20 +185,29 @@ def test_shapes_fix_free_dimensions_and_named_ones_propagate(
     unnamed = onnx_models.add_one((None, 4), out_shape=(None, None))
     both = load(portal, tmp_path, unnamed, shapes={"x": (2, 4), "y": (2, 4)})
     assert both.graphs[0].outputs[0].nbytes == 32
-    with pytest.raises(ModelError, match="give shapes for free ones") as free:
+    # The refusal says which tensor and dimension, and what to give, in the client's terms.
+    with pytest.raises(
+        ModelError,
+        match=r"output 'y' dimensions 0 and 1 are free: .* shapes=\{'y': \[N, N\]\}"
+        r" \(npuctl run --shape y=N,N\) \(fixed already: x \[2, 4\]\)",
+    ) as free:
         load(portal, tmp_path, unnamed, shapes={"x": (2, 4)})
     assert failure(free) is ModelFailure.MODEL_REJECTED
 
 
 @pytest.mark.parametrize(
-    "shapes",
-    [{"z": (2, 4)}, {"x": (2, 4, 1)}, {"x": (2, 5)}],
+    ("shapes", "why"),
+    [
+        ({"z": (2, 4)}, r"the model has no tensor 'z' \(its tensors: 'x', 'y'\)"),
+        ({"x": (2, 4, 1)}, r"input 'x' has 2 dimensions \[\?, 4\]; the shape given has 3"),
+        ({"x": (2, 5)}, r"input 'x' dimension 1 is 4; the shape given says 5"),
+    ],
     ids=["unknown tensor", "rank", "fixed dimension"],
 )
 def test_shapes_that_do_not_fit_the_model(
-    portal: PortalQnn, tmp_path: Path, shapes: dict[str, tuple[int, ...]]
+    portal: PortalQnn, tmp_path: Path, shapes: dict[str, tuple[int, ...]], why: str
 ) -> None:
-    with pytest.raises(ModelError, match="shapes given do not fit") as caught:
+    with pytest.raises(ModelError, match=why) as caught:
         load(portal, tmp_path, onnx_models.add_one((None, 4)), shapes=shapes)
     assert failure(caught) is ModelFailure.TENSOR_MISMATCH
     assert portal.models() == {}

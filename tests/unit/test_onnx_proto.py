@@ -305,3 +305,28 @@ def test_check_model_file_refuses_a_loop(tmp_path: Path, fds: list[int]) -> None
         check_model_file(fds[-1], "emulator")
     assert caught.value.kind == "refused"
     assert source.size > 0
+
+
+def test_graph_io_reads_names_and_dimensions_and_leaves_initializers_out() -> None:
+    """Old IR versions list initializers among the inputs: they are weights, not inputs.
+    A dimension is its size, its dim_param name, or None (neither given)."""
+    unknown = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
+    weight = helper.make_tensor_value_info("w", TensorProto.FLOAT, [4])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        "g",
+        [unknown, weight],
+        [out],
+        initializer=[helper.make_tensor("w", TensorProto.FLOAT, [4], [1.0] * 4)],
+    )
+    data = helper.make_model(graph).SerializeToString()
+    assert onnx_proto.graph_io(onnx_proto.BytesSource(data)) == [
+        onnx_proto.GraphTensor("input", "x", (None, 4)),
+        onnx_proto.GraphTensor("output", "y", ("batch", 4)),
+    ]
+
+
+def test_graph_io_of_a_damaged_model_is_a_damaged_error() -> None:
+    with pytest.raises(onnx_proto.DamagedError):
+        onnx_proto.graph_io(onnx_proto.BytesSource(onnx_models.add_one()[:-3]))

@@ -24,7 +24,7 @@ import mmap
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from npu_client._errors import (
     InputNotSet,
@@ -157,17 +157,18 @@ class ModelState:
         return self._view(spec)
 
     def set_input(self, name: str, value: TensorValue) -> None:
-        """Copy ``value`` into input ``name`` (its dtype, or one numpy casts to it within
-        its kind; exactly its shape; or, bytes-like, exactly its size)."""
+        """Copy ``value`` into input ``name``: exactly its shape, and its dtype or one of
+        the same kind (:func:`_cast_refusal`); or, bytes-like, exactly its size."""
         spec = self._tensor(self._inputs, name, "input")
         numpy = numpy_module()
         if numpy is not None and not isinstance(value, bytes | bytearray | memoryview):
             array = numpy.asarray(value)
             want = numpy.dtype(spec.dtype)
-            if array.shape != tuple(spec.shape) or not numpy.can_cast(
-                array.dtype, want, casting="same_kind"
-            ):
+            if array.shape != tuple(spec.shape):
                 raise _mismatch(spec, f"{array.dtype} {list(array.shape)}")
+            refusal = _cast_refusal(numpy, array, want)
+            if refusal:
+                raise _mismatch(spec, f"{array.dtype} {list(array.shape)}: {refusal}")
             self._view(spec)[...] = array
         else:
             try:
@@ -273,6 +274,37 @@ class ModelState:
                 view = memoryview(memory)[spec.offset : spec.offset + spec.nbytes]
             self._views[spec.name] = view
         return view
+
+
+_KINDS: Final = {"f": "floating point", "i": "integer", "u": "integer", "b": "boolean"}
+
+
+def _cast_refusal(numpy: Any, array: Any, want: Any) -> str:
+    """Why ``array`` may not go into a tensor of dtype ``want`` ("" when it may).
+
+    Within a kind only: floats to any float (float64 to float32 is the usual case),
+    integers to an integer type that holds every value given. Never across kinds:
+    int16 audio taken as float32 would arrive unscaled (1005.0 for 1005), a float
+    taken as an integer truncated; the caller converts, and the message says how.
+    """
+    have = array.dtype
+    if have == want:
+        return ""
+    kind, wanted = _KINDS.get(have.kind, have.kind), _KINDS.get(want.kind, want.kind)
+    if kind != wanted:
+        how = f"convert it first (array.astype({str(want)!r}))"
+        if kind == "integer" and wanted == "floating point":
+            how = (
+                "scale it as the model expects and convert it first: for 16-bit audio"
+                f" samples, array.astype({str(want)!r}) / 32768"
+            )
+        article = "an" if kind[0] in "aeiou" else "a"
+        return f"{article} {kind} array is not taken as {wanted} ({have} to {want}): {how}"
+    if kind == "integer" and not numpy.can_cast(have, want, casting="safe") and array.size:
+        info = numpy.iinfo(want)
+        if array.min() < info.min or array.max() > info.max:
+            return f"its values do not fit in {want} ({info.min}..{info.max})"
+    return ""
 
 
 def _mismatch(spec: TensorInfo, got: str) -> TensorMismatch:

@@ -191,7 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
             "end. The emulator backend loads ONNX models, the kernel backend QNN model "
             "libraries."
         ),
-        epilog="example: npuctl run silero_vad.onnx --shape input=1,576 --input input=chunk.npy",
+        epilog=(
+            "example (Silero VAD: every free dimension of every tensor is given, npud "
+            "infers no shape; sr.npy holds numpy.array(16000), the sample rate): "
+            "npuctl run silero_vad.onnx --shape input=1,576 --shape state=2,1,128 "
+            "--shape output=1,1 --shape stateN=2,1,128 --input input=chunk.npy "
+            "--input sr=sr.npy"
+        ),
     )
     run.add_argument("model", metavar="MODEL", type=Path, help="the model file")
     run.add_argument(
