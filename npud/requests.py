@@ -108,13 +108,13 @@ class Handler(abc.ABC, Generic[R]):
     def start(self) -> None:
         """The arrival step; on a refusal, what it took is given back and it raises."""
         try:
-            version = self.client.protocol_version
-            if version < self.since:
-                tag = p.tag_of(self.request)
+            if self.client.protocol_version < self.since:
+                # No version numbers in the text: an error names only the request's.
                 raise CodedError(
                     ErrorCode.UNSUPPORTED,
-                    what=f"{tag} on a connection that speaks version {version}"
-                    f" (it came with version {self.since}: offer it in the hello)",
+                    what=f"{p.tag_of(self.request)} on this connection: it came with a later"
+                    " protocol version than this connection speaks; offer that version in"
+                    " the hello",
                 )
             if self.acquires and self.domain.device.stopping:
                 raise CodedError(ErrorCode.SHUTTING_DOWN)

@@ -75,8 +75,8 @@ async def test_a_version_1_client_invokes_as_it_always_did(tmp_path: Path) -> No
 async def test_a_later_versions_request_is_unsupported_on_a_version_1_connection(
     tmp_path: Path,
 ) -> None:
-    """Not MODEL_NOT_LOADED as if the request were understood: UNSUPPORTED, naming the
-    version that brought it; the connection goes on."""
+    """Not MODEL_NOT_LOADED as if the request were understood: UNSUPPORTED, saying a later
+    version brought it; the connection goes on."""
     async with serve_daemon(tmp_path):
         peer = await RawPeer.connect(tmp_path / "npud.sock", version=None)
         await peer.write(p.ModelInfoRequest(id=1, model=1), p.PingRequest(id=2))
@@ -84,8 +84,8 @@ async def test_a_later_versions_request_is_unsupported_on_a_version_1_connection
         assert isinstance(refusal, p.ErrorMessage)
         assert refusal.error_code is p.ErrorCode.UNSUPPORTED
         assert refusal.message == (
-            "not supported: model_info on a connection that speaks version 1"
-            " (it came with version 2: offer it in the hello)"
+            "not supported: model_info on this connection: it came with a later protocol"
+            " version than this connection speaks; offer that version in the hello"
         )
         assert pong == p.PongReply(id=2)
         peer.close()
