@@ -291,11 +291,14 @@ def _churn_rows(ctx: Context) -> list[Row]:
             "fds": len(open_files(pid)) - len(fds_before),
             "dsp_processes": descendants(pid) - processes_before,
         }
-        new_fds = sorted(set(open_files(pid).items()) - set(fds_before.items()))
+        now = set(open_files(pid).items())
+        new_fds = sorted(now - set(fds_before.items()))
+        gone_fds = sorted(set(fds_before.items()) - now)
     leftovers = {what: count for what, count in left.items() if count}
     if leftovers or churn.failed:
         raise AssertionError(
-            f"churn left {leftovers} (new fds: {new_fds}) and {churn.failed} clients failed"
+            f"churn left {leftovers} (new fds: {new_fds}, gone: {gone_fds}) and"
+            f" {churn.failed} clients failed"
         )
     return [
         ratio_row(

@@ -19,21 +19,19 @@ rely on order:
   earlier request holding it has ended: its reply comes after theirs.
 
 The table is shared by the trio thread and the threads that run DSP calls, so
-it is guarded by a lock; waiting for an object is done with a :class:`Gate`,
-which trio tasks and threads can both wait on.
+it is guarded by a lock; what waits for an object registers a callback on its
+:class:`Gate`, run by the thread that opens it (the data path then carries the
+request on). Nothing here imports trio.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import enum
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
-
-import trio
 
 import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
@@ -55,7 +53,7 @@ class DaemonView(Protocol):
 
 
 class Gate:
-    """Opens once; trio tasks and threads may wait for it to open."""
+    """Opens once; callbacks registered before run on the opening thread."""
 
     __slots__ = ("_callbacks", "_lock", "_open")
 
@@ -89,29 +87,6 @@ class Gate:
         """Run ``callback`` once the gate is open: now if it is, else on the opening thread."""
         if not self._when_open(callback):
             callback()
-
-    async def wait(self) -> None:
-        """Wait from trio (cancellable)."""
-        if self._open:
-            return
-        token = trio.lowlevel.current_trio_token()
-        opened = trio.Event()
-
-        def wake() -> None:
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(opened.set)
-
-        if self._when_open(wake):
-            await opened.wait()
-
-    def wait_blocking(self, timeout: float | None = None) -> bool:
-        """Wait from a thread; True once open."""
-        if self._open:
-            return True
-        opened = threading.Event()
-        if not self._when_open(opened.set):
-            return True
-        return opened.wait(timeout)
 
 
 class Kind(enum.Enum):

@@ -1,9 +1,13 @@
-"""DSP lanes: dedicated long-lived threads that run blocking FastRPC calls for trio.
+"""Lanes: dedicated long-lived threads that run blocking work off the trio thread.
 
-Nothing blocking runs on the trio thread. A :class:`LanePool` is a few
-threads on one priority queue; the daemon keeps separate pools so that
-allocation traffic never waits behind a long invoke and a realtime client
-(voice) never waits behind a background one (LLM decode).
+Nothing blocking runs on the trio thread. A :class:`LanePool` is a few threads
+on one queue. Each domain keeps its own (``control`` for buffers and mappings,
+``loader`` for opens and model loads, ``waits`` for calls that wait on the DSP
+without a slot), so that an allocation never waits behind a model load and one
+domain's trouble never holds another's; the device keeps a ``closer``. Users
+take turns on a pool (``fair_key``): one user's queue of big loads does not go
+before another user's open. DSP calls themselves do not run on lanes: the data
+path's workers run them as the scheduler dispatches them (docs/architecture.md).
 
 A dedicated thread is used rather than ``trio.to_thread.run_sync``: the
 thread hop costs several times more per call on these machines, and lanes

@@ -17,7 +17,7 @@ import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode, format_message
 from npud.backend import select_profile
 from npud.broker import Broker
-from npud.clients import Client, Kind
+from npud.clients import Client, Gate, Kind
 from npud.config import ConfigError, parse_config
 from npud.domain.life import Domain
 from npud.fastrpc.dma import DmaBuffer
@@ -81,6 +81,14 @@ async def client(
     return c
 
 
+async def opened(gate: Gate) -> None:
+    """Wait from trio until ``gate`` opens (the data path waits with a callback)."""
+    token = trio.lowlevel.current_trio_token()
+    event = trio.Event()
+    gate.when_open(lambda: token.run_sync_soon(event.set))
+    await event.wait()
+
+
 async def answer(broker: Broker, c: Client, request: p.AnyRequest) -> Answer:
     """What the data path does with one request: arrive, wait for its objects, run
     (on a thread: handlers block in ioctls), end."""
@@ -89,7 +97,7 @@ async def answer(broker: Broker, c: Client, request: p.AnyRequest) -> Answer:
         handler.start()
         try:
             for gate in handler.gates():
-                await gate.wait()
+                await opened(gate)
             return await trio.to_thread.run_sync(handler.run)
         finally:
             handler.end()

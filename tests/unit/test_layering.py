@@ -1,4 +1,4 @@
-"""The architecture's arrows, checked rather than written down (DESIGN.md).
+"""The architecture's arrows, checked rather than written down (docs/architecture.md).
 
 * ``npud.fastrpc`` is synchronous code the daemon runs on its own threads: it
   never imports trio, nor the client library.
