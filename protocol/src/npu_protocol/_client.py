@@ -9,6 +9,7 @@ from npu_protocol._connection import (
     SERVER_DECODER,
     Connection,
     Expectation,
+    refused,
     unexpected,
 )
 from npu_protocol._events import ConnectionState
@@ -22,6 +23,7 @@ from npu_protocol._messages import (
     Welcome,
     tag_of,
 )
+from npu_protocol._states import CLIENT_RECEIVES, CLIENT_SENDS, kind_of
 from npu_protocol._wire import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from npu_protocol.errors import ErrorCode
 
@@ -60,15 +62,12 @@ class ClientConnection(Connection[ServerMessage, ClientMessage]):
 
     def _check_send(self, message: ClientMessage) -> None:
         self._refuse_when_closed()
+        move = CLIENT_SENDS[self._state, kind_of(message)]
+        if isinstance(move, str):
+            raise refused(message, move)
         if isinstance(message, Hello):
             self._check_hello(message)
             return
-        if self._state is not ConnectionState.READY:
-            raise LocalProtocolError(
-                ErrorCode.UNEXPECTED_MESSAGE,
-                message=tag_of(message),
-                reason="requests wait for the Welcome",
-            )
         if message.id in self._in_flight:
             raise LocalProtocolError(ErrorCode.DUPLICATE_REQUEST_ID, request_id=message.id)
         assert self._limits is not None  # READY implies a Welcome
@@ -76,10 +75,6 @@ class ClientConnection(Connection[ServerMessage, ClientMessage]):
             raise LocalProtocolError(ErrorCode.TOO_MANY_IN_FLIGHT, limit=self._limits.max_in_flight)
 
     def _check_hello(self, hello: Hello) -> None:
-        if self._state is not ConnectionState.START:
-            raise LocalProtocolError(
-                ErrorCode.UNEXPECTED_MESSAGE, message="hello", reason="the Hello was already sent"
-            )
         if not MIN_PROTOCOL_VERSION <= hello.protocol_version <= PROTOCOL_VERSION:
             raise LocalProtocolError(
                 ErrorCode.UNSUPPORTED_VERSION,
@@ -89,33 +84,30 @@ class ClientConnection(Connection[ServerMessage, ClientMessage]):
             )
 
     def _after_send(self, message: ClientMessage) -> None:
+        move = CLIENT_SENDS[self._state, kind_of(message)]
+        assert isinstance(move, ConnectionState)  # _check_send refused the others
         if isinstance(message, Hello):
             self._hello = message
-            self._state = ConnectionState.HANDSHAKE
         else:
             self._in_flight[message.id] = Expectation.of(message)
+        self._state = move
 
     # --- receiving -----------------------------------------------------------------
 
     def _on_receive(self, message: ServerMessage) -> None:
-        if self._state is ConnectionState.START:
-            raise unexpected(message, "the server spoke before the Hello")
-        if self._state is ConnectionState.HANDSHAKE:
-            self._on_handshake(message)
-        elif isinstance(message, Welcome):
-            raise unexpected(message, "the handshake is over")
-        elif isinstance(message, ErrorMessage):
+        move = CLIENT_RECEIVES[self._state, kind_of(message)]
+        if isinstance(move, str):
+            raise unexpected(message, move)
+        if isinstance(message, Welcome):
+            self._on_welcome(message)
+        elif isinstance(message, ErrorMessage) and message.id is not None:
             self._on_error(message)
         elif isinstance(message, Reply):
             self._on_reply(message)
-        # SessionRestarted and ShuttingDown need no bookkeeping here.
+        # A farewell and the events (SessionRestarted, ShuttingDown) need no bookkeeping.
+        self._state = move
 
-    def _on_handshake(self, message: ServerMessage) -> None:
-        if isinstance(message, ErrorMessage) and message.id is None:
-            self._state = ConnectionState.CLOSED  # the server refused the Hello
-            return
-        if not isinstance(message, Welcome):
-            raise unexpected(message, "the handshake is not finished")
+    def _on_welcome(self, message: Welcome) -> None:
         assert self._hello is not None  # HANDSHAKE implies a Hello was sent
         highest = min(self._hello.protocol_version, PROTOCOL_VERSION)
         if not MIN_PROTOCOL_VERSION <= message.protocol_version <= highest:
@@ -127,12 +119,9 @@ class ClientConnection(Connection[ServerMessage, ClientMessage]):
             )
         self._welcome = message
         self._adopt_limits(message.limits)
-        self._state = ConnectionState.READY
 
     def _on_error(self, message: ErrorMessage) -> None:
-        if message.id is None:
-            self._state = ConnectionState.CLOSED  # the server is closing the connection
-            return
+        assert message.id is not None  # a farewell has no bookkeeping
         if self._in_flight.pop(message.id, None) is None:
             raise RemoteProtocolError(
                 ErrorCode.UNKNOWN_REQUEST_ID, message="error", request_id=message.id

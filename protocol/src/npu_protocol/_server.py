@@ -23,6 +23,7 @@ from npu_protocol._messages import (
     Welcome,
     tag_of,
 )
+from npu_protocol._states import SERVER_RECEIVES, SERVER_SENDS, TALKING, Kind, kind_of
 from npu_protocol._wire import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from npu_protocol.errors import ErrorCode
 
@@ -75,18 +76,15 @@ class ServerConnection(Connection[ClientMessage, ServerMessage]):
             self._check_answer(message)
             return
         self._refuse_when_closed()
+        move = SERVER_SENDS[self._state, kind_of(message)]
+        if isinstance(move, str):
+            raise refused(message, move)
         if isinstance(message, Welcome):
             self._check_welcome(message)
-            return
-        if self._state is not ConnectionState.READY:
-            raise refused(message, "the Welcome has not been sent")
-        if isinstance(message, ErrorMessage | Reply):
+        elif isinstance(message, ErrorMessage | Reply):
             self._check_answer(message)
 
     def _check_welcome(self, welcome: Welcome) -> None:
-        if self._state is not ConnectionState.HANDSHAKE:
-            reason = "the Welcome was already sent" if self._hello else "no Hello has arrived"
-            raise refused(welcome, reason)
         assert self._hello is not None  # HANDSHAKE implies a Hello arrived
         highest = min(self._hello.protocol_version, PROTOCOL_VERSION)
         if not MIN_PROTOCOL_VERSION <= welcome.protocol_version <= highest:
@@ -110,28 +108,31 @@ class ServerConnection(Connection[ClientMessage, ServerMessage]):
                 raise refused(answer, problem)
 
     def _after_send(self, message: ServerMessage) -> None:
-        if isinstance(message, ErrorMessage) and message.id is None:
+        kind = kind_of(message)
+        if kind is Kind.FAREWELL:
+            # Also from CLOSED or ERROR (the one message still allowed there).
             self._state = ConnectionState.CLOSED
-        elif isinstance(message, Welcome):
+            return
+        if isinstance(message, Welcome):
             self._adopt_limits(message.limits)
-            self._state = ConnectionState.READY
         elif isinstance(message, ErrorMessage | Reply):
             assert message.id is not None
             del self._in_flight[message.id]
+        if self._state in TALKING:  # a half-closed connection's answers leave it CLOSED
+            move = SERVER_SENDS[self._state, kind]
+            assert isinstance(move, ConnectionState)  # _check_send refused the others
+            self._state = move
 
     # --- receiving -----------------------------------------------------------------
 
     def _on_receive(self, message: ClientMessage) -> None:
-        if self._state is ConnectionState.START:
-            if not isinstance(message, Hello):
-                raise unexpected(message, "the first message must be a Hello")
-            self._hello = message
-            self._state = ConnectionState.HANDSHAKE
-            return
-        if self._state is ConnectionState.HANDSHAKE:
-            raise unexpected(message, "the client must wait for the Welcome")
+        move = SERVER_RECEIVES[self._state, kind_of(message)]
+        if isinstance(move, str):
+            raise unexpected(message, move)
         if isinstance(message, Hello):
-            raise unexpected(message, "the handshake is over")
+            self._hello = message
+            self._state = move
+            return
         if message.id in self._in_flight:
             raise RemoteProtocolError(ErrorCode.DUPLICATE_REQUEST_ID, request_id=message.id)
         assert self._limits is not None  # READY implies a Welcome
