@@ -51,6 +51,8 @@ UTILISATION_WINDOW: Final = 10.0
 """Seconds over which the utilisation figure is averaged."""
 UTILISATION_SNAPSHOT_EVERY: Final = 0.5
 UTILISATION_SNAPSHOTS: Final = 64
+TYPICAL_CALL_WEIGHT: Final = 0.25
+"""How much a call's DSP time moves its client's typical call (an exponential average)."""
 
 
 class Outcome(enum.Enum):
@@ -133,6 +135,11 @@ class Account:
     closed: bool = False
     throttled_until: float = -math.inf
     """A call of this client hung: until then its calls run one at a time, as background."""
+    typical_call: float | None = None
+    """Its calls' DSP time, a moving average (None before its first call returned): what a
+    call of it is predicted to take when it would borrow a slot kept for realtime."""
+    last_realtime_arrival: float = -math.inf
+    """When a call of it last arrived as realtime: its next is expected a period later."""
     _queue: deque[Job] = field(default_factory=deque)
 
     @property
@@ -245,6 +252,8 @@ class Scheduler:
             if self._is_late(job, now):
                 self._refuse_late(job)
                 return Outcome.LATE
+            if job.klass == REALTIME:
+                account.last_realtime_arrival = now
             if account.queued == 0 and account.running == 0:
                 self._catch_up(account)
             # After every event no queued call fits (each finish starts all that
@@ -278,6 +287,12 @@ class Scheduler:
             account.calls += 1
             account.dsp_seconds += dsp_seconds
             account.vtime += dsp_seconds
+            typical = account.typical_call
+            account.typical_call = (
+                dsp_seconds
+                if typical is None
+                else typical + TYPICAL_CALL_WEIGHT * (dsp_seconds - typical)
+            )
             if job.deadline is not None and now > job.deadline:
                 account.misses += 1
             if account.budget is not None:
@@ -337,20 +352,45 @@ class Scheduler:
         return account.klass
 
     def _fits(self, job: Job) -> bool:
-        """May ``job`` start now, as far as slots and caps go?"""
+        """May ``job`` start now, as far as slots and caps go? Work-conserving: a slot is
+        kept idle only where a call it could run would make a promise fail (see
+        :meth:`_may_borrow` and docs/scheduling.md)."""
         policy, running = self.policy, self._running
         if self._running_total >= policy.dsp_slots:
             return False
         if policy.mode == "fifo":
             return True
-        cap = 1 if self._clock() < job.account.throttled_until else policy.per_client_running
+        now = self._clock()
+        cap = 1 if now < job.account.throttled_until else policy.per_client_running
         if job.account.running >= cap:
             return False
-        if job.klass != REALTIME and running[NORMAL] + running[BACKGROUND] >= (
-            policy.dsp_slots - policy.realtime_reserve
-        ):
+        if job.klass == REALTIME:
+            return True
+        normal_waits = job.klass == BACKGROUND and self._queued[NORMAL] > 0
+        if normal_waits and running[BACKGROUND] >= policy.background_max:
+            return False  # the background cap keeps room for normal calls while one waits
+        if running[NORMAL] + running[BACKGROUND] < policy.dsp_slots - policy.realtime_reserve:
+            return True
+        # Only slots kept for realtime are free: lend one if the call will be over in time.
+        return not normal_waits and self._may_borrow(job, now)
+
+    def _may_borrow(self, job: Job, now: float) -> bool:
+        """May ``job`` take a slot kept for realtime? Yes when the DSP time its client's
+        calls typically take ends it before any realtime client would miss for want of
+        that slot: a realtime client's next call is expected one period after its last
+        (or at once, if that is past), and it can wait as long as its period less its
+        budget. A client whose calls were never measured does not borrow."""
+        predicted = job.account.typical_call
+        if predicted is None:
             return False
-        return not (job.klass == BACKGROUND and running[BACKGROUND] >= policy.background_max)
+        latest = math.inf
+        for account in self._accounts:
+            if account.klass != REALTIME or account.budget is None or account.closed:
+                continue
+            budget = account.budget
+            expected = max(now, account.last_realtime_arrival + budget.period)
+            latest = min(latest, expected + budget.period - budget.budget)
+        return now + predicted <= latest
 
     def _dispatch(self, now: float) -> tuple[list[Job], list[Job]]:
         started: list[Job] = []

@@ -76,11 +76,61 @@ def test_background_and_normal_leave_the_reserve_to_realtime(clock: Clock) -> No
     assert s.statistics().running == (1, 1, 1)
 
 
-def test_background_holds_at_most_background_max(clock: Clock) -> None:
+def test_background_holds_at_most_background_max_while_normal_calls_wait(clock: Clock) -> None:
     s = make(clock, dsp_slots=4, realtime_reserve=1, background_max=2, per_client_running=9)
     bg, normal = s.open_account("b", BACKGROUND), s.open_account("n", NORMAL)
-    assert [s.submit(job(s, bg)) for _ in range(3)] == [Outcome.RUN, Outcome.RUN, Outcome.QUEUED]
+    first = [job(s, bg) for _ in range(2)]
+    assert [s.submit(j) for j in first] == [Outcome.RUN, Outcome.RUN]
     assert s.submit(job(s, normal)) is Outcome.RUN  # normal still finds room
+    waiting_normal = job(s, normal)
+    assert s.submit(waiting_normal) is Outcome.QUEUED  # only the reserve is left
+    assert s.submit(job(s, bg)) is Outcome.QUEUED  # a normal call waits: the cap holds
+    started, _ = s.finish(first[0], 0.02)
+    assert started[0] is waiting_normal  # then the background one, on the idle reserve
+
+
+def test_with_no_normal_call_waiting_background_uses_every_slot_but_the_reserve(
+    clock: Clock,
+) -> None:
+    """Work-conserving: background_max keeps room for normal calls, not idle slots."""
+    s = make(clock, dsp_slots=4, realtime_reserve=1, background_max=2, per_client_running=9)
+    bg = s.open_account("b", BACKGROUND)
+    jobs = [job(s, bg) for _ in range(4)]
+    assert [s.submit(j) for j in jobs] == [Outcome.RUN] * 3 + [Outcome.QUEUED]
+    # Measured now (20 ms a call), and with no realtime client: the reserve is lent too.
+    assert s.finish(jobs[0], 0.020)[0] == [jobs[3]]
+    assert s.submit(job(s, bg)) is Outcome.RUN
+    assert s.statistics().running == (0, 0, 4)
+
+
+def test_the_reserve_is_lent_only_to_calls_that_end_before_realtime_needs_it(
+    clock: Clock,
+) -> None:
+    """A realtime client (4 ms every 32 ms) can wait 28 ms for a slot: a background call
+    typically 20 ms long borrows its reserved slot, one typically 40 ms long does not, and
+    a client never measured does not."""
+    s = make(clock, dsp_slots=2, realtime_reserve=1, background_max=2, per_client_running=9)
+    voice = s.open_account("voice", REALTIME, Budget(period=0.032, budget=0.004))
+    short, long_, new = (s.open_account(n, BACKGROUND) for n in ("short", "long", "new"))
+    for account, seconds in ((short, 0.020), (long_, 0.040)):
+        measured = job(s, account)
+        assert s.submit(measured) is Outcome.RUN
+        s.finish(measured, seconds)
+    hold = job(s, new)
+    assert s.submit(hold) is Outcome.RUN  # the unreserved slot
+    assert s.submit(job(s, new)) is Outcome.QUEUED  # never measured: no loan
+    assert s.submit(job(s, long_)) is Outcome.QUEUED  # 40 ms > 32 - 4
+    lent = job(s, short)
+    assert s.submit(lent) is Outcome.RUN  # 20 ms <= 28 ms
+    # The realtime call that comes meanwhile waits for the loan, and is in time.
+    rt = job(s, voice)
+    assert s.submit(rt) is Outcome.QUEUED
+    clock.now += 0.020
+    assert s.finish(lent, 0.020)[0] == [rt]
+    assert rt.deadline is not None
+    assert clock.now + 0.004 <= rt.deadline
+    # Right after a realtime arrival the next is a period away: a 40 ms call still waits.
+    assert s.submit(job(s, long_)) is Outcome.QUEUED
 
 
 def test_a_client_has_at_most_per_client_running_on_the_dsp(clock: Clock) -> None:
@@ -218,7 +268,8 @@ def test_background_waiting_too_long_goes_before_normal(clock: Clock) -> None:
     fresh = job(s, normal)
     s.submit(fresh)
     clock.now += 0.6  # past background_wait
-    assert s.finish(running, 0.6)[0] == [starving]
+    started, _ = s.finish(running, 0.6)
+    assert started[0] is starving  # first; the normal one may borrow the idle reserve after it
 
 
 def test_without_waiting_long_background_stays_behind_normal(clock: Clock) -> None:
