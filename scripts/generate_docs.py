@@ -283,7 +283,13 @@ def npud_toml_page() -> str:
         "A TOML file read by npud(8) at start and on SIGHUP (systemctl reload npud). Every "
         "key is optional and shown below with its default; an empty file, or none, is a "
         "valid configuration. An unknown key or a bad value stops npud with the key's path "
-        "in the message (for example: unknown field `sockt` - at `$.daemon`).",
+        "in the message (for example: unknown key daemon.sockt (did you mean socket?)); a "
+        "bad choice lists the allowed values. Durations are seconds, in keys that end in "
+        "_s; the names npud 0.1 gave them (shutdown_grace, hello_timeout, frame_timeout, "
+        "call_watchdog, hung_call_throttle_seconds, log_summary_interval, "
+        "default_timeout_ms, background_wait_ms, realtime_default_budget_us, "
+        "realtime_default_period_us, idle_seconds) are still accepted, converted to "
+        "seconds, with a warning that names the new key.",
     )
     for section, ref in root["properties"].items():
         struct = defs[ref["$ref"].rsplit("/", 1)[-1]]
