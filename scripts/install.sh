@@ -35,7 +35,12 @@ Options:
                      exist). Nothing is activated. Env: NPUD_INSTALL_ROOT.
   --prefix DIR       where the vendor files go (default $DEFAULT_PREFIX; /usr/local
                      also works: systemd, udev and man search both). The
-                     admin's files stay in /etc.
+                     admin's files stay in /etc. Any other DIR is a staging
+                     tree that systemd would not read: without --root,
+                     everything then goes below DIR (the admin's files to
+                     DIR/etc/npud, the shell's references to
+                     DIR/lib/dsp/cdsp), nothing of the running system's
+                     /etc is touched and nothing is activated.
   --dry-run          print what would change; write and run nothing
   --signing-dir DIR  install the shell's signature reference files from DIR:
                      $PUBLIC_KEY_NAME, $SHELL_NAME.sha256 and
@@ -137,8 +142,21 @@ done
 root=$(cd -- "$root" && pwd -P)
 live=0
 [[ $root == / ]] && live=1
+# A prefix systemd, udev and man do not search is a staging tree: on the
+# running system, the admin's files and the shell's references go below it
+# too, and nothing is activated, so that a trial run changes nothing outside it.
+staged=0
+config_dir=$CONFIG_DIR
+dsp_dir=$DSP_DIR
+if [[ $live == 1 && $prefix != /usr && $prefix != /usr/local ]]; then
+    staged=1
+    config_dir=$prefix$CONFIG_DIR
+    dsp_dir=$prefix${DSP_DIR#/usr}
+    [[ $with_venv == 0 ]] ||
+        usage_error "--with-venv installs into the running system's $VENV_DIR; not with --prefix $prefix, a staging tree (use --prefix /usr or /usr/local)"
+fi
 
-if [[ $live == 1 && $dry_run == 0 && $EUID -ne 0 ]]; then
+if [[ $live == 1 && $staged == 0 && $dry_run == 0 && $EUID -ne 0 ]]; then
     die "installing into the running system needs root (or use --dry-run, or --root DIR)"
 fi
 
@@ -394,25 +412,30 @@ fi
 if [[ $dry_run == 1 ]]; then
     note "dry run: nothing will be written"
 fi
-note "installing from $SOURCE_DIR into $root"
+if [[ $staged == 1 ]]; then
+    note "staging into $prefix (not a prefix systemd searches): nothing outside it is written"
+else
+    note "installing from $SOURCE_DIR into $root"
+fi
 
 for entry in "${plan[@]}"; do
     IFS='|' read -r src path legacy <<<"$entry"
     install_file "$SOURCE_DIR/$src" "$path" 644
-    if [[ -n $legacy ]]; then
+    # The legacy copies are the running system's /etc: a staging run leaves them be.
+    if [[ -n $legacy && $staged == 0 ]]; then
         retire_legacy "$legacy" "$path" "$SOURCE_DIR/$src"
     fi
 done
-ensure_dir "$CONFIG_DIR" 755 keep
-install_conffile "$config_src" "$CONFIG_DIR/npud.toml" "merge it into yours by hand"
+ensure_dir "$config_dir" 755 keep
+install_conffile "$config_src" "$config_dir/npud.toml" "merge it into yours by hand"
 
 if [[ -n $signing_dir ]]; then
-    install_conffile "$signing_dir/$PUBLIC_KEY_NAME" "$CONFIG_DIR/$PUBLIC_KEY_NAME" \
+    install_conffile "$signing_dir/$PUBLIC_KEY_NAME" "$config_dir/$PUBLIC_KEY_NAME" \
         "a different key: to change keys, move it over yours and restart npud"
-    install_file "$signing_dir/$SHELL_NAME.sha256" "$DSP_DIR/$SHELL_NAME.sha256" 644
-    install_file "$signing_dir/$SHELL_NAME.sig" "$DSP_DIR/$SHELL_NAME.sig" 644
+    install_file "$signing_dir/$SHELL_NAME.sha256" "$dsp_dir/$SHELL_NAME.sha256" 644
+    install_file "$signing_dir/$SHELL_NAME.sig" "$dsp_dir/$SHELL_NAME.sig" 644
 else
-    for path in "$CONFIG_DIR/$PUBLIC_KEY_NAME" "$DSP_DIR/$SHELL_NAME.sha256" "$DSP_DIR/$SHELL_NAME.sig"; do
+    for path in "$config_dir/$PUBLIC_KEY_NAME" "$dsp_dir/$SHELL_NAME.sha256" "$dsp_dir/$SHELL_NAME.sig"; do
         [[ -f $(target "$path") ]] ||
             warn "$path is missing: npud refuses to load the shell without it (use --signing-dir)"
     done
@@ -454,6 +477,8 @@ run() {
 
 if [[ $live == 0 ]]; then
     note "not activating: $root is not the running system"
+elif [[ $staged == 1 ]]; then
+    note "not activating: $prefix is a staging tree (systemd and udev search /usr and /usr/local)"
 elif [[ $activate == 0 ]]; then
     note "not activating (--no-activate)"
 else
