@@ -12,6 +12,8 @@ umask 022
 readonly PROG=install.sh
 SOURCE_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 readonly SOURCE_DIR
+# shellcheck source=scripts/install-lib.sh
+. "$SOURCE_DIR/scripts/install-lib.sh"
 # ExecStart in systemd/npud.service points into this venv.
 readonly VENV_DIR=/opt/npud/venv
 readonly CONFIG_DIR=/etc/npud
@@ -80,26 +82,9 @@ Mode 0644, owned by root when run as root. Copies an older install.sh put in
 override the vendor files: an unchanged copy is removed, an edited one is
 kept and named (move your changes to a drop-in: systemctl edit npud.service).
 
-Exit status: 0 done (or nothing to do), 1 error, 2 bad usage.
+Exit status: 0 done (or nothing to do), $EXIT_ERROR error, $EXIT_USAGE bad usage.
 EOF
 }
-
-die() {
-    printf '%s: error: %s\n' "$PROG" "$*" >&2
-    exit 1
-}
-
-usage_error() {
-    printf '%s: %s\nTry %s --help.\n' "$PROG" "$*" "$PROG" >&2
-    exit 2
-}
-
-note() { printf '%s: %s\n' "$PROG" "$*"; }
-
-# report WHAT PATH: one line per file, aligned.
-report() { printf '%s: %-10s %s\n' "$PROG" "$1" "$2"; }
-
-warn() { printf '%s: warning: %s\n' "$PROG" "$*" >&2; }
 
 root=${NPUD_INSTALL_ROOT:-/}
 prefix=$DEFAULT_PREFIX
@@ -109,10 +94,6 @@ with_venv=0
 with_shim=0
 signing_dir=""
 shell_image=""
-
-need_value() {
-    [[ $# -ge 2 && -n $2 ]] || usage_error "$1 needs a value"
-}
 
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -160,13 +141,7 @@ if [[ $live == 1 && $staged == 0 && $dry_run == 0 && $EUID -ne 0 ]]; then
     die "installing into the running system needs root (or use --dry-run, or --root DIR)"
 fi
 
-# Files are owned by root when we are root; otherwise (a --root test tree)
-# by whoever runs this.
-if [[ $EUID -eq 0 ]]; then
-    owner="0 0"
-else
-    owner="$(id -u) $(id -g)"
-fi
+owner=$(new_file_owner)
 
 changes=0
 pending_tmp=""
@@ -176,15 +151,6 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-
-# target PATH: where absolute PATH of the installed system lies under --root.
-target() {
-    if [[ $live == 1 ]]; then
-        printf '%s\n' "$1"
-    else
-        printf '%s%s\n' "$root" "$1"
-    fi
-}
 
 # ensure_dir PATH MODE [keep]: PATH is a directory with MODE; with "keep", an
 # existing directory (the admin's) keeps whatever mode it has.
@@ -373,8 +339,7 @@ check_signing_dir() {
     expected=${BASH_REMATCH[1],,}
     image=${shell_image:-$(target "$DSP_DIR/$SHELL_NAME")}
     if [[ -f $image ]]; then
-        actual=$(sha256sum -- "$image")
-        actual=${actual%% *}
+        actual=$(hash_of "$image")
         [[ $actual == "$expected" ]] ||
             die "$dir/$SHELL_NAME.sha256 does not match $image; sign the shell you deploy (npud-sign-shell sign)"
     else

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import stat
 import subprocess
 import tempfile
@@ -18,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from npud.fastrpc.shell import DEVELOPMENT_PUBLIC_KEY_HEX
-from tests.scripts.snapshots import DEV_PUBLIC_KEY, INSTALL, REPO, run_script, tree_state
+from tests.scripts.snapshots import DEPLOY, DEV_PUBLIC_KEY, INSTALL, REPO, run_script, tree_state
 
 SHELL = "usr/lib/dsp/cdsp/fastrpc_shell_unsigned_3"
 
@@ -421,3 +422,17 @@ def test_with_shim_never_replaces_a_file_where_its_link_goes(root: Path) -> None
     assert result.returncode == 1
     assert "libcdsprpc.so exists and is not a symbolic link" in result.stderr
     assert (root / "usr/lib/npud/libcdsprpc.so").read_bytes() == b"someone's library"
+
+
+def test_the_helpers_install_and_deploy_share_are_defined_once() -> None:
+    """install.sh and deploy_npu.sh source scripts/install-lib.sh rather than keep copies."""
+    definition = re.compile(r"^([a-z_]+)\(\) \{", re.MULTILINE)
+    library = REPO / "scripts" / "install-lib.sh"
+    shared = set(definition.findall(library.read_text()))
+    assert {"die", "usage_error", "note", "warn", "report", "need_value", "target"} <= shared
+    assert "hash_of" in shared
+    for script in (INSTALL, DEPLOY):
+        text = script.read_text()
+        assert "# shellcheck source=scripts/install-lib.sh\n" in text, script.name
+        copies = shared & set(definition.findall(text))
+        assert not copies, f"{script.name} defines {sorted(copies)} again"
