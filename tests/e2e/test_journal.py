@@ -76,4 +76,4 @@ def test_a_start_up_failure_is_one_error_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     [line] = log.read_text().splitlines()
     assert line.startswith("<3>npud: bad configuration: ")
-    assert "`$.daemon`" in line
+    assert line.endswith(": unknown key daemon.sockt (did you mean socket?)")
