@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 traceback.print_exc()
                 errors[name] = f"{type(exc).__name__}: {exc}"
 
-    print(format_table(rows))
+    print(format_table(rows, quick=args.quick))
     for name, error in errors.items():
         print(f"{name}: FAILED: {error}")
     summary = {

@@ -615,7 +615,7 @@ def campaign(args: argparse.Namespace, workdir: Path) -> int:
         print(f"80 silent sockets, then {args.frames} hostile frames", file=sys.stderr)
         set_phase(steadies, "hostile")
         with slowloris(path, 80) as report["slowloris_connected"]:
-            # Another user gets in while they are held (within hello_timeout).
+            # Another user gets in while they are held (within hello_timeout_s).
             started = time.monotonic()
             with npu_client.connect(str(path), name="latecomer", timeout=30) as npu:
                 npu.ping()

@@ -56,7 +56,7 @@ WATCHDOG_S: Final = 0.3
 KINDS: Final = ("killed_pd", "hung_call", "endless_model", "loop_model", "skel_crash")
 
 BASE_CONFIG: Final = (  # its first keys land in the [daemon] table npud_command opens
-    f"call_watchdog = {WATCHDOG_S}\nhung_call_throttle_seconds = 0\n"
+    f"call_watchdog_s = {WATCHDOG_S}\nhung_call_throttle_s = 0\n"
     "hung_calls_before_revoke = 0\n"
     "[client_limits]\nmax_model_bytes = 268435456\n"
 )

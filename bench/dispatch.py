@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import npu_client
-from bench.harness import Context, Goal, Row, interleave, median, ratio_row
+from bench.harness import Context, Goal, Row, counted, interleave, median, ratio_row
 from bench.processes import CHILD_ENVIRONMENT, cpu_seconds, npud_process, same_work_server
 
 NAME = "dispatch"
@@ -172,7 +172,8 @@ def rows(ctx: Context) -> list[Row]:
         )
         seconds = 2.0 if not ctx.quick else 0.5
         for clients in (1, 4, 16):
-            ctx.progress(f"calls per second, {clients} client processes")
+            processes = counted(clients, "client process", "client processes")
+            ctx.progress(f"calls per second, {processes}")
             npud_rate, floor_rate = interleave(
                 ctx.rounds(5, 2),
                 _bind(_rate, npud_path, clients, seconds),
@@ -181,7 +182,7 @@ def rows(ctx: Context) -> list[Row]:
             result.append(
                 ratio_row(
                     f"dispatch.rate_{clients}",
-                    f"npud calls/s / floor calls/s, {clients} client processes",
+                    f"npud calls/s / floor calls/s, {processes}",
                     [n / f for n, f in zip(npud_rate, floor_rate, strict=True)],
                     {
                         "npud_calls_per_s": median(npud_rate),

@@ -137,13 +137,23 @@ class Benchmark(Protocol):
     def rows(self, ctx: Context) -> list[Row]: ...
 
 
-def format_table(rows: Sequence[Row]) -> str:
-    """The rows as an aligned text table."""
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``1 client process``, ``4 client processes``: the noun agrees with the count."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
+def format_table(rows: Sequence[Row], *, quick: bool = False) -> str:
+    """The rows as an aligned text table. ``quick``: a smoke run's, whose few rounds
+    are no figures, so no goal is judged met or not."""
     header = ("benchmark", "ratio", "IQR", "rounds", "goal", "what / figures")
     lines = [header]
     for row in rows:
-        met = row.goal_met
-        goal = "" if row.goal is None else f"{row.goal} ({'met' if met else 'NOT met'})"
+        if row.goal is None:
+            goal = ""
+        elif quick:
+            goal = f"{row.goal} (not judged: --quick)"
+        else:
+            goal = f"{row.goal} ({'met' if row.goal_met else 'NOT met'})"
         figures = ", ".join(f"{key} {_number(value)}" for key, value in row.figures.items())
         lines.append(
             (

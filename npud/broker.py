@@ -78,21 +78,21 @@ class Broker:
                 dsp_slots=policy.dsp_slots,
                 realtime_reserve=policy.realtime_reserve,
                 background_max=policy.background_max,
-                background_wait=policy.background_wait_ms / 1000,
+                background_wait=policy.background_wait_s,
                 per_client_running=policy.per_client_running,
                 realtime_utilisation=policy.realtime_utilisation_pct / 100,
                 realtime_utilisation_per_owner=policy.realtime_utilisation_per_uid_pct / 100,
                 realtime_default_budget=Budget(
-                    policy.realtime_default_period_us / 1e6,
-                    policy.realtime_default_budget_us / 1e6,
+                    policy.realtime_default_period_s,
+                    policy.realtime_default_budget_s,
                 ),
             )
         )
         self.datapath = DataPath(
             self.scheduler,
             workers=policy.worker_threads,
-            frame_timeout=config.daemon.frame_timeout,
-            call_watchdog=config.daemon.call_watchdog,
+            frame_timeout=config.daemon.frame_timeout_s,
+            call_watchdog=config.daemon.call_watchdog_s,
             on_hung=self.charge_hung,
         )
         self._revoke: dict[Client, Any] = {}
@@ -216,7 +216,10 @@ class Broker:
             max_models=limits.max_models,
             max_model_bytes=limits.max_model_bytes,
             max_timeout_ms=MAX_TIMEOUT_MS,
-            default_timeout_ms=limits.default_timeout_ms or None,
+            # The Welcome counts milliseconds; a timeout set below one is one, not none.
+            default_timeout_ms=max(1, round(limits.default_timeout_s * 1000))
+            if limits.default_timeout_s
+            else None,
         )
 
     async def admit(
@@ -327,8 +330,8 @@ class Broker:
         revoke = daemon.hung_call_penalty == "revoke" or (
             daemon.hung_calls_before_revoke and client.hung_calls >= daemon.hung_calls_before_revoke
         )
-        if client.account is not None and daemon.hung_call_throttle_seconds:
-            self.scheduler.throttle(client.account, daemon.hung_call_throttle_seconds)
+        if client.account is not None and daemon.hung_call_throttle_s:
+            self.scheduler.throttle(client.account, daemon.hung_call_throttle_s)
         log.error(
             "hung call charged to its client",
             pid=client.pid,
@@ -342,7 +345,7 @@ class Broker:
         if revoke and token is not None:
             detail = (
                 f"{client.hung_calls} of its calls hung past the watchdog "
-                f"({self.config.daemon.call_watchdog:g} s)"
+                f"({self.config.daemon.call_watchdog_s:g} s)"
             )
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(self._revoke_client, client, detail)

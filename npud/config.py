@@ -1,19 +1,24 @@
 """npud's configuration: a TOML file decoded into msgspec Structs.
 
 Unknown keys and bad values are refused with the key's path in the message
-(``Object contains unknown field `sockt` - at `$.daemon```). Every key has a
-default, so an empty file (or none) is a valid configuration; ``config/npud.toml``
-lists them all.
+(``unknown key daemon.sockt (did you mean socket?)``: config_errors). Keys
+renamed since the last release are still accepted with a warning
+(config_renames). Every key has a default, so an empty file (or none) is a valid
+configuration; ``config/npud.toml`` lists them all.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Final, Literal
 
 import msgspec
 
+from npud.config_errors import explain
+from npud.config_renames import RenameConflictError, apply_renames
 from npud.fastrpc import abi
 
 DEFAULT_SOCKET: Final = "/run/npud/npud.sock"
@@ -64,10 +69,10 @@ class DaemonConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
         ),
     ] = "auto"
     log_level: Annotated[LogLevel, _doc("The least severe level that is logged.")] = "info"
-    shutdown_grace: Annotated[
+    shutdown_grace_s: Annotated[
         _Seconds, _doc("Seconds that calls already running on the DSP get to finish at shutdown.")
     ] = 10.0
-    hello_timeout: Annotated[
+    hello_timeout_s: Annotated[
         float,
         msgspec.Meta(gt=0, le=3600),
         _doc("Seconds a new connection has to send its Hello before it is closed."),
@@ -86,12 +91,12 @@ class DaemonConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
         msgspec.Meta(ge=1, le=100_000),
         _doc("Connections of one user that have not said Hello yet."),
     ] = 8
-    frame_timeout: Annotated[
+    frame_timeout_s: Annotated[
         float,
         msgspec.Meta(gt=0, le=3600),
         _doc("Seconds a welcomed client may leave a frame half sent before it is dropped."),
     ] = 10.0
-    call_watchdog: Annotated[
+    call_watchdog_s: Annotated[
         float,
         msgspec.Meta(ge=0, le=86_400),
         _doc(
@@ -106,13 +111,13 @@ class DaemonConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
         _doc(
             "What the client whose call the watchdog caught pays, beyond the restart of its "
             "domain's DSP process: throttle runs its calls one at a time in the background "
-            "class for hung_call_throttle_seconds; revoke closes its connection at once."
+            "class for hung_call_throttle_s; revoke closes its connection at once."
         ),
     ] = "throttle"
-    hung_call_throttle_seconds: Annotated[
+    hung_call_throttle_s: Annotated[
         float,
         msgspec.Meta(ge=0, le=86_400),
-        _doc("How long a client stays throttled after a call of it hung."),
+        _doc("Seconds a client stays throttled after a call of it hung."),
     ] = 60.0
     hung_calls_before_revoke: Annotated[
         int,
@@ -127,10 +132,10 @@ class DaemonConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
         msgspec.Meta(ge=1, le=1_000_000),
         _doc(
             "Lines one connection may log about its refused requests and stray fds before "
-            "the rest are counted and summed up in one line every log_summary_interval."
+            "the rest are counted and summed up in one line every log_summary_interval_s."
         ),
     ] = 20
-    log_summary_interval: Annotated[
+    log_summary_interval_s: Annotated[
         float,
         msgspec.Meta(gt=0, le=3600),
         _doc("Seconds between the summary lines of a connection whose lines are held back."),
@@ -258,14 +263,15 @@ class ClientLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True
         msgspec.Meta(ge=1, le=0xFFFF),
         _doc("Requests a client may have unanswered; invokes beyond it are refused."),
     ] = 16
-    default_timeout_ms: Annotated[
-        int,
-        msgspec.Meta(ge=0, le=MAX_TIMEOUT_MS),
+    default_timeout_s: Annotated[
+        float,
+        msgspec.Meta(ge=0, le=MAX_TIMEOUT_MS / 1000),
         _doc(
-            "The timeout of invokes that carry none, announced in the Welcome; 0 waits for "
-            "the DSP. At most 600000, the largest timeout a client may ask for."
+            "Seconds: the timeout of invokes that carry none, announced in the Welcome (in "
+            "milliseconds); 0 waits for the DSP. At most 600, the largest timeout a client "
+            "may ask for."
         ),
-    ] = 0
+    ] = 0.0
 
 
 class DaemonLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -301,11 +307,11 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     background_max: Annotated[
         int, msgspec.Meta(ge=1, le=64), _doc("Background calls on the DSP at once, at most.")
     ] = 2
-    background_wait_ms: Annotated[
-        int,
-        msgspec.Meta(ge=1, le=60_000),
-        _doc("A background call that has waited this long goes before normal calls."),
-    ] = 500
+    background_wait_s: Annotated[
+        float,
+        msgspec.Meta(ge=0.001, le=60),
+        _doc("Seconds: a background call that has waited this long goes before normal calls."),
+    ] = 0.5
     per_client_running: Annotated[
         int, msgspec.Meta(ge=1, le=64), _doc("Calls of one client on the DSP at once, at most.")
     ] = 2
@@ -322,20 +328,20 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
             "together, so one user cannot shut another's voice client out."
         ),
     ] = 25
-    realtime_default_budget_us: Annotated[
-        int,
-        msgspec.Meta(ge=1, le=10_000_000),
+    realtime_default_budget_s: Annotated[
+        float,
+        msgspec.Meta(ge=0.000_001, le=10),
         _doc(
             "A realtime client that declares no budget is admitted as though it declared "
-            "this much DSP time every realtime_default_period_us (beyond it, its calls run "
-            "as normal)."
+            "this many seconds of DSP time every realtime_default_period_s (beyond it, its "
+            "calls run as normal)."
         ),
-    ] = 4_000
-    realtime_default_period_us: Annotated[
-        int,
-        msgspec.Meta(ge=1000, le=10_000_000),
-        _doc("The period of that default budget."),
-    ] = 32_000
+    ] = 0.004
+    realtime_default_period_s: Annotated[
+        float,
+        msgspec.Meta(ge=0.001, le=10),
+        _doc("The period of that default budget, in seconds."),
+    ] = 0.032
     workers: Annotated[
         int,
         msgspec.Meta(ge=0, le=256),
@@ -348,10 +354,10 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
                 f"realtime_reserve {self.realtime_reserve} leaves no slot of {self.dsp_slots} "
                 "for normal and background calls"
             )
-        if self.realtime_default_budget_us > self.realtime_default_period_us:
+        if self.realtime_default_budget_s > self.realtime_default_period_s:
             raise ValueError(
-                f"realtime_default_budget_us {self.realtime_default_budget_us} is longer than "
-                f"its period, realtime_default_period_us {self.realtime_default_period_us}"
+                f"realtime_default_budget_s {self.realtime_default_budget_s} is longer than "
+                f"its period, realtime_default_period_s {self.realtime_default_period_s}"
             )
 
     @property
@@ -426,10 +432,10 @@ class PoolConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     max_buffer_bytes: Annotated[
         _Bytes, _doc("Larger buffers are never kept: they are released when freed.")
     ] = 64 << 20
-    idle_seconds: Annotated[
+    idle_s: Annotated[
         float,
         msgspec.Meta(gt=0, le=86_400),
-        _doc("A kept buffer that no allocation took for this long is released."),
+        _doc("Seconds: a kept buffer that no allocation took for this long is released."),
     ] = 30.0
     keep_dsp_mappings: Annotated[
         bool,
@@ -577,16 +583,31 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message names the file and the key."""
 
 
-def parse_config(text: str, *, source: str = "<config>") -> Config:
+Warn = Callable[[str], None]
+"""Where the lines about renamed keys go (config_renames): each names the new key."""
+
+
+def warn_on_stderr(line: str) -> None:
+    print(f"npud: warning: {line}", file=sys.stderr)
+
+
+def parse_config(text: str, *, source: str = "<config>", warn: Warn = warn_on_stderr) -> Config:
+    """``text`` as a Config; old key names are moved to their new ones, with a ``warn``
+    line each (prefixed with ``source``)."""
     try:
-        return msgspec.toml.decode(text, type=Config)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+        raw = msgspec.toml.decode(text)
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    try:
+        apply_renames(raw, lambda line: warn(f"{source}: {line}"))
+        return msgspec.convert(raw, type=Config)
+    except RenameConflictError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {explain(exc, Config)}") from None
 
 
-def load_config(path: str | os.PathLike[str] | None) -> Config:
+def load_config(path: str | os.PathLike[str] | None, *, warn: Warn = warn_on_stderr) -> Config:
     """Read ``path``; None means the default file if it exists, else all defaults."""
     if path is None:
         default = Path(DEFAULT_CONFIG)
@@ -599,4 +620,4 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
-    return parse_config(text, source=str(path))
+    return parse_config(text, source=str(path), warn=warn)

@@ -74,7 +74,7 @@ class PeerConnection:
         reason = "closed by the client"
         held_back = 0
         link: Link | None = None
-        timeout = self.broker.config.daemon.hello_timeout
+        timeout = self.broker.config.daemon.hello_timeout_s
         try:
             try:
                 with trio.move_on_after(timeout) as hello_deadline:
@@ -157,7 +157,7 @@ class PeerConnection:
             close_later=lambda fds: broker.device.close_later(client.uid, fds),
             fds_waiting_cap=broker.config.uid_limits.max_fds_waiting,
             log_budget=LogBudget(
-                broker.config.daemon.log_burst, broker.config.daemon.log_summary_interval
+                broker.config.daemon.log_burst, broker.config.daemon.log_summary_interval_s
             ),
         )
 

@@ -182,14 +182,19 @@ def _load_config(root: Path, given: Path | None) -> tuple[Config, Finding]:
     if given is None and not path.exists():
         config = Config()
         return config, Finding("config", Status.OK, f"no {path}: the defaults apply")
+    renamed: list[str] = []
     try:
-        config = load_config(path)
+        config = load_config(path, warn=renamed.append)
     except ConfigError as exc:
         return Config(), Finding(
             "config",
             Status.FAIL,
             f"{exc}; the checks below use the defaults",
             "fix the key named above (config/npud.toml lists every key with its default)",
+        )
+    if renamed:
+        return config, Finding(
+            "config", Status.WARN, "; ".join(renamed), "give the keys named above their new names"
         )
     return config, Finding("config", Status.OK, f"{path}")
 

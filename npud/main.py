@@ -38,7 +38,7 @@ exit status: 0 after a clean stop (SIGTERM/SIGINT); 1 when start-up fails (the
 one-line message says what and how to fix it); 2 for a bad command line or config.
 
 signals: SIGTERM/SIGINT stop cleanly (clients are told, calls on the DSP get
-daemon.shutdown_grace seconds); SIGHUP re-reads the config file: [access], the
+daemon.shutdown_grace_s seconds); SIGHUP re-reads the config file: [access], the
 limits and log_level apply without dropping clients, other keys need a restart.
 
 systemd: socket activation (LISTEN_FDS, one AF_UNIX stream socket) is used when
@@ -132,12 +132,14 @@ def _start(args: argparse.Namespace, verifier: ShellVerifier) -> int:
     from npud.config import ConfigError, load_config  # noqa: PLC0415
     from npud.logs import configure_logging, print_error  # noqa: PLC0415
 
+    renamed: list[str] = []  # logged once logging is configured, to the journal too
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, warn=renamed.append)
     except ConfigError as exc:
         print_error(f"npud: bad configuration: {exc}")
         return 2
     configure_logging(args.log_format or config.daemon.log_format, config.daemon.log_level)
+    _log_renamed(renamed)
     profile = select_profile(config, args.backend)
     if profile.kind == "kernel" and not device_present(profile.nodes):
         return _fail(
@@ -191,7 +193,10 @@ def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
     config_path = args.config
 
     def reload_config() -> Config:
-        return load_config(config_path)
+        renamed: list[str] = []
+        config = load_config(config_path, warn=renamed.append)
+        _log_renamed(renamed)
+        return config
 
     trace: TraceWriter | None = None
     try:
@@ -217,6 +222,14 @@ def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
         if trace is not None:
             trace.close()
     return 0
+
+
+def _log_renamed(lines: list[str]) -> None:
+    """The config's keys that have new names (config_renames), one warning each."""
+    import structlog  # noqa: PLC0415  (after the verifier started)
+
+    for line in lines:
+        structlog.get_logger("npud").warning("renamed configuration key", detail=line)
 
 
 class _TraceError(Exception):

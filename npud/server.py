@@ -161,7 +161,7 @@ class Daemon:
         self._connections: set[PeerConnection] = set()
         self._handshakes: collections.Counter[int] = collections.Counter()
         self._refusals = PeerBudgets(
-            log, config.daemon.log_burst, config.daemon.log_summary_interval
+            log, config.daemon.log_burst, config.daemon.log_summary_interval_s
         )
         self._stop = trio.Event()
 
@@ -295,7 +295,7 @@ class Daemon:
             return
         # Connections that have not said Hello are counted apart from clients
         # (admitted at their Hello): sockets that connect and say nothing hold
-        # only these slots, a few per user, and only until hello_timeout.
+        # only these slots, a few per user, and only until hello_timeout_s.
         daemon = self.config.daemon
         for used, limit, what in (
             (sum(self._handshakes.values()), daemon.max_handshakes, "connections"),
@@ -337,7 +337,7 @@ class Daemon:
             self._connections.discard(connection)
 
     async def _shutdown(self, nursery: trio.Nursery) -> None:
-        grace = self.config.daemon.shutdown_grace
+        grace = self.config.daemon.shutdown_grace_s
         self.broker.device.stopping = True
         self.listener.close()
         await self.broker.broadcast(
@@ -378,7 +378,7 @@ def apply_reload(running: Config, new: Config) -> Config:
         daemon=msgspec.structs.replace(
             running.daemon,
             log_level=new.daemon.log_level,
-            shutdown_grace=new.daemon.shutdown_grace,
+            shutdown_grace_s=new.daemon.shutdown_grace_s,
         ),
     )
 

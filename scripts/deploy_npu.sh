@@ -14,6 +14,9 @@ umask 022
 readonly PROG=deploy_npu.sh
 SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 readonly SCRIPT_DIR
+# die, usage_error, note, warn, report, need_value, target, hash_of; EXIT_ERROR, EXIT_USAGE.
+# shellcheck source=scripts/install-lib.sh
+. "$SCRIPT_DIR/install-lib.sh"
 
 readonly KNOWN_GOOD_FIRMWARE=CDSP.HT.2.9.c1-00046-HAMOA-1
 # version glob|why it must not be deployed
@@ -32,8 +35,8 @@ readonly -a ALLOWED_PREFIXES=(
 readonly MANIFEST=SHA256SUMS
 readonly PAYLOAD=root
 
-# Exit statuses (also in --help).
-readonly EXIT_ERROR=1 EXIT_USAGE=2 EXIT_REFUSED=3 EXIT_BAD_FIRMWARE=4
+# Exit statuses (also in --help), beyond install-lib.sh's EXIT_ERROR and EXIT_USAGE.
+readonly EXIT_REFUSED=3 EXIT_BAD_FIRMWARE=4
 
 usage() {
     cat <<EOF
@@ -70,26 +73,10 @@ Nothing is written when the status is $EXIT_USAGE, $EXIT_REFUSED or $EXIT_BAD_FI
 EOF
 }
 
-die() {
-    printf '%s: error: %s\n' "$PROG" "$*" >&2
-    exit "$EXIT_ERROR"
-}
-
 refuse() {
     printf '%s: refused: %s\nNothing was written.\n' "$PROG" "$*" >&2
     exit "$EXIT_REFUSED"
 }
-
-usage_error() {
-    printf '%s: %s\nTry %s --help.\n' "$PROG" "$*" "$PROG" >&2
-    exit "$EXIT_USAGE"
-}
-
-note() { printf '%s: %s\n' "$PROG" "$*"; }
-
-warn() { printf '%s: warning: %s\n' "$PROG" "$*" >&2; }
-
-report() { printf '%s: %-10s %s\n' "$PROG" "$1" "$2"; }
 
 root=${NPUD_INSTALL_ROOT:-/}
 sysfs=${NPUD_SYSFS_ROOT:-/sys}
@@ -101,10 +88,6 @@ units=1
 activate=1
 with_venv=0
 snapshot=""
-
-need_value() {
-    [[ $# -ge 2 && -n $2 ]] || usage_error "$1 needs a value"
-}
 
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -167,12 +150,6 @@ cleanup() {
 trap cleanup EXIT
 
 # --- 1. Check the snapshot (writes only to the private staging directory) --
-
-hash_of() {
-    local line
-    line=$(sha256sum -- "$1")
-    printf '%s\n' "${line%% *}"
-}
 
 beside="$snapshot.sha256"
 if [[ -f $beside ]]; then
@@ -319,19 +296,7 @@ done
 
 # --- 2. Plan: compare with what is installed ------------------------------
 
-if [[ $EUID -eq 0 ]]; then
-    owner="0 0"
-else
-    owner="$(id -u) $(id -g)"
-fi
-
-target() {
-    if [[ $live == 1 ]]; then
-        printf '/%s\n' "$1"
-    else
-        printf '%s/%s\n' "$root" "$1"
-    fi
-}
+owner=$(new_file_owner)
 
 # Executables keep their x bit (QAIRT's tools); everything else is 0644.
 mode_for() {
@@ -347,7 +312,7 @@ declare -a to_backup=()
 declare -a to_add=()
 for path in "${files[@]}"; do
     relative=${path#"$PAYLOAD"/}
-    dest=$(target "$relative")
+    dest=$(target "/$relative")
     mode=$(mode_for "$staging/$path")
     if [[ -L $dest || (-e $dest && ! -f $dest) ]]; then
         refuse "$dest exists and is not a regular file; move it away first"
@@ -464,7 +429,7 @@ if [[ ${#to_backup[@]} -gt 0 ]]; then
     mkdir -p -- "$backup_tree/$PAYLOAD"
     for relative in "${to_backup[@]}"; do
         mkdir -p -- "$(dirname -- "$backup_tree/$PAYLOAD/$relative")"
-        cp -p -- "$(target "$relative")" "$backup_tree/$PAYLOAD/$relative"
+        cp -p -- "$(target "/$relative")" "$backup_tree/$PAYLOAD/$relative"
     done
     (cd -- "$backup_tree" && find "$PAYLOAD" -type f -print0 | sort -z | xargs -0 sha256sum >"$MANIFEST")
     mkdir -p -- "$backup_dir"
@@ -475,7 +440,7 @@ fi
 
 for path in "${to_write[@]}"; do
     relative=${path#"$PAYLOAD"/}
-    dest=$(target "$relative")
+    dest=$(target "/$relative")
     dir=$(dirname -- "$dest")
     mkdir -p -- "$dir"
     tmp=$(mktemp -- "$dir/.${dest##*/}.XXXXXX")

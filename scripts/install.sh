@@ -12,6 +12,8 @@ umask 022
 readonly PROG=install.sh
 SOURCE_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 readonly SOURCE_DIR
+# shellcheck source=scripts/install-lib.sh
+. "$SOURCE_DIR/scripts/install-lib.sh"
 # ExecStart in systemd/npud.service points into this venv.
 readonly VENV_DIR=/opt/npud/venv
 readonly CONFIG_DIR=/etc/npud
@@ -35,7 +37,12 @@ Options:
                      exist). Nothing is activated. Env: NPUD_INSTALL_ROOT.
   --prefix DIR       where the vendor files go (default $DEFAULT_PREFIX; /usr/local
                      also works: systemd, udev and man search both). The
-                     admin's files stay in /etc.
+                     admin's files stay in /etc. Any other DIR is a staging
+                     tree that systemd would not read: without --root,
+                     everything then goes below DIR (the admin's files to
+                     DIR/etc/npud, the shell's references to
+                     DIR/lib/dsp/cdsp), nothing of the running system's
+                     /etc is touched and nothing is activated.
   --dry-run          print what would change; write and run nothing
   --signing-dir DIR  install the shell's signature reference files from DIR:
                      $PUBLIC_KEY_NAME, $SHELL_NAME.sha256 and
@@ -75,26 +82,9 @@ Mode 0644, owned by root when run as root. Copies an older install.sh put in
 override the vendor files: an unchanged copy is removed, an edited one is
 kept and named (move your changes to a drop-in: systemctl edit npud.service).
 
-Exit status: 0 done (or nothing to do), 1 error, 2 bad usage.
+Exit status: 0 done (or nothing to do), $EXIT_ERROR error, $EXIT_USAGE bad usage.
 EOF
 }
-
-die() {
-    printf '%s: error: %s\n' "$PROG" "$*" >&2
-    exit 1
-}
-
-usage_error() {
-    printf '%s: %s\nTry %s --help.\n' "$PROG" "$*" "$PROG" >&2
-    exit 2
-}
-
-note() { printf '%s: %s\n' "$PROG" "$*"; }
-
-# report WHAT PATH: one line per file, aligned.
-report() { printf '%s: %-10s %s\n' "$PROG" "$1" "$2"; }
-
-warn() { printf '%s: warning: %s\n' "$PROG" "$*" >&2; }
 
 root=${NPUD_INSTALL_ROOT:-/}
 prefix=$DEFAULT_PREFIX
@@ -104,10 +94,6 @@ with_venv=0
 with_shim=0
 signing_dir=""
 shell_image=""
-
-need_value() {
-    [[ $# -ge 2 && -n $2 ]] || usage_error "$1 needs a value"
-}
 
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -137,18 +123,25 @@ done
 root=$(cd -- "$root" && pwd -P)
 live=0
 [[ $root == / ]] && live=1
+# A prefix systemd, udev and man do not search is a staging tree: on the
+# running system, the admin's files and the shell's references go below it
+# too, and nothing is activated, so that a trial run changes nothing outside it.
+staged=0
+config_dir=$CONFIG_DIR
+dsp_dir=$DSP_DIR
+if [[ $live == 1 && $prefix != /usr && $prefix != /usr/local ]]; then
+    staged=1
+    config_dir=$prefix$CONFIG_DIR
+    dsp_dir=$prefix${DSP_DIR#/usr}
+    [[ $with_venv == 0 ]] ||
+        usage_error "--with-venv installs into the running system's $VENV_DIR; not with --prefix $prefix, a staging tree (use --prefix /usr or /usr/local)"
+fi
 
-if [[ $live == 1 && $dry_run == 0 && $EUID -ne 0 ]]; then
+if [[ $live == 1 && $staged == 0 && $dry_run == 0 && $EUID -ne 0 ]]; then
     die "installing into the running system needs root (or use --dry-run, or --root DIR)"
 fi
 
-# Files are owned by root when we are root; otherwise (a --root test tree)
-# by whoever runs this.
-if [[ $EUID -eq 0 ]]; then
-    owner="0 0"
-else
-    owner="$(id -u) $(id -g)"
-fi
+owner=$(new_file_owner)
 
 changes=0
 pending_tmp=""
@@ -158,15 +151,6 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-
-# target PATH: where absolute PATH of the installed system lies under --root.
-target() {
-    if [[ $live == 1 ]]; then
-        printf '%s\n' "$1"
-    else
-        printf '%s%s\n' "$root" "$1"
-    fi
-}
 
 # ensure_dir PATH MODE [keep]: PATH is a directory with MODE; with "keep", an
 # existing directory (the admin's) keeps whatever mode it has.
@@ -355,8 +339,7 @@ check_signing_dir() {
     expected=${BASH_REMATCH[1],,}
     image=${shell_image:-$(target "$DSP_DIR/$SHELL_NAME")}
     if [[ -f $image ]]; then
-        actual=$(sha256sum -- "$image")
-        actual=${actual%% *}
+        actual=$(hash_of "$image")
         [[ $actual == "$expected" ]] ||
             die "$dir/$SHELL_NAME.sha256 does not match $image; sign the shell you deploy (npud-sign-shell sign)"
     else
@@ -394,25 +377,30 @@ fi
 if [[ $dry_run == 1 ]]; then
     note "dry run: nothing will be written"
 fi
-note "installing from $SOURCE_DIR into $root"
+if [[ $staged == 1 ]]; then
+    note "staging into $prefix (not a prefix systemd searches): nothing outside it is written"
+else
+    note "installing from $SOURCE_DIR into $root"
+fi
 
 for entry in "${plan[@]}"; do
     IFS='|' read -r src path legacy <<<"$entry"
     install_file "$SOURCE_DIR/$src" "$path" 644
-    if [[ -n $legacy ]]; then
+    # The legacy copies are the running system's /etc: a staging run leaves them be.
+    if [[ -n $legacy && $staged == 0 ]]; then
         retire_legacy "$legacy" "$path" "$SOURCE_DIR/$src"
     fi
 done
-ensure_dir "$CONFIG_DIR" 755 keep
-install_conffile "$config_src" "$CONFIG_DIR/npud.toml" "merge it into yours by hand"
+ensure_dir "$config_dir" 755 keep
+install_conffile "$config_src" "$config_dir/npud.toml" "merge it into yours by hand"
 
 if [[ -n $signing_dir ]]; then
-    install_conffile "$signing_dir/$PUBLIC_KEY_NAME" "$CONFIG_DIR/$PUBLIC_KEY_NAME" \
+    install_conffile "$signing_dir/$PUBLIC_KEY_NAME" "$config_dir/$PUBLIC_KEY_NAME" \
         "a different key: to change keys, move it over yours and restart npud"
-    install_file "$signing_dir/$SHELL_NAME.sha256" "$DSP_DIR/$SHELL_NAME.sha256" 644
-    install_file "$signing_dir/$SHELL_NAME.sig" "$DSP_DIR/$SHELL_NAME.sig" 644
+    install_file "$signing_dir/$SHELL_NAME.sha256" "$dsp_dir/$SHELL_NAME.sha256" 644
+    install_file "$signing_dir/$SHELL_NAME.sig" "$dsp_dir/$SHELL_NAME.sig" 644
 else
-    for path in "$CONFIG_DIR/$PUBLIC_KEY_NAME" "$DSP_DIR/$SHELL_NAME.sha256" "$DSP_DIR/$SHELL_NAME.sig"; do
+    for path in "$config_dir/$PUBLIC_KEY_NAME" "$dsp_dir/$SHELL_NAME.sha256" "$dsp_dir/$SHELL_NAME.sig"; do
         [[ -f $(target "$path") ]] ||
             warn "$path is missing: npud refuses to load the shell without it (use --signing-dir)"
     done
@@ -454,6 +442,8 @@ run() {
 
 if [[ $live == 0 ]]; then
     note "not activating: $root is not the running system"
+elif [[ $staged == 1 ]]; then
+    note "not activating: $prefix is a staging tree (systemd and udev search /usr and /usr/local)"
 elif [[ $activate == 0 ]]; then
     note "not activating (--no-activate)"
 else

@@ -231,7 +231,7 @@ class BufferPool:
 
     # --- letting go ------------------------------------------------------------------------
     def trim(self) -> None:
-        """Release what was kept longer than ``idle_seconds``, and what a lowered bound no
+        """Release what was kept longer than ``idle_s``, and what a lowered bound no
         longer allows."""
         now = self._clock()
         with self._lock:
@@ -239,7 +239,7 @@ class BufferPool:
             expired = [
                 kept
                 for kept in self._order.values()
-                if kept.zeroed and now - kept.since >= settings.idle_seconds
+                if kept.zeroed and now - kept.since >= settings.idle_s
             ]
             self._counters.trimmed += len(expired)
             largest = min(settings.max_buffer_bytes, settings.max_bytes)
@@ -287,10 +287,10 @@ class BufferPool:
             return any(kept.scope == scope for kept in self._order.values())
 
     def next_trim_in(self) -> float:
-        """Seconds until the oldest zeroed buffer has been kept for ``idle_seconds`` (a
+        """Seconds until the oldest zeroed buffer has been kept for ``idle_s`` (a
         buffer entering the pool now is due no sooner than that)."""
         with self._lock:
-            idle = self._settings.idle_seconds
+            idle = self._settings.idle_s
             oldest = next((kept for kept in self._order.values() if kept.zeroed), None)
             wait = idle if oldest is None else oldest.since + idle - self._clock()
         return max(MIN_TRIM_WAIT, wait)

@@ -269,7 +269,7 @@ def test_connect_names_the_path_and_what_to_do(socket_path: str) -> None:
     assert error.path == socket_path
     assert error.message == (
         f"cannot connect to npud at {socket_path}: No such file or directory; "
-        "is npud running? set NPUD_SOCKET to its socket path if it listens elsewhere"
+        "is npud running, and is that path its socket?"
     )
     assert isinstance(error.__cause__, FileNotFoundError)
 

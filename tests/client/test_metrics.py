@@ -180,6 +180,16 @@ def test_milliseconds_become_seconds() -> None:
     assert _metrics._value({"wait_us": 250}, "wait_us") == 0.00025
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "printed"),
+    [("wait_us", 349, "0.000349"), ("dsp_time_ms", 1, "0.001"), ("wait_us", 3, "3e-06")],
+)
+def test_scaled_values_print_as_short_as_they_were_given(
+    field: str, value: int, printed: str
+) -> None:
+    assert _metrics._number(_metrics._value({field: value}, field)) == printed
+
+
 # --- npuctl metrics -----------------------------------------------------------------------
 
 

@@ -273,8 +273,28 @@ def test_an_unreachable_daemon_is_one_line_and_exit_1(
         assert (code, out) == (1, "")
         assert err == (
             f"npuctl: cannot connect to npud at {socket_path}: No such file or directory; "
-            "is npud running? set NPUD_SOCKET to its socket path if it listens elsewhere\n"
+            "is npud running, and is that path its socket?\n"
         )
+
+
+def test_a_socket_option_naming_a_directory_says_so(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "--socket", str(tmp_path), "status")
+    assert (code, out) == (1, "")
+    assert err == (
+        f"npuctl: cannot connect to npud at {tmp_path}: it is a directory, not a socket; "
+        "name npud's socket itself (npud.sock, by default)\n"
+    )
+
+
+def test_without_a_socket_option_the_hint_is_npud_socket(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NPUD_SOCKET", str(tmp_path / "gone.sock"))
+    code, _, err = run(capsys, "status")
+    assert code == 1
+    assert err.endswith("NPUD_SOCKET names that path: is it npud's socket?\n")
 
 
 def test_an_error_from_the_daemon_is_one_line_and_exit_1(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import pathlib
 import re
@@ -10,6 +11,7 @@ import sys
 
 import npu_client
 import npu_protocol as p
+from npu_client import npuctl
 from tests.client.peer import Peer
 
 README = pathlib.Path(__file__).parents[2] / "client" / "README.md"
@@ -61,3 +63,16 @@ def test_the_status_keys_are_the_record_fields() -> None:
         if record is p.ClientRow:  # its models' keys follow `models`
             fields += list(p.ModelRow.__struct_fields__)
         assert re.findall(r"`(\w+)`", rows[key]) == fields, key
+
+
+def test_the_usage_block_names_every_npuctl_command() -> None:
+    parser = npuctl.build_parser()
+    commands = next(
+        action
+        for action in parser._actions  # argparse keeps its subparsers only here
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    usage = README.read_text().split("## npuctl\n\n```\n", 1)[1].split("```", 1)[0]
+    for name in commands.choices:
+        assert f"] {name}" in usage, f"npuctl {name} is missing from client/README.md"
+        assert f"`npuctl {name}" in README.read_text(), f"npuctl {name} is not described"

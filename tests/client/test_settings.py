@@ -12,9 +12,11 @@ import npu_client
 import npu_protocol as p
 from npu_client._settings import (
     DEFAULT_SOCKET_PATH,
+    SocketOrigin,
     client_name,
     connect_failure_message,
     priority_class,
+    socket_origin,
     socket_path,
 )
 from tests.client.peer import Peer
@@ -116,6 +118,50 @@ def test_connect_failure_messages_say_what_to_do(error: OSError, hint: str) -> N
     assert message.startswith("cannot connect to npud at /run/npud/npud.sock: ")
     assert hint in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("origin", "hint"),
+    [
+        ("argument", "is npud running, and is that path its socket?"),
+        ("environment", "is npud running? NPUD_SOCKET names that path: is it npud's socket?"),
+    ],
+)
+def test_a_path_someone_named_is_the_one_to_check(origin: SocketOrigin, hint: str) -> None:
+    refused = ConnectionRefusedError(111, "Connection refused")
+    message = connect_failure_message("/srv/npud.sock", refused, origin)
+    assert message == f"cannot connect to npud at /srv/npud.sock: Connection refused; {hint}"
+    assert "set NPUD_SOCKET" not in message
+
+
+@pytest.mark.parametrize("origin", ["argument", "environment", "default"])
+def test_a_directory_is_called_a_directory(tmp_path: pathlib.Path, origin: SocketOrigin) -> None:
+    refused = ConnectionRefusedError(111, "Connection refused")  # what connect() says
+    message = connect_failure_message(str(tmp_path), refused, origin)
+    assert message.startswith(
+        f"cannot connect to npud at {tmp_path}: it is a directory, not a socket; "
+        "name npud's socket itself"
+    )
+    assert "Connection refused" not in message
+    assert ("NPUD_SOCKET" in message) == (origin == "default")
+
+
+def test_a_regular_file_is_called_one(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "npud.sock"
+    path.write_text("")
+    message = connect_failure_message(str(path), ConnectionRefusedError(111, "x"), "argument")
+    assert ": it is a regular file, not a socket; " in message
+
+
+def test_who_named_the_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NPUD_SOCKET", raising=False)
+    assert socket_origin(None) == "default"
+    assert socket_origin("/x.sock") == "argument"
+    monkeypatch.setenv("NPUD_SOCKET", "/y.sock")
+    assert socket_origin(None) == "environment"
+    assert socket_origin("/x.sock") == "argument"
+    monkeypatch.setenv("NPUD_SOCKET", "")
+    assert socket_origin(None) == "default"  # empty is unset, as socket_path() reads it
 
 
 def test_importing_the_package_does_not_import_trio() -> None:

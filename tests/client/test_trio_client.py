@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import struct
 import zlib
 
@@ -249,6 +250,10 @@ async def test_a_refused_hello_and_an_unreachable_daemon(peer: Peer, socket_path
         await trio_client.connect(peer.path, name="stranger")
     with pytest.raises(npu_client.ConnectFailed, match="is npud running"):
         await trio_client.connect(socket_path + ".missing")
+    directory = str(pathlib.Path(socket_path).parent)
+    with pytest.raises(npu_client.ConnectFailed, match="it is a directory, not a socket") as caught:
+        await trio_client.connect(directory)
+    assert "NPUD_SOCKET" not in caught.value.message
 
 
 async def test_a_request_to_a_daemon_that_already_left_fails_with_its_reason(peer: Peer) -> None:

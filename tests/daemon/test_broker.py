@@ -463,8 +463,18 @@ async def test_no_default_timeout_is_announced_unless_configured(broker: Broker)
 
 
 def test_a_default_timeout_above_the_largest_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"client_limits\.default_timeout_ms"):
-        parse_config("[client_limits]\ndefault_timeout_ms = 600001\n")
+    with pytest.raises(ConfigError, match=r"client_limits\.default_timeout_s: .* <= 600"):
+        parse_config("[client_limits]\ndefault_timeout_s = 600.001\n")
+
+
+@pytest.mark.parametrize(("seconds", "announced"), [(0.03, 30), (2.5, 2500), (0.0001, 1)])
+async def test_the_default_timeout_is_announced_in_milliseconds(
+    seconds: float, announced: int
+) -> None:
+    async with running(f"[client_limits]\ndefault_timeout_s = {seconds}\n") as broker:
+        limits = (await client(broker)).limits
+        assert limits is not None
+        assert limits.default_timeout_ms == announced
 
 
 async def test_a_client_gone_while_its_alloc_runs_leaks_nothing(

@@ -18,7 +18,7 @@ from npud.connection import PeerConnection
 
 @pytest.fixture
 async def broker() -> AsyncIterator[Broker]:
-    config = parse_config("[backend]\nkind = 'emulator'\n[daemon]\nhello_timeout = 0.2\n")
+    config = parse_config("[backend]\nkind = 'emulator'\n[daemon]\nhello_timeout_s = 0.2\n")
     b = Broker(config, select_profile(config))
     try:
         await b.start()

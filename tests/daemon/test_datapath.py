@@ -70,7 +70,7 @@ async def test_a_timeout_answers_while_the_call_goes_on(tmp_path: Path) -> None:
 
 
 async def test_the_default_timeout_applies_to_invokes_without_one(tmp_path: Path) -> None:
-    async with serve_daemon(tmp_path, "[client_limits]\ndefault_timeout_ms = 30\n") as _:
+    async with serve_daemon(tmp_path, "[client_limits]\ndefault_timeout_s = 0.03\n") as _:
         peer = await RawPeer.connect(tmp_path / "npud.sock")
         handle = await opened(peer, 1, TEST_URI)
         await peer.write(busy(2, handle, 300_000))

@@ -135,7 +135,7 @@ async def test_a_device_without_free_sessions_is_no_free_session(tmp_path: Path)
         assert len(rows(daemon)) == 1
 
 
-WATCHDOG = "[daemon]\ncall_watchdog = 0.3\nhung_call_throttle_seconds = 30\n"
+WATCHDOG = "[daemon]\ncall_watchdog_s = 0.3\nhung_call_throttle_s = 30\n"
 
 
 async def test_a_hung_call_restarts_its_domain_only_and_its_client_pays(tmp_path: Path) -> None:

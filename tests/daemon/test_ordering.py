@@ -193,7 +193,7 @@ async def test_a_slice_may_use_every_allocated_byte(tmp_path: Path, size: int) -
 
 
 async def test_during_shutdown_releases_status_and_ping_are_still_served(tmp_path: Path) -> None:
-    async with serve_daemon(tmp_path, "[daemon]\nshutdown_grace = 5\n") as daemon:
+    async with serve_daemon(tmp_path, "[daemon]\nshutdown_grace_s = 5\n") as daemon:
         peer = await RawPeer.connect(tmp_path / "npud.sock")
         handle = await opened(peer, 1, TEST_URI)
         buffer = await allocated(peer, 2, 4096)

@@ -205,7 +205,7 @@ async def test_idle_buffers_are_trimmed_and_a_reload_applies_the_pool_settings(
     tmp_path: Path,
 ) -> None:
     async with (
-        serve_daemon(tmp_path, "[pool]\nidle_seconds = 0.2\n") as daemon,
+        serve_daemon(tmp_path, "[pool]\nidle_s = 0.2\n") as daemon,
         open_trio_client(tmp_path / "npud.sock", name="idle") as idle,
     ):
         await (await idle.alloc(SIZE)).free()
@@ -216,7 +216,7 @@ async def test_idle_buffers_are_trimmed_and_a_reload_applies_the_pool_settings(
         # A reload applies: a long idle time keeps what is freed (however slow the
         # machine), and turning the pool off then releases what it kept.
         broker = daemon.broker
-        broker.config = msgspec.structs.replace(broker.config, pool=PoolConfig(idle_seconds=3600))
+        broker.config = msgspec.structs.replace(broker.config, pool=PoolConfig(idle_s=3600))
         await broker.device.closer.call(lambda: None)  # where the reload reconfigures the pool
         await (await idle.alloc(SIZE)).free()
         await settled(daemon)

@@ -82,7 +82,7 @@ def waiting_busy(request_id: int, handle: int, micros: int) -> p.InvokeRequest:
 
 
 async def test_a_waiting_call_holds_no_slot_and_escapes_the_watchdog(tmp_path: Path) -> None:
-    config = "[daemon]\ncall_watchdog = 0.2\n[scheduler]\ndsp_slots = 2\nrealtime_reserve = 0\n"
+    config = "[daemon]\ncall_watchdog_s = 0.2\n[scheduler]\ndsp_slots = 2\nrealtime_reserve = 0\n"
     async with serve_daemon(tmp_path, config) as daemon:
         peer, welcome = await connect(tmp_path / "npud.sock", "waiter", isolate=True)
         assert isinstance(welcome, p.Welcome)

@@ -128,12 +128,20 @@ def test_connect_fix_for_each_cause() -> None:
     assert "journalctl -u npud" in connect_fix(None)
 
 
+def test_a_renamed_key_is_a_warning_that_names_the_new_key(tree: FakeTree) -> None:
+    tree.write(CONFIG, "[backend]\nkind = 'emulator'\n[pool]\nidle_seconds = 5.0\n")
+    config = only(tree.diagnose(), "config")
+    assert config.status is Status.WARN
+    assert "pool.idle_seconds is now pool.idle_s" in config.detail
+    assert "new names" in config.fix
+
+
 def test_config_error_is_named_and_the_rest_still_runs(tree: FakeTree) -> None:
     tree.write(CONFIG, "[backend]\nkindd = 'auto'\n")
     report = tree.diagnose()
     config = only(report, "config")
     assert config.status is Status.FAIL
-    assert "unknown field `kindd`" in config.detail
+    assert "unknown key backend.kindd (did you mean kind?)" in config.detail
     assert "config/npud.toml" in config.fix
     # The defaults stand in: every other check still runs.
     assert len(report.findings) == 11

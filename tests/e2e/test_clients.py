@@ -355,7 +355,7 @@ print("DONE", type(events[0]).__name__ if events else "no event", flush=True)
 
 
 def test_sigterm_lets_calls_on_the_dsp_finish_and_tells_clients(tmp_path: Path) -> None:
-    daemon = start_npud(tmp_path, "[daemon]\nshutdown_grace = 10.0\n")
+    daemon = start_npud(tmp_path, "[daemon]\nshutdown_grace_s = 10.0\n")
     worker = spawn(daemon, SLOW.format(uri=TEST_URI))
     try:
         wait_ready(worker)
@@ -378,10 +378,10 @@ def test_sigterm_lets_calls_on_the_dsp_finish_and_tells_clients(tmp_path: Path) 
 
 def test_silent_connections_cannot_shut_clients_out(tmp_path: Path) -> None:
     """80 sockets that connect and say nothing (slowloris) hold only the handshake slots
-    of their own user, for hello_timeout at most; another user still gets in."""
+    of their own user, for hello_timeout_s at most; another user still gets in."""
     daemon = start_npud(
         tmp_path,
-        "[daemon]\nsocket_mode = '0666'\nmax_handshakes_per_uid = 8\nhello_timeout = 2.0\n"
+        "[daemon]\nsocket_mode = '0666'\nmax_handshakes_per_uid = 8\nhello_timeout_s = 2.0\n"
         "[access]\nallow_uids = [65534]\n",
     )
     silent: list[socket.socket] = []
@@ -448,7 +448,7 @@ def _ping_as(uid: int, path: Path) -> str:
 
 
 def test_a_client_that_stops_mid_frame_is_dropped(tmp_path: Path) -> None:
-    daemon = start_npud(tmp_path, "[daemon]\nframe_timeout = 0.5\n")
+    daemon = start_npud(tmp_path, "[daemon]\nframe_timeout_s = 0.5\n")
     try:
         peer = RawPeer.connect(daemon.socket_path)
         peer.hello("stalls")

@@ -60,6 +60,27 @@ def test_every_line_carries_its_level_and_a_failed_reload_is_an_error(tmp_path: 
     assert all(names[priority] == fields["level"] for priority, fields in events)
 
 
+def test_a_reload_with_an_old_key_name_applies_it_and_warns(tmp_path: Path) -> None:
+    daemon = start_npud(tmp_path, env=journal_env(tmp_path / "npud.log"))
+    try:
+        daemon.config_path.write_text(
+            daemon.config_path.read_text() + "[daemon]\nshutdown_grace = 2.0\n"
+        )
+        os.kill(daemon.pid, signal.SIGHUP)
+        wait_for_event(daemon.log_path, "configuration reloaded")
+    finally:
+        assert daemon.stop() == 0
+    renamed = [
+        (priority, fields)
+        for priority, fields in prefixed_events(daemon.log())
+        if fields["event"] == "renamed configuration key"
+    ]
+    assert len(renamed) == 1
+    priority, fields = renamed[0]
+    assert priority == 4  # a warning in the journal
+    assert "daemon.shutdown_grace is now daemon.shutdown_grace_s" in str(fields["detail"])
+
+
 def test_a_start_up_failure_is_one_error_line(tmp_path: Path) -> None:
     log = tmp_path / "npud.log"
     config = tmp_path / "npud.toml"
@@ -76,4 +97,4 @@ def test_a_start_up_failure_is_one_error_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     [line] = log.read_text().splitlines()
     assert line.startswith("<3>npud: bad configuration: ")
-    assert "`$.daemon`" in line
+    assert line.endswith(": unknown key daemon.sockt (did you mean socket?)")

@@ -166,7 +166,7 @@ def test_every_call_in_flight_or_queued_across_a_restart_is_told_dsp_restarted(
 
 
 def test_shutdown_past_the_grace_answers_shutting_down_and_exits_in_time(tmp_path: Path) -> None:
-    daemon = start_npud(tmp_path, "[daemon]\nshutdown_grace = 1.0\n")
+    daemon = start_npud(tmp_path, "[daemon]\nshutdown_grace_s = 1.0\n")
     peer = RawPeer.connect(daemon.socket_path)
     peer.hello("patient")
     handle = opened(peer)
@@ -213,7 +213,7 @@ def test_a_reload_that_removes_a_user_closes_its_connections(tmp_path: Path) -> 
 
 
 def test_a_misbehaving_peer_cannot_flood_the_log(tmp_path: Path) -> None:
-    daemon = start_npud(tmp_path, "[daemon]\nlog_burst = 5\nlog_summary_interval = 60\n")
+    daemon = start_npud(tmp_path, "[daemon]\nlog_burst = 5\nlog_summary_interval_s = 60\n")
     try:
         peer = RawPeer.connect(daemon.socket_path)
         peer.hello("noisy")
@@ -231,7 +231,7 @@ def test_a_misbehaving_peer_cannot_flood_the_log(tmp_path: Path) -> None:
 
 
 def test_a_call_that_never_returns_restarts_the_session(tmp_path: Path) -> None:
-    daemon = start_npud(tmp_path, "[daemon]\ncall_watchdog = 0.5\n")
+    daemon = start_npud(tmp_path, "[daemon]\ncall_watchdog_s = 0.5\n")
     try:
         peer = RawPeer.connect(daemon.socket_path)
         peer.hello("hung")

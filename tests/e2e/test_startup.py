@@ -45,8 +45,20 @@ def test_bad_config_names_the_key(tmp_path: Path) -> None:
     result = run_npud("--config", str(config))
     assert result.returncode == 2
     assert one_line(result) == (
-        f"npud: bad configuration: {config}: Object contains unknown field `sockt` - at `$.daemon`"
+        f"npud: bad configuration: {config}: unknown key daemon.sockt (did you mean socket?)"
     )
+
+
+def test_a_renamed_key_starts_npud_with_a_warning_in_its_log(tmp_path: Path) -> None:
+    daemon = start_npud(tmp_path, "[daemon]\nshutdown_grace = 1.0\n")
+    try:
+        log = daemon.log()
+    finally:
+        assert daemon.stop() == 0
+    warnings = [line for line in log.splitlines() if "renamed configuration key" in line]
+    assert len(warnings) == 1, log
+    assert '"level": "warning"' in warnings[0]
+    assert "daemon.shutdown_grace is now daemon.shutdown_grace_s" in warnings[0]
 
 
 def test_missing_config_file(tmp_path: Path) -> None:

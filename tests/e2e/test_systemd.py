@@ -256,7 +256,7 @@ def test_an_endless_call_neither_stops_the_watchdog_nor_shutdown(
     from tests.e2e.daemon import start_npud
 
     config = (
-        "[daemon]\ncall_watchdog = 0\nshutdown_grace = 0.5\n"
+        "[daemon]\ncall_watchdog_s = 0\nshutdown_grace_s = 0.5\n"
         "[[domains.rule]]\nname = 'spin'\nclients = ['spinner']\nisolate = true\n"
     )
     watchdog_sec = 1.0

@@ -262,10 +262,10 @@ def test_what_is_too_large_mapped_without_leave_or_off_is_not_kept(
     assert mapped.released
 
 
-def test_a_buffer_no_allocation_takes_is_released_after_idle_seconds(
+def test_a_buffer_no_allocation_takes_is_released_after_idle_s(
     session: FastRpcSession, lane: Lane, clock: Clock, released: Released
 ) -> None:
-    pool = make_pool(released, clock, idle_seconds=10.0)
+    pool = make_pool(released, clock, idle_s=10.0)
     assert pool.next_trim_in() == 10.0
     buffer = dirty(session, PAGE)
     assert pool.give("a", buffer, None, lane.submit)

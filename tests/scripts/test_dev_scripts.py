@@ -1,16 +1,19 @@
 """The developer's scripts behind `make test` and `make run`: test-deps.sh and run-dev.sh.
 
 Both are run for real with stand-ins on PATH (an apt-get that records what it
-was asked, an npud that prints its arguments), as root and, where the tests
-run as root, as the user nobody.
+was asked, an npud that says READY=1 and prints its arguments), as root and,
+where the tests run as root, as the user nobody.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
+import signal
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,8 +28,11 @@ NOBODY: Final = 65534
 IS_ROOT: Final = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root to act as root and as nobody")
 BASH: Final = shutil.which("bash") or "/bin/bash"
-BASIC_TOOLS: Final = ("cat", "id", "stat", "dirname", "mkdir")
+BASIC_TOOLS: Final = ("cat", "id", "stat", "dirname", "mkdir", "readlink")
 """What the scripts use besides the tools under test: the only commands on PATH."""
+SYSTEM_PYTHON: Final = shutil.which("python3", path="/usr/bin:/usr/local/bin:/bin")
+"""A python3 every user can run (the venv's may live under /root): run-dev.sh's supervisor."""
+needs_python = pytest.mark.skipif(SYSTEM_PYTHON is None, reason="no system python3")
 
 
 @dataclass
@@ -42,9 +48,9 @@ class Sandbox:
     def script(self, name: str) -> Path:
         return self.root / name
 
-    def stub(self, name: str, body: str) -> Path:
+    def stub(self, name: str, body: str, *, interpreter: str = BASH) -> Path:
         path = self.bin / name
-        path.write_text(f"#!{BASH}\n{body}\n")
+        path.write_text(f"#!{interpreter}\n{body}\n")
         path.chmod(0o755)
         return path
 
@@ -76,7 +82,9 @@ def sandbox() -> Iterator[Sandbox]:
             found = shutil.which(tool)
             assert found, tool
             (box.bin / tool).symlink_to(found)
-        for script in ("test-deps.sh", "run-dev.sh"):
+        if SYSTEM_PYTHON is not None:
+            (box.bin / "python3").symlink_to(SYSTEM_PYTHON)
+        for script in ("test-deps.sh", "run-dev.sh", "run_until_ready.py"):
             shutil.copy(REPO / "scripts" / script, box.script(script))
         yield box
 
@@ -143,15 +151,30 @@ def test_anyone_else_is_told_what_to_install(sandbox: Sandbox) -> None:
 
 # --- run-dev.sh (make run) ----------------------------------------------------------------
 
-NPUD_STUB: Final = 'echo "npud $*"'
+NPUD_STUB: Final = """\
+import os, socket, sys
+print("npud-stub: reading the configuration", file=sys.stderr, flush=True)
+with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+    notify.sendto(b"READY=1\\nSTATUS=serving", os.environ["NOTIFY_SOCKET"])
+print("npud " + " ".join(sys.argv[1:]))
+"""
+"""An npud that is ready at once (sd_notify, as npud tells systemd) and prints its arguments."""
 
 
 def run_dev(
-    box: Sandbox, socket: str = "", *, as_nobody: bool = False, env: dict[str, str] | None = None
+    box: Sandbox,
+    socket: str = "",
+    *args: str,
+    as_nobody: bool = False,
+    env: dict[str, str] | None = None,
+    npud: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    npud = box.stub("npud", NPUD_STUB)
+    if SYSTEM_PYTHON is None:
+        pytest.skip("run-dev.sh needs a python3 every user can run")
+    if npud is None:
+        npud = box.stub("npud", NPUD_STUB, interpreter=SYSTEM_PYTHON)
     return box.run(
-        "run-dev.sh", socket, as_nobody=as_nobody, env={"NPUD": str(npud), **(env or {})}
+        "run-dev.sh", socket, *args, as_nobody=as_nobody, env={"NPUD": str(npud), **(env or {})}
     )
 
 
@@ -224,6 +247,92 @@ def test_an_explicit_socket_is_used_as_given(sandbox: Sandbox) -> None:
     result = run_dev(sandbox, str(socket))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"npud --backend auto --socket {socket}"
+
+
+def test_serving_is_said_once_npud_is_ready_and_not_before(sandbox: Sandbox) -> None:
+    socket = sandbox.root / "mine.sock"
+    result = run_dev(sandbox, str(socket))
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    starting = lines.index(f"make run: starting npud on {socket} as {_me()}")
+    reading = lines.index("npud-stub: reading the configuration")
+    serving = next(i for i, line in enumerate(lines) if line.startswith("make run: serving on"))
+    assert starting < reading < serving
+    assert lines[serving].endswith(f"in other terminals: export NPUD_SOCKET={socket}")
+
+
+def test_an_npud_that_ends_before_it_is_ready_is_never_said_to_serve(sandbox: Sandbox) -> None:
+    refusing = sandbox.stub("npud", 'echo "npud: bad configuration: x" >&2; exit 2')
+    result = run_dev(sandbox, str(sandbox.root / "mine.sock"), npud=refusing)
+    assert result.returncode == 2
+    assert "make run: starting npud on" in result.stderr
+    assert "serving" not in result.stderr
+    assert result.stderr.endswith(
+        "npud: bad configuration: x\nmake run: npud ended before it was ready (exit status 2)\n"
+    )
+
+
+def test_a_real_npud_with_a_bad_config_is_started_and_never_serving(sandbox: Sandbox) -> None:
+    npud = REPO / ".venv" / "bin" / "npud"
+    if not os.access(npud, os.X_OK):
+        pytest.skip("no development venv")
+    config = sandbox.root / "npud.toml"
+    config.write_text("[daemon]\nlog_levl = 'info'\n")
+    socket = str(sandbox.root / "mine.sock")
+    result = run_dev(sandbox, socket, "--config", str(config), npud=npud)
+    assert result.returncode == 2, result.stderr
+    assert f"make run: starting npud on {socket}" in result.stderr
+    assert "unknown key daemon.log_levl (did you mean log_level?)" in result.stderr
+    assert "serving" not in result.stderr
+
+
+@needs_root
+def test_a_venv_python_the_person_cannot_run_is_named_with_one_to_use(
+    sandbox: Sandbox, shared_tmp: Path
+) -> None:
+    private = sandbox.root / "private"  # like /root: only its owner gets in
+    private.mkdir(mode=0o700)
+    (private / "python3").symlink_to(SYSTEM_PYTHON or "/usr/bin/python3")
+    venv_bin = sandbox.root / "venv-bin"
+    venv_bin.mkdir(mode=0o755)
+    (venv_bin / "python").symlink_to(private / "python3")
+    npud = venv_bin / "npud"
+    npud.write_text(f"#!{venv_bin}/python\nprint('npud ran')\n")
+    npud.chmod(0o755)
+    result = run_dev(sandbox, as_nobody=True, env={"TMPDIR": str(shared_tmp)}, npud=npud)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "bad interpreter" not in result.stderr
+    assert f"nobody cannot run {venv_bin}/python, the Python that {npud} names" in result.stderr
+    # The first python3 on PATH that nobody can run: the sandbox links the system one.
+    assert f"make clean && make install PYTHON={sandbox.bin}/python3" in result.stderr
+
+
+def test_the_supervisor_passes_sigterm_on_and_exits_with_npuds_status(tmp_path: Path) -> None:
+    """SIGTERM (systemctl, kill) reaches npud through the supervisor, and its status is
+    the supervisor's (128 + 15 for a child killed by it)."""
+    child = tmp_path / "npud"
+    child.write_text(
+        "import os, signal, socket\n"
+        "with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:\n"
+        "    s.sendto(b'READY=1', os.environ['NOTIFY_SOCKET'])\n"
+        "signal.pause()\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "run_until_ready.py"), "--prog", "t",
+         "--ready", "up", "--", sys.executable, str(child)],
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as supervisor:  # fmt: skip
+        assert supervisor.stderr is not None
+        assert supervisor.stderr.readline() == "t: up\n"
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=60) == 128 + signal.SIGTERM
+        assert supervisor.stderr.read() == ""  # it was ready: no "ended before" line
+
+
+def _me() -> str:
+    return pwd.getpwuid(os.geteuid()).pw_name
 
 
 def test_make_test_installs_the_tools_first_and_ci_forbids_skipping() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from npud.fastrpc.shell import DEVELOPMENT_PUBLIC_KEY_HEX
-from tests.scripts.snapshots import DEV_PUBLIC_KEY, INSTALL, REPO, run_script, tree_state
+from tests.scripts.snapshots import DEPLOY, DEV_PUBLIC_KEY, INSTALL, REPO, run_script, tree_state
 
 SHELL = "usr/lib/dsp/cdsp/fastrpc_shell_unsigned_3"
 
@@ -191,6 +193,64 @@ def test_a_prefix_moves_every_vendor_file_and_leaves_etc_alone(root: Path) -> No
     assert (root / "etc/npud/npud.toml").is_file()
 
 
+def test_a_staging_prefix_alone_plans_nothing_outside_it(tmp_path: Path) -> None:
+    """Without --root, a prefix systemd does not search must not reach the running
+    system's /etc nor activate anything (a dry run: safe whatever the script does)."""
+    stage = tmp_path / "stage"
+    result = run_script(INSTALL, "--prefix", stage, "--dry-run", tmp=tmp_path)
+    assert result.returncode == 0, result.stderr
+    planned = [line for line in result.stdout.splitlines() if " /" in line]
+    assert planned, result.stdout
+    for line in planned:
+        if "would" in line or "unchanged" in line:
+            assert str(stage) in line, line
+    assert "would run" not in result.stdout
+    assert f"would install {stage}/etc/npud/npud.toml" in result.stdout
+    assert f"not activating: {stage} is a staging tree" in result.stdout
+    assert " /etc/npud" not in result.stderr
+
+
+def test_help_says_what_a_staging_prefix_leaves_alone(tmp_path: Path) -> None:
+    result = run_script(INSTALL, "--help", tmp=tmp_path)
+    assert "DIR/etc/npud" in result.stdout
+    assert "nothing is activated" in result.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the script as nobody")
+def test_a_staging_prefix_needs_no_root_and_writes_only_below_it() -> None:
+    # Not tmp_path: pytest's directory is private to root, and nobody must get in.
+    with tempfile.TemporaryDirectory(dir=os.path.realpath(os.environ.get("TMPDIR", "/tmp"))) as d:
+        Path(d).chmod(0o755)
+        stage = Path(d) / "stage"
+        stage.mkdir()
+        os.chown(stage, 65534, 65534)
+        _install_as_nobody_into(stage)
+
+
+def _install_as_nobody_into(stage: Path) -> None:
+    result = subprocess.run(
+        [str(INSTALL), "--prefix", str(stage)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        user=65534,
+        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TMPDIR": str(stage)},
+    )
+    assert result.returncode == 0, result.stderr
+    for path, source in VENDOR.items():
+        assert (stage / path).read_bytes() == (REPO / source).read_bytes(), path
+    assert (stage / "etc/npud/npud.toml").read_bytes() == (REPO / "config/npud.toml").read_bytes()
+    assert "not activating" in result.stdout
+
+
+def test_a_staging_prefix_refuses_the_venv(tmp_path: Path) -> None:
+    stage = tmp_path / "stage"
+    result = run_script(INSTALL, "--prefix", stage, "--with-venv", "--dry-run", tmp=tmp_path)
+    assert result.returncode == 2
+    assert "--with-venv installs into the running system's /opt/npud/venv" in result.stderr
+
+
 @pytest.mark.parametrize("prefix", ["usr", "/usr/", "/etc", "/etc/npud", ""])
 def test_a_bad_prefix_is_a_usage_error(root: Path, prefix: str) -> None:
     before = tree_state(root)
@@ -362,3 +422,17 @@ def test_with_shim_never_replaces_a_file_where_its_link_goes(root: Path) -> None
     assert result.returncode == 1
     assert "libcdsprpc.so exists and is not a symbolic link" in result.stderr
     assert (root / "usr/lib/npud/libcdsprpc.so").read_bytes() == b"someone's library"
+
+
+def test_the_helpers_install_and_deploy_share_are_defined_once() -> None:
+    """install.sh and deploy_npu.sh source scripts/install-lib.sh rather than keep copies."""
+    definition = re.compile(r"^([a-z_]+)\(\) \{", re.MULTILINE)
+    library = REPO / "scripts" / "install-lib.sh"
+    shared = set(definition.findall(library.read_text()))
+    assert {"die", "usage_error", "note", "warn", "report", "need_value", "target"} <= shared
+    assert "hash_of" in shared
+    for script in (INSTALL, DEPLOY):
+        text = script.read_text()
+        assert "# shellcheck source=scripts/install-lib.sh\n" in text, script.name
+        copies = shared & set(definition.findall(text))
+        assert not copies, f"{script.name} defines {sorted(copies)} again"

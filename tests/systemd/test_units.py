@@ -69,7 +69,7 @@ def test_service_is_notify_with_watchdog_reload_and_restart_limits() -> None:
 
 
 def test_stop_timeout_leaves_room_for_the_shutdown_grace() -> None:
-    grace = config.DaemonConfig().shutdown_grace
+    grace = config.DaemonConfig().shutdown_grace_s
     assert seconds(service.value("Service", "TimeoutStopSec")) > grace
 
 

@@ -16,7 +16,16 @@ import pytest
 
 import bench.__main__ as bench_main
 from bench import emulator, pool, unix_sink
-from bench.harness import Context, Goal, Row, format_table, interleave, quartiles, ratio_row
+from bench.harness import (
+    Context,
+    Goal,
+    Row,
+    counted,
+    format_table,
+    interleave,
+    quartiles,
+    ratio_row,
+)
 
 
 def test_quartiles_of_one_and_of_many() -> None:
@@ -72,6 +81,30 @@ def test_the_table_shows_ratio_spread_goal_and_figures() -> None:
     assert "npud / floor: npud_us 61.2" in table
 
 
+def test_a_count_agrees_with_its_noun() -> None:
+    assert counted(1, "client process", "client processes") == "1 client process"
+    assert counted(4, "client process", "client processes") == "4 client processes"
+    assert counted(0, "round") == "0 rounds"
+    assert counted(1, "round") == "1 round"
+
+
+def test_a_quick_table_judges_no_goal() -> None:
+    missed = Row("e.p50", "npud / floor", 3.25, 3.0, 3.5, 2, {}, Goal("ratio", 2))
+    met = Row("e.p99", "npud / floor", 1.5, 1.0, 2.0, 2, {}, Goal("ratio", 2))
+    table = format_table([missed, met], quick=True)
+    assert "met" not in table
+    assert table.count("(not judged: --quick)") == 2
+
+
+@pytest.mark.usefixtures("fake_modules")
+def test_a_quick_run_prints_no_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench_main.main(["--quick", "--only", "good", "--json", str(tmp_path / "s.json")])
+    out = capsys.readouterr().out
+    assert "good.one" in out
+    assert "NOT met" not in out
+    assert "(not judged: --quick)" in out
+
+
 def _fake_module(name: str, result: list[Row] | Exception) -> types.ModuleType:
     module = types.ModuleType(f"tests_fake_bench_{name}")
     module.NAME = name  # type: ignore[attr-defined]
@@ -90,7 +123,9 @@ def _fake_module(name: str, result: list[Row] | Exception) -> types.ModuleType:
 
 @pytest.fixture
 def fake_modules(monkeypatch: pytest.MonkeyPatch) -> None:
-    good = _fake_module("good", [ratio_row("good.one", "a / b", [1.5, 2.5], {"a_ms": 3.0})])
+    good = _fake_module(
+        "good", [ratio_row("good.one", "a / b", [1.5, 2.5], {"a_ms": 3.0}, Goal("ratio", 1.0))]
+    )
     bad = _fake_module("bad", RuntimeError("it broke"))
     for module in (good, bad):
         monkeypatch.setitem(sys.modules, module.__name__, module)

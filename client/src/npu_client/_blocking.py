@@ -37,9 +37,11 @@ from npu_client._errors import ConnectFailed, NpuError
 from npu_client._memory import MappedBuffer
 from npu_client._models import ModelSource, ModelState, TensorValue, check_shapes, model_file
 from npu_client._settings import (
+    SocketOrigin,
     client_name,
     connect_failure_message,
     priority_class,
+    socket_origin,
     socket_path,
 )
 from npu_client._views import DaemonView, HandleIdentity
@@ -93,7 +95,7 @@ def connect(
         client_name(name), priority_class(priority), budget_record(budget)
     )
     _check_timeout(timeout)
-    sock = _open_socket(resolved, timeout)
+    sock = _open_socket(resolved, timeout, socket_origin(path))
     client = Client(sock, core, path=resolved, timeout=timeout, on_event=on_event)
     try:
         client._handshake()
@@ -112,7 +114,7 @@ def _check_timeout(timeout: float | None) -> None:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
 
 
-def _open_socket(path: str, timeout: float | None) -> socket.socket:
+def _open_socket(path: str, timeout: float | None, origin: SocketOrigin) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
@@ -120,7 +122,7 @@ def _open_socket(path: str, timeout: float | None) -> socket.socket:
         sock.settimeout(None)  # deadlines are kept by poll(), so the socket itself stays blocking
     except OSError as exc:
         sock.close()
-        raise ConnectFailed(connect_failure_message(path, exc), path=path) from exc
+        raise ConnectFailed(connect_failure_message(path, exc, origin), path=path) from exc
     return sock
 
 

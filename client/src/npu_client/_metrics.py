@@ -127,7 +127,9 @@ UP: Final = Metric("npud_up", GAUGE, "", "1 when npud answered the status reques
 INFO_NAME: Final = "npud_info"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
-_SCALES: Final = {"_ms": 1e-3, "_us": 1e-6}
+_SCALES: Final = {"_ms": 1_000, "_us": 1_000_000}
+"""Divisors to seconds. Dividing, not multiplying by 1e-6: 349 / 1e6 prints 0.000349,
+349 * 1e-6 prints 0.00034899999999999997."""
 
 
 def render(status: DaemonStatus, *, exclude: tuple[int, str] | None = None) -> str:
@@ -205,8 +207,8 @@ def _value(record: dict[str, object], path: str) -> float:
         value = value[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"status field {path!r} is {type(value).__name__}, not a number")
-    scale = _SCALES.get(path[-3:], 1)
-    return value * scale if scale != 1 else value
+    per_second = _SCALES.get(path[-3:], 1)
+    return value / per_second if per_second != 1 else value
 
 
 def _number(value: float) -> str:

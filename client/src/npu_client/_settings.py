@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
-from typing import Final
+from typing import Final, Literal
 
 from npu_protocol import Priority
 
@@ -70,16 +71,56 @@ def priority_class(priority: Priority | str) -> Priority:
         raise ValueError(f"unknown priority {priority!r}: choose one of {choices}") from None
 
 
-def connect_failure_message(path: str, exc: OSError) -> str:
-    """One line for people: what failed, and what to try."""
+SocketOrigin = Literal["argument", "environment", "default"]
+"""Who named the socket: the caller (``--socket``, ``connect(path)``), $NPUD_SOCKET, or
+nobody (the default)."""
+
+
+def socket_origin(path: str | os.PathLike[str] | None) -> SocketOrigin:
+    """Who names the socket :func:`socket_path` resolves ``path`` to."""
+    if path is not None:
+        return "argument"
+    return "environment" if os.environ.get(SOCKET_ENV) else "default"
+
+
+def connect_failure_message(path: str, exc: OSError, origin: SocketOrigin = "default") -> str:
+    """One line for people: what failed, and what to try. The hint suggests
+    $NPUD_SOCKET only when nobody named the path: a path the caller gave is the one
+    to check."""
     reason = exc.strerror or str(exc) or type(exc).__name__
-    if isinstance(exc, PermissionError):
+    not_a_socket = _not_a_socket(path)
+    if not_a_socket:
+        reason = f"it is {not_a_socket}, not a socket"
+        hint = "name npud's socket itself (npud.sock, by default)"
+        if origin == "default":
+            hint += f"; set {SOCKET_ENV} if npud listens elsewhere"
+    elif isinstance(exc, PermissionError):
         hint = (
             "is your user in the socket's group "
             "(npu under systemd, else socket_group in npud's config)?"
         )
     elif isinstance(exc, TimeoutError):
         hint = "npud is not accepting connections; is it overloaded or stopped?"
+    elif origin == "argument":
+        hint = "is npud running, and is that path its socket?"
+    elif origin == "environment":
+        hint = f"is npud running? {SOCKET_ENV} names that path: is it npud's socket?"
     else:
         hint = f"is npud running? set {SOCKET_ENV} to its socket path if it listens elsewhere"
     return f"cannot connect to npud at {path}: {reason}; {hint}"
+
+
+def _not_a_socket(path: str) -> str:
+    """ "a directory" or "a regular file" etc. when ``path`` exists but is no socket;
+    empty when it is a socket, is missing, or cannot be looked at."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return ""
+    if stat.S_ISSOCK(mode):
+        return ""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return "a special file"

@@ -34,6 +34,7 @@ from npu_client._settings import (
     client_name,
     connect_failure_message,
     priority_class,
+    socket_origin,
     socket_path,
 )
 from npu_client._views import DaemonView, HandleIdentity
@@ -80,7 +81,9 @@ async def connect(
         await sock.connect(resolved)
     except OSError as exc:
         sock.close()
-        raise ConnectFailed(connect_failure_message(resolved, exc), path=resolved) from exc
+        raise ConnectFailed(
+            connect_failure_message(resolved, exc, socket_origin(path)), path=resolved
+        ) from exc
     except BaseException:
         sock.close()
         raise
