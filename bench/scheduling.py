@@ -18,6 +18,10 @@ each round runs both. Rows:
 * ``scheduling.bg_share``: the largest over the smallest DSP time of the equal
   background clients, fair (goal at most 1.2).
 
+The load runs twice: on a DSP of one shared unit, and on the emulator's default
+(``dsp_units = 0``), where the static caps of old cost half the background
+throughput (the ``scheduling.default_units.*`` rows).
+
 Run alone with ``python -m bench --only scheduling``; ``--quick`` runs 5 s a
 mode instead of 60.
 """
@@ -159,20 +163,37 @@ def _run(path: Path, seconds: float) -> dict[str, float]:
     }
 
 
+SHAPES = (
+    # (row prefix, [emulator] settings, what the shape is)
+    ("scheduling", "[emulator]\ndsp_units = 1\n", "the DSP's compute shared (dsp_units = 1)"),
+    (
+        "scheduling.default_units",
+        "",
+        "the emulator's default dsp_units (0: every call as if alone, like slots in parallel)",
+    ),
+)
+
+
 def rows(ctx: Context) -> list[Row]:
+    found: list[Row] = []
+    for prefix, units, what in SHAPES:
+        found += _shape_rows(ctx, prefix, units, what)
+    return found
+
+
+def _shape_rows(ctx: Context, prefix: str, units: str, what: str) -> list[Row]:
     seconds = 5.0 if ctx.quick else 60.0
     rounds = ctx.rounds(2, 1)
-    units = "[emulator]\ndsp_units = 1\n"
     fair: list[dict[str, float]] = []
     fifo: list[dict[str, float]] = []
     with (
-        npud(ctx.workdir, "fair", units) as fair_path,
-        npud(ctx.workdir, "fifo", units + "[scheduler]\nmode = 'fifo'\n") as fifo_path,
+        npud(ctx.workdir, f"{prefix}-fair", units) as fair_path,
+        npud(ctx.workdir, f"{prefix}-fifo", units + "[scheduler]\nmode = 'fifo'\n") as fifo_path,
     ):
         for index in range(rounds):
             order = [(fair, fair_path), (fifo, fifo_path)]
             for results, path in order if index % 2 == 0 else reversed(order):
-                ctx.progress(f"{path.stem}: {seconds:g} s of load")
+                ctx.progress(f"{path.stem}: {seconds:g} s of load, {what}")
                 results.append(_run(path, seconds))
 
     def figures(key: str) -> tuple[float, float]:
@@ -182,8 +203,8 @@ def rows(ctx: Context) -> list[Row]:
     call_ms = figures("bg_call_ms")[0]
     return [
         ratio_row(
-            "scheduling.rt_p99",
-            "realtime call p99 (wait + run, at the client), FIFO / fair",
+            f"{prefix}.rt_p99",
+            f"realtime call p99 (wait + run, at the client), FIFO / fair; {what}",
             [
                 b["rt_latency_p99_ms"] / a["rt_latency_p99_ms"]
                 for a, b in zip(fair, fifo, strict=True)
@@ -198,7 +219,14 @@ def rows(ctx: Context) -> list[Row]:
             Goal("ratio", 5, "at_least"),
         ),
         ratio_row(
-            "scheduling.rt_misses",
+            f"{prefix}.rt_p99_bound",
+            "realtime call p99, fair / (one background call + 1 ms)",
+            [a["rt_latency_p99_ms"] / (a["bg_call_ms"] + 1) for a in fair],
+            {"fair_p99_ms": figures("rt_latency_p99_ms")[0], "bound_ms": call_ms + 1},
+            Goal("ratio", 1, "at_most"),
+        ),
+        ratio_row(
+            f"{prefix}.rt_misses",
             f"realtime calls over {DEADLINE_S * 1000:g} ms in {seconds:g} s, fair (a count)",
             [a["rt_misses"] for a in fair],
             {
@@ -208,7 +236,7 @@ def rows(ctx: Context) -> list[Row]:
             Goal("ratio", 0, "at_most"),
         ),
         ratio_row(
-            "scheduling.bg_throughput",
+            f"{prefix}.bg_throughput",
             "background calls/s, fair / FIFO",
             [a["bg_calls_per_s"] / b["bg_calls_per_s"] for a, b in zip(fair, fifo, strict=True)],
             {
@@ -218,7 +246,7 @@ def rows(ctx: Context) -> list[Row]:
             Goal("ratio", 0.9, "at_least"),
         ),
         ratio_row(
-            "scheduling.bg_share",
+            f"{prefix}.bg_share",
             "largest / smallest DSP time of the 8 equal background clients, fair",
             [a["bg_share_max_over_min"] for a in fair],
             {"fifo_max_over_min": figures("bg_share_max_over_min")[1]},

@@ -302,10 +302,16 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     realtime_reserve: Annotated[
         int,
         msgspec.Meta(ge=0, le=63),
-        _doc("Slots normal and background calls leave free, so a realtime call never waits."),
+        _doc(
+            "Slots kept for realtime calls: lent to a normal or background call only when"
+            " its client's typical call ends before a realtime client would need the slot"
+            " (docs/scheduling.md)."
+        ),
     ] = 1
     background_max: Annotated[
-        int, msgspec.Meta(ge=1, le=64), _doc("Background calls on the DSP at once, at most.")
+        int,
+        msgspec.Meta(ge=1, le=64),
+        _doc("Background calls on the DSP at once, at most, while a normal call waits."),
     ] = 2
     background_wait_s: Annotated[
         float,

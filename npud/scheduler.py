@@ -5,9 +5,11 @@ switch mid-graph), so arbitration is about what is dispatched, when, and how
 much may run at once. The policy (docs/scheduling.md):
 
 * **Slots.** At most ``dsp_slots`` calls are on the DSP at once. Normal and
-  background calls together leave ``realtime_reserve`` slots free, and
-  background calls hold at most ``background_max``: a realtime call always
-  finds a free slot.
+  background calls together leave ``realtime_reserve`` slots to realtime, but
+  a reserved slot is lent to a call predicted (by its client's typical DSP
+  time) to end before a realtime client would need it; background calls hold
+  at most ``background_max`` while a normal call waits. No slot stays idle
+  unless a promise needs it (work-conserving).
 * **Order.** Class first (realtime, normal, background); within a class,
   calls with a deadline go earliest-deadline first, then clients take turns
   by **measured DSP time** (each client's virtual time grows by the DSP time
