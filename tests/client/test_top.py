@@ -82,3 +82,17 @@ def test_each_clients_domain_and_each_domain_are_shown() -> None:
     assert "domain default (shared): up, epoch 1, 0 restarts, 1 clients, 4.0 MiB mapped" in text
     assert "domain llm#1 (isolated): restarting, epoch 3, 2 restarts" in text
     assert max(len(line) for line in text.splitlines()) <= WIDTH
+
+
+def test_the_header_says_what_each_dsp_figure_measures() -> None:
+    """The daemon's busy share (all slots, its 10 s window) and the rows' (one slot, this
+    interval) are labelled as such, and the rows are summed, so they cannot be read as
+    contradicting each other (3 % of 4 slots beside rows of 38.2 % and 5.4 %)."""
+    before = status(row(1, "a", 0, 0), row(2, "b", 0, 0))
+    after = status(
+        row(1, "a", 10, 382_000),
+        row(2, "b", 10, 54_000),
+        scheduler=p.SchedulerRow(mode="fair", dsp_slots=4, utilisation_pct=3),
+    )
+    text = render(frame(Sample(before, 0), Sample(after, 1)))
+    assert "DSP busy 3% of 4 slots (10 s); rows' DSP% of 1 slot, 1 s: 43.6% in all" in text

@@ -176,16 +176,21 @@ _HEADER: Final = (
 def render(top: TopFrame) -> str:
     """The frame as at most 80-column lines."""
     queued, running = top.queued, top.running
+    # Two DSP figures, each saying what it measures: the daemon's, of all its slots over
+    # its own 10 s window; the rows', each of one slot over this frame's interval.
+    shown = sum(row.dsp_pct for row in top.rows)
     lines = [
         _clip(
             f"npud {top.daemon_version} ({top.backend}, epoch {top.epoch}) - {top.mode} - "
-            f"DSP {top.utilisation_pct}% of {top.dsp_slots} slots - "
             f"realtime budgets {top.realtime_declared_pct}%"
         ),
         _clip(
+            f"DSP busy {top.utilisation_pct}% of {top.dsp_slots} slots (10 s); "
+            f"rows' DSP% of 1 slot, {top.interval_s:g} s: {shown:.1f}% in all"
+        ),
+        _clip(
             f"queued rt/n/bg {queued[0]}/{queued[1]}/{queued[2]}   "
-            f"running rt/n/bg {running[0]}/{running[1]}/{running[2]}   "
-            f"over {top.interval_s:g} s"
+            f"running rt/n/bg {running[0]}/{running[1]}/{running[2]}"
         ),
         "",
         _HEADER,

@@ -144,8 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
             "and queues. Redrawn in place on a terminal; Ctrl-C ends it."
         ),
         epilog=(
-            "columns: CL class (RT realtime, N normal, BG background); DSP% share of the "
-            "interval the client's calls were on the DSP (percent of one slot); Q/R calls "
+            "header: DSP busy is the daemon's average over its last 10 s, of all its slots "
+            "(100%%: every slot busy all the time). columns: CL class (RT realtime, N normal, "
+            "BG background); DSP%% share of the interval the client's calls were on the DSP, "
+            "of one slot (100%%: one call running all the interval; a client with two calls "
+            "running at once shows up to 200%%), summed as 'in all' in the header; Q/R calls "
             "queued/running; MISS finished after their deadline; LATE refused because their "
             "deadline passed before dispatch; BUDGET declared ms per period ms"
         ),
