@@ -16,7 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
 from npu_client._args import InvokeInput, InvokeOutput
-from npu_client._blocking import Client, DmaBuffer, Model, RemoteHandle, connect
+from npu_client._blocking import Client, DmaBuffer, Model, RemoteHandle, connect, is_available
 from npu_client._core import ClientStatistics, EventCallback
 from npu_client._errors import (
     ERROR_CLASSES,
@@ -175,6 +175,7 @@ __all__ = [
     "UnsupportedVersion",
     "connect",
     "error_class",
+    "is_available",
     "open_trio_client",
     "socket_path",
 ]

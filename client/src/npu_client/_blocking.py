@@ -44,7 +44,7 @@ from npu_client._settings import (
     socket_origin,
     socket_path,
 )
-from npu_client._views import DaemonView, HandleIdentity
+from npu_client._views import DaemonView, HandleIdentity, dsp_is_up, utilization_of
 from npu_client.transport import (
     ANCILLARY_SPACE,
     RECEIVE_BUFFER_SIZE,
@@ -103,6 +103,17 @@ def connect(
         client.close()
         raise
     return client
+
+
+def is_available(path: str | os.PathLike[str] | None = None, *, timeout: float = 0.5) -> bool:
+    """True when npud answers at ``path`` (default as :func:`connect`) within ``timeout``
+    seconds and its DSP is up (it reports the DSP's capabilities: it does not while the
+    DSP restarts). Never raises for an unreachable, refusing or slow daemon: False."""
+    try:
+        with connect(path, name="npu-probe", timeout=timeout) as client:
+            return dsp_is_up(client.welcome)
+    except (NpuError, OSError, TimeoutError):
+        return False
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -262,6 +273,11 @@ class Client(DaemonView["DmaBuffer"]):
     def ping(self, payload: bytes | bytearray | memoryview = b"") -> bytes:
         """A round trip through the daemon; returns the payload it echoed."""
         return self._run(requests.ping(payload))
+
+    def utilization(self) -> float:
+        """The DSP's busy share, 0..1: the daemon's average over its last 10 s of all its
+        slots (what ``npuctl top``'s header shows as "DSP busy")."""
+        return utilization_of(self.status())
 
     def debug_fault(
         self, action: str, duration: float = 0.0, code: int = 0, *, domain: str = ""

@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Generic
 
 from npu_client._core import B, ClientCore
-from npu_protocol import ClientLimits, DspCapabilities, Priority, ShuttingDown, Welcome
+from npu_protocol import (
+    ClientLimits,
+    DaemonStatus,
+    DspCapabilities,
+    Priority,
+    ShuttingDown,
+    Welcome,
+)
 
 
 class DaemonView(Generic[B]):
@@ -114,3 +121,15 @@ class HandleIdentity:
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError(f"remote handle {self._id} is closed")
+
+
+def dsp_is_up(welcome: Welcome) -> bool:
+    """The daemon reported the DSP's capabilities: its DSP process is up (while it
+    restarts, the Welcome carries none)."""
+    return welcome.dsp.arch_ver != 0
+
+
+def utilization_of(status: DaemonStatus) -> float:
+    """The DSP's busy share, 0..1, as the daemon averages it (0 without a scheduler)."""
+    scheduler = status.scheduler
+    return 0.0 if scheduler is None else scheduler.utilisation_pct / 100

@@ -37,7 +37,7 @@ from npu_client._settings import (
     socket_origin,
     socket_path,
 )
-from npu_client._views import DaemonView, HandleIdentity
+from npu_client._views import DaemonView, HandleIdentity, dsp_is_up, utilization_of
 from npu_client.transport import (
     ANCILLARY_SPACE,
     RECEIVE_BUFFER_SIZE,
@@ -94,6 +94,19 @@ async def connect(
         client._close_now()
         raise
     return client
+
+
+async def is_available(path: str | os.PathLike[str] | None = None, *, timeout: float = 0.5) -> bool:
+    """As ``npu_client.is_available``, from trio."""
+    try:
+        with trio.fail_after(timeout):
+            client = await connect(path, name="npu-probe")
+            try:
+                return dsp_is_up(client.welcome)
+            finally:
+                await client.close()
+    except (NpuError, OSError, trio.TooSlowError):
+        return False
 
 
 @contextlib.asynccontextmanager
@@ -186,6 +199,10 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
 
     async def ping(self, payload: bytes | bytearray | memoryview = b"") -> bytes:
         return await self._run(requests.ping(payload))
+
+    async def utilization(self) -> float:
+        """As ``Client.utilization``."""
+        return utilization_of(await self.status())
 
     async def debug_fault(
         self, action: str, duration: float = 0.0, code: int = 0, *, domain: str = ""
