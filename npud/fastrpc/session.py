@@ -114,8 +114,6 @@ CRASH_NOTICE_SECONDS: Final = 0.2
 """How long a call that answered AEE_EBADSTATE waits for the listener to stop, the sign
 that its DSP process ended under it."""
 OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK
-REMOTECTL_FALLBACK: Final = frozenset({AEE.ERPC.dsp, AEE.ENOSUCHMOD.dsp})
-"""A DSP without remotectl1 (static handle 8) answers one of these; libcdsprpc falls back."""
 SHARE_CHUNK: Final = 1024 * 1024
 MAP_FLAGS: Final = frozenset({abi.FASTRPC_MAP_FD, abi.FASTRPC_MAP_FD_DELAYED})
 """What a client's map may ask the DSP for: the whole buffer now, or at its first use."""
@@ -144,6 +142,10 @@ class SessionStatistics:
     """The remotectl interface the DSP answered on (remotectl1 or remotectl), once known."""
     listener: str = ""
     """The listener interface the DSP answered on (adsp_listener1 or adsp_listener)."""
+    refused_paths: int = 0
+    """Files the DSP asked for outside the library directories (apps_std refused them)."""
+    listener_retries: int = 0
+    """next2 calls the listener sent again after a failure (libcdsprpc's one retry)."""
 
 
 class FastRpcSession:
@@ -178,6 +180,7 @@ class FastRpcSession:
         self._invokes_done = 0
         self._shell: DmaBuffer | None = None
         self._listener: ReverseRpcListener | None = None
+        self._apps_std: AppsStdServer | None = None
         self._exposed = ExposedFiles()  # descriptors lent to the DSP's loader
         self._shared_files: dict[int, DmaBuffer] = {}  # apps_std *_fd files, by fd
         self._stale: set[DmaBuffer] = set()  # freed, MEM_UNMAP failed: mapped until close
@@ -282,6 +285,7 @@ class FastRpcSession:
                     reason=f"the shell is {len(shell)} bytes; the kernel accepts at most "
                     f"{abi.INIT_FILELEN_MAX}",
                 )
+            self._check_unsigned_pd(attrs)
             buffer = self._allocate(len(shell))
             try:
                 buffer.view()[: len(shell)] = shell
@@ -314,7 +318,27 @@ class FastRpcSession:
                 raise
             self._shell = buffer
             self._listener = listener
+            self._apps_std = apps_std
         log.info("DSP process created", extra={"shell_bytes": len(shell), "attrs": f"0x{attrs:x}"})
+
+    def _check_unsigned_pd(self, attrs: int) -> None:
+        """Refuse to ask for the unsigned PD on a DSP whose firmware says it has none
+        (capability UNSIGNED_PD_SUPPORT = 0), as Qualcomm's examples check before they
+        enable it: the INIT_CREATE would fail with a code that names nothing. A DSP
+        without the capability API cannot say, so the request goes ahead there."""
+        if not attrs & abi.FASTRPC_MODE_UNSIGNED_MODULE:
+            return
+        if not self.capabilities.available or self.capabilities.unsigned_pd:
+            return
+        raise RpcError(
+            ErrorCode.UNSUPPORTED,
+            what=(
+                f"the unsigned PD: the CDSP firmware on {self.device} (Hexagon "
+                f"{self.capabilities.arch}) answers UNSIGNED_PD_SUPPORT = 0, so it cannot run "
+                "unsigned skels such as npud's; install a CDSP firmware with unsigned PD "
+                "support (npud doctor shows the firmware in use)"
+            ),
+        )
 
     # ------------------------------------------------------------------- DMA
     def alloc(self, size: int) -> DmaBuffer:
@@ -674,8 +698,9 @@ class FastRpcSession:
         """remotectl open: load the skel named by ``uri``; returns its handle.
 
         The first open tries ``remotectl1`` (handle 8) and falls back to
-        ``remotectl`` (handle 0) for good when the DSP answers AEE_ERPC or
-        AEE_ENOSUCHMOD, as libcdsprpc does.
+        ``remotectl`` (handle 0) for good when the DSP answers anything but 0, as
+        libcdsprpc's ``remote_handle_open_domain`` does: a firmware without handle 8
+        may answer any code (AEE_ERPC and AEE_ENOSUCHMOD are only the usual ones).
         """
         return self._traced(
             "remote_open",
@@ -699,7 +724,7 @@ class FastRpcSession:
         generation = self._remotectl
         if generation is None:
             result = call(remotectl.REMOTECTL1)
-            if result.rc in REMOTECTL_FALLBACK:
+            if result.rc != 0:
                 log.info(
                     "no remotectl1 on the DSP; using remotectl",
                     extra={"result": describe_result(result.rc)},
@@ -832,6 +857,8 @@ class FastRpcSession:
                 stale_fds=len(self._stale),
                 remotectl=self._remotectl.name if self._remotectl else "",
                 listener=self._listener.stats.generation if self._listener else "",
+                refused_paths=self._apps_std.refused_paths if self._apps_std else 0,
+                listener_retries=self._listener.stats.retries if self._listener else 0,
             )
 
     @property
@@ -1216,7 +1243,8 @@ class _ReverseHost:
                 view[done : done + len(data)] = data
                 done += len(data)
             del view
-            request = _whole_buffer_map(buffer)
+            # The file's size, not the page-rounded buffer's: what libcdsprpc's fopen_fd maps.
+            request = _whole_buffer_map(buffer, length=size)
             try:
                 rc = self._raw_ioctl(abi.FASTRPC_IOCTL_MEM_MAP, request)
             except OSError as exc:
@@ -1249,14 +1277,17 @@ class _ReverseHost:
                 session._release_quietly(buffer)
 
 
-def _whole_buffer_map(buffer: DmaBuffer, flags: int = abi.FASTRPC_MAP_FD) -> abi.fastrpc_mem_map:
-    """MEM_MAP of all of ``buffer`` by fd (FASTRPC_MAP_FD unless told), at its host address."""
+def _whole_buffer_map(
+    buffer: DmaBuffer, flags: int = abi.FASTRPC_MAP_FD, *, length: int | None = None
+) -> abi.fastrpc_mem_map:
+    """MEM_MAP of ``buffer`` by fd (FASTRPC_MAP_FD unless told), at its host address: all
+    of it, or its first ``length`` bytes."""
     return abi.fastrpc_mem_map(
         version=0,
         fd=buffer.fd,
         offset=0,
         flags=flags,
         vaddrin=buffer.host_address,
-        length=buffer.size,
+        length=buffer.size if length is None else length,
         attrs=0,
     )

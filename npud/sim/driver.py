@@ -615,6 +615,9 @@ class EmulatedDriver:
             raise fault(errno.ECONNREFUSED, "INIT_CREATE: signed PD through the non-secure node")
         if request.filelen > INIT_FILELEN_MAX:
             raise fault(errno.EINVAL, f"INIT_CREATE: filelen {request.filelen} exceeds 2 MiB")
+        if request.attrs & MODE_UNSIGNED_MODULE and not self.config.unsigned_pd_support:
+            # A firmware without unsigned PDs (capability 1 answers 0) refuses the create.
+            return AEE.EUNSUPPORTED.dsp
         image = self._read_shell(request)
         info = ProcessInfo(
             ProcessKind.USER_PD, device.client_id, request.attrs, request.siglen, len(image)
