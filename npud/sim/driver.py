@@ -318,6 +318,7 @@ class EmulatedDriver:
             in_flight = self._invokes_in_flight
             restarts = self._restarts
             sessions = channel.sessions_in_use if channel is not None else 0
+            interrupted = len(channel.interrupted_mmaps) if channel is not None else 0
             dead = {device: not device.channel.alive for device in live}
         processes = [(d.process, dead[d]) for d in live if d.process is not None]
         children = sum(1 for p, _ in processes if p.child is not None and p.check_child())
@@ -350,6 +351,7 @@ class EmulatedDriver:
             pd_crashes=crashes,
             dma_heap_fds_open=heaps,
             dma_heap_allocations=heap_allocations,
+            interrupted_mmaps=interrupted,
         )
 
     def pd_pid(self, fd: int) -> int | None:
@@ -541,6 +543,22 @@ class EmulatedDriver:
             layout.InvokeArg._make(layout.INVOKE_ARG_STRUCT.unpack_from(raw, index * size))
             for index in range(scalars.length)
         ]
+        while True:
+            result = self._invoke_once(device, request, scalars, args)
+            if result is not None:
+                return _ioctl_result(result)
+            # ERESTARTSYS under the suspend freezer: the syscall restarts by itself and
+            # the kernel sends the call again, under a new context (the DSP runs it twice).
+
+    def _invoke_once(
+        self,
+        device: _DeviceFile,
+        request: layout.InvokeRequest,
+        scalars: layout.Scalars,
+        args: list[layout.InvokeArg],
+    ) -> int | None:
+        """One pass of the kernel's ``fastrpc_internal_invoke``: the DSP's result, or None
+        when a suspend interrupted the wait and the call is to be sent again."""
         channel = device.channel
         with self._lock:
             if not channel.alive:
@@ -574,7 +592,11 @@ class EmulatedDriver:
                     raise SubsystemDownError
                 if self.faults.take_interrupt(request.handle):
                     # The DSP ran it; the kernel's interruptible wait returned first.
+                    self._interrupted(device)
                     raise fault(errno.EINTR, "INVOKE: interrupted (injected)")
+                if self.faults.take_suspend(request.handle):
+                    self._interrupted(device)
+                    return None  # nothing is copied out: the restarted call answers
                 arguments.copy_out()
         except SubsystemDownError:
             raise fault(errno.EPIPE, "INVOKE: the DSP restarted during the call") from None
@@ -582,7 +604,18 @@ class EmulatedDriver:
             with self._lock:
                 channel.release_context()
                 self._invokes_in_flight -= 1
-        return _ioctl_result(result)
+        return result
+
+    def _interrupted(self, device: _DeviceFile) -> None:
+        """ERESTARTSYS ended a user invoke's wait: as 86e2d052 does, every MMAP buffer of
+        the fd moves to the channel's list, where no MUNMAP of the fd finds it."""
+        process = device.process
+        if process is None:
+            return
+        moved = process.memory.give_up_heap()
+        if moved:
+            with self._lock:
+                device.channel.interrupted_mmaps.extend(moved)
 
     def _stale_alias(self, device: _DeviceFile) -> Callable[[int], MemMapping | None] | None:
         """With ``map_match_fd_only``: the mapping an fd number finds (old kernels)."""
