@@ -295,6 +295,7 @@ class Broker:
         forgotten, and what lives outside the DSP (buffers of version-2 clients, model
         arenas) is let go."""
         memory = self.device.require_memory()
+        memory.forget_lost()
         for member in list(domain.members):
             assert isinstance(member, Client)
             for entry in member.objects.forget_dsp_objects(keep_buffers=member.keeps_buffers):

@@ -83,7 +83,7 @@ from npud.fastrpc import abi, remotectl
 from npud.fastrpc.apps_mem import AppsMemServer
 from npud.fastrpc.apps_std import AppsStdServer, SharedSource, SharingError
 from npud.fastrpc.capabilities import DspInfo, query_capabilities
-from npud.fastrpc.dma import DeviceFd, DmaBuffer, checked_dma_size
+from npud.fastrpc.dma import ComputeBank, DeviceFd, DmaBuffer, checked_dma_size
 from npud.fastrpc.driver import Driver, IoctlArg
 from npud.fastrpc.errors import (
     DriverCall,
@@ -187,6 +187,8 @@ class FastRpcSession:
         self._remotectl: remotectl.RemotectlGeneration | None = None
         self._reverse_observer: ReverseObserver | None = None
         self._free_supported = True
+        self.bank = ComputeBank()
+        """Where this session's ALLOC_DMA_BUFF buffers live; lost at a subsystem restart."""
         self._process_ended = False  # exit sent: the DSP side of every mapping is gone
         self._dead = False
         self._closing = False
@@ -405,6 +407,7 @@ class FastRpcSession:
             allocated,
             host,
             before_close=self._free_dma_buff if owned else None,
+            bank=self.bank,
             hooks=self._hooks,
             trace_session=self._trace_session,
         )
@@ -508,6 +511,7 @@ class FastRpcSession:
     def _map(self, buffer: DmaBuffer, flags: int = abi.FASTRPC_MAP_FD) -> int:
         self._check_usable()
         self._require_process()
+        _check_bank(buffer)
         with buffer.lock:
             if buffer.released or buffer.release_pending:
                 raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
@@ -675,6 +679,7 @@ class FastRpcSession:
         for slot, arg in zip(args, [*inputs, *outputs], strict=True):
             raw: _RawBuffer | None = None
             if isinstance(arg, Slice):
+                _check_bank(arg.buffer)
                 arg.buffer.check_slice(arg.offset, arg.length)
                 arg.buffer.pin()
                 pinned.append(arg.buffer)
@@ -1058,7 +1063,7 @@ class FastRpcSession:
         if self._process_ended or self._closing or self._closed:
             return
         log.warning("DSP process ended on its own", extra={"reason": reason})
-        self._mark_dead(f"the DSP process ended on its own ({reason})")
+        self._mark_dead(f"the DSP process ended on its own ({reason})", channel_lost=False)
 
     def _crashed_under(self, rc: int) -> bool:
         """True when a call that answered ``rc`` met its DSP process's end: AEE_EBADSTATE,
@@ -1071,8 +1076,17 @@ class FastRpcSession:
         listener.join(CRASH_NOTICE_SECONDS)
         return self._dead
 
-    def _mark_dead(self, reason: str) -> None:
-        """The DSP restarted (EPIPE): every call fails from now on; tell ``on_dead`` once."""
+    def _mark_dead(self, reason: str, *, channel_lost: bool = True) -> None:
+        """The DSP restarted (EPIPE), or with ``channel_lost`` False only this session's
+        DSP process ended: every call fails from now on; tell ``on_dead`` once. A restart
+        takes the channel's compute banks, and with them every buffer allocated here."""
+        if channel_lost and not self.bank.lost:
+            self.bank.lost = True
+            log.info(
+                "the DSP restarted: the buffers allocated in this session's compute bank"
+                " are gone with it",
+                extra={"device": self.device},
+            )
         first = not self._dead
         self._dead = True
         if first and self.on_dead is not None:
@@ -1137,6 +1151,16 @@ def _file_record(fd: int, limit: int) -> Record:
     if size <= limit:
         return encode_data(b"".join(chunks), limit)
     return {"len": offset, "sha256": digest.hexdigest()}
+
+
+def _check_bank(buffer: DmaBuffer) -> None:
+    """A buffer whose compute bank a subsystem restart removed is never given to a DSP."""
+    if buffer.bank_lost:
+        raise RpcError(
+            ErrorCode.INVALID_ARGUMENT,
+            detail=f"buffer {buffer.id} was allocated in a compute bank that a DSP restart "
+            "removed; allocate a new one",
+        )
 
 
 def _capacity(arg: InArg | OutArg) -> int:

@@ -475,6 +475,7 @@ class EmulatedDriver:
             self._channel = None
             self._restarts += 1
             channel.kill()
+            self._dmabufs.lose_bank(channel.generation)
             processes = [
                 d.process for d in self._live if d.channel is channel and d.process is not None
             ]
@@ -529,7 +530,7 @@ class EmulatedDriver:
     def _alloc_dma_buff(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
         view = _arg_view(arg, layout.ALLOC_DMA_BUF_STRUCT.size, writable=True)
         request = layout.AllocDmaBuf._make(layout.ALLOC_DMA_BUF_STRUCT.unpack(view))
-        fd = self._dmabufs.allocate(request.size)
+        fd = self._dmabufs.allocate(request.size, bank=device.channel.generation)
         layout.S32.pack_into(view, layout.ALLOC_DMA_BUF_FD_OFFSET, fd)
         return 0
 
@@ -584,6 +585,7 @@ class EmulatedDriver:
                 self.config.max_dma_buf_size,
                 alias=self._stale_alias(device),
                 for_child=in_child,
+                channel=channel.generation,
             ) as arguments:
                 inputs, outputs = arguments.prepare()
                 call = DspCall(request.handle, request.sc, inputs, outputs, arguments)
@@ -651,18 +653,19 @@ class EmulatedDriver:
         if request.attrs & MODE_UNSIGNED_MODULE and not self.config.unsigned_pd_support:
             # A firmware without unsigned PDs (capability 1 answers 0) refuses the create.
             return AEE.EUNSUPPORTED.dsp
-        image = self._read_shell(request)
+        image = self._read_shell(request, device.channel.generation)
         info = ProcessInfo(
             ProcessKind.USER_PD, device.client_id, request.attrs, request.siglen, len(image)
         )
         return self._create_process(device, info, image)
 
-    def _read_shell(self, request: layout.InitCreate) -> bytes:
+    def _read_shell(self, request: layout.InitCreate, channel: int) -> bytes:
         """The shell image: from the dma-buf ``filefd`` when given, else from ``file``."""
         if not request.filelen:
             return b""
         if request.filefd:
-            buffer = self._dmabufs.identify(request.filefd)  # EBADF for -1 too, as in the kernel
+            # EBADF for -1 too, as in the kernel
+            buffer = self._dmabufs.identify(request.filefd, channel=channel)
             if buffer is None:
                 raise fault(errno.EINVAL, f"INIT_CREATE: filefd {request.filefd} is not a dma-buf")
             if request.filelen > buffer.size:
@@ -765,7 +768,8 @@ class EmulatedDriver:
         stale = alias(request.fd) if alias is not None else None
         if stale is not None:
             return self._mem_map_alias(device, view, request, stale)
-        buffer = self._dmabufs.identify(request.fd)  # EBADF when not an fd
+        # EBADF when not an fd; None (EINVAL) too when a restart took its compute bank.
+        buffer = self._dmabufs.identify(request.fd, channel=device.channel.generation)
         if buffer is None:
             raise fault(errno.EINVAL, f"MEM_MAP: fd {request.fd} is not a dma-buf")
         if request.length > buffer.size:
