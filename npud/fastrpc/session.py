@@ -115,6 +115,8 @@ CRASH_NOTICE_SECONDS: Final = 0.2
 that its DSP process ended under it."""
 OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK
 SHARE_CHUNK: Final = 1024 * 1024
+PROBED_STATIC_HANDLES: Final = frozenset({9, 10})
+"""Static handles (libcdsprpc treats 0..10 as static) that no interface is known for."""
 MAP_FLAGS: Final = frozenset({abi.FASTRPC_MAP_FD, abi.FASTRPC_MAP_FD_DELAYED})
 """What a client's map may ask the DSP for: the whole buffer now, or at its first use."""
 
@@ -755,6 +757,27 @@ class FastRpcSession:
         with self._state_lock:
             self._handles.add(reply.handle)
         return reply.handle
+
+    def probe_static_handle(self, handle: int) -> int:
+        """Invoke method 0, without arguments, on static handle 9 or 10, which no interface
+        is known for, and return the DSP's answer: what this firmware answers for a static
+        module it lacks (the bring-up's fidelity scenario; libcdsprpc falls back from
+        handles 7 and 8 on such answers). Never used by the daemon."""
+        if handle not in PROBED_STATIC_HANDLES:
+            raise RpcError(
+                ErrorCode.INVALID_ARGUMENT,
+                detail=f"handle {handle}: only {sorted(PROBED_STATIC_HANDLES)} may be probed",
+            )
+        return self._traced(
+            "probe_handle",
+            lambda: {"handle": handle},
+            lambda: self._probe_static_handle(handle),
+            lambda rc: {"rc": rc},
+        )
+
+    def _probe_static_handle(self, handle: int) -> int:
+        self._require_process()
+        return self._invoke_raw(handle, abi.remote_scalars_make(0, 0, 0), (), ()).rc
 
     def remote_close(self, handle: int) -> None:
         """remotectl close (handle 0) of a handle from :meth:`remote_open`.
