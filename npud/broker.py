@@ -275,7 +275,10 @@ class Broker:
         if not self.device.stopping:
             # What it still held is released, never kept: its threads may still be writing it.
             buffers = [e.value for e in entries if e.kind is Kind.BUFFER]
-            handles = [e.value for e in entries if e.kind is Kind.HANDLE]
+            # A domain of its own ends with its client, and the DSP process's exit
+            # unloads every skel: its handles get no remotectl close, as libcdsprpc
+            # skips the close of the last handle and ends the session instead.
+            handles = [] if domain.isolated else [e.value for e in entries if e.kind is Kind.HANDLE]
             models = [e.value for e in entries if e.kind is Kind.MODEL]
             if buffers or handles or models:
                 lane = domain.loader if handles or models else domain.control
