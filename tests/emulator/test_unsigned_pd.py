@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from npu_protocol import AEE, ErrorCode
-from npud.backend import DEV_SHELL
+from npud.backend import DEV_SHELL, select_profile
+from npud.config import ConfigError, parse_config
 from npud.fastrpc import abi
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.session import FastRpcSession
@@ -82,3 +86,28 @@ def test_the_emulated_firmware_refuses_an_unsigned_create() -> None:
         assert driver.statistics().dsp_processes == 0
     finally:
         driver.close(fd)
+
+
+def test_the_emulator_section_sets_the_device_behaviours(tmp_path: Path) -> None:
+    config = parse_config(
+        "[backend]\nkind = 'emulator'\n"
+        "[emulator]\nunsigned_pd_support = false\ndomain_handles = false\n"
+        "absent_module_result = 0x80000600\nloader_probes = ['oemconfig.so']\n"
+    )
+    driver = select_profile(config).make_driver()
+    assert isinstance(driver, EmulatedDriver)
+    sim = driver.config
+    assert (sim.unsigned_pd_support, sim.domain_handles) == (False, False)
+    assert (sim.absent_module_result, sim.loader_probes) == (0x80000600, ("oemconfig.so",))
+    with pytest.raises(ConfigError, match="absent_module_result"):
+        parse_config("[emulator]\nabsent_module_result = 0\n")
+
+
+def test_npud_stops_with_the_reason_on_a_firmware_without_unsigned_pds(tmp_path: Path) -> None:
+    config = tmp_path / "npud.toml"
+    config.write_text("[emulator]\nunsigned_pd_support = false\n")
+    command = [sys.executable, "-m", "npud.main", "--backend", "emulator"]
+    command += ["--config", str(config), "--socket", str(tmp_path / "npud.sock")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert "UNSIGNED_PD_SUPPORT = 0" in result.stderr
