@@ -1103,13 +1103,8 @@ class FastRpcSession:
         """The DSP restarted (EPIPE), or with ``channel_lost`` False only this session's
         DSP process ended: every call fails from now on; tell ``on_dead`` once. A restart
         takes the channel's compute banks, and with them every buffer allocated here."""
-        if channel_lost and not self.bank.lost:
-            self.bank.lost = True
-            log.info(
-                "the DSP restarted: the buffers allocated in this session's compute bank"
-                " are gone with it",
-                extra={"device": self.device},
-            )
+        if channel_lost:
+            self.bank.lost = True  # the domain's restart says so in its log
         first = not self._dead
         self._dead = True
         if first and self.on_dead is not None:
