@@ -89,6 +89,10 @@ class Profile:
     emulator_pd_isolation: Literal["process", "thread"] = "process"
     emulator_pd_user: str = "nobody"
     emulator_dma_heap: bool = True
+    emulator_unsigned_pd_support: bool = True
+    emulator_domain_handles: bool = True
+    emulator_absent_module_result: int = 0x8000043E
+    emulator_loader_probes: tuple[str, ...] = ()
     _verifier: _VerifierSlot = field(default_factory=_VerifierSlot, compare=False, repr=False)
     trace: TraceWriter | None = None
     """Where every Driver call is recorded (``npud --trace``); the caller owns the writer."""
@@ -123,6 +127,11 @@ class Profile:
                     pd_isolation=self.emulator_pd_isolation,
                     pd_user=self.emulator_pd_user,
                     dma_heap=self.emulator_dma_heap,
+                    # 0 answers UNSIGNED_PD_SUPPORT as a firmware without unsigned PDs does.
+                    capabilities={} if self.emulator_unsigned_pd_support else {1: 0},
+                    domain_handles=self.emulator_domain_handles,
+                    absent_module_result=self.emulator_absent_module_result,
+                    loader_probes=self.emulator_loader_probes,
                 )
             )
         except (ValueError, OSError) as exc:
@@ -203,4 +212,8 @@ def select_profile(config: Config, override: str | None = None) -> Profile:
         emulator_pd_isolation=config.emulator.pd_isolation,
         emulator_pd_user=config.emulator.pd_user,
         emulator_dma_heap=config.emulator.dma_heap,
+        emulator_unsigned_pd_support=config.emulator.unsigned_pd_support,
+        emulator_domain_handles=config.emulator.domain_handles,
+        emulator_absent_module_result=config.emulator.absent_module_result,
+        emulator_loader_probes=config.emulator.loader_probes,
     )

@@ -278,7 +278,10 @@ class Broker:
         if not self.device.stopping:
             # What it still held is released, never kept: its threads may still be writing it.
             buffers = [e.value for e in entries if e.kind is Kind.BUFFER]
-            handles = [e.value for e in entries if e.kind is Kind.HANDLE]
+            # A domain of its own ends with its client, and the DSP process's exit
+            # unloads every skel: its handles get no remotectl close, as libcdsprpc
+            # skips the close of the last handle and ends the session instead.
+            handles = [] if domain.isolated else [e.value for e in entries if e.kind is Kind.HANDLE]
             models = [e.value for e in entries if e.kind is Kind.MODEL]
             if buffers or handles or models:
                 lane = domain.loader if handles or models else domain.control
@@ -298,6 +301,7 @@ class Broker:
         forgotten, and what lives outside the DSP (buffers of version-2 clients, model
         arenas) is let go."""
         memory = self.device.require_memory()
+        memory.forget_lost()
         for member in list(domain.members):
             assert isinstance(member, Client)
             for entry in member.objects.forget_dsp_objects(keep_buffers=member.keeps_buffers):

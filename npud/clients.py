@@ -43,6 +43,11 @@ if TYPE_CHECKING:
     from npud.domain.life import Domain
 
 
+def _bank_lost(entry: Entry) -> bool:
+    value = entry.value
+    return isinstance(value, HeldBuffer) and value.buffer.bank_lost
+
+
 class DaemonView(Protocol):
     """What a request may ask of the daemon as a whole, beyond its client and its domain
     (npud.broker provides it): the status, and for root's debug faults another domain."""
@@ -209,12 +214,14 @@ class ObjectTable:
         """The client's DSP process restarted: every handle and model issued so far is
         gone (DSP_RESTARTED, not unknown, for requests naming one). Buffers live on
         outside the DSP: with ``keep_buffers`` (protocol version 3) they stay, unmapped;
-        otherwise they go too. Returns the live entries that went, for release."""
+        otherwise they go too, and so does any buffer whose compute bank the restart
+        removed (ALLOC_DMA_BUFF, no system heap). Returns the live entries that went,
+        for release."""
         with self._lock:
             gone = [
                 entry
                 for entry in self._entries.values()
-                if not (keep_buffers and entry.kind is Kind.BUFFER)
+                if not (keep_buffers and entry.kind is Kind.BUFFER and not _bank_lost(entry))
             ]
             for entry in gone:
                 del self._entries[entry.id]

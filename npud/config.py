@@ -405,6 +405,36 @@ class EmulatorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
             "from the FastRPC driver's ALLOC_DMA_BUFF, as on a kernel without the heap."
         ),
     ] = True
+    unsigned_pd_support: Annotated[
+        bool,
+        _doc(
+            "The emulated DSP runs unsigned PDs (capability UNSIGNED_PD_SUPPORT). false: a "
+            "firmware without them, which npud refuses to ask for one (docs/hardware.md)."
+        ),
+    ] = True
+    domain_handles: Annotated[
+        bool,
+        _doc(
+            "The emulated DSP has adsp_listener1 and remotectl1 (static handles 7 and 8). "
+            "false: an older firmware, whose absent handles answer absent_module_result."
+        ),
+    ] = True
+    absent_module_result: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=0xFFFFFFFF),
+        _doc(
+            "What the emulated DSP answers for a static handle it lacks (a non-zero u32): "
+            "AEE_ENOSUCHMOD 0x8000043E by default; AEE_ERPC is 0x80000600."
+        ),
+    ] = 0x8000043E
+    loader_probes: Annotated[
+        tuple[str, ...],
+        _doc(
+            "Files the emulated DSP's loader asks the host for before a process's first "
+            "library (libcdsprpc expects oemconfig.so, testsig, librpcversion_skel.so); each "
+            "must be served or answered ENOENT, as on a loader that goes on only after ENOENT."
+        ),
+    ] = ()
 
 
 PoolShare = Literal["client", "user"]

@@ -2,32 +2,41 @@
 
 ``npud trace record`` opens a session on the chosen backend through a
 TracingDriver and runs a scenario: ``echo`` (remotectl open of the echo skel,
-an inline echo, a DMA-BUF mapped and echoed through, everything closed) or
+an inline echo, a DMA-BUF mapped and echoed through, everything closed),
 ``model`` (portal_qnn: a model file loaded from a lent descriptor, run once
-on zeros, unloaded). ``npud trace replay`` plays a trace back
-(npud.fastrpc.replay) and names the first divergence. The format is
+on zeros, unloaded), ``fidelity`` (what only a device can say: the DSP's
+UNSIGNED_PD_SUPPORT, which listener and remotectl interfaces answered, what
+static handles 9 and 10, which no module is known for, answer, then the echo
+scenario; it prints the apps_std calls the loader made, in order) or
+``suspend`` (inline echoes for ``--duration`` seconds, meant to run across a
+system suspend: it prints every call that failed and the longest one).
+``npud trace replay`` plays a trace back (npud.fastrpc.replay) and names the
+first divergence. The format is
 docs/trace-format.md; ``npud --trace FILE`` records a whole daemon run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import stat
 import struct
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, Literal
 
+from npu_protocol import describe_result
 from npud.backend import select_profile
 from npud.config import ConfigError, load_config
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Capacity, Inline, Slice
 from npud.fastrpc.portal_qnn import PortalQnn
 from npud.fastrpc.replay import DEFAULT_TIMEOUT, TraceFormatError, replay
-from npud.fastrpc.session import FastRpcSession
+from npud.fastrpc.session import PROBED_STATIC_HANDLES, FastRpcSession
 from npud.fastrpc.trace import TraceWriter, TracingDriver
 from npud.fastrpc.trace_format import DEFAULT_CAPTURE_LIMIT
 from npud.logs import print_error
@@ -35,6 +44,9 @@ from npud.logs import print_error
 ECHO_URI: Final = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
 ECHO_SC: Final = 0x02020100
 MESSAGE: Final = b"npud trace: echo"
+SUSPEND_CALL_GAP: Final = 0.01
+"""Seconds between the suspend scenario's calls: a call is always in flight or about to
+be, and the trace stays a few thousand calls long."""
 
 DESCRIPTION = """\
 Record a FastRPC trace of a fixed scenario on this machine's backend, or replay
@@ -78,10 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     record.add_argument(
         "--scenario",
-        choices=("echo", "model"),
+        choices=("echo", "model", "fidelity", "suspend"),
         default="echo",
         help="echo: the echo skel, inline and through a mapped DMA-BUF; model: portal_qnn "
-        "loads --model, runs it once on zeros, unloads (default: echo)",
+        "loads --model, runs it once on zeros, unloads; fidelity: the DSP's answers only a "
+        "device can give (UNSIGNED_PD_SUPPORT, listener and remotectl interfaces, absent "
+        "static handles), then echo, and the apps_std calls the loader made; suspend: inline "
+        "echoes for --duration seconds, to run across a system suspend (default: echo)",
+    )
+    record.add_argument(
+        "--duration",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long --scenario suspend calls the DSP (default: 30)",
     )
     record.add_argument(
         "--model", type=Path, metavar="FILE", help="the model file of --scenario model"
@@ -181,17 +203,28 @@ def _record(args: argparse.Namespace) -> int:
             driver, nodes=profile.nodes, library_path=profile.library_path
         ) as session:
             session.load_shell(shell.data)
-            if args.scenario == "echo":
-                echo_scenario(session)
-            else:
-                model_scenario(session, args.model)
+            _run_scenario(session, args)
     except (RpcError, OSError, ValueError) as exc:
         print_error(f"npud trace record: the {args.scenario} scenario failed: {exc}")
         return 1
     finally:
         writer.close()
+    if args.scenario == "fidelity":
+        for line in apps_std_calls(args.output):
+            print(line)
     print(f"{args.output}: {args.scenario} scenario on the {profile.kind} backend recorded")
     return 0
+
+
+def _run_scenario(session: FastRpcSession, args: argparse.Namespace) -> None:
+    if args.scenario == "echo":
+        echo_scenario(session)
+    elif args.scenario == "fidelity":
+        fidelity_scenario(session)
+    elif args.scenario == "suspend":
+        suspend_scenario(session, args.duration)
+    else:
+        model_scenario(session, args.model)
 
 
 def echo_scenario(session: FastRpcSession) -> None:
@@ -220,6 +253,67 @@ def echo_scenario(session: FastRpcSession) -> None:
     finally:
         session.free(buffer)
     session.remote_close(handle)
+
+
+def fidelity_scenario(session: FastRpcSession) -> None:
+    """Print what only the device can say (docs/hardware.md, "What only a device can
+    tell"); all of it is in the trace too."""
+    caps = session.capabilities
+    print(f"capability API: {'yes' if caps.available else 'no (EOPNOTSUPP)'}")
+    print(f"UNSIGNED_PD_SUPPORT: {caps.raw.get(1, 0)}")
+    for handle in sorted(PROBED_STATIC_HANDLES):
+        answer = session.probe_static_handle(handle)
+        print(f"static handle {handle} (no module): {describe_result(answer)}")
+    echo_scenario(session)
+    stats = session.statistics()
+    print(f"listener: {stats.listener or '?'} (retries {stats.listener_retries})")
+    print(f"remotectl: {stats.remotectl or '?'}")
+    print(f"paths refused: {stats.refused_paths}")
+
+
+def suspend_scenario(session: FastRpcSession, duration: float) -> None:
+    """Inline echoes for ``duration`` seconds (suspend the machine meanwhile): prints each
+    call that failed and the longest call; the trace has every call's ``dur``."""
+    handle = session.remote_open(ECHO_URI)
+    prim = struct.pack("<II", len(MESSAGE), len(MESSAGE))
+    calls, longest, failures = 0, 0.0, 0
+    end = time.monotonic() + duration
+    while time.monotonic() < end:
+        started = time.monotonic()
+        try:
+            result = session.invoke(
+                handle, ECHO_SC, [Inline(prim), Inline(MESSAGE)], [Capacity(len(MESSAGE))]
+            )
+            outcome = "" if result.rc == 0 else describe_result(result.rc)
+        except RpcError as exc:
+            outcome = f"{exc.code.name}: {exc}"
+        took = time.monotonic() - started
+        calls += 1
+        longest = max(longest, took)
+        if outcome:
+            failures += 1
+            print(f"call {calls} after {took:.3f} s: {outcome}")
+        time.sleep(SUSPEND_CALL_GAP)
+    stats = session.statistics()
+    print(f"{calls} calls, {failures} failed, the longest {longest:.3f} s")
+    print(f"listener: running={stats.listener_running} stopped={stats.listener_stopped_because!r}")
+    session.remote_close(handle)
+
+
+def apps_std_calls(trace: Path) -> list[str]:
+    """The reverse calls of a trace, in order: ``apps_std fopen_with_env libecho_skel.so -> 0``."""
+    lines: list[str] = []
+    with open(trace, encoding="utf-8") as file:
+        for text in file:
+            record = json.loads(text)
+            if record.get("kind") != "reverse":
+                continue
+            named = f" {record['file']}" if record.get("file") else ""
+            lines.append(
+                f"reverse: {record.get('module')} {record.get('name')}{named}"
+                f" -> {record.get('result')}"
+            )
+    return lines
 
 
 def model_scenario(session: FastRpcSession, model: Path) -> None:

@@ -18,13 +18,20 @@ each writes its own log. Steps:
   2. doctor    npud doctor (text and --json)
   3. tests     the hardware-marked tests (pytest -m hardware; needs a checkout)
   4. echo      npud trace record --scenario echo on the device, then replayed
-  5. model     npud trace record --scenario model --model FILE (with --model)
-  6. daemon    npud --trace run with npuctl selftest and npuctl status --json
-  7. llama     llama.cpp's Hexagon backend through npud's libcdsprpc (with
+  5. fidelity  npud trace record --scenario fidelity: UNSIGNED_PD_SUPPORT, which
+               listener (handle 7 or 3) and remotectl (8 or 0) answered, what
+               static handles 9 and 10 (no module) answer, and the apps_std
+               calls the DSP's loader made, in order; then replayed
+  6. model     npud trace record --scenario model --model FILE (with --model)
+  7. daemon    npud --trace run with npuctl selftest and npuctl status --json
+  8. suspend   (with --suspend; needs root and rtcwake) echo calls for 45 s
+               with a suspend to RAM of 10 s in the middle (rtcwake -m mem):
+               which calls failed, how long the longest took, and the trace
+  9. llama     llama.cpp's Hexagon backend through npud's libcdsprpc (with
                --llama-bin and --gguf): a 32-token greedy decode through npud
                against the CPU's, under a 120 s limit (docs/llm.md: the first
                dspqueue round trip may hang on mainline, qualcomm/fastrpc#377)
-  8. pack      OUT.tar.gz of everything, with summary.txt listing each step
+ 10. pack      OUT.tar.gz of everything, with summary.txt listing each step
 
 Options:
   --out DIR        where to write (default: ./npud-bringup-HOST-DATE); the
@@ -41,6 +48,8 @@ Options:
   --shim DIR       where npud's libcdsprpc.so.1 is (default: the checkout's
                    shim/build, made with make shim)
   --skip-tests     skip step 3
+  --suspend        run step 8: suspends this machine for 10 s (on the
+                   emulator backend the calls run without a suspend)
   -h, --help       this text
 
 Exit status: 0 when every step that ran passed, 1 when one failed (the tarball
@@ -63,6 +72,7 @@ backend=kernel
 config=""
 python=""
 skip_tests=0
+suspend=0
 llama_bin=""
 gguf=""
 shim=$repo/shim/build
@@ -78,6 +88,7 @@ while (($#)); do
         --config) config=${2:?--config needs a file}; shift 2 ;;
         --python) python=${2:?--python needs a path}; shift 2 ;;
         --skip-tests) skip_tests=1; shift ;;
+        --suspend) suspend=1; shift ;;
         --llama-bin) llama_bin=${2:?--llama-bin needs a directory}; shift 2 ;;
         --gguf) gguf=${2:?--gguf needs a file}; shift 2 ;;
         --shim) shim=${2:?--shim needs a directory}; shift 2 ;;
@@ -199,6 +210,7 @@ record() {
         npud trace replay "$out/$name.jsonl"
 }
 step echo echo.txt record echo --scenario echo
+step fidelity fidelity.txt record fidelity --scenario fidelity
 if [[ -n $model ]]; then
     step model model.txt record model --scenario model --model "$model"
 else
@@ -229,6 +241,38 @@ daemon_run() {
     return "$status"
 }
 step daemon daemon.txt daemon_run
+
+# What a suspend does to a running call (docs/hardware.md): the kernel waits for a
+# call interruptibly; the freezer may make the ioctl fail with EINTR, or restart it
+# (the DSP then runs it twice), and may take the fd's heap buffers (later MUNMAPs
+# EINVAL). The calls run on their own while the machine sleeps 10 s in the middle.
+suspend_run() {
+    local pid status=0 duration=45
+    if [[ $backend == emulator ]]; then
+        duration=2
+    fi
+    npud trace record --backend "$backend" "${config_args[@]}" --scenario suspend \
+        --duration "$duration" "$out/suspend.jsonl" &
+    pid=$!
+    if [[ $backend == kernel ]]; then
+        sleep 15
+        echo "== rtcwake -m mem -s 10 at $(date -u +%H:%M:%S)"
+        rtcwake -m mem -s 10 || status=1
+        echo "== resumed at $(date -u +%H:%M:%S)"
+    fi
+    wait "$pid" || status=1
+    npud trace replay "$out/suspend.jsonl" || status=1
+    return "$status"
+}
+if ((suspend)); then
+    if [[ $backend == kernel ]] && { ((EUID != 0)) || ! command -v rtcwake >/dev/null; }; then
+        skip suspend "--suspend needs root and rtcwake"
+    else
+        step suspend suspend.txt suspend_run
+    fi
+else
+    skip suspend "no --suspend"
+fi
 
 # llama.cpp through npud: the same decode on the CPU alone and through npud's library;
 # the texts must be equal. The CPU run is a copy of llama-simple in a directory without

@@ -266,6 +266,7 @@ class Domain:
             listener_running=stats.listener_running,
             listener_requests=stats.listener_requests,
             listener_stopped_because=stats.listener_stopped_because,
+            refused_paths=stats.refused_paths,
         )
 
     def lane_rows(self) -> tuple[p.LaneRow, ...]:

@@ -126,6 +126,14 @@ class Memory:
             self._held.discard(buffer)
         buffer.give_up()
 
+    def forget_lost(self) -> None:
+        """A subsystem restart removed the compute banks that ALLOC_DMA_BUFF buffers live
+        in (no system heap): the pool lets go of those it kept, and none is handed out
+        again. Buffers that clients hold are let go by their domains' restart."""
+        dropped = self.pool.drop_lost()
+        if dropped:
+            log.warning("released pooled buffers a DSP restart invalidated", buffers=dropped)
+
     def close(self) -> None:
         """npud stops: the pool lets go of all it kept, then the heap node is closed (the
         buffers still held are released by their holders, or by the process's exit)."""

@@ -28,7 +28,9 @@ What is never kept: a buffer that an invoke still uses when it is freed (the DSP
 still write into it: it is released when the invoke returns, as without the pool); a
 buffer larger than ``pool.max_buffer_bytes``; the buffers a connection still held when
 it ended (its threads may still be writing them); anything while the pool is off. A
-restart of a domain ends the DSP mappings kept there (the buffers stay kept).
+restart of a domain ends the DSP mappings kept there (the buffers stay kept), except
+that a subsystem restart ends the buffers allocated in a compute bank (no system
+heap): those are released and never handed out again.
 
 Ownership. The pool holds each kept buffer as its owner would (one reference, see
 :class:`~npud.fastrpc.dma.DmaBuffer`) and, when mapped, one mapping lease of the
@@ -164,6 +166,8 @@ class BufferPool:
                 return None
             bucket = self._zeroed.get((scope, size), [])
             for kept in reversed(bucket):  # the most recently kept: the likeliest to be warm
+                if kept.buffer.bank_lost:
+                    continue  # its compute bank went with a restart: never handed out
                 if kept.domain is None or kept.domain is domain:
                     break
             else:
@@ -268,6 +272,16 @@ class BufferPool:
             self._counters.dropped += len(everything)
             released = self._forget_locked_all(everything)
         self._release(released)
+
+    def drop_lost(self) -> int:
+        """Release every kept buffer whose compute bank a subsystem restart removed (no
+        system heap: ALLOC_DMA_BUFF buffers); the number released."""
+        with self._lock:
+            lost = [kept for kept in self._order.values() if kept.buffer.bank_lost]
+            self._counters.dropped += len(lost)
+            released = self._forget_locked_all(lost)
+        self._release(released)
+        return len(lost)
 
     def evict_all(self) -> bool:
         """Release every kept buffer to make room (an allocation failed); True if any."""

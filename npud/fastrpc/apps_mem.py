@@ -7,7 +7,10 @@ with ``rflags`` ADSP_MMAP_ADD_PAGES (0x1000); the host answers with the MMAP
 ioctl (fd -1, vaddrin 0, the size asked), which makes the kernel allocate the
 pages and add them to the process, and returns the DSP address. The kernel
 keeps the buffer until ``request_unmap64`` (method 3, the MUNMAP ioctl) or
-until the session's fd closes.
+until the session's fd closes; or, once a signal or the suspend freezer
+interrupted an invoke on the fd (ERESTARTSYS), until the DSP restarts: the
+kernel then moves the fd's buffers to the channel and their MUNMAP is EINVAL
+(logged; the grant is dropped, never given back twice).
 
 Served: ``request_map64`` / ``request_unmap64`` and their 32-bit forms
 (``request_map`` 0, ``request_unmap`` 1) with rflags ADD_PAGES or
@@ -25,6 +28,7 @@ description the emulator's DSP side uses too.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from dataclasses import dataclass
@@ -150,12 +154,29 @@ class AppsMemServer:
             # libcdsprpc passes the DSP's length; the kernel wants the exact size.
             rc = self._memory.heap_unmap(vaddr, length)
         except OSError as exc:
+            if exc.errno == errno.EINVAL and length == grant.size:
+                self._taken_by_kernel(grant)
             return Reply(aee_for_errno(exc.errno))
         if rc != 0:
             return Reply(rc)
         with self._lock:
             self._grants.pop(vaddr, None)
         return Reply(0)
+
+    def _taken_by_kernel(self, grant: Grant) -> None:
+        """MUNMAP of a buffer we mapped, with its exact size, was EINVAL: the fd no longer
+        has it. Since 6.2 (86e2d052 has it) an invoke on the fd that a signal or the
+        suspend freezer interrupted (ERESTARTSYS) moves every MMAP buffer of the fd to
+        the channel, which frees them only when the DSP restarts. The grant is dropped
+        here so nothing tries to give it back again; the DSP is told as libcdsprpc
+        tells it (AEE_EBADPARM)."""
+        with self._lock:
+            self._grants.pop(grant.vaddr, None)
+        log.warning(
+            "DSP heap buffer no longer on this session's fd: a call interrupted by a "
+            "suspend or a signal (ERESTARTSYS) made the kernel keep it until the DSP restarts",
+            extra={"bytes": grant.size, "vaddr": f"0x{grant.vaddr:x}"},
+        )
 
     def _give_back(self, vaddr: int, length: int) -> None:
         try:

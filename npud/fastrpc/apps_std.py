@@ -17,6 +17,18 @@ visible in the sources):
 
 Ids from 31 on travel as method 31 with the id first in primIn.
 
+Results are what ``apps_std_imp.c`` answers, value for value: its calls
+return errno values, not AEE codes (its header: "errno is returned"). A
+missing file is ENOENT (2) from fopen, fopen_with_env, fopen_fd,
+fopen_with_env_fd and stat, and the DSP's loader moves on to its next
+candidate only after that value; an unknown file handle is EBADF (9); an
+``fclose_fd`` of an fd it does not know succeeds (0). Where npud refuses what
+libcdsprpc would do (a write mode: the files are served read-only), the
+answer is the errno the C library gives for it (EACCES). Only the failures
+libcdsprpc itself reports as AEE codes stay AEE codes (a malformed request:
+AEE_EBADPARM; an unknown method: AEE_EUNSUPPORTED; no memory for a shared
+file: AEE_ENORPCMEMORY).
+
 What the DSP may read: files on the configured library path only, read-only.
 A name is either a bare file name, looked up as ``<dir>/cdsp/<name>`` then
 ``<dir>/<name>`` in each directory (libcdsprpc's order), or an absolute path
@@ -29,6 +41,13 @@ file keeps its own offset.
 
 The environment-variable name the DSP passes (``ADSP_LIBRARY_PATH``) is not
 looked up in npud's environment: the configured path is the only search path.
+
+A path outside the configured directories is refused (answered ENOENT, so
+the loader moves on as for a missing file): libcdsprpc would open any
+absolute path, but npud runs as a system service and the directories are its
+security boundary. Each refused path is logged once, with the path, and
+counted (:attr:`AppsStdServer.refused_paths`), so a device trace shows which
+directory a firmware needs (docs/hardware.md says how to add one).
 """
 
 from __future__ import annotations
@@ -72,6 +91,10 @@ MAX_SHARED_FILES: Final = 16
 MAX_SHARED_FILE_BYTES: Final = MAX_DMA_SIZE
 NAME_MAX: Final = 255
 PATH_MAX: Final = 4096
+MAX_LOGGED_REFUSALS: Final = 256
+"""Distinct refused paths logged per session; later ones are only counted."""
+ENORPCMEMORY: Final = 0x068
+"""AEE_ENORPCMEMORY (AEEStdErr.h): what libcdsprpc answers when rpcmem has no buffer."""
 DOMAIN_DIRECTORY: Final = "cdsp"
 """libcdsprpc looks in ``<dir>/<domain name>/`` before ``<dir>/``."""
 
@@ -232,13 +255,16 @@ class AppsStdServer:
         self._shared: set[int] = set()  # fds of the _fd calls, until fclose_fd
         self._next_file = 1
         self.files_served = 0
+        self.refused_paths = 0
+        """Names refused because they lead outside the configured directories."""
+        self._logged_refusals: set[str] = set()
 
     # --- the module -----------------------------------------------------------
     def invoke(self, method: int, sc: int, inputs: list[bytes], caps: list[int]) -> Reply:
         try:
             return self._invoke(method, inputs, caps)
-        except OSError:
-            return fail(AEE.EFILE)  # the file went away or cannot be read
+        except OSError as exc:  # the file went away or cannot be read: libcdsprpc's errno
+            return Reply(exc.errno or errno.EIO)
 
     def _invoke(self, method: int, inputs: list[bytes], caps: list[int]) -> Reply:
         if method == ESCAPE:
@@ -258,7 +284,7 @@ class AppsStdServer:
         if method == FLEN:
             open_file = self._file(inputs[0])
             if open_file is None:
-                return fail(AEE.EBADFD)
+                return Reply(errno.EBADF)
             return Reply(0, (fit(struct.pack("<Q", open_file.size()), caps[0]),))
         if method == FREAD:
             return self._fread(inputs, caps)
@@ -268,7 +294,7 @@ class AppsStdServer:
             (file,) = struct.unpack_from("<I", inputs[0])
             open_file = self._files.pop(file, None)
             if open_file is None:
-                return fail(AEE.EBADFD)
+                return Reply(errno.EBADF)
             open_file.close()
             return Reply(0)
         return fail(AEE.EUNSUPPORTED)
@@ -330,7 +356,7 @@ class AppsStdServer:
         (file, capacity) = struct.unpack_from("<II", inputs[0])
         open_file = self._files.get(file)
         if open_file is None:
-            return fail(AEE.EBADFD)
+            return Reply(errno.EBADF)
         data = open_file.read(min(capacity, caps[1]))
         eof = int(len(data) < capacity)
         prim = struct.pack("<ii", len(data), eof)
@@ -339,12 +365,14 @@ class AppsStdServer:
     def _fseek(self, inputs: list[bytes]) -> Reply:
         file, offset, whence = struct.unpack_from("<IiI", inputs[0])
         open_file = self._files.get(file)
-        if open_file is None or whence not in (os.SEEK_SET, os.SEEK_CUR, os.SEEK_END):
-            return fail(AEE.EBADPARM)
+        if open_file is None:
+            return Reply(errno.EBADF)
+        if whence not in (os.SEEK_SET, os.SEEK_CUR, os.SEEK_END):
+            return Reply(errno.EINVAL)  # fseek(3)'s answer
         try:
             open_file.seek(offset, whence)
-        except OSError:
-            return fail(AEE.EFILE)
+        except OSError as exc:
+            return Reply(exc.errno or errno.EINVAL)
         return Reply(0)
 
     def _file(self, prim: bytes) -> _OpenFile | None:
@@ -353,17 +381,15 @@ class AppsStdServer:
 
     def _fopen(self, name: str, mode: str, caps: list[int]) -> Reply:
         if mode not in _READ_MODES:
-            return fail(AEE.EBADPERMS)
+            return Reply(errno.EACCES)  # served read-only
         if self.resolve(name) is None:
-            return fail(AEE.ENOSUCHFILE)
+            return Reply(errno.ENOENT)
         if len(self._files) >= MAX_OPEN_FILES:
-            return fail(AEE.EOUTOFHANDLES)
+            return Reply(errno.EMFILE)  # fopen(3)'s answer when a process has too many
         try:
             open_file = self._open(name)
-        except FileNotFoundError:
-            return fail(AEE.ENOSUCHFILE)
-        except OSError:
-            return fail(AEE.EFOPEN)
+        except OSError as exc:
+            return Reply(exc.errno or errno.EIO)
         file = self._next_file
         self._next_file += 1
         self._files[file] = open_file
@@ -372,20 +398,20 @@ class AppsStdServer:
 
     # --- mapped reads (the _fd calls) ----------------------------------------
     def _fopen_fd(self, name: str, mode: str, caps: list[int]) -> Reply:
+        """``{fd, st_size}``: the MEM_MAP covers exactly the file's size, as libcdsprpc's
+        ``fastrpc_mmap(..., st_size, FASTRPC_MAP_FD)`` does."""
         if mode not in _READ_MODES:
-            return fail(AEE.EBADPERMS)
+            return Reply(errno.EACCES)
         if len(self._shared) >= MAX_SHARED_FILES:
-            return fail(AEE.EOUTOFHANDLES)
+            return Reply(errno.EMFILE)
         try:
             source = self._open(name)
-        except FileNotFoundError:
-            return fail(AEE.ENOSUCHFILE)
-        except OSError:
-            return fail(AEE.EFOPEN)
+        except OSError as exc:
+            return Reply(exc.errno or errno.EIO)
         try:
             size = source.size()
             if size > MAX_SHARED_FILE_BYTES:
-                return fail(AEE.ENOMEMORY)
+                return Reply(ENORPCMEMORY)
             fd = self._sharing.share(source, size)
         except SharingError as exc:
             return Reply(exc.result)
@@ -397,7 +423,7 @@ class AppsStdServer:
 
     def _fclose_fd(self, fd: int) -> Reply:
         if fd not in self._shared:
-            return fail(AEE.EBADFD)
+            return Reply(0)  # libcdsprpc: an fd it never shared is nothing to close
         self._shared.discard(fd)
         try:
             self._sharing.unshare(fd)
@@ -409,10 +435,8 @@ class AppsStdServer:
     def _stat(self, name: str, caps: list[int]) -> Reply:
         try:
             source = self._open(name)
-        except FileNotFoundError:
-            return fail(AEE.ENOSUCHFILE)
-        except OSError:
-            return fail(AEE.EFILE)
+        except OSError as exc:
+            return Reply(exc.errno or errno.EIO)
         try:
             info = source.stat()
         finally:
@@ -464,11 +488,14 @@ class AppsStdServer:
     def resolve(self, name: str) -> Path | ExposedFile | None:
         """Where ``name`` leads, or None (unknown, refused, or not a regular file)."""
         if not name or "\0" in name or len(name.encode()) > PATH_MAX:
+            self._refuse(name)
             return None
         directory, base = _split(name)
         if not _plain_name(base):
+            self._refuse(name)
             return None
         if directory is not None and not self._allowed_directory(directory):
+            self._refuse(name)
             return None
         if is_exposed_name(base):
             return self._exposed.lookup(base)
@@ -481,6 +508,19 @@ class AppsStdServer:
             if candidate.is_file():
                 return candidate
         return None
+
+    def _refuse(self, name: str) -> None:
+        """Count a refused name; log it the first time (the path says which directory a
+        firmware wants, docs/hardware.md). Bounded: a DSP cannot grow the set at will."""
+        self.refused_paths += 1
+        shown = name[:PATH_MAX]
+        if shown in self._logged_refusals or len(self._logged_refusals) >= MAX_LOGGED_REFUSALS:
+            return
+        self._logged_refusals.add(shown)
+        log.warning(
+            "the DSP asked for a file outside the library directories; refused",
+            extra={"path": shown, "directories": [str(d) for d in self._search_path]},
+        )
 
     def _allowed_directory(self, directory: str) -> bool:
         allowed = {str(d) for d in self._search_path}

@@ -78,6 +78,19 @@ class DeviceFd:
             self._close(fd)
 
 
+class ComputeBank:
+    """Where ALLOC_DMA_BUFF puts a session's buffers: its compute context bank on the DSP
+    channel. A subsystem restart depopulates the channel's compute-bank devices, and
+    every buffer allocated there is invalid from then on (no DSP may be given it again);
+    the session that sees the restart (EPIPE) marks its bank ``lost``. System-heap
+    buffers have no bank."""
+
+    __slots__ = ("lost",)
+
+    def __init__(self) -> None:
+        self.lost = False
+
+
 class DmaBuffer:
     """One DMA-BUF: its fd, its shared host mapping, and the reasons it must stay.
 
@@ -107,10 +120,13 @@ class DmaBuffer:
         *,
         before_close: Callable[[int], None] | None = None,
         origin: str = "fastrpc",
+        bank: ComputeBank | None = None,
         hooks: TraceHooks | None = None,
         trace_session: int = 0,
     ) -> None:
         self.id = buffer_id
+        self.bank = bank
+        """The compute bank it lives in (ALLOC_DMA_BUFF); None for a system-heap buffer."""
         self._fd = fd
         self.size = size
         self.origin = origin
@@ -131,6 +147,11 @@ class DmaBuffer:
         self._parked = False
         self.lock = threading.Lock()
         """Held across a change of a DSP mapping of the buffer and across its release."""
+
+    @property
+    def bank_lost(self) -> bool:
+        """Its compute bank went with a subsystem restart: never map it or hand it out."""
+        return self.bank is not None and self.bank.lost
 
     @property
     def fd(self) -> int:

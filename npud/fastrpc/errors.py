@@ -55,6 +55,7 @@ INVOKE_ERRNOS: Final = frozenset(
         errno.EPIPE,
         errno.ETIMEDOUT,
         errno.ECONNRESET,  # Android's downstream driver, on a restart
+        errno.ECANCELED,  # a cancelled context: the kernel's, never read as a DSP result
     }
 )
 """Every errno an INVOKE can fail with in the kernel (reference 3.2, 3.11)."""

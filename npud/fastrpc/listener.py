@@ -10,8 +10,16 @@ Start-up follows libcdsprpc's ``listener_start_thread``: ``init2`` runs on
 the listener thread itself, first on the domain-style ``adsp_listener1``
 (static handle 7, methods 5/6/7) and, when the DSP answers AEE_ERPC or
 AEE_ENOSUCHMOD (older firmware), on ``adsp_listener`` (handle 3, methods
-3/4/5); the thread keeps the generation that answered. :meth:`start` waits
-for that outcome, so a DSP that has neither fails the shell load.
+3/4/5); the thread keeps the generation that answered. Any other failure of
+handle 7's init2 leaves the thread serving through handle 3 without an init2
+there, as libcdsprpc's ``listener_start_thread`` does (it logs and goes on to
+its loop). :meth:`start` waits for that outcome; a failed init2 on handle 3
+itself fails the shell load.
+
+The loop follows libcdsprpc's ``listener``: next2 answering
+AEE_EINTERRUPTED is issued again with ctx 0, AEE_EBADSTATE (the process
+exited) ends it, and any other failure is answered by one more next2 that
+carries that failure as prevResult (and no reply); a second failure ends it.
 
 The thread blocks every signal: a signal delivered to it would interrupt its
 INVOKE (EINTR). If one still does (the suspend freezer, a kernel that
@@ -91,6 +99,8 @@ class ListenerStatistics:
     requests: int = 0
     failures: int = 0
     interrupted: int = 0
+    retries: int = 0
+    """next2 calls sent again after a failure, with it as prevResult (libcdsprpc's retry)."""
     generation: str = ""
     stopped_because: str = ""
 
@@ -188,8 +198,17 @@ class ReverseRpcListener:
                 self.stats.generation = generation.name
                 log.info("reverse-RPC listener started", extra={"interface": generation.name})
                 return
-            if generation is LISTENER or result.rc not in FALLBACK_RESULTS:
+            if generation is LISTENER:
                 raise RpcError(ErrorCode.FASTRPC, rc=result.rc)
+            if result.rc not in FALLBACK_RESULTS:
+                # libcdsprpc goes on to serve through handle 3, without its init2.
+                self._generation = LISTENER
+                self.stats.generation = LISTENER.name
+                log.warning(
+                    "adsp_listener1 init2 failed; serving through adsp_listener without init2",
+                    extra={"result": describe_result(result.rc)},
+                )
+                return
             log.info(
                 "no domain-style listener; using the older one",
                 extra={"result": describe_result(result.rc)},
@@ -210,7 +229,7 @@ class ReverseRpcListener:
         generation = self._generation
         ctx, result, reply = 0, -1, b""
         while True:
-            prim = struct.pack("<IiII", ctx, result, len(reply), REQUEST_CAPACITY)
+            prim = struct.pack("<IiII", ctx, _signed(result), len(reply), REQUEST_CAPACITY)
             try:
                 res = self._invoke(
                     generation.handle,
@@ -230,7 +249,28 @@ class ReverseRpcListener:
             if res.rc == AEE.EBADSTATE.dsp:
                 return PROCESS_EXITED
             if res.rc != 0:
-                return f"next2 answered {describe_result(res.rc)}"
+                # libcdsprpc answers a failed next2 once more, with the failure as its
+                # result and no reply; a second failure ends the loop.
+                self.stats.retries += 1
+                log.warning(
+                    "reverse-RPC listener next2 failed; retrying once",
+                    extra={"result": describe_result(res.rc)},
+                )
+                first = res.rc
+                prim = struct.pack("<IiII", ctx, _signed(first), 0, REQUEST_CAPACITY)
+                res = self._call(
+                    generation.handle,
+                    generation.next2_sc,
+                    (Inline(prim), Inline(b"")),
+                    (Capacity(16), Capacity(REQUEST_CAPACITY)),
+                )
+                if res.rc == AEE.EBADSTATE.dsp:
+                    return PROCESS_EXITED
+                if res.rc != 0:
+                    return (
+                        f"next2 answered {describe_result(first)}, then "
+                        f"{describe_result(res.rc)} on the retry"
+                    )
             ctx, handle, sc, needed = struct.unpack("<IIII", res.output(0))
             answer = self._handle(ctx, handle, sc, needed, res.output(1))
             self.stats.requests += 1
@@ -273,3 +313,9 @@ class ReverseRpcListener:
             return b""
         (available,) = struct.unpack("<I", res.output(0))
         return res.output(1)[: min(available, capacity)]
+
+
+def _signed(result: int) -> int:
+    """A u32 result as the s32 prevResult field carries it."""
+    result &= 0xFFFFFFFF
+    return result - (1 << 32) if result & 0x80000000 else result

@@ -3,7 +3,7 @@
 Two generations, same argument layouts: the domain-style ``remotectl1`` on
 static handle 8 (open1 = method 2, close1 = method 3), which libcdsprpc tries
 first, and ``remotectl`` on handle 0 (open 0, close 1), which it falls back to
-when the DSP answers AEE_ERPC or AEE_ENOSUCHMOD. Pure packing and unpacking;
+when the DSP answers anything but success. Pure packing and unpacking;
 the session runs the calls.
 """
 

@@ -851,6 +851,10 @@ def _op_remote_close(r: _Replayer, s: FastRpcSession, sid: int, args: Record, op
     return {}
 
 
+def _op_probe_handle(r: _Replayer, s: FastRpcSession, sid: int, args: Record, op: Record) -> Record:
+    return {"rc": s.probe_static_handle(int(args["handle"]))}
+
+
 def _op_expose_file(r: _Replayer, s: FastRpcSession, sid: int, args: Record, op: Record) -> Record:
     record = args.get("data") or {"len": 0, "b64": ""}
     data = decode_data(record)
@@ -935,6 +939,7 @@ _OPERATIONS: Final[dict[str, _Operation]] = {
     "invoke": _op_invoke,
     "remote_open": _op_remote_open,
     "remote_close": _op_remote_close,
+    "probe_handle": _op_probe_handle,
     "expose_file": _op_expose_file,
     "unexpose": _op_unexpose,
     "close": _op_close,

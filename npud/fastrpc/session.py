@@ -83,7 +83,7 @@ from npud.fastrpc import abi, remotectl
 from npud.fastrpc.apps_mem import AppsMemServer
 from npud.fastrpc.apps_std import AppsStdServer, SharedSource, SharingError
 from npud.fastrpc.capabilities import DspInfo, query_capabilities
-from npud.fastrpc.dma import DeviceFd, DmaBuffer, checked_dma_size
+from npud.fastrpc.dma import ComputeBank, DeviceFd, DmaBuffer, checked_dma_size
 from npud.fastrpc.driver import Driver, IoctlArg
 from npud.fastrpc.errors import (
     DriverCall,
@@ -114,9 +114,9 @@ CRASH_NOTICE_SECONDS: Final = 0.2
 """How long a call that answered AEE_EBADSTATE waits for the listener to stop, the sign
 that its DSP process ended under it."""
 OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK
-REMOTECTL_FALLBACK: Final = frozenset({AEE.ERPC.dsp, AEE.ENOSUCHMOD.dsp})
-"""A DSP without remotectl1 (static handle 8) answers one of these; libcdsprpc falls back."""
 SHARE_CHUNK: Final = 1024 * 1024
+PROBED_STATIC_HANDLES: Final = frozenset({9, 10})
+"""Static handles (libcdsprpc treats 0..10 as static) that no interface is known for."""
 MAP_FLAGS: Final = frozenset({abi.FASTRPC_MAP_FD, abi.FASTRPC_MAP_FD_DELAYED})
 """What a client's map may ask the DSP for: the whole buffer now, or at its first use."""
 
@@ -144,6 +144,10 @@ class SessionStatistics:
     """The remotectl interface the DSP answered on (remotectl1 or remotectl), once known."""
     listener: str = ""
     """The listener interface the DSP answered on (adsp_listener1 or adsp_listener)."""
+    refused_paths: int = 0
+    """Files the DSP asked for outside the library directories (apps_std refused them)."""
+    listener_retries: int = 0
+    """next2 calls the listener sent again after a failure (libcdsprpc's one retry)."""
 
 
 class FastRpcSession:
@@ -178,12 +182,15 @@ class FastRpcSession:
         self._invokes_done = 0
         self._shell: DmaBuffer | None = None
         self._listener: ReverseRpcListener | None = None
+        self._apps_std: AppsStdServer | None = None
         self._exposed = ExposedFiles()  # descriptors lent to the DSP's loader
         self._shared_files: dict[int, DmaBuffer] = {}  # apps_std *_fd files, by fd
         self._stale: set[DmaBuffer] = set()  # freed, MEM_UNMAP failed: mapped until close
         self._remotectl: remotectl.RemotectlGeneration | None = None
         self._reverse_observer: ReverseObserver | None = None
         self._free_supported = True
+        self.bank = ComputeBank()
+        """Where this session's ALLOC_DMA_BUFF buffers live; lost at a subsystem restart."""
         self._process_ended = False  # exit sent: the DSP side of every mapping is gone
         self._dead = False
         self._closing = False
@@ -282,6 +289,7 @@ class FastRpcSession:
                     reason=f"the shell is {len(shell)} bytes; the kernel accepts at most "
                     f"{abi.INIT_FILELEN_MAX}",
                 )
+            self._check_unsigned_pd(attrs)
             buffer = self._allocate(len(shell))
             try:
                 buffer.view()[: len(shell)] = shell
@@ -314,7 +322,27 @@ class FastRpcSession:
                 raise
             self._shell = buffer
             self._listener = listener
+            self._apps_std = apps_std
         log.info("DSP process created", extra={"shell_bytes": len(shell), "attrs": f"0x{attrs:x}"})
+
+    def _check_unsigned_pd(self, attrs: int) -> None:
+        """Refuse to ask for the unsigned PD on a DSP whose firmware says it has none
+        (capability UNSIGNED_PD_SUPPORT = 0), as Qualcomm's examples check before they
+        enable it: the INIT_CREATE would fail with a code that names nothing. A DSP
+        without the capability API cannot say, so the request goes ahead there."""
+        if not attrs & abi.FASTRPC_MODE_UNSIGNED_MODULE:
+            return
+        if not self.capabilities.available or self.capabilities.unsigned_pd:
+            return
+        raise RpcError(
+            ErrorCode.UNSUPPORTED,
+            what=(
+                f"the unsigned PD: the CDSP firmware on {self.device} (Hexagon "
+                f"{self.capabilities.arch}) answers UNSIGNED_PD_SUPPORT = 0, so it cannot run "
+                "unsigned skels such as npud's; install a CDSP firmware with unsigned PD "
+                "support (npud doctor shows the firmware in use)"
+            ),
+        )
 
     # ------------------------------------------------------------------- DMA
     def alloc(self, size: int) -> DmaBuffer:
@@ -381,6 +409,7 @@ class FastRpcSession:
             allocated,
             host,
             before_close=self._free_dma_buff if owned else None,
+            bank=self.bank,
             hooks=self._hooks,
             trace_session=self._trace_session,
         )
@@ -484,6 +513,7 @@ class FastRpcSession:
     def _map(self, buffer: DmaBuffer, flags: int = abi.FASTRPC_MAP_FD) -> int:
         self._check_usable()
         self._require_process()
+        _check_bank(buffer)
         with buffer.lock:
             if buffer.released or buffer.release_pending:
                 raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
@@ -651,6 +681,7 @@ class FastRpcSession:
         for slot, arg in zip(args, [*inputs, *outputs], strict=True):
             raw: _RawBuffer | None = None
             if isinstance(arg, Slice):
+                _check_bank(arg.buffer)
                 arg.buffer.check_slice(arg.offset, arg.length)
                 arg.buffer.pin()
                 pinned.append(arg.buffer)
@@ -674,8 +705,9 @@ class FastRpcSession:
         """remotectl open: load the skel named by ``uri``; returns its handle.
 
         The first open tries ``remotectl1`` (handle 8) and falls back to
-        ``remotectl`` (handle 0) for good when the DSP answers AEE_ERPC or
-        AEE_ENOSUCHMOD, as libcdsprpc does.
+        ``remotectl`` (handle 0) for good when the DSP answers anything but 0, as
+        libcdsprpc's ``remote_handle_open_domain`` does: a firmware without handle 8
+        may answer any code (AEE_ERPC and AEE_ENOSUCHMOD are only the usual ones).
         """
         return self._traced(
             "remote_open",
@@ -699,7 +731,7 @@ class FastRpcSession:
         generation = self._remotectl
         if generation is None:
             result = call(remotectl.REMOTECTL1)
-            if result.rc in REMOTECTL_FALLBACK:
+            if result.rc != 0:
                 log.info(
                     "no remotectl1 on the DSP; using remotectl",
                     extra={"result": describe_result(result.rc)},
@@ -725,6 +757,27 @@ class FastRpcSession:
         with self._state_lock:
             self._handles.add(reply.handle)
         return reply.handle
+
+    def probe_static_handle(self, handle: int) -> int:
+        """Invoke method 0, without arguments, on static handle 9 or 10, which no interface
+        is known for, and return the DSP's answer: what this firmware answers for a static
+        module it lacks (the bring-up's fidelity scenario; libcdsprpc falls back from
+        handles 7 and 8 on such answers). Never used by the daemon."""
+        if handle not in PROBED_STATIC_HANDLES:
+            raise RpcError(
+                ErrorCode.INVALID_ARGUMENT,
+                detail=f"handle {handle}: only {sorted(PROBED_STATIC_HANDLES)} may be probed",
+            )
+        return self._traced(
+            "probe_handle",
+            lambda: {"handle": handle},
+            lambda: self._probe_static_handle(handle),
+            lambda rc: {"rc": rc},
+        )
+
+    def _probe_static_handle(self, handle: int) -> int:
+        self._require_process()
+        return self._invoke_raw(handle, abi.remote_scalars_make(0, 0, 0), (), ()).rc
 
     def remote_close(self, handle: int) -> None:
         """remotectl close (handle 0) of a handle from :meth:`remote_open`.
@@ -832,6 +885,8 @@ class FastRpcSession:
                 stale_fds=len(self._stale),
                 remotectl=self._remotectl.name if self._remotectl else "",
                 listener=self._listener.stats.generation if self._listener else "",
+                refused_paths=self._apps_std.refused_paths if self._apps_std else 0,
+                listener_retries=self._listener.stats.retries if self._listener else 0,
             )
 
     @property
@@ -1031,7 +1086,7 @@ class FastRpcSession:
         if self._process_ended or self._closing or self._closed:
             return
         log.warning("DSP process ended on its own", extra={"reason": reason})
-        self._mark_dead(f"the DSP process ended on its own ({reason})")
+        self._mark_dead(f"the DSP process ended on its own ({reason})", channel_lost=False)
 
     def _crashed_under(self, rc: int) -> bool:
         """True when a call that answered ``rc`` met its DSP process's end: AEE_EBADSTATE,
@@ -1044,8 +1099,12 @@ class FastRpcSession:
         listener.join(CRASH_NOTICE_SECONDS)
         return self._dead
 
-    def _mark_dead(self, reason: str) -> None:
-        """The DSP restarted (EPIPE): every call fails from now on; tell ``on_dead`` once."""
+    def _mark_dead(self, reason: str, *, channel_lost: bool = True) -> None:
+        """The DSP restarted (EPIPE), or with ``channel_lost`` False only this session's
+        DSP process ended: every call fails from now on; tell ``on_dead`` once. A restart
+        takes the channel's compute banks, and with them every buffer allocated here."""
+        if channel_lost:
+            self.bank.lost = True  # the domain's restart says so in its log
         first = not self._dead
         self._dead = True
         if first and self.on_dead is not None:
@@ -1110,6 +1169,16 @@ def _file_record(fd: int, limit: int) -> Record:
     if size <= limit:
         return encode_data(b"".join(chunks), limit)
     return {"len": offset, "sha256": digest.hexdigest()}
+
+
+def _check_bank(buffer: DmaBuffer) -> None:
+    """A buffer whose compute bank a subsystem restart removed is never given to a DSP."""
+    if buffer.bank_lost:
+        raise RpcError(
+            ErrorCode.INVALID_ARGUMENT,
+            detail=f"buffer {buffer.id} was allocated in a compute bank that a DSP restart "
+            "removed; allocate a new one",
+        )
 
 
 def _capacity(arg: InArg | OutArg) -> int:
@@ -1216,7 +1285,8 @@ class _ReverseHost:
                 view[done : done + len(data)] = data
                 done += len(data)
             del view
-            request = _whole_buffer_map(buffer)
+            # The file's size, not the page-rounded buffer's: what libcdsprpc's fopen_fd maps.
+            request = _whole_buffer_map(buffer, length=size)
             try:
                 rc = self._raw_ioctl(abi.FASTRPC_IOCTL_MEM_MAP, request)
             except OSError as exc:
@@ -1249,14 +1319,17 @@ class _ReverseHost:
                 session._release_quietly(buffer)
 
 
-def _whole_buffer_map(buffer: DmaBuffer, flags: int = abi.FASTRPC_MAP_FD) -> abi.fastrpc_mem_map:
-    """MEM_MAP of all of ``buffer`` by fd (FASTRPC_MAP_FD unless told), at its host address."""
+def _whole_buffer_map(
+    buffer: DmaBuffer, flags: int = abi.FASTRPC_MAP_FD, *, length: int | None = None
+) -> abi.fastrpc_mem_map:
+    """MEM_MAP of ``buffer`` by fd (FASTRPC_MAP_FD unless told), at its host address: all
+    of it, or its first ``length`` bytes."""
     return abi.fastrpc_mem_map(
         version=0,
         fd=buffer.fd,
         offset=0,
         flags=flags,
         vaddrin=buffer.host_address,
-        length=buffer.size,
+        length=buffer.size if length is None else length,
         attrs=0,
     )

@@ -26,6 +26,10 @@ class Channel:
         self.compute = SharedCompute(dsp_units, self.down)
         """The DSP's execution units, shared by every call of this boot."""
         self.contexts = 0
+        self.interrupted_mmaps: list[object] = []
+        """MMAP buffers the kernel took from fds whose invoke a signal or the suspend
+        freezer interrupted (``invoke_interrupted_mmaps``): freed only when the channel
+        goes (a subsystem restart). Guarded by the driver's lock."""
         self.capabilities: tuple[int, ...] | None = None  # cached after the first query
         self._used = [False] * sessions
 

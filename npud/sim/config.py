@@ -109,11 +109,17 @@ class SimConfig:
       (static handle 7) and ``remotectl1`` (8). False models older firmware:
       those handles answer ``absent_module_result``, as 2, 5, 6, 9, 10 do.
     * ``absent_module_result``: what a static handle the DSP lacks answers:
-      AEE_ENOSUCHMOD (0x8000043E) or AEE_ERPC (0x80000600), the two answers
-      libcdsprpc falls back on.
+      any non-zero u32. AEE_ENOSUCHMOD (0x8000043E) and AEE_ERPC (0x80000600)
+      are the usual ones, and the only ones libcdsprpc's listener falls back
+      on; its remotectl falls back on any.
     * ``loader_paths``: the ways the DSP reads host files (:data:`LoaderPath`),
       tried in order; the next is tried when the host answers one with
       AEE_EUNSUPPORTED.
+    * ``loader_probes``: files the DSP's loader asks the host for before the
+      first library of a process (libcdsprpc expects ``oemconfig.so``,
+      ``testsig`` and ``librpcversion_skel.so``, usually missing). A probe the
+      host answers ENOENT (2) or serves is passed; any other answer fails the
+      load, as a loader that moves on only after ENOENT would.
     * ``initial_heap``: bytes of heap the user PD starts with. None: the
       kernel's rule, max(2 MiB, 4 x shell size) rounded up to 1 MiB. Loading a
       file or a library that does not fit grows the heap through the host's
@@ -151,6 +157,7 @@ class SimConfig:
     domain_handles: bool = True
     absent_module_result: int = AEE_ENOSUCHMOD
     loader_paths: tuple[LoaderPath, ...] = ("fopen_with_env",)
+    loader_probes: tuple[str, ...] = ()
     initial_heap: int | None = None
     map_match_fd_only: bool = False
     pd_isolation: PdIsolation = "process"
@@ -177,19 +184,25 @@ class SimConfig:
             raise ValueError(f"dsp_units={self.dsp_units}: 0 (unlimited) or more")
         if self.max_dma_buf_size <= 0:
             raise ValueError(f"max_dma_buf_size={self.max_dma_buf_size} must be positive")
-        if self.absent_module_result not in (AEE_ENOSUCHMOD, AEE_ERPC):
+        if not 1 <= self.absent_module_result <= 0xFFFFFFFF:
             raise ValueError(
-                f"absent_module_result={self.absent_module_result:#x}: AEE_ENOSUCHMOD"
-                f" ({AEE_ENOSUCHMOD:#x}) or AEE_ERPC ({AEE_ERPC:#x})"
+                f"absent_module_result={self.absent_module_result:#x}: a non-zero u32"
+                f" (usually AEE_ENOSUCHMOD {AEE_ENOSUCHMOD:#x} or AEE_ERPC {AEE_ERPC:#x})"
             )
+        self._check_loader()
+        if self.initial_heap is not None and not 0 <= self.initial_heap <= 0xFFFFFFFF:
+            raise ValueError(f"initial_heap={self.initial_heap} is outside 0..4 GiB")
+        self._check_pd()
+
+    def _check_loader(self) -> None:
         if not self.loader_paths or len(set(self.loader_paths)) != len(self.loader_paths):
             raise ValueError(f"loader_paths={self.loader_paths!r}: one or more distinct paths")
         unknown = [p for p in self.loader_paths if p not in LOADER_PATHS]
         if unknown:
             raise ValueError(f"loader_paths: unknown {unknown!r}; known: {', '.join(LOADER_PATHS)}")
-        if self.initial_heap is not None and not 0 <= self.initial_heap <= 0xFFFFFFFF:
-            raise ValueError(f"initial_heap={self.initial_heap} is outside 0..4 GiB")
-        self._check_pd()
+        for probe in self.loader_probes:
+            if not probe or "\0" in probe or len(probe.encode()) > 255:
+                raise ValueError(f"loader_probes: {probe!r} is not a file name")
 
     def _check_pd(self) -> None:
         if self.pd_isolation not in PD_ISOLATIONS:
@@ -198,6 +211,11 @@ class SimConfig:
             )
         if not self.pd_user:
             raise ValueError("pd_user must name a user")
+
+    @property
+    def unsigned_pd_support(self) -> bool:
+        """The DSP runs unsigned PDs: what its UNSIGNED_PD_SUPPORT (1) answers, non-zero."""
+        return bool(self.capability_table()[UNSIGNED_PD_SUPPORT])
 
     def heap_for(self, image_size: int) -> int:
         """The user PD's initial heap for a shell of ``image_size`` bytes."""

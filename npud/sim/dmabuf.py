@@ -45,6 +45,9 @@ class DmaBuf:
     inode: int
     size: int
     serial: int
+    bank: int | None = None
+    """The channel generation whose compute bank ALLOC_DMA_BUFF allocated it on; None
+    for heap buffers, which belong to no channel."""
 
     @property
     def key(self) -> tuple[int, int]:
@@ -65,6 +68,7 @@ class DmaBufRegistry:
         self._buffers: dict[tuple[int, int], DmaBuf] = {}
         self._allocated = 0
         self._sweep_at = SWEEP_MIN
+        self._lost_banks: set[int] = set()
 
     def allocate(
         self,
@@ -73,8 +77,10 @@ class DmaBufRegistry:
         cloexec: bool = True,
         name: str = MEMFD_NAME,
         fd_error: int | None = errno.EINVAL,
+        bank: int | None = None,
     ) -> int:
         """A new sealed memfd of ``size`` bytes; the caller owns the returned fd.
+        ``bank``: the channel generation whose compute bank holds it (ALLOC_DMA_BUFF).
 
         A failed fd installation (EMFILE...) is ``fd_error`` (FastRPC reports EINVAL),
         or its own errno with None (the DMA-BUF heap)."""
@@ -102,7 +108,7 @@ class DmaBufRegistry:
             raise
         with self._lock:
             self._allocated += 1
-            buffer = DmaBuf(status.st_dev, status.st_ino, size, self._allocated)
+            buffer = DmaBuf(status.st_dev, status.st_ino, size, self._allocated, bank)
             self._buffers[buffer.key] = buffer
         return fd
 
@@ -121,11 +127,30 @@ class DmaBufRegistry:
                     del self._buffers[key]
             self._sweep_at = max(SWEEP_MIN, 2 * len(self._buffers))
 
-    def identify(self, fd: int) -> DmaBuf | None:
-        """The buffer behind ``fd``, None when it is not one of ours; EBADF for a non-fd."""
+    def identify(self, fd: int, *, channel: int | None = None) -> DmaBuf | None:
+        """The buffer behind ``fd``, None when it is not one of ours; EBADF for a non-fd.
+        With ``channel`` (the generation of the channel it is to be given to): None too
+        when its compute bank went with a subsystem restart (fds of that dead channel
+        meet EPIPE first, as before)."""
         status = os.fstat(fd)
         with self._lock:
-            return self._buffers.get((status.st_dev, status.st_ino))
+            buffer = self._buffers.get((status.st_dev, status.st_ino))
+            if (
+                buffer is not None
+                and channel is not None
+                and buffer.bank != channel
+                and buffer.bank in self._lost_banks
+            ):
+                return None
+            return buffer
+
+    def lose_bank(self, generation: int) -> None:
+        """A subsystem restart depopulated the compute banks of channel ``generation``:
+        the buffers ALLOC_DMA_BUFF made there are no dma-bufs a DSP can be given any
+        more (MEM_MAP, INVOKE and INIT_CREATE refuse them with EINVAL). Their memory
+        stays readable through the holders' fds and mappings until those go."""
+        with self._lock:
+            self._lost_banks.add(generation)
 
     def require(self, fd: int, operation: str) -> DmaBuf:
         """Like :meth:`identify`, but a foreign fd is EINVAL (the kernel's attach failure)."""

@@ -318,6 +318,7 @@ class EmulatedDriver:
             in_flight = self._invokes_in_flight
             restarts = self._restarts
             sessions = channel.sessions_in_use if channel is not None else 0
+            interrupted = len(channel.interrupted_mmaps) if channel is not None else 0
             dead = {device: not device.channel.alive for device in live}
         processes = [(d.process, dead[d]) for d in live if d.process is not None]
         children = sum(1 for p, _ in processes if p.child is not None and p.check_child())
@@ -350,6 +351,7 @@ class EmulatedDriver:
             pd_crashes=crashes,
             dma_heap_fds_open=heaps,
             dma_heap_allocations=heap_allocations,
+            interrupted_mmaps=interrupted,
         )
 
     def pd_pid(self, fd: int) -> int | None:
@@ -473,6 +475,7 @@ class EmulatedDriver:
             self._channel = None
             self._restarts += 1
             channel.kill()
+            self._dmabufs.lose_bank(channel.generation)
             processes = [
                 d.process for d in self._live if d.channel is channel and d.process is not None
             ]
@@ -527,7 +530,7 @@ class EmulatedDriver:
     def _alloc_dma_buff(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
         view = _arg_view(arg, layout.ALLOC_DMA_BUF_STRUCT.size, writable=True)
         request = layout.AllocDmaBuf._make(layout.ALLOC_DMA_BUF_STRUCT.unpack(view))
-        fd = self._dmabufs.allocate(request.size)
+        fd = self._dmabufs.allocate(request.size, bank=device.channel.generation)
         layout.S32.pack_into(view, layout.ALLOC_DMA_BUF_FD_OFFSET, fd)
         return 0
 
@@ -541,6 +544,22 @@ class EmulatedDriver:
             layout.InvokeArg._make(layout.INVOKE_ARG_STRUCT.unpack_from(raw, index * size))
             for index in range(scalars.length)
         ]
+        while True:
+            result = self._invoke_once(device, request, scalars, args)
+            if result is not None:
+                return _ioctl_result(result)
+            # ERESTARTSYS under the suspend freezer: the syscall restarts by itself and
+            # the kernel sends the call again, under a new context (the DSP runs it twice).
+
+    def _invoke_once(
+        self,
+        device: _DeviceFile,
+        request: layout.InvokeRequest,
+        scalars: layout.Scalars,
+        args: list[layout.InvokeArg],
+    ) -> int | None:
+        """One pass of the kernel's ``fastrpc_internal_invoke``: the DSP's result, or None
+        when a suspend interrupted the wait and the call is to be sent again."""
         channel = device.channel
         with self._lock:
             if not channel.alive:
@@ -566,6 +585,7 @@ class EmulatedDriver:
                 self.config.max_dma_buf_size,
                 alias=self._stale_alias(device),
                 for_child=in_child,
+                channel=channel.generation,
             ) as arguments:
                 inputs, outputs = arguments.prepare()
                 call = DspCall(request.handle, request.sc, inputs, outputs, arguments)
@@ -574,7 +594,11 @@ class EmulatedDriver:
                     raise SubsystemDownError
                 if self.faults.take_interrupt(request.handle):
                     # The DSP ran it; the kernel's interruptible wait returned first.
+                    self._interrupted(device)
                     raise fault(errno.EINTR, "INVOKE: interrupted (injected)")
+                if self.faults.take_suspend(request.handle):
+                    self._interrupted(device)
+                    return None  # nothing is copied out: the restarted call answers
                 arguments.copy_out()
         except SubsystemDownError:
             raise fault(errno.EPIPE, "INVOKE: the DSP restarted during the call") from None
@@ -582,7 +606,18 @@ class EmulatedDriver:
             with self._lock:
                 channel.release_context()
                 self._invokes_in_flight -= 1
-        return _ioctl_result(result)
+        return result
+
+    def _interrupted(self, device: _DeviceFile) -> None:
+        """ERESTARTSYS ended a user invoke's wait: as 86e2d052 does, every MMAP buffer of
+        the fd moves to the channel's list, where no MUNMAP of the fd finds it."""
+        process = device.process
+        if process is None:
+            return
+        moved = process.memory.give_up_heap()
+        if moved:
+            with self._lock:
+                device.channel.interrupted_mmaps.extend(moved)
 
     def _stale_alias(self, device: _DeviceFile) -> Callable[[int], MemMapping | None] | None:
         """With ``map_match_fd_only``: the mapping an fd number finds (old kernels)."""
@@ -615,18 +650,22 @@ class EmulatedDriver:
             raise fault(errno.ECONNREFUSED, "INIT_CREATE: signed PD through the non-secure node")
         if request.filelen > INIT_FILELEN_MAX:
             raise fault(errno.EINVAL, f"INIT_CREATE: filelen {request.filelen} exceeds 2 MiB")
-        image = self._read_shell(request)
+        if request.attrs & MODE_UNSIGNED_MODULE and not self.config.unsigned_pd_support:
+            # A firmware without unsigned PDs (capability 1 answers 0) refuses the create.
+            return AEE.EUNSUPPORTED.dsp
+        image = self._read_shell(request, device.channel.generation)
         info = ProcessInfo(
             ProcessKind.USER_PD, device.client_id, request.attrs, request.siglen, len(image)
         )
         return self._create_process(device, info, image)
 
-    def _read_shell(self, request: layout.InitCreate) -> bytes:
+    def _read_shell(self, request: layout.InitCreate, channel: int) -> bytes:
         """The shell image: from the dma-buf ``filefd`` when given, else from ``file``."""
         if not request.filelen:
             return b""
         if request.filefd:
-            buffer = self._dmabufs.identify(request.filefd)  # EBADF for -1 too, as in the kernel
+            # EBADF for -1 too, as in the kernel
+            buffer = self._dmabufs.identify(request.filefd, channel=channel)
             if buffer is None:
                 raise fault(errno.EINVAL, f"INIT_CREATE: filefd {request.filefd} is not a dma-buf")
             if request.filelen > buffer.size:
@@ -729,7 +768,8 @@ class EmulatedDriver:
         stale = alias(request.fd) if alias is not None else None
         if stale is not None:
             return self._mem_map_alias(device, view, request, stale)
-        buffer = self._dmabufs.identify(request.fd)  # EBADF when not an fd
+        # EBADF when not an fd; None (EINVAL) too when a restart took its compute bank.
+        buffer = self._dmabufs.identify(request.fd, channel=device.channel.generation)
         if buffer is None:
             raise fault(errno.EINVAL, f"MEM_MAP: fd {request.fd} is not a dma-buf")
         if request.length > buffer.size:

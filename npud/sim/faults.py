@@ -23,6 +23,13 @@
   (or exactly ``handle``, static ones included) reaches the DSP and runs
   there, but the caller gets EINTR and no outputs: a signal or the suspend
   freezer interrupted the kernel's interruptible wait (ERESTARTSYS).
+* ``suspend_next_invoke(handle=None)``: a system suspend during the next
+  INVOKE on a remote handle (or exactly ``handle``): the DSP runs the call,
+  the freezer ends the kernel's interruptible wait with ERESTARTSYS, and the
+  kernel (86e2d052) moves every MMAP heap buffer of the fd to the channel's
+  list; the syscall then restarts on its own, so the call is sent again and
+  the DSP runs it a second time. The caller sees only the second run's
+  answer. Later MUNMAPs of the moved buffers are EINVAL.
 * ``crash_next_invoke(handle=None)``: the next INVOKE on a remote handle (or
   exactly ``handle``) crashes its DSP process in the middle of the call: with
   process isolation its child dies while the method runs. The call and every
@@ -76,6 +83,7 @@ class FaultInjector:
         self._failures: list[tuple[int, int | None]] = []
         self._ioctl_faults: list[IoctlFault] = []
         self._interrupts: list[int | None] = []
+        self._suspends: list[int | None] = []
         self._crashes: list[int | None] = []
         self._heap_failures: list[int] = []
         self._latency = 0.0
@@ -114,6 +122,12 @@ class FaultInjector:
         with self._lock:
             self._interrupts.append(handle)
 
+    def suspend_next_invoke(self, handle: int | None = None) -> None:
+        if handle is not None and not 0 <= handle <= 0xFFFFFFFF:
+            raise ValueError(f"handle={handle:#x} is not a u32")
+        with self._lock:
+            self._suspends.append(handle)
+
     def crash_next_invoke(self, handle: int | None = None) -> None:
         if handle is not None and not 0 <= handle <= 0xFFFFFFFF:
             raise ValueError(f"handle={handle:#x} is not a u32")
@@ -143,6 +157,7 @@ class FaultInjector:
             self._failures.clear()
             self._ioctl_faults.clear()
             self._interrupts.clear()
+            self._suspends.clear()
             self._crashes.clear()
             self._heap_failures.clear()
             self._latency = 0.0
@@ -181,6 +196,17 @@ class FaultInjector:
                     return True
             return False
 
+    def take_suspend(self, handle: int) -> bool:
+        """True (consuming it) when a suspend waits for an invoke on ``handle``."""
+        if not self._suspends:
+            return False
+        with self._lock:
+            for index, wanted in enumerate(self._suspends):
+                if wanted == handle or (wanted is None and handle > LAST_STATIC_HANDLE):
+                    del self._suspends[index]
+                    return True
+            return False
+
     def take_crash(self, handle: int) -> bool:
         """True (consuming it) when a crash waits for an invoke on ``handle``."""
         if not self._crashes:
@@ -212,12 +238,13 @@ class FaultInjector:
     @property
     def pending_failures(self) -> int:
         """Injected failures not yet consumed: invoke results, ioctl errnos, interruptions,
-        crashes and heap failures."""
+        suspends, crashes and heap failures."""
         with self._lock:
             return (
                 len(self._failures)
                 + len(self._ioctl_faults)
                 + len(self._interrupts)
+                + len(self._suspends)
                 + len(self._crashes)
                 + len(self._heap_failures)
             )

@@ -18,18 +18,25 @@ all, and tests run each):
   of ``<dir>/<file>`` in each until one is a regular file; ``fopen_fd`` (34,
   sc 0x1F030100) of that path, read as above, ``fclose_fd``.
 
+apps_std answers with errno values, as libcdsprpc's ``apps_std_imp.c`` does.
+Only ENOENT (2) means "not there": ``stat`` answering it moves the search on
+to the next directory, and a file the loader probes (``SimConfig.loader_probes``)
+may be missing. Any other failure ends the load, as it would on a DSP whose
+loader tries its next candidate only after ENOENT.
+
 Failures raise :class:`HostReadError` with a dlopen-style text naming the file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import stat
 import struct
 from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 
-from npu_protocol.aee import AEE, describe_result
+from npu_protocol.aee import AEE, DSP_AEE_EOFFSET, aee_name, describe_result
 from npud.sim.config import LoaderPath
 from npud.sim.host_calls import HostCallError, HostChannel, c_string, text_of
 from npud.sim.layout import make_scalars
@@ -59,6 +66,8 @@ SC_FOPEN_FD: Final = make_scalars(ESCAPE_METHOD, 3, 1)
 SC_FCLOSE_FD: Final = make_scalars(ESCAPE_METHOD, 1, 0)
 SC_FOPEN_WITH_ENV_FD: Final = make_scalars(ESCAPE_METHOD, 5, 1)
 
+PROBE_LIMIT: Final = 64 * 1024
+"""A probed file is read whole (and dropped); larger ones fail the probe."""
 SEARCH_PATH_SLOTS: Final = 8
 """Paths asked for at first; more are asked for when the host has more."""
 PATH_CAPACITY: Final = 256
@@ -75,12 +84,40 @@ _STAT_MODE: Final = 3
 
 
 class HostReadError(Exception):
-    """A file the DSP could not read from the host; ``code`` is the AEE result to report."""
+    """A file the DSP could not read from the host; ``code`` is the AEE result to report.
+    ``missing``: the host said the file is not there (ENOENT), nothing else went wrong."""
 
-    def __init__(self, message: str, code: int = AEE.ENOSUCHMOD.dsp) -> None:
+    def __init__(
+        self, message: str, code: int = AEE.ENOSUCHMOD.dsp, *, missing: bool = False
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.missing = missing
+
+
+def _answer(result: int) -> str:
+    """An apps_std result as text: ``0x2 (ENOENT)``; a small value is named both as an
+    errno and as a bare AEE code where both exist (0x45: ESRMNT / AEE_ENOSUCHFILE)."""
+    if result >= DSP_AEE_EOFFSET:
+        return describe_result(result)
+    names = [errno.errorcode[result]] if result in errno.errorcode else []
+    aee = aee_name(result)
+    if aee is not None:
+        names.append(aee)
+    return f"{result:#x} ({' / '.join(names)})" if names else f"{result:#x}"
+
+
+def _open_failed(name: str, call: str, result: int) -> HostReadError:
+    """What an open that the host answered ``result`` means to the loader."""
+    if result == errno.ENOENT:
+        return HostReadError(
+            f"{name}: cannot open shared object file: No such file or directory (apps_std {call})",
+            missing=True,
+        )
+    return HostReadError(
+        f"{name}: cannot open shared object file: apps_std {call} answered {_answer(result)}"
+    )
 
 
 class HostFile(NamedTuple):
@@ -136,6 +173,18 @@ class HostFileReader:
             f" {', '.join(self._paths)} (AEE_EUNSUPPORTED)"
         )
 
+    def probe(self, name: str) -> bool:
+        """Ask for a file the DSP looks for on its own (libcdsprpc names ``oemconfig.so``,
+        ``testsig``, ``librpcversion_skel.so``): True if there, False if the host said
+        ENOENT; HostReadError for any other answer (the loader gives up)."""
+        try:
+            self.read(name, limit=PROBE_LIMIT, chunk=PROBE_LIMIT)
+        except HostReadError as exc:
+            if exc.missing:
+                return False
+            raise
+        return True
+
     # -- fopen_with_env / flen / fread / fclose -------------------------------
 
     def _streamed(self, apps_std: int, name: str, limit: int, chunk: int) -> bytes:
@@ -145,10 +194,7 @@ class HostFileReader:
         if _unsupported(reply.result):
             raise _UnsupportedPathError
         if reply.result:
-            raise HostReadError(
-                f"{name}: cannot open shared object file: No such file or directory"
-                f" (apps_std fopen_with_env: {describe_result(reply.result)})"
-            )
+            raise _open_failed(name, "fopen_with_env", reply.result)
         (file,) = _U32.unpack(reply.outputs[0])
         try:
             return self._read_stream(apps_std, file, name, limit, chunk)
@@ -193,10 +239,7 @@ class HostFileReader:
         if _unsupported(reply.result):
             raise _UnsupportedPathError
         if reply.result:
-            raise HostReadError(
-                f"{name}: cannot open shared object file: No such file or directory"
-                f" (apps_std fopen_with_env_fd: {describe_result(reply.result)})"
-            )
+            raise _open_failed(name, "fopen_with_env_fd", reply.result)
         return self._read_shared(apps_std, reply.outputs[0], name, limit)
 
     # -- get_search_paths_with_env / stat / fopen_fd ----------------------------
@@ -211,14 +254,12 @@ class HostFileReader:
             prim = struct.pack("<III", FOPEN_FD, *(len(s) for s in encoded))
             reply = self._host.call(apps_std, SC_FOPEN_FD, [prim, *encoded], [8])
             if reply.result:
-                raise HostReadError(
-                    f"{name}: cannot open shared object file: apps_std fopen_fd of {path}:"
-                    f" {describe_result(reply.result)}"
-                )
+                raise _open_failed(name, f"fopen_fd of {path}", reply.result)
             return self._read_shared(apps_std, reply.outputs[0], name, limit)
         raise HostReadError(
             f"{name}: cannot open shared object file: No such file or directory"
-            f" (not in any of {len(directories)} search paths)"
+            f" (not in any of {len(directories)} search paths)",
+            missing=True,
         )
 
     def _directories(self, apps_std: int, name: str) -> list[str]:
@@ -248,13 +289,20 @@ class HostFileReader:
             slots, capacity = max(slots, count), max(capacity, longest)
 
     def _is_file(self, apps_std: int, path: str) -> bool:
+        """stat of ``path``: False when the host says ENOENT (try the next directory);
+        HostReadError for any other failure (the loader stops there)."""
         encoded = c_string(path)
         prim = _U32_PAIR.pack(STAT, len(encoded))
         reply = self._host.call(apps_std, SC_STAT, [prim, encoded], [STAT_STRUCT.size])
         if _unsupported(reply.result):
             raise _UnsupportedPathError
-        if reply.result:
+        if reply.result == errno.ENOENT:
             return False
+        if reply.result:
+            raise HostReadError(
+                f"{path}: cannot open shared object file: apps_std stat answered"
+                f" {_answer(reply.result)}"
+            )
         mode = STAT_STRUCT.unpack(reply.outputs[0])[_STAT_MODE]
         return stat.S_ISREG(mode)
 

@@ -81,8 +81,10 @@ class InvokeArguments:
         alias: Callable[[int], StaleMapping | None] | None = None,
         *,
         for_child: bool = False,
+        channel: int | None = None,
     ) -> None:
         self._usermem = usermem
+        self._channel = channel  # the generation of the channel the call goes to
         self._for_child = for_child
         self._alias = alias
         self._max_payload = max_payload
@@ -175,7 +177,7 @@ class InvokeArguments:
 
     def _dma_buf(self, index: int, arg: InvokeArg) -> DmaBuf:
         try:
-            buffer = self._dmabufs.identify(arg.fd)
+            buffer = self._dmabufs.identify(arg.fd, channel=self._channel)
         except OSError:
             buffer = None
         if buffer is None:

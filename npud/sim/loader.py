@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from npu_protocol.aee import AEE
@@ -149,11 +149,13 @@ class SkelLoader:
         heap: DspHeap,
         skels: Mapping[str, SkelFactory],
         instantiate: Instantiate,
+        probes: Sequence[str] = (),
     ) -> None:
         self._files = files
         self._heap = heap
         self._skels = skels
         self._instantiate = instantiate
+        self._probes = tuple(probes)  # asked for before the process's first library
 
     def load(self, uri: str) -> LoadedSkel:
         """Bind the skel ``uri`` names; LoadError describes any failure.
@@ -164,6 +166,7 @@ class SkelLoader:
         request = parse_module_uri(uri)
         library = request.library
         try:
+            self._probe()
             data = self._files.read(library, limit=MAX_LIBRARY_SIZE, chunk=READ_CHUNK).data
         except HostReadError as exc:
             raise LoadError(exc.message) from None
@@ -193,6 +196,13 @@ class SkelLoader:
             resident.release()
             raise
         return LoadedSkel(instance, offset, library, request.symbol, resident)
+
+    def _probe(self) -> None:
+        """The files the loader looks for on its own; HostReadError when the host answers
+        one with anything but the file or ENOENT. Done once, when all pass."""
+        for name in self._probes:
+            self._files.probe(name)
+        self._probes = ()
 
     def read_host_file(self, name: str, *, limit: int) -> bytes:
         """Read ``name`` whole from the host, in chunks of HOST_FILE_CHUNK where it streams.

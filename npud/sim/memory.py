@@ -78,6 +78,14 @@ class ProcessMemory:
                     return True
             return False
 
+    def give_up_heap(self) -> list[HeapBuffer]:
+        """An interrupted invoke (86e2d052): the kernel moves every MMAP buffer of the fd
+        to the channel's list. The DSP keeps using them (their addresses stay taken);
+        the fd no longer finds them, so a later MUNMAP of one is EINVAL."""
+        with self._lock:
+            moved, self._heap = self._heap, []
+            return moved
+
     def has_heap(self, vaddr: int, size: int) -> bool:
         with self._lock:
             return any(b.vaddr == vaddr and b.size == size for b in self._heap)

@@ -183,7 +183,9 @@ class DspProcess:
         host = HostChannel(self.reverse, config.reverse_rpc_timeout)
         self.heap = DspHeap(config.heap_for(info.image_size), host)
         files = HostFileReader(host, self.memory, config.loader_paths)
-        self._loader = SkelLoader(files, self.heap, config.skels, self._instantiate)
+        self._loader = SkelLoader(
+            files, self.heap, config.skels, self._instantiate, config.loader_probes
+        )
         self._runner: SkelRunner
         if child is None:
             pd = PdServices(self._resolve_fd, self._crash_from_thread)

@@ -38,6 +38,8 @@ class SimStatistics:
     * ``dma_heap_fds_open``: open fds of ``/dev/dma_heap/system``.
     * ``dma_heap_allocations``: DMA_HEAP_IOCTL_ALLOC successes (a total; counted in
       ``dma_bufs_allocated`` too).
+    * ``interrupted_mmaps``: MMAP buffers the current channel took from fds whose
+      invoke ERESTARTSYS interrupted (86e2d052); they go with the next restart.
     """
 
     device_fds_open: int
@@ -61,3 +63,4 @@ class SimStatistics:
     pd_crashes: int
     dma_heap_fds_open: int
     dma_heap_allocations: int
+    interrupted_mmaps: int = 0

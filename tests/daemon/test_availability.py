@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 from pathlib import Path
 
@@ -27,9 +28,8 @@ async def test_not_available_and_never_raising_where_nothing_answers(tmp_path: P
     try:
         for name in ("missing.sock", "a-directory", "silent.sock"):
             path = tmp_path / name
-            assert not await trio.to_thread.run_sync(
-                lambda path=path: npu_client.is_available(path, timeout=0.2)
-            )
+            probe = functools.partial(npu_client.is_available, path, timeout=0.2)
+            assert not await trio.to_thread.run_sync(probe)
             assert not await trio_client.is_available(path, timeout=0.2)
     finally:
         silent.close()

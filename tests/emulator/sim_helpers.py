@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import errno
 import mmap
 import os
 import pathlib
@@ -268,7 +269,7 @@ class RawPages:
 # -- a minimal reverse-RPC responder ---------------------------------------------
 
 APPS_STD_HANDLE: Final = 0x5A
-AEE_ENOSUCHFILE_HOST: Final = 0x45  # the HLOS side uses bare codes
+ENOENT_HOST: Final = errno.ENOENT  # libcdsprpc's apps_std answers errno values
 
 ReplyHook = Callable[[int, int, list[bytes]], tuple[int, list[bytes]] | None]
 
@@ -417,7 +418,7 @@ class ReverseResponder:
         if method == 19:  # fopen_with_env(var, delim, name, mode)
             path = self.directory / _c_str(inputs[3])
             if _c_str(inputs[1]) != "ADSP_LIBRARY_PATH" or not path.is_file():
-                return AEE_ENOSUCHFILE_HOST, []
+                return ENOENT_HOST, []
             file = self._next_file
             self._next_file += 1
             self._files[file] = path.read_bytes()
@@ -425,7 +426,7 @@ class ReverseResponder:
             return 0, [struct.pack("<I", file)]
         (file,) = struct.unpack_from("<I", inputs[0])
         if file not in self._files:
-            return 0x0E, []
+            return errno.EBADF, []
         if method == 10:  # flen
             return 0, [struct.pack("<Q", len(self._files[file]))]
         if method == 4:  # fread(file, capacity)

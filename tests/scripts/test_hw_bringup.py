@@ -40,7 +40,9 @@ def test_help_names_every_step_and_option() -> None:
     result = run("--help")
     assert result.returncode == 0
     for word in ("doctor", "pytest -m hardware", "--scenario echo", "npuctl selftest",
-                 "--model FILE", "--backend KIND", "--skip-tests", "tar.gz"):  # fmt: skip
+                 "--model FILE", "--backend KIND", "--skip-tests", "tar.gz",
+                 "--scenario fidelity", "UNSIGNED_PD_SUPPORT", "--suspend",
+                 "rtcwake"):  # fmt: skip
         assert word in result.stdout, word
 
 
@@ -65,20 +67,29 @@ def test_a_rehearsal_on_the_emulator_packs_every_step(tmp_path: Path) -> None:
     model.write_bytes(onnx_models.add_one())
     out = tmp_path / "bringup"
     result = run(
-        "--backend", "emulator", "--out", str(out), "--skip-tests", "--model", str(model)
+        "--backend", "emulator", "--out", str(out), "--skip-tests", "--model", str(model),
+        "--suspend",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     summary = (out / "summary.txt").read_text()
-    for name in ("system", "doctor", "echo", "model", "daemon"):
+    for name in ("system", "doctor", "echo", "fidelity", "model", "daemon", "suspend"):
         assert any(line.split()[:2] == [name, "ok"] for line in summary.splitlines()), summary
     assert "tests    skipped --skip-tests" in summary
     assert "llama    skipped no --llama-bin and --gguf" in summary  # run by make peer-llama
     with tarfile.open(f"{out}.tar.gz") as packed:
         names = {Path(member).name for member in packed.getnames()}
     assert {"summary.txt", "system.txt", "doctor.json", "echo.jsonl", "model.jsonl",
-            "daemon.jsonl", "daemon.log", "status.json"} <= names  # fmt: skip
-    for trace in ("echo", "model", "daemon"):
+            "daemon.jsonl", "daemon.log", "status.json", "fidelity.jsonl",
+            "suspend.jsonl"} <= names  # fmt: skip
+    for trace in ("echo", "fidelity", "model", "daemon", "suspend"):
         assert load_trace(out / f"{trace}.jsonl").complete, trace
+    # What only the device can settle is in fidelity.txt, line by line.
+    fidelity = (out / "fidelity.txt").read_text()
+    for line in ("UNSIGNED_PD_SUPPORT: 1", "listener: adsp_listener1", "remotectl: remotectl1",
+                 "static handle 9 (no module): 0x8000043E",
+                 "reverse: apps_std fopen_with_env libecho_skel.so -> 0"):  # fmt: skip
+        assert line in fidelity, fidelity
+    assert ", 0 failed," in (out / "suspend.txt").read_text()
     assert "selftest passed" in (out / "daemon.txt").read_text()
     assert "no divergence" in (out / "daemon.txt").read_text()
     # The daemon it started is gone.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from pathlib import Path
@@ -124,16 +125,16 @@ def test_plain_fopen_and_file_exists(server: Host) -> None:
 @pytest.mark.parametrize(
     ("name", "mode", "code"),
     [
-        ("missing.so", "r", AEE.ENOSUCHFILE),
-        ("../etc/passwd", "r", AEE.ENOSUCHFILE),
-        ("/etc/passwd", "r", AEE.ENOSUCHFILE),
-        (".hidden", "r", AEE.ENOSUCHFILE),
-        ("libecho_skel.so", "w", AEE.EBADPERMS),
-        ("libecho_skel.so", "r+", AEE.EBADPERMS),
+        ("missing.so", "r", errno.ENOENT),
+        ("../etc/passwd", "r", errno.ENOENT),
+        ("/etc/passwd", "r", errno.ENOENT),
+        (".hidden", "r", errno.ENOENT),
+        ("libecho_skel.so", "w", errno.EACCES),
+        ("libecho_skel.so", "r+", errno.EACCES),
     ],
 )
 def test_files_outside_the_search_path_or_writes_are_refused(
-    server: Host, name: str, mode: str, code: AEE
+    server: Host, name: str, mode: str, code: int
 ) -> None:
     assert _open(server, name, mode).result == code
 
@@ -148,19 +149,19 @@ def test_bad_handles_and_methods(server: Host) -> None:
         server.dispatch(
             handle, abi.remote_scalars_make(FLEN, 1, 1), [struct.pack("<I", 77)], [8]
         ).result
-        == AEE.EBADFD
+        == errno.EBADF
     )
     assert (
         server.dispatch(
             handle, abi.remote_scalars_make(FREAD, 1, 2), [struct.pack("<II", 77, 8)], [8, 8]
         ).result
-        == AEE.EBADFD
+        == errno.EBADF
     )
     assert (
         server.dispatch(
             handle, abi.remote_scalars_make(FCLOSE, 1, 0), [struct.pack("<I", 77)], []
         ).result
-        == AEE.EBADFD
+        == errno.EBADF
     )
     assert (
         server.dispatch(handle, abi.remote_scalars_make(30, 0, 0), [], []).result
@@ -194,7 +195,7 @@ def test_open_file_limit_and_close_releases_fds(server: Host) -> None:
     before = len(os.listdir("/proc/self/fd"))
     for _ in range(MAX_OPEN_FILES):
         assert _open(server, "libecho_skel.so").result == 0
-    assert _open(server, "libecho_skel.so").result == AEE.EOUTOFHANDLES
+    assert _open(server, "libecho_skel.so").result == errno.EMFILE
     handle = _std_handle(server)
     closed = server.dispatch(
         0, abi.remote_scalars_make(1, 1, 2), [struct.pack("<II", handle, 8)], [4, 8]
@@ -205,7 +206,7 @@ def test_open_file_limit_and_close_releases_fds(server: Host) -> None:
 
 
 def test_overlong_names_and_huge_capacities_are_refused(server: Host) -> None:
-    assert _open(server, "x" * 300 + ".so").result == AEE.ENOSUCHFILE
+    assert _open(server, "x" * 300 + ".so").result == errno.ENOENT
     handle = _std_handle(server)
     huge = server.dispatch(
         handle, abi.remote_scalars_make(FREAD, 1, 2), [struct.pack("<II", 1, 8)], [8, 1 << 30]
@@ -273,9 +274,8 @@ def test_fopen_fd_shares_the_whole_file_and_fclose_fd_gives_it_back(
     handle = _std_handle(host)
     assert host.dispatch(handle, close, [struct.pack("<Ii", FCLOSE_FD, fd)], []).result == 0
     assert sharing.shared == {}
-    assert host.dispatch(handle, close, [struct.pack("<Ii", FCLOSE_FD, fd)], []).result == (
-        AEE.EBADFD
-    )
+    # libcdsprpc's fclose_fd of an fd it does not know is a success.
+    assert host.dispatch(handle, close, [struct.pack("<Ii", FCLOSE_FD, fd)], []).result == 0
 
 
 def test_fopen_with_env_fd_prefers_the_domain_directory(host: Host, sharing: FakeSharing) -> None:
@@ -289,14 +289,14 @@ def test_fopen_with_env_fd_prefers_the_domain_directory(host: Host, sharing: Fak
 @pytest.mark.parametrize(
     ("name", "mode", "code"),
     [
-        ("missing.so", "r", AEE.ENOSUCHFILE),
-        ("../libecho_skel.so", "r", AEE.ENOSUCHFILE),
-        ("/etc/passwd", "r", AEE.ENOSUCHFILE),
-        ("libecho_skel.so", "w", AEE.EBADPERMS),
+        ("missing.so", "r", errno.ENOENT),
+        ("../libecho_skel.so", "r", errno.ENOENT),
+        ("/etc/passwd", "r", errno.ENOENT),
+        ("libecho_skel.so", "w", errno.EACCES),
     ],
 )
 def test_fopen_fd_refusals(
-    host: Host, sharing: FakeSharing, name: str, mode: str, code: AEE
+    host: Host, sharing: FakeSharing, name: str, mode: str, code: int
 ) -> None:
     assert _fopen_fd(host, name, mode).result == code
     assert sharing.shared == {}
@@ -337,10 +337,10 @@ def test_stat_of_bare_names_absolute_paths_and_exposed_descriptors(
     assert (fields[2], fields[6], fields[7]) == (info.st_ino, 100, int(info.st_atime))
     assert stat(f"{libdir}/libecho_skel.so")[0] == 0
     assert stat(f"{libdir}/cdsp/libdomain_skel.so")[0] == 0
-    assert stat(f"{libdir}/../{libdir.name}/libecho_skel.so")[0] == AEE.ENOSUCHFILE
-    assert stat(f"{libdir}/missing/libecho_skel.so")[0] == AEE.ENOSUCHFILE  # not a listed dir
-    assert stat("/etc/passwd")[0] == AEE.ENOSUCHFILE
-    assert stat("nothing.so")[0] == AEE.ENOSUCHFILE
+    assert stat(f"{libdir}/../{libdir.name}/libecho_skel.so")[0] == errno.ENOENT
+    assert stat(f"{libdir}/missing/libecho_skel.so")[0] == errno.ENOENT  # not a listed dir
+    assert stat("/etc/passwd")[0] == errno.ENOENT
+    assert stat("nothing.so")[0] == errno.ENOENT
 
 
 def test_get_search_paths_lists_the_existing_directories(host: Host, libdir: Path) -> None:

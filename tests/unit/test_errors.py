@@ -256,6 +256,15 @@ def test_an_invoke_errno_the_kernel_never_returns_is_the_dsps_result(err: int, r
     assert dsp_result_in_errno_range(OSError(err, "x"), abi.FASTRPC_IOCTL_INVOKE) == result
 
 
+def test_ecanceled_is_among_the_kernels_errnos() -> None:
+    # issue 21: a cancelled context comes back as ECANCELED; it is the kernel's answer,
+    # not a DSP result of -125.
+    assert errno.ECANCELED in INVOKE_ERRNOS
+    assert (
+        dsp_result_in_errno_range(OSError(errno.ECANCELED, "x"), abi.FASTRPC_IOCTL_INVOKE) is None
+    )
+
+
 @pytest.mark.parametrize("err", sorted(INVOKE_ERRNOS))
 def test_kernel_errnos_stay_the_kernels(err: int) -> None:
     assert dsp_result_in_errno_range(OSError(err, "x"), abi.FASTRPC_IOCTL_INVOKE) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import struct
@@ -10,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from npu_protocol import AEE
 from npud.fastrpc import abi
 from npud.fastrpc.apps_std import (
     FCLOSE,
@@ -157,13 +157,13 @@ def test_the_dsp_reads_an_exposed_descriptor_by_name(model_fd: int, tmp_path: Pa
         assert seek.result == 0
         assert dsp.read(first, 100) == CONTENT[-4:]
         bad_seek = dsp.call(FSEEK, [struct.pack("<IiI", first, -1, os.SEEK_SET)], [])
-        assert bad_seek.result == AEE.EFILE
+        assert bad_seek.result == errno.EINVAL  # fseek(3)
         assert dsp.call(FCLOSE, [struct.pack("<I", first)], []).result == 0
         assert exposed.pread(0, 2) == CONTENT[:2]  # fclose did not close the lent descriptor
         # Once the exposure ends, an open handle reads nothing more and the name is gone.
     reply = dsp.call(FREAD, [struct.pack("<II", second, 8)], [8, 8])
-    assert reply.result == AEE.EFILE
-    assert dsp.fopen(exposed.name).result == AEE.ENOSUCHFILE
+    assert reply.result == errno.EBADF  # the read failed: its errno, as libcdsprpc
+    assert dsp.fopen(exposed.name).result == errno.ENOENT
     assert not dsp.exists(exposed.name)
     dsp.server.close()
 
@@ -173,11 +173,11 @@ def test_the_exposed_namespace_never_reaches_the_search_path(tmp_path: Path) -> 
     (tmp_path / planted).write_bytes(b"a file an attacker put on the library path")
     (tmp_path / "libecho_skel.so").write_bytes(b"skel")
     dsp = Dsp(AppsStdServer([tmp_path], ExposedFiles()))
-    assert dsp.fopen(planted).result == AEE.ENOSUCHFILE
+    assert dsp.fopen(planted).result == errno.ENOENT
     assert not dsp.exists(planted)
     assert dsp.fopen("libecho_skel.so").result == 0  # the search path still works
     for escape in (f"{planted}/../libecho_skel.so", f"../{planted}", planted.upper()):
-        assert dsp.fopen(escape).result == AEE.ENOSUCHFILE
+        assert dsp.fopen(escape).result == errno.ENOENT
     dsp.server.close()
 
 

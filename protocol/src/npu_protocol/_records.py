@@ -266,6 +266,9 @@ class SessionRow(_Record, frozen=True, kw_only=True):
     listener_requests: U63 = 0
     listener_stopped_because: Text = ""
     """Why the listener ended, once it has; empty while it runs."""
+    refused_paths: U63 = 0
+    """Files the DSP asked for outside the library directories, refused (each is logged
+    once with its path; docs/hardware.md says how to allow a directory)."""
 
 
 class DomainRow(_Record, frozen=True, kw_only=True):

@@ -1,0 +1,89 @@
+"""The bring-up's fidelity and suspend scenarios (issue 21): what they print settles,
+on a device, what the emulator can only be told by its knobs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from npu_protocol import ErrorCode
+from npud.backend import DEV_SHELL
+from npud.fastrpc.errors import RpcError
+from npud.fastrpc.replay import replay
+from npud.fastrpc.session import FastRpcSession
+from npud.fastrpc.trace import TraceWriter, TracingDriver
+from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
+from npud.sim.config import AEE_ERPC
+from npud.trace_cli import apps_std_calls, fidelity_scenario, suspend_scenario
+
+OLD_FIRMWARE = SimConfig(
+    domain_handles=False, absent_module_result=AEE_ERPC, loader_probes=("oemconfig.so",)
+)
+
+
+def _record(
+    path: Path,
+    config: SimConfig,
+    run: Callable[[FastRpcSession], None],
+    *,
+    suspend: bool = False,
+) -> None:
+    writer = TraceWriter(path, backend="emulator")
+    emulator = EmulatedDriver(config)
+    try:
+        with FastRpcSession.open(
+            TracingDriver(emulator, writer), library_path=[DSP_LIBRARY_DIR]
+        ) as session:
+            session.load_shell(DEV_SHELL.read_bytes())
+            if suspend:
+                emulator.faults.suspend_next_invoke()
+            run(session)
+    finally:
+        writer.close()
+
+
+def test_the_fidelity_scenario_prints_what_the_firmware_answered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "fidelity.jsonl"
+    _record(trace, OLD_FIRMWARE, fidelity_scenario)
+    printed = capsys.readouterr().out
+    for line in (
+        "UNSIGNED_PD_SUPPORT: 1",
+        "static handle 9 (no module): 0x80000600 (AEE_ERPC)",
+        "static handle 10 (no module): 0x80000600 (AEE_ERPC)",
+        "listener: adsp_listener (retries 0)",
+        "remotectl: remotectl",
+        "paths refused: 0",
+    ):
+        assert line in printed, printed
+    calls = apps_std_calls(trace)
+    assert calls[:3] == [
+        "reverse: apps_remotectl open apps_std -> 0",
+        "reverse: apps_std fopen_with_env oemconfig.so -> 2",  # ENOENT: the loader goes on
+        "reverse: apps_std fopen_with_env libecho_skel.so -> 0",
+    ]
+    assert replay(trace).divergence is None
+
+
+def test_the_suspend_scenario_sees_one_answer_per_call(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "suspend.jsonl"
+    _record(trace, SimConfig(), lambda session: suspend_scenario(session, 0.2), suspend=True)
+    printed = capsys.readouterr().out
+    assert ", 0 failed," in printed
+    assert "listener: running=True" in printed
+    assert replay(trace).divergence is None
+
+
+def test_only_the_unknown_static_handles_may_be_probed() -> None:
+    driver = EmulatedDriver()
+    with FastRpcSession.open(driver, library_path=[DSP_LIBRARY_DIR]) as session:
+        session.load_shell(DEV_SHELL.read_bytes())
+        for handle in (0, 1, 3, 4, 7, 8, 11):
+            with pytest.raises(RpcError) as caught:
+                session.probe_static_handle(handle)
+            assert caught.value.code is ErrorCode.INVALID_ARGUMENT
