@@ -284,13 +284,34 @@ def welcome_of(npud: Npud, name: str) -> p.Welcome:
         peer.close()
 
 
+def domain_state(npud: Npud) -> str:
+    """The default domain's state, as status tells a client that just connected."""
+    peer = RawPeer.connect(npud.socket_path)
+    try:
+        peer.hello("watcher")
+        while True:
+            reply = peer.request(p.StatusRequest(id=peer.next_id()))
+            if isinstance(reply, p.StatusReply):
+                break
+        rows = {row.name: row for row in reply.status.domains}
+        return rows["default"].state
+    finally:
+        peer.close()
+
+
 def test_a_welcome_during_an_outage_shows_no_stale_capabilities(npud: Npud) -> None:
     operator = RawPeer.connect(npud.socket_path)
     try:
         up = operator.hello("operator")
         assert up.dsp.arch_ver != 0
         operator.request(p.DebugRequest(id=1, action="ssr", duration_ms=1500))
-        # The DSP is away: no capabilities (not the old epoch's as if current).
+        # npud learns of the restart from the DSP (its listener's EPIPE), a moment after
+        # the fault: once it knows, a Welcome carries no capabilities (not the old
+        # epoch's as if current).
+        deadline = time.monotonic() + 5
+        while domain_state(npud) == "up":
+            assert time.monotonic() < deadline, "npud never noticed the restart"
+            time.sleep(0.005)
         assert welcome_of(npud, "during").dsp == p.DspCapabilities()
     finally:
         operator.close()
