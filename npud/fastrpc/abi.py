@@ -11,6 +11,7 @@ Nothing here performs I/O.
 from __future__ import annotations
 
 import ctypes
+import enum
 from typing import Final
 
 # --------------------------------------------------------------------------
@@ -163,38 +164,51 @@ class dma_heap_allocation_data(ctypes.Structure):
 # Request numbers. The kernel compares the full 32-bit word; any other value
 # (right nr, wrong direction or size) is ENOTTY.
 
-FASTRPC_IOCTL_ALLOC_DMA_BUFF: Final = _IOWR("R", 1, fastrpc_alloc_dma_buf)
-FASTRPC_IOCTL_FREE_DMA_BUFF: Final = _IOWR("R", 2, ctypes.c_uint32)  # ENOTTY in mainline
-FASTRPC_IOCTL_INVOKE: Final = _IOWR("R", 3, fastrpc_invoke)
-FASTRPC_IOCTL_INIT_ATTACH: Final = _IO("R", 4)
-FASTRPC_IOCTL_INIT_CREATE: Final = _IOWR("R", 5, fastrpc_init_create)
-FASTRPC_IOCTL_MMAP: Final = _IOWR("R", 6, fastrpc_req_mmap)
-FASTRPC_IOCTL_MUNMAP: Final = _IOWR("R", 7, fastrpc_req_munmap)
-FASTRPC_IOCTL_INIT_ATTACH_SNS: Final = _IO("R", 8)
-FASTRPC_IOCTL_INIT_CREATE_STATIC: Final = _IOWR("R", 9, fastrpc_init_create_static)
-FASTRPC_IOCTL_MEM_MAP: Final = _IOWR("R", 10, fastrpc_mem_map)
-FASTRPC_IOCTL_MEM_UNMAP: Final = _IOWR("R", 11, fastrpc_mem_unmap)
-FASTRPC_IOCTL_GET_DSP_INFO: Final = _IOWR("R", 13, fastrpc_ioctl_capability)
 
-# The system DMA-BUF heap (drivers/dma-buf/dma-heap.c), where libcdsprpc's rpcmem
-# allocates: any other command word is ENOTTY.
-DMA_HEAP_IOCTL_ALLOC: Final = _IOWR("H", 0, dma_heap_allocation_data)
+class Ioctl(enum.IntEnum):
+    """Every request npud issues, by the name traces and errors show; each value is
+    computed from its struct as the kernel's macros compute it (``_IOWR`` and ``_IO``),
+    and ``tests/unit/test_abi.py`` checks them against the C compiler."""
 
-IOCTL_NAMES: Final[dict[int, str]] = {
-    DMA_HEAP_IOCTL_ALLOC: "DMA_HEAP_IOCTL_ALLOC",
-    FASTRPC_IOCTL_ALLOC_DMA_BUFF: "ALLOC_DMA_BUFF",
-    FASTRPC_IOCTL_FREE_DMA_BUFF: "FREE_DMA_BUFF",
-    FASTRPC_IOCTL_INVOKE: "INVOKE",
-    FASTRPC_IOCTL_INIT_ATTACH: "INIT_ATTACH",
-    FASTRPC_IOCTL_INIT_CREATE: "INIT_CREATE",
-    FASTRPC_IOCTL_MMAP: "MMAP",
-    FASTRPC_IOCTL_MUNMAP: "MUNMAP",
-    FASTRPC_IOCTL_INIT_ATTACH_SNS: "INIT_ATTACH_SNS",
-    FASTRPC_IOCTL_INIT_CREATE_STATIC: "INIT_CREATE_STATIC",
-    FASTRPC_IOCTL_MEM_MAP: "MEM_MAP",
-    FASTRPC_IOCTL_MEM_UNMAP: "MEM_UNMAP",
-    FASTRPC_IOCTL_GET_DSP_INFO: "GET_DSP_INFO",
-}
+    ALLOC_DMA_BUFF = _IOWR("R", 1, fastrpc_alloc_dma_buf)
+    FREE_DMA_BUFF = _IOWR("R", 2, ctypes.c_uint32)  # ENOTTY in mainline
+    INVOKE = _IOWR("R", 3, fastrpc_invoke)
+    INIT_ATTACH = _IO("R", 4)
+    INIT_CREATE = _IOWR("R", 5, fastrpc_init_create)
+    MMAP = _IOWR("R", 6, fastrpc_req_mmap)
+    MUNMAP = _IOWR("R", 7, fastrpc_req_munmap)
+    INIT_ATTACH_SNS = _IO("R", 8)
+    INIT_CREATE_STATIC = _IOWR("R", 9, fastrpc_init_create_static)
+    MEM_MAP = _IOWR("R", 10, fastrpc_mem_map)
+    MEM_UNMAP = _IOWR("R", 11, fastrpc_mem_unmap)
+    GET_DSP_INFO = _IOWR("R", 13, fastrpc_ioctl_capability)
+    # The system DMA-BUF heap (drivers/dma-buf/dma-heap.c), where libcdsprpc's rpcmem
+    # allocates: any other command word is ENOTTY.
+    DMA_HEAP_IOCTL_ALLOC = _IOWR("H", 0, dma_heap_allocation_data)
+
+
+def ioctl_name(request: int) -> str:
+    """The name a trace or an error shows for ``request``: the member's, else its hex."""
+    try:
+        return Ioctl(request).name
+    except ValueError:
+        return f"0x{request:08X}"
+
+
+# The uapi header's names, for code that reads like the kernel's.
+FASTRPC_IOCTL_ALLOC_DMA_BUFF: Final = Ioctl.ALLOC_DMA_BUFF
+FASTRPC_IOCTL_FREE_DMA_BUFF: Final = Ioctl.FREE_DMA_BUFF
+FASTRPC_IOCTL_INVOKE: Final = Ioctl.INVOKE
+FASTRPC_IOCTL_INIT_ATTACH: Final = Ioctl.INIT_ATTACH
+FASTRPC_IOCTL_INIT_CREATE: Final = Ioctl.INIT_CREATE
+FASTRPC_IOCTL_MMAP: Final = Ioctl.MMAP
+FASTRPC_IOCTL_MUNMAP: Final = Ioctl.MUNMAP
+FASTRPC_IOCTL_INIT_ATTACH_SNS: Final = Ioctl.INIT_ATTACH_SNS
+FASTRPC_IOCTL_INIT_CREATE_STATIC: Final = Ioctl.INIT_CREATE_STATIC
+FASTRPC_IOCTL_MEM_MAP: Final = Ioctl.MEM_MAP
+FASTRPC_IOCTL_MEM_UNMAP: Final = Ioctl.MEM_UNMAP
+FASTRPC_IOCTL_GET_DSP_INFO: Final = Ioctl.GET_DSP_INFO
+DMA_HEAP_IOCTL_ALLOC: Final = Ioctl.DMA_HEAP_IOCTL_ALLOC
 
 # --------------------------------------------------------------------------
 # The scalars word (kernel FASTRPC_BUILD_SCALARS, userspace REMOTE_SCALARS_MAKEX):

@@ -88,7 +88,10 @@ def call_name(call: int | DriverCall) -> str:
     """How a call reads in messages: the ioctl's name (``MEM_MAP``) or ``open``/``mmap``."""
     if isinstance(call, DriverCall):
         return call.value
-    return abi.IOCTL_NAMES.get(call, f"ioctl 0x{call:08X}")
+    try:
+        return abi.Ioctl(call).name
+    except ValueError:
+        return f"ioctl 0x{call:08X}"
 
 
 def translate_os_error(exc: OSError, call: int | DriverCall, *, device: str = "") -> RpcError:

@@ -67,7 +67,7 @@ OUTPUT_FIELDS: Final[Mapping[int, tuple[str, ...]]] = {
 
 
 def request_name(request: int) -> str:
-    return abi.IOCTL_NAMES.get(request, f"0x{request:08X}")
+    return abi.ioctl_name(request)
 
 
 # --- data -------------------------------------------------------------------------------
