@@ -31,6 +31,41 @@ def test_every_code_has_exactly_one_class_exported_by_the_package() -> None:
     assert dict(npu_client.ERROR_CLASSES) == classes
 
 
+# How callers catch them, by the code's family (PROTOCOL.md section 11) with the
+# exceptions that family lumps together spelled out.
+EXPECTED_GROUP = {
+    **{code: npu_client.NpuConnectionError for code in p.ErrorCode if 500 <= code < 600},
+    p.ErrorCode.SHUTTING_DOWN: npu_client.NpuConnectionError,
+    p.ErrorCode.NOT_PERMITTED: npu_client.NpuAccessError,
+    p.ErrorCode.QUOTA_EXCEEDED: npu_client.NpuAccessError,
+    p.ErrorCode.ADMISSION_REFUSED: npu_client.NpuAccessError,
+    **{code: npu_client.NpuModelError for code in p.ErrorCode if 300 <= code < 400},
+    **{
+        code: npu_client.NpuUsageError
+        for code in (
+            p.ErrorCode.UNKNOWN_HANDLE,
+            p.ErrorCode.UNKNOWN_BUFFER,
+            p.ErrorCode.INVALID_ARGUMENT,
+            p.ErrorCode.INVALID_FD,
+            p.ErrorCode.SLICE_OUT_OF_RANGE,
+            p.ErrorCode.DMA_SIZE_OVERFLOW,
+            p.ErrorCode.DMA_EXCEEDS_MAX_SIZE,
+            p.ErrorCode.UNSUPPORTED,
+        )
+    },
+}
+
+
+def test_every_class_is_in_exactly_one_group_as_users_catch_them() -> None:
+    for code in p.ErrorCode:
+        cls = error_class(code)
+        groups = [group for group in npu_client.GROUPS if issubclass(cls, group)]
+        assert len(groups) == 1, (code.name, groups)
+        assert groups[0] is EXPECTED_GROUP.get(code, npu_client.NpuDspError), code.name
+    assert issubclass(npu_client.ConnectFailed, npu_client.NpuConnectionError)
+    assert issubclass(npu_client.Timeout, TimeoutError)  # still caught as the builtin
+
+
 def test_class_names_follow_the_code_names() -> None:
     expected = {
         p.ErrorCode.DSP_RESTARTED: "DspRestarted",

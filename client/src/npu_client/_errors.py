@@ -5,6 +5,11 @@ client raises the class registered for that number, carrying the code, the
 server's rendered message and the template's fields. A number this version
 does not know (a newer daemon) raises the base class, :class:`NpuError`.
 
+Each class sits under one of five groups, as callers catch them (:data:`GROUPS`):
+:class:`NpuConnectionError` (reconnect), :class:`NpuAccessError` (not allowed, over a
+quota), :class:`NpuDspError` (the DSP failed or was late), :class:`NpuModelError` and
+:class:`NpuUsageError` (the request was wrong); all under :class:`NpuError`.
+
 The class names are the ErrorCode names in CamelCase (``DSP_RESTARTED`` is
 ``DspRestarted``), which is why they do not all end in ``Error``. Two codes
 name something ``npu_protocol`` also has (its ``ConnectionClosed`` and
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from npu_protocol import ErrorCode, ErrorMessage, ProtocolError, format_message
 
@@ -72,6 +77,34 @@ class NpuError(Exception):
         return self.message
 
 
+class NpuConnectionError(NpuError):
+    """npud could not be reached, went away, or the wire between broke (5xx, ``CONNECTION_CLOSED``,
+    ``SHUTTING_DOWN``): everything made on the connection is gone; connect again."""
+
+
+class NpuAccessError(NpuError):
+    """npud will not do it for this client: not allowed, over a quota, or a budget it
+    cannot admit. Retrying the same way fails the same way."""
+
+
+class NpuDspError(NpuError):
+    """The DSP side failed or took too long: a skel's or the DSP's own result, a restart,
+    no session, the shell, a timeout or a missed deadline (and npud's own bugs)."""
+
+
+class NpuModelError(NpuError):
+    """A model could not be loaded or run: its file, its shapes, its inputs, the runtime."""
+
+
+class NpuUsageError(NpuError):
+    """The request itself was wrong: an unknown id, a bad argument or size, something
+    this npud does not support."""
+
+
+GROUPS: Final = (NpuConnectionError, NpuAccessError, NpuDspError, NpuModelError, NpuUsageError)
+"""The ways callers catch errors; every code's class is in exactly one."""
+
+
 def _known(code: int) -> int:
     try:
         return ErrorCode(code)
@@ -114,198 +147,198 @@ def code_message(code: ErrorCode, detail: str = "", **fields: Any) -> str:
 # --- FastRPC and the DSP (1xx) ---------------------------------------------------------
 
 
-class FastRpcError(NpuError, code=ErrorCode.FASTRPC):
+class FastRpcError(NpuDspError, code=ErrorCode.FASTRPC):
     """A FastRPC call failed with a DSP result code (``fields["rc"]``)."""
 
 
-class OpenFailed(NpuError, code=ErrorCode.OPEN_FAILED):
+class OpenFailed(NpuDspError, code=ErrorCode.OPEN_FAILED):
     """The DSP refused to open a skel; ``fields`` has the uri, result code and dlerror text."""
 
 
-class InvokeFailed(NpuError, code=ErrorCode.INVOKE_FAILED):
+class InvokeFailed(NpuDspError, code=ErrorCode.INVOKE_FAILED):
     """The remote method returned non-zero; ``fields["code"]`` is its 32-bit result."""
 
 
-class MmapFailed(NpuError, code=ErrorCode.MMAP_FAILED):
+class MmapFailed(NpuDspError, code=ErrorCode.MMAP_FAILED):
     """Mapping a buffer into the DSP failed."""
 
 
-class DspRestarted(NpuError, code=ErrorCode.DSP_RESTARTED):
+class DspRestarted(NpuDspError, code=ErrorCode.DSP_RESTARTED):
     """The DSP session restarted: handles and mappings of earlier epochs are gone."""
 
 
-class NoFreeSession(NpuError, code=ErrorCode.NO_FREE_SESSION):
+class NoFreeSession(NpuDspError, code=ErrorCode.NO_FREE_SESSION):
     """Every FastRPC compute context bank is in use."""
 
 
-class Unsupported(NpuError, code=ErrorCode.UNSUPPORTED):
+class Unsupported(NpuUsageError, code=ErrorCode.UNSUPPORTED):
     """The daemon or the DSP does not support what was asked."""
 
 
-class DeviceNotFound(NpuError, code=ErrorCode.DEVICE_NOT_FOUND):
+class DeviceNotFound(NpuDspError, code=ErrorCode.DEVICE_NOT_FOUND):
     """No FastRPC device node."""
 
 
-class DeviceError(NpuError, code=ErrorCode.DEVICE_ERROR):
+class DeviceError(NpuDspError, code=ErrorCode.DEVICE_ERROR):
     """An operation on the FastRPC device failed."""
 
 
-class UnknownHandle(NpuError, code=ErrorCode.UNKNOWN_HANDLE):
+class UnknownHandle(NpuUsageError, code=ErrorCode.UNKNOWN_HANDLE):
     """The handle id is not open on this connection."""
 
 
-class SessionClosed(NpuError, code=ErrorCode.SESSION_CLOSED):
+class SessionClosed(NpuDspError, code=ErrorCode.SESSION_CLOSED):
     """The daemon's FastRPC session is closed."""
 
 
 # --- memory (2xx) ----------------------------------------------------------------------
 
 
-class DmaBufAllocFailed(NpuError, code=ErrorCode.DMA_BUF_ALLOC):
+class DmaBufAllocFailed(NpuDspError, code=ErrorCode.DMA_BUF_ALLOC):
     """The daemon could not allocate the DMA-BUF."""
 
 
-class DmaSizeOverflow(NpuError, code=ErrorCode.DMA_SIZE_OVERFLOW):
+class DmaSizeOverflow(NpuUsageError, code=ErrorCode.DMA_SIZE_OVERFLOW):
     """The size overflows when rounded up to a page."""
 
 
-class DmaExceedsMaxSize(NpuError, code=ErrorCode.DMA_EXCEEDS_MAX_SIZE):
+class DmaExceedsMaxSize(NpuUsageError, code=ErrorCode.DMA_EXCEEDS_MAX_SIZE):
     """The size is above the 256 MiB ceiling."""
 
 
-class InvalidFd(NpuError, code=ErrorCode.INVALID_FD):
+class InvalidFd(NpuUsageError, code=ErrorCode.INVALID_FD):
     """A file descriptor was not valid."""
 
 
-class SliceOutOfRange(NpuError, code=ErrorCode.SLICE_OUT_OF_RANGE):
+class SliceOutOfRange(NpuUsageError, code=ErrorCode.SLICE_OUT_OF_RANGE):
     """A buffer slice reaches past its buffer."""
 
 
-class UnknownBuffer(NpuError, code=ErrorCode.UNKNOWN_BUFFER):
+class UnknownBuffer(NpuUsageError, code=ErrorCode.UNKNOWN_BUFFER):
     """The buffer id is not live on this connection."""
 
 
-class InvalidArgument(NpuError, code=ErrorCode.INVALID_ARGUMENT):
+class InvalidArgument(NpuUsageError, code=ErrorCode.INVALID_ARGUMENT):
     """The daemon rejected an argument."""
 
 
 # --- models (3xx) ----------------------------------------------------------------------
 
 
-class QnnError(NpuError, code=ErrorCode.QNN):
+class QnnError(NpuModelError, code=ErrorCode.QNN):
     """The model runtime failed (composing or running a graph); the QNN error number
     is in the message."""
 
 
-class ModelNotLoaded(NpuError, code=ErrorCode.MODEL_NOT_LOADED):
+class ModelNotLoaded(NpuModelError, code=ErrorCode.MODEL_NOT_LOADED):
     """The model was unloaded, or is gone with its connection."""
 
 
-class InvalidTensorIndex(NpuError, code=ErrorCode.INVALID_TENSOR_INDEX):
+class InvalidTensorIndex(NpuModelError, code=ErrorCode.INVALID_TENSOR_INDEX):
     """No such tensor: a name (or index) the model does not have."""
 
 
-class ModelSlotsFull(NpuError, code=ErrorCode.MODEL_SLOTS_FULL):
+class ModelSlotsFull(NpuModelError, code=ErrorCode.MODEL_SLOTS_FULL):
     """The DSP has no free model slot."""
 
 
-class TensorMismatch(NpuError, code=ErrorCode.TENSOR_MISMATCH):
+class TensorMismatch(NpuModelError, code=ErrorCode.TENSOR_MISMATCH):
     """A tensor's data type, shape or size is not the model's (or shapes given at
     load do not fit it)."""
 
 
-class InputNotSet(NpuError, code=ErrorCode.INPUT_NOT_SET):
+class InputNotSet(NpuModelError, code=ErrorCode.INPUT_NOT_SET):
     """A run or execute before every input was given a value."""
 
 
-class ModelFileUnreadable(NpuError, code=ErrorCode.MODEL_FILE_UNREADABLE):
+class ModelFileUnreadable(NpuModelError, code=ErrorCode.MODEL_FILE_UNREADABLE):
     """The model file cannot be read (not a regular file, empty, I/O error)."""
 
 
-class ModelFormatError(NpuError, code=ErrorCode.MODEL_FORMAT):
+class ModelFormatError(NpuModelError, code=ErrorCode.MODEL_FORMAT):
     """The model file is of a format this backend does not load; the message says which
     it takes."""
 
 
-class ModelMalformed(NpuError, code=ErrorCode.MODEL_MALFORMED):
+class ModelMalformed(NpuModelError, code=ErrorCode.MODEL_MALFORMED):
     """The model file is of the right format but damaged or not loadable."""
 
 
-class ModelRejected(NpuError, code=ErrorCode.MODEL_REJECTED):
+class ModelRejected(NpuModelError, code=ErrorCode.MODEL_REJECTED):
     """The model is outside the NPU's limits (tensor count, rank, size, free dimensions)."""
 
 
-class NoOutputs(NpuError, code=ErrorCode.NO_OUTPUTS):
+class NoOutputs(NpuModelError, code=ErrorCode.NO_OUTPUTS):
     """An output was read before a successful run or execute."""
 
 
 # --- session and shell (4xx) -----------------------------------------------------------
 
 
-class SessionBusy(NpuError, code=ErrorCode.SESSION_BUSY):
+class SessionBusy(NpuDspError, code=ErrorCode.SESSION_BUSY):
     """The NPU session is busy."""
 
 
-class ShellVerifyFailed(NpuError, code=ErrorCode.SHELL_VERIFY):
+class ShellVerifyFailed(NpuDspError, code=ErrorCode.SHELL_VERIFY):
     """The DSP shell failed verification."""
 
 
 # --- wire protocol (5xx) ---------------------------------------------------------------
 
 
-class FrameTooLarge(NpuError, code=ErrorCode.FRAME_TOO_LARGE):
+class FrameTooLarge(NpuConnectionError, code=ErrorCode.FRAME_TOO_LARGE):
     """A frame exceeded the frame limit."""
 
 
-class BadFrameHeader(NpuError, code=ErrorCode.BAD_FRAME_HEADER):
+class BadFrameHeader(NpuConnectionError, code=ErrorCode.BAD_FRAME_HEADER):
     """A frame header was malformed."""
 
 
-class TooManyFds(NpuError, code=ErrorCode.TOO_MANY_FDS):
+class TooManyFds(NpuConnectionError, code=ErrorCode.TOO_MANY_FDS):
     """A frame declared more fds than allowed."""
 
 
-class MissingFds(NpuError, code=ErrorCode.MISSING_FDS):
+class MissingFds(NpuConnectionError, code=ErrorCode.MISSING_FDS):
     """A frame's fds did not arrive with it."""
 
 
-class FdCountMismatch(NpuError, code=ErrorCode.FD_COUNT_MISMATCH):
+class FdCountMismatch(NpuConnectionError, code=ErrorCode.FD_COUNT_MISMATCH):
     """A frame declared a different number of fds than its message carries."""
 
 
-class FdsTruncated(NpuError, code=ErrorCode.FDS_TRUNCATED):
+class FdsTruncated(NpuConnectionError, code=ErrorCode.FDS_TRUNCATED):
     """The kernel dropped fds (MSG_CTRUNC)."""
 
 
-class BadMessage(NpuError, code=ErrorCode.BAD_MESSAGE):
+class BadMessage(NpuConnectionError, code=ErrorCode.BAD_MESSAGE):
     """A payload was not a valid message."""
 
 
-class UnexpectedMessage(NpuError, code=ErrorCode.UNEXPECTED_MESSAGE):
+class UnexpectedMessage(NpuConnectionError, code=ErrorCode.UNEXPECTED_MESSAGE):
     """A message arrived that the state machine does not allow."""
 
 
-class UnsupportedVersion(NpuError, code=ErrorCode.UNSUPPORTED_VERSION):
+class UnsupportedVersion(NpuConnectionError, code=ErrorCode.UNSUPPORTED_VERSION):
     """No protocol version both sides speak."""
 
 
-class DuplicateRequestId(NpuError, code=ErrorCode.DUPLICATE_REQUEST_ID):
+class DuplicateRequestId(NpuConnectionError, code=ErrorCode.DUPLICATE_REQUEST_ID):
     """A request id was reused while in flight."""
 
 
-class UnknownRequestId(NpuError, code=ErrorCode.UNKNOWN_REQUEST_ID):
+class UnknownRequestId(NpuConnectionError, code=ErrorCode.UNKNOWN_REQUEST_ID):
     """An answer named a request id that is not in flight."""
 
 
-class TooManyInFlight(NpuError, code=ErrorCode.TOO_MANY_IN_FLIGHT):
+class TooManyInFlight(NpuConnectionError, code=ErrorCode.TOO_MANY_IN_FLIGHT):
     """More requests in flight than the limit."""
 
 
-class TruncatedFrame(NpuError, code=ErrorCode.TRUNCATED_FRAME):
+class TruncatedFrame(NpuConnectionError, code=ErrorCode.TRUNCATED_FRAME):
     """The stream ended inside a frame."""
 
 
-class ConnectionClosedError(NpuError, code=ErrorCode.CONNECTION_CLOSED):
+class ConnectionClosedError(NpuConnectionError, code=ErrorCode.CONNECTION_CLOSED):
     """The connection to npud ended (or was closed here) before the answer came."""
 
 
@@ -320,15 +353,15 @@ class ConnectFailed(ConnectionClosedError):
 # --- admission and service (6xx) -------------------------------------------------------
 
 
-class NotPermitted(NpuError, code=ErrorCode.NOT_PERMITTED):
+class NotPermitted(NpuAccessError, code=ErrorCode.NOT_PERMITTED):
     """The daemon refused this client or this request."""
 
 
-class QuotaExceeded(NpuError, code=ErrorCode.QUOTA_EXCEEDED):
+class QuotaExceeded(NpuAccessError, code=ErrorCode.QUOTA_EXCEEDED):
     """A per-client or global quota would be exceeded; ``fields`` names it and its limit."""
 
 
-class Timeout(NpuError, TimeoutError, code=ErrorCode.TIMEOUT):
+class Timeout(NpuDspError, TimeoutError, code=ErrorCode.TIMEOUT):
     """The daemon gave up waiting (the call may still finish on the DSP).
 
     A ``TimeoutError``, like the one this side raises when npud does not
@@ -336,19 +369,19 @@ class Timeout(NpuError, TimeoutError, code=ErrorCode.TIMEOUT):
     """
 
 
-class ShuttingDownError(NpuError, code=ErrorCode.SHUTTING_DOWN):
+class ShuttingDownError(NpuConnectionError, code=ErrorCode.SHUTTING_DOWN):
     """npud is shutting down (``npu_protocol.ShuttingDown`` is the event that says so)."""
 
 
-class InternalError(NpuError, code=ErrorCode.INTERNAL_ERROR):
+class InternalError(NpuDspError, code=ErrorCode.INTERNAL_ERROR):
     """A bug in npud; its log has the details."""
 
 
-class DeadlineExceeded(NpuError, code=ErrorCode.DEADLINE_EXCEEDED):
+class DeadlineExceeded(NpuDspError, code=ErrorCode.DEADLINE_EXCEEDED):
     """The call's deadline passed before a DSP slot was free: it never ran."""
 
 
-class AdmissionRefused(NpuError, code=ErrorCode.ADMISSION_REFUSED):
+class AdmissionRefused(NpuAccessError, code=ErrorCode.ADMISSION_REFUSED):
     """The realtime budget declared at connect would overcommit the DSP."""
 
 
