@@ -164,24 +164,34 @@ def _run(path: Path, seconds: float) -> dict[str, float]:
 
 
 SHAPES = (
-    # (row prefix, [emulator] settings, what the shape is)
-    ("scheduling", "[emulator]\ndsp_units = 1\n", "the DSP's compute shared (dsp_units = 1)"),
+    # (row prefix, [emulator] settings, what the shape is, the FIFO/fair p99 goal)
+    (
+        "scheduling",
+        "[emulator]\ndsp_units = 1\n",
+        "the DSP's compute shared (dsp_units = 1)",
+        Goal("ratio", 5, "at_least"),
+    ),
+    # FIFO has as many slots as fair here and calls do not slow each other, so FIFO's own
+    # p99 is a few background calls: the goal is the bound row's (issue 22), not a ratio.
     (
         "scheduling.default_units",
         "",
         "the emulator's default dsp_units (0: every call as if alone, like slots in parallel)",
+        None,
     ),
 )
 
 
 def rows(ctx: Context) -> list[Row]:
     found: list[Row] = []
-    for prefix, units, what in SHAPES:
-        found += _shape_rows(ctx, prefix, units, what)
+    for prefix, units, what, p99_goal in SHAPES:
+        found += _shape_rows(ctx, prefix, units, what, p99_goal)
     return found
 
 
-def _shape_rows(ctx: Context, prefix: str, units: str, what: str) -> list[Row]:
+def _shape_rows(
+    ctx: Context, prefix: str, units: str, what: str, p99_goal: Goal | None
+) -> list[Row]:
     seconds = 5.0 if ctx.quick else 60.0
     rounds = ctx.rounds(2, 1)
     fair: list[dict[str, float]] = []
@@ -216,7 +226,7 @@ def _shape_rows(ctx: Context, prefix: str, units: str, what: str) -> list[Row]:
                 "fifo_wait_p99_ms": wait_fifo,
                 "bound_ms": call_ms + 1,
             },
-            Goal("ratio", 5, "at_least"),
+            p99_goal,
         ),
         ratio_row(
             f"{prefix}.rt_p99_bound",

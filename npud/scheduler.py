@@ -53,6 +53,12 @@ UTILISATION_WINDOW: Final = 10.0
 """Seconds over which the utilisation figure is averaged."""
 UTILISATION_SNAPSHOT_EVERY: Final = 0.5
 UTILISATION_SNAPSHOTS: Final = 64
+LOAN_SHARE_OF_SLACK: Final = 0.5
+"""How much of an in-rhythm realtime client's slack a loan may take (the rest absorbs the
+host's own delays)."""
+RHYTHM_PERIODS: Final = 2
+"""A realtime client whose last call came within this many periods is calling in rhythm:
+its next call is expected one period after its last."""
 TYPICAL_CALL_WEIGHT: Final = 0.25
 """How much a call's DSP time moves its client's typical call (an exponential average)."""
 
@@ -254,7 +260,7 @@ class Scheduler:
             if self._is_late(job, now):
                 self._refuse_late(job)
                 return Outcome.LATE
-            if job.klass == REALTIME:
+            if account.klass == REALTIME:  # over its budget or not, it keeps its rhythm
                 account.last_realtime_arrival = now
             if account.queued == 0 and account.running == 0:
                 self._catch_up(account)
@@ -377,21 +383,38 @@ class Scheduler:
         return not normal_waits and self._may_borrow(job, now)
 
     def _may_borrow(self, job: Job, now: float) -> bool:
-        """May ``job`` take a slot kept for realtime? Yes when the DSP time its client's
-        calls typically take ends it before any realtime client would miss for want of
-        that slot: a realtime client's next call is expected one period after its last
-        (or at once, if that is past), and it can wait as long as its period less its
-        budget. A client whose calls were never measured does not borrow."""
+        """May ``job`` take a slot kept for realtime? Its client's typical DSP time says
+        when it would end, and it must end before any other realtime client would wait
+        too long for the slot. A realtime call may wait ``period - budget`` and still end
+        in its period; a loan may use half of that, so that the host's own delays (its
+        CPUs are shared too) fit in the other half:
+
+        * a client calling in rhythm (its last call came within two periods) calls again
+          one period after its last (or at once, if that is past): the loan must end
+          within half its slack after that;
+        * a quiet client may call at any moment: the loan must end within its whole
+          slack from now, since it rarely comes at once.
+
+        A client whose calls were never measured does not borrow."""
         predicted = job.account.typical_call
         if predicted is None:
             return False
         latest = math.inf
         for account in self._accounts:
-            if account.klass != REALTIME or account.budget is None or account.closed:
+            if (
+                account is job.account
+                or account.klass != REALTIME
+                or account.budget is None
+                or account.closed
+            ):
                 continue
-            budget = account.budget
-            expected = max(now, account.last_realtime_arrival + budget.period)
-            latest = min(latest, expected + budget.period - budget.budget)
+            period, budget = account.budget.period, account.budget.budget
+            slack = period - budget
+            if now - account.last_realtime_arrival <= RHYTHM_PERIODS * period:
+                due = max(now, account.last_realtime_arrival + period)
+                latest = min(latest, due + slack * LOAN_SHARE_OF_SLACK)
+            else:
+                latest = min(latest, now + slack)
         return now + predicted <= latest
 
     def _dispatch(self, now: float) -> tuple[list[Job], list[Job]]:

@@ -133,6 +133,52 @@ def test_the_reserve_is_lent_only_to_calls_that_end_before_realtime_needs_it(
     assert s.submit(job(s, long_)) is Outcome.QUEUED
 
 
+def test_a_realtime_client_in_rhythm_waits_at_most_half_its_slack(clock: Clock) -> None:
+    """Once a realtime client (4 ms every 32 ms: 28 ms of slack) calls in rhythm, a loan
+    must end within half its slack after its next call is due (one period after its
+    last): the call then waits 14 ms at most, and the host's own delays fit in the rest."""
+    s = make(clock, dsp_slots=2, realtime_reserve=1, background_max=2, per_client_running=9)
+    voice = s.open_account("voice", REALTIME, Budget(period=0.032, budget=0.004))
+    llm = s.open_account("llm", BACKGROUND)
+    measured = job(s, llm)
+    assert s.submit(measured) is Outcome.RUN
+    s.finish(measured, 0.020)
+    hold = job(s, llm)
+    assert s.submit(hold) is Outcome.RUN  # the unreserved slot
+    call = job(s, voice)
+    assert s.submit(call) is Outcome.RUN  # the reserve; voice calls at t0
+    clock.now += 0.001
+    s.finish(call, 0.001)
+    early = job(s, llm)
+    assert s.submit(early) is Outcome.RUN  # ends at t0 + 21 ms, before t0 + 32 + 14
+    clock.now += 0.027
+    s.finish(early, 0.020)
+    late = job(s, llm)
+    assert s.submit(late) is Outcome.QUEUED  # at t0 + 28 ms it would end at t0 + 48 ms
+    clock.now += 0.004  # t0 + 32 ms: the voice call is due and finds the reserve free
+    due = job(s, voice)
+    assert s.submit(due) is Outcome.RUN
+    clock.now += 0.001  # as soon as it is done, the next loan fits
+    assert s.finish(due, 0.001)[0] == [late]
+
+
+def test_a_realtime_client_over_its_budget_borrows_its_own_reserve(clock: Clock) -> None:
+    """Its calls past its budget run as normal; they may take the reserve that is kept
+    for it (a client need not leave a slot free for itself), and they keep its rhythm."""
+    s = make(clock, dsp_slots=2, realtime_reserve=1, per_client_running=9)
+    voice = s.open_account("voice", REALTIME, Budget(period=0.032, budget=0.004))
+    other = s.open_account("other", NORMAL)
+    busy = job(s, other)
+    assert s.submit(busy) is Outcome.RUN  # the unreserved slot
+    spent = job(s, voice)
+    assert s.submit(spent) is Outcome.RUN
+    clock.now += 0.005
+    s.finish(spent, 0.005)  # its whole budget for this period, and more
+    over = job(s, voice)
+    assert s.submit(over) is Outcome.RUN  # as normal, on the reserve
+    assert over.klass == NORMAL
+
+
 def test_a_client_has_at_most_per_client_running_on_the_dsp(clock: Clock) -> None:
     s = make(clock, dsp_slots=4, realtime_reserve=0, per_client_running=2)
     greedy, other = s.open_account("greedy", NORMAL), s.open_account("other", NORMAL)
