@@ -319,8 +319,12 @@ async def test_pipelined_calls_of_one_client_share_the_dsp(tmp_path: Path) -> No
         peer = await RawPeer.connect(tmp_path / "npud.sock")
         handle = await opened(peer, 1, TEST_URI)
         await peer.write(*(busy(10 + i, handle, 150_000) for i in range(4)))
-        with trio.fail_after(5):
-            while daemon.broker.scheduler.statistics().running[1] < 2:
+        with trio.fail_after(5):  # until all four reached the scheduler (read, then carried)
+            while (
+                sum(daemon.broker.scheduler.statistics().queued)
+                + sum(daemon.broker.scheduler.statistics().running)
+                < 4
+            ):
                 await trio.sleep(0.005)
         stats = daemon.broker.scheduler.statistics()
         assert stats.running[1] == 2  # two at once: the per-client cap
