@@ -217,18 +217,24 @@ else
     skip model "no --model"
 fi
 
+# wait_for_socket SOCKET PID: up to 10 s for the daemon PID to bind SOCKET (or to die).
+wait_for_socket() {
+    local tries
+    for ((tries = 0; tries < 100; tries++)); do
+        [[ -S $1 ]] && return
+        kill -0 "$2" 2>/dev/null || return
+        sleep 0.1
+    done
+}
+
 daemon_run() {
-    local socket=$out/npud.sock pid tries
+    local socket=$out/npud.sock pid
     # Python itself in the background (not a function): $! is the daemon's pid.
     "$python" -m npud.main --backend "$backend" "${config_args[@]}" --socket "$socket" \
         --log-format json --trace "$out/daemon.jsonl" 2>"$out/daemon.log" &
     pid=$!
     daemon_pid=$pid
-    for ((tries = 0; tries < 100; tries++)); do
-        [[ -S $socket ]] && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
+    wait_for_socket "$socket" "$pid"
     local status=0
     NPUD_SOCKET=$socket npuctl selftest || status=1
     NPUD_SOCKET=$socket npuctl status --json >"$out/status.json" || status=1
@@ -280,16 +286,12 @@ fi
 # libcdsprpc cannot put it on the DSP. A hang past 120 s is the known risk of mainline
 # kernels (qualcomm/fastrpc#377): the library's log says where.
 llama_run() {
-    local socket=$out/npud-llama.sock pid tries status=0
+    local socket=$out/npud-llama.sock pid status=0
     "$python" -m npud.main --backend "$backend" "${config_args[@]}" --socket "$socket" \
         --log-format json 2>"$out/llama-daemon.log" &
     pid=$!
     daemon_pid=$pid
-    for ((tries = 0; tries < 100; tries++)); do
-        [[ -S $socket ]] && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
+    wait_for_socket "$socket" "$pid"
     local cpu npu
     local cpu_only=$out/llama-cpu-only
     mkdir -p -- "$cpu_only"
