@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
+
 import pytest
 
 import npu_client
@@ -152,3 +156,23 @@ def test_an_error_answer_fails_only_its_request(peer: Peer) -> None:
         with pytest.raises(npu_client.QuotaExceeded, match="buffer bytes quota exceeded"):
             client.alloc(8192)
         assert client.ping(b"still here") == b"still here"
+
+
+def test_no_exception_class_name_is_defined_twice_across_the_packages() -> None:
+    # One tree: the daemon raises CodedError(ErrorCode.X) and the client maps
+    # the code to its class, so no package keeps a second class of the same name
+    # that a caller could catch by mistake.
+    where: dict[str, set[str]] = {}
+    for package in ("npu_protocol", "npu_client", "npud"):
+        root = importlib.import_module(package)
+        for info in pkgutil.walk_packages(root.__path__, f"{package}."):
+            module = importlib.import_module(info.name)
+            for name, value in vars(module).items():
+                if (
+                    inspect.isclass(value)
+                    and issubclass(value, BaseException)
+                    and value.__module__ == info.name
+                ):
+                    where.setdefault(name, set()).add(info.name)
+    assert len(where) > len(p.ErrorCode)  # the walk saw the client's classes
+    assert {name: sorted(mods) for name, mods in where.items() if len(mods) > 1} == {}
