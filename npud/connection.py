@@ -238,6 +238,7 @@ class PeerConnection:
             limits=client.limits,
             epoch=domain.epoch,
             domain=domain.name,
+            own_pool=self._own_pool(version),
         )
         if not await self._send(welcome):
             return False
@@ -250,6 +251,19 @@ class PeerConnection:
             period_us=None if hello.budget is None else hello.budget.period_us,
         )
         return True
+
+    def _own_pool(self, version: int) -> p.OwnPool | None:
+        """What the Welcome says of the pool: only when what this client frees comes
+        back to it alone (share = client), which lets it keep its mappings."""
+        memory = self.broker.device.memory
+        if version < 4 or memory is None or not self.client.pools_freed_buffers:
+            return None
+        settings = memory.pool.settings
+        if not settings.enabled or settings.share != "client":
+            return None
+        return p.OwnPool(
+            idle_ms=round(settings.idle_s * 1000), max_buffer_bytes=settings.max_buffer_bytes
+        )
 
     # ---------------------------------------------------------------- send
     async def _send(self, message: p.ServerMessage) -> bool:

@@ -163,6 +163,7 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.ShuttingDown,
     p.DspCapabilities,
     p.ClientLimits,
+    p.OwnPool,
     p.DaemonStatus,
     p.ShellStatus,
     p.SessionRow,
@@ -279,6 +280,7 @@ _WELCOME: Final = p.Welcome(  # the answer to the hello example, which offers th
     limits=p.ClientLimits(priority=p.Priority.REALTIME),
     epoch=1,
     domain="default",
+    own_pool=p.OwnPool(idle_ms=30_000, max_buffer_bytes=64 << 20),
 )
 
 _STATUS: Final = p.DaemonStatus(

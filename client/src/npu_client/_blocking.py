@@ -559,7 +559,7 @@ class DmaBuffer(MappedBuffer):
 
     def __init__(self, client: Client, buffer_id: int, size: int, fd: OwnedFd, epoch: int) -> None:
         """Internal: use :meth:`Client.alloc`. Takes ownership of ``fd``."""
-        super().__init__(buffer_id, size, fd, epoch)
+        super().__init__(buffer_id, size, fd, epoch, client._core.kept_mappings)
         self._client = client
 
     def map(self) -> int:

@@ -28,7 +28,7 @@ from npu_client._errors import (
     error_from_protocol,
     make_error,
 )
-from npu_client._memory import MappedBuffer, restart_reason
+from npu_client._memory import KeptMappings, MappedBuffer, restart_reason
 from npu_client._models import ModelState
 from npu_client.transport import OwnedFd
 from npu_protocol import (
@@ -44,6 +44,7 @@ from npu_protocol import (
     ErrorMessage,
     Hello,
     LocalProtocolError,
+    OwnPool,
     Priority,
     RemoteProtocolError,
     Reply,
@@ -159,6 +160,8 @@ class ClientCore(Generic[B]):
         self._max_in_flight = 0  # from the Welcome: nothing is sent before it
         self._limits: ClientLimits | None = None
         self._buffers: dict[int, B] = {}
+        self.kept_mappings = KeptMappings()
+        """Mappings of buffers freed into npud's pool for this connection (own_pool)."""
         self._models: dict[int, ModelState] = {}
         self.events: list[ServerEvent] = []
         """Server events received and not yet taken (:meth:`take_events`)."""
@@ -343,11 +346,18 @@ class ClientCore(Generic[B]):
         if self._buffers.get(buffer.id) is buffer:
             del self._buffers[buffer.id]
 
+    @property
+    def own_pool(self) -> OwnPool | None:
+        """npud keeps what this connection frees for its own reuse (Welcome.own_pool)."""
+        welcome = self._conn.welcome
+        return None if welcome is None else welcome.own_pool
+
     def release_buffers(self, reason: str) -> None:
         """Close every buffer's and model arena's mapping and fd (the connection is closing)."""
         buffers, self._buffers = self._buffers, {}
         for buffer in buffers.values():
             buffer._release_local(reason)
+        self.kept_mappings.close()
         models, self._models = self._models, {}
         for model in models.values():
             model.release_local(reason.removeprefix("gone: "))

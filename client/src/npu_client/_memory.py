@@ -14,10 +14,14 @@ import mmap
 import os
 import stat
 import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from npu_client.transport import OwnedFd
+from npu_protocol import OwnPool
 
 _PROT: Final = mmap.PROT_READ | mmap.PROT_WRITE
 
@@ -53,6 +57,116 @@ def _map_shared(fd: int, size: int) -> mmap.mmap:
     return mmap.mmap(fd, size, flags=flags, prot=_PROT)
 
 
+MAX_KEPT_BYTES: Final = 64 << 20
+"""Bytes of freed buffers' mappings a connection keeps at most (see KeptMappings)."""
+
+
+@dataclass(eq=False, slots=True)
+class _Kept:
+    memory: mmap.mmap
+    size: int
+    until: float
+    """When npud's pool stops keeping the buffer if no allocation takes it."""
+
+
+class KeptMappings:
+    """Mappings of buffers this connection freed into npud's pool for its own reuse.
+
+    With ``Welcome.own_pool`` npud keeps what this connection frees for this
+    connection's next allocation of the same size, and hands back the same DMA-BUF.
+    Mapping its pages again costs about a millisecond per 16 MiB (a page table entry
+    per page); keeping the mapping costs nothing when the buffer comes back. The
+    buffer is recognised by its inode (``st_dev``, ``st_ino`` of the fd received):
+    while a mapping is kept here its file lives, so no other buffer can have that
+    inode.
+
+    The memory is this connection's own (share = client): a kept mapping lets this
+    process see nothing it could not see by keeping a view, which npud cannot
+    prevent anyway. But a kept mapping holds the buffer's pages even when npud's pool
+    lets the buffer go. So the mappings kept are bounded (``MAX_KEPT_BYTES``), each
+    only until npud's pool would release its buffer (``idle_ms``), dropped at the
+    next allocation or free after that, and all closed with the connection.
+
+    Thread-safe (the blocking client allocates and frees from any thread).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._kept: dict[tuple[int, int], _Kept] = {}  # by inode, oldest first
+        self._bytes = 0
+        self.reused = 0
+        """Allocations that found their mapping here (a figure for tests and benches)."""
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def keep(self, fd: int, memory: mmap.mmap, size: int, terms: OwnPool | None) -> bool:
+        """Keep ``memory`` (the mapping of ``fd``, a buffer just freed) for its return;
+        False (the caller closes it) when npud will not keep the buffer for us."""
+        if terms is None or size > min(terms.max_buffer_bytes, MAX_KEPT_BYTES):
+            return False
+        key = _inode(fd)
+        now = self._clock()
+        with self._lock:
+            dropped = self._expire(now)
+            while self._kept and self._bytes + size > MAX_KEPT_BYTES:
+                dropped.append(self._pop(next(iter(self._kept))))
+            stale = self._kept.pop(key, None)  # cannot happen: a live inode is unique
+            if stale is not None:
+                self._bytes -= stale.size
+                dropped.append(stale.memory)
+            self._kept[key] = _Kept(memory, size, now + terms.idle_ms / 1000)
+            self._bytes += size
+        _close_all(dropped)
+        return True
+
+    def take(self, fd: int, size: int) -> mmap.mmap | None:
+        """The kept mapping of the buffer ``fd`` refers to, if it is one we freed."""
+        if not self._kept:
+            return None
+        key = _inode(fd)
+        with self._lock:
+            dropped = self._expire(self._clock())
+            kept = self._kept.get(key)
+            memory = None
+            if kept is not None and kept.size == size:
+                memory = self._pop(key)
+                self.reused += 1
+        _close_all(dropped)
+        return memory
+
+    def close(self) -> None:
+        """Unmap everything kept (the connection is over)."""
+        with self._lock:
+            dropped = [kept.memory for kept in self._kept.values()]
+            self._kept.clear()
+            self._bytes = 0
+        _close_all(dropped)
+
+    def _expire(self, now: float) -> list[mmap.mmap]:
+        return [self._pop(key) for key, kept in list(self._kept.items()) if kept.until <= now]
+
+    def _pop(self, key: tuple[int, int]) -> mmap.mmap:
+        kept = self._kept.pop(key)
+        self._bytes -= kept.size
+        return kept.memory
+
+
+def _inode(fd: int) -> tuple[int, int]:
+    status = os.fstat(fd)
+    return status.st_dev, status.st_ino
+
+
+def _close_all(mappings: list[mmap.mmap]) -> None:
+    for memory in mappings:
+        # BufferError: a view of the old buffer is still exported; the mapping goes
+        # with the last view.
+        with contextlib.suppress(BufferError):
+            memory.close()
+
+
 class MappedBuffer:
     """A buffer's id, size, fd and memory.
 
@@ -64,10 +178,20 @@ class MappedBuffer:
     memory mapped until it is released, so release views before freeing.
     """
 
-    def __init__(self, buffer_id: int, size: int, fd: OwnedFd, epoch: int) -> None:
-        """Take ownership of ``fd`` (closed here if it cannot be mapped)."""
+    def __init__(
+        self,
+        buffer_id: int,
+        size: int,
+        fd: OwnedFd,
+        epoch: int,
+        kept: KeptMappings | None = None,
+    ) -> None:
+        """Take ownership of ``fd`` (closed here if it cannot be mapped). A mapping in
+        ``kept`` of the same buffer is used instead of mapping it again."""
         try:
-            memory = _map_shared(fd.fileno(), size)
+            memory = kept.take(fd.fileno(), size) if kept is not None else None
+            if memory is None:
+                memory = _map_shared(fd.fileno(), size)
         except BaseException:
             fd.close()
             raise
@@ -156,13 +280,26 @@ class MappedBuffer:
             raise ValueError(f"buffer {self._id} is {self._gone}")
         return self._mmap
 
-    def _release_local(self, reason: str = "freed") -> None:
+    def _release_local(
+        self,
+        reason: str = "freed",
+        *,
+        kept: KeptMappings | None = None,
+        terms: OwnPool | None = None,
+    ) -> None:
         """Close the mapping and the fd; idempotent. ``reason`` completes
-        "buffer N is ..." in the errors of later uses."""
+        "buffer N is ..." in the errors of later uses. A buffer freed into npud's pool
+        for this connection (``terms``) leaves its mapping in ``kept`` instead."""
         if self._mmap is not None:
             self._gone = reason
         memory, self._mmap = self._mmap, None
         self._dsp_address = None
+        if (
+            memory is not None
+            and kept is not None
+            and kept.keep(self._fd.fd, memory, self._size, terms)
+        ):
+            memory = None  # kept for the buffer's return
         if memory is not None:
             # BufferError: a view is still exported. The mapping then goes when the
             # last view does (the mmap object is freed with it); nothing else holds it.

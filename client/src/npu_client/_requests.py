@@ -101,7 +101,7 @@ def free(core: ClientCore[Any], buffer: MappedBuffer) -> Call[None]:
         if pending.error is not None and not isinstance(pending.error, ConnectionClosedError):
             raise pending.error
         core.forget(buffer)
-        buffer._release_local()
+        buffer._release_local(kept=core.kept_mappings, terms=core.own_pool)
 
     return Call(lambda rid: FreeRequest(id=rid, buffer=buffer.id), finish)
 

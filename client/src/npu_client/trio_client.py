@@ -355,7 +355,7 @@ class TrioDmaBuffer(MappedBuffer):
         self, client: TrioClient, buffer_id: int, size: int, fd: OwnedFd, epoch: int
     ) -> None:
         """Internal: use :meth:`TrioClient.alloc`. Takes ownership of ``fd``."""
-        super().__init__(buffer_id, size, fd, epoch)
+        super().__init__(buffer_id, size, fd, epoch, client._core.kept_mappings)
         self._client = client
 
     async def map(self) -> int:

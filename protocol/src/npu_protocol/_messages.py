@@ -18,6 +18,7 @@ from npu_protocol._records import (
     DaemonStatus,
     DspCapabilities,
     ModelInfo,
+    OwnPool,
     Priority,
 )
 from npu_protocol._scalars import make_scalars, split_scalars
@@ -94,6 +95,9 @@ class Welcome(Message, tag="welcome", frozen=True, kw_only=True):
     """The current session epoch of the client's domain (see SessionRestarted)."""
     domain: Name = ""
     """Version 3: the domain (DSP process) the client's calls run in."""
+    own_pool: OwnPool | None = None
+    """Version 4: present while npud keeps the buffers this connection frees for its
+    own next allocations (see OwnPool); absent when the pool is off or shared."""
 
 
 class ErrorMessage(Message, tag="error", frozen=True, kw_only=True):

@@ -69,6 +69,18 @@ class DspCapabilities(_Record, frozen=True, kw_only=True):
     libcdsprpc counts as supported (older DSPs answer 1 for an earlier scheme)."""
 
 
+class OwnPool(_Record, frozen=True, kw_only=True):
+    """Version 4: npud keeps what this connection frees for this connection's next
+    allocation of the same size (``pool.share = "client"``), zeroed. The same DMA-BUF
+    then comes back (the same inode), so a client may keep its mapping of a buffer it
+    freed and use it again instead of mapping the pages anew."""
+
+    idle_ms: U63
+    """A kept buffer that no allocation took for this long is released."""
+    max_buffer_bytes: U63
+    """Larger buffers are never kept: they are released when freed."""
+
+
 class ClientLimits(_Record, frozen=True, kw_only=True):
     """The limits the server applies to this connection, announced in the Welcome."""
 
