@@ -83,12 +83,18 @@ def _answer(
     return None
 
 
+def open_session(dsp_units: int) -> FastRpcSession:
+    """A session on a new emulator with the development shell loaded, as npud's."""
+    driver = EmulatedDriver(SimConfig(dsp_units=dsp_units))
+    session = FastRpcSession.open(driver, library_path=(DSP_LIBRARY_DIR,))
+    session.load_shell(DEV_SHELL.read_bytes())
+    return session
+
+
 def main(argv: list[str]) -> None:
     path = argv[0]
     units = int(argv[1]) if len(argv) > 1 else 0
-    driver = EmulatedDriver(SimConfig(dsp_units=units))
-    session = FastRpcSession.open(driver, library_path=(DSP_LIBRARY_DIR,))
-    session.load_shell(DEV_SHELL.read_bytes())
+    session = open_session(units)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(256)
