@@ -27,11 +27,10 @@ import os
 import socket
 import struct
 import sys
-import threading
 from typing import Final
 
 import npu_protocol as p
-from bench.same_work_server import _answer, open_session
+from bench.same_work_server import _answer, open_session, serve_forever
 from npu_client.transport import ANCILLARY_SPACE, parse_ancillary
 from npud.fastrpc.session import FastRpcSession
 
@@ -102,14 +101,7 @@ def serve(sock: socket.socket, session: FastRpcSession) -> None:
 
 
 def main(argv: list[str]) -> None:
-    session = open_session(0)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(argv[0])
-    listener.listen(16)
-    print("READY", flush=True)
-    while True:
-        sock, _ = listener.accept()
-        threading.Thread(target=serve, args=(sock, session), daemon=True).start()
+    serve_forever(argv[0], open_session(0), serve)
 
 
 if __name__ == "__main__":

@@ -63,10 +63,10 @@ class _Peer(Protocol):
     def close(self) -> None: ...
 
 
-class RingClient:
-    """The minimal client's calls through bench/ring_server.py's slots."""
+class RingClient(MinimalClient):
+    """The minimal client with bench/ring_server.py's slots for a transport."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path) -> None:  # no super().__init__: no socket to connect
         memfd = os.memfd_create("ring-trial", os.MFD_CLOEXEC)
         requests = os.eventfd(0, os.EFD_CLOEXEC)
         replies = os.eventfd(0, os.EFD_CLOEXEC)
@@ -79,34 +79,14 @@ class RingClient:
         finally:
             os.close(memfd)
         self._requests, self._replies = requests, replies
-        self._conn = p.ClientConnection()
-        self._send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="ring-trial"))
-        self._next_message()  # the Welcome
-        reply = self._call(p.OpenRequest(id=self._conn.next_request_id(), uri=ECHO_URI))
-        assert isinstance(reply, p.OpenReply), reply
-        self._handle = reply.handle
-
-    def echo(self, data: bytes) -> bytes | None:
-        request = p.InvokeRequest(
-            id=self._conn.next_request_id(),
-            handle=self._handle,
-            method=ECHO_METHOD,
-            inputs=(p.InlineInput(data=PRIM), p.InlineInput(data=data)),
-            outputs=(p.InlineOutput(capacity=len(data)),),
-        )
-        reply = self._call(request)
-        assert isinstance(reply, p.InvokeReply), reply
-        return reply.outputs[0]
+        self._greet()
+        self.open(ECHO_URI)
 
     def close(self) -> None:
         put(self._memory, 0, b"", self._requests)  # the end
         self._memory.close()
         os.close(self._requests)
         os.close(self._replies)
-
-    def _call(self, request: p.AnyRequest) -> object:
-        self._send(request)
-        return self._next_message()
 
     def _send(self, message: p.ClientMessage) -> None:
         data, _ = self._conn.send(message)
@@ -188,6 +168,15 @@ def _rounds(
     return medians
 
 
+def _measure(peers: dict[str, _Peer], rounds: int, calls: int) -> dict[str, list[float]]:
+    """:func:`_rounds` over ``peers``, which are closed after, whatever happens."""
+    try:
+        return _rounds({name: peer.echo for name, peer in peers.items()}, rounds, calls)
+    finally:
+        for peer in peers.values():
+            peer.close()
+
+
 @contextmanager
 def _ring_server(workdir: Path) -> Iterator[Path]:
     path = workdir / "ring.sock"
@@ -234,14 +223,10 @@ def transport_row(ctx: Context) -> Row:
         peers: dict[str, _Peer] = {
             "inproc": InProcess(),
             "ring": RingClient(ring_path),
-            "socket": _Minimal(socket_path),
+            "socket": _minimal(socket_path),
             "npud": Npud(npud_path),
         }
-        try:
-            medians = _rounds({name: peer.echo for name, peer in peers.items()}, rounds, calls)
-        finally:
-            for peer in peers.values():
-                peer.close()
+        medians = _measure(peers, rounds, calls)
     figures = {f"{name}_us": median(values) for name, values in medians.items()}
     saves = [s - r for s, r in zip(medians["socket"], medians["ring"], strict=True)]
     added = [n - i for n, i in zip(medians["npud"], medians["inproc"], strict=True)]
@@ -257,16 +242,10 @@ def transport_row(ctx: Context) -> Row:
     )
 
 
-class _Minimal:
-    def __init__(self, path: Path) -> None:
-        self._client = MinimalClient(str(path))
-        self._client.open(ECHO_URI)
-
-    def echo(self, data: bytes) -> bytes | None:
-        return self._client.echo(data)
-
-    def close(self) -> None:
-        self._client.close()
+def _minimal(path: Path) -> MinimalClient:
+    client = MinimalClient(str(path))
+    client.open(ECHO_URI)
+    return client
 
 
 def native_row(ctx: Context) -> Row:
@@ -278,11 +257,7 @@ def native_row(ctx: Context) -> Row:
         _echo_server(_native_echo(ctx.workdir), ctx.workdir / "c-echo.sock") as c_path,
     ):
         peers: dict[str, _Peer] = {"python": EchoPeer(py_path), "c": EchoPeer(c_path)}
-        try:
-            medians = _rounds({name: peer.echo for name, peer in peers.items()}, rounds, calls)
-        finally:
-            for peer in peers.values():
-                peer.close()
+        medians = _measure(peers, rounds, calls)
     figures = {f"{name}_us": median(values) for name, values in medians.items()}
     figures["interpreter_us"] = median(
         [py - c for py, c in zip(medians["python"], medians["c"], strict=True)]

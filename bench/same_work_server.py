@@ -17,6 +17,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+from collections.abc import Callable
 
 import npu_protocol as p
 from npu_client.transport import ANCILLARY_SPACE, RECV_BUFFER, fds_ancillary
@@ -94,7 +95,13 @@ def open_session(dsp_units: int) -> FastRpcSession:
 def main(argv: list[str]) -> None:
     path = argv[0]
     units = int(argv[1]) if len(argv) > 1 else 0
-    session = open_session(units)
+    serve_forever(path, open_session(units), serve)
+
+
+def serve_forever(
+    path: str, session: FastRpcSession, serve: Callable[[socket.socket, FastRpcSession], None]
+) -> None:
+    """Listen on ``path``, say READY, and serve each connection on a thread of its own."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(256)
