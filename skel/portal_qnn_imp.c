@@ -380,6 +380,26 @@ SKEL_EXPORT int portal_qnn_graph_info(remote_handle64 _h, unsigned int model_ind
     return rc;
 }
 
+SKEL_EXPORT int portal_qnn_last_error(remote_handle64 _h, unsigned int model_index,
+                                      unsigned char *text, int textLen, unsigned int *text_len) {
+    if (textLen < 0 || (textLen != 0 && text == NULL) || text_len == NULL) {
+        return AEE_EBADPARM;
+    }
+    portal_context *context = acquire(_h);
+    if (context == NULL) {
+        return AEE_EINVHANDLE;
+    }
+    int rc = AEE_SUCCESS;
+    const qnn_model *model = loaded_model(context, model_index, &rc);
+    if (model != NULL) {
+        uint32_t copied = 0;
+        qnn_model_last_error(model, text, (size_t)textLen, &copied);
+        *text_len = copied;
+    }
+    release(context);
+    return rc;
+}
+
 SKEL_EXPORT int portal_qnn_run(remote_handle64 _h, unsigned int model_index,
                                unsigned int graph_index, const unsigned char *inputs,
                                int inputsLen, unsigned char *outputs, int outputsLen,

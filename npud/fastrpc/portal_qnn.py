@@ -24,7 +24,10 @@ DSP's loader reads it through the reverse-RPC listener; no path is opened.
 Tensor data travels only as slices of session DMA-BUFs.
 
 Errors: :class:`ModelError` (a RpcError) with a :class:`ModelFailure`
-saying what went wrong; transport failures stay RpcErrors. Thread-safe:
+saying what went wrong; transport failures stay RpcErrors. A graph that
+fails on the DSP is ``ModelFailure.QNN`` with its QNN error number and the
+runtime's reason, which the skel keeps for the model and ``last_error``
+fetches under the model's lock (so it is that call's, bounded by the skel). Thread-safe:
 calls that name one model run one at a time (a per-model lock; :meth:`run`
 holds it for its whole sequence); calls on different models do not wait for
 each other on the host.
@@ -57,6 +60,7 @@ MAX_TENSORS: Final = 32
 MAX_RANK: Final = 8
 MAX_URI_BYTES: Final = 512  # model_uri with its NUL
 ARENA_ALIGN: Final = 64  # tensors of a run's arenas start at multiples of this (the IDL's run)
+MAX_ERROR_BYTES: Final = 256  # last_error's capacity: the skel keeps at most 255 bytes of text
 QNN_SUFFIX: Final = {"kernel": ".so", "emulator": ".onnx"}
 
 Backend = Literal["kernel", "emulator"]
@@ -72,6 +76,7 @@ _GET_OUTPUT: Final = _IDL.method("get_output")
 _UNLOAD: Final = _IDL.method("model_unload")
 _GRAPH_INFO: Final = _IDL.method("graph_info")
 _RUN: Final = _IDL.method("run")
+_LAST_ERROR: Final = _IDL.method("last_error")
 
 
 class DataType(enum.IntEnum):
@@ -478,7 +483,7 @@ class PortalQnn:
             model.inputs_set[graph] = {s.index for s in spec.inputs}
             status = values.integer("qnn_status")
             if status != 0:
-                raise ModelError(ModelFailure.QNN, f"graph {graph} failed with QNN error {status}")
+                raise self._graph_failure(slot, graph, status)
             model.executed.add(graph)
 
     def unload(self, slot: int) -> None:
@@ -585,8 +590,26 @@ class PortalQnn:
         self._check(rc, model)
         status = values.integer("qnn_status")
         if status != 0:
-            raise ModelError(ModelFailure.QNN, f"graph {graph} failed with QNN error {status}")
+            raise self._graph_failure(model.loaded.slot, graph, status)
         model.executed.add(graph)
+
+    def _graph_failure(self, slot: int, graph: int, status: int) -> ModelError:
+        """The QNN failure of a run or execute, with the runtime's reason when the skel
+        kept one (last_error; the model's lock is held, so it is this call's)."""
+        message = f"graph {graph} failed with QNN error {status}"
+        reason = self.last_error(slot)
+        return ModelError(ModelFailure.QNN, f"{message}: {reason}" if reason else message)
+
+    def last_error(self, slot: int) -> str:
+        """Why the model's last execute or run failed, in the runtime's words (at most
+        MAX_ERROR_BYTES - 1 bytes, printable); "" when it succeeded, or when the skel
+        does not keep reasons (a skel older than last_error answers AEE_EUNSUPPORTED)."""
+        rc, values = self._call(_LAST_ERROR, model_index=slot, text=MAX_ERROR_BYTES)
+        if rc != 0:
+            return ""
+        data = values.data("text")[: min(values.integer("text_len"), MAX_ERROR_BYTES - 1)]
+        text = data.decode("utf-8", errors="replace")
+        return "".join(c if c.isprintable() else " " for c in text).strip()
 
     def _get_output(self, model: _Model, graph: int, key: TensorKey, data: Slice) -> int:
         spec = self._graph(model, graph).output(key)

@@ -32,7 +32,12 @@ the model runtime itself refuses. What differs is the model:
   onnxruntime is told the bytes are ONNX, never its own ORT format.
 
 Every refusal is logged (the DSP's FARF) with the reason; the caller sees the
-AEE code. Calls on one handle run one at a time, as on the C skel.
+AEE code. A failed execute or run also keeps onnxruntime's reason with the
+model, for ``last_error``: the innermost message of its chain ("LSTM node
+'...': Input X must have 3 dimensions only ..."), without onnxruntime's
+prefix or the source line and C++ signature of a failed check, cut to
+:data:`MAX_ERROR_BYTES` - 1 bytes at a character boundary. Calls on one handle
+run one at a time, as on the C skel.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import threading
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -73,6 +79,7 @@ MAX_TENSOR_BYTES: Final = 64 * 1024 * 1024
 MAX_MODEL_BYTES: Final = 256 * 1024 * 1024  # all staging buffers of one model
 MAX_MODEL_FILE_BYTES: Final = 512 * 1024 * 1024
 NO_MODEL: Final = 0xFFFFFFFF
+MAX_ERROR_BYTES: Final = 256  # last_error's text with room for a NUL (the C skel's buffer)
 BUILTIN_PREFIX: Final = "builtin:"
 SHAPE_PREFIX: Final = "shape."
 ARENA_ALIGN: Final = 64
@@ -107,6 +114,7 @@ _GET_OUTPUT: Final = PORTAL_IDL.method("get_output")
 _UNLOAD: Final = PORTAL_IDL.method("model_unload")
 _GRAPH_INFO: Final = PORTAL_IDL.method("graph_info")
 _RUN: Final = PORTAL_IDL.method("run")
+_LAST_ERROR: Final = PORTAL_IDL.method("last_error")
 _SPEC_SIZE: Final = _GRAPH_INFO.param("inputs").element_size  # sizeof(portal_qnn_tensor_spec)
 
 
@@ -254,6 +262,30 @@ def _check_self_contained(data: bytes) -> None:
         )
 
 
+_ORT_PREFIX: Final = re.compile(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ")
+_ORT_NODE: Final = re.compile(
+    r"Non-zero status code returned while running (\S+) node\. Name:'([^']*)' Status Message: "
+)
+# An ORT_ENFORCE failure: "<source file>:<line> <C++ signature> <condition> was false. <why>".
+_ORT_ENFORCE: Final = re.compile(r"^\S+:\d+ .*? was false\. ")
+
+
+def failure_text(exc: Exception) -> bytes:
+    """What last_error reports for ``exc``: onnxruntime's innermost reason, with the node
+    that gave it, in at most MAX_ERROR_BYTES - 1 bytes of UTF-8 (cut at a character)."""
+    text = _ORT_PREFIX.sub("", str(exc))
+    nodes = list(_ORT_NODE.finditer(text))
+    if nodes:
+        last = nodes[-1]
+        reason = _ORT_ENFORCE.sub("", text[last.end() :])
+        named = f" {last.group(2)!r}" if last.group(2) else ""
+        text = f"{last.group(1)} node{named}: {reason}"
+    else:
+        text = _ORT_ENFORCE.sub("", text)
+    text = " ".join(text.split())  # no newlines or control characters
+    return text.encode("utf-8")[: MAX_ERROR_BYTES - 1].decode("utf-8", "ignore").encode("utf-8")
+
+
 def _qnn_status(exc: Exception) -> int:
     if isinstance(exc, ort_errors.NotImplemented):
         return QNN_COMMON_ERROR_NOT_SUPPORTED
@@ -302,6 +334,8 @@ class OnnxModel:
         self.input_offsets, self.input_arena = arena_offsets(self.inputs)
         self.output_offsets, self.output_arena = arena_offsets(self.outputs)
         self._names = [spec.name for spec in self.inputs]
+        self.last_error = b""
+        """Why the last execute or run failed (empty: it succeeded), for last_error."""
 
     def set_input(self, tensor: int, data: memoryview) -> int:
         if tensor >= len(self.inputs):
@@ -318,11 +352,13 @@ class OnnxModel:
         if not all(self._set):
             return AEE.ENOTINITIALIZED.dsp, 0
         self._produced = None
+        self.last_error = b""
         feeds = {spec.name: staged for spec, staged in zip(self.inputs, self._staged, strict=True)}
         try:
             produced = self._session.run(None, feeds, self._run_options)
         except Exception as exc:  # the runtime failed the graph: a QNN error, like graphExecute
             log.warning("portal_qnn execute failed", extra={"error": str(exc)})
+            self.last_error = failure_text(exc)
             return 0, _qnn_status(exc)
         arrays = [np.ascontiguousarray(array) for array in produced]
         for spec, array in zip(self.outputs, arrays, strict=True):
@@ -349,10 +385,12 @@ class OnnxModel:
             for spec, offset in zip(self.inputs, self.input_offsets, strict=True)
         ]
         self._produced = None
+        self.last_error = b""
         try:
             produced = self._session.run(None, dict(zip(self._names, arrays, strict=True)))
         except Exception as exc:  # the runtime failed the graph: a QNN error, like graphExecute
             log.warning("portal_qnn run failed", extra={"error": str(exc)})
+            self.last_error = failure_text(exc)
             self._stage(arrays)
             return 0, _qnn_status(exc)
         self._stage(arrays)
@@ -408,6 +446,7 @@ class PortalQnnSkel(Skel):
                 "model_unload": self._model_unload,
                 "graph_info": self._graph_info,
                 "run": self._run,
+                "last_error": self._last_error,
             },
         )
 
@@ -543,3 +582,15 @@ class PortalQnnSkel(Skel):
         if rc == 0:
             call.pack_routs(_RUN, {"qnn_status": status})
         return rc
+
+    def _last_error(self, call: SkelCall) -> int:
+        args = call.unpack(_LAST_ERROR)
+        with self._lock:
+            model = self._model(args.integer("model_index"), graph=None)
+            if isinstance(model, int):
+                return model
+            text = model.last_error
+        view = args.view("text")
+        copied = text[: len(view)]
+        call.pack_routs(_LAST_ERROR, {"text": list(copied), "text_len": len(copied)})
+        return 0

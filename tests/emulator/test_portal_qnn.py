@@ -16,7 +16,9 @@ import numpy.typing as npt
 import pytest
 
 from npu_protocol import ErrorCode
+from npud import idl
 from npud.backend import DEV_SHELL
+from npud.fastrpc import portal_qnn
 from npud.fastrpc.dma import DmaBuffer
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Slice
@@ -284,6 +286,25 @@ def test_a_graph_that_fails_at_run_time_is_a_qnn_error(
     with pytest.raises(ModelError) as after:
         portal.get_output(model.slot, "y", y)
     assert failure(after) is ModelFailure.NOT_EXECUTED
+    assert caught.value.detail.endswith("requested shape:{4,2}")  # the skel's last_error
+    assert portal.last_error(model.slot).startswith("Reshape node: The input tensor")
+    portal.run(model.slot, {"s": tensors.put(np.array([2, 3], np.int64))}, {"y": y})
+    assert portal.last_error(model.slot) == ""
+
+
+def test_a_skel_without_last_error_leaves_the_number_alone(
+    portal: PortalQnn, tensors: Tensors, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device skel older than method 9 answers it AEE_EUNSUPPORTED (as this one answers
+    a method past its last): the error says the number, as before."""
+    method = idl.load("portal_qnn").method("last_error")
+    unknown = idl.Method.build(method.name, method.index + 1, method.params)
+    monkeypatch.setattr(portal_qnn, "_LAST_ERROR", unknown)
+    model = load(portal, tmp_path, onnx_models.reshape())
+    x, s = tensors.put(np.arange(6, dtype=np.float32)), tensors.put(np.array([4, 2], np.int64))
+    with pytest.raises(ModelError) as caught:
+        portal.run(model.slot, {"x": x, "s": s}, {"y": tensors.slot(24)})
+    assert caught.value.detail == "graph 0 failed with QNN error 1100"
 
 
 # --- loading: bad files and full tables -----------------------------------------------
