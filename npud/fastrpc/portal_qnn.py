@@ -48,7 +48,7 @@ from npud import idl
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, OutArg, Slice
 from npud.fastrpc.model_format import ModelFileError, ModelFormat, Sniffed, check_model_file
-from npud.fastrpc.model_shapes import ShapeError, check_shapes
+from npud.fastrpc.model_shapes import ShapeError, check_shapes, unsized_outputs_refusal
 from npud.fastrpc.session import FastRpcSession
 from npud.formats import onnx_proto
 
@@ -364,11 +364,12 @@ class PortalQnn:
                     ModelFailure.TENSOR_MISMATCH,
                     f"the shapes make the model URI {len(uri)} bytes; at most {MAX_URI_BYTES - 1}",
                 )
+            unsized: list[onnx_proto.GraphTensor] = []
             if sniffed.format is ModelFormat.ONNX:
-                _check_shapes(fd, sniffed.size, shapes or {})
+                unsized = _check_shapes(fd, sniffed.size, shapes or {})
             rc, values = self._call(_LOAD, model_uri=uri)
         if rc != 0:
-            raise _load_error(rc, sniffed)
+            raise _load_error(rc, sniffed, unsized)
         status = values.integer("qnn_status")
         if status != 0:
             reason = f"composing the model failed with QNN error {status}"
@@ -672,11 +673,14 @@ def _out_arg(item: int | idl.BufferRef) -> OutArg:
     return item
 
 
-def _check_shapes(fd: int, size: int, shapes: Mapping[str, Sequence[int]]) -> None:
+def _check_shapes(
+    fd: int, size: int, shapes: Mapping[str, Sequence[int]]
+) -> list[onnx_proto.GraphTensor]:
     """Refuse here, saying which tensor and what to give, what the DSP would refuse
-    with one generic code (its log has the reason; its client would not)."""
+    with one generic code (its log has the reason; its client would not). The outputs
+    left for the DSP to infer."""
     try:
-        check_shapes(onnx_proto.FdSource(fd, size), shapes)
+        return check_shapes(onnx_proto.FdSource(fd, size), shapes)
     except ShapeError as exc:
         failure = (
             ModelFailure.MODEL_REJECTED if exc.kind == "free" else ModelFailure.TENSOR_MISMATCH
@@ -692,7 +696,9 @@ def _check_shapes(fd: int, size: int, shapes: Mapping[str, Sequence[int]]) -> No
         ) from None
 
 
-def _load_error(rc: int, sniffed: Sniffed) -> RpcError:
+def _load_error(
+    rc: int, sniffed: Sniffed, unsized: Sequence[onnx_proto.GraphTensor] = ()
+) -> RpcError:
     if rc == AEE.EOUTOFHANDLES.dsp:
         return ModelError(
             ModelFailure.SLOTS_FULL, f"all {MAX_MODELS} model slots of this handle are in use"
@@ -704,12 +710,17 @@ def _load_error(rc: int, sniffed: Sniffed) -> RpcError:
             f"the DSP could not load the model file ({sniffed.description}): {what}",
         )
     if rc == AEE.EINVALIDFORMAT.dsp:
-        return ModelError(
-            ModelFailure.MODEL_REJECTED,
+        limits = (
             "the model is outside portal_qnn's limits: 1..8 graphs, at most 32 inputs and 1..32"
             " outputs each, rank <= 8, names under 128 bytes, known data types, every dimension"
-            " fixed (give shapes for free ones); the DSP's log says which",
+            " fixed (give shapes for free ones); the DSP's log says which"
         )
+        if unsized:  # what the DSP could not size is likely these
+            return ModelError(
+                ModelFailure.MODEL_REJECTED,
+                f"{unsized_outputs_refusal(unsized)}; otherwise {limits}",
+            )
+        return ModelError(ModelFailure.MODEL_REJECTED, limits)
     if rc == AEE.EBADPARM.dsp:
         return ModelError(
             ModelFailure.TENSOR_MISMATCH,

@@ -16,9 +16,16 @@ the model runtime itself refuses. What differs is the model:
   fixed by the URI's query, ``?shape.<name>=<d0>,<d1>,...`` joined by ``&``
   (names percent-encoded), for inputs and outputs alike; a dimension named
   in the model (``dim_param``) that one given shape fixes is fixed everywhere
-  it appears. An unknown name, a rank or a fixed dimension that disagrees
-  with the model is AEE_EBADPARM (a bad model_uri); a dimension left free is
-  AEE_EINVALIDFORMAT ("a tensor that cannot be sized").
+  it appears. An output whose shape that leaves free is inferred from the
+  inputs' shapes: the model is given to onnxruntime with every input declared
+  with its fixed shape (:func:`npud.formats.onnx_proto.with_input_shapes`),
+  and onnxruntime's shape inference sizes the outputs; the session runs that
+  model. Where onnxruntime cannot load the model so (shape inference fails in
+  a branch of an ``If`` that these shapes cannot take, as Silero VAD's 8 kHz
+  branch with 16 kHz chunks), the model loads as it is and its outputs need
+  their shapes given. An unknown name, a rank or a fixed dimension that
+  disagrees with the model is AEE_EBADPARM (a bad model_uri); a dimension
+  left free is AEE_EINVALIDFORMAT ("a tensor that cannot be sized").
 * ``run`` takes the inputs and gives the outputs as tensor arenas (the
   IDL's layout: tensor i at the sum of the previous sizes, each rounded up
   to 64 bytes): the inputs are fed to onnxruntime as numpy views of the
@@ -193,6 +200,7 @@ def _declared(node: Any) -> tuple[str, str, list[int | str | None]]:
 def _resolve_shapes(
     declared: Sequence[tuple[str, str, list[int | str | None]]],
     given: Mapping[str, tuple[int, ...]],
+    outputs: frozenset[str] = frozenset(),
 ) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape with every dimension fixed; RefusedError otherwise."""
     names = {name for name, _, _ in declared}
@@ -227,13 +235,51 @@ def _resolve_shapes(
             size = bound.get(dim) if isinstance(dim, str) else dim
             if size is None or size <= 0:
                 what = f"{dim!r}" if isinstance(dim, str) else "free"
+                why = " (it does not follow from the inputs' shapes)" if name in outputs else ""
                 raise RefusedError(
                     AEE.EINVALIDFORMAT,
-                    f"{name} dimension {axis} is {what}: give its shape in the model URI",
+                    f"{name} dimension {axis} is {what}{why}: give its shape in the model URI",
                 )
             resolved.append(size)
         shapes[name] = tuple(resolved)
     return shapes
+
+
+def _with_input_shapes(data: bytes, given: Mapping[str, tuple[int, ...]]) -> bytes | None:
+    """The model with every input's shape fixed (given, declared, or bound through a named
+    dimension), when an output's shape does not follow from the declarations and the
+    given shapes alone; None when nothing is left to infer, or an input is itself free
+    (refused later, naming it)."""
+    try:
+        declared = onnx_proto.graph_io(onnx_proto.BytesSource(data))
+    except onnx_proto.DamagedError:
+        return None  # onnxruntime says what is wrong with it
+    bound: dict[str, int] = {}
+    for tensor in declared:
+        shape = given.get(tensor.name)
+        if shape is not None and tensor.dims is not None and len(shape) == len(tensor.dims):
+            for want, have in zip(tensor.dims, shape, strict=True):
+                if isinstance(want, str):
+                    bound.setdefault(want, have)
+
+    def resolved(tensor: onnx_proto.GraphTensor) -> tuple[int, ...] | None:
+        if tensor.name in given:
+            return given[tensor.name]
+        if tensor.dims is None:
+            return None
+        dims = [bound.get(d) if isinstance(d, str) else d for d in tensor.dims]
+        return None if any(d is None or d <= 0 for d in dims) else tuple(dims)  # type: ignore[arg-type]
+
+    if all(resolved(t) is not None for t in declared if t.kind == "output"):
+        return None
+    inputs: dict[str, tuple[int, ...]] = {}
+    for tensor in declared:
+        if tensor.kind == "input":
+            shape = resolved(tensor)
+            if shape is None:
+                return None
+            inputs[tensor.name] = shape
+    return onnx_proto.with_input_shapes(onnx_proto.BytesSource(data), inputs)
 
 
 def _spec(name: str, onnx_type: str, shape: tuple[int, ...]) -> TensorSpec:
@@ -304,9 +350,25 @@ class OnnxModel:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = ORT_QUIET
+        session = None
+        fixed = _with_input_shapes(data, shapes)
+        if fixed is not None:
+            # Some output's shape is left to inference: onnxruntime's, on the model with its
+            # inputs' shapes fixed (as a QNN graph has them). A model whose inference fails
+            # that way (a branch not taken that cannot take these shapes) loads as it is.
+            try:
+                session = ort.InferenceSession(
+                    fixed, sess_options=options, providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:
+                log.info("portal_qnn: no inference from the input shapes", extra={"why": str(exc)})
         try:
-            self._session = ort.InferenceSession(
-                data, sess_options=options, providers=["CPUExecutionProvider"]
+            self._session = (
+                session
+                if session is not None
+                else ort.InferenceSession(
+                    data, sess_options=options, providers=["CPUExecutionProvider"]
+                )
             )
         except ort_errors.InvalidProtobuf as exc:
             raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
@@ -320,7 +382,8 @@ class OnnxModel:
                 AEE.EINVALIDFORMAT,
                 f"{len(inputs)} inputs and {len(outputs)} outputs (at most 32, at least 1 output)",
             )
-        resolved = _resolve_shapes([*inputs, *outputs], shapes)
+        names = frozenset(name for name, _, _ in outputs)
+        resolved = _resolve_shapes([*inputs, *outputs], shapes, names)
         self.inputs = [_spec(name, kind, resolved[name]) for name, kind, _ in inputs]
         self.outputs = [_spec(name, kind, resolved[name]) for name, kind, _ in outputs]
         total = sum(spec.nbytes for spec in [*self.inputs, *self.outputs])

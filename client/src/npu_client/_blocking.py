@@ -249,8 +249,9 @@ class Client(DaemonView["DmaBuffer"]):
     ) -> Model:
         """Load a model onto the NPU: a path (opened here, with this process's
         permissions), an open binary file or an fd; only its fd travels to npud, which
-        reads the file through it. ``shapes`` fixes free dimensions of an ONNX
-        model's tensors by name (the emulator backend). ``name`` is what ``npuctl
+        reads the file through it. ``shapes`` gives ONNX model tensors' whole shapes
+        by name (the emulator backend): every input with a free dimension, and an
+        output only when its shape does not follow from the inputs'. ``name`` is what ``npuctl
         status`` shows (default: the file's name). The model's tensors live in one
         DMA-BUF mapped here: see :class:`Model`."""
         checked = check_shapes(shapes)
