@@ -435,17 +435,22 @@ int qnn_model_run(qnn_model *model, uint32_t graph_index, const uint8_t *inputs,
     return AEE_SUCCESS;
 }
 
-void qnn_model_last_error(const qnn_model *model, uint8_t *text, size_t capacity,
-                          uint32_t *length) {
-    size_t kept = strnlen(model->last_error, sizeof(model->last_error));
-    size_t copied = kept < capacity ? kept : capacity;
+void qnn_copy_text(const char *kept, size_t kept_size, uint8_t *text, size_t capacity,
+                   uint32_t *length) {
+    size_t bytes = strnlen(kept, kept_size);
+    size_t copied = bytes < capacity ? bytes : capacity;
     if (copied != 0) {
-        memcpy(text, model->last_error, copied);
+        memcpy(text, kept, copied);
     }
     if (capacity > copied) {
         memset(text + copied, 0, capacity - copied);
     }
     *length = (uint32_t)copied;
+}
+
+void qnn_model_last_error(const qnn_model *model, uint8_t *text, size_t capacity,
+                          uint32_t *length) {
+    qnn_copy_text(model->last_error, sizeof(model->last_error), text, capacity, length);
 }
 
 static void copy_specs(const qnn_buffer *buffers, uint32_t count, portal_qnn_tensor_spec *specs,

@@ -61,6 +61,7 @@ MAX_RANK: Final = 8
 MAX_URI_BYTES: Final = 512  # model_uri with its NUL
 ARENA_ALIGN: Final = 64  # tensors of a run's arenas start at multiples of this (the IDL's run)
 MAX_ERROR_BYTES: Final = 256  # last_error's capacity: the skel keeps at most 255 bytes of text
+NO_MODEL: Final = 0xFFFFFFFF  # last_error's model_index for the handle's last model_load
 QNN_SUFFIX: Final = {"kernel": ".so", "emulator": ".onnx"}
 
 Backend = Literal["kernel", "emulator"]
@@ -304,6 +305,7 @@ class PortalQnn:
         self.handle = handle
         self.backend: Backend = backend
         self._lock = threading.Lock()
+        self._load_lock = threading.Lock()  # a load and the reason it failed, together
         self._models: dict[int, _Model] = {}
         self._closed = False
 
@@ -367,13 +369,16 @@ class PortalQnn:
             unsized: list[onnx_proto.GraphTensor] = []
             if sniffed.format is ModelFormat.ONNX:
                 unsized = _check_shapes(fd, sniffed.size, shapes or {})
-            rc, values = self._call(_LOAD, model_uri=uri)
+            with self._load_lock:
+                rc, values = self._call(_LOAD, model_uri=uri)
+                failed = rc != 0 or values.integer("qnn_status") != 0
+                said = self.last_error(NO_MODEL) if failed else ""
         if rc != 0:
-            raise _load_error(rc, sniffed, unsized)
+            raise _load_error(rc, sniffed, unsized, said)
         status = values.integer("qnn_status")
         if status != 0:
             reason = f"composing the model failed with QNN error {status}"
-            raise ModelError(ModelFailure.QNN, reason)
+            raise ModelError(ModelFailure.QNN, f"{reason}: {said}" if said else reason)
         slot = values.integer("model_index")
         try:
             graphs = tuple(self._describe(slot, g) for g in range(values.integer("num_graphs")))
@@ -603,8 +608,9 @@ class PortalQnn:
 
     def last_error(self, slot: int) -> str:
         """Why the model's last execute or run failed, in the runtime's words (at most
-        MAX_ERROR_BYTES - 1 bytes, printable); "" when it succeeded, or when the skel
-        does not keep reasons (a skel older than last_error answers AEE_EUNSUPPORTED)."""
+        MAX_ERROR_BYTES - 1 bytes, printable); with :data:`NO_MODEL`, why the handle's
+        last load failed. "" when it succeeded, or when the skel does not keep reasons
+        (a skel older than last_error answers AEE_EUNSUPPORTED)."""
         rc, values = self._call(_LAST_ERROR, model_index=slot, text=MAX_ERROR_BYTES)
         if rc != 0:
             return ""
@@ -697,8 +703,19 @@ def _check_shapes(
 
 
 def _load_error(
-    rc: int, sniffed: Sniffed, unsized: Sequence[onnx_proto.GraphTensor] = ()
+    rc: int, sniffed: Sniffed, unsized: Sequence[onnx_proto.GraphTensor] = (), said: str = ""
 ) -> RpcError:
+    """The error for a model_load that answered ``rc``; ``said`` is the DSP's reason
+    (last_error), which replaces the pointer to its log."""
+    error = _load_refusal(rc, sniffed, unsized)
+    if said and isinstance(error, ModelError):
+        log_pointer = "; the DSP's log says which"
+        detail = error.detail.removesuffix(log_pointer)
+        return ModelError(error.failure, f"{detail}; the DSP says: {said}")
+    return error
+
+
+def _load_refusal(rc: int, sniffed: Sniffed, unsized: Sequence[onnx_proto.GraphTensor]) -> RpcError:
     if rc == AEE.EOUTOFHANDLES.dsp:
         return ModelError(
             ModelFailure.SLOTS_FULL, f"all {MAX_MODELS} model slots of this handle are in use"

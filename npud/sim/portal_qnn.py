@@ -238,7 +238,7 @@ def _resolve_shapes(
                 why = " (it does not follow from the inputs' shapes)" if name in outputs else ""
                 raise RefusedError(
                     AEE.EINVALIDFORMAT,
-                    f"{name} dimension {axis} is {what}{why}: give its shape in the model URI",
+                    f"{name} dimension {axis} is {what}{why}: give its shape",
                 )
             resolved.append(size)
         shapes[name] = tuple(resolved)
@@ -308,7 +308,7 @@ def _check_self_contained(data: bytes) -> None:
         )
 
 
-_ORT_PREFIX: Final = re.compile(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ")
+_ORT_PREFIX: Final = re.compile(r"\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ")
 _ORT_NODE: Final = re.compile(
     r"Non-zero status code returned while running (\S+) node\. Name:'([^']*)' Status Message: "
 )
@@ -499,6 +499,7 @@ class PortalQnnSkel(Skel):
         self._threads = intra_op_threads
         self._lock = threading.Lock()  # one call at a time per handle, as on the C skel
         self._models: list[OnnxModel | None] = [None] * MAX_MODELS
+        self._load_error = b""  # why the handle's last model_load failed, for last_error
         self._methods = idl_methods(
             PORTAL_IDL,
             {
@@ -539,14 +540,17 @@ class PortalQnnSkel(Skel):
                 model = self._compose(call, uri)
             except RefusedError as exc:
                 log.warning("portal_qnn model_load refused", extra={"uri": uri, "reason": str(exc)})
+                self._load_error = failure_text(exc)
                 return exc.code.dsp
             except QnnFailureError as exc:
                 log.warning("portal_qnn model_load failed", extra={"uri": uri, "reason": str(exc)})
+                self._load_error = failure_text(exc)
                 call.pack_routs(
                     _LOAD, {"model_index": NO_MODEL, "num_graphs": 0, "qnn_status": exc.status}
                 )
                 return 0
             self._models[slot] = model
+            self._load_error = b""
         call.pack_routs(_LOAD, {"model_index": slot, "num_graphs": 1, "qnn_status": 0})
         return 0
 
@@ -648,11 +652,15 @@ class PortalQnnSkel(Skel):
 
     def _last_error(self, call: SkelCall) -> int:
         args = call.unpack(_LAST_ERROR)
+        index = args.integer("model_index")
         with self._lock:
-            model = self._model(args.integer("model_index"), graph=None)
-            if isinstance(model, int):
-                return model
-            text = model.last_error
+            if index == NO_MODEL:
+                text = self._load_error
+            else:
+                model = self._model(index, graph=None)
+                if isinstance(model, int):
+                    return model
+                text = model.last_error
         view = args.view("text")
         copied = text[: len(view)]
         call.pack_routs(_LAST_ERROR, {"text": list(copied), "text_len": len(copied)})

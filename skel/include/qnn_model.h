@@ -126,6 +126,10 @@ int qnn_model_run(qnn_model *model, uint32_t graph, const uint8_t *inputs, size_
 void qnn_model_last_error(const qnn_model *model, uint8_t *text, size_t capacity,
                           uint32_t *length);
 
+/* The same for any kept text of kept_size bytes (NUL-terminated within them). */
+void qnn_copy_text(const char *kept, size_t kept_size, uint8_t *text, size_t capacity,
+                   uint32_t *length);
+
 int qnn_model_describe(const qnn_model *model, uint32_t graph, portal_qnn_tensor_spec *inputs,
                        size_t input_capacity, portal_qnn_tensor_spec *outputs,
                        size_t output_capacity, uint32_t *num_inputs, uint32_t *num_outputs);

@@ -213,6 +213,12 @@ def test_an_output_that_does_not_follow_from_the_inputs_is_named(
     ) as refused:
         load(portal, tmp_path, free)
     assert failure(refused) is ModelFailure.MODEL_REJECTED
+    # The DSP's own reason (last_error of the handle's load) replaces "its log says which".
+    assert refused.value.detail.endswith(
+        "; the DSP says: y dimension 0 is free (it does not follow from the inputs' shapes):"
+        " give its shape"
+    )
+    assert portal.last_error(portal_qnn.NO_MODEL).startswith("y dimension 0 is free")
     given = load(portal, tmp_path, free, shapes={"y": (3, 2)})
     x = np.arange(6, dtype=np.float32)
     y = tensors.slot(24)

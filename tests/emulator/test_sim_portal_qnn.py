@@ -144,6 +144,37 @@ def test_last_error_is_onnxruntimes_reason_for_that_model_alone(raw: Raw, reshap
     assert raw.call("last_error", model_index=4, text=256)[0] == AEE.EBADPARM.dsp
 
 
+def test_last_error_of_no_model_is_why_the_handles_last_load_failed(
+    raw: Raw, reshape: str, session: FastRpcSession, tmp_path: Path
+) -> None:
+    def load_error() -> bytes:
+        rc, error = raw.call("last_error", model_index=0xFFFFFFFF, text=256)
+        assert rc == 0
+        return error.data("text")[: error.integer("text_len")]
+
+    assert load_error() == b""
+    with (
+        onnx_models.opened(tmp_path, "free.onnx", onnx_models.reshape((None, 3))) as fd,
+        session.expose_file(fd, suffix=".onnx") as exposed,
+    ):
+        assert raw.load(exposed.name)[0] == AEE.EINVALIDFORMAT.dsp
+    assert load_error() == (
+        b"y dimension 0 is free (it does not follow from the inputs' shapes): give its shape"
+    )
+    assert raw.load(reshape)[0] == 0
+    assert load_error() == b""  # a load that succeeds forgets it
+    with (
+        onnx_models.opened(tmp_path, "unknown.onnx", onnx_models.unknown_op()) as fd,
+        session.expose_file(fd, suffix=".onnx") as exposed,
+    ):
+        rc, loaded = raw.load(exposed.name)
+    assert (rc, loaded.integer("qnn_status")) == (0, 6000)
+    said = load_error()
+    assert said.startswith(b"onnxruntime refused the model: ")
+    assert b"[ONNXRuntimeError]" not in said
+    assert b"NoSuchOp" in said or b"not a registered function/op" in said.lower()
+
+
 @pytest.mark.parametrize(
     ("message", "expected"),
     [

@@ -333,10 +333,17 @@ def test_qnn_errors_while_loading(
     )
     assert live_sets(model) == 0
     assert portal.model_unload(0) == AEE.EBADSTATE
+    reason = f"composing or finalizing the model failed: QNN error {qnn_status}".encode()
+    assert portal.last_error(NO_MODEL) == (0, reason)
 
 
-def test_missing_library(portal: PortalQnn, tmp_path: Path) -> None:
+def test_missing_library(portal: PortalQnn, tmp_path: Path, fake_models: dict[str, Path]) -> None:
+    assert portal.last_error(NO_MODEL) == (0, b"")  # no load has failed on this handle
     assert portal.model_load(str(tmp_path / "libnothere.so")).rc == AEE.EUNABLETOLOAD
+    reason = f"model_load refused: AEE error {AEE.EUNABLETOLOAD & 0xFFFFFFFF:#010x}".encode()
+    assert portal.last_error(NO_MODEL) == (0, reason)
+    load(portal, fake_models["default"])
+    assert portal.last_error(NO_MODEL) == (0, b"")  # a load that succeeds forgets it
     not_elf = tmp_path / "libnot_elf.so"
     not_elf.write_bytes(b"not an ELF file")
     assert portal.model_load(str(not_elf)).rc == AEE.EUNABLETOLOAD
