@@ -28,6 +28,7 @@
  */
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +45,8 @@ _Static_assert(sizeof(unsigned int) == sizeof(uint32_t), "IDL unsigned long is a
 typedef struct {
     skel_object base; /* first: the registry stores &base */
     qnn_model models[PORTAL_QNN_MAX_MODELS];
+    /* Why the handle's last model_load failed, NUL-terminated; "" after a success. */
+    char load_error[PORTAL_QNN_MAX_ERROR_BYTES];
 } portal_context;
 
 static skel_registry g_portal_handles = SKEL_REGISTRY_INIT;
@@ -207,6 +210,19 @@ static int load_into(portal_context *context, uint32_t slot, void *library,
     return rc;
 }
 
+/* Keep why a model_load failed (its AEE code or QNN error), or forget it after a success. */
+static void record_load(portal_context *context, int rc, unsigned int qnn_status) {
+    if (rc != AEE_SUCCESS) {
+        (void)snprintf(context->load_error, sizeof(context->load_error),
+                       "model_load refused: AEE error 0x%08x", (unsigned)rc);
+    } else if (qnn_status != QNN_SUCCESS) {
+        (void)snprintf(context->load_error, sizeof(context->load_error),
+                       "composing or finalizing the model failed: QNN error %u", qnn_status);
+    } else {
+        context->load_error[0] = '\0';
+    }
+}
+
 static bool starts_with(const char *text, const char *prefix) {
     return strncmp(text, prefix, strlen(prefix)) == 0;
 }
@@ -246,6 +262,7 @@ SKEL_EXPORT int portal_qnn_model_load(remote_handle64 _h, const char *model_uri,
         rc = load_into(context, slot, library, compose, free_graphs, model_index, num_graphs,
                        qnn_status);
     }
+    record_load(context, rc, *qnn_status);
     release(context);
     return rc;
 }
@@ -273,6 +290,7 @@ SKEL_EXPORT int portal_qnn_model_load_functions(remote_handle64 h,
         rc = load_into(context, slot, NULL, compose, free_graphs, model_index, num_graphs,
                        qnn_status);
     }
+    record_load(context, rc, *qnn_status);
     release(context);
     return rc;
 }
@@ -374,6 +392,32 @@ SKEL_EXPORT int portal_qnn_graph_info(remote_handle64 _h, unsigned int model_ind
         if (rc == AEE_SUCCESS) {
             *num_inputs = inputs_found;
             *num_outputs = outputs_found;
+        }
+    }
+    release(context);
+    return rc;
+}
+
+SKEL_EXPORT int portal_qnn_last_error(remote_handle64 _h, unsigned int model_index,
+                                      unsigned char *text, int textLen, unsigned int *text_len) {
+    if (textLen < 0 || (textLen != 0 && text == NULL) || text_len == NULL) {
+        return AEE_EBADPARM;
+    }
+    portal_context *context = acquire(_h);
+    if (context == NULL) {
+        return AEE_EINVHANDLE;
+    }
+    int rc = AEE_SUCCESS;
+    uint32_t copied = 0;
+    if (model_index == PORTAL_QNN_NO_MODEL) {
+        qnn_copy_text(context->load_error, sizeof(context->load_error), text, (size_t)textLen,
+                      &copied);
+        *text_len = copied;
+    } else {
+        const qnn_model *model = loaded_model(context, model_index, &rc);
+        if (model != NULL) {
+            qnn_model_last_error(model, text, (size_t)textLen, &copied);
+            *text_len = copied;
         }
     }
     release(context);

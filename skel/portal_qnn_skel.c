@@ -18,6 +18,7 @@
  *                               primROut {num_inputs, num_outputs}, inputs, outputs
  *   8 run           0x08020200  primIn {model_index, graph_index, len(inputs), capacity(outputs)},
  *                               inputs, primROut {qnn_status}, outputs
+ *   9 last_error    0x09010200  primIn {model_index, capacity(text)}, primROut {text_len}, text
  *
  * Every buffer is checked before the implementation runs, so a badly
  * marshalled call never has a side effect. Wrong counts or lengths:
@@ -193,6 +194,31 @@ static int invoke_run(remote_handle64 h, uint32_t sc, remote_arg *pra) {
     return rc;
 }
 
+static int invoke_last_error(remote_handle64 h, uint32_t sc, remote_arg *pra) {
+    uint32_t prim_in[2] = {0, 0};
+    int rc = skel_check_counts(sc, pra, 1, 2, 0, 0);
+    if (rc == AEE_SUCCESS) {
+        rc = skel_read_u32s(&pra[0], prim_in, 2);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_u32s_room(&pra[1], 1);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_sequence(&pra[2], prim_in[1]);
+    }
+    if (rc != AEE_SUCCESS) {
+        return rc;
+    }
+    unsigned int text_len = 0;
+    rc = portal_qnn_last_error(h, prim_in[0], (unsigned char *)pra[2].buf.pv, (int)prim_in[1],
+                               &text_len);
+    if (rc == AEE_SUCCESS) {
+        const uint32_t prim_rout[1] = {text_len};
+        rc = skel_write_u32s(&pra[1], prim_rout, 1);
+    }
+    return rc;
+}
+
 int portal_qnn_skel_handle_invoke(remote_handle64 h, uint32_t sc, remote_arg *pra) {
     switch (REMOTE_SCALARS_METHOD(sc)) {
     case 0:
@@ -213,6 +239,8 @@ int portal_qnn_skel_handle_invoke(remote_handle64 h, uint32_t sc, remote_arg *pr
         return invoke_graph_info(h, sc, pra);
     case 8:
         return invoke_run(h, sc, pra);
+    case 9:
+        return invoke_last_error(h, sc, pra);
     default:
         return AEE_EUNSUPPORTED;
     }

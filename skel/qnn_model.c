@@ -2,6 +2,7 @@
 #include "qnn_model.h"
 
 #include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -323,12 +324,17 @@ int qnn_model_execute(qnn_model *model, uint32_t graph_index, uint32_t *qnn_stat
     }
     graph->outputs_valid = false;
     *qnn_status = QNN_SUCCESS;
+    model->last_error[0] = '\0';
 
     Qnn_ErrorHandle_t error =
         model->interface->graphExecute(graph->handle, graph->input_tensors, graph->num_inputs,
                                        graph->output_tensors, graph->num_outputs);
     if (error != QNN_SUCCESS) {
         *qnn_status = qnn_code(error);
+        /* The model library's own words went to its log; its caller gets QNN's. */
+        (void)snprintf(model->last_error, sizeof(model->last_error),
+                       "graphExecute of graph %u failed: QNN error %u", (unsigned)graph_index,
+                       (unsigned)*qnn_status);
         return AEE_SUCCESS;
     }
     for (uint32_t i = 0; i < graph->num_outputs; i++) {
@@ -427,6 +433,24 @@ int qnn_model_run(qnn_model *model, uint32_t graph_index, const uint8_t *inputs,
         memset(outputs + offset, 0, output_capacity - (size_t)offset);
     }
     return AEE_SUCCESS;
+}
+
+void qnn_copy_text(const char *kept, size_t kept_size, uint8_t *text, size_t capacity,
+                   uint32_t *length) {
+    size_t bytes = strnlen(kept, kept_size);
+    size_t copied = bytes < capacity ? bytes : capacity;
+    if (copied != 0) {
+        memcpy(text, kept, copied);
+    }
+    if (capacity > copied) {
+        memset(text + copied, 0, capacity - copied);
+    }
+    *length = (uint32_t)copied;
+}
+
+void qnn_model_last_error(const qnn_model *model, uint8_t *text, size_t capacity,
+                          uint32_t *length) {
+    qnn_copy_text(model->last_error, sizeof(model->last_error), text, capacity, length);
 }
 
 static void copy_specs(const qnn_buffer *buffers, uint32_t count, portal_qnn_tensor_spec *specs,

@@ -7,9 +7,13 @@ declarations (:func:`npud.formats.onnx_proto.graph_io`), lets the refusal say wh
 tensor, which dimension, and what to give, in the terms a client uses: ``shapes=``
 in the client libraries, ``--shape`` in ``npuctl run``.
 
-Nothing is inferred: a dimension is known when the model fixes it, when the client
-gives it, or when it is a named dimension (``dim_param``) that a given shape binds.
-A QNN model library (the device) has fixed shapes; this is for ONNX models only.
+Every input must be sized here: a dimension is known when the model fixes it, when
+the client gives it, or when it is a named dimension (``dim_param``) that a given
+shape binds. Outputs need not be: what these rules leave free of an output, the
+emulated DSP infers from the inputs' shapes (onnxruntime's shape inference, see
+:mod:`npud.sim.portal_qnn`); :func:`check_shapes` returns those outputs, so that a
+DSP refusal can name them (:func:`unsized_outputs_refusal`). A QNN model library
+(the device) has fixed shapes; this is for ONNX models only.
 """
 
 from __future__ import annotations
@@ -38,11 +42,15 @@ class _Resolved:
     dims: tuple[int | None, ...]
 
 
-def check_shapes(source: onnx_proto.Source, given: Mapping[str, Sequence[int]]) -> None:
-    """Raise ShapeError unless the model's tensors, with ``given``, have every dimension
-    fixed. A model that declares no shapes at all is left to the runtime."""
-    declared = [t for t in onnx_proto.graph_io(source) if t.dims is not None]
-    names = {t.name for t in declared}
+def check_shapes(
+    source: onnx_proto.Source, given: Mapping[str, Sequence[int]]
+) -> list[onnx_proto.GraphTensor]:
+    """Raise ShapeError unless the model's inputs, with ``given``, have every dimension
+    fixed; the outputs left for the DSP to infer (a dimension these rules leave free).
+    A model that declares no shapes at all is left to the runtime."""
+    tensors = onnx_proto.graph_io(source)
+    declared = [t for t in tensors if t.dims is not None]
+    names = {t.name for t in tensors}
     unknown = sorted(set(given) - names)
     if unknown:
         known = ", ".join(repr(n) for n in sorted(names)) or "none"
@@ -51,9 +59,36 @@ def check_shapes(source: onnx_proto.Source, given: Mapping[str, Sequence[int]]) 
         )
     bound = _bind(declared, given)
     resolved = [_resolve(t, given, bound) for t in declared]
-    free = [r for r in resolved if None in r.dims]
+    inputs = [r for r in resolved if r.tensor.kind == "input"]
+    free = [r for r in inputs if None in r.dims]
     if free:
-        raise ShapeError("free", _free_message(free, resolved))
+        raise ShapeError("free", _free_message(free, inputs))
+    unshaped = [t for t in tensors if t.kind == "output" and t.dims is None and t.name not in given]
+    return [r.tensor for r in resolved if r.tensor.kind == "output" and None in r.dims] + unshaped
+
+
+def unsized_outputs_refusal(outputs: Sequence[onnx_proto.GraphTensor]) -> str:
+    """What a client is told when the DSP could not size ``outputs`` (left to inference)."""
+    names = _join([repr(t.name) for t in outputs])
+    which = (
+        f"output {names} has a dimension that does not"
+        if len(outputs) == 1
+        else f"outputs {names} have dimensions that may not"
+    )
+    example = ", ".join(f"{t.name!r}: [{_dims(t, ', ')}]" for t in outputs)
+    flags = " ".join(f"--shape {t.name}={_dims(t, ',')}" for t in outputs)
+    it, its = ("it", "its whole shape") if len(outputs) == 1 else ("them", "their whole shapes")
+    return (
+        f"{which} follow from the input shapes given (the model leaves {it} free and shape"
+        f" inference cannot size {it}): give {its} at load, with N the sizes your"
+        f" data produces: shapes={{{example}}} (npuctl run {flags})"
+    )
+
+
+def _dims(tensor: onnx_proto.GraphTensor, separator: str) -> str:
+    if tensor.dims is None:  # the model does not even say its rank
+        return separator.join(["D0", "D1", "..."])
+    return separator.join(str(d) if isinstance(d, int) and d > 0 else "N" for d in tensor.dims)
 
 
 def _bind(
@@ -124,7 +159,7 @@ def _free_message(free: list[_Resolved], resolved: list[_Resolved]) -> str:
     return (
         f"{first.tensor.kind} {first.tensor.name!r} {what} free{label}{also}: give each"
         f" tensor's whole shape at load, with N the sizes for your data: shapes={{{example}}}"
-        f" (npuctl run {flags}){known}; npud infers no shape"
+        f" (npuctl run {flags}){known}; output shapes follow from the inputs'"
     )
 
 

@@ -24,7 +24,10 @@ DSP's loader reads it through the reverse-RPC listener; no path is opened.
 Tensor data travels only as slices of session DMA-BUFs.
 
 Errors: :class:`ModelError` (a RpcError) with a :class:`ModelFailure`
-saying what went wrong; transport failures stay RpcErrors. Thread-safe:
+saying what went wrong; transport failures stay RpcErrors. A graph that
+fails on the DSP is ``ModelFailure.QNN`` with its QNN error number and the
+runtime's reason, which the skel keeps for the model and ``last_error``
+fetches under the model's lock (so it is that call's, bounded by the skel). Thread-safe:
 calls that name one model run one at a time (a per-model lock; :meth:`run`
 holds it for its whole sequence); calls on different models do not wait for
 each other on the host.
@@ -45,7 +48,7 @@ from npud import idl
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, OutArg, Slice
 from npud.fastrpc.model_format import ModelFileError, ModelFormat, Sniffed, check_model_file
-from npud.fastrpc.model_shapes import ShapeError, check_shapes
+from npud.fastrpc.model_shapes import ShapeError, check_shapes, unsized_outputs_refusal
 from npud.fastrpc.session import FastRpcSession
 from npud.formats import onnx_proto
 
@@ -57,6 +60,8 @@ MAX_TENSORS: Final = 32
 MAX_RANK: Final = 8
 MAX_URI_BYTES: Final = 512  # model_uri with its NUL
 ARENA_ALIGN: Final = 64  # tensors of a run's arenas start at multiples of this (the IDL's run)
+MAX_ERROR_BYTES: Final = 256  # last_error's capacity: the skel keeps at most 255 bytes of text
+NO_MODEL: Final = 0xFFFFFFFF  # last_error's model_index for the handle's last model_load
 QNN_SUFFIX: Final = {"kernel": ".so", "emulator": ".onnx"}
 
 Backend = Literal["kernel", "emulator"]
@@ -72,6 +77,7 @@ _GET_OUTPUT: Final = _IDL.method("get_output")
 _UNLOAD: Final = _IDL.method("model_unload")
 _GRAPH_INFO: Final = _IDL.method("graph_info")
 _RUN: Final = _IDL.method("run")
+_LAST_ERROR: Final = _IDL.method("last_error")
 
 
 class DataType(enum.IntEnum):
@@ -299,6 +305,7 @@ class PortalQnn:
         self.handle = handle
         self.backend: Backend = backend
         self._lock = threading.Lock()
+        self._load_lock = threading.Lock()  # a load and the reason it failed, together
         self._models: dict[int, _Model] = {}
         self._closed = False
 
@@ -359,15 +366,19 @@ class PortalQnn:
                     ModelFailure.TENSOR_MISMATCH,
                     f"the shapes make the model URI {len(uri)} bytes; at most {MAX_URI_BYTES - 1}",
                 )
+            unsized: list[onnx_proto.GraphTensor] = []
             if sniffed.format is ModelFormat.ONNX:
-                _check_shapes(fd, sniffed.size, shapes or {})
-            rc, values = self._call(_LOAD, model_uri=uri)
+                unsized = _check_shapes(fd, sniffed.size, shapes or {})
+            with self._load_lock:
+                rc, values = self._call(_LOAD, model_uri=uri)
+                failed = rc != 0 or values.integer("qnn_status") != 0
+                said = self.last_error(NO_MODEL) if failed else ""
         if rc != 0:
-            raise _load_error(rc, sniffed)
+            raise _load_error(rc, sniffed, unsized, said)
         status = values.integer("qnn_status")
         if status != 0:
             reason = f"composing the model failed with QNN error {status}"
-            raise ModelError(ModelFailure.QNN, reason)
+            raise ModelError(ModelFailure.QNN, f"{reason}: {said}" if said else reason)
         slot = values.integer("model_index")
         try:
             graphs = tuple(self._describe(slot, g) for g in range(values.integer("num_graphs")))
@@ -478,7 +489,7 @@ class PortalQnn:
             model.inputs_set[graph] = {s.index for s in spec.inputs}
             status = values.integer("qnn_status")
             if status != 0:
-                raise ModelError(ModelFailure.QNN, f"graph {graph} failed with QNN error {status}")
+                raise self._graph_failure(slot, graph, status)
             model.executed.add(graph)
 
     def unload(self, slot: int) -> None:
@@ -585,8 +596,27 @@ class PortalQnn:
         self._check(rc, model)
         status = values.integer("qnn_status")
         if status != 0:
-            raise ModelError(ModelFailure.QNN, f"graph {graph} failed with QNN error {status}")
+            raise self._graph_failure(model.loaded.slot, graph, status)
         model.executed.add(graph)
+
+    def _graph_failure(self, slot: int, graph: int, status: int) -> ModelError:
+        """The QNN failure of a run or execute, with the runtime's reason when the skel
+        kept one (last_error; the model's lock is held, so it is this call's)."""
+        message = f"graph {graph} failed with QNN error {status}"
+        reason = self.last_error(slot)
+        return ModelError(ModelFailure.QNN, f"{message}: {reason}" if reason else message)
+
+    def last_error(self, slot: int) -> str:
+        """Why the model's last execute or run failed, in the runtime's words (at most
+        MAX_ERROR_BYTES - 1 bytes, printable); with :data:`NO_MODEL`, why the handle's
+        last load failed. "" when it succeeded, or when the skel does not keep reasons
+        (a skel older than last_error answers AEE_EUNSUPPORTED)."""
+        rc, values = self._call(_LAST_ERROR, model_index=slot, text=MAX_ERROR_BYTES)
+        if rc != 0:
+            return ""
+        data = values.data("text")[: min(values.integer("text_len"), MAX_ERROR_BYTES - 1)]
+        text = data.decode("utf-8", errors="replace")
+        return "".join(c if c.isprintable() else " " for c in text).strip()
 
     def _get_output(self, model: _Model, graph: int, key: TensorKey, data: Slice) -> int:
         spec = self._graph(model, graph).output(key)
@@ -649,11 +679,14 @@ def _out_arg(item: int | idl.BufferRef) -> OutArg:
     return item
 
 
-def _check_shapes(fd: int, size: int, shapes: Mapping[str, Sequence[int]]) -> None:
+def _check_shapes(
+    fd: int, size: int, shapes: Mapping[str, Sequence[int]]
+) -> list[onnx_proto.GraphTensor]:
     """Refuse here, saying which tensor and what to give, what the DSP would refuse
-    with one generic code (its log has the reason; its client would not)."""
+    with one generic code (its log has the reason; its client would not). The outputs
+    left for the DSP to infer."""
     try:
-        check_shapes(onnx_proto.FdSource(fd, size), shapes)
+        return check_shapes(onnx_proto.FdSource(fd, size), shapes)
     except ShapeError as exc:
         failure = (
             ModelFailure.MODEL_REJECTED if exc.kind == "free" else ModelFailure.TENSOR_MISMATCH
@@ -669,7 +702,20 @@ def _check_shapes(fd: int, size: int, shapes: Mapping[str, Sequence[int]]) -> No
         ) from None
 
 
-def _load_error(rc: int, sniffed: Sniffed) -> RpcError:
+def _load_error(
+    rc: int, sniffed: Sniffed, unsized: Sequence[onnx_proto.GraphTensor] = (), said: str = ""
+) -> RpcError:
+    """The error for a model_load that answered ``rc``; ``said`` is the DSP's reason
+    (last_error), which replaces the pointer to its log."""
+    error = _load_refusal(rc, sniffed, unsized)
+    if said and isinstance(error, ModelError):
+        log_pointer = "; the DSP's log says which"
+        detail = error.detail.removesuffix(log_pointer)
+        return ModelError(error.failure, f"{detail}; the DSP says: {said}")
+    return error
+
+
+def _load_refusal(rc: int, sniffed: Sniffed, unsized: Sequence[onnx_proto.GraphTensor]) -> RpcError:
     if rc == AEE.EOUTOFHANDLES.dsp:
         return ModelError(
             ModelFailure.SLOTS_FULL, f"all {MAX_MODELS} model slots of this handle are in use"
@@ -681,12 +727,17 @@ def _load_error(rc: int, sniffed: Sniffed) -> RpcError:
             f"the DSP could not load the model file ({sniffed.description}): {what}",
         )
     if rc == AEE.EINVALIDFORMAT.dsp:
-        return ModelError(
-            ModelFailure.MODEL_REJECTED,
+        limits = (
             "the model is outside portal_qnn's limits: 1..8 graphs, at most 32 inputs and 1..32"
             " outputs each, rank <= 8, names under 128 bytes, known data types, every dimension"
-            " fixed (give shapes for free ones); the DSP's log says which",
+            " fixed (give shapes for free ones); the DSP's log says which"
         )
+        if unsized:  # what the DSP could not size is likely these
+            return ModelError(
+                ModelFailure.MODEL_REJECTED,
+                f"{unsized_outputs_refusal(unsized)}; otherwise {limits}",
+            )
+        return ModelError(ModelFailure.MODEL_REJECTED, limits)
     if rc == AEE.EBADPARM.dsp:
         return ModelError(
             ModelFailure.TENSOR_MISMATCH,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Final, Protocol
 
 WINDOW: Final = 64 * 1024
@@ -181,12 +181,14 @@ class Field:
     start: int  # the value's first byte (a length-delimited field's payload)
     end: int  # one past its last byte
     value: int  # a varint's value, a length-delimited field's length, else 0
+    head: int = 0  # the field's first byte (its key)
 
 
 def fields(source: Source, offset: int, end: int) -> list[Field]:
     """The fields of the message in [offset, end), in order; DamagedError when malformed."""
     found: list[Field] = []
     while offset < end:
+        head = offset
         key, offset = _varint(source, offset, end)
         number, wire = key >> 3, key & 7
         if number == 0:
@@ -203,7 +205,7 @@ def fields(source: Source, offset: int, end: int) -> list[Field]:
             raise DamagedError(f"wire type {wire} (groups are not part of ONNX)")
         if after > end:
             raise DamagedError(f"field {number} runs {after - end} bytes past its message")
-        found.append(Field(number, wire, offset, after, value))
+        found.append(Field(number, wire, offset, after, value, head))
         offset = after
     return found
 
@@ -387,3 +389,82 @@ def _tensor_dims(source: Source, type_field: Field) -> tuple[Dim, ...] | None:
                 size = _text(source, part) or None
         dims.append(size)
     return tuple(dims)
+
+
+def with_input_shapes(source: Source, shapes: Mapping[str, Sequence[int]]) -> bytes:
+    """The model with the main graph's inputs named in ``shapes`` declared with exactly
+    those dimensions (each a ``dim_value``; their element types and everything else kept,
+    byte for byte), so that a runtime's shape inference starts from them. DamagedError
+    when malformed."""
+    out = bytearray()
+    for field in fields(source, 0, source.size):
+        if field.number == MODEL_GRAPH and field.wire == LENGTH:
+            out += _length_field(MODEL_GRAPH, _graph_with_shapes(source, field, shapes))
+        else:
+            out += source.read(field.head, field.end - field.head)
+    return bytes(out)
+
+
+def _graph_with_shapes(source: Source, graph: Field, shapes: Mapping[str, Sequence[int]]) -> bytes:
+    out = bytearray()
+    for field in fields(source, graph.start, graph.end):
+        if field.number == GRAPH_INPUT and field.wire == LENGTH:
+            name = _only_text(source, field, VALUE_NAME)
+            if name is not None and name in shapes:
+                out += _length_field(GRAPH_INPUT, _value_with_shape(source, field, shapes[name]))
+                continue
+        out += source.read(field.head, field.end - field.head)
+    return bytes(out)
+
+
+def _only_text(source: Source, field: Field, number: int) -> str | None:
+    chosen = _only(source, field, number)
+    if chosen is None:
+        return None
+    return source.read(chosen.start, chosen.value).decode("utf-8", errors="replace")
+
+
+def _value_with_shape(source: Source, value: Field, dims: Sequence[int]) -> bytes:
+    """ValueInfoProto ``value`` with its TypeProto.tensor_type's shape replaced."""
+    out = bytearray()
+    for part in fields(source, value.start, value.end):
+        if part.number == VALUE_TYPE and part.wire == LENGTH:
+            typed = bytearray()
+            for item in fields(source, part.start, part.end):
+                if item.number == TYPE_TENSOR and item.wire == LENGTH:
+                    tensor = bytearray()
+                    for piece in fields(source, item.start, item.end):
+                        if piece.number != TENSOR_TYPE_SHAPE:
+                            tensor += source.read(piece.head, piece.end - piece.head)
+                    shape = b"".join(
+                        _length_field(SHAPE_DIM, _key(DIM_VALUE, VARINT) + _encode_varint(d))
+                        for d in dims
+                    )
+                    tensor += _length_field(TENSOR_TYPE_SHAPE, shape)
+                    typed += _length_field(TYPE_TENSOR, bytes(tensor))
+                else:
+                    typed += source.read(item.head, item.end - item.head)
+            out += _length_field(VALUE_TYPE, bytes(typed))
+        else:
+            out += source.read(part.head, part.end - part.head)
+    return bytes(out)
+
+
+def _key(number: int, wire: int) -> bytes:
+    return _encode_varint(number << 3 | wire)
+
+
+def _length_field(number: int, payload: bytes) -> bytes:
+    return _key(number, LENGTH) + _encode_varint(len(payload)) + payload
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)

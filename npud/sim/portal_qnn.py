@@ -16,9 +16,16 @@ the model runtime itself refuses. What differs is the model:
   fixed by the URI's query, ``?shape.<name>=<d0>,<d1>,...`` joined by ``&``
   (names percent-encoded), for inputs and outputs alike; a dimension named
   in the model (``dim_param``) that one given shape fixes is fixed everywhere
-  it appears. An unknown name, a rank or a fixed dimension that disagrees
-  with the model is AEE_EBADPARM (a bad model_uri); a dimension left free is
-  AEE_EINVALIDFORMAT ("a tensor that cannot be sized").
+  it appears. An output whose shape that leaves free is inferred from the
+  inputs' shapes: the model is given to onnxruntime with every input declared
+  with its fixed shape (:func:`npud.formats.onnx_proto.with_input_shapes`),
+  and onnxruntime's shape inference sizes the outputs; the session runs that
+  model. Where onnxruntime cannot load the model so (shape inference fails in
+  a branch of an ``If`` that these shapes cannot take, as Silero VAD's 8 kHz
+  branch with 16 kHz chunks), the model loads as it is and its outputs need
+  their shapes given. An unknown name, a rank or a fixed dimension that
+  disagrees with the model is AEE_EBADPARM (a bad model_uri); a dimension
+  left free is AEE_EINVALIDFORMAT ("a tensor that cannot be sized").
 * ``run`` takes the inputs and gives the outputs as tensor arenas (the
   IDL's layout: tensor i at the sum of the previous sizes, each rounded up
   to 64 bytes): the inputs are fed to onnxruntime as numpy views of the
@@ -32,7 +39,12 @@ the model runtime itself refuses. What differs is the model:
   onnxruntime is told the bytes are ONNX, never its own ORT format.
 
 Every refusal is logged (the DSP's FARF) with the reason; the caller sees the
-AEE code. Calls on one handle run one at a time, as on the C skel.
+AEE code. A failed execute or run also keeps onnxruntime's reason with the
+model, for ``last_error``: the innermost message of its chain ("LSTM node
+'...': Input X must have 3 dimensions only ..."), without onnxruntime's
+prefix or the source line and C++ signature of a failed check, cut to
+:data:`MAX_ERROR_BYTES` - 1 bytes at a character boundary. Calls on one handle
+run one at a time, as on the C skel.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import threading
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -73,6 +86,7 @@ MAX_TENSOR_BYTES: Final = 64 * 1024 * 1024
 MAX_MODEL_BYTES: Final = 256 * 1024 * 1024  # all staging buffers of one model
 MAX_MODEL_FILE_BYTES: Final = 512 * 1024 * 1024
 NO_MODEL: Final = 0xFFFFFFFF
+MAX_ERROR_BYTES: Final = 256  # last_error's text with room for a NUL (the C skel's buffer)
 BUILTIN_PREFIX: Final = "builtin:"
 SHAPE_PREFIX: Final = "shape."
 ARENA_ALIGN: Final = 64
@@ -107,6 +121,7 @@ _GET_OUTPUT: Final = PORTAL_IDL.method("get_output")
 _UNLOAD: Final = PORTAL_IDL.method("model_unload")
 _GRAPH_INFO: Final = PORTAL_IDL.method("graph_info")
 _RUN: Final = PORTAL_IDL.method("run")
+_LAST_ERROR: Final = PORTAL_IDL.method("last_error")
 _SPEC_SIZE: Final = _GRAPH_INFO.param("inputs").element_size  # sizeof(portal_qnn_tensor_spec)
 
 
@@ -185,6 +200,7 @@ def _declared(node: Any) -> tuple[str, str, list[int | str | None]]:
 def _resolve_shapes(
     declared: Sequence[tuple[str, str, list[int | str | None]]],
     given: Mapping[str, tuple[int, ...]],
+    outputs: frozenset[str] = frozenset(),
 ) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape with every dimension fixed; RefusedError otherwise."""
     names = {name for name, _, _ in declared}
@@ -219,13 +235,51 @@ def _resolve_shapes(
             size = bound.get(dim) if isinstance(dim, str) else dim
             if size is None or size <= 0:
                 what = f"{dim!r}" if isinstance(dim, str) else "free"
+                why = " (it does not follow from the inputs' shapes)" if name in outputs else ""
                 raise RefusedError(
                     AEE.EINVALIDFORMAT,
-                    f"{name} dimension {axis} is {what}: give its shape in the model URI",
+                    f"{name} dimension {axis} is {what}{why}: give its shape",
                 )
             resolved.append(size)
         shapes[name] = tuple(resolved)
     return shapes
+
+
+def _with_input_shapes(data: bytes, given: Mapping[str, tuple[int, ...]]) -> bytes | None:
+    """The model with every input's shape fixed (given, declared, or bound through a named
+    dimension), when an output's shape does not follow from the declarations and the
+    given shapes alone; None when nothing is left to infer, or an input is itself free
+    (refused later, naming it)."""
+    try:
+        declared = onnx_proto.graph_io(onnx_proto.BytesSource(data))
+    except onnx_proto.DamagedError:
+        return None  # onnxruntime says what is wrong with it
+    bound: dict[str, int] = {}
+    for tensor in declared:
+        shape = given.get(tensor.name)
+        if shape is not None and tensor.dims is not None and len(shape) == len(tensor.dims):
+            for want, have in zip(tensor.dims, shape, strict=True):
+                if isinstance(want, str):
+                    bound.setdefault(want, have)
+
+    def resolved(tensor: onnx_proto.GraphTensor) -> tuple[int, ...] | None:
+        if tensor.name in given:
+            return given[tensor.name]
+        if tensor.dims is None:
+            return None
+        dims = [bound.get(d) if isinstance(d, str) else d for d in tensor.dims]
+        return None if any(d is None or d <= 0 for d in dims) else tuple(dims)  # type: ignore[arg-type]
+
+    if all(resolved(t) is not None for t in declared if t.kind == "output"):
+        return None
+    inputs: dict[str, tuple[int, ...]] = {}
+    for tensor in declared:
+        if tensor.kind == "input":
+            shape = resolved(tensor)
+            if shape is None:
+                return None
+            inputs[tensor.name] = shape
+    return onnx_proto.with_input_shapes(onnx_proto.BytesSource(data), inputs)
 
 
 def _spec(name: str, onnx_type: str, shape: tuple[int, ...]) -> TensorSpec:
@@ -254,6 +308,30 @@ def _check_self_contained(data: bytes) -> None:
         )
 
 
+_ORT_PREFIX: Final = re.compile(r"\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ")
+_ORT_NODE: Final = re.compile(
+    r"Non-zero status code returned while running (\S+) node\. Name:'([^']*)' Status Message: "
+)
+# An ORT_ENFORCE failure: "<source file>:<line> <C++ signature> <condition> was false. <why>".
+_ORT_ENFORCE: Final = re.compile(r"^\S+:\d+ .*? was false\. ")
+
+
+def failure_text(exc: Exception) -> bytes:
+    """What last_error reports for ``exc``: onnxruntime's innermost reason, with the node
+    that gave it, in at most MAX_ERROR_BYTES - 1 bytes of UTF-8 (cut at a character)."""
+    text = _ORT_PREFIX.sub("", str(exc))
+    nodes = list(_ORT_NODE.finditer(text))
+    if nodes:
+        last = nodes[-1]
+        reason = _ORT_ENFORCE.sub("", text[last.end() :])
+        named = f" {last.group(2)!r}" if last.group(2) else ""
+        text = f"{last.group(1)} node{named}: {reason}"
+    else:
+        text = _ORT_ENFORCE.sub("", text)
+    text = " ".join(text.split())  # no newlines or control characters
+    return text.encode("utf-8")[: MAX_ERROR_BYTES - 1].decode("utf-8", "ignore").encode("utf-8")
+
+
 def _qnn_status(exc: Exception) -> int:
     if isinstance(exc, ort_errors.NotImplemented):
         return QNN_COMMON_ERROR_NOT_SUPPORTED
@@ -272,9 +350,25 @@ class OnnxModel:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = ORT_QUIET
+        session = None
+        fixed = _with_input_shapes(data, shapes)
+        if fixed is not None:
+            # Some output's shape is left to inference: onnxruntime's, on the model with its
+            # inputs' shapes fixed (as a QNN graph has them). A model whose inference fails
+            # that way (a branch not taken that cannot take these shapes) loads as it is.
+            try:
+                session = ort.InferenceSession(
+                    fixed, sess_options=options, providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:
+                log.info("portal_qnn: no inference from the input shapes", extra={"why": str(exc)})
         try:
-            self._session = ort.InferenceSession(
-                data, sess_options=options, providers=["CPUExecutionProvider"]
+            self._session = (
+                session
+                if session is not None
+                else ort.InferenceSession(
+                    data, sess_options=options, providers=["CPUExecutionProvider"]
+                )
             )
         except ort_errors.InvalidProtobuf as exc:
             raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
@@ -288,7 +382,8 @@ class OnnxModel:
                 AEE.EINVALIDFORMAT,
                 f"{len(inputs)} inputs and {len(outputs)} outputs (at most 32, at least 1 output)",
             )
-        resolved = _resolve_shapes([*inputs, *outputs], shapes)
+        names = frozenset(name for name, _, _ in outputs)
+        resolved = _resolve_shapes([*inputs, *outputs], shapes, names)
         self.inputs = [_spec(name, kind, resolved[name]) for name, kind, _ in inputs]
         self.outputs = [_spec(name, kind, resolved[name]) for name, kind, _ in outputs]
         total = sum(spec.nbytes for spec in [*self.inputs, *self.outputs])
@@ -302,6 +397,8 @@ class OnnxModel:
         self.input_offsets, self.input_arena = arena_offsets(self.inputs)
         self.output_offsets, self.output_arena = arena_offsets(self.outputs)
         self._names = [spec.name for spec in self.inputs]
+        self.last_error = b""
+        """Why the last execute or run failed (empty: it succeeded), for last_error."""
 
     def set_input(self, tensor: int, data: memoryview) -> int:
         if tensor >= len(self.inputs):
@@ -318,11 +415,13 @@ class OnnxModel:
         if not all(self._set):
             return AEE.ENOTINITIALIZED.dsp, 0
         self._produced = None
+        self.last_error = b""
         feeds = {spec.name: staged for spec, staged in zip(self.inputs, self._staged, strict=True)}
         try:
             produced = self._session.run(None, feeds, self._run_options)
         except Exception as exc:  # the runtime failed the graph: a QNN error, like graphExecute
             log.warning("portal_qnn execute failed", extra={"error": str(exc)})
+            self.last_error = failure_text(exc)
             return 0, _qnn_status(exc)
         arrays = [np.ascontiguousarray(array) for array in produced]
         for spec, array in zip(self.outputs, arrays, strict=True):
@@ -349,10 +448,12 @@ class OnnxModel:
             for spec, offset in zip(self.inputs, self.input_offsets, strict=True)
         ]
         self._produced = None
+        self.last_error = b""
         try:
             produced = self._session.run(None, dict(zip(self._names, arrays, strict=True)))
         except Exception as exc:  # the runtime failed the graph: a QNN error, like graphExecute
             log.warning("portal_qnn run failed", extra={"error": str(exc)})
+            self.last_error = failure_text(exc)
             self._stage(arrays)
             return 0, _qnn_status(exc)
         self._stage(arrays)
@@ -398,6 +499,7 @@ class PortalQnnSkel(Skel):
         self._threads = intra_op_threads
         self._lock = threading.Lock()  # one call at a time per handle, as on the C skel
         self._models: list[OnnxModel | None] = [None] * MAX_MODELS
+        self._load_error = b""  # why the handle's last model_load failed, for last_error
         self._methods = idl_methods(
             PORTAL_IDL,
             {
@@ -408,6 +510,7 @@ class PortalQnnSkel(Skel):
                 "model_unload": self._model_unload,
                 "graph_info": self._graph_info,
                 "run": self._run,
+                "last_error": self._last_error,
             },
         )
 
@@ -437,14 +540,17 @@ class PortalQnnSkel(Skel):
                 model = self._compose(call, uri)
             except RefusedError as exc:
                 log.warning("portal_qnn model_load refused", extra={"uri": uri, "reason": str(exc)})
+                self._load_error = failure_text(exc)
                 return exc.code.dsp
             except QnnFailureError as exc:
                 log.warning("portal_qnn model_load failed", extra={"uri": uri, "reason": str(exc)})
+                self._load_error = failure_text(exc)
                 call.pack_routs(
                     _LOAD, {"model_index": NO_MODEL, "num_graphs": 0, "qnn_status": exc.status}
                 )
                 return 0
             self._models[slot] = model
+            self._load_error = b""
         call.pack_routs(_LOAD, {"model_index": slot, "num_graphs": 1, "qnn_status": 0})
         return 0
 
@@ -543,3 +649,19 @@ class PortalQnnSkel(Skel):
         if rc == 0:
             call.pack_routs(_RUN, {"qnn_status": status})
         return rc
+
+    def _last_error(self, call: SkelCall) -> int:
+        args = call.unpack(_LAST_ERROR)
+        index = args.integer("model_index")
+        with self._lock:
+            if index == NO_MODEL:
+                text = self._load_error
+            else:
+                model = self._model(index, graph=None)
+                if isinstance(model, int):
+                    return model
+                text = model.last_error
+        view = args.view("text")
+        copied = text[: len(view)]
+        call.pack_routs(_LAST_ERROR, {"text": list(copied), "text_len": len(copied)})
+        return 0

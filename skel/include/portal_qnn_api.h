@@ -42,6 +42,9 @@
 /* model_uri prefix that names a registered builtin instead of a library path. */
 #define PORTAL_QNN_BUILTIN_PREFIX "builtin:"
 
+/* last_error's text with its NUL: a failure's reason is cut to one byte less. */
+#define PORTAL_QNN_MAX_ERROR_BYTES 256u
+
 /* model_index reported when model_load did not fill a slot. */
 #define PORTAL_QNN_NO_MODEL 0xFFFFFFFFu
 

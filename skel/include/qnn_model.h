@@ -53,6 +53,8 @@ typedef struct {
     uint32_t num_graph_infos;
     uint32_t num_graphs;
     qnn_graph graphs[PORTAL_QNN_MAX_GRAPHS_PER_MODEL];
+    /* Why the last execute (or run) of any graph failed, NUL-terminated; "" after a success. */
+    char last_error[PORTAL_QNN_MAX_ERROR_BYTES];
 } qnn_model;
 
 /*
@@ -117,6 +119,17 @@ int qnn_model_run(qnn_model *model, uint32_t graph, const uint8_t *inputs, size_
  * are filled, the rest of each array zeroed. AEE_EBADPARM: graph index out of
  * range; AEE_EBUFFERTOOSMALL: a capacity (in records) below the tensor count.
  */
+/*
+ * Copy the model's last_error into text (capacity bytes, the rest zero-filled, no NUL
+ * written) and report how many bytes were copied in *length.
+ */
+void qnn_model_last_error(const qnn_model *model, uint8_t *text, size_t capacity,
+                          uint32_t *length);
+
+/* The same for any kept text of kept_size bytes (NUL-terminated within them). */
+void qnn_copy_text(const char *kept, size_t kept_size, uint8_t *text, size_t capacity,
+                   uint32_t *length);
+
 int qnn_model_describe(const qnn_model *model, uint32_t graph, portal_qnn_tensor_spec *inputs,
                        size_t input_capacity, portal_qnn_tensor_spec *outputs,
                        size_t output_capacity, uint32_t *num_inputs, uint32_t *num_outputs);

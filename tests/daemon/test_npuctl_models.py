@@ -74,14 +74,31 @@ async def test_npuctl_run_with_given_and_zero_inputs(
             assert [m["name"] for m in rows[0]["models"]] == ["kept"]
 
 
+async def test_npuctl_run_takes_each_input_files_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --shape: x's free dimensions come from x.npy, y's follow from x's."""
+    model = tmp_path / "add_one.onnx"
+    model.write_bytes(onnx_models.add_one((None, 4), out_shape=(None, None)))
+    np.save(tmp_path / "x.npy", np.ones((3, 4), np.float32))
+    async with serve_daemon(tmp_path):
+        code, out, err = await npuctl_in_thread(
+            tmp_path / "npud.sock", capsys, "run", str(model), "--input", f"x={tmp_path / 'x.npy'}"
+        )
+    assert (code, err) == (0, "")
+    assert f"input    x float32 [3, 4] <- {tmp_path / 'x.npy'}" in out.splitlines()
+    assert "output   y float32 [3, 4]" in out.splitlines()
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--input", "nope={npy}"], "the model has no input 'nope'"),
+        (["--input", "nope={npy}"], "the model has no tensor 'nope' (its tensors: 'a', 'b',"),
+        (["--input", "a={npy}", "--shape", "a=4"], "disagrees with the shape of"),
         (["--input", "a={missing}"], "cannot read"),
         (["--shape", "a=4"], "tensor mismatch"),
     ],
-    ids=["unknown input", "missing npy", "bad shape"],
+    ids=["unknown input", "npy against shape", "missing npy", "bad shape"],
 )
 async def test_npuctl_run_refusals(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str

@@ -126,12 +126,13 @@ def identity(dtype: str, shape: Sequence[Dim] = (5,), *, name: str = "x") -> byt
     )
 
 
-def reshape() -> bytes:
-    """y = reshape(x, s): fails at run time when s does not fit x's 6 elements."""
+def reshape(y_shape: Sequence[Dim] = (2, 3)) -> bytes:
+    """y = reshape(x, s): fails at run time when s does not fit x's 6 elements. With
+    y_shape free, y's shape does not follow from the inputs' shapes (s's values make it)."""
     return model(
         [helper.make_node("Reshape", ["x", "s"], ["y"])],
         [tensor("x", "float32", [6]), tensor("s", "int64", [2])],
-        [tensor("y", "float32", [2, 3])],
+        [tensor("y", "float32", y_shape)],
     )
 
 

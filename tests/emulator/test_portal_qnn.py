@@ -16,7 +16,9 @@ import numpy.typing as npt
 import pytest
 
 from npu_protocol import ErrorCode
+from npud import idl
 from npud.backend import DEV_SHELL
+from npud.fastrpc import portal_qnn
 from npud.fastrpc.dma import DmaBuffer
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Slice
@@ -181,18 +183,47 @@ def test_shapes_fix_free_dimensions_and_named_ones_propagate(
     y = tensors.slot(48)
     portal.run(named.slot, {"x": tensors.put(x)}, {"y": y})
     np.testing.assert_array_equal(tensors.get(y, "float32", (3, 4)), x + 1)
-    # Unnamed free dimensions need every tensor's shape.
+    # Unnamed free dimensions of an output follow from the inputs' shapes (onnxruntime's
+    # inference on the model with x declared [2, 4]); given, they are checked against it.
     unnamed = onnx_models.add_one((None, 4), out_shape=(None, None))
+    inferred = load(portal, tmp_path, unnamed, shapes={"x": (2, 4)})
+    assert inferred.graphs[0].outputs[0].shape == (2, 4)
     both = load(portal, tmp_path, unnamed, shapes={"x": (2, 4), "y": (2, 4)})
     assert both.graphs[0].outputs[0].nbytes == 32
-    # The refusal says which tensor and dimension, and what to give, in the client's terms.
+    # A free input: the refusal says which tensor and dimension, and what to give, in the
+    # client's terms.
     with pytest.raises(
         ModelError,
-        match=r"output 'y' dimensions 0 and 1 are free: .* shapes=\{'y': \[N, N\]\}"
-        r" \(npuctl run --shape y=N,N\) \(fixed already: x \[2, 4\]\)",
+        match=r"input 'x' dimension 0 is free: .* shapes=\{'x': \[N, 4\]\}"
+        r" \(npuctl run --shape x=N,4\); output shapes follow from the inputs'",
     ) as free:
-        load(portal, tmp_path, unnamed, shapes={"x": (2, 4)})
+        load(portal, tmp_path, unnamed, shapes={"y": (2, 4)})
     assert failure(free) is ModelFailure.MODEL_REJECTED
+
+
+def test_an_output_that_does_not_follow_from_the_inputs_is_named(
+    portal: PortalQnn, tensors: Tensors, tmp_path: Path
+) -> None:
+    """y = reshape(x, s): s's values, not its shape, make y's shape."""
+    free = onnx_models.reshape(y_shape=(None, None))
+    with pytest.raises(
+        ModelError,
+        match=r"output 'y' has a dimension that does not follow from the input shapes given"
+        r" .* shapes=\{'y': \[N, N\]\} \(npuctl run --shape y=N,N\); otherwise",
+    ) as refused:
+        load(portal, tmp_path, free)
+    assert failure(refused) is ModelFailure.MODEL_REJECTED
+    # The DSP's own reason (last_error of the handle's load) replaces "its log says which".
+    assert refused.value.detail.endswith(
+        "; the DSP says: y dimension 0 is free (it does not follow from the inputs' shapes):"
+        " give its shape"
+    )
+    assert portal.last_error(portal_qnn.NO_MODEL).startswith("y dimension 0 is free")
+    given = load(portal, tmp_path, free, shapes={"y": (3, 2)})
+    x = np.arange(6, dtype=np.float32)
+    y = tensors.slot(24)
+    portal.run(given.slot, {"x": tensors.put(x), "s": tensors.put(np.array([3, 2]))}, {"y": y})
+    np.testing.assert_array_equal(tensors.get(y, "float32", (3, 2)), x.reshape(3, 2))
 
 
 @pytest.mark.parametrize(
@@ -284,6 +315,25 @@ def test_a_graph_that_fails_at_run_time_is_a_qnn_error(
     with pytest.raises(ModelError) as after:
         portal.get_output(model.slot, "y", y)
     assert failure(after) is ModelFailure.NOT_EXECUTED
+    assert caught.value.detail.endswith("requested shape:{4,2}")  # the skel's last_error
+    assert portal.last_error(model.slot).startswith("Reshape node: The input tensor")
+    portal.run(model.slot, {"s": tensors.put(np.array([2, 3], np.int64))}, {"y": y})
+    assert portal.last_error(model.slot) == ""
+
+
+def test_a_skel_without_last_error_leaves_the_number_alone(
+    portal: PortalQnn, tensors: Tensors, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device skel older than method 9 answers it AEE_EUNSUPPORTED (as this one answers
+    a method past its last): the error says the number, as before."""
+    method = idl.load("portal_qnn").method("last_error")
+    unknown = idl.Method.build(method.name, method.index + 1, method.params)
+    monkeypatch.setattr(portal_qnn, "_LAST_ERROR", unknown)
+    model = load(portal, tmp_path, onnx_models.reshape())
+    x, s = tensors.put(np.arange(6, dtype=np.float32)), tensors.put(np.array([4, 2], np.int64))
+    with pytest.raises(ModelError) as caught:
+        portal.run(model.slot, {"x": x, "s": s}, {"y": tensors.slot(24)})
+    assert caught.value.detail == "graph 0 failed with QNN error 1100"
 
 
 # --- loading: bad files and full tables -----------------------------------------------

@@ -21,7 +21,7 @@ from npud.fastrpc.invoke_args import Capacity, Inline
 from npud.fastrpc.portal_qnn import PORTAL_QNN_URI
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
-from npud.sim.portal_qnn import parse_model_uri
+from npud.sim.portal_qnn import MAX_ERROR_BYTES, failure_text, parse_model_uri
 from tests.emulator import onnx_models
 
 PORTAL: Final = idl.load("portal_qnn")
@@ -108,6 +108,97 @@ def test_load_and_every_index_check(raw: Raw, affine: str) -> None:
     assert raw.call("model_unload", model_index=0)[0] == AEE.EBADSTATE.dsp
 
 
+@pytest.fixture
+def reshape(session: FastRpcSession, tmp_path: Path) -> Iterator[str]:
+    with (
+        onnx_models.opened(tmp_path, "reshape.onnx", onnx_models.reshape()) as fd,
+        session.expose_file(fd, suffix=".onnx") as exposed,
+    ):
+        yield exposed.name
+
+
+def test_last_error_is_onnxruntimes_reason_for_that_model_alone(raw: Raw, reshape: str) -> None:
+    assert raw.load(reshape)[0] == 0
+    assert raw.load(reshape)[0] == 0
+    first, second = {"model_index": 0, "graph_index": 0}, {"model_index": 1, "graph_index": 0}
+    assert raw.call("last_error", model_index=0, text=256)[1].integer("text_len") == 0
+    x = struct.pack("<6f", *range(6))
+    for arguments in (first, second):
+        assert raw.call("set_input", **arguments, tensor_index=0, data=x)[0] == 0
+    assert raw.call("set_input", **first, tensor_index=1, data=struct.pack("<2q", 4, 2))[0] == 0
+    rc, executed = raw.call("execute", **first)
+    assert (rc, executed.integer("qnn_status")) == (0, 1100)  # onnxruntime FAIL: GENERAL
+    rc, error = raw.call("last_error", model_index=0, text=256)
+    text = error.data("text")[: error.integer("text_len")].decode()
+    assert rc == 0
+    # onnxruntime's prefix, its chain and the failed check's source line are gone:
+    assert text.startswith("Reshape node: The input tensor cannot be reshaped to the requested")
+    assert error.data("text")[len(text) :] == bytes(256 - len(text))
+    rc, cut = raw.call("last_error", model_index=0, text=10)
+    assert (rc, cut.integer("text_len"), cut.data("text")) == (0, 10, text.encode()[:10])
+    assert raw.call("last_error", model_index=1, text=256)[1].integer("text_len") == 0
+    assert raw.call("set_input", **first, tensor_index=1, data=struct.pack("<2q", 3, 2))[0] == 0
+    assert raw.call("execute", **first)[1].integer("qnn_status") == 0
+    assert raw.call("last_error", model_index=0, text=256)[1].integer("text_len") == 0
+    assert raw.call("last_error", model_index=2, text=256)[0] == AEE.EBADSTATE.dsp
+    assert raw.call("last_error", model_index=4, text=256)[0] == AEE.EBADPARM.dsp
+
+
+def test_last_error_of_no_model_is_why_the_handles_last_load_failed(
+    raw: Raw, reshape: str, session: FastRpcSession, tmp_path: Path
+) -> None:
+    def load_error() -> bytes:
+        rc, error = raw.call("last_error", model_index=0xFFFFFFFF, text=256)
+        assert rc == 0
+        return error.data("text")[: error.integer("text_len")]
+
+    assert load_error() == b""
+    with (
+        onnx_models.opened(tmp_path, "free.onnx", onnx_models.reshape((None, 3))) as fd,
+        session.expose_file(fd, suffix=".onnx") as exposed,
+    ):
+        assert raw.load(exposed.name)[0] == AEE.EINVALIDFORMAT.dsp
+    assert load_error() == (
+        b"y dimension 0 is free (it does not follow from the inputs' shapes): give its shape"
+    )
+    assert raw.load(reshape)[0] == 0
+    assert load_error() == b""  # a load that succeeds forgets it
+    with (
+        onnx_models.opened(tmp_path, "unknown.onnx", onnx_models.unknown_op()) as fd,
+        session.expose_file(fd, suffix=".onnx") as exposed,
+    ):
+        rc, loaded = raw.load(exposed.name)
+    assert (rc, loaded.integer("qnn_status")) == (0, 6000)
+    said = load_error()
+    assert said.startswith(b"onnxruntime refused the model: ")
+    assert b"[ONNXRuntimeError]" not in said
+    assert b"NoSuchOp" in said or b"not a registered function/op" in said.lower()
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (
+            "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code returned while"
+            " running If node. Name:'If_0' Status Message: Non-zero status code returned while"
+            " running LSTM node. Name:'dec/LSTM' Status Message: Input X must have 3\ndimensions",
+            "LSTM node 'dec/LSTM': Input X must have 3 dimensions",
+        ),
+        ("[ONNXRuntimeError] : 1 : FAIL : plain", "plain"),
+        (
+            "/ort/reshape_helper.h:91 ns::Helper(const ns::Shape&, bool) a == b was false. Why",
+            "Why",
+        ),
+        ("é" * 200, "é" * 127),  # 255 bytes cut inside a character: 254 kept
+        ("x" * 1000, "x" * 255),
+    ],
+    ids=["chain", "plain", "check", "utf-8", "long"],
+)
+def test_failure_text_is_the_innermost_reason_and_bounded(message: str, expected: str) -> None:
+    assert failure_text(RuntimeError(message)).decode() == expected
+    assert len(failure_text(RuntimeError(message))) <= MAX_ERROR_BYTES - 1
+
+
 def test_load_failures(raw: Raw, affine: str, session: FastRpcSession) -> None:
     assert raw.load("x" * 512)[0] == AEE.EBADPARM.dsp  # 513 bytes with the NUL
     assert raw.load("x" * 511)[0] == AEE.EUNABLETOLOAD.dsp  # the longest, as on the C skel
@@ -149,7 +240,7 @@ def test_badly_marshalled_and_unknown_methods(raw: Raw) -> None:
     assert wrong_counts.rc == AEE.EBADPARM.dsp
     short = raw.session.invoke(raw.handle, execute.sc, [Inline(bytes(4))], [Capacity(4)])
     assert short.rc == AEE.EBADPARM.dsp
-    unknown = idl.make_scalars(9, 1, 0, 0, 0)
+    unknown = idl.make_scalars(10, 1, 0, 0, 0)
     assert raw.session.invoke(raw.handle, unknown, [Inline(bytes(4))], []).rc == (
         AEE.EUNSUPPORTED.dsp
     )

@@ -15,6 +15,7 @@ GET_OUTPUT: Final = 5
 MODEL_UNLOAD: Final = 6
 GRAPH_INFO: Final = 7
 RUN: Final = 8
+LAST_ERROR: Final = 9
 ARENA_ALIGN: Final = 64
 
 TENSOR_SPEC: Final = struct.Struct("<II8II128s")
@@ -131,6 +132,18 @@ class PortalQnn:
         outputs = result.buffers[3]
         assert outputs is not None
         return Ran(result.rc, status, outputs)
+
+    def last_error(self, model: int, capacity: int = 256) -> tuple[int, bytes]:
+        """(rc, the text copied): text_len bytes of the text buffer, the rest checked zero."""
+        result = self.invoke(sc(LAST_ERROR, 1, 2), [u32s(model, capacity), Out(4), Out(capacity)])
+        if result.rc != 0:
+            return result.rc, b""
+        (length,) = unpack_u32s(result.buffers[1])
+        text = result.buffers[2]
+        assert text is not None
+        assert length <= capacity
+        assert text[length:] == bytes(capacity - length)
+        return 0, text[:length]
 
     def model_unload(self, model: int) -> int:
         return self.invoke(sc(MODEL_UNLOAD, 1, 0), [u32s(model)]).rc

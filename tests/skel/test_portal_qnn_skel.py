@@ -23,6 +23,7 @@ from tests.skel.portal_qnn_calls import (
     EXECUTE,
     GET_OUTPUT,
     GRAPH_INFO,
+    LAST_ERROR,
     MODEL_LOAD,
     MODEL_UNLOAD,
     NO_MODEL,
@@ -72,6 +73,7 @@ def test_sc_words_match_the_idl() -> None:
     assert sc(MODEL_UNLOAD, 1, 0) == 0x06010000
     assert sc(GRAPH_INFO, 1, 3) == 0x07010300
     assert sc(RUN, 2, 2) == 0x08020200
+    assert sc(LAST_ERROR, 1, 2) == 0x09010200
     assert sc(0, 2, 0, 0, 1) == 0x00020001
     assert sc(1, 0, 0, 1, 0) == 0x01000010
 
@@ -227,6 +229,27 @@ def test_qnn_execute_failure_reports_qnn_status_and_invalidates_outputs(
     assert portal.get_output(index, 0, 0, 16).rc == AEE.ENOTINITIALIZED
 
 
+def test_last_error_says_why_the_models_last_execute_failed(
+    portal: PortalQnn, fake_models: dict[str, Path]
+) -> None:
+    index = load(portal, fake_models["default"])
+    other = load(portal, fake_models["default"])
+    assert portal.last_error(index) == (0, b"")  # nothing failed yet
+    assert portal.run(index, 0, arena(b"\xff" + ADD_INPUT[1:]), 64).qnn_status != 0
+    reason = f"graphExecute of graph 0 failed: QNN error {QNN_GRAPH_ERROR_ABORTED}".encode()
+    assert portal.last_error(index) == (0, reason)
+    assert portal.last_error(index, capacity=8) == (0, reason[:8])  # cut to the capacity
+    assert portal.last_error(other) == (0, b"")  # a model's reason is its own
+    assert portal.run(index, 0, arena(ADD_INPUT), 64).qnn_status == 0
+    assert portal.last_error(index) == (0, b"")  # a success clears it
+    assert portal.set_input(index, 0, 0, b"\xff" + ADD_INPUT[1:]) == 0
+    assert portal.execute(index, 0).qnn_status == QNN_GRAPH_ERROR_ABORTED
+    assert portal.last_error(index) == (0, reason)
+    assert portal.last_error(4)[0] == AEE.EBADPARM
+    assert portal.model_unload(index) == 0
+    assert portal.last_error(index)[0] == AEE.EBADSTATE  # an unloaded slot keeps nothing
+
+
 def test_slot_table_full_and_reuse(portal: PortalQnn, fake_models: dict[str, Path]) -> None:
     model = fake_models["default"]
     before = live_sets(model)
@@ -310,10 +333,17 @@ def test_qnn_errors_while_loading(
     )
     assert live_sets(model) == 0
     assert portal.model_unload(0) == AEE.EBADSTATE
+    reason = f"composing or finalizing the model failed: QNN error {qnn_status}".encode()
+    assert portal.last_error(NO_MODEL) == (0, reason)
 
 
-def test_missing_library(portal: PortalQnn, tmp_path: Path) -> None:
+def test_missing_library(portal: PortalQnn, tmp_path: Path, fake_models: dict[str, Path]) -> None:
+    assert portal.last_error(NO_MODEL) == (0, b"")  # no load has failed on this handle
     assert portal.model_load(str(tmp_path / "libnothere.so")).rc == AEE.EUNABLETOLOAD
+    reason = f"model_load refused: AEE error {AEE.EUNABLETOLOAD & 0xFFFFFFFF:#010x}".encode()
+    assert portal.last_error(NO_MODEL) == (0, reason)
+    load(portal, fake_models["default"])
+    assert portal.last_error(NO_MODEL) == (0, b"")  # a load that succeeds forgets it
     not_elf = tmp_path / "libnot_elf.so"
     not_elf.write_bytes(b"not an ELF file")
     assert portal.model_load(str(not_elf)).rc == AEE.EUNABLETOLOAD
@@ -530,7 +560,7 @@ def test_badly_marshalled_calls_have_no_effect(
     assert portal.model_unload(0) == 0
 
 
-@pytest.mark.parametrize("method", [9, 10, 30, 31])
+@pytest.mark.parametrize("method", [10, 11, 30, 31])
 def test_unknown_method(portal: PortalQnn, method: int) -> None:
     assert portal.skel.invoke(portal.handle, sc(method, 1, 0), [u32s(0)]).rc == AEE.EUNSUPPORTED
 

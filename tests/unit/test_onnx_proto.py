@@ -330,3 +330,47 @@ def test_graph_io_reads_names_and_dimensions_and_leaves_initializers_out() -> No
 def test_graph_io_of_a_damaged_model_is_a_damaged_error() -> None:
     with pytest.raises(onnx_proto.DamagedError):
         onnx_proto.graph_io(onnx_proto.BytesSource(onnx_models.add_one()[:-3]))
+
+
+def test_with_input_shapes_declares_exactly_the_given_inputs_shapes() -> None:
+    """Only the named inputs' shapes change (a declared one replaced, a missing one
+    added); everything else is what onnx parses from the original."""
+    free = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, "n"])
+    untouched = helper.make_tensor_value_info("u", TensorProto.FLOAT, ["m"])
+    shapeless = helper.make_tensor_value_info("s", TensorProto.INT64, None)  # rank unknown
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"], name="r")],
+        "g",
+        [free, untouched, shapeless],
+        [out],
+        initializer=[helper.make_tensor("w", TensorProto.FLOAT, [1], [1.0])],
+        doc_string="kept",
+    )
+    original = helper.make_model(graph, producer_name="p")
+    data = original.SerializeToString()
+    rewritten = onnx_proto.with_input_shapes(
+        onnx_proto.BytesSource(data), {"x": [3, 4], "s": [2], "nothing": [1]}
+    )
+    parsed = onnx.load_from_string(rewritten)
+    onnx.checker.check_model(parsed)
+    assert onnx_proto.graph_io(onnx_proto.BytesSource(rewritten)) == [
+        onnx_proto.GraphTensor("input", "x", (3, 4)),
+        onnx_proto.GraphTensor("input", "u", ("m",)),
+        onnx_proto.GraphTensor("input", "s", (2,)),
+        onnx_proto.GraphTensor("output", "y", (None, None)),
+    ]
+    assert parsed.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert parsed.graph.input[2].type.tensor_type.elem_type == TensorProto.INT64
+    for proto in (parsed, original):  # all else the same
+        for value in proto.graph.input:
+            value.type.tensor_type.ClearField("shape")
+    assert parsed == original
+    assert onnx_proto.with_input_shapes(onnx_proto.BytesSource(data), {}) == data
+
+
+def test_with_input_shapes_of_a_damaged_model_is_a_damaged_error() -> None:
+    with pytest.raises(onnx_proto.DamagedError):
+        onnx_proto.with_input_shapes(
+            onnx_proto.BytesSource(onnx_models.add_one()[:-3]), {"x": [2, 4]}
+        )

@@ -35,6 +35,7 @@ from npu_client._args import InvokeInput, InvokeOutput, budget_record
 from npu_client._core import Call, ClientCore, ClientStatistics, EventCallback, deliver_events
 from npu_client._errors import ConnectFailed, NpuError
 from npu_client._memory import MappedBuffer
+from npu_client._model_base import ModelBase
 from npu_client._models import ModelSource, ModelState, TensorValue, check_shapes, model_file
 from npu_client._settings import (
     SocketOrigin,
@@ -53,7 +54,7 @@ from npu_client.transport import (
     fds_ancillary,
     parse_ancillary,
 )
-from npu_protocol import DaemonStatus, ErrorCode, ModelInfo, Priority, TensorInfo
+from npu_protocol import DaemonStatus, ErrorCode, ModelInfo, Priority
 
 T = TypeVar("T")
 
@@ -249,8 +250,9 @@ class Client(DaemonView["DmaBuffer"]):
     ) -> Model:
         """Load a model onto the NPU: a path (opened here, with this process's
         permissions), an open binary file or an fd; only its fd travels to npud, which
-        reads the file through it. ``shapes`` fixes free dimensions of an ONNX
-        model's tensors by name (the emulator backend). ``name`` is what ``npuctl
+        reads the file through it. ``shapes`` gives ONNX model tensors' whole shapes
+        by name (the emulator backend): every input with a free dimension, and an
+        output only when its shape does not follow from the inputs'. ``name`` is what ``npuctl
         status`` shows (default: the file's name). The model's tensors live in one
         DMA-BUF mapped here: see :class:`Model`."""
         checked = check_shapes(shapes)
@@ -641,7 +643,7 @@ class RemoteHandle(HandleIdentity):
         return f"<RemoteHandle {self._id} {self._uri!r}{' closed' if self._closed else ''}>"
 
 
-class Model:
+class Model(ModelBase["Client"]):
     """A model loaded in npud (:meth:`Client.load_model`); its tensors are shared memory.
 
     ``inputs`` / ``outputs`` describe the tensors (name, dtype, shape, nbytes,
@@ -653,39 +655,9 @@ class Model:
     the tensors in the shared arena (write an input in place: no copy at all).
     A run sends only its small request; no tensor bytes cross the socket.
     :meth:`unload` (or leaving a ``with`` block) releases it in npud and here.
+    Everything but the waiting is :class:`npu_client._model_base.ModelBase`,
+    shared with the trio client's ``TrioModel``.
     """
-
-    def __init__(self, client: Client, state: ModelState) -> None:
-        """Internal: use :meth:`Client.load_model`."""
-        self._client = client
-        self._state = state
-
-    @property
-    def id(self) -> int:
-        """The daemon's id for the model (scoped to the connection)."""
-        return self._state.id
-
-    @property
-    def name(self) -> str:
-        return self._state.info.name
-
-    @property
-    def inputs(self) -> tuple[TensorInfo, ...]:
-        return self._state.inputs
-
-    @property
-    def outputs(self) -> tuple[TensorInfo, ...]:
-        return self._state.outputs
-
-    @property
-    def unloaded(self) -> bool:
-        """True once unloaded, its client closed, or its DSP session restarted."""
-        return self._state.unloaded
-
-    @property
-    def last_dsp_us(self) -> int:
-        """The DSP time of the last run (µs), as npud measured it."""
-        return self._state.last_dsp_us
 
     def run(
         self,
@@ -696,49 +668,27 @@ class Model:
     ) -> dict[str, Any]:
         """Set ``inputs`` (by name), run once, return every output by name (copies).
         ``timeout`` and ``deadline`` (seconds) as for ``RemoteHandle.invoke``."""
-        for name, value in (inputs or {}).items():
-            self._state.set_input(name, value)
+        self._set_inputs(inputs)
         self.execute(timeout=timeout, deadline=deadline)
-        return self._state.all_outputs()
-
-    def set_input(self, name: str, value: TensorValue) -> None:
-        """Write input ``name`` into the shared arena (checked: dtype, shape, size)."""
-        self._state.set_input(name, value)
+        return self._outputs()
 
     def execute(self, *, timeout: float | None = None, deadline: float | None = None) -> None:
         """Run once on the inputs in the arena (InputNotSet if one never had a value)."""
-        client = self._client
-        client._run(requests.run_model(client._core, self._state, timeout, deadline))
-
-    def get_output(self, name: str) -> Any:
-        """A copy of output ``name`` from the last successful run (NoOutputs before one)."""
-        return self._state.get_output(name)
-
-    def input_view(self, name: str) -> Any:
-        """Input ``name`` in the shared arena, writable: a numpy array (memoryview
-        without numpy). Taking it counts as giving the input a value."""
-        return self._state.input_view(name)
-
-    def output_view(self, name: str) -> Any:
-        """Output ``name`` in the shared arena: the next run overwrites it."""
-        return self._state.output_view(name)
+        self._client._run(self._execute_call(timeout, deadline))
 
     def info(self) -> ModelInfo:
         """What npud knows of the model now (its runs included)."""
-        return self._client._run(requests.model_info(self._state))
+        return self._client._run(self._info_call())
 
     def unload(self) -> None:
         """Unload it in npud, then unmap it here. Idempotent; no error if it is gone
         already (its connection, a DSP restart)."""
-        if not self._state.unloaded:
-            client = self._client
-            client._run(requests.unload_model(client._core, self._state))
+        call = self._unload_call()
+        if call is not None:
+            self._client._run(call)
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.unload()
-
-    def __repr__(self) -> str:
-        return repr(self._state)

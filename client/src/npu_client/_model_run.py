@@ -66,7 +66,7 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
     """Load ``args.model``, set each input from its .npy file (zeros otherwise), run once."""
     arrays = {name: _load_npy(path) for name, path in args.inputs.items()}
     started = time.perf_counter()
-    with client.load_model(args.model, shapes=args.shapes) as model:
+    with client.load_model(args.model, shapes=load_shapes(client.backend, args, arrays)) as model:
         loaded = time.perf_counter()
         known = {spec.name for spec in model.inputs}
         unknown = sorted(set(arrays) - known)
@@ -96,6 +96,24 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
             inputs=inputs,
             outputs=[TensorLine(s.name, s.dtype, tuple(s.shape)) for s in model.outputs],
         )
+
+
+def load_shapes(backend: str, args: RunArgs, arrays: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The shapes to load with: each --shape, and on the emulator (ONNX models, whose
+    dimensions may be free) each --input array's own shape; a QNN model library's are
+    fixed, so the kernel backend gets the --shape ones alone (none, in the usual case)."""
+    shapes = dict(args.shapes)
+    if backend != "emulator":
+        return shapes
+    for name, array in arrays.items():
+        shape = tuple(int(d) for d in array.shape)
+        if name in shapes and shapes[name] != shape:
+            raise RunUsageError(
+                f"--shape {name}={','.join(map(str, shapes[name]))} disagrees with the shape of"
+                f" {args.inputs[name]}: {list(shape)} (give one or make them agree)"
+            )
+        shapes[name] = shape
+    return shapes
 
 
 def _load_npy(path: Path) -> Any:

@@ -195,9 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
             "libraries."
         ),
         epilog=(
-            "example (Silero VAD: every free dimension of every tensor is given, npud "
-            "infers no shape; sr.npy holds numpy.array(16000), the sample rate): "
-            "npuctl run silero_vad.onnx --shape input=1,576 --shape state=2,1,128 "
+            "example (Silero VAD: on the emulator an --input file's array gives that "
+            "input's shape, --shape the others'; Silero's outputs come out of a branch on "
+            "sr's value, which shape inference cannot follow, so they are given too; sr.npy "
+            "holds numpy.array(16000), the sample rate): "
+            "npuctl run silero_vad.onnx --shape state=2,1,128 "
             "--shape output=1,1 --shape stateN=2,1,128 --input input=chunk.npy "
             "--input sr=sr.npy"
         ),
@@ -209,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_assignment,
         action="append",
         default=[],
-        help="set input NAME from a .npy file (needs numpy); repeat per input",
+        help="set input NAME from a .npy file (needs numpy), whose shape is NAME's shape at "
+        "load (ONNX models on the emulator); repeat per input",
     )
     run.add_argument(
         "--shape",
@@ -217,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_shape,
         action="append",
         default=[],
-        help="fix the free dimensions of tensor NAME (ONNX models); repeat per tensor",
+        help="give tensor NAME's whole shape, fixing its free dimensions (ONNX models); "
+        "needed for inputs without --input and for outputs whose shape does not follow "
+        "from the inputs'; repeat per tensor",
     )
     run.add_argument("--json", action="store_true", help="print the report as JSON")
     run.set_defaults(run=_run)

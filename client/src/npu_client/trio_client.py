@@ -29,6 +29,7 @@ from npu_client._args import InvokeInput, InvokeOutput, budget_record
 from npu_client._core import Call, ClientCore, ClientStatistics, EventCallback, deliver_events
 from npu_client._errors import ConnectFailed, NpuError
 from npu_client._memory import MappedBuffer
+from npu_client._model_base import ModelBase
 from npu_client._models import ModelSource, ModelState, TensorValue, check_shapes, model_file
 from npu_client._settings import (
     client_name,
@@ -46,7 +47,7 @@ from npu_client.transport import (
     fds_ancillary,
     parse_ancillary,
 )
-from npu_protocol import DaemonStatus, ErrorCode, ModelInfo, Priority, TensorInfo
+from npu_protocol import DaemonStatus, ErrorCode, ModelInfo, Priority
 
 __all__ = [
     "TrioClient",
@@ -423,39 +424,11 @@ class TrioRemoteHandle(HandleIdentity):
         return f"<TrioRemoteHandle {self._id} {self._uri!r}{' closed' if self._closed else ''}>"
 
 
-class TrioModel:
+class TrioModel(ModelBase["TrioClient"]):
     """A model loaded in npud; as the blocking ``Model``, with the requests awaited
     (``run``, ``execute``, ``info``, ``unload``) and the rest synchronous (they touch
-    only the shared arena)."""
-
-    def __init__(self, client: TrioClient, state: ModelState) -> None:
-        """Internal: use :meth:`TrioClient.load_model`."""
-        self._client = client
-        self._state = state
-
-    @property
-    def id(self) -> int:
-        return self._state.id
-
-    @property
-    def name(self) -> str:
-        return self._state.info.name
-
-    @property
-    def inputs(self) -> tuple[TensorInfo, ...]:
-        return self._state.inputs
-
-    @property
-    def outputs(self) -> tuple[TensorInfo, ...]:
-        return self._state.outputs
-
-    @property
-    def unloaded(self) -> bool:
-        return self._state.unloaded
-
-    @property
-    def last_dsp_us(self) -> int:
-        return self._state.last_dsp_us
+    only the shared arena). Everything but the waiting is
+    :class:`npu_client._model_base.ModelBase`, shared with ``Model``."""
 
     async def run(
         self,
@@ -464,40 +437,29 @@ class TrioModel:
         timeout: float | None = None,
         deadline: float | None = None,
     ) -> dict[str, Any]:
-        for name, value in (inputs or {}).items():
-            self._state.set_input(name, value)
+        """As ``Model.run``."""
+        self._set_inputs(inputs)
         await self.execute(timeout=timeout, deadline=deadline)
-        return self._state.all_outputs()
-
-    def set_input(self, name: str, value: TensorValue) -> None:
-        self._state.set_input(name, value)
+        return self._outputs()
 
     async def execute(self, *, timeout: float | None = None, deadline: float | None = None) -> None:
-        client = self._client
-        await client._run(requests.run_model(client._core, self._state, timeout, deadline))
-
-    def get_output(self, name: str) -> Any:
-        return self._state.get_output(name)
-
-    def input_view(self, name: str) -> Any:
-        return self._state.input_view(name)
-
-    def output_view(self, name: str) -> Any:
-        return self._state.output_view(name)
+        """As ``Model.execute``."""
+        await self._client._run(self._execute_call(timeout, deadline))
 
     async def info(self) -> ModelInfo:
-        return await self._client._run(requests.model_info(self._state))
+        """As ``Model.info``."""
+        return await self._client._run(self._info_call())
 
     async def unload(self) -> None:
-        if not self._state.unloaded:
-            client = self._client
-            await client._run(requests.unload_model(client._core, self._state))
+        """As ``Model.unload``."""
+        call = self._unload_call()
+        if call is None:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._client._run(call)
 
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.unload()
-
-    def __repr__(self) -> str:
-        return repr(self._state)

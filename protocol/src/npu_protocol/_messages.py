@@ -289,8 +289,9 @@ class ModelLoadRequest(Request, tag="model_load", frozen=True, kw_only=True):
     name: Text = ""
     """How status shows the model (the client library sends the file's name)."""
     shapes: Annotated[dict[TensorName, Shape], msgspec.Meta(max_length=2 * MAX_TENSORS)] = {}
-    """Fixes free dimensions of an ONNX model's tensors, by tensor name (the emulator
-    backend; a QNN model library's shapes are fixed already)."""
+    """Fixes free dimensions of an ONNX model's tensors, by tensor name: every input
+    with one, outputs only where they do not follow from the inputs' shapes (the
+    emulator backend; a QNN model library's shapes are fixed already)."""
 
 
 class ModelInfoRequest(Request, tag="model_info", frozen=True, kw_only=True):

@@ -55,6 +55,9 @@ int portal_qnn_graph_info(remote_handle64 _h, unsigned int model_index, unsigned
 int portal_qnn_run(remote_handle64 _h, unsigned int model_index, unsigned int graph_index,
                    const unsigned char *inputs, int inputsLen, unsigned char *outputs,
                    int outputsLen, unsigned int *qnn_status);
+/* method 9 */
+int portal_qnn_last_error(remote_handle64 _h, unsigned int model_index, unsigned char *text,
+                          int textLen, unsigned int *text_len);
 
 #ifndef portal_qnn_URI
 #define portal_qnn_URI "file:///libportal_qnn_skel.so?portal_qnn_skel_handle_invoke&_modver=1.0"
