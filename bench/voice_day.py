@@ -20,8 +20,11 @@ Rows:
 * ``voice_day.vad_misses``: chunks answered more than 30 ms after they were
   due (or refused as past their deadline) under the load, per round (goal 0).
 
-Figures: both phases' p50 and p99, the misses alone, the TTS real-time factor
-(synthesis time over the audio's length) and the background calls per second.
+Figures: both phases' p50 and p99, and the p99 of the time the runs spent in
+npud's DSP call (``dsp_us``: a miss whose time is there is the emulated DSP
+starved of host CPU, not a queue in npud), the misses alone, the TTS real-time
+factor (synthesis time over the audio's length) and the background calls per
+second.
 
 Run: ``python -m bench.voice_day [--rounds N] [--seconds S] [--quick]``, or
 ``python -m bench --only voice_day`` (``--quick``: 2 rounds of 6 s).
@@ -115,6 +118,7 @@ with (
 class Phase(NamedTuple):
     p50_ms: float
     p99_ms: float
+    dsp_p99_ms: float  # the runs' time in npud's DSP call (its reply's dsp_us)
     misses: int
     probabilities: list[float]
 
@@ -168,6 +172,7 @@ class Vad:
         audio, state = vad.input_view("input"), vad.input_view("state")
         probability, new_state = vad.output_view("output"), vad.output_view("stateN")
         latencies: list[float] = []
+        dsp: list[float] = []
         probabilities: list[float] = []
         misses = 0
         count = int(seconds / ex.PERIOD)
@@ -184,9 +189,16 @@ class Vad:
             latency = time.monotonic() - due
             state[...] = new_state
             latencies.append(latency * 1000)
+            dsp.append(vad.last_dsp_us / 1000)
             misses += latency > ex.MISS_AFTER
             probabilities.append(float(probability[0, 0]))
-        return Phase(percentile(latencies, 0.5), percentile(latencies, 0.99), misses, probabilities)
+        return Phase(
+            percentile(latencies, 0.5),
+            percentile(latencies, 0.99),
+            percentile(dsp, 0.99),
+            misses,
+            probabilities,
+        )
 
 
 def _agree(a: Phase, b: Phase) -> None:
@@ -234,6 +246,8 @@ def measure(workdir: Path, rounds: int, seconds: float) -> list[harness.Row]:
         "quiet_p99_ms": statistics.median(p.p99_ms for p in quiet),
         "loaded_p50_ms": statistics.median(p.p50_ms for p in loaded),
         "loaded_p99_ms": statistics.median(p.p99_ms for p in loaded),
+        "quiet_dsp_p99_ms": statistics.median(p.dsp_p99_ms for p in quiet),
+        "loaded_dsp_p99_ms": statistics.median(p.dsp_p99_ms for p in loaded),
         "quiet_misses": float(sum(p.misses for p in quiet)),
         "loaded_misses": float(sum(p.misses for p in loaded)),
         "tts_rtf": statistics.median(rtf) if rtf else float("nan"),
