@@ -71,7 +71,8 @@ def test_a_shorter_output_fills_the_start_and_zeros_the_rest_a_longer_one_fails(
                 view[1024:1088] = b"\xee" * 64
             api.run_arena(model.slot, inputs, outputs)
             with buffer.view() as view:
-                return np.frombuffer(bytes(view[1024 : 1024 + 4 * ROOM]), np.float32).tolist()
+                values = np.frombuffer(bytes(view[1024 : 1024 + 4 * ROOM]), np.float32)
+            return [float(v) for v in values]
 
         assert run(3) == [0, 1, 2, 0, 0, 0, 0, 0]
         assert run(ROOM) == list(range(ROOM))
