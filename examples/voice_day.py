@@ -54,6 +54,7 @@ import io
 import json
 import os
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -482,7 +483,11 @@ def main(argv: list[str] | None = None) -> int:
         f" Kokoro TTS ({len(sentences)} sentences, {args.tokens} ids),"
         f" background ({args.background_ms} ms calls)"
     )
-    vad, tts, background = day(args.socket, model, kokoro, sentences, args.background_ms)
+    try:
+        vad, tts, background = day(args.socket, model, kokoro, sentences, args.background_ms)
+    except npu_client.NpuError as exc:
+        print(f"voice_day: {exc}", file=sys.stderr)
+        return 1
 
     latencies_ms = [latency * 1000 for latency in vad.latencies]
     print(

@@ -87,6 +87,16 @@ def test_a_sentence_longer_than_tokens_is_a_usage_error(capsys: pytest.CaptureFi
     assert "--tokens:" in capsys.readouterr().err
 
 
+def test_no_npud_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    example = load_example()
+    argv = [
+        *("--socket", str(tmp_path / "none.sock"), "--cache", str(tmp_path / "cache")),
+        *("--sentences", "1", "--tokens", "16"),
+    ]
+    assert example.main(argv) == 1
+    assert "voice_day: cannot connect to npud at" in capsys.readouterr().err
+
+
 def test_an_unknown_voice_is_refused() -> None:
     example = load_example()
     with pytest.raises(SystemExit, match="no voice 'xx_none'"):
