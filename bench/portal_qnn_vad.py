@@ -25,8 +25,8 @@ are the medians of the per-round ratios (npud / floor) with their IQR.
 
 ``--profile DIR`` runs each side once more under cProfile (the client's
 process for npud, this process for the floor) and writes the stats there;
-the daemon's side needs a sampling profiler from outside (py-spy, see
-bench/README.md).
+npud itself is sampled meanwhile by py-spy when it is installed (its raw
+"folded" stacks, one line per stack and thread with its sample count).
 """
 
 from __future__ import annotations
@@ -35,8 +35,11 @@ import argparse
 import contextlib
 import cProfile
 import os
+import shutil
+import signal
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -291,18 +294,36 @@ def measure(socket: str, rounds: int, blocks: int, chunks: int) -> list[harness.
     ]
 
 
-def profile(socket: str, chunks: int, directory: Path) -> list[Path]:
-    """Each side under cProfile for ``chunks`` chunks; the stats files written."""
+def profile(socket: str, pid: int, chunks: int, directory: Path) -> list[Path]:
+    """Each side under cProfile for ``chunks`` chunks (the floor and npud's client, in this
+    process), and npud itself (``pid``) sampled by py-spy meanwhile when it is installed
+    (``pip install py-spy``; it needs ptrace rights over npud); the files written."""
+    directory.mkdir(parents=True, exist_ok=True)
     written = []
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     with floor_side() as floor, npud_side(socket) as npud:
         for name, run in (("floor", floor), ("npud-client", npud)):
             for _ in range(WARM_UP):
                 run()
+            sampler = None
+            if name == "npud-client" and spy is not None:
+                folded = directory / "portal_qnn_vad-npud-daemon.folded"
+                args = [spy, "record", "-p", str(pid), "-r", "250", "--nonblocking", "--threads"]
+                sampler = subprocess.Popen(
+                    [*args, "-f", "raw", "-o", str(folded)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                time.sleep(1.0)  # py-spy attaches
             profiler = cProfile.Profile()
             profiler.enable()
             for _ in range(chunks):
                 run()
             profiler.disable()
+            if sampler is not None:
+                sampler.send_signal(signal.SIGINT)  # py-spy writes what it sampled and ends
+                if sampler.wait(60) == 0 and folded.exists():
+                    written.append(folded)
             path = directory / f"portal_qnn_vad-{name}.pstats"
             profiler.dump_stats(path)
             written.append(path)
@@ -337,11 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds, --blocks and --chunks must be at least 1")
     with (
         tempfile.TemporaryDirectory(prefix="npud-bench-") as tmp,
-        processes.npud(Path(tmp)) as socket,
+        processes.npud_process(Path(tmp)) as (socket, pid),
     ):
         result = measure(str(socket), args.rounds, args.blocks, args.chunks)
         written = (
-            profile(str(socket), args.blocks * args.chunks * args.rounds, args.profile)
+            profile(str(socket), pid, args.blocks * args.chunks * args.rounds, args.profile)
             if args.profile
             else []
         )
