@@ -5,7 +5,7 @@
 
 Three clients of one npud, each on its own connection and thread:
 
-* **VAD**, a realtime client with a DSP budget (1 ms... 4 ms per 32 ms): Silero
+* **VAD**, a realtime client with a DSP budget (4 ms per 32 ms): Silero
   VAD on a test signal, one chunk every 32 ms at the pace of real time, as
   examples/vad_stream.py. A chunk whose answer comes more than 30 ms after it
   was due (or that npud refuses as past its deadline) is a miss.
