@@ -1,0 +1,333 @@
+"""Silero VAD as a realtime client beside Kokoro TTS and a background client, against VAD alone.
+
+The load is examples/voice_day.py's: in one child process, Kokoro-82M
+synthesising its sentences one after the other as a normal client (ids padded
+to a fixed length) and a background client making 50 ms calls back to back,
+each on its own connection to the same npud (emulator, a child process). The
+subject is a realtime client with a budget (1 chunk of Silero VAD every
+32 ms, ``deadline`` 32 ms), in this process, while the load runs; the
+baseline is the same client, same daemon and same models, while the load
+child is idle (connected, its models loaded). A round runs one phase of each
+(``--seconds`` each; the order alternates round by round). Every phase feeds
+the VAD the same test signal from its start with a zero state, so both give
+the same probabilities: a phase that does not is an error. The TTS checks each
+sentence against its first synthesis (the model is deterministic).
+
+Rows:
+
+* ``voice_day.vad_p99``: the VAD's p99 latency (from when a chunk was due to
+  its answer) under the load over its p99 alone, per round (goal at most 1.5);
+* ``voice_day.vad_misses``: chunks answered more than 30 ms after they were
+  due (or refused as past their deadline) under the load, per round (goal 0).
+
+Figures: both phases' p50 and p99, and the p99 of the time the runs spent in
+npud's DSP call (``dsp_us``: a miss whose time is there is the emulated DSP
+starved of host CPU, not a queue in npud), the misses alone, the TTS real-time
+factor (synthesis time over the audio's length) and the background calls per
+second.
+
+Run: ``python -m bench.voice_day [--rounds N] [--seconds S] [--quick]``, or
+``python -m bench --only voice_day`` (``--quick``: 2 rounds of 6 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import npu_client
+from bench import harness, processes
+
+EXAMPLE = harness.REPO_ROOT / "examples" / "voice_day.py"
+BACKGROUND_MS = 50
+P99_GOAL = 1.5
+
+LOAD = """
+import importlib.util, json, sys, threading, time
+from pathlib import Path
+import numpy as np
+import npu_client
+spec = importlib.util.spec_from_file_location("voice_day", sys.argv[1])
+example = importlib.util.module_from_spec(spec)
+sys.modules["voice_day"] = example
+spec.loader.exec_module(example)
+socket, cache, background_ms = sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+kokoro = example.Kokoro.load(example.VOICES[0], example.DEFAULT_TOKENS)
+sentences = [phonemes for _, phonemes in example.SENTENCES]
+model = example.kokoro_model(cache)
+work = (background_ms * 1000).to_bytes(4, "little")
+first = {}
+
+def tts(seconds, out):
+    end, index = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        phonemes = sentences[index % len(sentences)]
+        for name, value in kokoro.inputs(phonemes).items():
+            views[name][...] = value
+        began = time.monotonic()
+        voice.execute()
+        out["synthesis_s"] += time.monotonic() - began
+        audio = np.array(audio_out)
+        if first.setdefault(phonemes, audio) is not audio and not np.array_equal(
+            first[phonemes], audio
+        ):
+            raise SystemExit(f"TTS gave {phonemes!r} different audio under load")
+        out["audio_s"] += example.audio_length(audio) / example.TTS_RATE
+        out["sentences"] += 1
+        index += 1
+
+def background(seconds, out):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        skel.invoke(example.BUSY_METHOD, [work])
+        out["background_calls"] += 1
+
+with (
+    npu_client.connect(socket, name="bench-tts") as tts_client,
+    tts_client.load_model(model, shapes=kokoro.shapes) as voice,
+    npu_client.connect(socket, name="bench-bg", priority="background") as bg_client,
+    bg_client.open(example.TEST_SKEL) as skel,
+):
+    views = {name: voice.input_view(name) for name in ("tokens", "style", "speed")}
+    audio_out = voice.output_view("audio")
+    print("READY", flush=True)
+    for line in sys.stdin:
+        seconds = float(line)
+        out = {"synthesis_s": 0.0, "audio_s": 0.0, "sentences": 0, "background_calls": 0}
+        began = time.monotonic()
+        threads = [threading.Thread(target=f, args=(seconds, out)) for f in (tts, background)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        out["wall_s"] = time.monotonic() - began
+        print(json.dumps(out), flush=True)
+"""
+
+
+class Phase(NamedTuple):
+    p50_ms: float
+    p99_ms: float
+    dsp_p99_ms: float  # the runs' time in npud's DSP call (its reply's dsp_us)
+    misses: int
+    probabilities: list[float]
+
+
+def _example() -> Any:
+    import importlib.util  # noqa: PLC0415  (the example is a file, not a package)
+
+    spec = importlib.util.spec_from_file_location("voice_day", EXAMPLE)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("voice_day", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    if not ordered:  # the phase's first chunk missed its deadline
+        return float("nan")
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+class Vad:
+    """The realtime client, connected and loaded once; :meth:`phase` runs it for a while."""
+
+    def __init__(self, example: Any, socket: str, stack: contextlib.ExitStack) -> None:
+        self._example = example
+        npu = stack.enter_context(
+            npu_client.connect(
+                socket,
+                name="bench-voice-vad",
+                priority="realtime",
+                budget=(example.PERIOD, example.VAD_BUDGET),
+            )
+        )
+        self._model = stack.enter_context(
+            npu.load_model(example.silero_model(), shapes=example.VAD_SHAPES)
+        )
+        self._model.set_input("sr", np.array(example.RATE, np.int64))
+        signal = example.test_signal(6.0)
+        padded = np.concatenate([np.zeros(example.CONTEXT, np.float32), signal])
+        self._chunks = [
+            padded[start : start + example.CONTEXT + example.CHUNK].reshape(1, -1)
+            for start in range(0, signal.size - example.CHUNK + 1, example.CHUNK)
+        ]
+
+    def phase(self, seconds: float) -> Phase:
+        ex, vad = self._example, self._model
+        vad.set_input("state", np.zeros((2, 1, 128), np.float32))
+        audio, state = vad.input_view("input"), vad.input_view("state")
+        probability, new_state = vad.output_view("output"), vad.output_view("stateN")
+        latencies: list[float] = []
+        dsp: list[float] = []
+        probabilities: list[float] = []
+        misses = 0
+        count = int(seconds / ex.PERIOD)
+        begin = time.monotonic()
+        for index in range(count):
+            due = begin + index * ex.PERIOD
+            time.sleep(max(0.0, due - time.monotonic()))
+            audio[...] = self._chunks[index % len(self._chunks)]
+            try:
+                vad.execute(deadline=ex.PERIOD)
+            except npu_client.DeadlineExceeded:
+                misses += 1
+                break  # the recurrence is broken: the rest of the phase is not comparable
+            latency = time.monotonic() - due
+            state[...] = new_state
+            latencies.append(latency * 1000)
+            dsp.append(vad.last_dsp_us / 1000)
+            misses += latency > ex.MISS_AFTER
+            probabilities.append(float(probability[0, 0]))
+        return Phase(
+            percentile(latencies, 0.5),
+            percentile(latencies, 0.99),
+            percentile(dsp, 0.99),
+            misses,
+            probabilities,
+        )
+
+
+def _agree(a: Phase, b: Phase) -> None:
+    shared = min(len(a.probabilities), len(b.probabilities))
+    difference = max(
+        (
+            abs(x - y)
+            for x, y in zip(a.probabilities[:shared], b.probabilities[:shared], strict=True)
+        ),
+        default=0.0,
+    )
+    if difference > 1e-5:
+        raise RuntimeError(f"the VAD's probabilities differ by {difference:.2e} under load")
+
+
+def measure(workdir: Path, rounds: int, seconds: float) -> list[harness.Row]:
+    example = _example()
+    quiet: list[Phase] = []
+    loaded: list[Phase] = []
+    load_figures: list[dict[str, float]] = []
+    with contextlib.ExitStack() as stack:
+        socket = str(stack.enter_context(processes.npud(workdir)))
+        args = [
+            sys.executable,
+            "-c",
+            LOAD,
+            str(EXAMPLE),
+            socket,
+            str(workdir / "cache"),
+            str(BACKGROUND_MS),
+        ]
+        child = stack.enter_context(processes.ready_child(args, "the TTS and background load"))
+        vad = Vad(example, socket, stack)
+        vad.phase(1.0)  # warm-up
+        for index in range(rounds):
+            for kind in ("quiet", "loaded") if index % 2 == 0 else ("loaded", "quiet"):
+                if kind == "quiet":
+                    quiet.append(vad.phase(seconds))
+                    continue
+                load_figures.append(_loaded(child, vad, seconds, loaded))
+            _agree(quiet[-1], loaded[-1])
+    rtf = [f["synthesis_s"] / f["audio_s"] for f in load_figures if f["audio_s"]]
+    figures = {
+        "quiet_p50_ms": statistics.median(p.p50_ms for p in quiet),
+        "quiet_p99_ms": statistics.median(p.p99_ms for p in quiet),
+        "loaded_p50_ms": statistics.median(p.p50_ms for p in loaded),
+        "loaded_p99_ms": statistics.median(p.p99_ms for p in loaded),
+        "quiet_dsp_p99_ms": statistics.median(p.dsp_p99_ms for p in quiet),
+        "loaded_dsp_p99_ms": statistics.median(p.dsp_p99_ms for p in loaded),
+        "quiet_misses": float(sum(p.misses for p in quiet)),
+        "loaded_misses": float(sum(p.misses for p in loaded)),
+        "tts_rtf": statistics.median(rtf) if rtf else float("nan"),
+        "tts_sentences": float(sum(f["sentences"] for f in load_figures)),
+        "bg_calls_per_s": statistics.median(
+            f["background_calls"] / f["wall_s"] for f in load_figures
+        ),
+    }
+    return [
+        harness.ratio_row(
+            "voice_day.vad_p99",
+            "VAD p99 with Kokoro TTS + a background client / VAD p99 alone",
+            [a.p99_ms / b.p99_ms for a, b in zip(loaded, quiet, strict=True)],
+            figures,
+            harness.Goal("ratio", P99_GOAL),
+        ),
+        harness.ratio_row(
+            "voice_day.vad_misses",
+            f"VAD chunks answered over 30 ms late with the load, per {seconds:g} s (a count)",
+            [float(p.misses) for p in loaded],
+            figures,
+            harness.Goal("ratio", 0),
+        ),
+    ]
+
+
+def _loaded(
+    child: subprocess.Popen[str], vad: Vad, seconds: float, loaded: list[Phase]
+) -> dict[str, float]:
+    """One phase of the VAD while the child runs its load for as long."""
+    assert child.stdin is not None
+    assert child.stdout is not None
+    child.stdin.write(f"{seconds}\n")
+    child.stdin.flush()
+    loaded.append(vad.phase(seconds))
+    line = child.stdout.readline()
+    if not line:
+        raise RuntimeError(f"the load child ended (exit {child.wait(30)})")
+    figures: dict[str, float] = json.loads(line)
+    if not figures["sentences"]:
+        raise RuntimeError("the TTS synthesised no sentence in the loaded phase")
+    return figures
+
+
+# --- a module of python -m bench (bench/README.md) -----------------------------------------
+
+NAME = "voice_day"
+SUMMARY = "realtime Silero VAD beside Kokoro TTS and a background client vs VAD alone"
+
+
+def rows(ctx: harness.Context) -> list[harness.Row]:
+    return measure(ctx.workdir, ctx.rounds(5, 2), 20.0 if not ctx.quick else 6.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.voice_day",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="seconds per phase")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 6 s")
+    args = parser.parse_args(argv)
+    rounds, seconds = (2, 6.0) if args.quick else (args.rounds, args.seconds)
+    if rounds < 1 or seconds < 1:
+        parser.error("--rounds must be at least 1 and --seconds at least 1")
+    with tempfile.TemporaryDirectory(prefix="npud-bench-") as tmp:
+        result = measure(Path(tmp), rounds, seconds)
+    print(harness.format_table(result, quick=args.quick))
+    f = result[0].figures
+    print(
+        f"VAD alone p50 {f['quiet_p50_ms']:.2f} ms p99 {f['quiet_p99_ms']:.2f} ms;"
+        f" with the load p50 {f['loaded_p50_ms']:.2f} ms p99 {f['loaded_p99_ms']:.2f} ms;"
+        f" misses {f['quiet_misses']:.0f} alone, {f['loaded_misses']:.0f} with the load\n"
+        f"TTS real-time factor {f['tts_rtf']:.2f} ({f['tts_sentences']:.0f} sentences);"
+        f" background {f['bg_calls_per_s']:.1f} calls/s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
