@@ -725,7 +725,7 @@ class FastRpcSession:
                 generation.handle,
                 generation.open_sc,
                 (Inline(request.prim_in), Inline(request.name)),
-                (Capacity(8), Capacity(remotectl.DLERROR_CAPACITY)),
+                (Capacity(generation.open.prim_rout.size), Capacity(remotectl.DLERROR_CAPACITY)),
             )
 
         generation = self._remotectl
@@ -813,7 +813,7 @@ class FastRpcSession:
             generation.handle,
             generation.close_sc,
             (Inline(remotectl.pack_close(handle)),),
-            (Capacity(4), Capacity(remotectl.DLERROR_CAPACITY)),
+            (Capacity(generation.close.prim_rout.size), Capacity(remotectl.DLERROR_CAPACITY)),
         )
         if result.rc != 0:
             raise RpcError(ErrorCode.FASTRPC, rc=result.rc)

@@ -14,6 +14,7 @@ from npud.idl._types import (
     HandleType,
     IdlError,
     MarshalError,
+    NestedSequenceType,
     Param,
     Primitive,
     SequenceType,
@@ -81,9 +82,36 @@ class EncodedCall:
     outputs: tuple[int | BufferRef, ...]
 
 
-def make_scalars(method: int, inbufs: int, outbufs: int, inhandles: int, outhandles: int) -> int:
-    """REMOTE_SCALARS_MAKEX with attr 0 (reference section 4)."""
-    return (method << 24) | (inbufs << 16) | (outbufs << 8) | (inhandles << 4) | outhandles
+SCALARS_FIELDS: Final = (
+    ("attr", 29, 0x7),
+    ("method", 24, 0x1F),
+    ("nin", 16, 0xFF),
+    ("nout", 8, 0xFF),
+    ("hin", 4, 0xF),
+    ("hout", 0, 0xF),
+)
+"""The scalars word's fields: name (as in the kernel's FASTRPC_BUILD_SCALARS), shift, mask."""
+
+
+def make_scalars(
+    method: int,
+    inbufs: int,
+    outbufs: int,
+    inhandles: int = 0,
+    outhandles: int = 0,
+    *,
+    attr: int = 0,
+) -> int:
+    """REMOTE_SCALARS_MAKEX (reference section 4): the one place npud builds the word
+    (npud.fastrpc.abi and npud.sim.layout call it; npu_protocol keeps a checked copy).
+    Every field is range-checked instead of silently masked: ValueError."""
+    sc = 0
+    values = (attr, method, inbufs, outbufs, inhandles, outhandles)
+    for (name, shift, mask), value in zip(SCALARS_FIELDS, values, strict=True):
+        if not 0 <= value <= mask:
+            raise ValueError(f"scalars field {name}={value} is outside 0..{mask}")
+        sc |= value << shift
+    return sc
 
 
 # --------------------------------------------------------------- methods
@@ -98,6 +126,9 @@ class Method:
     params: tuple[Param, ...]
     prim_in: PrimLayout
     prim_rout: PrimLayout
+    runtime_counted: str = ""
+    """The parameter whose buffers are counted at run time (a sequence of sequences), or "".
+    Such a method is declared for its index only: marshalling it is a MarshalError."""
 
     @staticmethod
     def build(name: str, index: int, params: Sequence[Param]) -> Method:
@@ -105,6 +136,10 @@ class Method:
         if index >= ESCAPE_METHOD:
             in_items.append(("", "method", U32))
         rout_items: list[tuple[str, SlotKind, Element]] = []
+        nested = [p.name for p in params if isinstance(p.type, NestedSequenceType)]
+        if nested:
+            empty = PrimLayout((), 0)
+            return Method(name, index, tuple(params), empty, empty, nested[0])
         for param in params:
             if isinstance(param.type, HandleType):
                 continue
@@ -148,9 +183,17 @@ class Method:
     def outhandles(self) -> int:
         return sum(isinstance(p.type, HandleType) and p.direction == "rout" for p in self.params)
 
+    def _require_static(self) -> None:
+        if self.runtime_counted:
+            raise MarshalError(
+                f"{self.name}: {self.runtime_counted} is a sequence of sequences, counted"
+                " at run time; outside this marshalling"
+            )
+
     @functools.cached_property
     def sc(self) -> int:
         """The scalars word (method 31 carries the real index in primIn)."""
+        self._require_static()
         number = min(self.index, ESCAPE_METHOD)
         return make_scalars(number, self.inbufs, self.outbufs, self.inhandles, self.outhandles)
 
@@ -172,6 +215,7 @@ class Method:
         ``in`` sequences take bytes-like data (a whole number of elements), a list
         of element values, or a :class:`BufferRef`; strings take ``str``.
         """
+        self._require_static()
         if self.inhandles or self.outhandles:
             raise MarshalError(f"{self.name} passes handles: remotectl runs it, not a stub")
         wanted = self._argument_names
@@ -207,6 +251,7 @@ class Method:
     def decode(self, outputs: Sequence[bytes | None]) -> Values:
         """The rout values of a successful call, from the output buffers in order
         (None where the caller passed a :class:`BufferRef`: that parameter is None)."""
+        self._require_static()
         if len(outputs) != self.outbufs:
             raise MarshalError(f"{self.name} has {self.outbufs} output buffers, got {len(outputs)}")
         values: dict[str, Value] = {}
@@ -229,6 +274,7 @@ class Method:
         sequences and ``rout`` sequences as the memoryviews themselves (their
         lengths checked against the counts in primIn). MarshalError on any mismatch.
         """
+        self._require_static()
         if (len(inputs), len(outputs)) != (self.inbufs, self.outbufs):
             raise MarshalError(
                 f"{self.name} takes {self.inbufs} in / {self.outbufs} out buffers,"
@@ -277,6 +323,7 @@ class Method:
         buffer from the start and zeroes the rest. Call it only on success:
         rout values reach the caller only when the method returns 0.
         """
+        self._require_static()
         outs = list(outputs)
         if self.prim_rout:
             prim = bytearray(self.prim_rout.size)
@@ -388,6 +435,17 @@ class Interface:
             if method.index == index:
                 return method
         return None
+
+    def called(self, number: int, prim_in: bytes | memoryview) -> Method | None:
+        """The method a call names: ``number`` is the scalars word's method, and method 31
+        carries the real index first in primIn. None for an index the interface lacks;
+        MarshalError for a method 31 whose primIn cannot hold the index."""
+        if number == ESCAPE_METHOD:
+            if len(prim_in) < U32.size:
+                raise MarshalError(f"{self.name}: method {number} without its index in primIn")
+            index = U32.unpack_from(prim_in, 0)
+            return self.by_index(int(index)) if int(index) >= ESCAPE_METHOD else None
+        return self.by_index(number)
 
     @property
     def user_methods(self) -> tuple[Method, ...]:

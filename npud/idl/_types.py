@@ -190,13 +190,28 @@ class StringType:
 
 
 @dataclasses.dataclass(frozen=True)
+class NestedSequenceType:
+    """``sequence<sequence<T>>``: one buffer per item, so the number of buffers is known
+    only at run time. Declared so that the methods after it keep their indices; a
+    method with one is outside the marshalling here (:class:`MarshalError`)."""
+
+    inner: SequenceType
+
+    @property
+    def name(self) -> str:
+        return f"sequence<{self.inner.name}>"
+
+
+@dataclasses.dataclass(frozen=True)
 class HandleType:
     """``remote_handle64``: travels in a handle slot (the implicit open and close only)."""
 
     name: str = DOMAIN_BASE
 
 
-ParamType: TypeAlias = Primitive | StructType | SequenceType | StringType | HandleType
+ParamType: TypeAlias = (
+    Primitive | StructType | SequenceType | StringType | NestedSequenceType | HandleType
+)
 Direction = Literal["in", "rout"]
 
 

@@ -1,0 +1,166 @@
+"""The reverse-RPC services and remotectl through npud.idl: the IDL-derived scalars and
+layouts equal the constants both sides packed by hand before (issue 23, item 2), the
+nested sequences they declare, and the one scalars word."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from npu_protocol._scalars import make_scalars as protocol_make_scalars
+from npud import idl
+from npud.fastrpc import abi
+from npud.sim import layout
+
+# The hand-packed constants, as npud.fastrpc and npud.sim wrote them before.
+OLD_SCALARS = {
+    ("remotectl", "open"): 0x00020200,
+    ("remotectl", "close"): 0x01010200,
+    ("remotectl1", "open1"): 0x02020200,
+    ("remotectl1", "close1"): 0x03010200,
+    ("adsp_listener", "init2"): 0x03000000,
+    ("adsp_listener", "next2"): 0x04020200,
+    ("adsp_listener", "get_in_bufs2"): 0x05010200,
+    ("adsp_listener1", "init2"): 0x05000000,
+    ("adsp_listener1", "next2"): 0x06020200,
+    ("adsp_listener1", "get_in_bufs2"): 0x07010200,
+    ("apps_std", "fopen"): 0x00030100,
+    ("apps_std", "fclose"): 0x03010000,
+    ("apps_std", "fread"): 0x04010200,
+    ("apps_std", "fseek"): 0x09010000,
+    ("apps_std", "flen"): 0x0A010100,
+    ("apps_std", "fopen_with_env"): 0x13050100,
+    ("apps_std", "fileExists"): 0x16020100,
+    ("apps_std", "stat"): 0x1F020100,
+    ("apps_std", "fopen_fd"): 0x1F030100,
+    ("apps_std", "fclose_fd"): 0x1F010000,
+    ("apps_std", "fopen_with_env_fd"): 0x1F050100,
+}
+
+# The primIn / primROut formats both sides packed with struct before.
+OLD_LAYOUTS = {
+    ("remotectl", "open"): ("<II", "<Ii"),
+    ("remotectl", "close"): ("<II", "<i"),
+    ("adsp_listener", "next2"): ("<IiII", "<IIII"),
+    ("adsp_listener", "get_in_bufs2"): ("<III", "<I"),
+    ("apps_std", "fopen_with_env"): ("<IIII", "<I"),
+    ("apps_std", "fread"): ("<II", "<ii"),
+    ("apps_std", "fseek"): ("<IiI", ""),
+    ("apps_std", "flen"): ("<I", "<Q"),
+    ("apps_std", "fclose"): ("<I", ""),
+    ("apps_std", "stat"): ("<II", "<QQQIIQQqqqqqq"),
+    ("apps_std", "fopen_fd"): ("<III", "<ii"),
+    ("apps_std", "fclose_fd"): ("<Ii", ""),
+    ("apps_std", "fopen_with_env_fd"): ("<IIIII", "<ii"),
+}
+
+
+@pytest.mark.parametrize(("interface", "method"), sorted(OLD_SCALARS))
+def test_idl_scalars_equal_the_old_constants(interface: str, method: str) -> None:
+    assert idl.load(interface).method(method).sc == OLD_SCALARS[interface, method]
+
+
+@pytest.mark.parametrize(("interface", "method"), sorted(OLD_LAYOUTS))
+def test_idl_prim_buffers_equal_the_old_struct_formats(interface: str, method: str) -> None:
+    declared = idl.load(interface).method(method)
+    prim_in, prim_rout = OLD_LAYOUTS[interface, method]
+    assert declared.prim_in.size == struct.calcsize(prim_in)
+    assert declared.prim_rout.size == (struct.calcsize(prim_rout) if prim_rout else 0)
+
+
+def test_method_ids_of_apps_std_are_the_old_ones() -> None:
+    apps_std = idl.load("apps_std")
+    old = {"fopen": 0, "fclose": 3, "fread": 4, "fseek": 9, "flen": 10, "fopen_with_env": 19}
+    old |= {"get_search_paths_with_env": 21, "fileExists": 22, "stat": 31, "fopen_fd": 34}
+    old |= {"fclose_fd": 35, "fopen_with_env_fd": 36}
+    assert {name: apps_std.method(name).index for name in old} == old
+
+
+def test_remotectl_open_bytes_are_the_old_ones() -> None:
+    uri = "file:///libecho_skel.so?echo_skel_handle_invoke"
+    call = idl.load("remotectl").method("open").encode(name=uri, dlerror=255)
+    assert call.inputs == (struct.pack("<II", len(uri) + 1, 255), uri.encode() + b"\0")
+    assert call.outputs == (8, 255)
+
+
+def test_next2_bytes_are_the_old_ones() -> None:
+    next2 = idl.load("adsp_listener1").method("next2")
+    call = next2.encode(prevCtx=7, prevResult=-1, prevbufs=b"abc", bufs=65536)
+    assert call.inputs == (struct.pack("<IiII", 7, -1, 3, 65536), b"abc")
+    reply = next2.decode([struct.pack("<IIII", 1, 2, 3, 4), b"data"])
+    assert [reply.integer(n) for n in ("ctx", "handle", "sc", "bufsLenReq")] == [1, 2, 3, 4]
+
+
+def test_escaped_apps_std_call_carries_its_id() -> None:
+    stat = idl.load("apps_std").method("stat")
+    call = stat.encode(name="/x")
+    assert call.inputs == (struct.pack("<II", 31, 3), b"/x\0")
+
+
+def test_called_resolves_the_escape() -> None:
+    apps_std = idl.load("apps_std")
+    fopen_fd = apps_std.called(31, struct.pack("<II", 34, 0))
+    assert fopen_fd is not None
+    assert fopen_fd.name == "fopen_fd"
+    assert apps_std.called(4, b"").name == "fread"  # type: ignore[union-attr]
+    assert apps_std.called(31, struct.pack("<I", 99)) is None
+    assert apps_std.called(31, struct.pack("<I", 4)) is None  # ids below 31 never escape
+    with pytest.raises(idl.MarshalError, match="without its index"):
+        apps_std.called(31, b"\0")
+
+
+def test_nested_sequences_parse_but_do_not_marshal() -> None:
+    parsed = idl.parse(
+        "interface n { long many(in sequence<sequence<octet>> bufs); long after(in uint32 x); };"
+    )
+    many, after = parsed.interfaces["n"].methods
+    assert many.runtime_counted == "bufs"
+    assert after.index == 1
+    assert after.sc == idl.make_scalars(1, 1, 0)
+    for attempt in (
+        lambda: many.sc,
+        lambda: many.encode(bufs=[]),
+        lambda: many.decode([]),
+        lambda: many.unpack([], []),
+        lambda: many.pack_routs([], {}),
+    ):
+        with pytest.raises(idl.MarshalError, match="counted at run time"):
+            attempt()
+
+
+def test_nested_sequence_must_close() -> None:
+    with pytest.raises(idl.IdlError, match="expected '>'"):
+        idl.parse("interface n { long many(in sequence<sequence<octet> bufs); };")
+
+
+@given(
+    st.integers(0, 31),
+    st.integers(0, 255),
+    st.integers(0, 255),
+)
+def test_one_scalars_word_and_its_checked_copy(method: int, nin: int, nout: int) -> None:
+    # npud.idl builds it; abi and the emulator call it; npu_protocol keeps a copy
+    # because it installs without npud.
+    word = idl.make_scalars(method, nin, nout)
+    assert abi.remote_scalars_make(method, nin, nout) == word
+    assert layout.make_scalars(method, nin, nout) == word
+    assert protocol_make_scalars(method, nin, nout) == word
+
+
+@pytest.mark.parametrize(
+    ("arguments", "match"),
+    [
+        ((32, 0, 0), "method=32"),
+        ((0, 256, 0), "nin=256"),
+        ((0, 0, -1), "nout=-1"),
+        ((0, 0, 0, 16), "hin=16"),
+    ],
+)
+def test_scalars_fields_out_of_range_are_refused(arguments: tuple[int, ...], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        idl.make_scalars(*arguments)
+    with pytest.raises(ValueError, match="outside"):
+        idl.make_scalars(0, 0, 0, attr=8)
