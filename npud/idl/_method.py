@@ -315,6 +315,32 @@ class Method:
             values[param.name] = view
         return Values(values)
 
+    def prim_in_values(self, prim: bytes | memoryview) -> Values:
+        """The ``in`` scalars of a primIn buffer, for a skel that checks the other buffers
+        itself (a sequence's count is not among them). MarshalError when it is too short."""
+        self._require_static()
+        if len(prim) < self.prim_in.size:
+            raise MarshalError(
+                f"{self.name}: primIn has {len(prim)} bytes, expected {self.prim_in.size}"
+            )
+        return Values(
+            {
+                slot.param: slot.type.unpack_from(prim, slot.offset)
+                for slot in self.prim_in.slots
+                if slot.kind == "value"
+            }
+        )
+
+    def pack_prim_rout(self, values: Mapping[str, object]) -> bytes:
+        """primROut with every rout scalar of ``values`` (all must be given)."""
+        self._require_static()
+        prim = bytearray(self.prim_rout.size)
+        for slot in self.prim_rout.slots:
+            if slot.param not in values:
+                raise MarshalError(f"{self.name}: rout {slot.param} has no value")
+            slot.type.pack_into(prim, slot.offset, values[slot.param], slot.param)
+        return bytes(prim)
+
     def pack_routs(self, outputs: Sequence[memoryview], values: Mapping[str, object]) -> None:
         """Write rout values into a skel's output buffers.
 
@@ -326,12 +352,10 @@ class Method:
         self._require_static()
         outs = list(outputs)
         if self.prim_rout:
-            prim = bytearray(self.prim_rout.size)
-            for slot in self.prim_rout.slots:
-                if slot.param not in values:
-                    raise MarshalError(f"{self.name}: rout {slot.param} has no value")
-                slot.type.pack_into(prim, slot.offset, values[slot.param], slot.param)
-            outs.pop(0)[:] = prim
+            prim = outs.pop(0)
+            if len(prim) != self.prim_rout.size:
+                raise MarshalError(f"{self.name}: primROut must be {self.prim_rout.size} bytes")
+            prim[:] = self.pack_prim_rout(values)
         for param, view in zip(self.rout_buffers, outs, strict=True):
             if param.name in values:
                 _fill_sequence(param, view, values[param.name])

@@ -164,3 +164,23 @@ def test_scalars_fields_out_of_range_are_refused(arguments: tuple[int, ...], mat
         idl.make_scalars(*arguments)
     with pytest.raises(ValueError, match="outside"):
         idl.make_scalars(0, 0, 0, attr=8)
+
+
+def test_prim_in_values_and_pack_prim_rout() -> None:
+    close = idl.load("remotectl").method("close")
+    values = close.prim_in_values(struct.pack("<II", 0x1234, 255) + b"extra")
+    assert dict(values) == {"handle": 0x1234}  # the dlerror count is not a value
+    with pytest.raises(idl.MarshalError, match="primIn has 4 bytes, expected 8"):
+        close.prim_in_values(b"\0" * 4)
+    assert close.pack_prim_rout({"nErr": -2}) == struct.pack("<i", -2)
+    with pytest.raises(idl.MarshalError, match="rout nErr has no value"):
+        close.pack_prim_rout({})
+    with pytest.raises(idl.MarshalError, match="does not fit in int32"):
+        close.pack_prim_rout({"nErr": 0x80000000})
+
+
+def test_pack_routs_refuses_a_primrout_of_another_size() -> None:
+    close = idl.load("remotectl").method("close")
+    outputs = [memoryview(bytearray(5)), memoryview(bytearray(1))]
+    with pytest.raises(idl.MarshalError, match="primROut must be 4 bytes"):
+        close.pack_routs(outputs, {"nErr": 0})
