@@ -78,7 +78,7 @@ LISTENER_METHODS: Final = {  # handle -> (init2, next2, get_in_bufs2), from idl/
 }
 DOMAIN_HANDLES: Final = frozenset({7, 8})  # adsp_listener1, remotectl1: newer firmware
 CURRENT_PROCESS_HANDLE: Final = 4
-EXIT_METHOD: Final = 2
+EXIT: Final = idl.load("adsp_current_process1").method("exit")
 LAST_STATIC_HANDLE: Final = 10
 MAX_HANDLES_PER_PROCESS: Final = 0xFFFFF
 
@@ -446,9 +446,9 @@ class DspProcess:
     # -- adsp_current_process1 -------------------------------------------------
 
     def _current_process(self, call: DspCall) -> int:
-        if decode_scalars(call.sc).method != EXIT_METHOD:
+        if decode_scalars(call.sc).method != EXIT.index:
             return AEE.EUNSUPPORTED.dsp
-        _expect_counts(call, 0, 0)
+        _unpack(call, EXIT)
         self._end(ProcessExitedError)
         return 0
 

@@ -21,6 +21,7 @@ OLD_SCALARS = {
     ("remotectl", "close"): 0x01010200,
     ("remotectl1", "open1"): 0x02020200,
     ("remotectl1", "close1"): 0x03010200,
+    ("adsp_current_process1", "exit"): 0x02000000,
     ("adsp_listener", "init2"): 0x03000000,
     ("adsp_listener", "next2"): 0x04020200,
     ("adsp_listener", "get_in_bufs2"): 0x05010200,

@@ -7,6 +7,7 @@ import hashlib
 from typing import Final
 
 from npu_protocol import ErrorCode
+from npud import idl
 from npud.fastrpc import abi
 from npud.fastrpc.apps_mem import AppsMemServer
 from npud.fastrpc.apps_std import AppsStdServer
@@ -20,7 +21,7 @@ from npud.fastrpc.session._state import log
 # FASTRPC_MODE_UNSIGNED_MODULE: load the shell as the unsigned PD, which may
 # run skels not signed for this device (ours).
 DEFAULT_PROCESS_ATTRS: Final = abi.FASTRPC_MODE_UNSIGNED_MODULE
-EXIT_SC: Final = abi.remote_scalars_make(2, 0, 0)  # adsp_current_process1.exit
+EXIT_SC: Final = idl.load("adsp_current_process1").method("exit").sc  # 0x02000000
 LISTENER_JOIN_TIMEOUT: Final = 10.0  # the kernel's own timeout for internal calls
 
 
