@@ -17,9 +17,7 @@ visible in the sources):
 
 Ids from 31 on travel as method 31 with the id first in primIn. The method
 ids and the argument layouts come from ``idl/apps_std.idl`` through
-:mod:`npud.idl`, the description the emulator's DSP side uses too; only
-``get_search_paths_with_env``, whose paths are counted at run time (outside
-npud.idl's marshalling), is unpacked here by hand.
+:mod:`npud.idl`, the description the emulator's DSP side uses too.
 
 Results are what ``apps_std_imp.c`` answers, value for value: its calls
 return errno values, not AEE codes (its header: "errno is returned"). A
@@ -59,7 +57,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, Protocol
@@ -68,7 +65,7 @@ from npu_protocol import AEE, MAX_DMA_SIZE
 from npud import idl
 from npud.fastrpc.exposed_files import ExposedFile, ExposedFiles, is_exposed_name
 from npud.fastrpc.marshal import from_c_string
-from npud.fastrpc.reverse_modules import CallDescription, Reply, fail, fit
+from npud.fastrpc.reverse_modules import CallDescription, Reply, fail
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +137,6 @@ METHOD_NAMES: Final = {
 """The methods served, by id; the others are answered AEE_EUNSUPPORTED."""
 
 _READ_MODES: Final = frozenset({"r", "rb"})
-_SEARCH_PATHS_OUT: Final = struct.Struct("<IH")  # numPaths, maxPathLen (primROut >= 6 bytes)
 
 
 class FileSharing(Protocol):
@@ -283,8 +279,6 @@ class AppsStdServer:
             return fail(AEE.EBADPARM)
         if declared is None or declared.index not in METHOD_NAMES:
             return fail(AEE.EUNSUPPORTED)
-        if declared.index == GET_SEARCH_PATHS_WITH_ENV:
-            return self._search_paths(inputs, caps)
         outputs = [memoryview(bytearray(cap)) for cap in caps]
         try:
             values = declared.unpack([memoryview(data) for data in inputs], outputs)
@@ -305,6 +299,8 @@ class AppsStdServer:
             return self._fopen(values.text("name"), values.text("mode"))
         if method == FILE_EXISTS:
             return {"exists": int(self.resolve(values.text("path")) is not None)}
+        if method == GET_SEARCH_PATHS_WITH_ENV:
+            return self._search_paths(values)
         if method == FLEN:
             open_file = self._files.get(values.integer("sin"))
             if open_file is None:
@@ -458,25 +454,22 @@ class AppsStdServer:
         }
         return {"stat": stat}
 
-    def _search_paths(self, inputs: list[bytes], caps: list[int]) -> Reply:
-        """By hand: the paths are a sequence of sequences, outside npud.idl (primIn
-        {len(envvarname), len(delim), count(paths)}, the names, then the paths'
-        capacities; primROut {numPaths, maxPathLen}, then one buffer per path)."""
-        _env_len, _delim_len, slots = struct.unpack_from("<III", inputs[0])
-        capacities = struct.unpack_from(f"<{slots}I", inputs[3]) if slots else ()
-        if len(caps) != 1 + slots or list(capacities) != caps[1:] or caps[0] < 6:
-            return fail(AEE.EBADPARM)
+    def _search_paths(self, values: idl.Values) -> dict[str, object]:
+        """The directories, one per path buffer the DSP gave (the rest left empty); the
+        count says how many there are, so the DSP can ask again with more."""
         directories = self.directories()
         paths = [os.fsencode(str(d)) for d in directories]
         longest = max((len(p) + 1 for p in paths), default=0)
-        outputs = [fit(_SEARCH_PATHS_OUT.pack(len(paths), min(longest, 0xFFFF)), caps[0])]
-        for index, capacity in enumerate(caps[1:]):
-            path = paths[index] if index < len(paths) else b""
+        slots = values["paths"]
+        assert isinstance(slots, list)  # a rout sequence of sequences unpacks to views
+        for slot, path in zip(slots, paths, strict=False):
+            assert isinstance(slot, memoryview)
             # libcdsprpc copies a path when the buffer holds at least its characters
             # (strlcpy: the NUL may cut the last one off).
-            fits = path and capacity >= len(path)
-            outputs.append(fit(path[: capacity - 1] + b"\0" if fits else b"", capacity))
-        return Reply(0, tuple(outputs))
+            if len(slot) >= len(path):
+                copied = path[: len(slot) - 1] + b"\0"
+                slot[: len(copied)] = copied
+        return {"numPaths": len(paths), "maxPathLen": min(longest, 0xFFFF)}
 
     def directories(self) -> list[Path]:
         """What ``get_search_paths_with_env`` lists: ``<dir>/cdsp`` and ``<dir>`` that exist."""

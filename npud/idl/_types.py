@@ -292,6 +292,13 @@ class Values(Mapping[str, "Value"]):
             raise TypeError(f"{name} is not text: {value!r}")
         return value
 
+    def texts(self, name: str) -> list[str]:
+        """A rout sequence of char sequences, decoded: one text per item."""
+        value = self._values[name]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise TypeError(f"{name} is not a list of texts")
+        return [v for v in value if isinstance(v, str)]
+
     def data(self, name: str) -> bytes:
         value = self._values[name]
         if not isinstance(value, bytes):

@@ -32,14 +32,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import stat
-import struct
 from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 
 from npu_protocol.aee import AEE, DSP_AEE_EOFFSET, aee_name, describe_result
 from npud import idl
 from npud.sim.config import LoaderPath
-from npud.sim.host_calls import HostCallError, HostChannel, c_string, text_of
+from npud.sim.host_calls import HostCallError, HostChannel
 from npud.sim.memory import ProcessMemory
 
 APPS_STD_MODULE: Final = "apps_std"
@@ -63,10 +62,6 @@ SEARCH_PATH_SLOTS: Final = 8
 """Paths asked for at first; more are asked for when the host has more."""
 PATH_CAPACITY: Final = 256
 MAX_SEARCH_PATHS: Final = 64
-
-_SEARCH_PATHS_OUT: Final = struct.Struct("<IH2x")  # numPaths, maxPathLen
-"""get_search_paths_with_env's primROut, by hand: its paths are counted at run time,
-outside npud.idl's marshalling (idl/apps_std.idl)."""
 
 
 class HostReadError(Exception):
@@ -262,26 +257,24 @@ class HostFileReader:
 
     def _directories(self, apps_std: int, name: str) -> list[str]:
         slots, capacity = SEARCH_PATH_SLOTS, PATH_CAPACITY
-        env, delim = c_string(LIBRARY_PATH_VARIABLE), c_string(LIBRARY_PATH_DELIMITER)
         while True:
-            prim = struct.pack("<III", len(env), len(delim), slots)
-            sizes = struct.pack(f"<{slots}I", *([capacity] * slots))
-            reply = self._host.call(
+            result, values = self._call(
                 apps_std,
-                idl.make_scalars(GET_SEARCH_PATHS_WITH_ENV.index, 4, 1 + slots),
-                [prim, env, delim, sizes],
-                [_SEARCH_PATHS_OUT.size, *([capacity] * slots)],
+                GET_SEARCH_PATHS_WITH_ENV,
+                envvarname=LIBRARY_PATH_VARIABLE,
+                delim=LIBRARY_PATH_DELIMITER,
+                paths=[capacity] * slots,
             )
-            if _unsupported(reply.result):
+            if _unsupported(result):
                 raise _UnsupportedPathError
-            if reply.result:
+            if result:
                 raise HostReadError(
                     f"{name}: cannot open shared object file: apps_std"
-                    f" get_search_paths_with_env: {describe_result(reply.result)}"
+                    f" get_search_paths_with_env: {describe_result(result)}"
                 )
-            count, longest = _SEARCH_PATHS_OUT.unpack(reply.outputs[0])
+            count, longest = values.integer("numPaths"), values.integer("maxPathLen")
             if count <= slots and longest <= capacity:
-                return [text_of(path) for path in reply.outputs[1 : 1 + count]]
+                return values.texts("paths")[:count]
             if count > MAX_SEARCH_PATHS:
                 raise HostReadError(f"{name}: the host lists {count} search paths")
             slots, capacity = max(slots, count), max(capacity, longest)

@@ -185,3 +185,111 @@ def test_pack_routs_refuses_a_primrout_of_another_size() -> None:
     outputs = [memoryview(bytearray(5)), memoryview(bytearray(1))]
     with pytest.raises(idl.MarshalError, match="primROut must be 4 bytes"):
         close.pack_routs(outputs, {"nErr": 0})
+
+
+ITEMS = """
+interface files {
+   long list(in string where, rout sequence<sequence<char>> names, rout uint32 count);
+   long blobs(rout sequence<uint16> sizes, rout sequence<sequence<uint16>> parts);
+};
+"""
+
+
+def test_search_paths_bytes_are_the_old_ones() -> None:
+    method = idl.load("apps_std").method("get_search_paths_with_env")
+    call = method.encode(envvarname="ADSP_LIBRARY_PATH", delim=";", paths=[256] * 8)
+    env, delim = b"ADSP_LIBRARY_PATH\0", b";\0"
+    old_prim = struct.pack("<III", len(env), len(delim), 8)
+    assert call.inputs == (old_prim, env, delim, struct.pack("<8I", *([256] * 8)))
+    assert call.outputs == (8, *([256] * 8))
+    assert call.sc == abi.remote_scalars_make(21, 4, 1 + 8) == method.sc_for(8)
+    reply = [struct.pack("<IH2x", 2, 9), b"/a/cdsp\0".ljust(256, b"\0"), b"/a\0".ljust(256, b"\0")]
+    values = method.decode(reply)
+    assert (values.integer("numPaths"), values.integer("maxPathLen")) == (2, 9)
+    assert values.texts("paths") == ["/a/cdsp", "/a"]
+
+
+def test_rout_items_both_sides() -> None:
+    listing = idl.parse(ITEMS).interfaces["files"].method("list")
+    with pytest.raises(idl.MarshalError, match="depends on how many names"):
+        _ = listing.sc
+    call = listing.encode(where="/x", names=[4, 0, 2])
+    assert call.outputs == (4, 4, 0, 2)  # primROut, then one buffer per item
+    inputs = [memoryview(bytes(item)) for item in call.inputs if isinstance(item, bytes)]
+    outputs = [memoryview(bytearray(size)) for size in call.outputs if isinstance(size, int)]
+    values = listing.unpack(inputs, outputs)
+    names = values["names"]
+    assert isinstance(names, list)
+    assert [len(view) for view in names if isinstance(view, memoryview)] == [4, 0, 2]
+    listing.pack_routs(outputs, {"count": 2, "names": ["abc", b"", "z"]})
+    decoded = listing.decode([bytes(view) for view in outputs])
+    assert decoded.texts("names") == ["abc", "", "z"]
+    assert decoded.integer("count") == 2
+    with pytest.raises(idl.MarshalError, match="do not fit"):
+        listing.pack_routs(outputs, {"count": 0, "names": ["abcd"]})  # no room for the NUL
+    with pytest.raises(idl.MarshalError, match="1 bytes do not fit in 0"):
+        listing.pack_routs(outputs, {"count": 0, "names": ["abc", ""]})  # "" is its NUL
+    with pytest.raises(idl.MarshalError, match="3 buffers"):
+        listing.pack_routs(outputs, {"count": 0, "names": ["a", "b", "c", "d"]})
+
+
+def test_rout_items_after_another_sequence() -> None:
+    blobs = idl.parse(ITEMS).interfaces["files"].method("blobs")
+    call = blobs.encode(sizes=2, parts=[1, 3])
+    assert call.inputs == (struct.pack("<II", 2, 2), struct.pack("<II", 1, 3))
+    assert call.outputs == (4, 2, 6)
+    assert call.sc == idl.make_scalars(1, 2, 3)
+    decoded = blobs.decode([b"\1\0\2\0", b"\7\0", b"\1\0\2\0\3\0"])
+    assert decoded.integers("sizes") == [1, 2]
+    assert decoded["parts"] == [[7], [1, 2, 3]]
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda i, o: ([*i[:-1], memoryview(b"\0" * 8)], o), "capacities take 8 bytes"),
+        (lambda i, o: (i, o[:-1]), "got 2 buffers"),
+        (lambda i, o: (i, [*o[:-1], memoryview(bytearray(3))]), r"names\[2\]: its capacity is 2"),
+        (lambda i, o: (i[:-1], o), "takes 3 in"),
+    ],
+)
+def test_rout_items_refused_when_the_buffers_disagree(change: object, match: str) -> None:
+    listing = idl.parse(ITEMS).interfaces["files"].method("list")
+    call = listing.encode(where="/x", names=[4, 0, 2])
+    inputs = [memoryview(bytes(item)) for item in call.inputs if isinstance(item, bytes)]
+    outputs = [memoryview(bytearray(size)) for size in call.outputs if isinstance(size, int)]
+    assert callable(change)
+    bad_inputs, bad_outputs = change(inputs, outputs)
+    with pytest.raises(idl.MarshalError, match=match):
+        listing.unpack(bad_inputs, bad_outputs)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (
+            "interface b { long m(rout sequence<sequence<octet>> a, rout sequence<octet> c); };",
+            "a must come after every sequence and string",
+        ),
+        (
+            "interface b { long m(rout sequence<sequence<octet>> a,"
+            " rout sequence<sequence<octet>> c); };",
+            "at most one rout sequence of sequences",
+        ),
+    ],
+)
+def test_rout_items_subset_rules(text: str, match: str) -> None:
+    with pytest.raises(idl.IdlError, match=match):
+        idl.parse(text)
+
+
+def test_rout_items_refuse_bad_capacities_and_stray_outputs() -> None:
+    listing = idl.parse(ITEMS).interfaces["files"].method("list")
+    for bad in (["4"], [-1], 4, [True]):
+        with pytest.raises(idl.MarshalError, match="names"):
+            listing.encode(where="/x", names=bad)
+    with pytest.raises(idl.MarshalError, match="no rout sequence of sequences"):
+        idl.load("remotectl").method("open").sc_for(2)
+    close = idl.load("remotectl").method("close")
+    with pytest.raises(idl.MarshalError, match="output buffers"):
+        close.decode([b"\0" * 4, b"", b"extra"])
