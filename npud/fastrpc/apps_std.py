@@ -284,17 +284,15 @@ class AppsStdServer:
             values = declared.unpack([memoryview(data) for data in inputs], outputs)
         except idl.MarshalError:
             return fail(AEE.EBADPARM)
-        result = self._call(declared.index, values, outputs)
+        result = self._call(declared.index, values)
         if isinstance(result, Reply):
             return result
         declared.pack_routs(outputs, result)
         return Reply(0, tuple(bytes(view) for view in outputs))
 
-    def _call(
-        self, method: int, values: idl.Values, outputs: list[memoryview]
-    ) -> dict[str, object] | Reply:
+    def _call(self, method: int, values: idl.Values) -> dict[str, object] | Reply:
         """Serve one unpacked call: its rout scalars, or a Reply that ends it (a failure).
-        A rout sequence is written into ``outputs`` here."""
+        Rout sequences are written into their views (in ``values``) here."""
         if method in (FOPEN, FOPEN_WITH_ENV):
             return self._fopen(values.text("name"), values.text("mode"))
         if method == FILE_EXISTS:
@@ -320,7 +318,9 @@ class AppsStdServer:
             return self._stat(values.text("name"))
         if method in (FOPEN_FD, FOPEN_WITH_ENV_FD):
             return self._fopen_fd(values.text("name"), values.text("mode"))
-        return self._fclose_fd(values.integer("fd"))
+        if method == FCLOSE_FD:
+            return self._fclose_fd(values.integer("fd"))
+        return fail(AEE.EUNSUPPORTED)
 
     def describe(self, method: int, inputs: list[bytes]) -> CallDescription:
         declared = APPS_STD_IDL.called(method, inputs[0] if inputs else b"")
