@@ -14,6 +14,8 @@ import ctypes
 import enum
 from typing import Final
 
+from npud import idl
+
 # --------------------------------------------------------------------------
 # _IOC encoding (include/uapi/asm-generic/ioctl.h; identical on x86_64 and
 # aarch64): dir in bits 30-31, size in 16-29, type in 8-15, nr in 0-7.
@@ -213,28 +215,14 @@ DMA_HEAP_IOCTL_ALLOC: Final = Ioctl.DMA_HEAP_IOCTL_ALLOC
 # --------------------------------------------------------------------------
 # The scalars word (kernel FASTRPC_BUILD_SCALARS, userspace REMOTE_SCALARS_MAKEX):
 # attr 29-31, method 24-28, in-buffers 16-23, out-buffers 8-15,
-# in-handles 4-7, out-handles 0-3.
-
-_SC_FIELDS: Final = (
-    ("attr", 29, 0x7),
-    ("method", 24, 0x1F),
-    ("nin", 16, 0xFF),
-    ("nout", 8, 0xFF),
-    ("hin", 4, 0xF),
-    ("hout", 0, 0xF),
-)
+# in-handles 4-7, out-handles 0-3. Built in one place, npud.idl.make_scalars; the
+# accessors below read it.
 
 
 def remote_scalars_makex(attr: int, method: int, nin: int, nout: int, hin: int, hout: int) -> int:
-    """Build a scalars word; every field is range-checked instead of silently masked."""
-    sc = 0
-    for (name, shift, mask), value in zip(
-        _SC_FIELDS, (attr, method, nin, nout, hin, hout), strict=True
-    ):
-        if not 0 <= value <= mask:
-            raise ValueError(f"scalars field {name}={value} is outside 0..{mask}")
-        sc |= value << shift
-    return sc
+    """Build a scalars word (npud.idl builds it for both sides); every field is
+    range-checked instead of silently masked."""
+    return idl.make_scalars(method, nin, nout, hin, hout, attr=attr)
 
 
 def remote_scalars_make(method: int, nin: int, nout: int) -> int:

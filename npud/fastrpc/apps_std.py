@@ -15,7 +15,9 @@ visible in the sources):
 * by path: ``get_search_paths_with_env`` (21) lists the directories,
   ``stat`` (31) tells whether ``<dir>/<file>`` is a file, ``fileExists`` (22).
 
-Ids from 31 on travel as method 31 with the id first in primIn.
+Ids from 31 on travel as method 31 with the id first in primIn. The method
+ids and the argument layouts come from ``idl/apps_std.idl`` through
+:mod:`npud.idl`, the description the emulator's DSP side uses too.
 
 Results are what ``apps_std_imp.c`` answers, value for value: its calls
 return errno values, not AEE codes (its header: "errno is returned"). A
@@ -55,15 +57,15 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, Protocol
 
 from npu_protocol import AEE, MAX_DMA_SIZE
+from npud import idl
 from npud.fastrpc.exposed_files import ExposedFile, ExposedFiles, is_exposed_name
 from npud.fastrpc.marshal import from_c_string
-from npud.fastrpc.reverse_modules import CallDescription, Reply, fail, fit
+from npud.fastrpc.reverse_modules import CallDescription, Reply, fail
 
 log = logging.getLogger(__name__)
 
@@ -98,39 +100,43 @@ ENORPCMEMORY: Final = 0x068
 DOMAIN_DIRECTORY: Final = "cdsp"
 """libcdsprpc looks in ``<dir>/<domain name>/`` before ``<dir>/``."""
 
-# apps_std method ids (reference 5.6, apps_std_skel.c)
-FOPEN: Final = 0
-FCLOSE: Final = 3
-FREAD: Final = 4
-FSEEK: Final = 9
-FLEN: Final = 10
-FOPEN_WITH_ENV: Final = 19
-GET_SEARCH_PATHS_WITH_ENV: Final = 21
-FILE_EXISTS: Final = 22
-ESCAPE: Final = 31
-STAT: Final = 31
-FOPEN_FD: Final = 34
-FCLOSE_FD: Final = 35
-FOPEN_WITH_ENV_FD: Final = 36
+APPS_STD_IDL: Final = idl.load("apps_std")
+"""apps_std's methods and layouts (reference 5.6, ``idl/apps_std.idl``)."""
+
+FOPEN: Final = APPS_STD_IDL.method("fopen").index
+FCLOSE: Final = APPS_STD_IDL.method("fclose").index
+FREAD: Final = APPS_STD_IDL.method("fread").index
+FSEEK: Final = APPS_STD_IDL.method("fseek").index
+FLEN: Final = APPS_STD_IDL.method("flen").index
+FOPEN_WITH_ENV: Final = APPS_STD_IDL.method("fopen_with_env").index
+GET_SEARCH_PATHS_WITH_ENV: Final = APPS_STD_IDL.method("get_search_paths_with_env").index
+FILE_EXISTS: Final = APPS_STD_IDL.method("fileExists").index
+ESCAPE: Final = idl.ESCAPE_METHOD
+STAT: Final = APPS_STD_IDL.method("stat").index
+FOPEN_FD: Final = APPS_STD_IDL.method("fopen_fd").index
+FCLOSE_FD: Final = APPS_STD_IDL.method("fclose_fd").index
+FOPEN_WITH_ENV_FD: Final = APPS_STD_IDL.method("fopen_with_env_fd").index
 
 METHOD_NAMES: Final = {
-    FOPEN: "fopen",
-    FCLOSE: "fclose",
-    FREAD: "fread",
-    FSEEK: "fseek",
-    FLEN: "flen",
-    FOPEN_WITH_ENV: "fopen_with_env",
-    GET_SEARCH_PATHS_WITH_ENV: "get_search_paths_with_env",
-    FILE_EXISTS: "fileExists",
-    STAT: "stat",
-    FOPEN_FD: "fopen_fd",
-    FCLOSE_FD: "fclose_fd",
-    FOPEN_WITH_ENV_FD: "fopen_with_env_fd",
+    index: APPS_STD_IDL.methods[index].name
+    for index in (
+        FOPEN,
+        FCLOSE,
+        FREAD,
+        FSEEK,
+        FLEN,
+        FOPEN_WITH_ENV,
+        GET_SEARCH_PATHS_WITH_ENV,
+        FILE_EXISTS,
+        STAT,
+        FOPEN_FD,
+        FCLOSE_FD,
+        FOPEN_WITH_ENV_FD,
+    )
 }
+"""The methods served, by id; the others are answered AEE_EUNSUPPORTED."""
 
 _READ_MODES: Final = frozenset({"r", "rb"})
-_STAT: Final = struct.Struct("<QQQIIQQqqqqqq")  # apps_std_STAT, 96 bytes
-_SEARCH_PATHS_OUT: Final = struct.Struct("<IH")  # numPaths, maxPathLen (primROut >= 6 bytes)
 
 
 class FileSharing(Protocol):
@@ -267,48 +273,65 @@ class AppsStdServer:
             return Reply(exc.errno or errno.EIO)
 
     def _invoke(self, method: int, inputs: list[bytes], caps: list[int]) -> Reply:
-        if method == ESCAPE:
-            (method,) = struct.unpack_from("<I", inputs[0])
-            return self._extended(method, inputs, caps)
-        if method == FOPEN_WITH_ENV:
-            _env, _delim, name, mode = (from_c_string(b) for b in inputs[1:5])
-            return self._fopen(name, mode, caps)
-        if method == FOPEN:
-            name, mode = (from_c_string(b) for b in inputs[1:3])
-            return self._fopen(name, mode, caps)
+        try:
+            declared = APPS_STD_IDL.called(method, inputs[0] if inputs else b"")
+        except idl.MarshalError:
+            return fail(AEE.EBADPARM)
+        if declared is None or declared.index not in METHOD_NAMES:
+            return fail(AEE.EUNSUPPORTED)
+        outputs = [memoryview(bytearray(cap)) for cap in caps]
+        try:
+            values = declared.unpack([memoryview(data) for data in inputs], outputs)
+        except idl.MarshalError:
+            return fail(AEE.EBADPARM)
+        result = self._call(declared.index, values)
+        if isinstance(result, Reply):
+            return result
+        declared.pack_routs(outputs, result)
+        return Reply(0, tuple(bytes(view) for view in outputs))
+
+    def _call(self, method: int, values: idl.Values) -> dict[str, object] | Reply:
+        """Serve one unpacked call: its rout scalars, or a Reply that ends it (a failure).
+        Rout sequences are written into their views (in ``values``) here."""
+        if method in (FOPEN, FOPEN_WITH_ENV):
+            return self._fopen(values.text("name"), values.text("mode"))
         if method == FILE_EXISTS:
-            found = self.resolve(from_c_string(inputs[1])) is not None
-            return Reply(0, (fit(bytes([found]), caps[0]),))
+            return {"exists": int(self.resolve(values.text("path")) is not None)}
         if method == GET_SEARCH_PATHS_WITH_ENV:
-            return self._search_paths(inputs, caps)
+            return self._search_paths(values)
         if method == FLEN:
-            open_file = self._file(inputs[0])
+            open_file = self._files.get(values.integer("sin"))
             if open_file is None:
                 return Reply(errno.EBADF)
-            return Reply(0, (fit(struct.pack("<Q", open_file.size()), caps[0]),))
+            return {"len": open_file.size()}
         if method == FREAD:
-            return self._fread(inputs, caps)
+            return self._fread(values.integer("sin"), values.view("buf"))
         if method == FSEEK:
-            return self._fseek(inputs)
+            return self._fseek(values)
         if method == FCLOSE:
-            (file,) = struct.unpack_from("<I", inputs[0])
-            open_file = self._files.pop(file, None)
+            open_file = self._files.pop(values.integer("sin"), None)
             if open_file is None:
                 return Reply(errno.EBADF)
             open_file.close()
-            return Reply(0)
+            return {}
+        if method == STAT:
+            return self._stat(values.text("name"))
+        if method in (FOPEN_FD, FOPEN_WITH_ENV_FD):
+            return self._fopen_fd(values.text("name"), values.text("mode"))
+        if method == FCLOSE_FD:
+            return self._fclose_fd(values.integer("fd"))
         return fail(AEE.EUNSUPPORTED)
 
     def describe(self, method: int, inputs: list[bytes]) -> CallDescription:
-        if method == ESCAPE and inputs:
-            (method,) = struct.unpack_from("<I", inputs[0])
-        name = METHOD_NAMES.get(method, f"method {method}")
+        declared = APPS_STD_IDL.called(method, inputs[0] if inputs else b"")
+        if declared is None:
+            return CallDescription(f"method {method}")
         file: str | None = None
-        if method in (FOPEN_WITH_ENV, FOPEN_WITH_ENV_FD) and len(inputs) > 3:
+        if declared.index in (FOPEN_WITH_ENV, FOPEN_WITH_ENV_FD) and len(inputs) > 3:
             file = from_c_string(inputs[3])
-        elif method in (FOPEN, FILE_EXISTS, STAT, FOPEN_FD) and len(inputs) > 1:
+        elif declared.index in (FOPEN, FILE_EXISTS, STAT, FOPEN_FD) and len(inputs) > 1:
             file = from_c_string(inputs[1])
-        return CallDescription(name, file)
+        return CallDescription(declared.name, file)
 
     def close(self) -> None:
         """Close every file the DSP left open and give back every shared DMA-BUF."""
@@ -330,56 +353,29 @@ class AppsStdServer:
     def shared_files(self) -> int:
         return len(self._shared)
 
-    # --- ids from 31 on --------------------------------------------------------
-    def _extended(self, method: int, inputs: list[bytes], caps: list[int]) -> Reply:
-        if method == STAT:
-            (length,) = struct.unpack_from("<I", inputs[0], 4)
-            return self._stat(_checked_string(inputs[1], length), caps)
-        if method == FOPEN_FD:
-            name_len, mode_len = struct.unpack_from("<II", inputs[0], 4)
-            name = _checked_string(inputs[1], name_len)
-            return self._fopen_fd(name, _checked_string(inputs[2], mode_len), caps)
-        if method == FOPEN_WITH_ENV_FD:
-            lengths = struct.unpack_from("<IIII", inputs[0], 4)
-            _env, _delim, name, mode = (
-                _checked_string(data, length)
-                for data, length in zip(inputs[1:5], lengths, strict=True)
-            )
-            return self._fopen_fd(name, mode, caps)
-        if method == FCLOSE_FD:
-            (fd,) = struct.unpack_from("<i", inputs[0], 4)
-            return self._fclose_fd(fd)
-        return fail(AEE.EUNSUPPORTED)
-
     # --- streamed reads ------------------------------------------------------
-    def _fread(self, inputs: list[bytes], caps: list[int]) -> Reply:
-        (file, capacity) = struct.unpack_from("<II", inputs[0])
+    def _fread(self, file: int, buffer: memoryview) -> dict[str, object] | Reply:
         open_file = self._files.get(file)
         if open_file is None:
             return Reply(errno.EBADF)
-        data = open_file.read(min(capacity, caps[1]))
-        eof = int(len(data) < capacity)
-        prim = struct.pack("<ii", len(data), eof)
-        return Reply(0, (fit(prim, caps[0]), fit(data, caps[1])))
+        data = open_file.read(len(buffer))
+        buffer[: len(data)] = data
+        return {"bytesRead": len(data), "bEOF": int(len(data) < len(buffer))}
 
-    def _fseek(self, inputs: list[bytes]) -> Reply:
-        file, offset, whence = struct.unpack_from("<IiI", inputs[0])
-        open_file = self._files.get(file)
+    def _fseek(self, values: idl.Values) -> dict[str, object] | Reply:
+        open_file = self._files.get(values.integer("sin"))
         if open_file is None:
             return Reply(errno.EBADF)
+        whence = values.integer("whence")
         if whence not in (os.SEEK_SET, os.SEEK_CUR, os.SEEK_END):
             return Reply(errno.EINVAL)  # fseek(3)'s answer
         try:
-            open_file.seek(offset, whence)
+            open_file.seek(values.integer("offset"), whence)
         except OSError as exc:
             return Reply(exc.errno or errno.EINVAL)
-        return Reply(0)
+        return {}
 
-    def _file(self, prim: bytes) -> _OpenFile | None:
-        (file,) = struct.unpack_from("<I", prim)
-        return self._files.get(file)
-
-    def _fopen(self, name: str, mode: str, caps: list[int]) -> Reply:
+    def _fopen(self, name: str, mode: str) -> dict[str, object] | Reply:
         if mode not in _READ_MODES:
             return Reply(errno.EACCES)  # served read-only
         if self.resolve(name) is None:
@@ -394,10 +390,10 @@ class AppsStdServer:
         self._next_file += 1
         self._files[file] = open_file
         self.files_served += 1
-        return Reply(0, (fit(struct.pack("<I", file), caps[0]),))
+        return {"psout": file}
 
     # --- mapped reads (the _fd calls) ----------------------------------------
-    def _fopen_fd(self, name: str, mode: str, caps: list[int]) -> Reply:
+    def _fopen_fd(self, name: str, mode: str) -> dict[str, object] | Reply:
         """``{fd, st_size}``: the MEM_MAP covers exactly the file's size, as libcdsprpc's
         ``fastrpc_mmap(..., st_size, FASTRPC_MAP_FD)`` does."""
         if mode not in _READ_MODES:
@@ -419,20 +415,20 @@ class AppsStdServer:
             source.close()
         self._shared.add(fd)
         self.files_served += 1
-        return Reply(0, (fit(struct.pack("<ii", fd, size), caps[0]),))
+        return {"fd": fd, "len": size}
 
-    def _fclose_fd(self, fd: int) -> Reply:
+    def _fclose_fd(self, fd: int) -> dict[str, object] | Reply:
         if fd not in self._shared:
-            return Reply(0)  # libcdsprpc: an fd it never shared is nothing to close
+            return {}  # libcdsprpc: an fd it never shared is nothing to close
         self._shared.discard(fd)
         try:
             self._sharing.unshare(fd)
         except SharingError as exc:
             return Reply(exc.result)
-        return Reply(0)
+        return {}
 
     # --- by path -------------------------------------------------------------
-    def _stat(self, name: str, caps: list[int]) -> Reply:
+    def _stat(self, name: str) -> dict[str, object] | Reply:
         try:
             source = self._open(name)
         except OSError as exc:
@@ -441,39 +437,39 @@ class AppsStdServer:
             info = source.stat()
         finally:
             source.close()
-        packed = _STAT.pack(
-            0,
-            info.st_dev,
-            info.st_ino,
-            info.st_mode,
-            info.st_nlink,
-            info.st_rdev,
-            info.st_size,
-            int(info.st_atime),
-            info.st_atime_ns % 1_000_000_000,
-            int(info.st_mtime),
-            info.st_mtime_ns % 1_000_000_000,
-            int(info.st_ctime),
-            info.st_ctime_ns % 1_000_000_000,
-        )
-        return Reply(0, (fit(packed, caps[0]),))
+        stat = {
+            "tsz": 0,
+            "dev": info.st_dev,
+            "ino": info.st_ino,
+            "mode": info.st_mode,
+            "nlink": info.st_nlink,
+            "rdev": info.st_rdev,
+            "size": info.st_size,
+            "atime": int(info.st_atime),
+            "atimensec": info.st_atime_ns % 1_000_000_000,
+            "mtime": int(info.st_mtime),
+            "mtimensec": info.st_mtime_ns % 1_000_000_000,
+            "ctime": int(info.st_ctime),
+            "ctimensec": info.st_ctime_ns % 1_000_000_000,
+        }
+        return {"stat": stat}
 
-    def _search_paths(self, inputs: list[bytes], caps: list[int]) -> Reply:
-        _env_len, _delim_len, slots = struct.unpack_from("<III", inputs[0])
-        capacities = struct.unpack_from(f"<{slots}I", inputs[3]) if slots else ()
-        if len(caps) != 1 + slots or list(capacities) != caps[1:] or caps[0] < 6:
-            return fail(AEE.EBADPARM)
+    def _search_paths(self, values: idl.Values) -> dict[str, object]:
+        """The directories, one per path buffer the DSP gave (the rest left empty); the
+        count says how many there are, so the DSP can ask again with more."""
         directories = self.directories()
         paths = [os.fsencode(str(d)) for d in directories]
         longest = max((len(p) + 1 for p in paths), default=0)
-        outputs = [fit(_SEARCH_PATHS_OUT.pack(len(paths), min(longest, 0xFFFF)), caps[0])]
-        for index, capacity in enumerate(caps[1:]):
-            path = paths[index] if index < len(paths) else b""
+        slots = values["paths"]
+        assert isinstance(slots, list)  # a rout sequence of sequences unpacks to views
+        for slot, path in zip(slots, paths, strict=False):
+            assert isinstance(slot, memoryview)
             # libcdsprpc copies a path when the buffer holds at least its characters
             # (strlcpy: the NUL may cut the last one off).
-            fits = path and capacity >= len(path)
-            outputs.append(fit(path[: capacity - 1] + b"\0" if fits else b"", capacity))
-        return Reply(0, tuple(outputs))
+            if len(slot) >= len(path):
+                copied = path[: len(slot) - 1] + b"\0"
+                slot[: len(copied)] = copied
+        return {"numPaths": len(paths), "maxPathLen": min(longest, 0xFFFF)}
 
     def directories(self) -> list[Path]:
         """What ``get_search_paths_with_env`` lists: ``<dir>/cdsp`` and ``<dir>`` that exist."""
@@ -563,10 +559,3 @@ def _plain_name(base: str) -> bool:
         and not base.startswith(".")
         and "\0" not in base
     )
-
-
-def _checked_string(data: bytes, length: int) -> str:
-    """An IDL string: ``length`` counts the NUL, which must end it."""
-    if length == 0 or len(data) < length or data[length - 1] != 0:
-        raise ValueError("a string argument does not match its announced length")
-    return from_c_string(data[:length])

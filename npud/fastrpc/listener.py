@@ -32,19 +32,24 @@ The thread is owned by the FastRpcSession that started it. It ends when the
 DSP process exits (``next2`` answers AEE_EBADSTATE), when the DSP restarts
 (EPIPE), or on any unexpected failure, which it logs; it never hangs waiting
 on anything but the DSP.
+
+The methods and their layouts come from ``idl/adsp_listener.idl`` and
+``idl/adsp_listener1.idl`` through :mod:`npud.idl`, the description the
+emulator's DSP side serves; only the packed request and reply blobs inside
+the buffers (:mod:`npud.fastrpc.marshal`) are listener-specific.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from npu_protocol import AEE, ErrorCode, describe_result
+from npud import idl
 from npud.fastrpc import abi
 from npud.fastrpc.errors import InterruptedCallError, RpcError
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg
@@ -67,29 +72,43 @@ RawInvoke = Callable[[int, int, Sequence[InArg], Sequence[OutArg]], InvokeResult
 
 @dataclass(frozen=True)
 class ListenerGeneration:
-    """A listener interface: its static handle and its three methods."""
+    """A listener interface: its static handle and its three methods (from its IDL)."""
 
     name: str
     handle: int
-    init2: int
-    next2: int
-    get_in_bufs2: int
+    interface: idl.Interface
+
+    @property
+    def init2(self) -> idl.Method:
+        return self.interface.method("init2")
+
+    @property
+    def next2(self) -> idl.Method:
+        return self.interface.method("next2")
+
+    @property
+    def get_in_bufs2(self) -> idl.Method:
+        return self.interface.method("get_in_bufs2")
 
     @property
     def init2_sc(self) -> int:
-        return abi.remote_scalars_make(self.init2, 0, 0)
+        return self.init2.sc
 
     @property
     def next2_sc(self) -> int:
-        return abi.remote_scalars_make(self.next2, 2, 2)
+        return self.next2.sc
 
     @property
     def get_in_bufs2_sc(self) -> int:
-        return abi.remote_scalars_make(self.get_in_bufs2, 1, 2)
+        return self.get_in_bufs2.sc
 
 
-LISTENER1: Final = ListenerGeneration("adsp_listener1", abi.ADSP_LISTENER1_HANDLE, 5, 6, 7)
-LISTENER: Final = ListenerGeneration("adsp_listener", abi.ADSP_LISTENER_HANDLE, 3, 4, 5)
+LISTENER1: Final = ListenerGeneration(
+    "adsp_listener1", abi.ADSP_LISTENER1_HANDLE, idl.load("adsp_listener1")
+)
+LISTENER: Final = ListenerGeneration(
+    "adsp_listener", abi.ADSP_LISTENER_HANDLE, idl.load("adsp_listener")
+)
 GENERATIONS: Final = (LISTENER1, LISTENER)
 """Tried in this order, as libcdsprpc does."""
 
@@ -229,14 +248,8 @@ class ReverseRpcListener:
         generation = self._generation
         ctx, result, reply = 0, -1, b""
         while True:
-            prim = struct.pack("<IiII", ctx, _signed(result), len(reply), REQUEST_CAPACITY)
             try:
-                res = self._invoke(
-                    generation.handle,
-                    generation.next2_sc,
-                    (Inline(prim), Inline(reply)),
-                    (Capacity(16), Capacity(REQUEST_CAPACITY)),
-                )
+                res = self._next2(generation, ctx, result, reply, retry=False)
             except InterruptedCallError:
                 # The reply went out with the interrupted call; start over without one.
                 self.stats.interrupted += 1
@@ -257,13 +270,7 @@ class ReverseRpcListener:
                     extra={"result": describe_result(res.rc)},
                 )
                 first = res.rc
-                prim = struct.pack("<IiII", ctx, _signed(first), 0, REQUEST_CAPACITY)
-                res = self._call(
-                    generation.handle,
-                    generation.next2_sc,
-                    (Inline(prim), Inline(b"")),
-                    (Capacity(16), Capacity(REQUEST_CAPACITY)),
-                )
+                res = self._next2(generation, ctx, first, b"", retry=True)
                 if res.rc == AEE.EBADSTATE.dsp:
                     return PROCESS_EXITED
                 if res.rc != 0:
@@ -271,13 +278,31 @@ class ReverseRpcListener:
                         f"next2 answered {describe_result(first)}, then "
                         f"{describe_result(res.rc)} on the retry"
                     )
-            ctx, handle, sc, needed = struct.unpack("<IIII", res.output(0))
-            answer = self._handle(ctx, handle, sc, needed, res.output(1))
+            request = generation.next2.decode(res.outputs)
+            ctx = request.integer("ctx")
+            answer = self._handle(
+                ctx,
+                request.integer("handle"),
+                request.integer("sc"),
+                request.integer("bufsLenReq"),
+                res.output(1),
+            )
             self.stats.requests += 1
             if answer.result != 0:
                 self.stats.failures += 1
             result = answer.result
             reply = pack_buffers(answer.outputs) if answer.result == 0 else b""
+
+    def _next2(
+        self, generation: ListenerGeneration, ctx: int, result: int, reply: bytes, *, retry: bool
+    ) -> InvokeResult:
+        """next2 carrying the previous request's answer; ``retry``: issued again when
+        interrupted (the retry after a failure), else InterruptedCallError goes up."""
+        call = generation.next2.encode(
+            prevCtx=ctx, prevResult=_signed(result), prevbufs=reply, bufs=REQUEST_CAPACITY
+        )
+        invoke = self._call if retry else self._invoke
+        return invoke(generation.handle, call.sc, _in_args(call), _out_args(call))
 
     def _handle(self, ctx: int, handle: int, sc: int, needed: int, first: bytes) -> Reply:
         if needed > MAX_REQUEST_BYTES:
@@ -303,15 +328,12 @@ class ReverseRpcListener:
 
     def _fetch(self, ctx: int, offset: int, remaining: int) -> bytes:
         capacity = min(remaining, REQUEST_CAPACITY)
-        res = self._call(
-            self._generation.handle,
-            self._generation.get_in_bufs2_sc,
-            (Inline(struct.pack("<III", ctx, offset, capacity)),),
-            (Capacity(4), Capacity(capacity)),
-        )
+        method = self._generation.get_in_bufs2
+        call = method.encode(ctx=ctx, offset=offset, bufs=capacity)
+        res = self._call(self._generation.handle, call.sc, _in_args(call), _out_args(call))
         if res.rc != 0:
             return b""
-        (available,) = struct.unpack("<I", res.output(0))
+        available = method.decode(res.outputs).integer("bufsLenReq")
         return res.output(1)[: min(available, capacity)]
 
 
@@ -319,3 +341,18 @@ def _signed(result: int) -> int:
     """A u32 result as the s32 prevResult field carries it."""
     result &= 0xFFFFFFFF
     return result - (1 << 32) if result & 0x80000000 else result
+
+
+def _in_args(call: idl.EncodedCall) -> tuple[InArg, ...]:
+    """A listener call's inputs: all inline (nothing here passes a DMA-BUF)."""
+    inputs = tuple(Inline(item) for item in call.inputs if isinstance(item, bytes))
+    if len(inputs) != len(call.inputs):
+        raise TypeError("a listener call passes only inline inputs")
+    return inputs
+
+
+def _out_args(call: idl.EncodedCall) -> tuple[OutArg, ...]:
+    outputs = tuple(Capacity(item) for item in call.outputs if isinstance(item, int))
+    if len(outputs) != len(call.outputs):
+        raise TypeError("a listener call passes only inline outputs")
+    return outputs

@@ -3,35 +3,51 @@
 Two generations, same argument layouts: the domain-style ``remotectl1`` on
 static handle 8 (open1 = method 2, close1 = method 3), which libcdsprpc tries
 first, and ``remotectl`` on handle 0 (open 0, close 1), which it falls back to
-when the DSP answers anything but success. Pure packing and unpacking;
-the session runs the calls.
+when the DSP answers anything but success. The methods and their layouts come
+from ``idl/remotectl.idl`` and ``idl/remotectl1.idl`` through :mod:`npud.idl`
+(the emulator serves the same description). Pure packing and unpacking; the
+session runs the calls.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from typing import Final
 
+from npud import idl
 from npud.fastrpc import abi
 from npud.fastrpc.marshal import c_string, from_c_string
 
-OPEN_SC: Final = abi.remote_scalars_make(0, 2, 2)  # 0x00020200
-CLOSE_SC: Final = abi.remote_scalars_make(1, 1, 2)  # 0x01010200
-OPEN1_SC: Final = abi.remote_scalars_make(2, 2, 2)  # 0x02020200, remotectl1.open1
-CLOSE1_SC: Final = abi.remote_scalars_make(3, 1, 2)  # 0x03010200, remotectl1.close1
+REMOTECTL_IDL: Final = idl.load("remotectl")
+REMOTECTL1_IDL: Final = idl.load("remotectl1")
+OPEN: Final = REMOTECTL_IDL.method("open")
+CLOSE: Final = REMOTECTL_IDL.method("close")
+OPEN1: Final = REMOTECTL1_IDL.method("open1")
+CLOSE1: Final = REMOTECTL1_IDL.method("close1")
+OPEN_SC: Final = OPEN.sc  # 0x00020200
+CLOSE_SC: Final = CLOSE.sc  # 0x01010200
+OPEN1_SC: Final = OPEN1.sc  # 0x02020200, remotectl1.open1
+CLOSE1_SC: Final = CLOSE1.sc  # 0x03010200, remotectl1.close1
 
 
 @dataclass(frozen=True)
 class RemotectlGeneration:
     name: str
     handle: int
-    open_sc: int
-    close_sc: int
+    open: idl.Method
+    close: idl.Method
+
+    @property
+    def open_sc(self) -> int:
+        return self.open.sc
+
+    @property
+    def close_sc(self) -> int:
+        return self.close.sc
 
 
-REMOTECTL1: Final = RemotectlGeneration("remotectl1", abi.REMOTECTL1_HANDLE, OPEN1_SC, CLOSE1_SC)
-REMOTECTL: Final = RemotectlGeneration("remotectl", abi.REMOTECTL_HANDLE, OPEN_SC, CLOSE_SC)
+REMOTECTL1: Final = RemotectlGeneration("remotectl1", abi.REMOTECTL1_HANDLE, OPEN1, CLOSE1)
+REMOTECTL: Final = RemotectlGeneration("remotectl", abi.REMOTECTL_HANDLE, OPEN, CLOSE)
 DLERROR_CAPACITY: Final = 255  # what libcdsprpc announces
 MAX_URI_BYTES: Final = 1024
 
@@ -43,8 +59,14 @@ class OpenRequest:
 
 
 def pack_open(uri: str) -> OpenRequest:
-    name = c_string(uri, what="remote module URI", max_len=MAX_URI_BYTES)
-    return OpenRequest(struct.pack("<II", len(name), DLERROR_CAPACITY), name)
+    """open's two input buffers; RpcError for a URI that cannot travel (empty, a NUL,
+    longer than MAX_URI_BYTES with its NUL)."""
+    c_string(uri, what="remote module URI", max_len=MAX_URI_BYTES)
+    call = OPEN.encode(name=uri, dlerror=DLERROR_CAPACITY)
+    prim_in, name = call.inputs
+    assert isinstance(prim_in, bytes)
+    assert isinstance(name, bytes)
+    return OpenRequest(prim_in, name)
 
 
 @dataclass(frozen=True)
@@ -55,14 +77,20 @@ class OpenReply:
 
 
 def unpack_open(prim_out: bytes, dlerror: bytes) -> OpenReply:
-    handle, error = struct.unpack("<Ii", prim_out[:8])
-    return OpenReply(handle=handle, error=error & 0xFFFFFFFF, dlerror=from_c_string(dlerror))
+    values = OPEN.decode([prim_out, dlerror])
+    return OpenReply(
+        handle=values.integer("handle"),
+        error=values.integer("nErr") & 0xFFFFFFFF,
+        dlerror=from_c_string(dlerror),
+    )
 
 
 def pack_close(handle: int) -> bytes:
-    return struct.pack("<II", handle, DLERROR_CAPACITY)
+    (prim_in,) = CLOSE.encode(handle=handle, dlerror=DLERROR_CAPACITY).inputs
+    assert isinstance(prim_in, bytes)
+    return prim_in
 
 
 def unpack_close(prim_out: bytes, dlerror: bytes) -> tuple[int, str]:
-    (error,) = struct.unpack("<i", prim_out[:4])
-    return error & 0xFFFFFFFF, from_c_string(dlerror)
+    values = CLOSE.decode([prim_out, dlerror])
+    return values.integer("nErr") & 0xFFFFFFFF, from_c_string(dlerror)

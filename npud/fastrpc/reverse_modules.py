@@ -11,6 +11,10 @@ fails the open with AEE_ENOSUCHMOD and a dlerror text.
 Results are HLOS-side AEE codes (bare ``n``, no DSP offset). A call the
 module does not implement answers AEE_EUNSUPPORTED so the DSP can fall back.
 Every call is reported to an optional observer (the trace recorder).
+
+apps_remotectl's open and close have remotectl's layouts
+(``idl/remotectl.idl``, through :mod:`npud.idl`): the emulator's DSP calls
+them from the same description.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from npu_protocol import AEE
+from npud import idl
 from npud.fastrpc import abi
 from npud.fastrpc.marshal import from_c_string
 
 log = logging.getLogger(__name__)
 
 APPS_REMOTECTL_HANDLE: Final = 0
+APPS_REMOTECTL_IDL: Final = idl.load("remotectl")
+"""apps_remotectl is served with remotectl's methods and layouts."""
 MAX_OUTPUT_CAPACITY: Final = 16 * 1024 * 1024
 FIRST_MODULE_HANDLE: Final = 0x1000
 """Module handles are FIRST_MODULE_HANDLE + 16 * index: non-static, stable per module."""
@@ -155,29 +162,35 @@ class ReverseModules:
 
     # --- apps_remotectl ---------------------------------------------------------
     def _remotectl(self, method: int, inputs: list[bytes], caps: list[int]) -> Reply:
-        if method == 0:  # open(name, rout handle, rout dlerror, rout nErr)
+        """open and close. As libcdsprpc's apps_remotectl, the name is read up to its NUL
+        and the outputs come back at the capacities asked (MarshalError, a ValueError,
+        for a primIn too short)."""
+        declared = APPS_REMOTECTL_IDL.by_index(method)
+        if declared is None or declared.name not in ("open", "close"):
+            return fail(AEE.EUNSUPPORTED)
+        if declared.name == "open":
             name = from_c_string(inputs[1])
             module = self._modules.get(name)
             if module is None:
                 error = f"module {name!r} is not served by npud".encode() + b"\0"
-                prim = struct.pack("<II", 0, int(AEE.ENOSUCHMOD))
+                prim = declared.pack_prim_rout({"handle": 0, "nErr": int(AEE.ENOSUCHMOD)})
                 return Reply(0, (fit(prim, caps[0]), fit(error, caps[1])))
             handle = self._handle_of(module)
             self._opens[handle] = self._opens.get(handle, 0) + 1
-            return Reply(0, (fit(struct.pack("<Ii", handle, 0), caps[0]), fit(b"", caps[1])))
-        if method == 1:  # close(handle, rout nErr, rout dlerror)
-            (handle,) = struct.unpack_from("<I", inputs[0])
-            opens = self._opens.get(handle, 0)
-            if not opens:
-                status = int(AEE.EINVHANDLE)
-            else:
-                status = 0
-                self._opens[handle] = opens - 1
-                if opens == 1:
-                    del self._opens[handle]
-                    self._handles[handle].close()
-            return Reply(0, (fit(struct.pack("<I", status), caps[0]), fit(b"", caps[1])))
-        return fail(AEE.EUNSUPPORTED)
+            prim = declared.pack_prim_rout({"handle": handle, "nErr": 0})
+            return Reply(0, (fit(prim, caps[0]), fit(b"", caps[1])))
+        handle = declared.prim_in_values(inputs[0]).integer("handle")
+        opens = self._opens.get(handle, 0)
+        if not opens:
+            status = int(AEE.EINVHANDLE)
+        else:
+            status = 0
+            self._opens[handle] = opens - 1
+            if opens == 1:
+                del self._opens[handle]
+                self._handles[handle].close()
+        prim = declared.pack_prim_rout({"nErr": status})
+        return Reply(0, (fit(prim, caps[0]), fit(b"", caps[1])))
 
     def _handle_of(self, module: ReverseModule) -> int:
         for handle, known in self._handles.items():

@@ -27,7 +27,14 @@ The subset: ``#include`` and other preprocessor lines (skipped), comments,
 and ``interface X : remote_handle64``, methods returning ``long`` /
 ``AEEResult`` with ``in`` / ``rout`` parameters of the primitive types,
 structs, ``string`` (``in`` only) and ``sequence<T>`` (T a primitive or a
-struct). Anything else is an :class:`IdlError` naming the line.
+struct). ``rout sequence<sequence<T>>`` (one per method, after every other
+sequence and string, as apps_std's search paths) travels as its count in
+primIn, one input buffer with each item's capacity (u32) and one output
+buffer per item after all the others, so its scalars word depends on the
+count (``Method.sc_for``). An ``in sequence<sequence<T>>`` parses, so that the
+methods after it keep their indices, but marshalling a method with one is a
+:class:`MarshalError` (``Method.runtime_counted`` names it).
+Anything else is an :class:`IdlError` naming the line.
 
 Pure Python, standard library only: no I/O besides :func:`load`, no other
 npud module (tests/unit/test_layering.py), because both sides use it: the
@@ -53,6 +60,7 @@ from npud.idl._types import (
     IdlError,
     MarshalError,
     Member,
+    NestedSequenceType,
     Param,
     Primitive,
     SequenceType,
@@ -77,6 +85,7 @@ __all__ = [
     "MarshalError",
     "Member",
     "Method",
+    "NestedSequenceType",
     "Param",
     "PrimLayout",
     "Primitive",

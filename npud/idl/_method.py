@@ -14,6 +14,7 @@ from npud.idl._types import (
     HandleType,
     IdlError,
     MarshalError,
+    NestedSequenceType,
     Param,
     Primitive,
     SequenceType,
@@ -81,9 +82,36 @@ class EncodedCall:
     outputs: tuple[int | BufferRef, ...]
 
 
-def make_scalars(method: int, inbufs: int, outbufs: int, inhandles: int, outhandles: int) -> int:
-    """REMOTE_SCALARS_MAKEX with attr 0 (reference section 4)."""
-    return (method << 24) | (inbufs << 16) | (outbufs << 8) | (inhandles << 4) | outhandles
+SCALARS_FIELDS: Final = (
+    ("attr", 29, 0x7),
+    ("method", 24, 0x1F),
+    ("nin", 16, 0xFF),
+    ("nout", 8, 0xFF),
+    ("hin", 4, 0xF),
+    ("hout", 0, 0xF),
+)
+"""The scalars word's fields: name (as in the kernel's FASTRPC_BUILD_SCALARS), shift, mask."""
+
+
+def make_scalars(
+    method: int,
+    inbufs: int,
+    outbufs: int,
+    inhandles: int = 0,
+    outhandles: int = 0,
+    *,
+    attr: int = 0,
+) -> int:
+    """REMOTE_SCALARS_MAKEX (reference section 4): the one place npud builds the word
+    (npud.fastrpc.abi and npud.sim.layout call it; npu_protocol keeps a checked copy).
+    Every field is range-checked instead of silently masked: ValueError."""
+    sc = 0
+    values = (attr, method, inbufs, outbufs, inhandles, outhandles)
+    for (name, shift, mask), value in zip(SCALARS_FIELDS, values, strict=True):
+        if not 0 <= value <= mask:
+            raise ValueError(f"scalars field {name}={value} is outside 0..{mask}")
+        sc |= value << shift
+    return sc
 
 
 # --------------------------------------------------------------- methods
@@ -98,6 +126,14 @@ class Method:
     params: tuple[Param, ...]
     prim_in: PrimLayout
     prim_rout: PrimLayout
+    runtime_counted: str = ""
+    """An ``in`` sequence of sequences, or "". Such a method is declared for its index
+    only: marshalling it is a MarshalError."""
+    items_param: Param | None = None
+    """A ``rout`` sequence of sequences (at most one, after every other sequence and
+    string): its count in primIn, one extra input buffer with each item's capacity (a
+    u32 each), and one output buffer per item after all the others. The scalars word
+    then depends on the number of items (:meth:`sc_for`)."""
 
     @staticmethod
     def build(name: str, index: int, params: Sequence[Param]) -> Method:
@@ -105,10 +141,20 @@ class Method:
         if index >= ESCAPE_METHOD:
             in_items.append(("", "method", U32))
         rout_items: list[tuple[str, SlotKind, Element]] = []
+        nested = [p for p in params if isinstance(p.type, NestedSequenceType)]
+        if any(p.direction == "in" for p in nested):
+            empty = PrimLayout((), 0)
+            first = next(p.name for p in nested if p.direction == "in")
+            return Method(name, index, tuple(params), empty, empty, first)
+        if len(nested) > 1:
+            raise IdlError(f"{name}: at most one rout sequence of sequences")
+        items = nested[0] if nested else None
+        if items is not None and any(p.is_buffer for p in params[params.index(items) :]):
+            raise IdlError(f"{name}: {items.name} must come after every sequence and string")
         for param in params:
             if isinstance(param.type, HandleType):
                 continue
-            if param.is_buffer:
+            if param.is_buffer or param is items:
                 in_items.append((param.name, "count", U32))
             elif param.direction == "in":
                 assert isinstance(param.type, Primitive | StructType)
@@ -117,7 +163,12 @@ class Method:
                 assert isinstance(param.type, Primitive | StructType)
                 rout_items.append((param.name, "value", param.type))
         method = Method(
-            name, index, tuple(params), PrimLayout.build(in_items), PrimLayout.build(rout_items)
+            name,
+            index,
+            tuple(params),
+            PrimLayout.build(in_items),
+            PrimLayout.build(rout_items),
+            items_param=items,
         )
         if method.inbufs > MAX_INBUFS or method.outbufs > MAX_OUTBUFS:
             raise IdlError(f"{name}: too many buffers for one scalars word")
@@ -134,11 +185,18 @@ class Method:
 
     @functools.cached_property
     def inbufs(self) -> int:
-        return int(bool(self.prim_in)) + len(self.in_buffers)
+        return int(bool(self.prim_in)) + len(self.in_buffers) + int(self.items_param is not None)
 
     @functools.cached_property
     def outbufs(self) -> int:
+        """Output buffers, without the items of a rout sequence of sequences."""
         return int(bool(self.prim_rout)) + len(self.rout_buffers)
+
+    @functools.cached_property
+    def _items_element(self) -> Element:
+        assert self.items_param is not None
+        assert isinstance(self.items_param.type, NestedSequenceType)
+        return self.items_param.type.inner.element
 
     @functools.cached_property
     def inhandles(self) -> int:
@@ -148,11 +206,35 @@ class Method:
     def outhandles(self) -> int:
         return sum(isinstance(p.type, HandleType) and p.direction == "rout" for p in self.params)
 
+    def _require_static(self) -> None:
+        if self.runtime_counted:
+            raise MarshalError(
+                f"{self.name}: {self.runtime_counted} is a sequence of sequences, counted"
+                " at run time; outside this marshalling"
+            )
+
     @functools.cached_property
     def sc(self) -> int:
-        """The scalars word (method 31 carries the real index in primIn)."""
+        """The scalars word (method 31 carries the real index in primIn); MarshalError
+        for a method whose word depends on its items (:meth:`sc_for`)."""
+        if self.items_param is not None:
+            raise MarshalError(
+                f"{self.name}: the scalars word depends on how many {self.items_param.name}"
+                " are asked for"
+            )
+        return self.sc_for(0)
+
+    def sc_for(self, items: int) -> int:
+        """The scalars word of a call with ``items`` items of its rout sequence of sequences
+        (0 for a method without one)."""
+        self._require_static()
+        if items and self.items_param is None:
+            raise MarshalError(f"{self.name} has no rout sequence of sequences")
         number = min(self.index, ESCAPE_METHOD)
-        return make_scalars(number, self.inbufs, self.outbufs, self.inhandles, self.outhandles)
+        outbufs = self.outbufs + items
+        if outbufs > MAX_OUTBUFS:
+            raise MarshalError(f"{self.name}: {items} items do not fit in one scalars word")
+        return make_scalars(number, self.inbufs, outbufs, self.inhandles, self.outhandles)
 
     def param(self, name: str) -> Param:
         for param in self.params:
@@ -163,7 +245,11 @@ class Method:
     # -- the stub side ----------------------------------------------------
     @functools.cached_property
     def _argument_names(self) -> frozenset[str]:
-        return frozenset(p.name for p in self.params if p.direction == "in" or p.is_buffer)
+        return frozenset(
+            p.name
+            for p in self.params
+            if p.direction == "in" or p.is_buffer or p is self.items_param
+        )
 
     def encode(self, **arguments: object) -> EncodedCall:
         """Marshal a call. Give every ``in`` parameter its value and every ``rout``
@@ -172,6 +258,7 @@ class Method:
         ``in`` sequences take bytes-like data (a whole number of elements), a list
         of element values, or a :class:`BufferRef`; strings take ``str``.
         """
+        self._require_static()
         if self.inhandles or self.outhandles:
             raise MarshalError(f"{self.name} passes handles: remotectl runs it, not a stub")
         wanted = self._argument_names
@@ -189,6 +276,15 @@ class Method:
         for param in self.rout_buffers:
             size, counts[param.name] = _encode_rout_buffer(param, arguments[param.name])
             out_buffers.append(size)
+        items: list[int] = []
+        if self.items_param is not None:
+            items = _item_capacities(self.items_param.name, arguments[self.items_param.name])
+            counts[self.items_param.name] = len(items)
+            lengths = bytearray(U32.size * len(items))
+            for position, capacity in enumerate(items):
+                U32.pack_into(lengths, position * U32.size, capacity, self.items_param.name)
+            in_buffers.append(bytes(lengths))
+            out_buffers.extend(capacity * self._items_element.size for capacity in items)
         inputs: list[bytes | BufferRef] = []
         if self.prim_in:
             prim = bytearray(self.prim_in.size)
@@ -202,12 +298,15 @@ class Method:
                 slot.type.pack_into(prim, slot.offset, value, f"{self.name}.{slot.param}")
             inputs.append(bytes(prim))
         outputs: list[int | BufferRef] = [self.prim_rout.size] if self.prim_rout else []
-        return EncodedCall(self.sc, (*inputs, *in_buffers), (*outputs, *out_buffers))
+        sc = self.sc_for(len(items))
+        return EncodedCall(sc, (*inputs, *in_buffers), (*outputs, *out_buffers))
 
     def decode(self, outputs: Sequence[bytes | None]) -> Values:
         """The rout values of a successful call, from the output buffers in order
         (None where the caller passed a :class:`BufferRef`: that parameter is None)."""
-        if len(outputs) != self.outbufs:
+        self._require_static()
+        items = len(outputs) - self.outbufs
+        if items < 0 or (items and self.items_param is None):
             raise MarshalError(f"{self.name} has {self.outbufs} output buffers, got {len(outputs)}")
         values: dict[str, Value] = {}
         rest = list(outputs)
@@ -217,8 +316,17 @@ class Method:
                 raise MarshalError(f"{self.name}: primROut must be {self.prim_rout.size} bytes")
             for slot in self.prim_rout.slots:
                 values[slot.param] = slot.type.unpack_from(prim, slot.offset)
-        for param, data in zip(self.rout_buffers, rest, strict=True):
+        for param, data in zip(self.rout_buffers, rest[: len(self.rout_buffers)], strict=True):
             values[param.name] = None if data is None else _decode_sequence(param, data)
+        if self.items_param is not None:
+            decoded: list[Value] = []
+            for data in rest[len(self.rout_buffers) :]:
+                if data is None:
+                    raise MarshalError(
+                        f"{self.name}: an item of {self.items_param.name} has no data"
+                    )
+                decoded.append(_decode_items(self._items_element, data))
+            values[self.items_param.name] = decoded
         return Values(values)
 
     # -- the skel side ----------------------------------------------------
@@ -229,7 +337,10 @@ class Method:
         sequences and ``rout`` sequences as the memoryviews themselves (their
         lengths checked against the counts in primIn). MarshalError on any mismatch.
         """
-        if (len(inputs), len(outputs)) != (self.inbufs, self.outbufs):
+        self._require_static()
+        if len(inputs) != self.inbufs or (
+            self.items_param is None and len(outputs) != self.outbufs
+        ):
             raise MarshalError(
                 f"{self.name} takes {self.inbufs} in / {self.outbufs} out buffers,"
                 f" got {len(inputs)} / {len(outputs)}"
@@ -237,6 +348,7 @@ class Method:
         values: dict[str, Value] = {}
         counts: dict[str, int] = {}
         ins, outs = list(inputs), list(outputs)
+        capacities = ins.pop() if self.items_param is not None else None
         if self.prim_in:
             prim = ins.pop(0)
             if len(prim) != self.prim_in.size:
@@ -259,6 +371,12 @@ class Method:
                 )
         for param, view in zip(self.in_buffers, ins, strict=True):
             values[param.name] = _unpack_in_buffer(param, view, counts[param.name])
+        if self.items_param is not None:
+            assert capacities is not None
+            name = self.items_param.name
+            item_views = outs[len(self.rout_buffers) :]
+            outs = outs[: len(self.rout_buffers)]
+            values[name] = self._unpack_items(counts[name], capacities, item_views)
         for param, view in zip(self.rout_buffers, outs, strict=True):
             expected = counts[param.name] * param.element_size
             if len(view) != expected:
@@ -269,6 +387,56 @@ class Method:
             values[param.name] = view
         return Values(values)
 
+    def _unpack_items(
+        self, count: int, capacities: memoryview, views: Sequence[memoryview]
+    ) -> list[Value]:
+        """The item buffers of the rout sequence of sequences, checked against the count
+        in primIn and the capacities in their input buffer."""
+        name = f"{self.name}.{self.items_param.name if self.items_param else ''}"
+        if len(capacities) != count * U32.size:
+            raise MarshalError(
+                f"{name}: primIn announces {count} items, their capacities take"
+                f" {len(capacities)} bytes"
+            )
+        if len(views) != count:
+            raise MarshalError(f"{name}: primIn announces {count} items, got {len(views)} buffers")
+        element = self._items_element
+        items: list[Value] = []
+        for index, view in enumerate(views):
+            expected = int(U32.unpack_from(capacities, index * U32.size)) * element.size
+            if len(view) != expected:
+                raise MarshalError(
+                    f"{name}[{index}]: its capacity is {expected} bytes, the buffer has {len(view)}"
+                )
+            items.append(view)
+        return items
+
+    def prim_in_values(self, prim: bytes | memoryview) -> Values:
+        """The ``in`` scalars of a primIn buffer, for a skel that checks the other buffers
+        itself (a sequence's count is not among them). MarshalError when it is too short."""
+        self._require_static()
+        if len(prim) < self.prim_in.size:
+            raise MarshalError(
+                f"{self.name}: primIn has {len(prim)} bytes, expected {self.prim_in.size}"
+            )
+        return Values(
+            {
+                slot.param: slot.type.unpack_from(prim, slot.offset)
+                for slot in self.prim_in.slots
+                if slot.kind == "value"
+            }
+        )
+
+    def pack_prim_rout(self, values: Mapping[str, object]) -> bytes:
+        """primROut with every rout scalar of ``values`` (all must be given)."""
+        self._require_static()
+        prim = bytearray(self.prim_rout.size)
+        for slot in self.prim_rout.slots:
+            if slot.param not in values:
+                raise MarshalError(f"{self.name}: rout {slot.param} has no value")
+            slot.type.pack_into(prim, slot.offset, values[slot.param], slot.param)
+        return bytes(prim)
+
     def pack_routs(self, outputs: Sequence[memoryview], values: Mapping[str, object]) -> None:
         """Write rout values into a skel's output buffers.
 
@@ -277,17 +445,29 @@ class Method:
         buffer from the start and zeroes the rest. Call it only on success:
         rout values reach the caller only when the method returns 0.
         """
+        self._require_static()
         outs = list(outputs)
         if self.prim_rout:
-            prim = bytearray(self.prim_rout.size)
-            for slot in self.prim_rout.slots:
-                if slot.param not in values:
-                    raise MarshalError(f"{self.name}: rout {slot.param} has no value")
-                slot.type.pack_into(prim, slot.offset, values[slot.param], slot.param)
-            outs.pop(0)[:] = prim
-        for param, view in zip(self.rout_buffers, outs, strict=True):
+            prim = outs.pop(0)
+            if len(prim) != self.prim_rout.size:
+                raise MarshalError(f"{self.name}: primROut must be {self.prim_rout.size} bytes")
+            prim[:] = self.pack_prim_rout(values)
+        for param, view in zip(self.rout_buffers, outs[: len(self.rout_buffers)], strict=True):
             if param.name in values:
                 _fill_sequence(param, view, values[param.name])
+        item_views = outs[len(self.rout_buffers) :]
+        if self.items_param is None:
+            if item_views:
+                raise MarshalError(f"{self.name} has {self.outbufs} output buffers")
+            return
+        if self.items_param.name in values:
+            items = as_list(values[self.items_param.name], self.items_param.name)
+            if len(items) > len(item_views):
+                raise MarshalError(
+                    f"{self.items_param.name}: {len(items)} items, {len(item_views)} buffers"
+                )
+            for index, (view, item) in enumerate(zip(item_views, items, strict=False)):
+                _fill_item(self._items_element, view, item, f"{self.items_param.name}[{index}]")
 
 
 def _element(param: Param) -> Element:
@@ -332,13 +512,44 @@ def _encode_rout_buffer(param: Param, value: object) -> tuple[int | BufferRef, i
 
 
 def _decode_sequence(param: Param, data: bytes) -> Value:
-    element = _element(param)
+    return _decode_items(_element(param), data)
+
+
+def _decode_items(element: Element, data: bytes) -> Value:
     if isinstance(element, Primitive) and element.size == 1 and not element.is_text:
         return data
     if isinstance(element, Primitive) and element.is_text:
         return data.split(b"\0", 1)[0].decode("utf-8", errors="replace")
     count = len(data) // element.size
     return [element.unpack_from(data, i * element.size) for i in range(count)]
+
+
+def _item_capacities(name: str, value: object) -> list[int]:
+    """A rout sequence of sequences given as each item's capacity, in elements."""
+    capacities = as_list(value, name)
+    for index, capacity in enumerate(capacities):
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+            raise MarshalError(f"{name}[{index}]: give a capacity (items, >= 0)")
+        U32.check(capacity, f"{name}[{index}]")
+    return [int(c) for c in capacities if isinstance(c, int)]
+
+
+def _fill_item(element: Element, view: memoryview, value: object, what: str) -> None:
+    """One item of a rout sequence of sequences: text (char, with its NUL), bytes, or a
+    list of element values; the rest of the buffer is zeroed."""
+    if isinstance(value, str) and isinstance(element, Primitive) and element.is_text:
+        data = text_bytes(value, what) + b"\0"
+    elif isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+    else:
+        items = as_list(value, what)
+        buffer = bytearray(element.size * len(items))
+        for index, item in enumerate(items):
+            element.pack_into(buffer, index * element.size, item, f"{what}[{index}]")
+        data = bytes(buffer)
+    if len(data) > len(view):
+        raise MarshalError(f"{what}: {len(data)} bytes do not fit in {len(view)}")
+    view[:] = data.ljust(len(view), b"\0")
 
 
 def _unpack_in_buffer(param: Param, view: memoryview, count: int) -> Value:
@@ -388,6 +599,17 @@ class Interface:
             if method.index == index:
                 return method
         return None
+
+    def called(self, number: int, prim_in: bytes | memoryview) -> Method | None:
+        """The method a call names: ``number`` is the scalars word's method, and method 31
+        carries the real index first in primIn. None for an index the interface lacks;
+        MarshalError for a method 31 whose primIn cannot hold the index."""
+        if number == ESCAPE_METHOD:
+            if len(prim_in) < U32.size:
+                raise MarshalError(f"{self.name}: method {number} without its index in primIn")
+            index = U32.unpack_from(prim_in, 0)
+            return self.by_index(int(index)) if int(index) >= ESCAPE_METHOD else None
+        return self.by_index(number)
 
     @property
     def user_methods(self) -> tuple[Method, ...]:

@@ -16,6 +16,7 @@ from npud.idl._types import (
     Element,
     IdlError,
     Member,
+    NestedSequenceType,
     Param,
     ParamType,
     Primitive,
@@ -250,7 +251,12 @@ class _Parser:
         param_type: ParamType
         if self._accept("sequence"):
             self._expect("<")
-            param_type = SequenceType(self._element_type())
+            if self._accept("sequence"):
+                self._expect("<")
+                param_type = NestedSequenceType(SequenceType(self._element_type()))
+                self._expect(">")
+            else:
+                param_type = SequenceType(self._element_type())
             self._expect(">")
         elif self._accept("string"):
             if direction != "in":

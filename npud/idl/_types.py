@@ -190,13 +190,28 @@ class StringType:
 
 
 @dataclasses.dataclass(frozen=True)
+class NestedSequenceType:
+    """``sequence<sequence<T>>``: one buffer per item, so the number of buffers is known
+    only at run time. Declared so that the methods after it keep their indices; a
+    method with one is outside the marshalling here (:class:`MarshalError`)."""
+
+    inner: SequenceType
+
+    @property
+    def name(self) -> str:
+        return f"sequence<{self.inner.name}>"
+
+
+@dataclasses.dataclass(frozen=True)
 class HandleType:
     """``remote_handle64``: travels in a handle slot (the implicit open and close only)."""
 
     name: str = DOMAIN_BASE
 
 
-ParamType: TypeAlias = Primitive | StructType | SequenceType | StringType | HandleType
+ParamType: TypeAlias = (
+    Primitive | StructType | SequenceType | StringType | NestedSequenceType | HandleType
+)
 Direction = Literal["in", "rout"]
 
 
@@ -276,6 +291,13 @@ class Values(Mapping[str, "Value"]):
         if not isinstance(value, str):
             raise TypeError(f"{name} is not text: {value!r}")
         return value
+
+    def texts(self, name: str) -> list[str]:
+        """A rout sequence of char sequences, decoded: one text per item."""
+        value = self._values[name]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise TypeError(f"{name} is not a list of texts")
+        return [v for v in value if isinstance(v, str)]
 
     def data(self, name: str) -> bytes:
         value = self._values[name]

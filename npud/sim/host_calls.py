@@ -2,29 +2,27 @@
 
 The DSP reaches a host module (``apps_std``, ``apps_mem``) the way the real
 one does: it opens the module by name through ``apps_remotectl`` (reverse
-handle 0, method 0, sc 0x00020200, the remotectl open layout) once per
-process, and calls the handle it got back. Every call is one request on the
-process's reverse-RPC queue, served by the session's listener thread
+handle 0, method 0, sc 0x00020200, the remotectl open layout of
+``idl/remotectl.idl``, through :mod:`npud.idl`) once per process, and
+calls the handle it got back. Every call is one request on the process's
+reverse-RPC queue, served by the session's listener thread
 (:mod:`npud.sim.reverse`); it runs on the caller's thread.
 """
 
 from __future__ import annotations
 
-import struct
 import threading
 from collections.abc import Sequence
 from typing import Final
 
 from npu_protocol.aee import describe_result
+from npud import idl
 from npud.sim.errors import ReverseTimeoutError
 from npud.sim.reverse import ReverseReply, ReverseRpc
 
 APPS_REMOTECTL_HANDLE: Final = 0
-SC_REMOTECTL_OPEN: Final = 0x00020200
+REMOTECTL_OPEN: Final = idl.load("remotectl").method("open")
 DLERROR_CAPACITY: Final = 256
-
-_U32_PAIR: Final = struct.Struct("<II")
-_OPEN_RESULT: Final = struct.Struct("<Ii")
 
 
 class HostCallError(Exception):
@@ -72,16 +70,16 @@ class HostChannel:
             return handle
 
     def _open(self, name: str) -> int:
-        encoded = c_string(name)
-        reply = self.call(
-            APPS_REMOTECTL_HANDLE,
-            SC_REMOTECTL_OPEN,
-            [_U32_PAIR.pack(len(encoded), DLERROR_CAPACITY), encoded],
-            [_OPEN_RESULT.size, DLERROR_CAPACITY],
-        )
+        call = REMOTECTL_OPEN.encode(name=name, dlerror=DLERROR_CAPACITY)
+        inputs = [item for item in call.inputs if isinstance(item, bytes)]
+        capacities = [item for item in call.outputs if isinstance(item, int)]
+        reply = self.call(APPS_REMOTECTL_HANDLE, call.sc, inputs, capacities)
         if reply.result:
             raise HostCallError(f"host {name} open failed with {describe_result(reply.result)}")
-        handle, dl_error = _OPEN_RESULT.unpack(reply.outputs[0])
-        if dl_error:
+        try:
+            values = REMOTECTL_OPEN.decode(reply.outputs)
+        except idl.MarshalError as exc:
+            raise HostCallError(f"host {name} open: the reply does not fit: {exc}") from None
+        if values.integer("nErr"):
             raise HostCallError(f"host {name} open failed: {text_of(reply.outputs[1])}")
-        return int(handle)
+        return values.integer("handle")

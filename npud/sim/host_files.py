@@ -32,39 +32,29 @@ from __future__ import annotations
 import contextlib
 import errno
 import stat
-import struct
 from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 
 from npu_protocol.aee import AEE, DSP_AEE_EOFFSET, aee_name, describe_result
+from npud import idl
 from npud.sim.config import LoaderPath
-from npud.sim.host_calls import HostCallError, HostChannel, c_string, text_of
-from npud.sim.layout import make_scalars
+from npud.sim.host_calls import HostCallError, HostChannel
 from npud.sim.memory import ProcessMemory
 
 APPS_STD_MODULE: Final = "apps_std"
 LIBRARY_PATH_VARIABLE: Final = "ADSP_LIBRARY_PATH"
 LIBRARY_PATH_DELIMITER: Final = ";"
-ESCAPE_METHOD: Final = 31
-
-FCLOSE: Final = 3
-FREAD: Final = 4
-FLEN: Final = 10
-FOPEN_WITH_ENV: Final = 19
-GET_SEARCH_PATHS_WITH_ENV: Final = 21
-STAT: Final = 31
-FOPEN_FD: Final = 34
-FCLOSE_FD: Final = 35
-FOPEN_WITH_ENV_FD: Final = 36
-
-SC_FOPEN_WITH_ENV: Final = make_scalars(FOPEN_WITH_ENV, 5, 1)
-SC_FLEN: Final = make_scalars(FLEN, 1, 1)
-SC_FREAD: Final = make_scalars(FREAD, 1, 2)
-SC_FCLOSE: Final = make_scalars(FCLOSE, 1, 0)
-SC_STAT: Final = make_scalars(ESCAPE_METHOD, 2, 1)
-SC_FOPEN_FD: Final = make_scalars(ESCAPE_METHOD, 3, 1)
-SC_FCLOSE_FD: Final = make_scalars(ESCAPE_METHOD, 1, 0)
-SC_FOPEN_WITH_ENV_FD: Final = make_scalars(ESCAPE_METHOD, 5, 1)
+_APPS_STD: Final = idl.load("apps_std")
+"""apps_std's methods and layouts (``idl/apps_std.idl``), as npud serves them."""
+FOPEN_WITH_ENV: Final = _APPS_STD.method("fopen_with_env")
+FLEN: Final = _APPS_STD.method("flen")
+FREAD: Final = _APPS_STD.method("fread")
+FCLOSE: Final = _APPS_STD.method("fclose")
+GET_SEARCH_PATHS_WITH_ENV: Final = _APPS_STD.method("get_search_paths_with_env")
+STAT: Final = _APPS_STD.method("stat")
+FOPEN_FD: Final = _APPS_STD.method("fopen_fd")
+FCLOSE_FD: Final = _APPS_STD.method("fclose_fd")
+FOPEN_WITH_ENV_FD: Final = _APPS_STD.method("fopen_with_env_fd")
 
 PROBE_LIMIT: Final = 64 * 1024
 """A probed file is read whole (and dropped); larger ones fail the probe."""
@@ -72,15 +62,6 @@ SEARCH_PATH_SLOTS: Final = 8
 """Paths asked for at first; more are asked for when the host has more."""
 PATH_CAPACITY: Final = 256
 MAX_SEARCH_PATHS: Final = 64
-
-_U32: Final = struct.Struct("<I")
-_U32_PAIR: Final = struct.Struct("<II")
-_S32_PAIR: Final = struct.Struct("<ii")
-_U64: Final = struct.Struct("<Q")
-_FOUR_LENGTHS: Final = struct.Struct("<IIII")
-_SEARCH_PATHS_OUT: Final = struct.Struct("<IH2x")  # numPaths, maxPathLen
-STAT_STRUCT: Final = struct.Struct("<QQQIIQQqqqqqq")  # apps_std_STAT, 96 bytes
-_STAT_MODE: Final = 3
 
 
 class HostReadError(Exception):
@@ -185,47 +166,63 @@ class HostFileReader:
             raise
         return True
 
+    def _call(
+        self, apps_std: int, method: idl.Method, **arguments: object
+    ) -> tuple[int, idl.Values]:
+        """Call ``method`` of the host's apps_std: (its result, its rout values, which are
+        empty unless the result is 0). HostReadError when an argument cannot travel or
+        the host's reply does not fit the method."""
+        try:
+            call = method.encode(**arguments)
+        except idl.MarshalError as exc:
+            raise HostReadError(f"apps_std {method.name}: {exc}") from None
+        inputs = [item for item in call.inputs if isinstance(item, bytes)]
+        capacities = [item for item in call.outputs if isinstance(item, int)]
+        reply = self._host.call(apps_std, call.sc, inputs, capacities)
+        if reply.result:
+            return reply.result, idl.Values({})
+        try:
+            return 0, method.decode(reply.outputs)
+        except idl.MarshalError as exc:
+            raise HostReadError(f"apps_std {method.name}: the host's reply: {exc}") from None
+
     # -- fopen_with_env / flen / fread / fclose -------------------------------
 
     def _streamed(self, apps_std: int, name: str, limit: int, chunk: int) -> bytes:
-        strings = _strings_for_env(name)
-        lengths = _FOUR_LENGTHS.pack(*(len(s) for s in strings))
-        reply = self._host.call(apps_std, SC_FOPEN_WITH_ENV, [lengths, *strings], [_U32.size])
-        if _unsupported(reply.result):
+        result, values = self._call(apps_std, FOPEN_WITH_ENV, **_env_arguments(name))
+        if _unsupported(result):
             raise _UnsupportedPathError
-        if reply.result:
-            raise _open_failed(name, "fopen_with_env", reply.result)
-        (file,) = _U32.unpack(reply.outputs[0])
+        if result:
+            raise _open_failed(name, "fopen_with_env", result)
+        file = values.integer("psout")
         try:
             return self._read_stream(apps_std, file, name, limit, chunk)
         finally:
             # A failing fclose does not change the outcome.
             with contextlib.suppress(HostCallError):
-                self._host.call(apps_std, SC_FCLOSE, [_U32.pack(file)], [])
+                self._call(apps_std, FCLOSE, sin=file)
 
     def _read_stream(self, apps_std: int, file: int, name: str, limit: int, chunk: int) -> bytes:
-        reply = self._host.call(apps_std, SC_FLEN, [_U32.pack(file)], [_U64.size])
-        if reply.result:
+        result, values = self._call(apps_std, FLEN, sin=file)
+        if result:
             raise HostReadError(
-                f"{name}: cannot read file: apps_std flen: {describe_result(reply.result)}"
+                f"{name}: cannot read file: apps_std flen: {describe_result(result)}"
             )
-        (length,) = _U64.unpack(reply.outputs[0])
+        length = values.integer("len")
         if length > limit:
             raise HostReadError(f"{name}: {length} bytes is too large (at most {limit})")
         data = bytearray()
         while len(data) < length:
             size = min(chunk, length - len(data))
-            reply = self._host.call(
-                apps_std, SC_FREAD, [_U32_PAIR.pack(file, size)], [_S32_PAIR.size, size]
-            )
-            if reply.result:
+            result, values = self._call(apps_std, FREAD, sin=file, buf=size)
+            if result:
                 raise HostReadError(
-                    f"{name}: cannot read file: apps_std fread: {describe_result(reply.result)}"
+                    f"{name}: cannot read file: apps_std fread: {describe_result(result)}"
                 )
-            count, eof = _S32_PAIR.unpack(reply.outputs[0])
+            count, eof = values.integer("bytesRead"), values.integer("bEOF")
             if not 0 <= count <= size:
                 raise HostReadError(f"{name}: cannot read file: fread returned {count} of {size}")
-            data += reply.outputs[1][:count]
+            data += values.data("buf")[:count]
             if eof or count == 0:
                 break
         return bytes(data)
@@ -233,14 +230,12 @@ class HostFileReader:
     # -- fopen_with_env_fd ----------------------------------------------------
 
     def _with_env_fd(self, apps_std: int, name: str, limit: int, chunk: int) -> bytes:
-        strings = _strings_for_env(name)
-        prim = struct.pack("<IIIII", FOPEN_WITH_ENV_FD, *(len(s) for s in strings))
-        reply = self._host.call(apps_std, SC_FOPEN_WITH_ENV_FD, [prim, *strings], [8])
-        if _unsupported(reply.result):
+        result, values = self._call(apps_std, FOPEN_WITH_ENV_FD, **_env_arguments(name))
+        if _unsupported(result):
             raise _UnsupportedPathError
-        if reply.result:
-            raise _open_failed(name, "fopen_with_env_fd", reply.result)
-        return self._read_shared(apps_std, reply.outputs[0], name, limit)
+        if result:
+            raise _open_failed(name, "fopen_with_env_fd", result)
+        return self._read_shared(apps_std, values, name, limit)
 
     # -- get_search_paths_with_env / stat / fopen_fd ----------------------------
 
@@ -250,12 +245,10 @@ class HostFileReader:
             path = f"{directory.rstrip('/')}/{name}"
             if not self._is_file(apps_std, path):
                 continue
-            encoded = [c_string(path), c_string("r")]
-            prim = struct.pack("<III", FOPEN_FD, *(len(s) for s in encoded))
-            reply = self._host.call(apps_std, SC_FOPEN_FD, [prim, *encoded], [8])
-            if reply.result:
-                raise _open_failed(name, f"fopen_fd of {path}", reply.result)
-            return self._read_shared(apps_std, reply.outputs[0], name, limit)
+            result, values = self._call(apps_std, FOPEN_FD, name=path, mode="r")
+            if result:
+                raise _open_failed(name, f"fopen_fd of {path}", result)
+            return self._read_shared(apps_std, values, name, limit)
         raise HostReadError(
             f"{name}: cannot open shared object file: No such file or directory"
             f" (not in any of {len(directories)} search paths)",
@@ -264,26 +257,24 @@ class HostFileReader:
 
     def _directories(self, apps_std: int, name: str) -> list[str]:
         slots, capacity = SEARCH_PATH_SLOTS, PATH_CAPACITY
-        env, delim = c_string(LIBRARY_PATH_VARIABLE), c_string(LIBRARY_PATH_DELIMITER)
         while True:
-            prim = struct.pack("<III", len(env), len(delim), slots)
-            sizes = struct.pack(f"<{slots}I", *([capacity] * slots))
-            reply = self._host.call(
+            result, values = self._call(
                 apps_std,
-                make_scalars(GET_SEARCH_PATHS_WITH_ENV, 4, 1 + slots),
-                [prim, env, delim, sizes],
-                [_SEARCH_PATHS_OUT.size, *([capacity] * slots)],
+                GET_SEARCH_PATHS_WITH_ENV,
+                envvarname=LIBRARY_PATH_VARIABLE,
+                delim=LIBRARY_PATH_DELIMITER,
+                paths=[capacity] * slots,
             )
-            if _unsupported(reply.result):
+            if _unsupported(result):
                 raise _UnsupportedPathError
-            if reply.result:
+            if result:
                 raise HostReadError(
                     f"{name}: cannot open shared object file: apps_std"
-                    f" get_search_paths_with_env: {describe_result(reply.result)}"
+                    f" get_search_paths_with_env: {describe_result(result)}"
                 )
-            count, longest = _SEARCH_PATHS_OUT.unpack(reply.outputs[0])
+            count, longest = values.integer("numPaths"), values.integer("maxPathLen")
             if count <= slots and longest <= capacity:
-                return [text_of(path) for path in reply.outputs[1 : 1 + count]]
+                return values.texts("paths")[:count]
             if count > MAX_SEARCH_PATHS:
                 raise HostReadError(f"{name}: the host lists {count} search paths")
             slots, capacity = max(slots, count), max(capacity, longest)
@@ -291,25 +282,23 @@ class HostFileReader:
     def _is_file(self, apps_std: int, path: str) -> bool:
         """stat of ``path``: False when the host says ENOENT (try the next directory);
         HostReadError for any other failure (the loader stops there)."""
-        encoded = c_string(path)
-        prim = _U32_PAIR.pack(STAT, len(encoded))
-        reply = self._host.call(apps_std, SC_STAT, [prim, encoded], [STAT_STRUCT.size])
-        if _unsupported(reply.result):
+        result, values = self._call(apps_std, STAT, name=path)
+        if _unsupported(result):
             raise _UnsupportedPathError
-        if reply.result == errno.ENOENT:
+        if result == errno.ENOENT:
             return False
-        if reply.result:
+        if result:
             raise HostReadError(
-                f"{path}: cannot open shared object file: apps_std stat answered"
-                f" {_answer(reply.result)}"
+                f"{path}: cannot open shared object file: apps_std stat answered {_answer(result)}"
             )
-        mode = STAT_STRUCT.unpack(reply.outputs[0])[_STAT_MODE]
-        return stat.S_ISREG(mode)
+        info = values["stat"]
+        assert isinstance(info, idl.Values)  # a struct unpacks to Values
+        return stat.S_ISREG(info.integer("mode"))
 
     # -- the shared-file mapping ------------------------------------------------
 
-    def _read_shared(self, apps_std: int, prim: bytes, name: str, limit: int) -> bytes:
-        fd, length = _S32_PAIR.unpack(prim)
+    def _read_shared(self, apps_std: int, opened: idl.Values, name: str, limit: int) -> bytes:
+        fd, length = opened.integer("fd"), opened.integer("len")
         try:
             if not 0 <= length <= limit:
                 raise HostReadError(f"{name}: {length} bytes is too large (at most {limit})")
@@ -325,14 +314,14 @@ class HostFileReader:
             return bytes(entry.mapping[entry.offset : entry.offset + length])
         finally:
             with contextlib.suppress(HostCallError):
-                close = _U32_PAIR.pack(FCLOSE_FD, fd & 0xFFFFFFFF)
-                self._host.call(apps_std, SC_FCLOSE_FD, [close], [])
+                self._call(apps_std, FCLOSE_FD, fd=fd)
 
 
-def _strings_for_env(name: str) -> list[bytes]:
-    return [
-        c_string(LIBRARY_PATH_VARIABLE),
-        c_string(LIBRARY_PATH_DELIMITER),
-        c_string(name),
-        c_string("r"),
-    ]
+def _env_arguments(name: str) -> dict[str, object]:
+    """fopen_with_env(_fd)'s arguments: libcdsprpc's variable and delimiter, read-only."""
+    return {
+        "envvarname": LIBRARY_PATH_VARIABLE,
+        "delim": LIBRARY_PATH_DELIMITER,
+        "name": name,
+        "mode": "r",
+    }

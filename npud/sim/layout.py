@@ -12,6 +12,8 @@ from __future__ import annotations
 import struct
 from typing import Final, NamedTuple
 
+from npud import idl
+
 # --------------------------------------------------------------------------
 # Command words. The kernel switches on the full 32-bit value: the right nr
 # with another direction or size is ENOTTY like any unknown word.
@@ -195,5 +197,6 @@ def decode_scalars(sc: int) -> Scalars:
 
 
 def make_scalars(method: int, inbufs: int, outbufs: int) -> int:
-    """The word for a method with buffers only (no handles, attr 0)."""
-    return ((method & 0x1F) << 24) | ((inbufs & 0xFF) << 16) | ((outbufs & 0xFF) << 8)
+    """The word for a method with buffers only (no handles, attr 0), from npud.idl,
+    which builds it for both sides; ValueError for a field out of range."""
+    return idl.make_scalars(method, inbufs, outbufs)

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from npu_protocol.aee import AEE
+from npud import idl
 from npud.sim.apps_mem import DspHeap
 from npud.sim.compute import Cancellation
 from npud.sim.config import SimConfig
@@ -63,21 +64,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REMOTECTL_METHODS: Final = {0: (0, 1), 8: (2, 3)}  # handle -> (open, close)
-LISTENER_METHODS: Final = {3: (3, 4, 5), 7: (5, 6, 7)}  # handle -> (init2, next2, get_in_bufs2)
+_REMOTECTL: Final = idl.load("remotectl")
+_REMOTECTL1: Final = idl.load("remotectl1")
+_LISTENER: Final = idl.load("adsp_listener")
+_LISTENER1: Final = idl.load("adsp_listener1")
+REMOTECTL_METHODS: Final = {  # handle -> (open, close), from idl/remotectl*.idl
+    0: (_REMOTECTL.method("open"), _REMOTECTL.method("close")),
+    8: (_REMOTECTL1.method("open1"), _REMOTECTL1.method("close1")),
+}
+LISTENER_METHODS: Final = {  # handle -> (init2, next2, get_in_bufs2), from idl/adsp_listener*.idl
+    handle: (interface.method("init2"), interface.method("next2"), interface.method("get_in_bufs2"))
+    for handle, interface in ((3, _LISTENER), (7, _LISTENER1))
+}
 DOMAIN_HANDLES: Final = frozenset({7, 8})  # adsp_listener1, remotectl1: newer firmware
 CURRENT_PROCESS_HANDLE: Final = 4
-EXIT_METHOD: Final = 2
+EXIT: Final = idl.load("adsp_current_process1").method("exit")
 LAST_STATIC_HANDLE: Final = 10
 MAX_HANDLES_PER_PROCESS: Final = 0xFFFFF
-
-_U32: Final = struct.Struct("<I")
-_S32: Final = struct.Struct("<i")
-_U32_PAIR: Final = struct.Struct("<II")
-_OPEN_RESULT: Final = struct.Struct("<II")  # handle, dlopen error (an s32 on the wire)
-_NEXT2_IN: Final = struct.Struct("<IiII")  # prevCtx, prevResult, prevbufs len, bufs capacity
-_NEXT2_OUT: Final = struct.Struct("<IIII")  # ctx, handle, sc, bytes needed
-_GET_IN_BUFS2_IN: Final = struct.Struct("<III")  # ctx, offset, capacity
 
 ELF_MAGIC: Final = b"\x7fELF"
 ELFCLASS32: Final = 1
@@ -133,10 +136,24 @@ def _expect_counts(call: DspCall, inbufs: int, outbufs: int) -> None:
         raise _BadCallError
 
 
-def _unpack(view: memoryview, layout: struct.Struct) -> tuple[int, ...]:
-    if len(view) != layout.size:
-        raise _BadCallError
-    return layout.unpack(view)
+def _unpack(call: DspCall, method: idl.Method) -> idl.Values:
+    """The call's arguments, checked against ``method`` (from its IDL)."""
+    _expect_counts(call, method.inbufs, method.outbufs)
+    try:
+        return method.unpack(call.inputs, call.outputs)
+    except idl.MarshalError:
+        raise _BadCallError from None
+
+
+def _reply(call: DspCall, method: idl.Method, values: dict[str, object]) -> None:
+    """Write ``method``'s rout scalars (primROut) into the call's outputs."""
+    method.pack_routs(call.outputs, values)
+
+
+def _s32(result: int) -> int:
+    """A u32 AEE result as the int32 nErr carries it."""
+    result &= 0xFFFFFFFF
+    return result - (1 << 32) if result & 0x80000000 else result
 
 
 def _write_text(target: memoryview, text: str) -> None:
@@ -333,31 +350,24 @@ class DspProcess:
 
     # -- remotectl -----------------------------------------------------------
 
-    def _remotectl(self, call: DspCall, open_method: int, close_method: int) -> int:
+    def _remotectl(self, call: DspCall, open_method: idl.Method, close: idl.Method) -> int:
         method = decode_scalars(call.sc).method
-        if method == open_method:
-            return self._remotectl_open(call)
-        if method == close_method:
-            return self._remotectl_close(call)
+        if method == open_method.index:
+            return self._remotectl_open(call, open_method)
+        if method == close.index:
+            return self._remotectl_close(call, close)
         return AEE.EUNSUPPORTED.dsp
 
-    def _remotectl_open(self, call: DspCall) -> int:
-        _expect_counts(call, 2, 2)
-        name_length, error_capacity = _unpack(call.inputs[0], _U32_PAIR)
-        name = call.inputs[1]
-        result, error_text = call.outputs
-        if len(name) != name_length or name_length == 0 or name[name_length - 1] != 0:
-            raise _BadCallError
-        if len(result) != _OPEN_RESULT.size or len(error_text) != error_capacity:
-            raise _BadCallError
-        uri = bytes(name[: name_length - 1]).split(b"\0", 1)[0].decode("utf-8", errors="replace")
+    def _remotectl_open(self, call: DspCall, method: idl.Method) -> int:
+        values = _unpack(call, method)
+        uri = values.text("name")
         try:
             loaded = self._loader.load(uri)
         except PdGoneError:
             raise self._child_gone() from None
         except LoadError as exc:
-            result[:] = _OPEN_RESULT.pack(0, exc.code)
-            _write_text(error_text, exc.message)
+            _reply(call, method, {"handle": 0, "nErr": _s32(exc.code)})
+            _write_text(values.view("dlerror"), exc.message)
             return 0
         refusal = 0
         with self._lock:
@@ -372,78 +382,73 @@ class DspProcess:
         if refusal:
             loaded.unload()  # outside the lock: it may call the host (heap shrink)
             return refusal
-        result[:] = _OPEN_RESULT.pack(handle, 0)
+        _reply(call, method, {"handle": handle, "nErr": 0})
         return 0
 
-    def _remotectl_close(self, call: DspCall) -> int:
-        _expect_counts(call, 1, 2)
-        handle, error_capacity = _unpack(call.inputs[0], _U32_PAIR)
-        status, error_text = call.outputs
-        if len(status) != _S32.size or len(error_text) != error_capacity:
-            raise _BadCallError
+    def _remotectl_close(self, call: DspCall, method: idl.Method) -> int:
+        handle = _unpack(call, method).integer("handle")
         with self._lock:
             loaded = self._handles.pop(handle, None)
         if loaded is None:
             return AEE.EINVHANDLE.dsp
         loaded.unload()
-        status[:] = _S32.pack(0)
+        _reply(call, method, {"nErr": 0})
         return 0
 
     # -- the listener (reverse RPC) -----------------------------------------
 
-    def _listener(self, call: DspCall, init2: int, next2: int, get_in_bufs2: int) -> int:
+    def _listener(
+        self, call: DspCall, init2: idl.Method, next2: idl.Method, get_in_bufs2: idl.Method
+    ) -> int:
         method = decode_scalars(call.sc).method
-        if method == init2:
-            _expect_counts(call, 0, 0)
+        if method == init2.index:
+            _unpack(call, init2)
             self.reverse.init_listener()
             return 0
-        if method == next2:
-            return self._next2(call)
-        if method == get_in_bufs2:
-            return self._get_in_bufs2(call)
+        if method == next2.index:
+            return self._next2(call, next2)
+        if method == get_in_bufs2.index:
+            return self._get_in_bufs2(call, get_in_bufs2)
         return AEE.EUNSUPPORTED.dsp
 
-    def _next2(self, call: DspCall) -> int:
-        _expect_counts(call, 2, 2)
-        prev_ctx, prev_result, prev_length, capacity = _unpack(call.inputs[0], _NEXT2_IN)
-        prev_bufs = call.inputs[1]
-        header, bufs = call.outputs
-        if len(prev_bufs) != prev_length or len(bufs) != capacity:
-            raise _BadCallError
-        if len(header) != _NEXT2_OUT.size:
-            raise _BadCallError
+    def _next2(self, call: DspCall, method: idl.Method) -> int:
+        values = _unpack(call, method)
+        bufs = values.view("bufs")
         try:
             request = self.reverse.next(
-                prev_ctx, prev_result & 0xFFFFFFFF, bytes(prev_bufs), capacity
+                values.integer("prevCtx"),
+                values.integer("prevResult") & 0xFFFFFFFF,
+                bytes(values.view("prevbufs")),
+                len(bufs),
             )
         except ListenerInterruptedError:
             return int(AEE.EINTERRUPTED)
         except ListenerNotReadyError:
             return AEE.ENOTINITIALIZED.dsp
-        header[:] = _NEXT2_OUT.pack(request.ctx, request.handle, request.sc, request.needed)
+        reply = {"ctx": request.ctx, "handle": request.handle, "sc": request.sc}
+        _reply(call, method, {**reply, "bufsLenReq": request.needed})
         bufs[: len(request.data)] = request.data
         return 0
 
-    def _get_in_bufs2(self, call: DspCall) -> int:
-        _expect_counts(call, 1, 2)
-        ctx, offset, capacity = _unpack(call.inputs[0], _GET_IN_BUFS2_IN)
-        header, bufs = call.outputs
-        if len(header) != _U32.size or len(bufs) != capacity:
-            raise _BadCallError
+    def _get_in_bufs2(self, call: DspCall, method: idl.Method) -> int:
+        values = _unpack(call, method)
+        bufs = values.view("bufs")
         try:
-            data, needed = self.reverse.get_in_bufs(ctx, offset, capacity)
+            data, needed = self.reverse.get_in_bufs(
+                values.integer("ctx"), values.integer("offset"), len(bufs)
+            )
         except BadReverseMessageError:
             return AEE.EBADPARM.dsp
-        header[:] = _U32.pack(needed)
+        _reply(call, method, {"bufsLenReq": needed})
         bufs[: len(data)] = data
         return 0
 
     # -- adsp_current_process1 -------------------------------------------------
 
     def _current_process(self, call: DspCall) -> int:
-        if decode_scalars(call.sc).method != EXIT_METHOD:
+        if decode_scalars(call.sc).method != EXIT.index:
             return AEE.EUNSUPPORTED.dsp
-        _expect_counts(call, 0, 0)
+        _unpack(call, EXIT)
         self._end(ProcessExitedError)
         return 0
 

@@ -61,12 +61,14 @@ RULES = {
 }
 
 
-def _modules(package: str) -> list[str]:
+def _sources(package: str) -> list[pathlib.Path]:
+    """Every source file of ``package``, its subpackages' included."""
     folder = NPUD.joinpath(*package.split(".")[1:])
-    return sorted(
-        f"{package}.{path.stem}" if path.stem != "__init__" else package
-        for path in folder.glob("*.py")
-    )
+    return sorted(path for path in folder.rglob("*.py") if "__pycache__" not in path.parts)
+
+
+def _modules(package: str) -> list[str]:
+    return sorted(_module_name(path) for path in _sources(package))
 
 
 def _imports(path: pathlib.Path) -> set[str]:
@@ -85,10 +87,9 @@ def _forbidden(name: str, prefixes: tuple[str, ...]) -> bool:
 
 @pytest.mark.parametrize("package", sorted(RULES))
 def test_the_source_imports_nothing_forbidden(package: str) -> None:
-    folder = NPUD.joinpath(*package.split(".")[1:])
     offenders = {
         f"{path.name}: {name}"
-        for path in folder.glob("*.py")
+        for path in _sources(package)
         for name in _imports(path)
         if _forbidden(name, RULES[package])
     }
@@ -108,6 +109,11 @@ def test_importing_the_package_loads_nothing_forbidden(package: str) -> None:
     )
     loaded = json.loads(result.stdout)
     assert [name for name in loaded if _forbidden(name, RULES[package])] == []
+
+
+def test_subpackages_are_checked() -> None:
+    assert "npud.fastrpc.session._session" in _modules("npud.fastrpc")
+    assert "npud.fastrpc.session" in _modules("npud.fastrpc")
 
 
 def test_the_rules_can_fail() -> None:

@@ -1,0 +1,99 @@
+"""The reverse host: what the DSP's reverse calls need from the session, heap growth for
+apps_mem and shared files for apps_std's ``_fd`` calls. Runs on the listener thread."""
+
+from __future__ import annotations
+
+import errno
+from typing import Final
+
+from npu_protocol import AEE
+from npud.fastrpc import abi
+from npud.fastrpc.apps_std import SharedSource, SharingError
+from npud.fastrpc.driver import IoctlArg
+from npud.fastrpc.errors import RpcError
+from npud.fastrpc.reverse_modules import aee_for_errno
+from npud.fastrpc.session._buffers import Buffers
+from npud.fastrpc.session._mappings import whole_buffer_map
+from npud.fastrpc.session._state import log
+
+SHARE_CHUNK: Final = 1024 * 1024
+
+
+class ReverseHost:
+    """What the reverse modules need from the session: heap growth (MMAP / MUNMAP on
+    ``rpc_fd``) for apps_mem, and shared files (a DMA-BUF MEM_MAP'd with
+    FASTRPC_MAP_FD) for the apps_std ``_fd`` calls. Runs on the listener thread."""
+
+    def __init__(self, session: Buffers) -> None:
+        self._session = session
+
+    # -- apps_mem ---------------------------------------------------------------
+    def heap_map(self, size: int, flags: int) -> tuple[int, int]:
+        request = abi.fastrpc_req_mmap(fd=-1, flags=flags, vaddrin=0, size=size)
+        rc = self._raw_ioctl(abi.FASTRPC_IOCTL_MMAP, request)
+        return rc, int(request.vaddrout)
+
+    def heap_unmap(self, vaddr: int, size: int) -> int:
+        request = abi.fastrpc_req_munmap(vaddrout=vaddr, size=size)
+        return self._raw_ioctl(abi.FASTRPC_IOCTL_MUNMAP, request)
+
+    def _raw_ioctl(self, request: int, arg: IoctlArg) -> int:
+        """The errno stays an OSError here: apps_mem answers the DSP with an AEE code."""
+        session = self._session
+        try:
+            return session._driver.ioctl(session._rpc_fd.fileno(), request, arg)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                session._mark_dead("the DSP restarted (EPIPE)")
+            raise
+
+    # -- apps_std *_fd ------------------------------------------------------------
+    def share(self, source: SharedSource, size: int) -> int:
+        session = self._session
+        try:
+            buffer = session._allocate(max(size, 1))
+        except RpcError as exc:
+            log.warning("no DMA-BUF for a file the DSP reads", extra={"error": str(exc)})
+            raise SharingError(int(AEE.ENOMEMORY)) from None
+        try:
+            view = buffer.view()
+            done = 0
+            while done < size:
+                data = source.read_at(done, min(SHARE_CHUNK, size - done))
+                if not data:
+                    raise SharingError(int(AEE.EFREAD))
+                view[done : done + len(data)] = data
+                done += len(data)
+            del view
+            # The file's size, not the page-rounded buffer's: what libcdsprpc's fopen_fd maps.
+            request = whole_buffer_map(buffer, length=size)
+            try:
+                rc = self._raw_ioctl(abi.FASTRPC_IOCTL_MEM_MAP, request)
+            except OSError as exc:
+                raise SharingError(aee_for_errno(exc.errno)) from None
+            if rc != 0:
+                raise SharingError(rc)
+            with buffer.lock:
+                buffer.add_mapping()
+                with session._state_lock:
+                    session._mapped[buffer] = int(request.vaddrout)
+        except BaseException:
+            session._discard(buffer)
+            raise
+        with session._state_lock:
+            session._shared_files[buffer.fd] = buffer
+        return buffer.fd
+
+    def unshare(self, fd: int) -> None:
+        session = self._session
+        with session._state_lock:
+            buffer = session._shared_files.pop(fd, None)
+        if buffer is None:
+            raise SharingError(int(AEE.EBADFD))
+        try:
+            session._unmap_for_good(buffer)
+        except RpcError:
+            raise SharingError(int(AEE.EFAILED)) from None
+        finally:
+            if buffer.request_release():
+                session._release_quietly(buffer)
