@@ -501,6 +501,16 @@ def test_tensor_names_up_to_127_bytes(portal: PortalQnn, fake_models: dict[str, 
     assert live_sets(fake_models["long_name"]) == 0  # what compose returned was given back
 
 
+def test_graph_names_up_to_127_bytes(portal: PortalQnn, fake_models: dict[str, Path]) -> None:
+    longest = load(portal, fake_models["longest_graph_name"])
+    assert portal.graph_name(longest, 0) == (0, b"g" * 127)
+    unnamed = load(portal, fake_models["unnamed_graph"])
+    assert portal.graph_name(unnamed, 0) == (0, b"")
+    too_long = portal.model_load(str(fake_models["long_graph_name"]))
+    assert (too_long.rc, too_long.model_index) == (AEE.EINVALIDFORMAT, UNTOUCHED_U32)
+    assert live_sets(fake_models["long_graph_name"]) == 0  # what compose returned was given back
+
+
 BAD_PORTAL_CALLS: list[tuple[str, int, list[Slot]]] = [
     ("load: no primROut", sc(MODEL_LOAD, 2, 0), [u32s(2), b"x\0"]),
     ("load: primROut too small", sc(MODEL_LOAD, 2, 1), [u32s(2), b"x\0", Out(8)]),
