@@ -156,7 +156,8 @@ class ModelInfo(_Record, frozen=True, kw_only=True):
     """What the daemon found the file to be (format, version)."""
     file_bytes: U63 = 0
     arena_bytes: U32
-    """Size of the arena DMA-BUF: every input, then every output, at their offsets."""
+    """Size of the arena DMA-BUF: every input, then every output, at their offsets (of
+    each graph in turn)."""
     inputs: Annotated[tuple[TensorInfo, ...], msgspec.Meta(max_length=MAX_TENSORS)] = ()
     outputs: Annotated[tuple[TensorInfo, ...], msgspec.Meta(max_length=MAX_TENSORS)] = ()
     runs: U63 = 0
