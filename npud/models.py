@@ -3,9 +3,11 @@
 A client's model (:class:`NpuModel`) is a lease on a *model load* of its
 domain (:class:`SharedLoad`: one open handle of the portal_qnn skel with the
 model in its slot) plus one DMA-BUF, the model's **arena**, allocated at load
-and owned by the client's model: every input tensor, then (from a page
-boundary) every output tensor, each at a multiple of 64 bytes
-(:func:`npud.fastrpc.portal_qnn.arena_layout`). The arena's fd goes to the
+and owned by the client's model: for each of the model's graphs in index
+order, from a page boundary, every input tensor of that graph, then (from a
+page boundary) every output tensor, each at a multiple of 64 bytes
+(:func:`npud.fastrpc.portal_qnn.arena_layout`); graph 0's regions are where a
+one-graph model's are. The arena's fd goes to the
 client in the load reply; a run is then one invoke of portal_qnn's ``run`` on
 two slices of the arena, so nothing but the fixed-size request and reply
 crosses the socket (PROTOCOL.md section 7.9).
@@ -49,32 +51,59 @@ from npud.fastrpc.portal_qnn import (
 from npud.fastrpc.session import FastRpcSession
 
 PAGE: Final = 4096
+GRAPHS_VERSION: Final = 5
+"""The protocol version that brought ``ModelInfo.graphs`` and ``model_run.graph``."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ArenaLayout:
-    """Where a graph's tensors live in the model's arena."""
+    """Where a graph's tensors live in the model's arena: its inputs from ``input_base``
+    (offsets relative to it), its outputs from ``output_base`` (likewise)."""
 
     input_offsets: tuple[int, ...]
     input_bytes: int
     output_base: int
     output_offsets: tuple[int, ...]
     output_bytes: int
+    input_base: int = 0
 
     @classmethod
-    def of(cls, graph: GraphSpec) -> ArenaLayout:
+    def of(cls, graph: GraphSpec, base: int = 0) -> ArenaLayout:
+        """``graph``'s regions from ``base`` (a page boundary) on."""
         inputs, input_bytes = arena_layout(graph.inputs)
         outputs, output_bytes = arena_layout(graph.outputs)
-        return cls(inputs, input_bytes, _pages(input_bytes), outputs, output_bytes)
+        return cls(inputs, input_bytes, base + _pages(input_bytes), outputs, output_bytes, base)
+
+    @classmethod
+    def of_model(cls, graphs: tuple[GraphSpec, ...]) -> tuple[ArenaLayout, ...]:
+        """Every graph's regions, one after the other, each from a page boundary."""
+        layouts: list[ArenaLayout] = []
+        for graph in graphs:
+            layouts.append(cls.of(graph, layouts[-1].size if layouts else 0))
+        return tuple(layouts)
 
     @property
     def size(self) -> int:
-        """Bytes of the arena: whole pages."""
+        """Where the graph's regions end: whole pages (the arena's size for the last)."""
         return _pages(self.output_base + self.output_bytes)
 
 
 def _pages(size: int) -> int:
     return -(-size // PAGE) * PAGE
+
+
+def _graph_info(graph: GraphSpec, layout: ArenaLayout) -> p.GraphInfo:
+    return p.GraphInfo(
+        name=graph.name,
+        inputs=tuple(
+            _tensor(s, layout.input_base + o)
+            for s, o in zip(graph.inputs, layout.input_offsets, strict=True)
+        ),
+        outputs=tuple(
+            _tensor(s, layout.output_base + o)
+            for s, o in zip(graph.outputs, layout.output_offsets, strict=True)
+        ),
+    )
 
 
 def _tensor(spec: TensorSpec, offset: int) -> p.TensorInfo:
@@ -130,7 +159,7 @@ class NpuModel:
         shared: Shared[SharedLoad],
         arena: DmaBuffer,
         release_arena: Callable[[DmaBuffer], None],
-        layout: ArenaLayout,
+        layouts: tuple[ArenaLayout, ...],
         name: str,
     ) -> None:
         self.session = session
@@ -141,24 +170,28 @@ class NpuModel:
         self._slot = loaded.slot
         self.arena = arena
         self._release_arena = release_arena
-        graph = loaded.graphs[0]
-        self._inputs = Slice(arena, 0, layout.input_bytes)
-        self._outputs = Slice(arena, layout.output_base, layout.output_bytes)
+        self._slices = tuple(
+            (
+                Slice(arena, layout.input_base, layout.input_bytes),
+                Slice(arena, layout.output_base, layout.output_bytes),
+            )
+            for layout in layouts
+        )
         self.bytes = loaded.file.size + arena.size
         """What the model counts against ``max_model_bytes``."""
         self.name = name
+        self.graph_names = tuple(graph.name for graph in loaded.graphs)
+        graphs = tuple(
+            _graph_info(graph, layout) for graph, layout in zip(loaded.graphs, layouts, strict=True)
+        )
         self._info = p.ModelInfo(
             name=name,
             description=loaded.file.description[:1024],
             file_bytes=loaded.file.size,
             arena_bytes=arena.size,
-            inputs=tuple(
-                _tensor(s, o) for s, o in zip(graph.inputs, layout.input_offsets, strict=True)
-            ),
-            outputs=tuple(
-                _tensor(s, layout.output_base + o)
-                for s, o in zip(graph.outputs, layout.output_offsets, strict=True)
-            ),
+            inputs=graphs[0].inputs,
+            outputs=graphs[0].outputs,
+            graphs=graphs,
         )
         self._lock = threading.Lock()
         self.runs = 0
@@ -211,22 +244,39 @@ class NpuModel:
         assert isinstance(shared.value, SharedLoad)
         typed: Shared[SharedLoad] = shared  # type: ignore[assignment]
         try:
-            layout = ArenaLayout.of(typed.value.loaded.graphs[0])
-            arena = allocate(layout.size)
+            layouts = ArenaLayout.of_model(typed.value.loaded.graphs)
+            arena = allocate(layouts[-1].size)
         except BaseException:
             if registry.give_back(typed):
                 typed.value.close()
             raise
-        return cls(session, registry, typed, arena, release_arena, layout, name)
+        return cls(session, registry, typed, arena, release_arena, layouts, name)
 
-    @property
-    def info(self) -> p.ModelInfo:
-        """What the load reply and model_info tell the client, with the runs so far."""
+    def info(self, protocol_version: int) -> p.ModelInfo:
+        """What the load reply and model_info tell the client, with the runs so far;
+        ``graphs`` from protocol version 5 on (an older client knows only graph 0)."""
+        if protocol_version < GRAPHS_VERSION:
+            return msgspec.structs.replace(self._info, runs=self.runs, graphs=())
         return msgspec.structs.replace(self._info, runs=self.runs)
 
-    def run(self) -> None:
-        """One run: the inputs in the arena in, the outputs into it (one invoke)."""
-        self._portal.run_arena(self._slot, self._inputs, self._outputs)
+    def graph_index(self, name: str) -> int:
+        """The graph ``model_run.graph`` names ("" the first); CodedError
+        INVALID_TENSOR_INDEX, naming the model's graphs, when it has none of that name."""
+        if not name:
+            return 0
+        if name in self.graph_names:
+            return self.graph_names.index(name)
+        graphs = ", ".join(repr(n) for n in self.graph_names if n) or "none with a name"
+        raise CodedError(
+            ErrorCode.INVALID_TENSOR_INDEX,
+            index=f"graph {name!r} (the model's graphs: {graphs})",
+        )
+
+    def run(self, graph: int = 0) -> None:
+        """One run of graph ``graph``: its inputs in the arena in, its outputs into it
+        (one invoke)."""
+        inputs, outputs = self._slices[graph]
+        self._portal.run_arena(self._slot, inputs, outputs, graph=graph)
 
     def count_run(self, dsp_seconds: float) -> None:
         with self._lock:

@@ -37,7 +37,7 @@ from npud.domain.life import Domain
 from npud.fastrpc.dma import DmaBuffer, checked_dma_size
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
 from npud.holdings import HeldBuffer, OpenHandle, let_go
-from npud.models import NpuModel
+from npud.models import GRAPHS_VERSION, NpuModel
 from npud.scheduler import Account
 
 _log = structlog.get_logger("npud.requests")
@@ -574,7 +574,10 @@ class LoadModel(Handler[p.ModelLoadRequest]):
             let_go(domain, models=[model])
             raise CodedError(ErrorCode.DSP_RESTARTED)
         reply = p.ModelLoadReply(
-            id=request.id, model=self.entry.id, info=model.info, fd=reply_fd.fileno()
+            id=request.id,
+            model=self.entry.id,
+            info=model.info(self.client.protocol_version),
+            fd=reply_fd.fileno(),
         )
         return Answer(reply, reply_fd)
 
@@ -599,7 +602,8 @@ class ModelInfo(Handler[p.ModelInfoRequest]):
         self.entry = self._use(self.request.model, Kind.MODEL)
 
     def run(self) -> Answer:
-        return Answer(p.ModelInfoReply(id=self.request.id, info=self._model(self.entry).info))
+        info = self._model(self.entry).info(self.client.protocol_version)
+        return Answer(p.ModelInfoReply(id=self.request.id, info=info))
 
 
 class RunModel(CallTiming, Handler[p.ModelRunRequest]):
@@ -610,6 +614,13 @@ class RunModel(CallTiming, Handler[p.ModelRunRequest]):
     route = Route.DSP
 
     def arrive(self) -> None:
+        if self.request.graph and self.client.protocol_version < GRAPHS_VERSION:
+            # Served as the connection's version knows it: no graph but the first.
+            raise CodedError(
+                ErrorCode.UNSUPPORTED,
+                what="model_run.graph on this connection: it came with a later protocol"
+                " version than this connection speaks; offer that version in the hello",
+            )
         self.session = self.domain.current()
         self.arrive_as_call(self.request.timeout_ms, self.request.deadline_ms)
         self.entry = self._use(self.request.model, Kind.MODEL)
@@ -617,9 +628,10 @@ class RunModel(CallTiming, Handler[p.ModelRunRequest]):
 
     def run(self) -> Answer:
         model = self._model(self.entry)
+        graph = model.graph_index(self.request.graph)
         started = time.perf_counter()
         try:
-            self.domain.run(model.session, model.run)
+            self.domain.run(model.session, lambda: model.run(graph))
         finally:
             self.dsp_seconds = time.perf_counter() - started
         model.count_run(self.dsp_seconds)

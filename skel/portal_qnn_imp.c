@@ -424,6 +424,29 @@ SKEL_EXPORT int portal_qnn_last_error(remote_handle64 _h, unsigned int model_ind
     return rc;
 }
 
+SKEL_EXPORT int portal_qnn_graph_name(remote_handle64 _h, unsigned int model_index,
+                                      unsigned int graph_index, unsigned char *name, int nameLen,
+                                      unsigned int *name_len) {
+    if (nameLen < 0 || (nameLen != 0 && name == NULL) || name_len == NULL) {
+        return AEE_EBADPARM;
+    }
+    portal_context *context = acquire(_h);
+    if (context == NULL) {
+        return AEE_EINVHANDLE;
+    }
+    int rc = AEE_SUCCESS;
+    const qnn_model *model = loaded_model(context, model_index, &rc);
+    if (model != NULL) {
+        uint32_t copied = 0;
+        rc = qnn_model_graph_name(model, graph_index, name, (size_t)nameLen, &copied);
+        if (rc == AEE_SUCCESS) {
+            *name_len = copied;
+        }
+    }
+    release(context);
+    return rc;
+}
+
 SKEL_EXPORT int portal_qnn_run(remote_handle64 _h, unsigned int model_index,
                                unsigned int graph_index, const unsigned char *inputs,
                                int inputsLen, unsigned char *outputs, int outputsLen,

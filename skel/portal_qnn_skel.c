@@ -19,6 +19,8 @@
  *   8 run           0x08020200  primIn {model_index, graph_index, len(inputs), capacity(outputs)},
  *                               inputs, primROut {qnn_status}, outputs
  *   9 last_error    0x09010200  primIn {model_index, capacity(text)}, primROut {text_len}, text
+ *  10 graph_name    0x0A010200  primIn {model_index, graph_index, capacity(name)},
+ *                               primROut {name_len}, name
  *
  * Every buffer is checked before the implementation runs, so a badly
  * marshalled call never has a side effect. Wrong counts or lengths:
@@ -219,6 +221,31 @@ static int invoke_last_error(remote_handle64 h, uint32_t sc, remote_arg *pra) {
     return rc;
 }
 
+static int invoke_graph_name(remote_handle64 h, uint32_t sc, remote_arg *pra) {
+    uint32_t prim_in[3] = {0, 0, 0};
+    int rc = skel_check_counts(sc, pra, 1, 2, 0, 0);
+    if (rc == AEE_SUCCESS) {
+        rc = skel_read_u32s(&pra[0], prim_in, 3);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_u32s_room(&pra[1], 1);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_sequence(&pra[2], prim_in[2]);
+    }
+    if (rc != AEE_SUCCESS) {
+        return rc;
+    }
+    unsigned int name_len = 0;
+    rc = portal_qnn_graph_name(h, prim_in[0], prim_in[1], (unsigned char *)pra[2].buf.pv,
+                               (int)prim_in[2], &name_len);
+    if (rc == AEE_SUCCESS) {
+        const uint32_t prim_rout[1] = {name_len};
+        rc = skel_write_u32s(&pra[1], prim_rout, 1);
+    }
+    return rc;
+}
+
 int portal_qnn_skel_handle_invoke(remote_handle64 h, uint32_t sc, remote_arg *pra) {
     switch (REMOTE_SCALARS_METHOD(sc)) {
     case 0:
@@ -241,6 +268,8 @@ int portal_qnn_skel_handle_invoke(remote_handle64 h, uint32_t sc, remote_arg *pr
         return invoke_run(h, sc, pra);
     case 9:
         return invoke_last_error(h, sc, pra);
+    case 10:
+        return invoke_graph_name(h, sc, pra);
     default:
         return AEE_EUNSUPPORTED;
     }

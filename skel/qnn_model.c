@@ -204,6 +204,16 @@ static int adopt_graphs(qnn_model *model) {
             return AEE_EINVALIDFORMAT;
         }
         qnn_graph *graph = &model->graphs[g];
+        if (info->graphName != NULL) {
+            /* A truncated name could collide with another graph's, as for tensors. */
+            size_t length = strnlen(info->graphName, PORTAL_QNN_MAX_NAME_BYTES);
+            if (length == PORTAL_QNN_MAX_NAME_BYTES) {
+                FARF(ERROR, "portal_qnn: graph %u's name is longer than %u bytes", (unsigned)g,
+                     (unsigned)(PORTAL_QNN_MAX_NAME_BYTES - 1u));
+                return AEE_EINVALIDFORMAT;
+            }
+            memcpy(graph->name, info->graphName, length);
+        }
         /* Counts first: free_graph needs them even when staging stops half way. */
         graph->handle = info->graph;
         graph->num_inputs = info->numInputTensors;
@@ -451,6 +461,16 @@ void qnn_copy_text(const char *kept, size_t kept_size, uint8_t *text, size_t cap
 void qnn_model_last_error(const qnn_model *model, uint8_t *text, size_t capacity,
                           uint32_t *length) {
     qnn_copy_text(model->last_error, sizeof(model->last_error), text, capacity, length);
+}
+
+int qnn_model_graph_name(const qnn_model *model, uint32_t graph_index, uint8_t *name,
+                         size_t capacity, uint32_t *length) {
+    if (graph_index >= model->num_graphs) {
+        return AEE_EBADPARM;
+    }
+    const qnn_graph *graph = &model->graphs[graph_index];
+    qnn_copy_text(graph->name, sizeof(graph->name), name, capacity, length);
+    return AEE_SUCCESS;
 }
 
 static void copy_specs(const qnn_buffer *buffers, uint32_t count, portal_qnn_tensor_spec *specs,

@@ -12,6 +12,12 @@ is skipped, not read) and accepts the file when every field is one
 ModelProto has, with its wire type, the walk ends exactly at the end of the
 file and both ``ir_version`` and ``graph`` are there.
 
+A graph pack (npud.formats.graph_pack: several ONNX graphs of one model that
+share weights stored once, for the emulator) starts with its magic
+``NPUGRAPH``; its headers are walked, and every check below runs on each
+member and on the shared weights. A pack of more graphs than a model may
+hold (8) is refused (``refused``).
+
 An ONNX model that keeps tensor data in external files is refused
 (``refused``): onnxruntime would open the path the model names, relative to
 the DSP process's working directory, and hand its bytes to the client. The
@@ -29,7 +35,7 @@ import struct
 from typing import Final, Literal
 
 from npud.fastrpc.exposed_files import check_readable_file
-from npud.formats import onnx_proto
+from npud.formats import graph_pack, onnx_proto
 
 HEAD_BYTES: Final = 64
 MAX_TEXT_FIELD: Final = 256
@@ -84,6 +90,8 @@ class Sniffed:
     format: ModelFormat | None
     description: str
     size: int
+    graphs: tuple[str, ...] = ()
+    """A graph pack's graph names, in order (empty for any other file)."""
 
 
 FileFailure = Literal["unreadable", "wrong-format", "damaged", "refused"]
@@ -226,6 +234,22 @@ def sniff(fd: int) -> Sniffed:
     if head.startswith(ELF_MAGIC):
         model_format, description = _describe_elf(head)
         return Sniffed(model_format, description, size)
+    if graph_pack.is_pack(head):
+        try:
+            pack = graph_pack.read_pack(onnx_proto.FdSource(fd, size))
+        except graph_pack.PackError as exc:
+            if exc.too_many:
+                raise ModelFileError(
+                    "refused", f"the model file is a graph pack that {exc}"
+                ) from None
+            raise ModelFileError(
+                "damaged", f"the model file is a damaged graph pack: {exc}"
+            ) from None
+        except OSError as exc:
+            raise ModelFileError("unreadable", f"cannot read the model file: {exc}") from None
+        names = ", ".join(repr(name) for name in pack.names)
+        description = f"a graph pack of ONNX graphs ({names})"
+        return Sniffed(ModelFormat.ONNX, description, size, pack.names)
     if _looks_like_onnx(head):
         try:
             return Sniffed(ModelFormat.ONNX, _walk_onnx(fd, size), size)
@@ -254,10 +278,41 @@ def check_model_file(fd: int, backend: str) -> Sniffed:
     return sniffed
 
 
-def check_self_contained(fd: int, size: int) -> None:
-    """Refuse an ONNX model on ``fd`` (borrowed) that refers to external data files."""
+def members(fd: int, size: int) -> list[onnx_proto.Source]:
+    """The ONNX models in the file on ``fd`` (borrowed): each graph of a graph pack
+    (without the shared weights), or the file itself."""
+    source = onnx_proto.FdSource(fd, size)
+    if not graph_pack.is_pack(os.pread(fd, len(graph_pack.MAGIC), 0)):
+        return [source]
     try:
-        external = onnx_proto.find_external_data(onnx_proto.FdSource(fd, size))
+        pack = graph_pack.read_pack(source)
+    except graph_pack.PackError as exc:
+        raise ModelFileError("damaged", f"the model file is a damaged graph pack: {exc}") from None
+    return [onnx_proto.Window(source, g.offset, g.length) for g in pack.graphs]
+
+
+def _shared_weights(fd: int, size: int) -> onnx_proto.ExternalData | None:
+    """External data among a graph pack's shared weights (None for any other file)."""
+    source = onnx_proto.FdSource(fd, size)
+    if not graph_pack.is_pack(os.pread(fd, len(graph_pack.MAGIC), 0)):
+        return None
+    try:
+        pack = graph_pack.read_pack(source)
+    except graph_pack.PackError as exc:
+        raise ModelFileError("damaged", f"the model file is a damaged graph pack: {exc}") from None
+    end = pack.shared_offset + pack.shared_length
+    return onnx_proto.find_external_data(source, pack.shared_offset, end, root="GraphProto")
+
+
+def check_self_contained(fd: int, size: int) -> None:
+    """Refuse an ONNX model (or a graph pack) on ``fd`` (borrowed) that refers to
+    external data files."""
+    try:
+        external = _shared_weights(fd, size)
+        for member in members(fd, size):
+            if external is not None:
+                break
+            external = onnx_proto.find_external_data(member)
     except onnx_proto.DamagedError as exc:
         raise ModelFileError("damaged", f"the model file is a damaged ONNX model: {exc}") from None
     except OSError as exc:
@@ -267,9 +322,12 @@ def check_self_contained(fd: int, size: int) -> None:
 
 
 def check_bounded(fd: int, size: int) -> None:
-    """Refuse an ONNX model on ``fd`` (borrowed) with a node that may loop without end."""
+    """Refuse an ONNX model (or a graph of a graph pack) on ``fd`` (borrowed) with a
+    node that may loop without end."""
     try:
-        looping = onnx_proto.find_looping_node(onnx_proto.FdSource(fd, size))
+        looping = None
+        for member in members(fd, size):
+            looping = looping or onnx_proto.find_looping_node(member)
     except onnx_proto.DamagedError as exc:
         raise ModelFileError("damaged", f"the model file is a damaged ONNX model: {exc}") from None
     except OSError as exc:

@@ -47,7 +47,13 @@ from npu_protocol import AEE, ErrorCode
 from npud import idl
 from npud.fastrpc.errors import RpcError
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, OutArg, Slice
-from npud.fastrpc.model_format import ModelFileError, ModelFormat, Sniffed, check_model_file
+from npud.fastrpc.model_format import (
+    ModelFileError,
+    ModelFormat,
+    Sniffed,
+    check_model_file,
+)
+from npud.fastrpc.model_format import members as model_members
 from npud.fastrpc.model_shapes import ShapeError, check_shapes, unsized_outputs_refusal
 from npud.fastrpc.session import FastRpcSession
 from npud.formats import onnx_proto
@@ -78,6 +84,8 @@ _UNLOAD: Final = _IDL.method("model_unload")
 _GRAPH_INFO: Final = _IDL.method("graph_info")
 _RUN: Final = _IDL.method("run")
 _LAST_ERROR: Final = _IDL.method("last_error")
+_GRAPH_NAME: Final = _IDL.method("graph_name")
+MAX_GRAPH_NAME_BYTES: Final = 128  # graph_name's capacity: names are at most 127 bytes
 
 
 class DataType(enum.IntEnum):
@@ -182,6 +190,9 @@ class GraphSpec:
     index: int
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    name: str = ""
+    """The name the model gives the graph (graph_name); empty when it gives none or the
+    skel predates graph_name."""
 
     @property
     def input_arena(self) -> int:
@@ -399,10 +410,20 @@ class PortalQnn:
             raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
         inputs = values.records("inputs")[: values.integer("num_inputs")]
         outputs = values.records("outputs")[: values.integer("num_outputs")]
+        rc, named = self._call(
+            _GRAPH_NAME, model_index=slot, graph_index=graph, name=MAX_GRAPH_NAME_BYTES
+        )
+        if rc not in (0, AEE.EUNSUPPORTED.dsp):  # a skel before graph_name: no names
+            raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
+        name = ""
+        if rc == 0:
+            raw = named.data("name")[: min(named.integer("name_len"), MAX_GRAPH_NAME_BYTES - 1)]
+            name = raw.decode("utf-8", errors="replace").split("\0")[0]
         return GraphSpec(
             graph,
             tuple(_spec(i, r) for i, r in enumerate(inputs)),
             tuple(_spec(i, r) for i, r in enumerate(outputs)),
+            name,
         )
 
     # ------------------------------------------------------------------ run
@@ -686,7 +707,12 @@ def _check_shapes(
     with one generic code (its log has the reason; its client would not). The outputs
     left for the DSP to infer."""
     try:
-        return check_shapes(onnx_proto.FdSource(fd, size), shapes)
+        members = model_members(fd, size)
+        if len(members) == 1:
+            return check_shapes(members[0], shapes)
+        return _check_pack_shapes(members, shapes)
+    except ModelFileError as exc:
+        raise ModelError(ModelFailure.FILE_MALFORMED, str(exc)) from None
     except ShapeError as exc:
         failure = (
             ModelFailure.MODEL_REJECTED if exc.kind == "free" else ModelFailure.TENSOR_MISMATCH
@@ -700,6 +726,25 @@ def _check_shapes(
         raise ModelError(
             ModelFailure.FILE_UNREADABLE, f"cannot read the model file: {exc}"
         ) from None
+
+
+def _check_pack_shapes(
+    members: Sequence[onnx_proto.Source], shapes: Mapping[str, Sequence[int]]
+) -> list[onnx_proto.GraphTensor]:
+    """check_shapes for each graph of a graph pack, with the shapes of the tensors that
+    graph has (a shape applies to every graph with a tensor of its name)."""
+    names = [{t.name for t in onnx_proto.graph_io(member)} for member in members]
+    known = set().union(*names)
+    unknown = sorted(set(shapes) - known)
+    if unknown:
+        listed = ", ".join(repr(n) for n in sorted(known)) or "none"
+        raise ShapeError(
+            "mismatch", f"no graph of the model has a tensor {unknown[0]!r} (its tensors: {listed})"
+        )
+    unsized: list[onnx_proto.GraphTensor] = []
+    for member, has in zip(members, names, strict=True):
+        unsized += check_shapes(member, {k: v for k, v in shapes.items() if k in has})
+    return unsized
 
 
 def _load_error(

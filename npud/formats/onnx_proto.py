@@ -122,6 +122,24 @@ class BytesSource:
         return bytes(self._data[offset : offset + length])
 
 
+class Window:
+    """``length`` bytes of another source from ``offset`` on, as a source of their own
+    (one member of a graph pack, npud.formats.graph_pack)."""
+
+    def __init__(self, source: Source, offset: int, length: int) -> None:
+        self._source = source
+        self._offset = offset
+        self._size = length
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read(self, offset: int, length: int) -> bytes:
+        length = max(0, min(length, self._size - offset))
+        return self._source.read(self._offset + offset, length)
+
+
 class FdSource:
     """A file read through ``fd`` (borrowed: the caller owns and closes it) in windows."""
 
@@ -235,12 +253,14 @@ def _tensor(source: Source, start: int, end: int, place: str) -> ExternalData | 
 
 
 def _messages(
-    source: Source, start: int = 0, end: int | None = None
+    source: Source, start: int = 0, end: int | None = None, root: str = "ModelProto"
 ) -> Iterator[tuple[str, int, int, str]]:
-    """Every message of the ModelProto in [start, end) that is or leads to a tensor or a
-    node: (its type, where it starts and ends, how its parent calls it). DamagedError
-    when the bytes are not a well-formed message or nest deeper than MAX_DEPTH."""
-    pending = [("ModelProto", start, source.size if end is None else end, 0, "model")]
+    """Every message of the ``root`` message (a ModelProto) in [start, end) that is or
+    leads to a tensor or a node: (its type, where it starts and ends, how its parent
+    calls it). DamagedError when the bytes are not a well-formed message or nest deeper
+    than MAX_DEPTH."""
+    place = "model" if root == "ModelProto" else "graph"
+    pending = [(root, start, source.size if end is None else end, 0, place)]
     while pending:
         message, offset, stop, depth, place = pending.pop()
         yield message, offset, stop, place
@@ -256,14 +276,17 @@ def _messages(
 
 
 def find_external_data(
-    source: Source, start: int = 0, end: int | None = None
+    source: Source, start: int = 0, end: int | None = None, root: str = "ModelProto"
 ) -> ExternalData | None:
-    """The first tensor of the ModelProto in [start, end) that refers to external data.
+    """The first tensor of the ModelProto (or the ``root`` message, e.g. a GraphProto) in
+    [start, end) that refers to external data.
 
     None when the model is self-contained. DamagedError when the bytes are not
     a well-formed message or nest deeper than MAX_DEPTH.
     """
-    for message, offset, stop, place in _messages(source, start, end):
+    if root not in TENSOR_PATHS:
+        raise ValueError(f"{root} holds no tensor")
+    for message, offset, stop, place in _messages(source, start, end, root):
         if message == "TensorProto":
             found = _tensor(source, offset, stop, place)
             if found is not None:
@@ -399,7 +422,7 @@ def with_input_shapes(source: Source, shapes: Mapping[str, Sequence[int]]) -> by
     out = bytearray()
     for field in fields(source, 0, source.size):
         if field.number == MODEL_GRAPH and field.wire == LENGTH:
-            out += _length_field(MODEL_GRAPH, _graph_with_shapes(source, field, shapes))
+            out += length_field(MODEL_GRAPH, _graph_with_shapes(source, field, shapes))
         else:
             out += source.read(field.head, field.end - field.head)
     return bytes(out)
@@ -411,7 +434,7 @@ def _graph_with_shapes(source: Source, graph: Field, shapes: Mapping[str, Sequen
         if field.number == GRAPH_INPUT and field.wire == LENGTH:
             name = _only_text(source, field, VALUE_NAME)
             if name is not None and name in shapes:
-                out += _length_field(GRAPH_INPUT, _value_with_shape(source, field, shapes[name]))
+                out += length_field(GRAPH_INPUT, _value_with_shape(source, field, shapes[name]))
                 continue
         out += source.read(field.head, field.end - field.head)
     return bytes(out)
@@ -437,14 +460,14 @@ def _value_with_shape(source: Source, value: Field, dims: Sequence[int]) -> byte
                         if piece.number != TENSOR_TYPE_SHAPE:
                             tensor += source.read(piece.head, piece.end - piece.head)
                     shape = b"".join(
-                        _length_field(SHAPE_DIM, _key(DIM_VALUE, VARINT) + _encode_varint(d))
+                        length_field(SHAPE_DIM, _key(DIM_VALUE, VARINT) + _encode_varint(d))
                         for d in dims
                     )
-                    tensor += _length_field(TENSOR_TYPE_SHAPE, shape)
-                    typed += _length_field(TYPE_TENSOR, bytes(tensor))
+                    tensor += length_field(TENSOR_TYPE_SHAPE, shape)
+                    typed += length_field(TYPE_TENSOR, bytes(tensor))
                 else:
                     typed += source.read(item.head, item.end - item.head)
-            out += _length_field(VALUE_TYPE, bytes(typed))
+            out += length_field(VALUE_TYPE, bytes(typed))
         else:
             out += source.read(part.head, part.end - part.head)
     return bytes(out)
@@ -454,7 +477,8 @@ def _key(number: int, wire: int) -> bytes:
     return _encode_varint(number << 3 | wire)
 
 
-def _length_field(number: int, payload: bytes) -> bytes:
+def length_field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field ``number`` holding ``payload``, encoded."""
     return _key(number, LENGTH) + _encode_varint(len(payload)) + payload
 
 

@@ -11,7 +11,14 @@ the model runtime itself refuses. What differs is the model:
   client's fd under a generated name); the bytes must be an ONNX model. A
   ``builtin:`` name finds nothing (AEE_ERESOURCENOTFOUND): no builtin is
   registered in the emulated process.
-* An ONNX model is one graph (graph_index 0). Its tensors must be sized at
+* An ONNX model is one graph (graph_index 0), named by its GraphProto's name
+  (empty when it has none or a name of 128 bytes or more). A graph pack
+  (npud.formats.graph_pack) is 1..8 graphs in that order, each named by the
+  pack; each graph is its ONNX model with the pack's shared weights merged
+  in (one onnxruntime session per graph, each with its own copy of them). A
+  pack of more graphs, or a damaged one, is AEE_EINVALIDFORMAT. The shapes
+  of the query below apply to every graph that has a tensor of that name; a
+  name no graph has is AEE_EBADPARM. Each graph's tensors must be sized at
   load, as QNN's are: every dimension must be fixed. Free dimensions are
   fixed by the URI's query, ``?shape.<name>=<d0>,<d1>,...`` joined by ``&``
   (names percent-encoded), for inputs and outputs alike; a dimension named
@@ -71,7 +78,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 from npu_protocol.aee import AEE
 from npud import idl
-from npud.formats import onnx_proto
+from npud.formats import graph_pack, onnx_proto
 from npud.sim.skels import HostFileError, Skel, SkelCall, SkelMethod, idl_methods
 
 log = logging.getLogger(__name__)
@@ -122,6 +129,8 @@ _UNLOAD: Final = PORTAL_IDL.method("model_unload")
 _GRAPH_INFO: Final = PORTAL_IDL.method("graph_info")
 _RUN: Final = PORTAL_IDL.method("run")
 _LAST_ERROR: Final = PORTAL_IDL.method("last_error")
+_GRAPH_NAME: Final = PORTAL_IDL.method("graph_name")
+MAX_GRAPHS: Final = graph_pack.MAX_GRAPHS
 _SPEC_SIZE: Final = _GRAPH_INFO.param("inputs").element_size  # sizeof(portal_qnn_tensor_spec)
 
 
@@ -341,10 +350,20 @@ def _qnn_status(exc: Exception) -> int:
 
 
 class OnnxModel:
-    """One loaded model: its session, staging buffers and what the last execute produced."""
+    """One graph of a loaded model: its session, staging buffers and what the last
+    execute produced."""
 
-    def __init__(self, data: bytes, shapes: Mapping[str, tuple[int, ...]], threads: int) -> None:
-        _check_self_contained(data)
+    def __init__(
+        self,
+        data: bytes,
+        shapes: Mapping[str, tuple[int, ...]],
+        threads: int,
+        name: str = "",
+        weights: bytes = b"",
+    ) -> None:
+        """``data`` is the ONNX model; ``weights`` what a graph pack appends to it (its
+        shared weights as a second graph field, which protobuf merges into the first)."""
+        _check_self_contained(data + weights)
         options = ort.SessionOptions()
         options.add_session_config_entry(ORT_MODEL_FORMAT, "ONNX")
         options.intra_op_num_threads = threads
@@ -352,6 +371,8 @@ class OnnxModel:
         options.log_severity_level = ORT_QUIET
         session = None
         fixed = _with_input_shapes(data, shapes)
+        if fixed is not None:
+            fixed += weights
         if fixed is not None:
             # Some output's shape is left to inference: onnxruntime's, on the model with its
             # inputs' shapes fixed (as a QNN graph has them). A model whose inference fails
@@ -367,7 +388,7 @@ class OnnxModel:
                 session
                 if session is not None
                 else ort.InferenceSession(
-                    data, sess_options=options, providers=["CPUExecutionProvider"]
+                    data + weights, sess_options=options, providers=["CPUExecutionProvider"]
                 )
             )
         except ort_errors.InvalidProtobuf as exc:
@@ -375,6 +396,7 @@ class OnnxModel:
         except Exception as exc:  # onnxruntime's own refusal: a QNN failure to compose
             reason = f"onnxruntime refused the model: {exc}"
             raise QnnFailureError(_qnn_status(exc), reason) from None
+        self.name = name or _graph_name(self._session)
         inputs = [_declared(node) for node in self._session.get_inputs()]
         outputs = [_declared(node) for node in self._session.get_outputs()]
         if len(inputs) > MAX_TENSORS or not 1 <= len(outputs) <= MAX_TENSORS:
@@ -490,6 +512,52 @@ class OnnxModel:
         return 0, data.nbytes
 
 
+def _graph_name(session: ort.InferenceSession) -> str:
+    """The ONNX graph's own name, or "" when it has none the DSP can report."""
+    name = str(session.get_modelmeta().graph_name)
+    return name if 0 < len(name.encode("utf-8")) < MAX_NAME_BYTES and "\0" not in name else ""
+
+
+@dataclasses.dataclass
+class LoadedSlot:
+    """A model in a slot: its graphs, and why its last execute or run failed."""
+
+    graphs: list[OnnxModel]
+    last_error: bytes = b""
+
+
+def compose(data: bytes, shapes: Mapping[str, tuple[int, ...]], threads: int) -> LoadedSlot:
+    """The graphs of a model file's bytes: an ONNX model (one graph) or a graph pack."""
+    if not graph_pack.is_pack(data):
+        return LoadedSlot([OnnxModel(data, shapes, threads)])
+    source = onnx_proto.BytesSource(data)
+    try:
+        pack = graph_pack.read_pack(source)
+    except graph_pack.PackError as exc:
+        what = "a graph pack that" if exc.too_many else "a damaged graph pack:"
+        raise RefusedError(AEE.EINVALIDFORMAT, f"{what} {exc}") from None
+    weights = graph_pack.shared_suffix(source, pack)
+    known: set[str] = set()
+    members = []
+    for graph in pack.graphs:
+        member = source.read(graph.offset, graph.length)
+        try:
+            names = {t.name for t in onnx_proto.graph_io(onnx_proto.BytesSource(member))}
+        except onnx_proto.DamagedError as exc:
+            raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
+        known |= names
+        members.append((member, {k: v for k, v in shapes.items() if k in names}))
+    unknown = sorted(set(shapes) - known)
+    if unknown:
+        raise RefusedError(AEE.EBADPARM, f"no graph has a tensor {unknown[0]!r}")
+    return LoadedSlot(
+        [
+            OnnxModel(member, given, threads, graph.name, weights)
+            for graph, (member, given) in zip(pack.graphs, members, strict=True)
+        ]
+    )
+
+
 class PortalQnnSkel(Skel):
     """``interface portal_qnn : remote_handle64`` on onnxruntime; one instance per open handle."""
 
@@ -498,7 +566,7 @@ class PortalQnnSkel(Skel):
     def __init__(self, intra_op_threads: int = DEFAULT_INTRA_OP_THREADS) -> None:
         self._threads = intra_op_threads
         self._lock = threading.Lock()  # one call at a time per handle, as on the C skel
-        self._models: list[OnnxModel | None] = [None] * MAX_MODELS
+        self._models: list[LoadedSlot | None] = [None] * MAX_MODELS
         self._load_error = b""  # why the handle's last model_load failed, for last_error
         self._methods = idl_methods(
             PORTAL_IDL,
@@ -511,6 +579,7 @@ class PortalQnnSkel(Skel):
                 "graph_info": self._graph_info,
                 "run": self._run,
                 "last_error": self._last_error,
+                "graph_name": self._graph_name,
             },
         )
 
@@ -551,10 +620,11 @@ class PortalQnnSkel(Skel):
                 return 0
             self._models[slot] = model
             self._load_error = b""
-        call.pack_routs(_LOAD, {"model_index": slot, "num_graphs": 1, "qnn_status": 0})
+        graphs = len(model.graphs)
+        call.pack_routs(_LOAD, {"model_index": slot, "num_graphs": graphs, "qnn_status": 0})
         return 0
 
-    def _compose(self, call: SkelCall, uri: str) -> OnnxModel:
+    def _compose(self, call: SkelCall, uri: str) -> LoadedSlot:
         try:
             name, shapes = parse_model_uri(uri)
         except ValueError as exc:
@@ -565,18 +635,26 @@ class PortalQnnSkel(Skel):
             data = call.host_files.read_host_file(name, limit=MAX_MODEL_FILE_BYTES)
         except HostFileError as exc:
             raise RefusedError(AEE.EUNABLETOLOAD, str(exc)) from None
-        return OnnxModel(data, shapes, self._threads)
+        return compose(data, shapes, self._threads)
 
-    def _model(self, index: int, graph: int | None = 0) -> OnnxModel | int:
+    def _slot(self, index: int) -> LoadedSlot | int:
         """The loaded model, or the AEE code that says why not (the handle lock is held)."""
         if index >= MAX_MODELS:
             return AEE.EBADPARM.dsp
-        model = self._models[index]
-        if model is None:
+        slot = self._models[index]
+        if slot is None:
             return AEE.EBADSTATE.dsp
-        if graph is not None and graph != 0:
+        return slot
+
+    def _model(self, index: int, graph: int) -> OnnxModel | int:
+        """The graph of a loaded model, or the AEE code that says why not (the handle
+        lock is held)."""
+        slot = self._slot(index)
+        if isinstance(slot, int):
+            return slot
+        if graph >= len(slot.graphs):
             return AEE.EBADPARM.dsp
-        return model
+        return slot.graphs[graph]
 
     def _set_input(self, call: SkelCall) -> int:
         args = call.unpack(_SET_INPUT)
@@ -593,6 +671,7 @@ class PortalQnnSkel(Skel):
             if isinstance(model, int):
                 return model
             rc, status = model.execute()
+            self._keep_error(args.integer("model_index"), model)
         if rc == 0:
             call.pack_routs(_EXECUTE, {"qnn_status": status})
         return rc
@@ -612,9 +691,9 @@ class PortalQnnSkel(Skel):
         args = call.unpack(_UNLOAD)
         index = args.integer("model_index")
         with self._lock:
-            model = self._model(index, graph=None)
-            if isinstance(model, int):
-                return model
+            slot = self._slot(index)
+            if isinstance(slot, int):
+                return slot
             self._models[index] = None
         return 0
 
@@ -646,6 +725,7 @@ class PortalQnnSkel(Skel):
             if isinstance(model, int):
                 return model
             rc, status = model.run(args.view("inputs"), args.view("outputs"))
+            self._keep_error(args.integer("model_index"), model)
         if rc == 0:
             call.pack_routs(_RUN, {"qnn_status": status})
         return rc
@@ -657,11 +737,29 @@ class PortalQnnSkel(Skel):
             if index == NO_MODEL:
                 text = self._load_error
             else:
-                model = self._model(index, graph=None)
-                if isinstance(model, int):
-                    return model
-                text = model.last_error
+                slot = self._slot(index)
+                if isinstance(slot, int):
+                    return slot
+                text = slot.last_error
         view = args.view("text")
         copied = text[: len(view)]
         call.pack_routs(_LAST_ERROR, {"text": list(copied), "text_len": len(copied)})
+        return 0
+
+    def _keep_error(self, index: int, graph: OnnxModel) -> None:
+        """The model's last_error is its last execute's or run's, whichever graph ran."""
+        slot = self._models[index]
+        assert slot is not None, "the handle lock is held since the graph was found"
+        slot.last_error = graph.last_error
+
+    def _graph_name(self, call: SkelCall) -> int:
+        args = call.unpack(_GRAPH_NAME)
+        with self._lock:
+            model = self._model(args.integer("model_index"), args.integer("graph_index"))
+            if isinstance(model, int):
+                return model
+            name = model.name.encode("utf-8")
+        view = args.view("name")
+        copied = name[: len(view)]
+        call.pack_routs(_GRAPH_NAME, {"name": list(copied), "name_len": len(copied)})
         return 0

@@ -33,6 +33,7 @@ typedef struct {
 
 typedef struct {
     Qnn_GraphHandle_t handle;
+    char name[PORTAL_QNN_MAX_NAME_BYTES]; /* graphName, copied at load; "" when none */
     uint32_t num_inputs;
     uint32_t num_outputs;
     /* Copies of the library's tensor records, their clientBuf pointing at our buffers. */
@@ -125,6 +126,13 @@ int qnn_model_run(qnn_model *model, uint32_t graph, const uint8_t *inputs, size_
  */
 void qnn_model_last_error(const qnn_model *model, uint8_t *text, size_t capacity,
                           uint32_t *length);
+
+/*
+ * Copy graph graph_index's name into name as qnn_model_last_error copies its text.
+ * AEE_EBADPARM: no such graph.
+ */
+int qnn_model_graph_name(const qnn_model *model, uint32_t graph_index, uint8_t *name,
+                         size_t capacity, uint32_t *length);
 
 /* The same for any kept text of kept_size bytes (NUL-terminated within them). */
 void qnn_copy_text(const char *kept, size_t kept_size, uint8_t *text, size_t capacity,

@@ -42,12 +42,13 @@ class AwaitedModel:
         return getattr(self.model, name)  # what does not wait: the model's own
 
     async def run(
-        self, inputs: Mapping[str, TensorValue] | None = None, **timing: float | None
+        self, inputs: Mapping[str, TensorValue] | None = None, **options: Any
     ) -> dict[str, Any]:
-        return await _in_thread(self.model.run, inputs, **timing)
+        """``options``: ``graph``, ``timeout``, ``deadline``."""
+        return await _in_thread(self.model.run, inputs, **options)
 
-    async def execute(self, **timing: float | None) -> None:
-        await _in_thread(self.model.execute, **timing)
+    async def execute(self, **options: Any) -> None:
+        await _in_thread(self.model.execute, **options)
 
     async def info(self) -> ModelInfo:
         return await _in_thread(self.model.info)

@@ -13,6 +13,7 @@ import pytest
 import trio
 
 import npu_client
+import npu_client._core
 import npu_protocol as p
 from npu_client import trio_client
 from npu_client.transport import fds_ancillary
@@ -558,4 +559,153 @@ async def test_a_users_model_loads_in_flight_are_bounded(tmp_path: Path) -> None
             refused.message
         )
         assert all(isinstance(answers[i], p.ModelLoadReply) for i in (1, 2))
+        peer.close()
+
+
+# --- every graph of a model (protocol version 5) ----------------------------------------
+
+WEIGHT = np.array(onnx_models.SHARED_WEIGHT, np.float32)
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_every_graph_of_a_model_runs_by_name(tmp_path: Path, kind: ClientKind) -> None:
+    """A graph pack of prefill and decode, sharing the weight w: each graph has its own
+    tensors in its own regions of the one arena, and runs by name."""
+    path = model_file(tmp_path, onnx_models.two_graphs(), "llm.npugraphs")
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+        await npu.load_model(path, shapes={"token": (1, 4)}) as model,
+    ):
+        assert [g.name for g in model.graphs] == ["prefill", "decode"]
+        prefill, decode = model.graphs
+        assert [(t.name, t.shape, t.offset) for t in prefill.inputs] == [("tokens", (4, 4), 0)]
+        assert [(t.name, t.offset) for t in prefill.outputs] == [("logits", 4096)]
+        assert [(t.name, t.shape, t.offset) for t in decode.inputs] == [("token", (1, 4), 8192)]
+        assert [(t.name, t.shape, t.offset) for t in decode.outputs] == [("logits", (1, 4), 12288)]
+        assert (model.inputs, model.outputs) == (prefill.inputs, prefill.outputs)
+        info = await model.info()
+        assert (info.arena_bytes, info.graphs) == (16384, model.graphs)
+
+        tokens = np.arange(16, dtype=np.float32).reshape(4, 4)
+        first = await model.run({"tokens": tokens})  # the first graph by default
+        np.testing.assert_array_equal(first["logits"], tokens + WEIGHT)
+        token = np.array([[1, 2, 3, 4]], np.float32)
+        with pytest.raises(npu_client.InputNotSet, match="input 'token' of graph 'decode'"):
+            await model.execute(graph="decode")
+        decoded = await model.run({"token": token}, graph="decode")
+        np.testing.assert_array_equal(decoded["logits"], token * WEIGHT)
+        # The prefill's outputs are where they were: a graph's run writes its own regions.
+        np.testing.assert_array_equal(model.get_output("logits"), tokens + WEIGHT)
+        model.input_view("token", graph="decode")[...] = 2
+        await model.execute(graph="decode")
+        np.testing.assert_array_equal(model.get_output("logits", graph="decode"), [2 * WEIGHT])
+        np.testing.assert_array_equal(model.output_view("logits", graph="decode"), [2 * WEIGHT])
+        model.set_input("tokens", tokens * 0)
+        await model.execute(graph="prefill")
+        np.testing.assert_array_equal(model.get_output("logits"), np.tile(WEIGHT, (4, 1)))
+        with pytest.raises(npu_client.InvalidTensorIndex, match=r"input 'tokens'.*'token'"):
+            model.set_input("tokens", tokens, graph="decode")
+        with pytest.raises(
+            npu_client.InvalidTensorIndex,
+            match=r"graph 'nope' \(the model's graphs: 'prefill', 'decode'\)",
+        ):
+            await model.run(graph="nope")
+        assert (await model.info()).runs == 4
+
+
+async def test_a_graph_the_model_does_not_have_is_refused_naming_its_graphs(
+    tmp_path: Path,
+) -> None:
+    path = model_file(tmp_path, onnx_models.two_graphs())
+    async with serve_daemon(tmp_path):
+        peer = await RawPeer.connect(tmp_path / "npud.sock")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        shapes: dict[str, tuple[int, ...]] = {"token": (1, 4)}
+        frame, fds = peer.protocol.send(p.ModelLoadRequest(id=1, fd=fd, shapes=shapes))
+        await peer.sock.sendmsg([frame], fds_ancillary(fds))
+        os.close(fd)
+        loaded = await peer.next()
+        assert isinstance(loaded, p.ModelLoadReply)
+        assert [g.name for g in loaded.info.graphs] == ["prefill", "decode"]
+        await peer.write(
+            p.ModelRunRequest(id=2, model=loaded.model, graph="Decode"),
+            p.ModelRunRequest(id=3, model=loaded.model, graph="decode"),
+        )
+        refused, ran = await peer.answers(2)
+        assert isinstance(refused, p.ErrorMessage)
+        assert refused.error_code is ErrorCode.INVALID_TENSOR_INDEX
+        assert refused.message == (
+            "invalid tensor index graph 'Decode' (the model's graphs: 'prefill', 'decode')"
+        )
+        assert isinstance(ran, p.ModelRunReply)  # the inputs are zeros: it runs
+        peer.close()
+
+
+async def test_more_graphs_than_a_model_holds_are_refused_at_load(tmp_path: Path) -> None:
+    path = model_file(tmp_path, onnx_models.many_graphs(9))
+    async with (
+        serve_daemon(tmp_path),
+        open_client("trio", tmp_path / "npud.sock") as npu,
+    ):
+        before = await totals(npu)
+        with pytest.raises(
+            npu_client.ModelRejected,
+            match="the model file is a graph pack that holds 9 graphs; a model has at most 8",
+        ):
+            await npu.load_model(path)
+        assert await totals(npu) == before
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_a_version_4_client_runs_the_first_graph_and_cannot_name_one(
+    tmp_path: Path, kind: ClientKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that speaks version 4 sees one unnamed graph (the first) and runs it; a
+    graph it names is refused before anything is sent (the server would run the first)."""
+    monkeypatch.setattr(npu_client._core, "PROTOCOL_VERSION", 4)
+    path = model_file(tmp_path, onnx_models.two_graphs())
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+        await npu.load_model(path, shapes={"token": (1, 4)}) as model,
+    ):
+        (graph,) = model.graphs
+        assert (graph.name, graph.inputs, graph.outputs) == ("", model.inputs, model.outputs)
+        assert (await model.info()).graphs == ()
+        tokens = np.ones((4, 4), np.float32)
+        outputs = await model.run({"tokens": tokens})
+        np.testing.assert_array_equal(outputs["logits"], np.tile(1 + WEIGHT, (4, 1)))
+        with pytest.raises(
+            npu_client.Unsupported,
+            match=r"graph= \(npud speaks protocol version 4; naming a graph needs 5\)",
+        ) as refused:
+            await model.run(graph="decode")
+        assert isinstance(refused.value, npu_client.NpuUsageError)
+        with pytest.raises(npu_client.Unsupported):
+            model.set_input("token", np.ones((1, 4), np.float32), graph="decode")
+
+
+async def test_a_version_4_peer_cannot_name_a_graph(tmp_path: Path) -> None:
+    path = model_file(tmp_path, onnx_models.two_graphs())
+    async with serve_daemon(tmp_path):
+        peer = await RawPeer.connect(tmp_path / "npud.sock", version=4)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        shapes: dict[str, tuple[int, ...]] = {"token": (1, 4)}
+        frame, fds = peer.protocol.send(p.ModelLoadRequest(id=1, fd=fd, shapes=shapes))
+        await peer.sock.sendmsg([frame], fds_ancillary(fds))
+        os.close(fd)
+        loaded = await peer.next()
+        assert isinstance(loaded, p.ModelLoadReply)
+        assert loaded.info.graphs == ()
+        assert [t.name for t in loaded.info.inputs] == ["tokens"]
+        await peer.write(
+            p.ModelRunRequest(id=2, model=loaded.model, graph="decode"),
+            p.ModelRunRequest(id=3, model=loaded.model),
+        )
+        refused, ran = await peer.answers(2)
+        assert isinstance(refused, p.ErrorMessage)
+        assert refused.error_code is ErrorCode.UNSUPPORTED
+        assert "model_run.graph on this connection" in refused.message
+        assert isinstance(ran, p.ModelRunReply)
         peer.close()

@@ -159,3 +159,41 @@ async def test_the_run_example_of_npuctls_help_works_as_written(
         code, out, err = await npuctl_in_thread(tmp_path / "npud.sock", capsys, *example[1:])
     assert (code, err) == (0, ""), out
     assert "output   output float32 [1, 1]" in out.splitlines()
+
+
+async def test_npuctl_run_graph_runs_the_graph_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "llm.npugraphs"
+    model.write_bytes(onnx_models.two_graphs())
+    token = tmp_path / "token.npy"
+    np.save(token, np.array([[1, 2, 3, 4]], np.float32))
+    async with serve_daemon(tmp_path):
+        socket = tmp_path / "npud.sock"
+        code, out, err = await npuctl_in_thread(
+            socket, capsys, "run", str(model), "--graph", "decode", "--input", f"token={token}"
+        )
+        assert (code, err) == (0, "")
+        lines = out.splitlines()
+        assert lines[1] == "graph    'decode' of 'prefill', 'decode'"
+        assert f"input    token float32 [1, 4] <- {token}" in lines
+        assert "output   logits float32 [1, 4]" in lines
+
+        # The first graph by default; token's shape (the other graph's) given with --shape.
+        code, out, _ = await npuctl_in_thread(
+            socket, capsys, "run", str(model), "--shape", "token=1,4", "--json"
+        )
+        report = json.loads(out)
+        assert (code, report["graph"], report["graphs"]) == (0, "prefill", ["prefill", "decode"])
+        assert [t["name"] for t in report["inputs"]] == ["tokens"]
+
+        code, out, err = await npuctl_in_thread(
+            socket, capsys, "run", str(model), "--graph", "nope", "--shape", "token=1,4"
+        )
+        assert code != 0
+        assert "graph 'nope' (the model's graphs: 'prefill', 'decode')" in err
+        code, out, err = await npuctl_in_thread(
+            socket, capsys, "run", str(model), "--graph", "prefill", "--input", f"token={token}"
+        )
+        assert code != 0
+        assert "graph 'prefill' has no input 'token' (its inputs: 'tokens')" in err

@@ -11,6 +11,8 @@ from typing import Final
 import onnx
 from onnx import TensorProto, helper
 
+from npud.formats import graph_pack
+
 OPSET: Final = 17
 IR_VERSION: Final = 8  # what onnxruntime releases from 1.14 on accept
 
@@ -265,3 +267,32 @@ def opened(directory: Path, name: str, data: bytes, flags: int = os.O_RDONLY) ->
         yield fd
     finally:
         os.close(fd)
+
+
+SHARED_WEIGHT: Final = [0.5, 1.0, 2.0, 4.0]
+"""``w`` of :func:`two_graphs`, stored once in the pack and used by both graphs."""
+
+
+def two_graphs() -> bytes:
+    """A graph pack of "prefill" (logits = tokens + w, tokens float32 [4, 4]) and
+    "decode" (logits = token * w, token float32 [1, 4]): both name the shared weight w
+    (float32 [4]), which neither graph holds itself."""
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [4], SHARED_WEIGHT)
+    prefill = model(
+        [helper.make_node("Add", ["tokens", "w"], ["logits"])],
+        [tensor("tokens", "float32", (4, 4))],
+        [tensor("logits", "float32", (4, 4))],
+    )
+    decode = model(
+        [helper.make_node("Mul", ["token", "w"], ["logits"])],
+        [tensor("token", "float32", ("batch", 4))],
+        [tensor("logits", "float32", ("batch", 4))],
+    )
+    return graph_pack.write_pack(
+        [("prefill", prefill), ("decode", decode)], [weight.SerializeToString()]
+    )
+
+
+def many_graphs(count: int) -> bytes:
+    """A graph pack of ``count`` copies of :func:`add_one`, named g0, g1, ..."""
+    return graph_pack.write_pack([(f"g{i}", add_one()) for i in range(count)])

@@ -8,6 +8,7 @@ as slices of one session DMA-BUF; each test ends with nothing left behind
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from npud.fastrpc.portal_qnn import (
     model_uri_query,
 )
 from npud.fastrpc.session import FastRpcSession
+from npud.formats import graph_pack
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from tests.emulator import onnx_models
 from tests.emulator.conftest import open_fds
@@ -555,3 +557,125 @@ def test_run_arena_checks_and_failures(
     with buffer.view() as view:
         assert np.frombuffer(bytes(view[2048:2072]), np.float32).tolist() == list(range(6))
     session.free(buffer)
+
+
+# --- graph packs: several graphs of one model -----------------------------------------
+
+
+def test_a_graph_pack_is_one_model_of_named_graphs_sharing_weights(
+    portal: PortalQnn, tensors: Tensors, tmp_path: Path
+) -> None:
+    """Two graphs that use one weight stored once in the file; each has its own tensors
+    and its own arenas, and runs by its index."""
+    pack = onnx_models.two_graphs()
+    assert pack.count(np.array(onnx_models.SHARED_WEIGHT, np.float32).tobytes()) == 1
+    model = load(portal, tmp_path, pack, shapes={"token": (1, 4)})
+    assert model.file.description == "a graph pack of ONNX graphs ('prefill', 'decode')"
+    assert [(g.index, g.name) for g in model.graphs] == [(0, "prefill"), (1, "decode")]
+    prefill, decode = model.graphs
+    assert [(s.name, s.shape) for s in prefill.inputs] == [("tokens", (4, 4))]
+    assert [(s.name, s.shape) for s in decode.inputs] == [("token", (1, 4))]
+    assert [(s.name, s.shape) for s in decode.outputs] == [("logits", (1, 4))]
+    assert (prefill.input_arena, decode.input_arena) == (64, 64)
+
+    weight = np.array(onnx_models.SHARED_WEIGHT, np.float32)
+    tokens = np.arange(16, dtype=np.float32).reshape(4, 4)
+    out = tensors.slot(64)
+    portal.run_arena(model.slot, tensors.put(tokens), out)  # graph 0 by default
+    np.testing.assert_array_equal(tensors.get(out, "float32", (4, 4)), tokens + weight)
+    token = np.array([[1, 2, 3, 4]], np.float32)
+    inputs = tensors.slot(64)
+    tensors.buffer.view()[inputs.offset : inputs.offset + 16] = token.tobytes()
+    portal.run_arena(model.slot, inputs, out, graph=1)
+    np.testing.assert_array_equal(tensors.get(out, "float32", (1, 4)), token * weight)
+    # run() and the per-tensor calls name the graph by index too.
+    logits = tensors.slot(16)
+    portal.run(model.slot, {"token": tensors.put(token + 1)}, {"logits": logits}, graph=1)
+    np.testing.assert_array_equal(tensors.get(logits, "float32", (1, 4)), (token + 1) * weight)
+    with pytest.raises(ModelError, match=r"'tokens' is no input of graph 1 \(it has 'token'\)"):
+        portal.set_input(model.slot, "tokens", tensors.put(tokens), graph=1)
+    with pytest.raises(ModelError, match=r"graph 2 \(the model has 2\)") as beyond:
+        portal.execute(model.slot, graph=2)
+    assert failure(beyond) is ModelFailure.BAD_TENSOR
+
+
+def test_a_plain_onnx_models_graph_is_named_by_its_graphproto(
+    portal: PortalQnn, tmp_path: Path
+) -> None:
+    model = load(portal, tmp_path, onnx_models.add_one())
+    assert [g.name for g in model.graphs] == ["test"]  # onnx_models.model's graph name
+
+
+def test_shapes_of_a_pack_apply_to_every_graph_that_has_the_tensor(
+    portal: PortalQnn, tmp_path: Path
+) -> None:
+    with pytest.raises(
+        ModelError, match=r"no graph of the model has a tensor 'x' \(its tensors: 'logits',"
+    ) as unknown:
+        load(portal, tmp_path, onnx_models.two_graphs(), shapes={"x": (1, 4)})
+    assert failure(unknown) is ModelFailure.TENSOR_MISMATCH
+    with pytest.raises(ModelError, match=r"input 'token' dimension 0 is free") as free:
+        load(portal, tmp_path, onnx_models.two_graphs())
+    assert failure(free) is ModelFailure.MODEL_REJECTED
+    # "logits" is in both graphs: a shape for it must fit both (prefill's is [4, 4]).
+    with pytest.raises(ModelError, match=r"output 'logits' dimension 0 is 4") as both:
+        load(portal, tmp_path, onnx_models.two_graphs(), shapes={"token": (2, 4), "logits": (2, 4)})
+    assert failure(both) is ModelFailure.TENSOR_MISMATCH
+
+
+def test_more_graphs_than_a_model_holds_are_refused_at_load(
+    portal: PortalQnn, tmp_path: Path
+) -> None:
+    eight = load(portal, tmp_path, onnx_models.many_graphs(8))
+    assert [g.name for g in eight.graphs] == [f"g{i}" for i in range(8)]
+    with pytest.raises(ModelError, match="a graph pack that holds 9 graphs; a model has at most 8"):
+        load(portal, tmp_path, onnx_models.many_graphs(9))
+    assert portal.models() == {eight.slot: eight}
+
+
+def _pack_sharing(shared: bytes) -> bytes:
+    """A pack of one graph whose shared weights are ``shared``, as they are."""
+    model = onnx_models.add_one()
+    header = struct.pack("<8sIIQ", graph_pack.MAGIC, graph_pack.VERSION, 1, len(shared))
+    return header + shared + struct.pack("<I", 1) + b"g" + struct.pack("<Q", len(model)) + model
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (graph_pack.write_pack([]), "the graph pack holds no graph"),
+        (onnx_models.two_graphs()[:-3], "the file ends inside graph 'decode'"),
+        (onnx_models.two_graphs() + b"\0", "1 bytes follow the last graph"),
+        (graph_pack.write_pack([("a", b"x"), ("a", b"y")]), "graph name 'a' .* given twice"),
+        (graph_pack.write_pack([("", b"x")]), "a graph name of 0 bytes"),
+        (_pack_sharing(b"\x08\x01"), "the shared weights hold field 1, not initializers"),
+        (graph_pack.write_pack([("g", b"\xff\xff")]), "damaged ONNX model"),
+    ],
+    ids=["empty", "cut", "trailing", "twice", "unnamed", "shared non-tensor", "bad member"],
+)
+def test_damaged_graph_packs(portal: PortalQnn, tmp_path: Path, data: bytes, why: str) -> None:
+    with pytest.raises(ModelError, match=why) as damaged:
+        load(portal, tmp_path, data)
+    assert failure(damaged) is ModelFailure.FILE_MALFORMED
+
+
+def test_a_pack_whose_shared_weights_are_external_is_refused(
+    portal: PortalQnn, tmp_path: Path
+) -> None:
+    external = onnx_models.external_tensor("w", "etc/shadow")
+    data = graph_pack.write_pack([("g", onnx_models.add_one())], [external.SerializeToString()])
+    with pytest.raises(ModelError, match="the model refers to external data") as refused:
+        load(portal, tmp_path, data)
+    assert failure(refused) is ModelFailure.MODEL_REJECTED
+
+
+def test_a_skel_without_graph_name_leaves_graphs_unnamed(
+    portal: PortalQnn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device skel older than method 10 answers it AEE_EUNSUPPORTED: the graphs load
+    and run, without names."""
+    method = idl.load("portal_qnn").method("graph_name")
+    unknown = idl.Method.build(method.name, method.index + 1, method.params)
+    monkeypatch.setattr(portal_qnn, "_GRAPH_NAME", unknown)
+    model = load(portal, tmp_path, onnx_models.two_graphs(), shapes={"token": (1, 4)})
+    assert [g.name for g in model.graphs] == ["", ""]

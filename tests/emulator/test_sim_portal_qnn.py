@@ -35,7 +35,7 @@ class Raw:
         self.session = session
         self.handle = session.remote_open(PORTAL_QNN_URI)
 
-    def call(self, name: str, **arguments: object) -> tuple[int, idl.Values]:
+    def call(self, name: str, /, **arguments: object) -> tuple[int, idl.Values]:
         method = PORTAL.method(name)
         encoded = method.encode(**arguments)
         inputs = [Inline(x) for x in encoded.inputs if isinstance(x, bytes)]
@@ -240,7 +240,53 @@ def test_badly_marshalled_and_unknown_methods(raw: Raw) -> None:
     assert wrong_counts.rc == AEE.EBADPARM.dsp
     short = raw.session.invoke(raw.handle, execute.sc, [Inline(bytes(4))], [Capacity(4)])
     assert short.rc == AEE.EBADPARM.dsp
-    unknown = idl.make_scalars(10, 1, 0, 0, 0)
+    unknown = idl.make_scalars(11, 1, 0, 0, 0)
     assert raw.session.invoke(raw.handle, unknown, [Inline(bytes(4))], []).rc == (
         AEE.EUNSUPPORTED.dsp
+    )
+
+
+def test_a_graph_pack_loads_every_graph_with_its_name(
+    raw: Raw, session: FastRpcSession, tmp_path: Path
+) -> None:
+    with (
+        onnx_models.opened(tmp_path, "pack.onnx", onnx_models.two_graphs()) as fd,
+        session.expose_file(fd, suffix=".onnx") as exposed,
+    ):
+        rc, loaded = raw.load(exposed.name + "?shape.token=1,4")
+    assert (rc, loaded.integer("num_graphs")) == (0, 2)
+    index = loaded.integer("model_index")
+    for graph, name in enumerate((b"prefill", b"decode")):
+        rc, named = raw.call("graph_name", model_index=index, graph_index=graph, name=128)
+        assert (rc, named.data("name")[: named.integer("name_len")]) == (0, name)
+    rc, cut = raw.call("graph_name", model_index=index, graph_index=0, name=3)
+    assert (rc, cut.integer("name_len"), cut.data("name")) == (0, 3, b"pre")
+    named_beyond = raw.call("graph_name", model_index=index, graph_index=2, name=128)
+    assert named_beyond[0] == AEE.EBADPARM.dsp
+    assert raw.call("graph_name", model_index=4, graph_index=0, name=128)[0] == AEE.EBADPARM.dsp
+    assert raw.call("graph_name", model_index=1, graph_index=0, name=128)[0] == AEE.EBADSTATE.dsp
+    rc, described = raw.call("graph_info", model_index=index, graph_index=1, inputs=1, outputs=1)
+    assert [r.text("name") for r in described.records("inputs")] == ["token"]
+    # The model's last_error is its last run's, whichever graph ran.
+    assert raw.call("execute", model_index=index, graph_index=1)[0] == AEE.ENOTINITIALIZED.dsp
+    token = {"model_index": index, "graph_index": 1, "tensor_index": 0}
+    assert raw.call("set_input", **token, data=bytes(16))[0] == 0
+    assert raw.call("execute", model_index=index, graph_index=1) == (
+        0,
+        idl.Values({"qnn_status": 0}),
+    )
+
+
+def test_a_pack_of_more_graphs_than_a_model_holds_is_refused(
+    raw: Raw, session: FastRpcSession, tmp_path: Path
+) -> None:
+    with (
+        onnx_models.opened(tmp_path, "nine.onnx", onnx_models.many_graphs(9)) as fd,
+        session.expose_file(fd, suffix=".onnx") as exposed,
+    ):
+        assert raw.load(exposed.name)[0] == AEE.EINVALIDFORMAT.dsp
+    rc, why = raw.call("last_error", model_index=0xFFFFFFFF, text=256)
+    assert rc == 0
+    assert why.data("text")[: why.integer("text_len")] == (
+        b"a graph pack that holds 9 graphs; a model has at most 8"
     )

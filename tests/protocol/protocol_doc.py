@@ -145,6 +145,7 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.ModelLoadRequest,
     p.ModelLoadReply,
     p.ModelInfo,
+    p.GraphInfo,
     p.TensorInfo,
     p.ModelInfoRequest,
     p.ModelInfoReply,
@@ -311,7 +312,7 @@ _STATUS: Final = p.DaemonStatus(
 )
 
 
-_VAD: Final = p.ModelInfo(
+_VAD_GRAPH_0: Final = p.ModelInfo(
     name="silero_vad.onnx",
     description="an ONNX model (IR version 8, opset 16)",
     file_bytes=2_327_524,
@@ -342,6 +343,12 @@ _VAD: Final = p.ModelInfo(
             nbytes=1024,
             offset=4160,
         ),
+    ),
+)
+_VAD: Final = msgspec.structs.replace(
+    _VAD_GRAPH_0,
+    graphs=(
+        p.GraphInfo(name="spox_graph", inputs=_VAD_GRAPH_0.inputs, outputs=_VAD_GRAPH_0.outputs),
     ),
 )
 

@@ -46,6 +46,10 @@ FAKE_MODEL_VARIANTS: Final[dict[str, tuple[str, ...]]] = {
     "longest_name": (f'-DFAKE_MODEL_INPUT_NAME="{"n" * 127}"',),
     "long_name": (f'-DFAKE_MODEL_INPUT_NAME="{"n" * 128}"',),
     "unnamed": ("-DFAKE_MODEL_INPUT_NAME=NULL",),
+    # The same for the graphs' names (graph_name).
+    "longest_graph_name": (f'-DFAKE_MODEL_GRAPH_NAME="{"g" * 127}"',),
+    "long_graph_name": (f'-DFAKE_MODEL_GRAPH_NAME="{"g" * 128}"',),
+    "unnamed_graph": ("-DFAKE_MODEL_GRAPH_NAME=NULL",),
     "no_free": ("-DFAKE_MODEL_NO_FREE",),
     "gated": ("-DFAKE_MODEL_GATED",),
 }

@@ -47,6 +47,9 @@
 #ifndef FAKE_MODEL_INPUT_NAME
 #define FAKE_MODEL_INPUT_NAME "in"
 #endif
+#ifndef FAKE_MODEL_GRAPH_NAME
+#define FAKE_MODEL_GRAPH_NAME "add"
+#endif
 
 enum { KIND_ADD = 1, KIND_PAIR = 2 };
 
@@ -201,7 +204,7 @@ static void build_add(fake_entry *entry, uint8_t addend) {
     entry->graph.addend = addend;
     entry->inputs[0] = tensor(1, FAKE_MODEL_INPUT_NAME, FAKE_MODEL_INPUT_TYPE, 2, dims_4x4);
     entry->outputs[0] = tensor(2, "out", QNN_DATATYPE_UINT_8, 2, dims_4x4);
-    entry->info.graphName = "add";
+    entry->info.graphName = FAKE_MODEL_GRAPH_NAME;
     entry->info.numInputTensors = 1;
     entry->info.numOutputTensors = 1;
 }

@@ -16,6 +16,7 @@ MODEL_UNLOAD: Final = 6
 GRAPH_INFO: Final = 7
 RUN: Final = 8
 LAST_ERROR: Final = 9
+GRAPH_NAME: Final = 10
 ARENA_ALIGN: Final = 64
 
 TENSOR_SPEC: Final = struct.Struct("<II8II128s")
@@ -144,6 +145,20 @@ class PortalQnn:
         assert length <= capacity
         assert text[length:] == bytes(capacity - length)
         return 0, text[:length]
+
+    def graph_name(self, model: int, graph: int, capacity: int = 128) -> tuple[int, bytes]:
+        """(rc, the name copied): name_len bytes of the name buffer, the rest checked zero."""
+        result = self.invoke(
+            sc(GRAPH_NAME, 1, 2), [u32s(model, graph, capacity), Out(4), Out(capacity)]
+        )
+        if result.rc != 0:
+            return result.rc, b""
+        (length,) = unpack_u32s(result.buffers[1])
+        name = result.buffers[2]
+        assert name is not None
+        assert length <= capacity
+        assert name[length:] == bytes(capacity - length)
+        return 0, name[:length]
 
     def model_unload(self, model: int) -> int:
         return self.invoke(sc(MODEL_UNLOAD, 1, 0), [u32s(model)]).rc

@@ -46,6 +46,7 @@ PINNED_WORDS: Final = {
     ("portal_qnn", "graph_info"): 0x07010300,
     ("portal_qnn", "run"): 0x08020200,
     ("portal_qnn", "last_error"): 0x09010200,
+    ("portal_qnn", "graph_name"): 0x0A010200,
 }
 
 

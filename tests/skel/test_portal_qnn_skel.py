@@ -23,6 +23,7 @@ from tests.skel.portal_qnn_calls import (
     EXECUTE,
     GET_OUTPUT,
     GRAPH_INFO,
+    GRAPH_NAME,
     LAST_ERROR,
     MODEL_LOAD,
     MODEL_UNLOAD,
@@ -133,6 +134,22 @@ def test_model_index_checks(portal: PortalQnn, fake_models: dict[str, Path]) -> 
     assert portal.model_unload(index) == 0
     assert portal.model_unload(index) == AEE.EBADSTATE  # double unload
     assert portal.execute(index, 0).rc == AEE.EBADSTATE
+
+
+def test_graph_name_is_the_librarys_graphname(
+    portal: PortalQnn, fake_models: dict[str, Path]
+) -> None:
+    two = load(portal, fake_models["default"])
+    assert portal.graph_name(two, 0) == (0, b"add")
+    assert portal.graph_name(two, 1) == (0, b"add_pair")
+    assert portal.graph_name(two, 1, capacity=3) == (0, b"add")  # cut to the capacity
+    assert portal.graph_name(two, 2)[0] == AEE.EBADPARM
+    assert portal.graph_name(4, 0)[0] == AEE.EBADPARM
+    assert portal.model_unload(two) == 0
+    assert portal.graph_name(two, 0)[0] == AEE.EBADSTATE
+    # A badly marshalled call: the capacity says more than the buffer holds.
+    result = portal.invoke(sc(GRAPH_NAME, 1, 2), [u32s(two, 0, 16), Out(4), Out(8)])
+    assert result.rc == AEE.EBADPARM
 
 
 def test_graph_index_checks(portal: PortalQnn, fake_models: dict[str, Path]) -> None:
@@ -484,6 +501,16 @@ def test_tensor_names_up_to_127_bytes(portal: PortalQnn, fake_models: dict[str, 
     assert live_sets(fake_models["long_name"]) == 0  # what compose returned was given back
 
 
+def test_graph_names_up_to_127_bytes(portal: PortalQnn, fake_models: dict[str, Path]) -> None:
+    longest = load(portal, fake_models["longest_graph_name"])
+    assert portal.graph_name(longest, 0) == (0, b"g" * 127)
+    unnamed = load(portal, fake_models["unnamed_graph"])
+    assert portal.graph_name(unnamed, 0) == (0, b"")
+    too_long = portal.model_load(str(fake_models["long_graph_name"]))
+    assert (too_long.rc, too_long.model_index) == (AEE.EINVALIDFORMAT, UNTOUCHED_U32)
+    assert live_sets(fake_models["long_graph_name"]) == 0  # what compose returned was given back
+
+
 BAD_PORTAL_CALLS: list[tuple[str, int, list[Slot]]] = [
     ("load: no primROut", sc(MODEL_LOAD, 2, 0), [u32s(2), b"x\0"]),
     ("load: primROut too small", sc(MODEL_LOAD, 2, 1), [u32s(2), b"x\0", Out(8)]),
@@ -560,7 +587,7 @@ def test_badly_marshalled_calls_have_no_effect(
     assert portal.model_unload(0) == 0
 
 
-@pytest.mark.parametrize("method", [10, 11, 30, 31])
+@pytest.mark.parametrize("method", [11, 12, 30, 31])
 def test_unknown_method(portal: PortalQnn, method: int) -> None:
     assert portal.skel.invoke(portal.handle, sc(method, 1, 0), [u32s(0)]).rc == AEE.EUNSUPPORTED
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from npud.fastrpc.model_format import ModelFileError, ModelFormat, check_model_file, sniff
+from npud.formats import graph_pack
 from tests.emulator import onnx_models
 
 
@@ -110,3 +111,38 @@ def test_unreadable(tmp_path: Path, fds: list[int]) -> None:
     fds.append(directory)
     with pytest.raises(ModelFileError, match="cannot read the model file: not a regular file"):
         sniff(directory)
+
+
+def test_a_graph_pack_is_onnx_with_named_graphs(tmp_path: Path, fds: list[int]) -> None:
+    fd = _fd(tmp_path, fds, onnx_models.two_graphs())
+    sniffed = check_model_file(fd, "emulator")
+    assert sniffed.format is ModelFormat.ONNX
+    assert sniffed.graphs == ("prefill", "decode")
+    assert sniffed.description == "a graph pack of ONNX graphs ('prefill', 'decode')"
+    with pytest.raises(ModelFileError, match="the kernel backend takes QNN model") as kernel:
+        check_model_file(fd, "kernel")
+    assert kernel.value.kind == "wrong-format"
+    assert sniff(_fd(tmp_path, fds, onnx_models.add_one())).graphs == ()
+
+
+@pytest.mark.parametrize(
+    ("data", "kind", "reason"),
+    [
+        (onnx_models.many_graphs(9), "refused", "holds 9 graphs; a model has at most 8"),
+        (onnx_models.two_graphs()[:30], "damaged", "ends inside the shared weights"),
+        (onnx_models.many_graphs(1)[:-1], "damaged", "ends inside graph 'g0'"),
+        (graph_pack.write_pack([("g", onnx_models.endless_loop())]), "refused", "a loop whose"),
+        (
+            graph_pack.write_pack([("g", onnx_models.external_initializer("x.bin"))]),
+            "refused",
+            "refers to external data",
+        ),
+    ],
+    ids=["nine graphs", "cut header", "cut graph", "looping member", "external member"],
+)
+def test_graph_packs_refused(
+    tmp_path: Path, fds: list[int], data: bytes, kind: str, reason: str
+) -> None:
+    with pytest.raises(ModelFileError, match=reason) as refused:
+        check_model_file(_fd(tmp_path, fds, data), "emulator")
+    assert refused.value.kind == kind

@@ -663,18 +663,28 @@ class Model(ModelBase["Client"]):
         self,
         inputs: Mapping[str, TensorValue] | None = None,
         *,
+        graph: str | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
     ) -> dict[str, Any]:
-        """Set ``inputs`` (by name), run once, return every output by name (copies).
-        ``timeout`` and ``deadline`` (seconds) as for ``RemoteHandle.invoke``."""
-        self._set_inputs(inputs)
-        self.execute(timeout=timeout, deadline=deadline)
-        return self._outputs()
+        """Set ``inputs`` (by name), run graph ``graph`` (by name; the first when None)
+        once, return every output of it by name (copies). ``timeout`` and ``deadline``
+        (seconds) as for ``RemoteHandle.invoke``."""
+        index = self._graph(graph)
+        self._set_inputs(inputs, index)
+        self._client._run(self._execute_call(timeout, deadline, index))
+        return self._outputs(index)
 
-    def execute(self, *, timeout: float | None = None, deadline: float | None = None) -> None:
-        """Run once on the inputs in the arena (InputNotSet if one never had a value)."""
-        self._client._run(self._execute_call(timeout, deadline))
+    def execute(
+        self,
+        *,
+        graph: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        """Run graph ``graph`` (the first when None) once on its inputs in the arena
+        (InputNotSet if one never had a value)."""
+        self._client._run(self._execute_call(timeout, deadline, self._graph(graph)))
 
     def info(self) -> ModelInfo:
         """What npud knows of the model now (its runs included)."""

@@ -17,7 +17,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from npu_client import _requests as requests
 from npu_client._core import Call, ClientCore
 from npu_client._models import ModelState, TensorValue
-from npu_protocol import ModelInfo, TensorInfo
+from npu_protocol import GraphInfo, ModelInfo, TensorInfo
 
 
 class _HasCore(Protocol):
@@ -32,8 +32,13 @@ class ModelBase(Generic[C]):
     """A model loaded in npud; its tensors are shared memory (the arena).
 
     ``inputs`` / ``outputs`` describe the tensors (name, dtype, shape, nbytes,
-    offset). ``run`` gives inputs, runs once and returns every output: numpy
-    arrays when numpy is installed, ``bytes`` otherwise. Inputs keep their value
+    offset) of the model's first graph; ``graphs`` lists every graph (a QNN
+    context binary, or a graph pack on the emulator, holds up to 8: an LLM's
+    prefill and decode), each with its own tensors in its own regions of the
+    arena. ``graph=NAME`` picks one for ``run``, ``execute`` and the tensor
+    calls; without it they use the first. ``run`` gives inputs, runs once and
+    returns every output: numpy arrays when numpy is installed, ``bytes``
+    otherwise. Inputs keep their value
     between runs, so ``run({"audio": chunk})`` changes only the audio. For
     callers that keep state between calls: :meth:`set_input`, ``execute``,
     :meth:`get_output`, and :meth:`input_view` / :meth:`output_view`, views of
@@ -65,6 +70,12 @@ class ModelBase(Generic[C]):
         return self._state.outputs
 
     @property
+    def graphs(self) -> tuple[GraphInfo, ...]:
+        """Every graph of the model in index order: its name and its own inputs and
+        outputs. A daemon before protocol version 5 reports the first alone, unnamed."""
+        return self._state.graphs
+
+    @property
     def unloaded(self) -> bool:
         """True once unloaded, its client closed, or its DSP session restarted."""
         return self._state.unloaded
@@ -74,39 +85,49 @@ class ModelBase(Generic[C]):
         """The DSP time of the last run (µs), as npud measured it."""
         return self._state.last_dsp_us
 
-    def set_input(self, name: str, value: TensorValue) -> None:
-        """Write input ``name`` into the shared arena (checked: dtype, shape, size)."""
-        self._state.set_input(name, value)
+    def set_input(self, name: str, value: TensorValue, *, graph: str | None = None) -> None:
+        """Write input ``name`` (of graph ``graph``; the first when None) into the shared
+        arena (checked: dtype, shape, size)."""
+        self._state.set_input(name, value, self._graph(graph))
 
-    def get_output(self, name: str) -> Any:
-        """A copy of output ``name`` from the last successful run (NoOutputs before one)."""
-        return self._state.get_output(name)
+    def get_output(self, name: str, *, graph: str | None = None) -> Any:
+        """A copy of output ``name`` (of graph ``graph``) from that graph's last
+        successful run (NoOutputs before one)."""
+        return self._state.get_output(name, self._graph(graph))
 
-    def input_view(self, name: str) -> Any:
-        """Input ``name`` in the shared arena, writable: a numpy array (memoryview
-        without numpy). Taking it counts as giving the input a value."""
-        return self._state.input_view(name)
+    def input_view(self, name: str, *, graph: str | None = None) -> Any:
+        """Input ``name`` (of graph ``graph``) in the shared arena, writable: a numpy
+        array (memoryview without numpy). Taking it counts as giving the input a value."""
+        return self._state.input_view(name, self._graph(graph))
 
-    def output_view(self, name: str) -> Any:
-        """Output ``name`` in the shared arena: the next run overwrites it."""
-        return self._state.output_view(name)
+    def output_view(self, name: str, *, graph: str | None = None) -> Any:
+        """Output ``name`` (of graph ``graph``) in the shared arena: the graph's next run
+        overwrites it."""
+        return self._state.output_view(name, self._graph(graph))
 
     def __repr__(self) -> str:
         return repr(self._state)
 
     # --- what the facades' waiting calls send --------------------------------------------
 
-    def _set_inputs(self, inputs: Mapping[str, TensorValue] | None) -> None:
+    def _graph(self, graph: str | None) -> int:
+        """The index of graph ``graph`` (Unsupported before protocol version 5,
+        InvalidTensorIndex for a name the model does not have)."""
+        return requests.graph_of(self._client._core, self._state, graph)
+
+    def _set_inputs(self, inputs: Mapping[str, TensorValue] | None, graph: int = 0) -> None:
         """``run``'s first step: each of ``inputs`` into the arena."""
         for name, value in (inputs or {}).items():
-            self._state.set_input(name, value)
+            self._state.set_input(name, value, graph)
 
-    def _outputs(self) -> dict[str, Any]:
-        """``run``'s last step: every output by name (copies)."""
-        return self._state.all_outputs()
+    def _outputs(self, graph: int = 0) -> dict[str, Any]:
+        """``run``'s last step: every output of the graph by name (copies)."""
+        return self._state.all_outputs(graph)
 
-    def _execute_call(self, timeout: float | None, deadline: float | None) -> Call[None]:
-        return requests.run_model(self._client._core, self._state, timeout, deadline)
+    def _execute_call(
+        self, timeout: float | None, deadline: float | None, graph: int = 0
+    ) -> Call[None]:
+        return requests.run_model(self._client._core, self._state, timeout, deadline, graph)
 
     def _info_call(self) -> Call[ModelInfo]:
         return requests.model_info(self._state)

@@ -35,6 +35,10 @@ class RunReport(msgspec.Struct, frozen=True):
     """The run's DSP time as npud measured it."""
     inputs: list[TensorLine] = msgspec.field(default_factory=list)
     outputs: list[TensorLine] = msgspec.field(default_factory=list)
+    graph: str = ""
+    """The graph that ran (--graph); empty: the model's first."""
+    graphs: list[str] = msgspec.field(default_factory=list)
+    """Every graph's name, when the model has more than one."""
 
 
 @dataclass
@@ -42,6 +46,8 @@ class RunArgs:
     model: Path
     inputs: dict[str, Path] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    graph: str | None = None
+    """The graph to run, by name (--graph); None: the first."""
 
 
 def parse_assignment(text: str) -> tuple[str, str]:
@@ -63,29 +69,32 @@ def parse_dims(text: str) -> tuple[int, ...]:
 
 
 def run_once(client: Client, args: RunArgs) -> RunReport:
-    """Load ``args.model``, set each input from its .npy file (zeros otherwise), run once."""
+    """Load ``args.model``, set each input of the graph (``args.graph``; the first by
+    default) from its .npy file (zeros otherwise), run that graph once."""
     arrays = {name: _load_npy(path) for name, path in args.inputs.items()}
     started = time.perf_counter()
     with client.load_model(args.model, shapes=load_shapes(client.backend, args, arrays)) as model:
         loaded = time.perf_counter()
-        known = {spec.name for spec in model.inputs}
+        graph = model.graphs[model._graph(args.graph)]
+        known = {spec.name for spec in graph.inputs}
         unknown = sorted(set(arrays) - known)
         if unknown:
+            of = f"graph {args.graph!r}" if args.graph else "the model"
             raise RunUsageError(
-                f"the model has no input {unknown[0]!r} (its inputs: "
+                f"{of} has no input {unknown[0]!r} (its inputs: "
                 f"{', '.join(repr(n) for n in sorted(known)) or 'none'})"
             )
         inputs = []
-        for spec in model.inputs:
+        for spec in graph.inputs:
             if spec.name in arrays:
-                model.set_input(spec.name, arrays[spec.name])
+                model.set_input(spec.name, arrays[spec.name], graph=args.graph)
                 source = str(args.inputs[spec.name])
             else:
-                model.input_view(spec.name)  # the arena starts zeroed: zeros it is
+                model.input_view(spec.name, graph=args.graph)  # the arena starts zeroed
                 source = "zeros"
             inputs.append(TensorLine(spec.name, spec.dtype, tuple(spec.shape), source))
         before = time.perf_counter()
-        model.execute()
+        model.execute(graph=args.graph)
         after = time.perf_counter()
         return RunReport(
             model=model.name,
@@ -94,7 +103,9 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
             run_ms=(after - before) * 1000,
             dsp_us=model.last_dsp_us,
             inputs=inputs,
-            outputs=[TensorLine(s.name, s.dtype, tuple(s.shape)) for s in model.outputs],
+            outputs=[TensorLine(s.name, s.dtype, tuple(s.shape)) for s in graph.outputs],
+            graph=graph.name,
+            graphs=[g.name for g in model.graphs] if len(model.graphs) > 1 else [],
         )
 
 
@@ -129,6 +140,9 @@ def _load_npy(path: Path) -> Any:
 
 def render_run(report: RunReport) -> str:
     lines = [f"model    {report.model} ({report.description})"]
+    if report.graphs:
+        names = ", ".join(repr(name) for name in report.graphs)
+        lines.append(f"graph    {report.graph!r} of {names}")
     lines += [f"input    {t.name} {t.dtype} {list(t.shape)} <- {t.source}" for t in report.inputs]
     lines += [f"output   {t.name} {t.dtype} {list(t.shape)}" for t in report.outputs]
     lines.append(

@@ -36,7 +36,7 @@ from npu_client._errors import (
 )
 from npu_client._memory import _map_shared
 from npu_client.transport import OwnedFd
-from npu_protocol import ErrorCode, ModelInfo, TensorInfo, format_message
+from npu_protocol import ErrorCode, GraphInfo, ModelInfo, TensorInfo, format_message
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -118,13 +118,17 @@ class ModelState:
         self._fd = fd
         self._mmap: mmap.mmap | None = memory
         self._gone = ""
-        self._inputs = {spec.name: spec for spec in info.inputs}
-        self._outputs = {spec.name: spec for spec in info.outputs}
-        self._set: set[str] = set()
-        self._has_outputs = False
+        self.graphs: tuple[GraphInfo, ...] = info.graphs or (
+            GraphInfo(name="", inputs=info.inputs, outputs=info.outputs),
+        )
+        """Every graph (a daemon before protocol version 5 reports the first alone)."""
+        self._inputs = [{spec.name: spec for spec in g.inputs} for g in self.graphs]
+        self._outputs = [{spec.name: spec for spec in g.outputs} for g in self.graphs]
+        self._set: list[set[str]] = [set() for _ in self.graphs]
+        self._has_outputs = [False] * len(self.graphs)
         self.last_dsp_us = 0
         """The DSP time of the last run, µs, as the daemon measured it."""
-        self._views: dict[str, Any] = {}
+        self._views: dict[int, Any] = {}  # by offset: tensors of two graphs may share a name
 
     # --- what the model is --------------------------------------------------------------
 
@@ -140,6 +144,21 @@ class ModelState:
     def unloaded(self) -> bool:
         return self._mmap is None
 
+    def graph_index(self, graph: str | None) -> int:
+        """The index of the graph named ``graph`` (None or "": the first);
+        InvalidTensorIndex, naming the model's graphs, when it has none of that name."""
+        if not graph:
+            return 0
+        for index, info in enumerate(self.graphs):
+            if info.name == graph:
+                return index
+        names = ", ".join(repr(g.name) for g in self.graphs if g.name) or "none with a name"
+        index_text = f"graph {graph!r} (the model's graphs: {names})"
+        raise InvalidTensorIndex(
+            code_message(ErrorCode.INVALID_TENSOR_INDEX, index=index_text),
+            fields={"index": index_text},
+        )
+
     def check_loaded(self) -> None:
         if self._mmap is None:
             raise ModelNotLoaded(
@@ -149,17 +168,19 @@ class ModelState:
 
     # --- inputs -------------------------------------------------------------------------
 
-    def input_view(self, name: str) -> Any:
-        """A writable view of input ``name`` in the arena: a numpy array of its dtype and
-        shape, or a memoryview without numpy. Taking it counts as giving the input a value."""
-        spec = self._tensor(self._inputs, name, "input")
-        self._set.add(spec.name)
+    def input_view(self, name: str, graph: int = 0) -> Any:
+        """A writable view of input ``name`` of graph ``graph`` in the arena: a numpy
+        array of its dtype and shape, or a memoryview without numpy. Taking it counts as
+        giving the input a value."""
+        spec = self._tensor(self._inputs[graph], name, "input")
+        self._set[graph].add(spec.name)
         return self._view(spec)
 
-    def set_input(self, name: str, value: TensorValue) -> None:
-        """Copy ``value`` into input ``name``: exactly its shape, and its dtype or one of
-        the same kind (:func:`_cast_refusal`); or, bytes-like, exactly its size."""
-        spec = self._tensor(self._inputs, name, "input")
+    def set_input(self, name: str, value: TensorValue, graph: int = 0) -> None:
+        """Copy ``value`` into input ``name`` of graph ``graph``: exactly its shape, and
+        its dtype or one of the same kind (:func:`_cast_refusal`); or, bytes-like,
+        exactly its size."""
+        spec = self._tensor(self._inputs[graph], name, "input")
         numpy = numpy_module()
         if numpy is not None and not isinstance(value, bytes | bytearray | memoryview):
             array = numpy.asarray(value)
@@ -181,39 +202,45 @@ class ModelState:
             if len(raw) != spec.nbytes:
                 raise _mismatch(spec, f"{len(raw)} bytes")
             self._memory()[spec.offset : spec.offset + spec.nbytes] = raw
-        self._set.add(spec.name)
+        self._set[graph].add(spec.name)
 
-    def before_run(self) -> None:
-        """Every input has a value (InputNotSet otherwise); the outputs are invalid
-        until the run succeeds."""
+    def before_run(self, graph: int = 0) -> None:
+        """Every input of graph ``graph`` has a value (InputNotSet otherwise); its
+        outputs are invalid until the run succeeds."""
         self.check_loaded()
-        missing = [repr(spec.name) for spec in self.info.inputs if spec.name not in self._set]
+        done = self._set[graph]
+        missing = [repr(s.name) for s in self.graphs[graph].inputs if s.name not in done]
         if missing:
+            of = f" of graph {self.graphs[graph].name!r}" if graph else ""
             detail = (
-                f"input {', '.join(missing)} of model {self.id} has no value: set it (set_input,"
-                " input_view or run's inputs) before running"
+                f"input {', '.join(missing)}{of} of model {self.id} has no value: set it"
+                " (set_input, input_view or run's inputs) before running"
             )
             raise InputNotSet(
                 format_message(ErrorCode.INPUT_NOT_SET, detail=detail), fields={"detail": detail}
             )
-        self._has_outputs = False
+        self._has_outputs[graph] = False
 
-    def after_run(self, dsp_us: int) -> None:
-        self._has_outputs = True
+    def after_run(self, dsp_us: int, graph: int = 0) -> None:
+        self._has_outputs[graph] = True
         self.last_dsp_us = dsp_us
 
     # --- outputs ------------------------------------------------------------------------
 
-    def output_view(self, name: str) -> Any:
-        """A view of output ``name`` in the arena (numpy array, or memoryview without
-        numpy); the next run overwrites it."""
-        return self._view(self._tensor(self._outputs, name, "output"))
+    def output_view(self, name: str, graph: int = 0) -> Any:
+        """A view of output ``name`` of graph ``graph`` in the arena (numpy array, or
+        memoryview without numpy); the graph's next run overwrites it."""
+        return self._view(self._tensor(self._outputs[graph], name, "output"))
 
-    def get_output(self, name: str) -> Any:
-        """A copy of output ``name`` of the last successful run: a numpy array, or bytes."""
-        spec = self._tensor(self._outputs, name, "output")
-        if not self._has_outputs:
-            detail = f"model {self.id} has not run successfully since it was loaded or last failed"
+    def get_output(self, name: str, graph: int = 0) -> Any:
+        """A copy of output ``name`` of graph ``graph``'s last successful run: a numpy
+        array, or bytes."""
+        spec = self._tensor(self._outputs[graph], name, "output")
+        if not self._has_outputs[graph]:
+            of = f"graph {self.graphs[graph].name!r} of " if graph else ""
+            detail = (
+                f"{of}model {self.id} has not run successfully since it was loaded or last failed"
+            )
             raise NoOutputs(
                 format_message(ErrorCode.NO_OUTPUTS, detail=detail), fields={"detail": detail}
             )
@@ -221,8 +248,8 @@ class ModelState:
             return self._view(spec).copy()
         return bytes(self._memory()[spec.offset : spec.offset + spec.nbytes])
 
-    def all_outputs(self) -> dict[str, Any]:
-        return {spec.name: self.get_output(spec.name) for spec in self.info.outputs}
+    def all_outputs(self, graph: int = 0) -> dict[str, Any]:
+        return {s.name: self.get_output(s.name, graph) for s in self.graphs[graph].outputs}
 
     # --- ownership ----------------------------------------------------------------------
 
@@ -262,7 +289,7 @@ class ModelState:
         return spec
 
     def _view(self, spec: TensorInfo) -> Any:
-        view = self._views.get(spec.name)
+        view = self._views.get(spec.offset)
         if view is None:
             memory = self._memory()
             numpy = numpy_module()
@@ -272,7 +299,7 @@ class ModelState:
                 )
             else:
                 view = memoryview(memory)[spec.offset : spec.offset + spec.nbytes]
-            self._views[spec.name] = view
+            self._views[spec.offset] = view
         return view
 
 

@@ -202,6 +202,8 @@ def _invoke_outputs(pending: Pending) -> list[bytes | None]:
 # --- models -----------------------------------------------------------------------------------
 
 MODELS_VERSION = 2
+GRAPHS_VERSION = 5
+"""The protocol version that brought named graphs (ModelInfo.graphs, model_run.graph)."""
 """The protocol version that has models."""
 
 
@@ -238,19 +240,38 @@ def _model_info(pending: Pending) -> ModelInfo:
     return pending.result(ModelInfoReply).info
 
 
+def graph_of(core: ClientCore[Any], model: ModelState, graph: str | None) -> int:
+    """The index of the graph named ``graph`` (None or "": the first). Unsupported
+    against a daemon below protocol version 5, which would run the first graph whatever
+    the request named; InvalidTensorIndex for a name the model does not have."""
+    if graph and core.protocol_version < GRAPHS_VERSION:
+        what = (
+            f"graph= (npud speaks protocol version {core.protocol_version}; naming a graph"
+            f" needs {GRAPHS_VERSION}): it runs the first graph only"
+        )
+        raise Unsupported(code_message(ErrorCode.UNSUPPORTED, what=what), fields={"what": what})
+    return model.graph_index(graph)
+
+
 def run_model(
-    core: ClientCore[Any], model: ModelState, timeout: float | None, deadline: float | None
+    core: ClientCore[Any],
+    model: ModelState,
+    timeout: float | None,
+    deadline: float | None,
+    graph: int = 0,
 ) -> Call[None]:
-    """One run on the inputs in the arena; afterwards the outputs are there."""
+    """One run of graph ``graph`` (an index from :func:`graph_of`) on the inputs in the
+    arena; afterwards its outputs are there."""
     timeout_ms, deadline_ms = call_timing(timeout, deadline, core.limits, core.protocol_version)
-    model.before_run()
+    model.before_run(graph)
+    name = model.graphs[graph].name if graph else ""
 
     def finish(pending: Pending) -> None:
-        model.after_run(pending.result(ModelRunReply).dsp_us)
+        model.after_run(pending.result(ModelRunReply).dsp_us, graph)
 
     return Call(
         lambda rid: ModelRunRequest(
-            id=rid, model=model.id, timeout_ms=timeout_ms, deadline_ms=deadline_ms
+            id=rid, model=model.id, timeout_ms=timeout_ms, deadline_ms=deadline_ms, graph=name
         ),
         finish,
     )

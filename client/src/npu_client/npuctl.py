@@ -224,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
         "needed for inputs without --input and for outputs whose shape does not follow "
         "from the inputs'; repeat per tensor",
     )
+    run.add_argument(
+        "--graph",
+        metavar="NAME",
+        help="run the model's graph NAME (a model may hold up to 8, e.g. an LLM's prefill "
+        "and decode; on the emulator a graph pack); --input names that graph's inputs. "
+        "Default: the first graph",
+    )
     run.add_argument("--json", action="store_true", help="print the report as JSON")
     run.set_defaults(run=_run)
     debug = commands.add_parser(
@@ -399,6 +406,7 @@ def _run(client: Client, args: argparse.Namespace) -> int:
         args.model,
         inputs={name: Path(path) for name, path in args.input},
         shapes=dict(args.shape),
+        graph=args.graph,
     )
     try:
         report = run_once(client, run_args)

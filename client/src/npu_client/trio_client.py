@@ -434,17 +434,25 @@ class TrioModel(ModelBase["TrioClient"]):
         self,
         inputs: Mapping[str, TensorValue] | None = None,
         *,
+        graph: str | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
     ) -> dict[str, Any]:
         """As ``Model.run``."""
-        self._set_inputs(inputs)
-        await self.execute(timeout=timeout, deadline=deadline)
-        return self._outputs()
+        index = self._graph(graph)
+        self._set_inputs(inputs, index)
+        await self._client._run(self._execute_call(timeout, deadline, index))
+        return self._outputs(index)
 
-    async def execute(self, *, timeout: float | None = None, deadline: float | None = None) -> None:
+    async def execute(
+        self,
+        *,
+        graph: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> None:
         """As ``Model.execute``."""
-        await self._client._run(self._execute_call(timeout, deadline))
+        await self._client._run(self._execute_call(timeout, deadline, self._graph(graph)))
 
     async def info(self) -> ModelInfo:
         """As ``Model.info``."""

@@ -300,7 +300,7 @@ class ModelInfoRequest(Request, tag="model_info", frozen=True, kw_only=True):
     model: ObjectId
 
 
-class ModelRunRequest(Request, tag="model_run", frozen=True, kw_only=True):
+class ModelRunRequest(Request, tag="model_run", frozen=True, kw_only=True, omit_defaults=True):
     """Version 2: run a model once on the inputs in its arena; the outputs replace
     the previous ones in the arena. No tensor bytes travel in the frame."""
 
@@ -309,6 +309,9 @@ class ModelRunRequest(Request, tag="model_run", frozen=True, kw_only=True):
     """As for invoke: None applies the connection's default_timeout_ms."""
     deadline_ms: TimeoutMs | None = None
     """As for invoke: the run must be dispatched within this many ms."""
+    graph: TensorName = ""
+    """Version 5: the graph to run, by its name in ``ModelInfo.graphs``; empty: the
+    first graph."""
 
 
 class ModelUnloadRequest(Request, tag="model_unload", frozen=True, kw_only=True):

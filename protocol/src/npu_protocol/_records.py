@@ -15,6 +15,7 @@ import msgspec
 from npu_protocol._wire import (
     DEFAULT_MAX_FRAME_SIZE,
     INLINE_RESERVE,
+    MAX_GRAPHS,
     MAX_STATUS_CLIENTS,
     MAX_TENSORS,
     U32,
@@ -135,6 +136,17 @@ class TensorInfo(_Record, frozen=True, kw_only=True):
     """Where the tensor starts in the model's arena (the DMA-BUF of the load reply)."""
 
 
+class GraphInfo(_Record, frozen=True, kw_only=True):
+    """Version 5: one graph of a model, its own tensors and where they live in the arena."""
+
+    name: TensorName = ""
+    """The name the model gives the graph (a QNN context binary's graph name, a graph
+    pack's name on the emulator); what ``model_run.graph`` names. Empty when the model
+    or the DSP gives none."""
+    inputs: Annotated[tuple[TensorInfo, ...], msgspec.Meta(max_length=MAX_TENSORS)] = ()
+    outputs: Annotated[tuple[TensorInfo, ...], msgspec.Meta(max_length=MAX_TENSORS)] = ()
+
+
 class ModelInfo(_Record, frozen=True, kw_only=True):
     """A loaded model: its tensors and the arena that holds them."""
 
@@ -144,11 +156,15 @@ class ModelInfo(_Record, frozen=True, kw_only=True):
     """What the daemon found the file to be (format, version)."""
     file_bytes: U63 = 0
     arena_bytes: U32
-    """Size of the arena DMA-BUF: every input, then every output, at their offsets."""
+    """Size of the arena DMA-BUF: every input, then every output, at their offsets (of
+    each graph in turn)."""
     inputs: Annotated[tuple[TensorInfo, ...], msgspec.Meta(max_length=MAX_TENSORS)] = ()
     outputs: Annotated[tuple[TensorInfo, ...], msgspec.Meta(max_length=MAX_TENSORS)] = ()
     runs: U63 = 0
     """Runs completed since load."""
+    graphs: Annotated[tuple[GraphInfo, ...], msgspec.Meta(max_length=MAX_GRAPHS)] = ()
+    """Version 5: every graph of the model in index order, each with its own tensors in
+    its own regions of the arena; ``inputs`` and ``outputs`` are the first graph's."""
 
 
 class ModelRow(_Record, frozen=True, kw_only=True):

@@ -15,7 +15,7 @@ from npu_protocol.errors import MAX_DMA_SIZE
 
 # --- versions ----------------------------------------------------------------
 
-PROTOCOL_VERSION: Final = 4
+PROTOCOL_VERSION: Final = 5
 """The newest protocol version this package speaks (PROTOCOL.md section 12)."""
 
 MIN_PROTOCOL_VERSION: Final = 1
@@ -60,6 +60,8 @@ MAX_URI_LENGTH: Final = 1023
 
 MAX_ERROR_FIELDS: Final = 16
 MAX_TENSORS: Final = 32
+MAX_GRAPHS: Final = 8
+"""Graphs of one model (portal_qnn's limit)."""
 """Inputs (and outputs) of one model graph (portal_qnn's limit)."""
 MAX_RANK: Final = 8
 MAX_REQUEST_ITEMS: Final = 16384

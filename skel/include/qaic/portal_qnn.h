@@ -58,6 +58,9 @@ int portal_qnn_run(remote_handle64 _h, unsigned int model_index, unsigned int gr
 /* method 9 */
 int portal_qnn_last_error(remote_handle64 _h, unsigned int model_index, unsigned char *text,
                           int textLen, unsigned int *text_len);
+/* method 10 */
+int portal_qnn_graph_name(remote_handle64 _h, unsigned int model_index, unsigned int graph_index,
+                          unsigned char *name, int nameLen, unsigned int *name_len);
 
 #ifndef portal_qnn_URI
 #define portal_qnn_URI "file:///libportal_qnn_skel.so?portal_qnn_skel_handle_invoke&_modver=1.0"
