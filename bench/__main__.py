@@ -32,7 +32,6 @@ MODULES: dict[str, str] = {
     "transfer": "bench.transfer",
     "pool": "bench.pool",
     "client_cost": "bench.client_cost",
-    "ring_trial": "bench.ring_trial",
     "emulator": "bench.emulator",
     "portal_qnn_vad": "bench.portal_qnn_vad",
     "model_vad": "bench.model_vad",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import bench.__main__ as bench_main
-from bench import emulator, pool, ring_trial, unix_sink
+from bench import emulator, pool, unix_sink
 from bench.harness import (
     Context,
     Goal,
@@ -207,13 +207,3 @@ def test_the_pool_module_runs_quick(tmp_path: Path) -> None:
     assert row.ratio > 0
     assert set(row.figures) == {"pooled_ms", "fresh_ms", "pooled_release_ms", "fresh_release_ms"}
 
-
-def test_the_ring_trial_runs_quick_and_checks_every_echo(tmp_path: Path) -> None:
-    rows = ring_trial.rows(Context(quick=True, workdir=tmp_path))
-    assert [row.name for row in rows] == ["ring_trial.transport", "ring_trial.native_echo"]
-    transport, native = rows
-    for figure in ("inproc_us", "ring_us", "socket_us", "npud_us"):
-        assert transport.figures[figure] > 0
-    assert native.figures["python_us"] > 0
-    assert native.figures["c_us"] > 0
-    assert not list(tmp_path.glob("*.sock"))  # every server gone, its socket too
