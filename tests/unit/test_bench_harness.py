@@ -206,4 +206,3 @@ def test_the_pool_module_runs_quick(tmp_path: Path) -> None:
     assert row.rounds == 3
     assert row.ratio > 0
     assert set(row.figures) == {"pooled_ms", "fresh_ms", "pooled_release_ms", "fresh_release_ms"}
-
