@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -136,6 +138,29 @@ class Profile:
             )
         except (ValueError, OSError) as exc:
             raise EmulatorStartError(f"[emulator]: {exc}") from exc
+
+    @contextmanager
+    def zygote_started(self) -> Iterator[None]:
+        """On the emulator with PD processes (``pd_isolation = "process"``), its zygote
+        started now, for the time of the ``with``: the zygote's interpreter and imports
+        (numpy, the skels, onnxruntime) then overlap the daemon's own imports, and the
+        driver made later shares it (:func:`npud.sim.pd_host.acquire_zygote`). Nothing
+        on a device or with PD threads. A ``pd_user`` that does not resolve starts
+        nothing here: :meth:`make_driver` reports it."""
+        if self.kind != "emulator" or self.emulator_pd_isolation != "process":
+            yield
+            return
+        from npud.sim.pd_host import acquire_zygote  # noqa: PLC0415  (not on a device)
+
+        try:
+            lease = acquire_zygote(self.emulator_pd_user)
+        except (ValueError, OSError):
+            yield  # make_driver raises the same as an EmulatorStartError
+            return
+        try:
+            yield
+        finally:
+            lease.release()
 
     def lend_verifier(self, verifier: ShellVerifier) -> None:
         """A verifier started earlier, for the next :meth:`verify_shell` to use up.

@@ -3,8 +3,12 @@
 Start-up order: the shell-signature verifier's child process is started right
 after the command line is parsed, and only then are the daemon's modules
 imported, so the child's interpreter and ``cryptography`` load meanwhile
-(``npud.fastrpc.shell_verifier``). ``npud doctor`` is imported only for
-``npud doctor``, ``npud trace`` only for ``npud trace``.
+(``npud.fastrpc.shell_verifier``). On the emulator the PD zygote is started
+as soon as the configuration is read (``Profile.zygote_started``), for the
+same reason: its numpy and onnxruntime load while the daemon imports. What no
+client needs before its first model load or its DSP's first heap growth (the
+model code, the IDL parse) is imported on that first use. ``npud doctor`` is
+imported only for ``npud doctor``, ``npud trace`` only for ``npud trace``.
 """
 
 from __future__ import annotations
@@ -148,7 +152,8 @@ def _start(args: argparse.Namespace, verifier: ShellVerifier) -> int:
             "--backend emulator runs without a device"
         )
     profile.lend_verifier(verifier)
-    return _serve(args, config, profile)
+    with profile.zygote_started():  # the emulator's: it imports while the daemon does
+        return _serve(args, config, profile)
 
 
 def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
