@@ -170,7 +170,7 @@ class ClientCore(Generic[B]):
 
     # --- handshake -------------------------------------------------------------------------
 
-    def hello(self) -> bytes:
+    def hello(self) -> bytes | bytearray:
         """The Hello frame (it carries no fds)."""
         try:
             data, _ = self._conn.send(self._hello)
@@ -213,7 +213,7 @@ class ClientCore(Generic[B]):
         server's in-flight limit, or the connection is over (begin says so)."""
         return self._death is not None or len(self._pending) < self._max_in_flight
 
-    def begin(self, call: Call[T]) -> tuple[Pending, bytes, list[int]] | None:
+    def begin(self, call: Call[T]) -> tuple[Pending, bytes | bytearray, list[int]] | None:
         """Number and frame ``call``'s request; returns its Pending and the bytes and
         fds to write, or None while the server's in-flight limit is reached (wait
         until :meth:`can_begin`).

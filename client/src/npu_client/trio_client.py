@@ -275,7 +275,7 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
         await self._wait_until(self._core.welcomed_or_dead)
         self._core.check_alive()
 
-    async def _write(self, data: bytes, fds: Sequence[int]) -> None:
+    async def _write(self, data: bytes | bytearray, fds: Sequence[int]) -> None:
         """Send one frame. Cancellable: a caller whose frame has not started
         leaves nothing behind; one cut off part-way garbles the stream for every
         task, so the connection dies with it (never an unkillable wait)."""
