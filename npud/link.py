@@ -52,7 +52,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("npud.link")
 
-SEND_FLAGS: Final = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+SEND_FLAGS: Final = int(socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+RECEIVE_FLAGS: Final = int(socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT)
+# Plain ints: an IntFlag's ``|`` and ``&`` run the enum's Python code at every call.
+_CTRUNC: Final = int(socket.MSG_CTRUNC)
 MIN_OUTBOX_BYTES: Final = 8 * 1024 * 1024
 """What may wait to be sent to one client, at least: its replies beyond what its socket
 buffer holds. The bound is the larger of this and four of its largest frames; a client
@@ -189,11 +192,13 @@ class Link:
         read into again at its next turn), before :meth:`read` lets go of the lock."""
         try:
             size, ancdata, flags, _ = self.sock.recvmsg_into(
-                [buffer], FRAME_ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT
+                [buffer], FRAME_ANCILLARY_SPACE, RECEIVE_FLAGS
             )
         except BlockingIOError:
             return None, [], False  # what the protocol already holds is still processed
         data = memoryview(buffer)[:size]
+        if not ancdata and not flags & _CTRUNC:
+            return data, [], False  # most reads: no fds
         try:
             return data, parse_ancillary(ancdata, flags), False
         except TransportError:
