@@ -517,7 +517,7 @@ class Client(DaemonView["DmaBuffer"]):
         else:
             self._lock.acquire()
             self._reading = False
-            self._core.receive(self._received[:size].tobytes(), fds)
+            self._core.receive(self._received[:size], fds)  # copied by the protocol
         if self._parked:
             self._wake(handoff=False)
 

@@ -244,9 +244,11 @@ class ClientCore(Generic[B]):
 
     # --- input ----------------------------------------------------------------------------
 
-    def receive(self, data: bytes, fds: list[OwnedFd]) -> None:
+    def receive(self, data: bytes | memoryview, fds: list[OwnedFd]) -> None:
         """Feed one read's bytes and fds (``b""``: the server closed), then process
-        everything complete. The connection takes the fds; nothing leaks on error."""
+        everything complete. The connection takes the fds; nothing leaks on error.
+        ``data`` may be a view of the caller's receive buffer: the protocol copies it
+        before this returns."""
         if self._death is not None:
             for fd in fds:
                 fd.close()

@@ -333,7 +333,7 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
         except (OSError, trio.ClosedResourceError) as exc:
             self._core.die(ErrorCode.CONNECTION_CLOSED, f"reading failed: {_reason(exc)}")
         else:
-            self._core.receive(self._received[:size].tobytes(), fds)
+            self._core.receive(self._received[:size], fds)  # copied by the protocol
 
     def _notify(self) -> None:
         """Wake every waiting task to look at its request again."""
