@@ -10,7 +10,10 @@ emulator otherwise. The two profiles differ in what they trust:
 
 Importing this module loads neither the emulator nor ``cryptography``: the
 kernel profile never needs the first, and the daemon checks the shell's
-signature in a child process (:meth:`Profile.lend_verifier`).
+signature in a child process (:meth:`Profile.lend_verifier`). Nor the driver
+and shell code, which :meth:`Profile.make_driver` and :meth:`Profile.verify_shell`
+import: choosing a profile costs nothing, so ``npud`` starts the emulator's
+zygote before it imports them (:meth:`Profile.zygote_started`).
 """
 
 from __future__ import annotations
@@ -29,19 +32,13 @@ from npud.config import (
     DEFAULT_KERNEL_SHELL,
     Config,
 )
-from npud.fastrpc.driver import Driver, KernelDriver
-from npud.fastrpc.shell import (
-    VerifiedShell,
-    development_key_refused,
-    is_development_key,
-    load_public_key_file,
-    verify_shell_isolated,
-)
 from npud.fastrpc.shell_verifier import ShellVerifier
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+    from npud.fastrpc.driver import Driver
+    from npud.fastrpc.shell import VerifiedShell
     from npud.fastrpc.trace import TraceWriter
 
 BackendKind = Literal["kernel", "emulator"]
@@ -119,6 +116,8 @@ class Profile:
 
     def _make_driver(self) -> Driver:
         if self.kind == "kernel":
+            from npud.fastrpc.driver import KernelDriver  # noqa: PLC0415  (see the docstring)
+
             return KernelDriver()
         from npud.sim import EmulatedDriver, SimConfig  # noqa: PLC0415  (not on a device)
 
@@ -171,6 +170,8 @@ class Profile:
         """Verify the shell with the profile's key, the signature checked in a child
         process (a lent one, or one started now); ShellVerifyError on any problem
         (fail closed)."""
+        from npud.fastrpc.shell import verify_shell_isolated  # noqa: PLC0415  (the docstring)
+
         return verify_shell_isolated(
             self.shell_path,
             public_key_path=self.public_key_path,
@@ -181,6 +182,12 @@ class Profile:
 
     def load_public_key(self) -> Ed25519PublicKey:
         """The profile's key, parsed in this process (loads ``cryptography``: tools only)."""
+        from npud.fastrpc.shell import (  # noqa: PLC0415  (see the module docstring)
+            development_key_refused,
+            is_development_key,
+            load_public_key_file,
+        )
+
         key = load_public_key_file(self.public_key_path, trusted_uids=self.trusted_uids)
         if is_development_key(key) and not self.allow_development_key:
             raise development_key_refused(str(self.public_key_path))

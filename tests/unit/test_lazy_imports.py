@@ -133,3 +133,16 @@ def test_no_zygote_starts_on_a_device_or_with_pd_threads() -> None:
         """
     )
     assert "npud.sim.pd_host" not in loaded
+
+
+def test_choosing_a_profile_loads_no_driver_and_no_shell_code() -> None:
+    # npud chooses its profile first and starts the emulator's zygote with it: cheap.
+    loaded = modules_after(
+        """
+        from npud.backend import select_profile
+        from npud.config import parse_config
+        for kind in ("kernel", "emulator", "auto"):
+            select_profile(parse_config(""), kind)
+        """
+    )
+    assert not loaded & {"npud.fastrpc.driver", "npud.fastrpc.shell", "npu_protocol"}
