@@ -10,13 +10,18 @@ emulator otherwise. The two profiles differ in what they trust:
 
 Importing this module loads neither the emulator nor ``cryptography``: the
 kernel profile never needs the first, and the daemon checks the shell's
-signature in a child process (:meth:`Profile.lend_verifier`).
+signature in a child process (:meth:`Profile.lend_verifier`). Nor the driver
+and shell code, which :meth:`Profile.make_driver` and :meth:`Profile.verify_shell`
+import: choosing a profile costs nothing, so ``npud`` starts the emulator's
+zygote before it imports them (:meth:`Profile.zygote_started`).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -27,19 +32,13 @@ from npud.config import (
     DEFAULT_KERNEL_SHELL,
     Config,
 )
-from npud.fastrpc.driver import Driver, KernelDriver
-from npud.fastrpc.shell import (
-    VerifiedShell,
-    development_key_refused,
-    is_development_key,
-    load_public_key_file,
-    verify_shell_isolated,
-)
 from npud.fastrpc.shell_verifier import ShellVerifier
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+    from npud.fastrpc.driver import Driver
+    from npud.fastrpc.shell import VerifiedShell
     from npud.fastrpc.trace import TraceWriter
 
 BackendKind = Literal["kernel", "emulator"]
@@ -117,6 +116,8 @@ class Profile:
 
     def _make_driver(self) -> Driver:
         if self.kind == "kernel":
+            from npud.fastrpc.driver import KernelDriver  # noqa: PLC0415  (see the docstring)
+
             return KernelDriver()
         from npud.sim import EmulatedDriver, SimConfig  # noqa: PLC0415  (not on a device)
 
@@ -137,6 +138,29 @@ class Profile:
         except (ValueError, OSError) as exc:
             raise EmulatorStartError(f"[emulator]: {exc}") from exc
 
+    @contextmanager
+    def zygote_started(self) -> Iterator[None]:
+        """On the emulator with PD processes (``pd_isolation = "process"``), its zygote
+        started now, for the time of the ``with``: the zygote's interpreter and imports
+        (numpy, the skels, onnxruntime) then overlap the daemon's own imports, and the
+        driver made later shares it (:func:`npud.sim.pd_host.acquire_zygote`). Nothing
+        on a device or with PD threads. A ``pd_user`` that does not resolve starts
+        nothing here: :meth:`make_driver` reports it."""
+        if self.kind != "emulator" or self.emulator_pd_isolation != "process":
+            yield
+            return
+        from npud.sim.pd_host import acquire_zygote  # noqa: PLC0415  (not on a device)
+
+        try:
+            lease = acquire_zygote(self.emulator_pd_user)
+        except (ValueError, OSError):
+            yield  # make_driver raises the same as an EmulatorStartError
+            return
+        try:
+            yield
+        finally:
+            lease.release()
+
     def lend_verifier(self, verifier: ShellVerifier) -> None:
         """A verifier started earlier, for the next :meth:`verify_shell` to use up.
         The lender keeps ownership: it closes it if it was never used."""
@@ -146,6 +170,8 @@ class Profile:
         """Verify the shell with the profile's key, the signature checked in a child
         process (a lent one, or one started now); ShellVerifyError on any problem
         (fail closed)."""
+        from npud.fastrpc.shell import verify_shell_isolated  # noqa: PLC0415  (the docstring)
+
         return verify_shell_isolated(
             self.shell_path,
             public_key_path=self.public_key_path,
@@ -156,6 +182,12 @@ class Profile:
 
     def load_public_key(self) -> Ed25519PublicKey:
         """The profile's key, parsed in this process (loads ``cryptography``: tools only)."""
+        from npud.fastrpc.shell import (  # noqa: PLC0415  (see the module docstring)
+            development_key_refused,
+            is_development_key,
+            load_public_key_file,
+        )
+
         key = load_public_key_file(self.public_key_path, trusted_uids=self.trusted_uids)
         if is_development_key(key) and not self.allow_development_key:
             raise development_key_refused(str(self.public_key_path))

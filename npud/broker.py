@@ -37,7 +37,6 @@ from npud.domain.domains import Domains
 from npud.domain.life import Domain
 from npud.fastrpc.session import FastRpcSession
 from npud.holdings import HeldBuffer, OpenHandle, let_go
-from npud.models import NpuModel
 from npud.peers import group_ids
 from npud.requests import Handler
 from npud.scheduler import (
@@ -308,8 +307,8 @@ class Broker:
                 value = entry.value
                 if isinstance(value, HeldBuffer):
                     memory.release(value.buffer)
-                elif isinstance(value, NpuModel):
-                    value.forget()
+                elif entry.kind is Kind.MODEL:
+                    value.forget()  # an npud.models.NpuModel (not imported before a model load)
                 else:
                     assert isinstance(value, OpenHandle)
 

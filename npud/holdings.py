@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -25,7 +26,9 @@ from npud.domain.life import Domain
 from npud.domain.registry import MappingLease
 from npud.fastrpc.dma import DmaBuffer
 from npud.fastrpc.session import FastRpcSession
-from npud.models import NpuModel
+
+if TYPE_CHECKING:  # loaded with the first model load (npud.requests), not at start-up
+    from npud.models import NpuModel
 
 log = structlog.get_logger("npud.holdings")
 

@@ -52,7 +52,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("npud.link")
 
-SEND_FLAGS: Final = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+SEND_FLAGS: Final = int(socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+RECEIVE_FLAGS: Final = int(socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT)
+# Plain ints: an IntFlag's ``|`` and ``&`` run the enum's Python code at every call.
+_CTRUNC: Final = int(socket.MSG_CTRUNC)
 MIN_OUTBOX_BYTES: Final = 8 * 1024 * 1024
 """What may wait to be sent to one client, at least: its replies beyond what its socket
 buffer holds. The bound is the larger of this and four of its largest frames; a client
@@ -143,9 +146,10 @@ class Link:
                 self._close_later([fd.detach() for fd in fds])
                 return []
             if data is not None:
-                self.protocol.receive_data(
-                    data, [fd.detach() for fd in fds], fds_truncated=truncated
-                )
+                with data:  # copied by the protocol; the view ends here
+                    self.protocol.receive_data(
+                        data, [fd.detach() for fd in fds], fds_truncated=truncated
+                    )
             while True:
                 try:
                     event = self.protocol.next_event()
@@ -179,16 +183,22 @@ class Link:
                     return messages
                 messages.append(event)
 
-    def _receive(self, buffer: bytearray) -> tuple[bytes | None, list[OwnedFd], bool]:
+    def _receive(self, buffer: bytearray) -> tuple[memoryview | None, list[OwnedFd], bool]:
         """One recvmsg: its bytes (None when nothing is new), its fds, and whether the
-        kernel cut the fds short (MSG_CTRUNC, fatal)."""
+        kernel cut the fds short (MSG_CTRUNC, fatal).
+
+        The bytes are a view of ``buffer``, not a copy: the protocol copies them once,
+        into its frame reader (a frame may span reads, and ``buffer`` is the worker's,
+        read into again at its next turn), before :meth:`read` lets go of the lock."""
         try:
             size, ancdata, flags, _ = self.sock.recvmsg_into(
-                [buffer], FRAME_ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT
+                [buffer], FRAME_ANCILLARY_SPACE, RECEIVE_FLAGS
             )
         except BlockingIOError:
             return None, [], False  # what the protocol already holds is still processed
-        data = bytes(buffer[:size])
+        data = memoryview(buffer)[:size]
+        if not ancdata and not flags & _CTRUNC:
+            return data, [], False  # most reads: no fds
         try:
             return data, parse_ancillary(ancdata, flags), False
         except TransportError:
@@ -212,6 +222,10 @@ class Link:
         nobody can read their answers: the link was dropped, or the peer closed its
         socket. A half-close (``shutdown(SHUT_WR)``) is not a hang-up: that client still
         reads every answer (PROTOCOL.md section 5)."""
+        if self.reading:
+            # Read without the lock (it is called after every read): whatever ends
+            # reading calls this again once it has.
+            return
         with self.lock:
             if self._hangup_told or self.reading or not self.pending:
                 return
@@ -243,7 +257,9 @@ class Link:
     def ended(self, handler: object) -> None:
         with self.lock:
             self.pending.discard(handler)
-        self.check_finished()
+            finished = self._finish_locked()
+        if finished:
+            self.on_finished(self)
 
     # --- writing --------------------------------------------------------------------
     def send(self, message: p.ServerMessage, fds: Sequence[OwnedFd] = ()) -> bool:
@@ -359,15 +375,21 @@ class Link:
 
     def check_finished(self) -> None:
         with self.lock:
-            # A worker inside read() holds read_lock: the link is not over until it
-            # lets go (its _serve_read calls this again then), or a request it parses
-            # could arrive for a client being released.
-            if self._finished or self.reading or self.pending or self._outbox:
-                return
-            if self.read_lock.locked():
-                return
-            self._finished = True
-        self.on_finished(self)
+            finished = self._finish_locked()
+        if finished:
+            self.on_finished(self)
+
+    def _finish_locked(self) -> bool:
+        """True once, when the link has just finished: ``on_finished`` is then due."""
+        # A worker inside read() holds read_lock: the link is not over until it
+        # lets go (its _serve_read calls this again then), or a request it parses
+        # could arrive for a client being released.
+        if self._finished or self.reading or self.pending or self._outbox:
+            return False
+        if self.read_lock.locked():
+            return False
+        self._finished = True
+        return True
 
     def _drop_for_fds_locked(self) -> None:
         self.log.warning("dropped: its user's fds pile up waiting to be closed")

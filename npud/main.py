@@ -3,8 +3,13 @@
 Start-up order: the shell-signature verifier's child process is started right
 after the command line is parsed, and only then are the daemon's modules
 imported, so the child's interpreter and ``cryptography`` load meanwhile
-(``npud.fastrpc.shell_verifier``). ``npud doctor`` is imported only for
-``npud doctor``, ``npud trace`` only for ``npud trace``.
+(``npud.fastrpc.shell_verifier``). On the emulator the PD zygote is started
+as soon as the configuration is read and the profile chosen (both cheap), before
+logging and the daemon are imported (``Profile.zygote_started``), for the same
+reason: its numpy and onnxruntime load while the daemon imports. What no
+client needs before its first model load or its DSP's first heap growth (the
+model code, the IDL parse) is imported on that first use. ``npud doctor`` is
+imported only for ``npud doctor``, ``npud trace`` only for ``npud trace``.
 """
 
 from __future__ import annotations
@@ -128,27 +133,31 @@ def main(argv: list[str] | None = None) -> int:
 
 def _start(args: argparse.Namespace, verifier: ShellVerifier) -> int:
     # Imported here, after the verifier started: see the module docstring.
-    from npud.backend import device_present, select_profile  # noqa: PLC0415
+    from npud.backend import device_present, select_profile  # noqa: PLC0415  (light)
     from npud.config import ConfigError, load_config  # noqa: PLC0415
-    from npud.logs import configure_logging, print_error  # noqa: PLC0415
 
     renamed: list[str] = []  # logged once logging is configured, to the journal too
     try:
         config = load_config(args.config, warn=renamed.append)
     except ConfigError as exc:
+        from npud.logs import print_error  # noqa: PLC0415
+
         print_error(f"npud: bad configuration: {exc}")
         return 2
-    configure_logging(args.log_format or config.daemon.log_format, config.daemon.log_level)
-    _log_renamed(renamed)
     profile = select_profile(config, args.backend)
-    if profile.kind == "kernel" and not device_present(profile.nodes):
-        return _fail(
-            f"no FastRPC device node ({', '.join(profile.nodes)}): is the CDSP up "
-            "(cat /sys/class/remoteproc/*/state)? `npud doctor` explains; "
-            "--backend emulator runs without a device"
-        )
-    profile.lend_verifier(verifier)
-    return _serve(args, config, profile)
+    with profile.zygote_started():  # the emulator's, first: it imports while the daemon does
+        from npud.logs import configure_logging  # noqa: PLC0415  (structlog: after the zygote)
+
+        configure_logging(args.log_format or config.daemon.log_format, config.daemon.log_level)
+        _log_renamed(renamed)
+        if profile.kind == "kernel" and not device_present(profile.nodes):
+            return _fail(
+                f"no FastRPC device node ({', '.join(profile.nodes)}): is the CDSP up "
+                "(cat /sys/class/remoteproc/*/state)? `npud doctor` explains; "
+                "--backend emulator runs without a device"
+            )
+        profile.lend_verifier(verifier)
+        return _serve(args, config, profile)
 
 
 def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:

@@ -25,7 +25,7 @@ import enum
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
 
 import structlog
 
@@ -37,8 +37,10 @@ from npud.domain.life import Domain
 from npud.fastrpc.dma import DmaBuffer, checked_dma_size
 from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
 from npud.holdings import HeldBuffer, OpenHandle, let_go
-from npud.models import GRAPHS_VERSION, NpuModel
 from npud.scheduler import Account
+
+if TYPE_CHECKING:  # loaded with the first model load (ModelLoad), not at start-up
+    from npud.models import NpuModel
 
 _log = structlog.get_logger("npud.requests")
 
@@ -181,6 +183,8 @@ class Handler(abc.ABC, Generic[R]):
         return held
 
     def _model(self, entry: Entry) -> NpuModel:
+        from npud.models import NpuModel  # noqa: PLC0415  (loaded: the entry holds one)
+
         model = self._ready(entry)
         assert isinstance(model, NpuModel)
         return model
@@ -529,6 +533,8 @@ class LoadModel(Handler[p.ModelLoadRequest]):
         self.entry = self._reserve(Kind.MODEL, size)
 
     def run(self) -> Answer:
+        from npud.models import NpuModel  # noqa: PLC0415  (the first model load loads it)
+
         session, request, objects, domain = (
             self.session,
             self.request,
@@ -614,6 +620,8 @@ class RunModel(CallTiming, Handler[p.ModelRunRequest]):
     route = Route.DSP
 
     def arrive(self) -> None:
+        from npud.models import GRAPHS_VERSION  # noqa: PLC0415  (loaded: a model was loaded)
+
         if self.request.graph and self.client.protocol_version < GRAPHS_VERSION:
             # Served as the connection's version knows it: no graph but the first.
             raise CodedError(

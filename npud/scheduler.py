@@ -212,6 +212,8 @@ class Scheduler:
         self._busy_area = 0.0  # slot-seconds used since start
         self._busy_since = clock()
         self._running_total = 0
+        self.calls_done = 0
+        """Calls finished (:meth:`finish`) since start."""
         self._busy_history: deque[tuple[float, float]] = deque(maxlen=UTILISATION_SNAPSHOTS)
         self._busy_history.append((self._busy_since, 0.0))
 
@@ -289,6 +291,7 @@ class Scheduler:
             self._note_busy(now)
             account = job.account
             job.state = "done"
+            self.calls_done += 1
             self._running[job.klass] -= 1
             self._running_total -= 1
             account.running -= 1

@@ -23,24 +23,28 @@ map a host fd the DSP names (share_map 4 .. dma_handle_unmap 7) answer
 AEE_EUNSUPPORTED: npud hands the DSP no fds but its own.
 
 The layouts come from ``idl/apps_mem.idl`` through :mod:`npud.idl`, the
-description the emulator's DSP side uses too.
+description the emulator's DSP side uses too, parsed at the first call the DSP
+makes to apps_mem (:func:`apps_mem_idl`): most sessions never grow their heap,
+and the daemon's start does not wait for a parse it may never need.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from npu_protocol import AEE, describe_result
-from npud import idl
 from npud.fastrpc.reverse_modules import CallDescription, Reply, aee_for_errno, fail
+
+if TYPE_CHECKING:
+    from npud import idl
 
 log = logging.getLogger(__name__)
 
-APPS_MEM_IDL: Final = idl.load("apps_mem")
 ADSP_MMAP_ADD_PAGES: Final = 0x1000
 ADSP_MMAP_REMOTE_HEAP_ADDR: Final = 0x8
 SERVED_FLAGS: Final = frozenset({ADSP_MMAP_ADD_PAGES, ADSP_MMAP_REMOTE_HEAP_ADDR})
@@ -50,6 +54,14 @@ MAX_GRANTS: Final = 4096
 
 _MAPS: Final = {"request_map": 32, "request_map64": 64}
 _UNMAPS: Final = {"request_unmap": 32, "request_unmap64": 64}
+
+
+@functools.cache
+def apps_mem_idl() -> idl.Interface:
+    """``idl/apps_mem.idl``, parsed at the first call (then cached)."""
+    from npud import idl  # noqa: PLC0415  (lazy: see the module docstring)
+
+    return idl.load("apps_mem")
 
 
 class HeapMemory(Protocol):
@@ -87,7 +99,9 @@ class AppsMemServer:
             return tuple(self._grants.values())
 
     def invoke(self, method: int, sc: int, inputs: list[bytes], caps: list[int]) -> Reply:
-        declared = APPS_MEM_IDL.by_index(method)
+        from npud import idl  # noqa: PLC0415  (loaded by apps_mem_idl() below)
+
+        declared = apps_mem_idl().by_index(method)
         if declared is None or declared.sc != sc:
             return fail(AEE.EUNSUPPORTED if declared is None else AEE.EBADPARM)
         outputs = [memoryview(bytearray(cap)) for cap in caps]
@@ -107,7 +121,7 @@ class AppsMemServer:
         return fail(AEE.EUNSUPPORTED)
 
     def describe(self, method: int, inputs: list[bytes]) -> CallDescription:
-        declared = APPS_MEM_IDL.by_index(method)
+        declared = apps_mem_idl().by_index(method)
         return CallDescription(declared.name if declared else f"method {method}")
 
     def close(self) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
@@ -75,17 +76,23 @@ TensorKey = int | str
 TensorSlices = Mapping[str, Slice] | Mapping[int, Slice] | Mapping[TensorKey, Slice]
 """Slices by tensor name or index (Mapping is invariant in its key type)."""
 
-_IDL: Final = idl.load("portal_qnn")
-_LOAD: Final = _IDL.method("model_load")
-_SET_INPUT: Final = _IDL.method("set_input")
-_EXECUTE: Final = _IDL.method("execute")
-_GET_OUTPUT: Final = _IDL.method("get_output")
-_UNLOAD: Final = _IDL.method("model_unload")
-_GRAPH_INFO: Final = _IDL.method("graph_info")
-_RUN: Final = _IDL.method("run")
-_LAST_ERROR: Final = _IDL.method("last_error")
-_GRAPH_NAME: Final = _IDL.method("graph_name")
+# The IDL's methods, by name: idl/portal_qnn.idl is parsed at the first call (_portal_idl).
+_LOAD: Final = "model_load"
+_SET_INPUT: Final = "set_input"
+_EXECUTE: Final = "execute"
+_GET_OUTPUT: Final = "get_output"
+_UNLOAD: Final = "model_unload"
+_GRAPH_INFO: Final = "graph_info"
+_RUN: Final = "run"
+_LAST_ERROR: Final = "last_error"
+_GRAPH_NAME: Final = "graph_name"
 MAX_GRAPH_NAME_BYTES: Final = 128  # graph_name's capacity: names are at most 127 bytes
+
+
+@functools.cache
+def _portal_idl() -> idl.Interface:
+    """``idl/portal_qnn.idl``, parsed at the first model call (then cached)."""
+    return idl.load("portal_qnn")
 
 
 class DataType(enum.IntEnum):
@@ -670,8 +677,10 @@ class PortalQnn:
         if rc != 0:
             raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
 
-    def _call(self, method: idl.Method, **arguments: object) -> tuple[int, idl.Values]:
-        """Invoke ``method``; (AEE result, rout values, which are empty unless it is 0)."""
+    def _call(self, method_name: str, /, **arguments: object) -> tuple[int, idl.Values]:
+        """Invoke the IDL's method ``method_name``; (AEE result, rout values, which are
+        empty unless it is 0)."""
+        method = _portal_idl().method(method_name)
         call = method.encode(**arguments)
         inputs: list[InArg] = [_in_arg(item) for item in call.inputs]
         outputs: list[OutArg] = [_out_arg(item) for item in call.outputs]

@@ -20,24 +20,36 @@ comes in whole MiB.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from npu_protocol.aee import AEE, describe_result
-from npud import idl
 from npud.sim.errors import ProcessExitedError, SubsystemDownError
 from npud.sim.host_calls import HostCallError, HostChannel
 
+if TYPE_CHECKING:
+    from npud import idl
+
 log = logging.getLogger(__name__)
 
-APPS_MEM_IDL: Final = idl.load("apps_mem")
-REQUEST_MAP64: Final = APPS_MEM_IDL.method("request_map64")
-REQUEST_UNMAP64: Final = APPS_MEM_IDL.method("request_unmap64")
 APPS_MEM_MODULE: Final = "apps_mem"
 ADSP_MMAP_ADD_PAGES: Final = 0x1000
 DEFAULT_HEAP_ID: Final = -1  # RPCMEM_DEFAULT_HEAP
 GROWTH_GRANULE: Final = 1024 * 1024
+
+
+@functools.cache
+def _apps_mem_idl() -> idl.Interface:
+    """``idl/apps_mem.idl``, parsed when a heap first grows (then cached)."""
+    from npud import idl  # noqa: PLC0415  (most processes never grow their heap)
+
+    return idl.load("apps_mem")
+
+
+def _apps_mem_method(name: str) -> idl.Method:
+    return _apps_mem_idl().method(name)
 
 
 class HeapExhaustedError(Exception):
@@ -128,7 +140,8 @@ class DspHeap:
 
     def _grow_locked(self, missing: int, what: str) -> None:
         size = (missing + GROWTH_GRANULE - 1) // GROWTH_GRANULE * GROWTH_GRANULE
-        call = REQUEST_MAP64.encode(
+        request_map64 = _apps_mem_method("request_map64")
+        call = request_map64.encode(
             heapid=DEFAULT_HEAP_ID, ion_flags=0, rflags=ADSP_MMAP_ADD_PAGES, vin=0, len=size
         )
         try:
@@ -141,7 +154,7 @@ class DspHeap:
                 f"{what}: the host refused {size} more bytes of heap"
                 f" (apps_mem request_map64: {describe_result(reply.result)})"
             )
-        values = REQUEST_MAP64.decode(reply.outputs)
+        values = request_map64.decode(reply.outputs)
         vadsp = values["vadsp"]
         assert isinstance(vadsp, int)
         self._grants.append(HeapGrant(vadsp, size))
@@ -159,7 +172,7 @@ class DspHeap:
                 self._grants.pop()
 
     def _unmap_locked(self, grant: HeapGrant) -> bool:
-        call = REQUEST_UNMAP64.encode(vadsp=grant.vaddr, len=grant.size)
+        call = _apps_mem_method("request_unmap64").encode(vadsp=grant.vaddr, len=grant.size)
         try:
             handle = self._host.module(APPS_MEM_MODULE)
             reply = self._host.call(handle, call.sc, _inline(call.inputs), _caps(call.outputs))

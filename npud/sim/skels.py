@@ -42,16 +42,19 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import struct
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import ClassVar, Final, Protocol
+from typing import TYPE_CHECKING, ClassVar, Final, Protocol
 
 from npu_protocol.aee import AEE
-from npud import idl
 from npud.sim.layout import decode_scalars
 from npud.sim.pd_services import PdServices
+
+if TYPE_CHECKING:
+    from npud import idl
 
 DOMAIN_METHOD_OFFSET: Final = 2
 """remote_handle64 interfaces number user methods from 2 (0 = open, 1 = close)."""
@@ -182,25 +185,31 @@ class Skel(abc.ABC):
 
 SkelFactory = Callable[[], Skel]
 
-ECHO_IDL: Final = idl.load("echo")
-NPU_TEST_IDL: Final = idl.load("npu_test")
+
+@functools.cache
+def load_idl(name: str) -> idl.Interface:
+    """``idl/<name>.idl``, parsed when a skel of it is first opened (then cached): a
+    daemon whose DSP processes run in child processes never parses them itself."""
+    from npud import idl  # noqa: PLC0415  (see the docstring)
+
+    return idl.load(name)
 
 
 class EchoSkel(Skel):
     """``interface echo : remote_handle64``: one method, echo (see idl/echo.idl)."""
 
     name = "echo"
-    _ECHO: Final = ECHO_IDL.method("echo")
 
     def __init__(self) -> None:
-        self._methods = idl_methods(ECHO_IDL, {"echo": self._echo})
+        interface = load_idl("echo")
+        self._echo_method = interface.method("echo")
+        self._methods = idl_methods(interface, {"echo": self._echo})
 
     def methods(self) -> Mapping[int, SkelMethod]:
         return self._methods
 
-    @classmethod
-    def _echo(cls, call: SkelCall) -> int:
-        args = call.unpack(cls._ECHO)
+    def _echo(self, call: SkelCall) -> int:
+        args = call.unpack(self._echo_method)
         source, target = args.view("in_buf"), args.view("out_buf")
         count = min(len(source), len(target))
         target[:count] = source[:count]
@@ -212,13 +221,14 @@ class NpuTestSkel(Skel):
     """Test methods for the daemon: fill, checksum, busy and fault (the module docstring)."""
 
     name = "npu_test"
-    _FILL: Final = NPU_TEST_IDL.method("fill")
-    _CHECKSUM: Final = NPU_TEST_IDL.method("checksum")
-    _BUSY: Final = NPU_TEST_IDL.method("busy")
 
     def __init__(self) -> None:
+        interface = load_idl("npu_test")
+        self._fill_method = interface.method("fill")
+        self._checksum_method = interface.method("checksum")
+        self._busy_method = interface.method("busy")
         self._methods = idl_methods(
-            NPU_TEST_IDL,
+            interface,
             {
                 "fill": self._fill,
                 "checksum": self._checksum,
@@ -230,24 +240,21 @@ class NpuTestSkel(Skel):
     def methods(self) -> Mapping[int, SkelMethod]:
         return self._methods
 
-    @classmethod
-    def _fill(cls, call: SkelCall) -> int:
-        args = call.unpack(cls._FILL)
+    def _fill(self, call: SkelCall) -> int:
+        args = call.unpack(self._fill_method)
         target = args.view("buf")
         start = args.integer("seed") & 0xFF
         cycle = bytes(range(start, 256)) + bytes(range(start))
         target[:] = (cycle * (len(target) // 256 + 1))[: len(target)]
         return 0
 
-    @classmethod
-    def _checksum(cls, call: SkelCall) -> int:
-        args = call.unpack(cls._CHECKSUM)
-        call.pack_routs(cls._CHECKSUM, {"crc": zlib.crc32(args.view("buf"))})
+    def _checksum(self, call: SkelCall) -> int:
+        args = call.unpack(self._checksum_method)
+        call.pack_routs(self._checksum_method, {"crc": zlib.crc32(args.view("buf"))})
         return 0
 
-    @classmethod
-    def _busy(cls, call: SkelCall) -> int:
-        args = call.unpack(cls._BUSY)
+    def _busy(self, call: SkelCall) -> int:
+        args = call.unpack(self._busy_method)
         call.work(args.integer("microseconds") / 1_000_000)
         return 0
 
@@ -299,5 +306,11 @@ def run_method(skel: Skel, method_offset: int, call: SkelCall) -> int:
         return AEE.EBADPARM.dsp
     try:
         return method.handler(call)
-    except (BadParameterError, idl.MarshalError):
+    except BadParameterError:
         return AEE.EBADPARM.dsp
+    except ValueError as exc:
+        from npud.idl import MarshalError  # noqa: PLC0415  (loaded with the skel's IDL)
+
+        if isinstance(exc, MarshalError):
+            return AEE.EBADPARM.dsp
+        raise

@@ -8,7 +8,8 @@ working directory. On start it:
 1. watches npud's process through a pidfd (and exits at once if npud is
    already gone: its parent pid is not the one it was given);
 2. imports what skels need (numpy, the skels, onnxruntime through the
-   portal_qnn skel) so that every child starts with them, their pages shared;
+   portal_qnn skel) and parses their IDL files (a confined child could not
+   read them) so that every child starts with them, their pages shared;
 3. drops its privileges for good (:mod:`npud.sim.sandbox`): as root to the
    dedicated uid and gid it was given, otherwise to no capabilities; then
    no_new_privs, umask 077, Landlock where the kernel has it;
@@ -54,6 +55,9 @@ PRELOAD: Final = (
 )
 """Imported before any fork; a module that cannot be imported is skipped (the child
 imports it when a skel needs it, and fails there)."""
+PRELOAD_IDL: Final = ("apps_mem", "echo", "npu_test")
+"""Parsed before the zygote confines itself (npud.idl keeps what it parsed): the skels
+parse their IDL at first use, and the IDL files lie outside what a child may read."""
 CHILD_FAILED: Final = 71
 MAX_FD: Final = 1 << 20
 
@@ -164,6 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    from npud import idl  # noqa: PLC0415  (after the preloads: the child's pages share it)
+
+    for interface in PRELOAD_IDL:
+        idl.load(interface)
     description = _confine(args.uid, args.gid, landlock=not args.no_landlock)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     try:

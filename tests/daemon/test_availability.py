@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import functools
+import gc
 import socket
 from pathlib import Path
 
+import pytest
 import trio
 
 import npu_client
 from npu_client import trio_client
+from npud import server
 from tests.daemon.wire import serve_daemon
 
 
@@ -49,3 +52,17 @@ async def test_utilization_is_the_daemons_busy_share(tmp_path: Path) -> None:
                 return client.utilization()
 
         assert await trio.to_thread.run_sync(blocking) == share
+
+
+async def test_start_up_is_frozen_a_moment_after_ready_not_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The collection before gc.freeze() costs tens of ms: ready does not wait for it.
+    monkeypatch.setattr(server, "FREEZE_AFTER_READY", 0.05)
+    gc.unfreeze()
+    async with serve_daemon(tmp_path):
+        assert gc.get_freeze_count() == 0
+        with trio.fail_after(10):
+            while gc.get_freeze_count() == 0:
+                await trio.sleep(0.01)
+    gc.unfreeze()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import npu_protocol as p
 from npu_client import _args, trio_client
 from npu_protocol import ErrorCode
 from npud import datapath as datapath_module
+from npud.datapath import Call
 from tests.daemon.wire import ECHO_URI, TEST_URI, RawPeer, busy, serve_daemon
 
 
@@ -394,3 +396,20 @@ def test_a_deadline_needs_protocol_version_2() -> None:
 def test_bad_budgets_are_refused_before_connecting(budget: object, error: str) -> None:
     with pytest.raises((ValueError, TypeError), match=error):
         _args.budget_record(budget)  # type: ignore[arg-type]
+
+
+def _race_for(call: Call, racers: int) -> list[bool]:
+    wins: list[bool] = []
+    threads = [threading.Thread(target=lambda: wins.append(call.claim())) for _ in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return wins
+
+
+def test_a_call_is_claimed_once_whoever_races_for_it() -> None:
+    for _ in range(200):
+        call = Call(None, None)  # type: ignore[arg-type]
+        assert sorted(_race_for(call, 4)) == [False, False, False, True]
+        assert not call.claim()

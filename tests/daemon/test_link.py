@@ -49,7 +49,7 @@ def link_over(sock: socket.socket, closer: Closer) -> Link:
     )
 
 
-def send_fds(peer: socket.socket, data: bytes) -> tuple[int, int]:
+def send_fds(peer: socket.socket, data: bytes | bytearray) -> tuple[int, int]:
     """Two fds (a pipe's ends) on ``data``'s first byte; the peer's copies are closed."""
     read_end, write_end = os.pipe()
     peer.sendmsg([data], fds_ancillary([read_end, write_end]))

@@ -47,6 +47,7 @@ def test_fifo_runs_in_arrival_order_up_to_the_slots(clock: Clock) -> None:
     assert started == [jobs[2]]  # the older background call, though voice is realtime
     started, _ = s.finish(jobs[1], 0.02)
     assert started == [jobs[3]]
+    assert s.calls_done == 2  # what the daemon reports as calls answered
 
 
 def test_classes_go_in_order_when_a_slot_frees(clock: Clock) -> None:

@@ -24,7 +24,7 @@ AnyConnection = p.Connection[Any, Any]
 Event = p.Message | p.StrayFds | p.ConnectionClosed | p.NeedData
 
 
-def chunks(data: bytes, size: int | None) -> Iterator[bytes]:
+def chunks(data: bytes | bytearray, size: int | None) -> Iterator[bytes | bytearray]:
     """``data`` in pieces of ``size`` bytes (all of it at once for None)."""
     if size is None:
         yield data
@@ -35,7 +35,7 @@ def chunks(data: bytes, size: int | None) -> Iterator[bytes]:
 
 def feed(
     receiver: AnyConnection,
-    data: bytes,
+    data: bytes | bytearray,
     fds: Sequence[int] = (),
     chunk: int | None = None,
 ) -> None:

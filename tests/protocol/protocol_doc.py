@@ -230,7 +230,7 @@ EXAMPLE_FD: Final = 42
 """The fd number the examples pretend to pass; on the wire it becomes slot 0."""
 
 
-def _hexdump(data: bytes) -> list[str]:
+def _hexdump(data: bytes | bytearray) -> list[str]:
     lines = []
     for offset in range(0, len(data), 16):
         chunk = data[offset : offset + 16]
@@ -256,7 +256,7 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def _render_frame(title: str, frame: bytes, fds: list[int]) -> str:
+def _render_frame(title: str, frame: bytes | bytearray, fds: list[int]) -> str:
     header, payload = frame[: p.FRAME_HEADER_SIZE], frame[p.FRAME_HEADER_SIZE :]
     fd_note = f", fds sent with it: {fds}" if fds else ""
     lines = [

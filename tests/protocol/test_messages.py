@@ -272,7 +272,7 @@ def test_pipelined_sessions_round_trip_in_any_order_and_any_chunking(
     assert client.in_flight == server.in_flight == frozenset()
 
 
-def _deliver(conn: Any, frame: bytes, fds: list[int], data: st.DataObject) -> None:
+def _deliver(conn: Any, frame: bytes | bytearray, fds: list[int], data: st.DataObject) -> None:
     """Feed ``frame`` in random pieces, its fds with the first piece (b"" would mean EOF)."""
     if not frame:
         return

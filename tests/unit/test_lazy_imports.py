@@ -68,3 +68,81 @@ def test_the_serving_daemon_loads_no_numpy_and_no_onnxruntime() -> None:
     loaded = modules_after("import npud.server, npud.broker, npud.datapath, npud.backend")
     heavy = {"numpy", "onnxruntime", "onnx"}
     assert not {name for name in loaded if name.split(".")[0] in heavy}
+
+
+def test_the_serving_daemon_parses_no_idl_and_loads_no_model_code() -> None:
+    # The IDL (apps_mem, portal_qnn, the emulator's skels) is parsed at its first use,
+    # the model code (npud.models, portal_qnn, the ONNX reader) loaded at the first load.
+    loaded = modules_after(
+        "import npud.main, npud.server, npud.broker, npud.datapath, npud.backend,"
+        " npud.requests, npud.sim.driver, npud.sim.pd_host, npud.sim.process"
+    )
+    deferred = {
+        "npud.idl",
+        "npud.models",
+        "npud.fastrpc.portal_qnn",
+        "npud.fastrpc.model_format",
+        "npud.formats.onnx_proto",
+    }
+    assert not loaded & deferred
+
+
+def test_an_idl_is_parsed_at_its_first_use_and_once() -> None:
+    loaded = modules_after(
+        """
+        import sys
+        from npud.fastrpc.apps_mem import apps_mem_idl
+        from npud.sim.skels import EchoSkel, load_idl
+        assert "npud.idl" not in sys.modules
+        interface = apps_mem_idl()
+        assert interface.name == "apps_mem" and apps_mem_idl() is interface
+        assert EchoSkel().methods()[0].name == "echo"
+        assert load_idl("echo") is load_idl("echo")
+        """
+    )
+    assert "npud.idl" in loaded
+
+
+def test_the_emulators_zygote_starts_with_the_profile_and_the_driver_shares_it() -> None:
+    modules_after(
+        """
+        from npud.backend import select_profile
+        from npud.config import parse_config
+        from npud.sim.pd_host import live_zygotes
+        profile = select_profile(parse_config(""), "emulator")
+        with profile.zygote_started():
+            started = live_zygotes()
+            assert len(started) == 1
+            driver = profile.make_driver()
+            assert live_zygotes() == started
+            driver.shutdown()
+            assert live_zygotes() == started  # the profile's lease still holds it
+        assert live_zygotes() == []
+        """
+    )
+
+
+def test_no_zygote_starts_on_a_device_or_with_pd_threads() -> None:
+    loaded = modules_after(
+        """
+        from npud.backend import select_profile
+        from npud.config import parse_config
+        for text, kind in (("", "kernel"), ("[emulator]\\npd_isolation = 'thread'\\n", "emulator")):
+            with select_profile(parse_config(text), kind).zygote_started():
+                pass
+        """
+    )
+    assert "npud.sim.pd_host" not in loaded
+
+
+def test_choosing_a_profile_loads_no_driver_and_no_shell_code() -> None:
+    # npud chooses its profile first and starts the emulator's zygote with it: cheap.
+    loaded = modules_after(
+        """
+        from npud.backend import select_profile
+        from npud.config import parse_config
+        for kind in ("kernel", "emulator", "auto"):
+            select_profile(parse_config(""), kind)
+        """
+    )
+    assert not loaded & {"npud.fastrpc.driver", "npud.fastrpc.shell", "npu_protocol"}

@@ -368,7 +368,7 @@ class Client(DaemonView["DmaBuffer"]):
 
     # --- internals: writing ------------------------------------------------------------------
 
-    def _write(self, data: bytes, fds: Sequence[int], deadline: float | None) -> None:
+    def _write(self, data: bytes | bytearray, fds: Sequence[int], deadline: float | None) -> None:
         """Send one frame (fds with its first byte) within the caller's deadline.
 
         A daemon that stops reading must not hang the caller (nor the callers
@@ -406,7 +406,9 @@ class Client(DaemonView["DmaBuffer"]):
                         self._sock.shutdown(socket.SHUT_RDWR)
             raise TimeoutError("npud did not take our request in time (the send is blocked)")
 
-    def _send_rest(self, data: bytes, fds: Sequence[int], sent: int, deadline: float | None) -> int:
+    def _send_rest(
+        self, data: bytes | bytearray, fds: Sequence[int], sent: int, deadline: float | None
+    ) -> int:
         """Under the send lock, the socket's buffer full: send the rest of ``data`` as
         room appears, until ``deadline``. Returns how many bytes went out in all."""
         sock = self._sock
@@ -517,7 +519,7 @@ class Client(DaemonView["DmaBuffer"]):
         else:
             self._lock.acquire()
             self._reading = False
-            self._core.receive(self._received[:size].tobytes(), fds)
+            self._core.receive(self._received[:size], fds)  # copied by the protocol
         if self._parked:
             self._wake(handoff=False)
 

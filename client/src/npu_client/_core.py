@@ -173,7 +173,7 @@ class ClientCore(Generic[B]):
 
     # --- handshake -------------------------------------------------------------------------
 
-    def hello(self) -> bytes:
+    def hello(self) -> bytes | bytearray:
         """The Hello frame (it carries no fds)."""
         try:
             data, _ = self._conn.send(self._hello)
@@ -216,7 +216,7 @@ class ClientCore(Generic[B]):
         server's in-flight limit, or the connection is over (begin says so)."""
         return self._death is not None or len(self._pending) < self._max_in_flight
 
-    def begin(self, call: Call[T]) -> tuple[Pending, bytes, list[int]] | None:
+    def begin(self, call: Call[T]) -> tuple[Pending, bytes | bytearray, list[int]] | None:
         """Number and frame ``call``'s request; returns its Pending and the bytes and
         fds to write, or None while the server's in-flight limit is reached (wait
         until :meth:`can_begin`).
@@ -247,9 +247,11 @@ class ClientCore(Generic[B]):
 
     # --- input ----------------------------------------------------------------------------
 
-    def receive(self, data: bytes, fds: list[OwnedFd]) -> None:
+    def receive(self, data: bytes | memoryview, fds: list[OwnedFd]) -> None:
         """Feed one read's bytes and fds (``b""``: the server closed), then process
-        everything complete. The connection takes the fds; nothing leaks on error."""
+        everything complete. The connection takes the fds; nothing leaks on error.
+        ``data`` may be a view of the caller's receive buffer: the protocol copies it
+        before this returns."""
         if self._death is not None:
             for fd in fds:
                 fd.close()

@@ -139,7 +139,9 @@ def parse_ancillary(ancdata: list[tuple[int, int, bytes]], msg_flags: int) -> li
     return received
 
 
-def send_message(sock: socket.socket, data: bytes, fds: Sequence[int] = ()) -> None:
+def send_message(
+    sock: socket.socket, data: bytes | bytearray | memoryview, fds: Sequence[int] = ()
+) -> None:
     """Blocking send of ``data`` with ``fds`` attached to its first byte."""
     view = memoryview(data)
     sent = sock.sendmsg([view], fds_ancillary(fds))

@@ -276,7 +276,7 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
         await self._wait_until(self._core.welcomed_or_dead)
         self._core.check_alive()
 
-    async def _write(self, data: bytes, fds: Sequence[int]) -> None:
+    async def _write(self, data: bytes | bytearray, fds: Sequence[int]) -> None:
         """Send one frame. Cancellable: a caller whose frame has not started
         leaves nothing behind; one cut off part-way garbles the stream for every
         task, so the connection dies with it (never an unkillable wait)."""
@@ -334,7 +334,7 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
         except (OSError, trio.ClosedResourceError) as exc:
             self._core.die(ErrorCode.CONNECTION_CLOSED, f"reading failed: {_reason(exc)}")
         else:
-            self._core.receive(self._received[:size].tobytes(), fds)
+            self._core.receive(self._received[:size], fds)  # copied by the protocol
 
     def _notify(self) -> None:
         """Wake every waiting task to look at its request again."""

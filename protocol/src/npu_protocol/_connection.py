@@ -24,7 +24,7 @@ from npu_protocol._events import (
     StrayFds,
 )
 from npu_protocol._exceptions import LocalProtocolError, RemoteProtocolError
-from npu_protocol._framing import Frame, FrameReader, encode_frame_header
+from npu_protocol._framing import Frame, FrameReader, write_frame_header
 from npu_protocol._messages import (
     REPLY_TYPES,
     BufferSlice,
@@ -148,11 +148,17 @@ class Connection(abc.ABC, Generic[InT, OutT]):
         return expectation.request if expectation else None
 
     def receive_data(
-        self, data: bytes, fds: Iterable[int] = (), *, fds_truncated: bool = False
+        self,
+        data: bytes | bytearray | memoryview,
+        fds: Iterable[int] = (),
+        *,
+        fds_truncated: bool = False,
     ) -> None:
         """Feed what one recvmsg returned: its bytes and the fds that came with them.
 
-        ``b""`` means the peer closed its end. From here on the connection
+        ``b""`` means the peer closed its end. The bytes are copied (once, into the
+        frame reader) before this returns: a view of a buffer the caller reads into
+        again is fine. From here on the connection
         holds the fds until ``next_event()`` or ``take_pending_fds()`` hands
         them back. ``fds_truncated`` reports MSG_CTRUNC, which is fatal.
         """
@@ -191,8 +197,12 @@ class Connection(abc.ABC, Generic[InT, OutT]):
             self._error = exc
             raise
 
-    def send(self, message: OutT) -> tuple[bytes, list[int]]:
+    def send(self, message: OutT) -> tuple[bytearray, list[int]]:
         """Frame ``message``: the bytes to write and the fds to attach to their first byte.
+
+        The payload is encoded straight after the header's room in the one buffer
+        returned: a frame's bytes are made once, never joined (write them with one
+        ``sendmsg``; a view of them for what the socket did not take).
 
         The fds are read from the message's fd fields and stay the caller's.
         Raises LocalProtocolError, with nothing sent and nothing changed, if
@@ -212,16 +222,16 @@ class Connection(abc.ABC, Generic[InT, OutT]):
             wire, fds = _detach_fds(message)
         else:
             wire, fds = message, []
-        payload = self._encode(wire)
-        if len(payload) > self._send_limit:
-            raise LocalProtocolError(
-                ErrorCode.FRAME_TOO_LARGE, size=len(payload), limit=self._send_limit
-            )
+        frame = self._encode_frame(wire)
+        size = len(frame) - FRAME_HEADER_SIZE
+        if size > self._send_limit:
+            raise LocalProtocolError(ErrorCode.FRAME_TOO_LARGE, size=size, limit=self._send_limit)
+        write_frame_header(frame, len(fds))
         self._after_send(message)
         self._frames_sent += 1
-        self._bytes_sent += FRAME_HEADER_SIZE + len(payload)
+        self._bytes_sent += len(frame)
         self._fds_sent += len(fds)
-        return encode_frame_header(len(payload), len(fds)) + payload, fds
+        return frame, fds
 
     def take_pending_fds(self) -> list[int]:
         """Every fd the connection still holds, now the caller's to close.
@@ -276,11 +286,14 @@ class Connection(abc.ABC, Generic[InT, OutT]):
 
     # --- internals ------------------------------------------------------------------
 
-    def _encode(self, wire: Message) -> bytes:
+    def _encode_frame(self, wire: Message) -> bytearray:
+        """Room for the header, then ``wire``'s payload."""
+        frame = bytearray(FRAME_HEADER_SIZE)
         try:
-            return self._encoder.encode(wire)
+            self._encoder.encode_into(wire, frame, FRAME_HEADER_SIZE)
         except (TypeError, ValueError) as exc:  # msgspec.EncodeError is a ValueError
             raise LocalProtocolError(ErrorCode.BAD_MESSAGE, detail=str(exc)) from exc
+        return frame
 
     def _receive_frame(self, frame: Frame) -> InT:
         try:

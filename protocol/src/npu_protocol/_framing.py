@@ -34,6 +34,12 @@ def encode_frame_header(payload_length: int, fd_count: int) -> bytes:
     return _HEADER.pack(FRAME_MAGIC, fd_count, 0, payload_length)
 
 
+def write_frame_header(frame: bytearray, fd_count: int) -> None:
+    """Fill the first 8 bytes of ``frame``, whose payload follows them, with its header
+    (the caller checks the limits): a frame encoded in place is never joined."""
+    _HEADER.pack_into(frame, 0, FRAME_MAGIC, fd_count, 0, len(frame) - FRAME_HEADER_SIZE)
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One complete frame: its payload bytes and the fds that travelled with it."""
@@ -67,8 +73,9 @@ class FrameReader:
 
     # --- input ----------------------------------------------------------------
 
-    def feed(self, data: bytes, fds: Iterable[int] = ()) -> None:
-        """Append one chunk; ``fds`` arrived with it. Empty ``data`` means end of stream."""
+    def feed(self, data: bytes | bytearray | memoryview, fds: Iterable[int] = ()) -> None:
+        """Append one chunk (copied); ``fds`` arrived with it. Empty ``data`` means end
+        of stream."""
         if self._eof:
             raise RuntimeError("data fed to a frame reader after the end of the stream")
         arrived = deque(fds)
