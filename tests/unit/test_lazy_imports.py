@@ -70,15 +70,22 @@ def test_the_serving_daemon_loads_no_numpy_and_no_onnxruntime() -> None:
     assert not {name for name in loaded if name.split(".")[0] in heavy}
 
 
-def test_the_serving_daemon_parses_no_idl_and_loads_no_model_code() -> None:
-    # The IDL (apps_mem, portal_qnn, the emulator's skels) is parsed at its first use,
-    # the model code (npud.models, portal_qnn, the ONNX reader) loaded at the first load.
+def test_the_serving_daemon_parses_no_model_idl_and_loads_no_model_code() -> None:
+    # The reverse-RPC services' IDL (remotectl, the listener, apps_std) comes with the
+    # modules every session needs; apps_mem's, portal_qnn's and the emulator's skels'
+    # is parsed at its first use, the model code (npud.models, portal_qnn, the ONNX
+    # reader) loaded at the first load.
     loaded = modules_after(
-        "import npud.main, npud.server, npud.broker, npud.datapath, npud.backend,"
-        " npud.requests, npud.sim.driver, npud.sim.pd_host, npud.sim.process"
+        """
+        import npud.main, npud.server, npud.broker, npud.datapath, npud.backend
+        import npud.requests, npud.sim.driver, npud.sim.pd_host, npud.sim.process
+        from npud.fastrpc.apps_mem import apps_mem_idl
+        from npud.sim.skels import load_idl
+        assert apps_mem_idl.cache_info().currsize == 0
+        assert load_idl.cache_info().currsize == 0
+        """
     )
     deferred = {
-        "npud.idl",
         "npud.models",
         "npud.fastrpc.portal_qnn",
         "npud.fastrpc.model_format",
@@ -93,11 +100,12 @@ def test_an_idl_is_parsed_at_its_first_use_and_once() -> None:
         import sys
         from npud.fastrpc.apps_mem import apps_mem_idl
         from npud.sim.skels import EchoSkel, load_idl
-        assert "npud.idl" not in sys.modules
+        assert apps_mem_idl.cache_info().currsize == 0
         interface = apps_mem_idl()
         assert interface.name == "apps_mem" and apps_mem_idl() is interface
         assert EchoSkel().methods()[0].name == "echo"
         assert load_idl("echo") is load_idl("echo")
+        assert apps_mem_idl.cache_info().currsize == 1
         """
     )
     assert "npud.idl" in loaded
