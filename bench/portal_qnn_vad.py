@@ -57,10 +57,10 @@ import npu_client
 from bench import harness, processes
 from npud.backend import DEV_SHELL, select_profile
 from npud.config import parse_config
-from npud.fastrpc.abi import remote_scalars_make
-from npud.fastrpc.invoke_args import Capacity, Inline, Slice
-from npud.fastrpc.portal_qnn import DataType, PortalQnn
+from npud.fastrpc.kernel.abi import remote_scalars_make
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline, Slice
 from npud.fastrpc.session import FastRpcSession
+from npud.fastrpc.stubs.portal_qnn import DataType, PortalQnn
 from npud.models import ArenaLayout
 from npud.sim import DSP_LIBRARY_DIR
 

@@ -32,14 +32,14 @@ from npud.config import (
     DEFAULT_KERNEL_SHELL,
     Config,
 )
-from npud.fastrpc.shell_verifier import ShellVerifier
+from npud.fastrpc.trust.shell_verifier import ShellVerifier
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    from npud.fastrpc.driver import Driver
-    from npud.fastrpc.shell import VerifiedShell
-    from npud.fastrpc.trace import TraceWriter
+    from npud.fastrpc.kernel.driver import Driver
+    from npud.fastrpc.recording.trace import TraceWriter
+    from npud.fastrpc.trust.shell import VerifiedShell
 
 BackendKind = Literal["kernel", "emulator"]
 
@@ -110,13 +110,13 @@ class Profile:
         driver = self._make_driver()
         if self.trace is None:
             return driver
-        from npud.fastrpc.trace import TracingDriver  # noqa: PLC0415  (only when tracing)
+        from npud.fastrpc.recording.trace import TracingDriver  # noqa: PLC0415  (only when tracing)
 
         return TracingDriver(driver, self.trace)
 
     def _make_driver(self) -> Driver:
         if self.kind == "kernel":
-            from npud.fastrpc.driver import KernelDriver  # noqa: PLC0415  (see the docstring)
+            from npud.fastrpc.kernel.driver import KernelDriver  # noqa: PLC0415  (see the docstring)
 
             return KernelDriver()
         from npud.sim import EmulatedDriver, SimConfig  # noqa: PLC0415  (not on a device)
@@ -170,7 +170,7 @@ class Profile:
         """Verify the shell with the profile's key, the signature checked in a child
         process (a lent one, or one started now); ShellVerifyError on any problem
         (fail closed)."""
-        from npud.fastrpc.shell import verify_shell_isolated  # noqa: PLC0415  (the docstring)
+        from npud.fastrpc.trust.shell import verify_shell_isolated  # noqa: PLC0415  (the docstring)
 
         return verify_shell_isolated(
             self.shell_path,
@@ -182,7 +182,7 @@ class Profile:
 
     def load_public_key(self) -> Ed25519PublicKey:
         """The profile's key, parsed in this process (loads ``cryptography``: tools only)."""
-        from npud.fastrpc.shell import (  # noqa: PLC0415  (see the module docstring)
+        from npud.fastrpc.trust.shell import (  # noqa: PLC0415  (see the module docstring)
             development_key_refused,
             is_development_key,
             load_public_key_file,

@@ -19,7 +19,7 @@ import msgspec
 
 from npud.config_errors import explain
 from npud.config_renames import RenameConflictError, apply_renames
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 
 DEFAULT_SOCKET: Final = "/run/npud/npud.sock"
 DEFAULT_CONFIG: Final = "/etc/npud/npud.toml"

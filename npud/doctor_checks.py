@@ -35,8 +35,8 @@ import npu_client
 from npu_protocol import DaemonStatus
 from npud.backend import EMULATED_SUFFIX, Profile, select_profile
 from npud.config import Config
-from npud.fastrpc.errors import ShellVerifyError
-from npud.fastrpc.shell import is_development_key, key_fingerprint, load_public_key_file
+from npud.fastrpc.kernel.errors import ShellVerifyError
+from npud.fastrpc.trust.shell import is_development_key, key_fingerprint, load_public_key_file
 
 # --- What the hardware notes and docs/deploy.md fix ------------------------------------
 

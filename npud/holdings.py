@@ -24,7 +24,7 @@ import structlog
 from npu_protocol import CodedError
 from npud.domain.life import Domain
 from npud.domain.registry import MappingLease
-from npud.fastrpc.dma import DmaBuffer
+from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.session import FastRpcSession
 
 if TYPE_CHECKING:  # loaded with the first model load (npud.requests), not at start-up

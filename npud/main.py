@@ -3,7 +3,7 @@
 Start-up order: the shell-signature verifier's child process is started right
 after the command line is parsed, and only then are the daemon's modules
 imported, so the child's interpreter and ``cryptography`` load meanwhile
-(``npud.fastrpc.shell_verifier``). On the emulator the PD zygote is started
+(``npud.fastrpc.trust.shell_verifier``). On the emulator the PD zygote is started
 as soon as the configuration is read and the profile chosen (both cheap), before
 logging and the daemon are imported (``Profile.zygote_started``), for the same
 reason: its numpy and onnxruntime load while the daemon imports. What no
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 from npud import __version__
 from npud.config import DEFAULT_CONFIG, DEFAULT_SOCKET
-from npud.fastrpc.shell_verifier import ShellVerifier
+from npud.fastrpc.trust.shell_verifier import ShellVerifier
 
 if TYPE_CHECKING:
     from npud.backend import Profile
     from npud.config import Config
-    from npud.fastrpc.trace import TraceWriter
+    from npud.fastrpc.recording.trace import TraceWriter
     from npud.server import BoundSocket
 
 DESCRIPTION = """\
@@ -168,7 +168,7 @@ def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
     from npud.backend import EmulatorStartError  # noqa: PLC0415
     from npud.broker import Broker  # noqa: PLC0415
     from npud.config import load_config  # noqa: PLC0415
-    from npud.fastrpc.errors import RpcError  # noqa: PLC0415
+    from npud.fastrpc.kernel.errors import RpcError  # noqa: PLC0415
     from npud.sd import ActivationError, Notifier, activated_socket  # noqa: PLC0415
     from npud.server import Daemon, StartupError, bind_socket  # noqa: PLC0415
 
@@ -254,7 +254,7 @@ def _traced(
 
     import structlog  # noqa: PLC0415
 
-    from npud.fastrpc.trace import TraceWriter  # noqa: PLC0415  (only when tracing)
+    from npud.fastrpc.recording.trace import TraceWriter  # noqa: PLC0415  (only when tracing)
 
     path = args.trace or (Path(config.daemon.trace) if config.daemon.trace else None)
     if path is None:

@@ -6,7 +6,7 @@ model in its slot) plus one DMA-BUF, the model's **arena**, allocated at load
 and owned by the client's model: for each of the model's graphs in index
 order, from a page boundary, every input tensor of that graph, then (from a
 page boundary) every output tensor, each at a multiple of 64 bytes
-(:func:`npud.fastrpc.portal_qnn.arena_layout`); graph 0's regions are where a
+(:func:`npud.fastrpc.stubs.portal_qnn.arena_layout`); graph 0's regions are where a
 one-graph model's are. The arena's fd goes to the
 client in the load reply; a run is then one invoke of portal_qnn's ``run`` on
 two slices of the arena, so nothing but the fixed-size request and reply
@@ -37,9 +37,10 @@ import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
 from npud.domain.digests import FileDigests
 from npud.domain.registry import Registry, Shared
-from npud.fastrpc.dma import DmaBuffer
-from npud.fastrpc.invoke_args import Slice
-from npud.fastrpc.portal_qnn import (
+from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.fastrpc.kernel.invoke_args import Slice
+from npud.fastrpc.session import FastRpcSession
+from npud.fastrpc.stubs.portal_qnn import (
     Backend,
     DataType,
     GraphSpec,
@@ -48,7 +49,6 @@ from npud.fastrpc.portal_qnn import (
     TensorSpec,
     arena_layout,
 )
-from npud.fastrpc.session import FastRpcSession
 
 PAGE: Final = 4096
 GRAPHS_VERSION: Final = 5
@@ -221,7 +221,7 @@ class NpuModel:
         (its ``registry`` and ``digests``), with an arena from ``allocate(size)``. On any
         failure what was made is released again before raising."""
         # The file is checked before a byte of it is hashed: a regular file, of the format
-        # the backend takes, self-contained (npud.fastrpc.model_format).
+        # the backend takes, self-contained (npud.fastrpc.stubs.model_format).
         sniffed = PortalQnn.check_file(fd, backend)
         try:
             key = load_key(digests, fd, sniffed.size, backend, shapes)

@@ -34,8 +34,8 @@ from npu_client.transport import OwnedFd
 from npu_protocol import CodedError, ErrorCode
 from npud.clients import Client, Clients, Entry, Gate, Kind, unknown
 from npud.domain.life import Domain
-from npud.fastrpc.dma import DmaBuffer, checked_dma_size
-from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
+from npud.fastrpc.kernel.dma import DmaBuffer, checked_dma_size
+from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
 from npud.holdings import HeldBuffer, OpenHandle, let_go
 from npud.scheduler import Account
 

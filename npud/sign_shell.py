@@ -1,6 +1,6 @@
 """``npud-sign-shell``: make a signing key, sign a DSP shell image, check a signed shell.
 
-Signing writes the two files that :mod:`npud.fastrpc.shell` checks before a
+Signing writes the two files that :mod:`npud.fastrpc.trust.shell` checks before a
 shell goes to the DSP: ``SHELL.sha256`` (``"<hex>  <name>\\n"``, the format of
 ``sha256sum``) and ``SHELL.sig`` (the 64-byte Ed25519 signature over the
 shell's bytes), both mode 0644. Exit status: 0 success, 1 failure (one line on
@@ -23,9 +23,9 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from npud.fastrpc.abi import INIT_FILELEN_MAX
-from npud.fastrpc.errors import ShellVerifyError
-from npud.fastrpc.shell import (
+from npud.fastrpc.kernel.abi import INIT_FILELEN_MAX
+from npud.fastrpc.kernel.errors import ShellVerifyError
+from npud.fastrpc.trust.shell import (
     DEFAULT_TRUSTED_UIDS,
     DIGEST_SUFFIX,
     SIGNATURE_SUFFIX,

@@ -10,7 +10,7 @@ static handles 9 and 10, which no module is known for, answer, then the echo
 scenario; it prints the apps_std calls the loader made, in order) or
 ``suspend`` (inline echoes for ``--duration`` seconds, meant to run across a
 system suspend: it prints every call that failed and the longest one).
-``npud trace replay`` plays a trace back (npud.fastrpc.replay) and names the
+``npud trace replay`` plays a trace back (npud.fastrpc.recording.replay) and names the
 first divergence. The format is
 docs/trace-format.md; ``npud --trace FILE`` records a whole daemon run.
 """
@@ -32,13 +32,13 @@ from typing import Final, Literal
 from npu_protocol import describe_result
 from npud.backend import select_profile
 from npud.config import ConfigError, load_config
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.invoke_args import Capacity, Inline, Slice
-from npud.fastrpc.portal_qnn import PortalQnn
-from npud.fastrpc.replay import DEFAULT_TIMEOUT, TraceFormatError, replay
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline, Slice
+from npud.fastrpc.recording.replay import DEFAULT_TIMEOUT, TraceFormatError, replay
+from npud.fastrpc.recording.trace import TraceWriter, TracingDriver
+from npud.fastrpc.recording.trace_format import DEFAULT_CAPTURE_LIMIT
 from npud.fastrpc.session import PROBED_STATIC_HANDLES, FastRpcSession
-from npud.fastrpc.trace import TraceWriter, TracingDriver
-from npud.fastrpc.trace_format import DEFAULT_CAPTURE_LIMIT
+from npud.fastrpc.stubs.portal_qnn import PortalQnn
 from npud.logs import print_error
 
 ECHO_URI: Final = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"

@@ -22,7 +22,7 @@ readonly DSP_DIR=/usr/lib/dsp/cdsp
 readonly SHELL_NAME=fastrpc_shell_unsigned_3
 readonly PUBLIC_KEY_NAME=shell-signing.pub
 readonly SIGNATURE_SIZE=64
-# npud.fastrpc.shell.DEVELOPMENT_PUBLIC_KEY_HEX (a test keeps them equal): the
+# npud.fastrpc.trust.shell.DEVELOPMENT_PUBLIC_KEY_HEX (a test keeps them equal): the
 # key whose private half is in the repository, refused for a device.
 readonly DEVELOPMENT_PUBLIC_KEY_HEX=e058d490c7ade196e48affcb26c314c9b7f069ab0ae2d8ed0f31fafb2b4e62cb
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from npud.fastrpc.shell import is_development_key
+from npud.fastrpc.trust.shell import is_development_key
 from npud.sign_shell import SignError, load_private_key_file, sign_shell_file, write_file_atomic
 
 DEV_DIR: Final = Path(__file__).resolve().parent.parent / "npud" / "devshell"
@@ -89,7 +89,7 @@ def write_dev_shell(output_dir: Path) -> list[Path]:
     key = load_private_key_file(DEVELOPMENT_KEY)
     if not is_development_key(key.public_key()):
         raise SignError(
-            f"{DEVELOPMENT_KEY} is not the development key that npud.fastrpc.shell names "
+            f"{DEVELOPMENT_KEY} is not the development key that npud.fastrpc.trust.shell names "
             "(DEVELOPMENT_PUBLIC_KEY_HEX); update both together"
         )
     shell = output_dir / SHELL_NAME

@@ -28,9 +28,9 @@ from npud.backend import Profile
 from npud.closer import Closer
 from npud.config import PoolConfig
 from npud.domain.memory import Memory
-from npud.fastrpc.dma_heap import DmaHeap
-from npud.fastrpc.driver import Driver
-from npud.fastrpc.shell import VerifiedShell
+from npud.fastrpc.kernel.dma_heap import DmaHeap
+from npud.fastrpc.kernel.driver import Driver
+from npud.fastrpc.trust.shell import VerifiedShell
 from npud.lanes import LanePool
 
 log = structlog.get_logger("npud.device")

@@ -37,8 +37,8 @@ from npu_protocol import CodedError, ErrorCode
 from npud.domain.device import LANE_STOP_SECONDS, Device
 from npud.domain.digests import FileDigests
 from npud.domain.registry import Registry
-from npud.fastrpc.capabilities import DspInfo
-from npud.fastrpc.errors import RpcError
+from npud.fastrpc.kernel.capabilities import DspInfo
+from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.session import FastRpcSession
 from npud.lanes import LanePool, LaneTimeoutError
 

@@ -1,6 +1,6 @@
 """The DMA-BUFs npud hands to clients: where they come from and where they go back.
 
-Buffers come from the system DMA-BUF heap (:mod:`npud.fastrpc.dma_heap`), as
+Buffers come from the system DMA-BUF heap (:mod:`npud.fastrpc.kernel.dma_heap`), as
 libcdsprpc's rpcmem allocates them, so they belong to no domain: a restart of a
 domain's DSP process leaves them alone, and any domain can map them. Where the
 machine has no heap, they come from the FastRPC driver's ALLOC_DMA_BUFF on the
@@ -29,8 +29,8 @@ from npu_protocol import CodedError, ErrorCode
 from npud.config import PoolConfig
 from npud.domain.pool import BufferPool, Job, Scope
 from npud.domain.registry import MappingLease
-from npud.fastrpc.dma import DmaBuffer
-from npud.fastrpc.dma_heap import DmaHeap
+from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.fastrpc.kernel.dma_heap import DmaHeap
 
 log = structlog.get_logger("npud.memory")
 

@@ -33,7 +33,7 @@ that a subsystem restart ends the buffers allocated in a compute bank (no system
 heap): those are released and never handed out again.
 
 Ownership. The pool holds each kept buffer as its owner would (one reference, see
-:class:`~npud.fastrpc.dma.DmaBuffer`) and, when mapped, one mapping lease of the
+:class:`~npud.fastrpc.kernel.dma.DmaBuffer`) and, when mapped, one mapping lease of the
 domain's registry. Releasing a kept buffer gives the lease back on its domain's control
 lane and then lets go of the buffer (``release``, given by the daemon's memory).
 
@@ -56,7 +56,7 @@ import structlog
 import npu_protocol as p
 from npud.config import PoolConfig
 from npud.domain.registry import MappingLease
-from npud.fastrpc.dma import DmaBuffer
+from npud.fastrpc.kernel.dma import DmaBuffer
 
 log = structlog.get_logger("npud.pool")
 

@@ -29,9 +29,9 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 from npu_protocol import ErrorCode
-from npud.fastrpc.abi import FASTRPC_MAP_FD
-from npud.fastrpc.dma import DmaBuffer
-from npud.fastrpc.errors import RpcError
+from npud.fastrpc.kernel.abi import FASTRPC_MAP_FD
+from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.session import FastRpcSession
 
 T = TypeVar("T")

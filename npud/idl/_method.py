@@ -103,7 +103,7 @@ def make_scalars(
     attr: int = 0,
 ) -> int:
     """REMOTE_SCALARS_MAKEX (reference section 4): the one place npud builds the word
-    (npud.fastrpc.abi and npud.sim.layout call it; npu_protocol keeps a checked copy).
+    (npud.fastrpc.kernel.abi and npud.sim.layout call it; npu_protocol keeps a checked copy).
     Every field is range-checked instead of silently masked: ValueError."""
     sc = 0
     values = (attr, method, inbufs, outbufs, inhandles, outhandles)

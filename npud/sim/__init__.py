@@ -1,6 +1,6 @@
 """The emulated FastRPC kernel driver and simulated CDSP (see docs/emulator.md).
 
-``EmulatedDriver`` implements the ``npud.fastrpc.driver.Driver`` seam, so the
+``EmulatedDriver`` implements the ``npud.fastrpc.kernel.driver.Driver`` seam, so the
 session code that talks to ``/dev/fastrpc-cdsp*`` on the device runs unchanged
 in tests. ``DSP_LIBRARY_DIR`` holds the skel descriptors
 (``libecho_skel.so``, ``libnpu_test_skel.so``, ``libportal_qnn_skel.so``,

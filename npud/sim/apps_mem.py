@@ -9,7 +9,7 @@ longer needed the heap gives it back with ``request_unmap64`` (method 3,
 served with MUNMAP), newest grant first.
 
 The layouts come from ``idl/apps_mem.idl`` through :mod:`npud.idl`, the same
-description the host side (``npud.fastrpc.apps_mem``) serves.
+description the host side (``npud.fastrpc.reverse.apps_mem``) serves.
 
 What counts as heap is the emulator's choice (docs/emulator.md): a loaded
 library's bytes, for as long as its handle is open, and a file a skel

@@ -1,6 +1,6 @@
 """EmulatedDriver: the FastRPC kernel driver and the CDSP, behind the Driver seam.
 
-Implements ``npud.fastrpc.driver.Driver`` (open/close/ioctl/mmap) for the two
+Implements ``npud.fastrpc.kernel.driver.Driver`` (open/close/ioctl/mmap) for the two
 CDSP nodes. Requests are decoded from the raw bytes of the ioctl argument with
 the emulator's own layout (:mod:`npud.sim.layout`) and answered the way
 ``drivers/misc/fastrpc.c`` does: same errnos, ENOTTY for any other command

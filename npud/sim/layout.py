@@ -1,9 +1,9 @@
 """The emulator's own description of the FastRPC ioctl ABI.
 
-Deliberately independent of ``npud.fastrpc.abi``: command words are literal
+Deliberately independent of ``npud.fastrpc.kernel.abi``: command words are literal
 hex copied from the reference (shared/reference/fastrpc-abi.md, section 1),
 structures are ``struct`` formats written from its section 2. Tests drive the
-emulator with the ctypes classes of ``npud.fastrpc.abi``, so a drift in either
+emulator with the ctypes classes of ``npud.fastrpc.kernel.abi``, so a drift in either
 description shows up as a failing test instead of two wrongs agreeing.
 """
 

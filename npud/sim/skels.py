@@ -32,7 +32,7 @@ Interfaces (idl/echo.idl, idl/npu_test.idl), domain method numbers and sc:
   llama.cpp's Hexagon backend, op batches on a dspqueue, in :mod:`npud.sim.htp`.
 
 The layouts come from the IDL files themselves (:mod:`npud.idl`, pure
-and independent of ``npud.fastrpc.abi``), so a skel and its IDL cannot drift.
+and independent of ``npud.fastrpc.kernel.abi``), so a skel and its IDL cannot drift.
 Every method checks the counts in ``sc`` and that the lengths announced in
 primIn equal the buffers it got; any mismatch is AEE_EBADPARM. An unknown
 method is AEE_EUNSUPPORTED.

@@ -20,7 +20,7 @@ from npud.broker import Broker
 from npud.clients import Client, Gate, Kind
 from npud.config import ConfigError, parse_config
 from npud.domain.life import Domain
-from npud.fastrpc.dma import DmaBuffer
+from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.holdings import HeldBuffer
 from npud.requests import HANDLERS, Answer
 from npud.scheduler import NORMAL

@@ -242,7 +242,7 @@ async def test_an_endless_model_burns_only_its_own_domain(
     after the check would be) runs in its client's DSP process: the watchdog ends that
     process, the offender pays, and another client's model runs all along, every one of
     them answered, the daemon healthy throughout (issue 16, item 3)."""
-    from npud.fastrpc import model_format
+    from npud.fastrpc.stubs import model_format
 
     monkeypatch.setattr(model_format, "check_bounded", lambda fd, size: None)
     path = tmp_path / "npud.sock"

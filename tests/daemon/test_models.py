@@ -509,7 +509,7 @@ async def test_the_dsp_refuses_external_data_even_past_the_daemons_check(
 ) -> None:
     """The client may rewrite its file between the daemon's check and the DSP's read:
     the emulated DSP checks the very bytes it would parse, and refuses them too."""
-    from npud.fastrpc import model_format
+    from npud.fastrpc.stubs import model_format
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "secret.bin").write_bytes(b"TOPSECRETBYTES!!")

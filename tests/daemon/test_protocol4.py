@@ -13,7 +13,7 @@ import trio
 
 import npu_protocol as p
 from npu_protocol import ErrorCode
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 from npud.server import Daemon
 from npud.sim import EmulatedDriver
 from tests.daemon.wire import TEST_URI, RawPeer, busy, serve_daemon

@@ -14,7 +14,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from npud.doctor_checks import KNOWN_GOOD_FIRMWARE, Status, connect_fix
-from npud.fastrpc.shell import DEVELOPMENT_PUBLIC_KEY_HEX
+from npud.fastrpc.trust.shell import DEVELOPMENT_PUBLIC_KEY_HEX
 from npud.sign_shell import sign_shell_file
 from tests.doctor.fake_tree import (
     CDSP,

@@ -132,7 +132,7 @@ def one_line_after_logs(result: subprocess.CompletedProcess[str]) -> str:
 def test_the_development_key_is_refused_by_the_kernel_profile(tmp_path: Path) -> None:
     from npud.backend import select_profile
     from npud.config import parse_config
-    from npud.fastrpc.errors import ShellVerifyError
+    from npud.fastrpc.kernel.errors import ShellVerifyError
 
     key = tmp_path / "key.pub"
     shutil.copyfile(DEV_PUBLIC_KEY, key)

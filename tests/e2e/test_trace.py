@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from npud.fastrpc.replay import load_trace, replay
+from npud.fastrpc.recording.replay import load_trace, replay
 from tests.e2e.daemon import start_npud
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from npud.backend import DEV_SHELL
-from npud.fastrpc.driver import Driver, KernelDriver
+from npud.fastrpc.kernel.driver import Driver, KernelDriver
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 

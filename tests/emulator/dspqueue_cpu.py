@@ -34,9 +34,9 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from npu_protocol import AEE, ErrorCode
-from npud.fastrpc.dma import DmaBuffer
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.invoke_args import Capacity, Inline
+from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
 
 URI: Final = (

@@ -21,8 +21,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from npud.fastrpc.dma import DmaBuffer
-from npud.fastrpc.invoke_args import Capacity, Inline
+from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
 from tests.emulator.dspqueue_cpu import Buffer, CpuQueue, CpuQueues
 

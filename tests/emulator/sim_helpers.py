@@ -1,13 +1,13 @@
 """Raw-ioctl helpers for the emulator tests, built on the ctypes ABI of npud.fastrpc.
 
 Everything here speaks to the EmulatedDriver exactly as session code speaks
-to the kernel: ctypes structs from ``npud.fastrpc.abi``, request numbers from
+to the kernel: ctypes structs from ``npud.fastrpc.kernel.abi``, request numbers from
 there too. That cross-checks the emulator's independent layout description.
 
 ``ReverseResponder`` is a deliberately small reverse-RPC listener (handle 3,
 init2/next2/get_in_bufs2) serving ``apps_remotectl`` open of ``apps_std`` and
 the four ``apps_std`` file calls from one directory. The daemon's real
-listener lives in npud/fastrpc/listener.py.
+listener lives in npud/fastrpc/reverse/listener.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 
 AEE_EBADSTATE: Final = 0x8000040D

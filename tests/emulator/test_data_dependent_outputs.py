@@ -13,9 +13,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from npud.backend import DEV_SHELL
-from npud.fastrpc.invoke_args import Slice
-from npud.fastrpc.portal_qnn import ModelError, ModelFailure, PortalQnn
+from npud.fastrpc.kernel.invoke_args import Slice
 from npud.fastrpc.session import FastRpcSession
+from npud.fastrpc.stubs.portal_qnn import ModelError, ModelFailure, PortalQnn
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from tests.emulator import onnx_models
 

@@ -20,9 +20,9 @@ import pytest
 from npu_protocol import ErrorCode
 from npud.backend import DEV_SHELL
 from npud.domain.life import capabilities_record
-from npud.fastrpc import abi
-from npud.fastrpc.errors import InterruptedCallError, RpcError
-from npud.fastrpc.invoke_args import Capacity, Inline
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.errors import InterruptedCallError, RpcError
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.config import HVX_SUPPORT_128B, STATUS_NOTIFICATION_SUPPORT

@@ -20,7 +20,7 @@ from typing import Final
 
 import pytest
 
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 from npud.sim import EmulatedDriver, SimConfig, layout
 from npud.sim.dma_heap import SYSTEM_HEAP_NODE
 from tests.emulator.sim_helpers import (

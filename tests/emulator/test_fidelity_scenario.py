@@ -10,10 +10,10 @@ import pytest
 
 from npu_protocol import ErrorCode
 from npud.backend import DEV_SHELL
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.replay import replay
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.recording.replay import replay
+from npud.fastrpc.recording.trace import TraceWriter, TracingDriver
 from npud.fastrpc.session import FastRpcSession
-from npud.fastrpc.trace import TraceWriter, TracingDriver
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.config import AEE_ERPC
 from npud.trace_cli import apps_std_calls, fidelity_scenario, suspend_scenario

@@ -18,11 +18,11 @@ import pytest
 
 from npu_protocol import AEE
 from npud.backend import DEV_SHELL
-from npud.fastrpc import abi
-from npud.fastrpc.driver import IoctlArg
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.invoke_args import Capacity, Inline
-from npud.fastrpc.listener import THREAD_NAME
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.driver import IoctlArg
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline
+from npud.fastrpc.reverse.listener import THREAD_NAME
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.config import AEE_ENOSUCHMOD, AEE_ERPC

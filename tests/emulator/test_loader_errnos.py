@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from npud.backend import DEV_SHELL
-from npud.fastrpc import abi
-from npud.fastrpc.driver import IoctlArg
-from npud.fastrpc.invoke_args import Capacity, Inline
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.driver import IoctlArg
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.config import LOADER_PATHS, LoaderPath

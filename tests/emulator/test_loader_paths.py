@@ -3,7 +3,7 @@
 ``SimConfig.loader_paths`` makes the simulated DSP's loader use
 ``fopen_with_env`` (streamed), ``fopen_with_env_fd`` (a DMA-BUF MEM_MAP'd by
 the host) or ``get_search_paths_with_env`` + ``stat`` + ``fopen_fd``; the
-session serves all three (npud/fastrpc/apps_std.py). A host that does not
+session serves all three (npud/fastrpc/reverse/apps_std.py). A host that does not
 serve a path answers AEE_EUNSUPPORTED and the DSP falls back.
 """
 
@@ -19,10 +19,10 @@ import pytest
 
 from npu_protocol import ErrorCode
 from npud.backend import DEV_SHELL
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.invoke_args import Capacity, Inline, Slice
-from npud.fastrpc.portal_qnn import PortalQnn
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline, Slice
 from npud.fastrpc.session import FastRpcSession
+from npud.fastrpc.stubs.portal_qnn import PortalQnn
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.config import LOADER_PATHS, LoaderPath
 from tests.emulator import onnx_models, sim_helpers

@@ -29,11 +29,11 @@ import pytest
 from npu_protocol import AEE, ErrorCode
 from npud import idl
 from npud.backend import DEV_SHELL
-from npud.fastrpc import abi
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.invoke_args import Capacity, Inline, Slice
-from npud.fastrpc.portal_qnn import PORTAL_QNN_URI
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline, Slice
 from npud.fastrpc.session import FastRpcSession
+from npud.fastrpc.stubs.portal_qnn import PORTAL_QNN_URI
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.pd_host import live_zygotes
 from tests.emulator import onnx_models, probe_skel

@@ -18,9 +18,9 @@ from npud.config import PoolConfig
 from npud.domain.memory import Memory
 from npud.domain.pool import BufferPool
 from npud.domain.registry import Registry
-from npud.fastrpc.dma import DmaBuffer
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.invoke_args import Inline, Slice
+from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Inline, Slice
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from tests.emulator.conftest import ECHO_URI, fastrpc_threads, open_fds

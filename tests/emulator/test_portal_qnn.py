@@ -19,11 +19,12 @@ import pytest
 from npu_protocol import ErrorCode
 from npud import idl
 from npud.backend import DEV_SHELL
-from npud.fastrpc import portal_qnn
-from npud.fastrpc.dma import DmaBuffer
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.invoke_args import Slice
-from npud.fastrpc.portal_qnn import (
+from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Slice
+from npud.fastrpc.session import FastRpcSession
+from npud.fastrpc.stubs import portal_qnn
+from npud.fastrpc.stubs.portal_qnn import (
     MAX_MODELS,
     DataType,
     LoadedModel,
@@ -33,7 +34,6 @@ from npud.fastrpc.portal_qnn import (
     arena_layout,
     model_uri_query,
 )
-from npud.fastrpc.session import FastRpcSession
 from npud.formats import graph_pack
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from tests.emulator import onnx_models

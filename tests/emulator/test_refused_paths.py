@@ -14,7 +14,7 @@ import struct
 import pytest
 
 from npud.backend import DEV_SHELL
-from npud.fastrpc.invoke_args import Capacity, Inline
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.config import LoaderPath
@@ -32,7 +32,7 @@ def test_a_refused_path_is_logged_once_and_counted(
     session = FastRpcSession.open(driver, library_path=[DSP_LIBRARY_DIR])
     try:
         session.load_shell(DEV_SHELL.read_bytes())
-        with caplog.at_level(logging.WARNING, logger="npud.fastrpc.apps_std"):
+        with caplog.at_level(logging.WARNING, logger="npud.fastrpc.reverse.apps_std"):
             for _ in range(2):  # the probes come before the process's first library only
                 handle = session.remote_open(ECHO_URI)
                 prim = struct.pack("<II", 2, 2)

@@ -13,8 +13,8 @@ import errno
 import mmap
 import os
 
-from npud.fastrpc import abi
-from npud.fastrpc.dma_heap import DmaHeap
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.dma_heap import DmaHeap
 from npud.sim import EmulatedDriver
 from tests.emulator import sim_helpers
 

@@ -10,11 +10,11 @@ import zlib
 import pytest
 
 from npu_protocol import AEE, MAX_DMA_SIZE, ErrorCode
-from npud.fastrpc import abi
-from npud.fastrpc.dma import PAGE_SIZE
-from npud.fastrpc.driver import KernelDriver
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.invoke_args import Capacity, Inline, Slice
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.dma import PAGE_SIZE
+from npud.fastrpc.kernel.driver import KernelDriver
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline, Slice
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from tests.emulator.conftest import ECHO_URI, TEST_URI, fastrpc_threads, open_fds

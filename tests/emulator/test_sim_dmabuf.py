@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 from npud.sim import EmulatedDriver, SimConfig
 from npud.sim.dmabuf import SWEEP_MIN
 from tests.emulator.sim_helpers import (

@@ -19,8 +19,8 @@ import pytest
 
 from npu_protocol import AEE, ErrorCode
 from npud.backend import DEV_SHELL
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.invoke_args import Capacity, Inline
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from tests.emulator import queue_echo_skel

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 from npud.sim import EmulatedDriver, SimConfig
 from tests.emulator.sim_helpers import (
     AEE_EBADPARM,

@@ -1,4 +1,4 @@
-"""The emulator's own ABI description agrees with npud.fastrpc.abi (and stays independent)."""
+"""The emulator's own ABI description agrees with npud.fastrpc.kernel.abi (and stays independent)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npud.fastrpc import abi
-from npud.fastrpc.driver import Driver
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.driver import Driver
 from npud.sim import EmulatedDriver, layout
 
 COMMANDS = [
@@ -106,7 +106,7 @@ def test_make_scalars_like_the_abi(method: int, inbufs: int, outbufs: int) -> No
 
 
 def test_the_emulator_does_not_import_the_ctypes_abi() -> None:
-    code = "import sys, npud.sim; assert 'npud.fastrpc.abi' not in sys.modules, sorted(sys.modules)"
+    code = "import sys, npud.sim; assert 'npud.fastrpc.kernel.abi' not in sys.modules, sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

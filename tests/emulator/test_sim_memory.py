@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 from npud.sim import EmulatedDriver
 from tests.emulator.sim_helpers import (
     AEE_EBADPARM,

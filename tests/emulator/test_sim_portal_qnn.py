@@ -2,7 +2,7 @@
 
 Calls are marshalled by npud.idl and sent with FastRpcSession.invoke
 (inline buffers), below the typed API, so the host-side checks of
-npud.fastrpc.portal_qnn do not hide the skel's own.
+npud.fastrpc.stubs.portal_qnn do not hide the skel's own.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 from npu_protocol import AEE
 from npud import idl
 from npud.backend import DEV_SHELL
-from npud.fastrpc.invoke_args import Capacity, Inline
-from npud.fastrpc.portal_qnn import PORTAL_QNN_URI
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
+from npud.fastrpc.stubs.portal_qnn import PORTAL_QNN_URI
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from npud.sim.portal_qnn import MAX_ERROR_BYTES, failure_text, parse_model_uri
 from tests.emulator import onnx_models

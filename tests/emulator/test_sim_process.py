@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 from npud.sim import EmulatedDriver, SimConfig
 from npud.sim.process import ProcessKind
 from tests.emulator.sim_helpers import (

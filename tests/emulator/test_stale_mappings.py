@@ -20,9 +20,9 @@ import pytest
 
 from npu_protocol import ErrorCode
 from npud.backend import DEV_SHELL
-from npud.fastrpc import abi
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.invoke_args import Inline, Slice
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Inline, Slice
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from tests.emulator import sim_helpers

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 import pytest
 
 from npud.backend import DEV_SHELL
-from npud.fastrpc import abi
-from npud.fastrpc.driver import IoctlArg
-from npud.fastrpc.invoke_args import Capacity, Inline
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.driver import IoctlArg
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from tests.emulator.conftest import ECHO_URI, open_fds
@@ -93,7 +93,7 @@ def test_heap_growth_taken_by_the_kernel_is_logged_and_never_given_back_twice(
     assert echo(session, handle, b"suspended") == b"suspended"
     stats = driver.statistics()
     assert (stats.mmap_buffers, stats.interrupted_mmaps) == (0, 1)
-    with caplog.at_level(logging.WARNING, logger="npud.fastrpc.apps_mem"):
+    with caplog.at_level(logging.WARNING, logger="npud.fastrpc.reverse.apps_mem"):
         session.remote_close(handle)  # the DSP gives its growth back: EINVAL now
         # The pages are still the DSP's (the channel keeps them): the next load uses
         # them, and giving them back again is refused by npud, not sent to the kernel.

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 
 from npud.backend import DEV_SHELL
-from npud.fastrpc import abi
-from npud.fastrpc.driver import Driver, KernelDriver
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.replay import TraceFormatError, load_trace, replay
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.driver import Driver, KernelDriver
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.recording.replay import TraceFormatError, load_trace, replay
+from npud.fastrpc.recording.trace import TraceWriter, TracingDriver
 from npud.fastrpc.session import FastRpcSession
-from npud.fastrpc.trace import TraceWriter, TracingDriver
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.trace_cli import echo_scenario, model_scenario
 from tests.emulator import onnx_models

@@ -19,8 +19,8 @@ import pytest
 from npu_protocol import AEE, ErrorCode
 from npud.backend import DEV_SHELL, select_profile
 from npud.config import ConfigError, parse_config
-from npud.fastrpc import abi
-from npud.fastrpc.errors import RpcError
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from tests.emulator.conftest import fastrpc_threads

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import npu_protocol as p
 from npu_protocol import ErrorCode
 from npu_protocol._scalars import make_scalars, split_scalars
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 from tests.protocol.helpers import connected_pair, drain
 from tests.protocol.strategies import any_of, of
 

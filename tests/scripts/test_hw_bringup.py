@@ -7,7 +7,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from npud.fastrpc.replay import load_trace
+from npud.fastrpc.recording.replay import load_trace
 from tests.emulator import onnx_models
 from tests.scripts.snapshots import REPO
 

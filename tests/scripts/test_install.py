@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from npud.fastrpc.shell import DEVELOPMENT_PUBLIC_KEY_HEX
+from npud.fastrpc.trust.shell import DEVELOPMENT_PUBLIC_KEY_HEX
 from tests.scripts.snapshots import DEPLOY, DEV_PUBLIC_KEY, INSTALL, REPO, run_script, tree_state
 
 SHELL = "usr/lib/dsp/cdsp/fastrpc_shell_unsigned_3"

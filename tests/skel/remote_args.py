@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from npud.fastrpc.abi import remote_scalars_length, remote_scalars_makex
+from npud.fastrpc.kernel.abi import remote_scalars_length, remote_scalars_makex
 
 
 class remote_buf(ctypes.Structure):

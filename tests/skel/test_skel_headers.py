@@ -1,7 +1,7 @@
 """Our stand-in SDK headers against the C compiler's view, the ctypes mirror and the Python ABI.
 
 skel/include/sdk/remote.h and AEEStdErr.h are written by hand; this test keeps
-them equal to npud.fastrpc.abi's scalars, npu_protocol.aee's codes (bare on
+them equal to npud.fastrpc.kernel.abi's scalars, npu_protocol.aee's codes (bare on
 the host, 0x80000400 + n when built for the DSP) and tests/skel's ctypes
 remote_arg.
 """
@@ -16,7 +16,7 @@ from typing import Final
 import pytest
 
 from npu_protocol.aee import AEE
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 from tests.skel.conftest import SKEL_DIR
 from tests.skel.remote_args import remote_arg, remote_buf, remote_dma_handle
 from tests.tools import require_tool

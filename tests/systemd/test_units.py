@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from npud import config
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 from tests.systemd.units import (
     REPO,
     SERVICE,

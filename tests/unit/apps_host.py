@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from npud.fastrpc.apps_std import AppsStdServer
-from npud.fastrpc.reverse_modules import Reply, ReverseModule, ReverseModules
+from npud.fastrpc.reverse.apps_std import AppsStdServer
+from npud.fastrpc.reverse.reverse_modules import Reply, ReverseModule, ReverseModules
 
 
 class Host:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 from tests.tools import require_file, require_tool
 
 HEADER = Path("/usr/include/misc/fastrpc.h")

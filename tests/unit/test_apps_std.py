@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from npu_protocol import AEE
-from npud.fastrpc import abi
-from npud.fastrpc.apps_std import (
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.reverse.apps_std import (
     FCLOSE,
     FCLOSE_FD,
     FILE_EXISTS,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from npud.fastrpc import abi
-from npud.fastrpc.apps_std import (
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.reverse.apps_std import (
     FCLOSE,
     FCLOSE_FD,
     FLEN,
@@ -182,7 +182,7 @@ def test_a_refused_path_is_logged_once_with_the_path_and_counted(
     host: Host, caplog: pytest.LogCaptureFixture
 ) -> None:
     handle = _apps_std(host)
-    with caplog.at_level(logging.WARNING, logger="npud.fastrpc.apps_std"):
+    with caplog.at_level(logging.WARNING, logger="npud.fastrpc.reverse.apps_std"):
         for _ in range(3):
             assert fopen("/etc/passwd")(host, handle).result == errno.ENOENT
         assert escaped(STAT, "/opt/firmware/libx.so", caps=(96,))(host, handle).result == (

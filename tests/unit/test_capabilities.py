@@ -8,15 +8,15 @@ from collections.abc import Callable
 import pytest
 
 from npu_protocol import ErrorCode
-from npud.fastrpc import abi
-from npud.fastrpc.capabilities import (
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.capabilities import (
     QUERIED_ATTRIBUTES,
     DspInfo,
     kernel_copies_to_offset_0,
     query_capabilities,
     query_capability,
 )
-from npud.fastrpc.errors import RpcError
+from npud.fastrpc.kernel.errors import RpcError
 
 TABLE = {abi.ARCH_VER: 0x73, abi.UNSIGNED_PD_SUPPORT: 1, abi.HVX_SUPPORT_128B: 4}
 

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npu_protocol import MAX_DMA_SIZE, ErrorCode
-from npud.fastrpc.dma import PAGE_SIZE, checked_dma_size, page_round_up
-from npud.fastrpc.errors import RpcError
+from npud.fastrpc.kernel.dma import PAGE_SIZE, checked_dma_size, page_round_up
+from npud.fastrpc.kernel.errors import RpcError
 
 U64_MAX = 2**64 - 1
 

@@ -8,8 +8,8 @@ import pytest
 
 from npu_protocol import AEE, ErrorCode, aee_name, describe_result, format_message
 from npu_protocol.errors import template
-from npud.fastrpc import abi
-from npud.fastrpc.errors import (
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.errors import (
     INVOKE_ERRNOS,
     DriverCall,
     InterruptedCallError,

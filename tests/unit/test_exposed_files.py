@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from npud.fastrpc import abi
-from npud.fastrpc.apps_std import (
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.reverse.apps_std import (
     FCLOSE,
     FILE_EXISTS,
     FLEN,
@@ -22,7 +22,7 @@ from npud.fastrpc.apps_std import (
     AppsStdServer,
     Reply,
 )
-from npud.fastrpc.exposed_files import (
+from npud.fastrpc.reverse.exposed_files import (
     EXPOSED_PREFIX,
     ExposedFiles,
     check_readable_file,

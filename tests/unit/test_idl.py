@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npud import idl
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 
 MIXED = """
 // apps_mem_request_map64's shape (reference 5.4): primIn at 0, 4, 8, 16, 24; 32 bytes

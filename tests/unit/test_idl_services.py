@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from npu_protocol._scalars import make_scalars as protocol_make_scalars
 from npud import idl
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 from npud.sim import layout
 
 # The hand-packed constants, as npud.fastrpc and npud.sim wrote them before.

@@ -3,7 +3,7 @@
 * ``npud.fastrpc`` is synchronous code the daemon runs on its own threads: it
   never imports trio, nor the client library.
 * ``npud.sim`` describes the kernel's structs with its own layouts, so a drift
-  between it and ``npud.fastrpc.abi`` is caught: it never imports ``npud.fastrpc``.
+  between it and ``npud.fastrpc.kernel.abi`` is caught: it never imports ``npud.fastrpc``.
 * ``npud.idl`` and ``npud.formats`` are pure and shared by both of the above.
 * ``npud.domain`` (sessions, their registries, memory) sits below the daemon's
   clients, requests and connections, and never imports them.

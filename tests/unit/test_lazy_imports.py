@@ -29,7 +29,7 @@ def test_the_kernel_profile_never_loads_the_emulator() -> None:
         """
         from npud.backend import select_profile
         from npud.config import parse_config
-        from npud.fastrpc.driver import KernelDriver
+        from npud.fastrpc.kernel.driver import KernelDriver
         profile = select_profile(parse_config(""), "kernel")
         assert isinstance(profile.make_driver(), KernelDriver)
         """
@@ -79,7 +79,7 @@ def test_the_serving_daemon_parses_no_model_idl_and_loads_no_model_code() -> Non
         """
         import npud.main, npud.server, npud.broker, npud.datapath, npud.backend
         import npud.requests, npud.sim.driver, npud.sim.pd_host, npud.sim.process
-        from npud.fastrpc.apps_mem import apps_mem_idl
+        from npud.fastrpc.reverse.apps_mem import apps_mem_idl
         from npud.sim.skels import load_idl
         assert apps_mem_idl.cache_info().currsize == 0
         assert load_idl.cache_info().currsize == 0
@@ -87,8 +87,8 @@ def test_the_serving_daemon_parses_no_model_idl_and_loads_no_model_code() -> Non
     )
     deferred = {
         "npud.models",
-        "npud.fastrpc.portal_qnn",
-        "npud.fastrpc.model_format",
+        "npud.fastrpc.stubs.portal_qnn",
+        "npud.fastrpc.stubs.model_format",
         "npud.formats.onnx_proto",
     }
     assert not loaded & deferred
@@ -98,7 +98,7 @@ def test_an_idl_is_parsed_at_its_first_use_and_once() -> None:
     loaded = modules_after(
         """
         import sys
-        from npud.fastrpc.apps_mem import apps_mem_idl
+        from npud.fastrpc.reverse.apps_mem import apps_mem_idl
         from npud.sim.skels import EchoSkel, load_idl
         assert apps_mem_idl.cache_info().currsize == 0
         interface = apps_mem_idl()
@@ -153,4 +153,4 @@ def test_choosing_a_profile_loads_no_driver_and_no_shell_code() -> None:
             select_profile(parse_config(""), kind)
         """
     )
-    assert not loaded & {"npud.fastrpc.driver", "npud.fastrpc.shell", "npu_protocol"}
+    assert not loaded & {"npud.fastrpc.kernel.driver", "npud.fastrpc.trust.shell", "npu_protocol"}

@@ -9,9 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npu_protocol import ErrorCode
-from npud.fastrpc import remotectl
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.marshal import PackedReader, c_string, from_c_string, pack_buffers, pack_lengths
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.marshal import (
+    PackedReader,
+    c_string,
+    from_c_string,
+    pack_buffers,
+    pack_lengths,
+)
+from npud.fastrpc.stubs import remotectl
 
 
 def test_pack_buffers_aligns_data_to_eight_from_the_blob_start() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from npud.fastrpc.model_format import ModelFileError, ModelFormat, check_model_file, sniff
+from npud.fastrpc.stubs.model_format import ModelFileError, ModelFormat, check_model_file, sniff
 from npud.formats import graph_pack
 from tests.emulator import onnx_models
 

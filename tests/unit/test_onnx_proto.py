@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from npud.fastrpc.model_format import ModelFileError, check_model_file
+from npud.fastrpc.stubs.model_format import ModelFileError, check_model_file
 from npud.formats import onnx_proto
 from npud.formats.onnx_proto import (
     BytesSource,

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from npu_client.transport import OwnedFd
-from npud.fastrpc.dma import DeviceFd, DmaBuffer
+from npud.fastrpc.kernel.dma import DeviceFd, DmaBuffer
 
 
 def test_an_owned_fd_left_to_the_garbage_collector_warns_and_is_closed() -> None:

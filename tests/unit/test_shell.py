@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from npud.fastrpc.abi import INIT_FILELEN_MAX
-from npud.fastrpc.errors import ShellVerifyError
-from npud.fastrpc.shell import (
+from npud.fastrpc.kernel.abi import INIT_FILELEN_MAX
+from npud.fastrpc.kernel.errors import ShellVerifyError
+from npud.fastrpc.trust.shell import (
     DEVELOPMENT_KEY_FINGERPRINT,
     DEVELOPMENT_PUBLIC_KEY_HEX,
     is_development_key,

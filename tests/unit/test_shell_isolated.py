@@ -22,11 +22,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from npud.fastrpc import shell_verifier
-from npud.fastrpc.errors import ShellVerifyError
-from npud.fastrpc.shell import DEVELOPMENT_KEY_FINGERPRINT, verify_shell_isolated
-from npud.fastrpc.shell_verifier import ShellVerifier, ed25519_key_in
-from npud.fastrpc.signature_check import (
+from npud.fastrpc.kernel.errors import ShellVerifyError
+from npud.fastrpc.trust import shell_verifier
+from npud.fastrpc.trust.shell import DEVELOPMENT_KEY_FINGERPRINT, verify_shell_isolated
+from npud.fastrpc.trust.shell_verifier import ShellVerifier, ed25519_key_in
+from npud.fastrpc.trust.signature_check import (
     MAX_KEY_FILE,
     REQUEST_HEADER,
     REQUEST_MAGIC,
@@ -184,7 +184,7 @@ def test_the_daemon_process_never_loads_cryptography(
     program = textwrap.dedent(
         f"""
         import sys
-        from npud.fastrpc.shell import verify_shell_isolated
+        from npud.fastrpc.trust.shell import verify_shell_isolated
         verified = verify_shell_isolated(
             {str(shell)!r}, public_key_path={str(key_file)!r}, trusted_uids={set(TRUSTED)!r}
         )

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from npud.fastrpc.shell import (
+from npud.fastrpc.trust.shell import (
     DEVELOPMENT_PUBLIC_KEY_HEX,
     load_public_key,
     public_key_hex,

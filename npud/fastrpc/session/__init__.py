@@ -18,7 +18,7 @@ itself (:meth:`alloc`, the shell, files it shares with the DSP), and lets go
 of each exactly once.
 
 Buffers of others. A DMA-BUF the session did not allocate (one from the
-system heap, :mod:`npud.fastrpc.dma_heap`) can be mapped (:meth:`map`) and
+system heap, :mod:`npud.fastrpc.kernel.dma_heap`) can be mapped (:meth:`map`) and
 passed in invokes just the same: the session keeps its DSP address of every
 buffer it mapped, and counts itself as one of the buffer's holders
 (``DmaBuffer.add_mapping``) until the mapping is undone or the session

@@ -8,9 +8,9 @@ import ctypes
 import errno
 
 from npu_protocol import ErrorCode
-from npud.fastrpc import abi
-from npud.fastrpc.dma import DeviceFd, DmaBuffer, checked_dma_size
-from npud.fastrpc.errors import DriverCall, RpcError, translate_os_error
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.dma import DeviceFd, DmaBuffer, checked_dma_size
+from npud.fastrpc.kernel.errors import DriverCall, RpcError, translate_os_error
 from npud.fastrpc.session._device import as_ioctl_arg
 from npud.fastrpc.session._mappings import Mappings
 from npud.fastrpc.session._state import log

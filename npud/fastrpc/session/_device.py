@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Final
 
 from npu_protocol import ErrorCode
-from npud.fastrpc.driver import Driver, IoctlArg
-from npud.fastrpc.errors import DriverCall, RpcError, translate_os_error
+from npud.fastrpc.kernel.driver import Driver, IoctlArg
+from npud.fastrpc.kernel.errors import DriverCall, RpcError, translate_os_error
 
 OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK
 

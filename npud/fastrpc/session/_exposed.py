@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import contextlib
 
-from npud.fastrpc.exposed_files import ExposedFile
+from npud.fastrpc.recording.trace_format import Record
+from npud.fastrpc.reverse.exposed_files import ExposedFile
 from npud.fastrpc.session._trace import Tracing, file_record
-from npud.fastrpc.trace_format import Record
 
 
 class Exposing(Tracing):

@@ -7,13 +7,14 @@ from collections.abc import Sequence
 from typing import Final
 
 from npu_protocol import ErrorCode, describe_result
-from npud.fastrpc import abi, remotectl
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg
+from npud.fastrpc.recording.trace_format import encode_data
 from npud.fastrpc.session._process import Process
 from npud.fastrpc.session._state import log
 from npud.fastrpc.session._trace import traced_arg
-from npud.fastrpc.trace_format import encode_data
+from npud.fastrpc.stubs import remotectl
 
 PROBED_STATIC_HANDLES: Final = frozenset({9, 10})
 """Static handles (libcdsprpc treats 0..10 as static) that no interface is known for."""

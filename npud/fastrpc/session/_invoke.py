@@ -7,10 +7,10 @@ import ctypes
 from collections.abc import Sequence
 
 from npu_protocol import MAX_DMA_SIZE, ErrorCode, describe_result
-from npud.fastrpc import abi
-from npud.fastrpc.dma import DmaBuffer
-from npud.fastrpc.errors import RpcError, dsp_result_in_errno_range, translate_os_error
-from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.fastrpc.kernel.errors import RpcError, dsp_result_in_errno_range, translate_os_error
+from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
 from npud.fastrpc.session._buffers import Buffers
 from npud.fastrpc.session._mappings import check_bank
 from npud.fastrpc.session._state import log

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Self
 
 from npu_protocol import ErrorCode
-from npud.fastrpc.dma import DmaBuffer
-from npud.fastrpc.errors import RpcError
+from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.session._handles import RemoteHandles
 from npud.fastrpc.session._state import log
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Final
 
 from npu_protocol import ErrorCode
-from npud.fastrpc import abi
-from npud.fastrpc.dma import DmaBuffer
-from npud.fastrpc.errors import RpcError
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.recording.trace_format import Record
 from npud.fastrpc.session._state import SessionState, log
-from npud.fastrpc.trace_format import Record
 
 MAP_FLAGS: Final = frozenset({abi.FASTRPC_MAP_FD, abi.FASTRPC_MAP_FD_DELAYED})
 """What a client's map may ask the DSP for: the whole buffer now, or at its first use."""

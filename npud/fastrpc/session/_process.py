@@ -8,12 +8,12 @@ from typing import Final
 
 from npu_protocol import ErrorCode
 from npud import idl
-from npud.fastrpc import abi
-from npud.fastrpc.apps_mem import AppsMemServer
-from npud.fastrpc.apps_std import AppsStdServer
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.listener import ReverseRpcListener
-from npud.fastrpc.reverse_modules import ReverseModules
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.reverse.apps_mem import AppsMemServer
+from npud.fastrpc.reverse.apps_std import AppsStdServer
+from npud.fastrpc.reverse.listener import ReverseRpcListener
+from npud.fastrpc.reverse.reverse_modules import ReverseModules
 from npud.fastrpc.session._exposed import Exposing
 from npud.fastrpc.session._reverse_host import ReverseHost
 from npud.fastrpc.session._state import log

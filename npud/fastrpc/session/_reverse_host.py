@@ -7,11 +7,11 @@ import errno
 from typing import Final
 
 from npu_protocol import AEE
-from npud.fastrpc import abi
-from npud.fastrpc.apps_std import SharedSource, SharingError
-from npud.fastrpc.driver import IoctlArg
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.reverse_modules import aee_for_errno
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.driver import IoctlArg
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.reverse.apps_std import SharedSource, SharingError
+from npud.fastrpc.reverse.reverse_modules import aee_for_errno
 from npud.fastrpc.session._buffers import Buffers
 from npud.fastrpc.session._mappings import whole_buffer_map
 from npud.fastrpc.session._state import log

@@ -6,15 +6,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from npud.fastrpc import abi
-from npud.fastrpc.capabilities import query_capabilities
-from npud.fastrpc.dma import DeviceFd
-from npud.fastrpc.driver import Driver
-from npud.fastrpc.errors import translate_os_error
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.capabilities import query_capabilities
+from npud.fastrpc.kernel.dma import DeviceFd
+from npud.fastrpc.kernel.driver import Driver
+from npud.fastrpc.kernel.errors import translate_os_error
+from npud.fastrpc.recording.trace import trace_hooks_of
 from npud.fastrpc.session._device import open_first
 from npud.fastrpc.session._lifecycle import Lifecycle
 from npud.fastrpc.session._state import log
-from npud.fastrpc.trace import trace_hooks_of
 
 
 class FastRpcSession(Lifecycle):

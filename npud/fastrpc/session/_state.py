@@ -12,18 +12,18 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from npu_protocol import AEE, ErrorCode
-from npud.fastrpc import remotectl
-from npud.fastrpc.apps_std import AppsStdServer
-from npud.fastrpc.capabilities import DspInfo
-from npud.fastrpc.dma import ComputeBank, DeviceFd, DmaBuffer
-from npud.fastrpc.driver import Driver, IoctlArg
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.exposed_files import ExposedFiles
-from npud.fastrpc.listener import ReverseRpcListener
-from npud.fastrpc.reverse_modules import ReverseObserver
+from npud.fastrpc.kernel.capabilities import DspInfo
+from npud.fastrpc.kernel.dma import ComputeBank, DeviceFd, DmaBuffer
+from npud.fastrpc.kernel.driver import Driver, IoctlArg
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.recording.trace import TraceHooks, trace_hooks_of
+from npud.fastrpc.recording.trace_format import Record
+from npud.fastrpc.reverse.apps_std import AppsStdServer
+from npud.fastrpc.reverse.exposed_files import ExposedFiles
+from npud.fastrpc.reverse.listener import ReverseRpcListener
+from npud.fastrpc.reverse.reverse_modules import ReverseObserver
 from npud.fastrpc.session._device import checked_ioctl
-from npud.fastrpc.trace import TraceHooks, trace_hooks_of
-from npud.fastrpc.trace_format import Record
+from npud.fastrpc.stubs import remotectl
 
 log = logging.getLogger("npud.fastrpc.session")
 """One logger for the whole session package (its records keep the module's old name)."""

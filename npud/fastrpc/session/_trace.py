@@ -8,11 +8,11 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from npud.fastrpc.apps_std import AppsStdServer
-from npud.fastrpc.invoke_args import InArg, Inline, InvokeResult, OutArg, Slice
-from npud.fastrpc.reverse_modules import CallDescription, ReverseObserver
+from npud.fastrpc.kernel.invoke_args import InArg, Inline, InvokeResult, OutArg, Slice
+from npud.fastrpc.recording.trace_format import Record, encode_data
+from npud.fastrpc.reverse.apps_std import AppsStdServer
+from npud.fastrpc.reverse.reverse_modules import CallDescription, ReverseObserver
 from npud.fastrpc.session._invoke import Invoking
-from npud.fastrpc.trace_format import Record, encode_data
 
 
 class Tracing(Invoking):

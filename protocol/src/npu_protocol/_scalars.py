@@ -3,7 +3,7 @@
 Layout (kernel FASTRPC_BUILD_SCALARS / userspace REMOTE_SCALARS_MAKEX): method
 attributes in bits 29-31, method index 24-28, input buffers 16-23, output
 buffers 8-15, input handles 4-7, output handles 0-3. The daemon builds the word
-in one place, npud.idl.make_scalars (npud.fastrpc.abi and npud.sim call it); this
+in one place, npud.idl.make_scalars (npud.fastrpc.kernel.abi and npud.sim call it); this
 package keeps its own copy because it is pure and installs without the daemon, so
 it cannot import npud. tests/protocol/test_messages.py and
 tests/unit/test_idl_services.py check the copy against npud.idl's.

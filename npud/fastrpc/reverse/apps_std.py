@@ -2,7 +2,7 @@
 
 The DSP loads skel libraries (and skels load data files) by reading them from
 this host. It opens ``apps_std`` through apps_remotectl
-(:mod:`npud.fastrpc.reverse_modules`) and reads files in one of three ways,
+(:mod:`npud.fastrpc.reverse.reverse_modules`) and reads files in one of three ways,
 all served here, as ``apps_std_imp.c`` does (which one a firmware uses is not
 visible in the sources):
 
@@ -37,7 +37,7 @@ A name is either a bare file name, looked up as ``<dir>/cdsp/<name>`` then
 whose directory is one of those (what ``get_search_paths_with_env`` listed);
 names with a parent reference, a NUL or another directory are refused. Names
 starting with ``npud-fd-`` are descriptors the daemon lends for one load
-(:mod:`npud.fastrpc.exposed_files`): they resolve in that registry only, never
+(:mod:`npud.fastrpc.reverse.exposed_files`): they resolve in that registry only, never
 on the search path, with or without a listed directory in front. Every open
 file keeps its own offset.
 
@@ -63,9 +63,9 @@ from typing import Final, Protocol
 
 from npu_protocol import AEE, MAX_DMA_SIZE
 from npud import idl
-from npud.fastrpc.exposed_files import ExposedFile, ExposedFiles, is_exposed_name
-from npud.fastrpc.marshal import from_c_string
-from npud.fastrpc.reverse_modules import CallDescription, Reply, fail
+from npud.fastrpc.kernel.marshal import from_c_string
+from npud.fastrpc.reverse.exposed_files import ExposedFile, ExposedFiles, is_exposed_name
+from npud.fastrpc.reverse.reverse_modules import CallDescription, Reply, fail
 
 log = logging.getLogger(__name__)
 

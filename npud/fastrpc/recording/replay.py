@@ -45,15 +45,13 @@ from typing import Final
 import msgspec
 
 from npu_protocol import CodedError
-from npud.fastrpc import abi
-from npud.fastrpc.dma import DmaBuffer
-from npud.fastrpc.dma_heap import DmaHeap
-from npud.fastrpc.driver import IoctlArg
-from npud.fastrpc.exposed_files import EXPOSED_PREFIX, ExposedFile
-from npud.fastrpc.invoke_args import Capacity, InArg, Inline, OutArg, Slice
-from npud.fastrpc.session import FastRpcSession
-from npud.fastrpc.trace import NULL_SCOPE, OpScope
-from npud.fastrpc.trace_format import (
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.fastrpc.kernel.dma_heap import DmaHeap
+from npud.fastrpc.kernel.driver import IoctlArg
+from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, OutArg, Slice
+from npud.fastrpc.recording.trace import NULL_SCOPE, OpScope
+from npud.fastrpc.recording.trace_format import (
     DEFAULT_CAPTURE_LIMIT,
     FD_FIELDS,
     OUTPUT_FIELDS,
@@ -72,6 +70,8 @@ from npud.fastrpc.trace_format import (
     same_data,
     struct_bytes,
 )
+from npud.fastrpc.reverse.exposed_files import EXPOSED_PREFIX, ExposedFile
+from npud.fastrpc.session import FastRpcSession
 
 DEFAULT_TIMEOUT: Final = 10.0
 """Seconds a replay thread waits for its turn before the trace and the code are declared apart."""

@@ -27,11 +27,11 @@ import threading
 from typing import Final
 
 from npu_protocol import ErrorCode
-from npud.fastrpc import abi
-from npud.fastrpc.dma import DeviceFd, DmaBuffer, checked_dma_size
-from npud.fastrpc.driver import Driver
-from npud.fastrpc.errors import DriverCall, RpcError, translate_os_error
-from npud.fastrpc.trace import TraceHooks, trace_hooks_of
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.dma import DeviceFd, DmaBuffer, checked_dma_size
+from npud.fastrpc.kernel.driver import Driver
+from npud.fastrpc.kernel.errors import DriverCall, RpcError, translate_os_error
+from npud.fastrpc.recording.trace import TraceHooks, trace_hooks_of
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from npu_protocol import ErrorCode
-from npud.fastrpc import abi
-from npud.fastrpc.errors import RpcError
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.errors import RpcError
 
 # The attributes we ask for at session start (reference section 2).
 QUERIED_ATTRIBUTES: Final = (

@@ -5,7 +5,7 @@ tests) and writes one JSON line per event to a :class:`TraceWriter`: the
 format is specified in docs/trace-format.md (``npud-trace`` version 1). The
 session reports its operations (alloc, invoke, remotectl open...) and the
 reverse calls its listener served through :class:`TraceHooks`, which it finds
-on the driver (``trace_hooks``); ``npud.fastrpc.replay`` plays a trace back
+on the driver (``trace_hooks``); ``npud.fastrpc.recording.replay`` plays a trace back
 against a FastRpcSession and reports the first divergence.
 
 What a trace holds: request numbers and struct bytes in and out, decoded
@@ -39,9 +39,9 @@ import msgspec
 
 from npu_protocol import CodedError
 from npud import __version__
-from npud.fastrpc import abi
-from npud.fastrpc.driver import Driver, IoctlArg
-from npud.fastrpc.trace_format import (
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.driver import Driver, IoctlArg
+from npud.fastrpc.recording.trace_format import (
     DEFAULT_CAPTURE_LIMIT,
     OUTPUT_FIELDS,
     TRACE_FORMAT,

@@ -4,8 +4,8 @@ libcdsprpc registers ``apps_remotectl`` as the constant reverse handle 0 and
 ``apps_std``, ``apps_mem`` (and ``adspmsgd_apps``) as static modules the DSP
 opens by name through it (``listener_android.c``). :class:`ReverseModules` is
 that table: handle 0 opens and closes modules, every other handle is a module
-the DSP opened. npud serves ``apps_std`` (files, :mod:`npud.fastrpc.apps_std`)
-and ``apps_mem`` (heap growth, :mod:`npud.fastrpc.apps_mem`); any other name
+the DSP opened. npud serves ``apps_std`` (files, :mod:`npud.fastrpc.reverse.apps_std`)
+and ``apps_mem`` (heap growth, :mod:`npud.fastrpc.reverse.apps_mem`); any other name
 fails the open with AEE_ENOSUCHMOD and a dlerror text.
 
 Results are HLOS-side AEE codes (bare ``n``, no DSP offset). A call the
@@ -28,8 +28,8 @@ from typing import Final, Protocol
 
 from npu_protocol import AEE
 from npud import idl
-from npud.fastrpc import abi
-from npud.fastrpc.marshal import from_c_string
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.marshal import from_c_string
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
 
 from npu_protocol import AEE, describe_result
-from npud.fastrpc.reverse_modules import CallDescription, Reply, aee_for_errno, fail
+from npud.fastrpc.reverse.reverse_modules import CallDescription, Reply, aee_for_errno, fail
 
 if TYPE_CHECKING:
     from npud import idl

@@ -3,7 +3,7 @@
 ``cryptography`` checks the signature (it is the verifier of record), but its
 Rust binding costs the daemon about 6 MiB of resident memory for its whole
 life for a check made once at start-up. So the daemon never imports it: a
-child interpreter runs ``npud/fastrpc/signature_check.py`` with nothing on
+child interpreter runs ``npud/fastrpc/trust/signature_check.py`` with nothing on
 its path but the standard library and ``cryptography``, gets the key file,
 the signature and the shell's bytes on stdin, answers on stdout and exits.
 
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from npud.fastrpc.errors import ShellVerifyError
+    from npud.fastrpc.kernel.errors import ShellVerifyError
 
 VERIFY_TIMEOUT: Final = 30.0
 MAX_REPLY: Final = 4096
@@ -74,7 +74,7 @@ class Verdict:
 
 
 def _refusal(reason: str) -> ShellVerifyError:
-    from npud.fastrpc.errors import ShellVerifyError  # noqa: PLC0415  (npu_protocol, on failure)
+    from npud.fastrpc.kernel.errors import ShellVerifyError  # noqa: PLC0415  (npu_protocol, on failure)
 
     return ShellVerifyError(reason)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from npud.fastrpc.dma import DmaBuffer
+from npud.fastrpc.kernel.dma import DmaBuffer
 
 
 @dataclass(frozen=True, slots=True)

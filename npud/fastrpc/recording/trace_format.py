@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from npud.fastrpc import abi
+from npud.fastrpc.kernel import abi
 
 TRACE_FORMAT: Final = "npud-trace"
 TRACE_VERSION: Final = 1

@@ -9,7 +9,7 @@ import struct
 from collections.abc import Sequence
 
 from npu_protocol import ErrorCode
-from npud.fastrpc.errors import RpcError
+from npud.fastrpc.kernel.errors import RpcError
 
 
 def c_string(text: str, *, what: str, max_len: int) -> bytes:

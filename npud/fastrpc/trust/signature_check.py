@@ -4,8 +4,8 @@ The one place npud parses shell-signing public keys and checks signatures;
 ``cryptography`` is the verifier of record. It imports nothing from npud, so
 it also runs on its own as the daemon's short-lived verifier process, with
 nothing on ``sys.path`` but the standard library and the directory that holds
-``cryptography`` (see ``npud.fastrpc.shell_verifier``). The daemon runs it
-that way (``npud.fastrpc.shell_verifier``) so the 6 MiB
+``cryptography`` (see ``npud.fastrpc.trust.shell_verifier``). The daemon runs it
+that way (``npud.fastrpc.trust.shell_verifier``) so the 6 MiB
 Rust binding of ``cryptography`` is never loaded into the daemon itself.
 
 Protocol of the program: stdin carries one request, ``REQUEST_MAGIC``, then

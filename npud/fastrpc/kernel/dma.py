@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from npu_protocol import MAX_DMA_SIZE, ErrorCode
-from npud.fastrpc.errors import RpcError
+from npud.fastrpc.kernel.errors import RpcError
 
 if TYPE_CHECKING:
-    from npud.fastrpc.trace import TraceHooks
+    from npud.fastrpc.recording.trace import TraceHooks
 
 PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
 _U64_MAX: Final = (1 << 64) - 1

@@ -14,8 +14,8 @@ import errno
 from typing import Final
 
 from npu_protocol import CodedError, ErrorCode
-from npud.fastrpc import abi
-from npud.fastrpc.driver import errno_name
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.driver import errno_name
 
 
 class RpcError(CodedError):

@@ -3,7 +3,7 @@
 The DSP cannot read files or grow its heap itself. When it needs either (a
 skel library during remotectl open, a model file, more heap), it queues a
 request that completes this thread's pending ``next2`` call; we serve it with
-:class:`~npud.fastrpc.reverse_modules.ReverseModules` and hand the reply back
+:class:`~npud.fastrpc.reverse.reverse_modules.ReverseModules` and hand the reply back
 in the following ``next2``.
 
 Start-up follows libcdsprpc's ``listener_start_thread``: ``init2`` runs on
@@ -36,7 +36,7 @@ on anything but the DSP.
 The methods and their layouts come from ``idl/adsp_listener.idl`` and
 ``idl/adsp_listener1.idl`` through :mod:`npud.idl`, the description the
 emulator's DSP side serves; only the packed request and reply blobs inside
-the buffers (:mod:`npud.fastrpc.marshal`) are listener-specific.
+the buffers (:mod:`npud.fastrpc.kernel.marshal`) are listener-specific.
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ from typing import Final
 
 from npu_protocol import AEE, ErrorCode, describe_result
 from npud import idl
-from npud.fastrpc import abi
-from npud.fastrpc.errors import InterruptedCallError, RpcError
-from npud.fastrpc.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg
-from npud.fastrpc.marshal import PackedReader, pack_buffers
-from npud.fastrpc.reverse_modules import Reply, ReverseModules
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.errors import InterruptedCallError, RpcError
+from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg
+from npud.fastrpc.kernel.marshal import PackedReader, pack_buffers
+from npud.fastrpc.reverse.reverse_modules import Reply, ReverseModules
 
 log = logging.getLogger(__name__)
 

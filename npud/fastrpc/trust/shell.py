@@ -15,7 +15,7 @@ type, owner and mode are checked with ``fstat`` on that fd and the content is
 read through the same fd, so nothing can be swapped between check and read.
 The shell is read once, with a bound, and the hash and the signature are both
 checked over that one ``bytes`` object, which is what the caller hands to the
-DSP. Any failure raises :class:`~npud.fastrpc.errors.ShellVerifyError` whose
+DSP. Any failure raises :class:`~npud.fastrpc.kernel.errors.ShellVerifyError` whose
 reason names the file, what is wrong and how to fix it.
 
 ``O_NOFOLLOW`` covers the last path component only: the directories on the
@@ -30,9 +30,9 @@ Two ways to check the signature, with the same file checks and messages:
 :func:`verify_shell` takes a parsed key and checks in this process (tools and
 tests); :func:`verify_shell_isolated`, the daemon's way, reads the key file
 and has ``cryptography`` parse it and check the signature in a short-lived
-child process (:mod:`npud.fastrpc.shell_verifier`), so the daemon never
+child process (:mod:`npud.fastrpc.trust.shell_verifier`), so the daemon never
 loads ``cryptography``. Importing this module does not load it either:
-functions that need it import :mod:`npud.fastrpc.signature_check` when called.
+functions that need it import :mod:`npud.fastrpc.trust.signature_check` when called.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from npud.fastrpc.abi import INIT_FILELEN_MAX
-from npud.fastrpc.errors import ShellVerifyError
-from npud.fastrpc.shell_verifier import ShellVerifier, ed25519_key_in
+from npud.fastrpc.kernel.abi import INIT_FILELEN_MAX
+from npud.fastrpc.kernel.errors import ShellVerifyError
+from npud.fastrpc.trust.shell_verifier import ShellVerifier, ed25519_key_in
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -124,7 +124,7 @@ def verify_shell(
     cap; a larger shell is refused without being read whole.
     Raises ShellVerifyError on any failure.
     """
-    from npud.fastrpc import signature_check  # noqa: PLC0415  (loads cryptography)
+    from npud.fastrpc.trust import signature_check  # noqa: PLC0415  (loads cryptography)
 
     shell, data, actual, signature, signature_file = _read_and_check_files(
         shell_path, digest_path, signature_path, trusted_uids, max_size
@@ -287,7 +287,7 @@ def load_public_key(data: bytes) -> Ed25519PublicKey:
     Whitespace around (or inside) the hex form is ignored. Anything else
     raises ShellVerifyError saying what was found instead.
     """
-    from npud.fastrpc import signature_check  # noqa: PLC0415  (loads cryptography)
+    from npud.fastrpc.trust import signature_check  # noqa: PLC0415  (loads cryptography)
 
     try:
         return signature_check.parse_public_key(data)
@@ -329,7 +329,7 @@ def load_public_key_file(
 
 def public_key_hex(public_key: Ed25519PublicKey) -> str:
     """The key's 32 raw bytes as 64 lower-case hex digits (the ``.pub`` format)."""
-    from npud.fastrpc import signature_check  # noqa: PLC0415  (loads cryptography)
+    from npud.fastrpc.trust import signature_check  # noqa: PLC0415  (loads cryptography)
 
     return signature_check.raw_public_key(public_key).hex()
 

@@ -18,7 +18,7 @@ slice, every output in another, at the offsets :func:`arena_layout` gives)::
 
 One :class:`PortalQnn` is one open handle of the skel: a table of
 :data:`MAX_MODELS` model slots. Loading checks the file's format for the
-backend first (:mod:`npud.fastrpc.model_format`), then lends the fd to the
+backend first (:mod:`npud.fastrpc.stubs.model_format`), then lends the fd to the
 DSP for the time of ``model_load`` (:meth:`FastRpcSession.expose_file`): the
 DSP's loader reads it through the reverse-RPC listener; no path is opened.
 Tensor data travels only as slices of session DMA-BUFs.
@@ -46,17 +46,17 @@ from typing import Final, Literal
 
 from npu_protocol import AEE, ErrorCode
 from npud import idl
-from npud.fastrpc.errors import RpcError
-from npud.fastrpc.invoke_args import Capacity, InArg, Inline, OutArg, Slice
-from npud.fastrpc.model_format import (
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, OutArg, Slice
+from npud.fastrpc.session import FastRpcSession
+from npud.fastrpc.stubs.model_format import (
     ModelFileError,
     ModelFormat,
     Sniffed,
     check_model_file,
 )
-from npud.fastrpc.model_format import members as model_members
-from npud.fastrpc.model_shapes import ShapeError, check_shapes, unsized_outputs_refusal
-from npud.fastrpc.session import FastRpcSession
+from npud.fastrpc.stubs.model_format import members as model_members
+from npud.fastrpc.stubs.model_shapes import ShapeError, check_shapes, unsized_outputs_refusal
 from npud.formats import onnx_proto
 
 PORTAL_QNN_URI: Final = (
@@ -677,10 +677,11 @@ class PortalQnn:
         if rc != 0:
             raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
 
-    def _call(self, method_name: str, /, **arguments: object) -> tuple[int, idl.Values]:
-        """Invoke the IDL's method ``method_name``; (AEE result, rout values, which are
-        empty unless it is 0)."""
-        method = _portal_idl().method(method_name)
+    def _call(self, method: str | idl.Method, /, **arguments: object) -> tuple[int, idl.Values]:
+        """Invoke the IDL's method (by name, or a Method as tests build one an older
+        skel lacks); (AEE result, rout values, which are empty unless it is 0)."""
+        if isinstance(method, str):
+            method = _portal_idl().method(method)
         call = method.encode(**arguments)
         inputs: list[InArg] = [_in_arg(item) for item in call.inputs]
         outputs: list[OutArg] = [_out_arg(item) for item in call.outputs]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from npud import idl
-from npud.fastrpc import abi
-from npud.fastrpc.marshal import c_string, from_c_string
+from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.marshal import c_string, from_c_string
 
 REMOTECTL_IDL: Final = idl.load("remotectl")
 REMOTECTL1_IDL: Final = idl.load("remotectl1")

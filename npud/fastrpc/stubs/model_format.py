@@ -34,7 +34,7 @@ import os
 import struct
 from typing import Final, Literal
 
-from npud.fastrpc.exposed_files import check_readable_file
+from npud.fastrpc.reverse.exposed_files import check_readable_file
 from npud.formats import graph_pack, onnx_proto
 
 HEAD_BYTES: Final = 64

@@ -1,0 +1,3 @@
+"""Host-side stubs of DSP interfaces: remotectl, portal_qnn and its model file format and
+shapes.
+"""
