@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final, Literal, get_args
 
-from npud.sim.skels import BUILTIN_SKELS, SkelFactory
+from npud.sim.builtin_skels import BUILTIN_SKELS
+from npud.sim.skels import SkelFactory
 
 # enum remote_dsp_attributes (reference section 2), as literals on purpose.
 UNSIGNED_PD_SUPPORT: Final = 1

@@ -46,7 +46,6 @@ import functools
 import struct
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar, Final, Protocol
 
 from npu_protocol.aee import AEE
@@ -261,37 +260,6 @@ class NpuTestSkel(Skel):
     @classmethod
     def _fault(cls, call: SkelCall) -> int:
         raise SkelFaultError("npu_test.fault: the skel faulted on purpose")
-
-
-def _portal_qnn() -> Skel:
-    # Imported on first open: onnxruntime costs a daemon that never runs a model
-    # tens of milliseconds of start-up and memory.
-    from npud.sim.portal_qnn import PortalQnnSkel  # noqa: PLC0415
-
-    return PortalQnnSkel()
-
-
-def _dspqueue_rpc() -> Skel:
-    from npud.sim.skels_dspqueue import DspQueueRpcSkel  # noqa: PLC0415 - it imports this module
-
-    return DspQueueRpcSkel()
-
-
-def _htp_iface() -> Skel:
-    from npud.sim.htp.skel import HtpIfaceSkel  # noqa: PLC0415 - numpy, on first open
-
-    return HtpIfaceSkel()
-
-
-BUILTIN_SKELS: Final[Mapping[str, SkelFactory]] = MappingProxyType(
-    {
-        EchoSkel.name: EchoSkel,
-        NpuTestSkel.name: NpuTestSkel,
-        "portal_qnn": _portal_qnn,
-        "dspqueue_rpc": _dspqueue_rpc,
-        "htp_iface": _htp_iface,
-    }
-)
 
 
 def run_method(skel: Skel, method_offset: int, call: SkelCall) -> int:

@@ -17,7 +17,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
-from npud.sim.skels import BUILTIN_SKELS, Skel, SkelCall, SkelMethod
+from npud.sim.builtin_skels import BUILTIN_SKELS
+from npud.sim.skels import Skel, SkelCall, SkelMethod
 
 URI: Final = "file:///libprobe_skel.so?probe_skel_handle_invoke&_modver=1.0&_dom=cdsp"
 DESCRIPTOR: Final = "NPUD-SIM-SKEL 1\nskel=probe\nsymbols=probe_skel_handle_invoke\n"

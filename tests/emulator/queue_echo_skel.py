@@ -25,7 +25,8 @@ from typing import Final
 
 from npu_protocol import AEE
 from npud.sim import dspqueue
-from npud.sim.skels import BUILTIN_SKELS, Skel, SkelCall, SkelMethod
+from npud.sim.builtin_skels import BUILTIN_SKELS
+from npud.sim.skels import Skel, SkelCall, SkelMethod
 from npud.sim.skels_dspqueue import QueueClosedError, QueueEndpoint, service_of
 
 URI: Final = "file:///libqueue_echo_skel.so?queue_echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
