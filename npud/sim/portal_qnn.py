@@ -79,6 +79,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from npu_protocol.aee import AEE
 from npud import idl
 from npud.formats import graph_pack, onnx_proto
+from npud.idl import arena
 from npud.sim.skels import HostFileError, Skel, SkelCall, SkelMethod, idl_methods
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,6 @@ NO_MODEL: Final = 0xFFFFFFFF
 MAX_ERROR_BYTES: Final = 256  # last_error's text with room for a NUL (the C skel's buffer)
 BUILTIN_PREFIX: Final = "builtin:"
 SHAPE_PREFIX: Final = "shape."
-ARENA_ALIGN: Final = 64
 DEFAULT_INTRA_OP_THREADS: Final = 1
 ORT_QUIET: Final = 4  # onnxruntime's FATAL: the skel logs failures itself
 ORT_MODEL_FORMAT: Final = "session.load_model_format"  # "ONNX": no ORT-format sniffing
@@ -192,13 +192,9 @@ class TensorSpec:
         }
 
 
-def arena_offsets(specs: Sequence[TensorSpec]) -> tuple[list[int], int]:
-    """Each tensor's offset in its arena, and the arena's size (idl/portal_qnn.idl)."""
-    offsets, size = [], 0
-    for spec in specs:
-        offsets.append(size)
-        size += -(-spec.nbytes // ARENA_ALIGN) * ARENA_ALIGN
-    return offsets, size
+def arena_offsets(specs: Sequence[TensorSpec]) -> tuple[tuple[int, ...], int]:
+    """Each tensor's offset in its arena, and the arena's size (npud.idl.arena)."""
+    return arena.arena_layout(spec.nbytes for spec in specs)
 
 
 def _declared(node: Any) -> tuple[str, str, list[int | str | None]]:

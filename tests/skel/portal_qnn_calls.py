@@ -6,6 +6,7 @@ import dataclasses
 import struct
 from typing import Final
 
+from npud.idl.arena import ARENA_ALIGN
 from tests.skel.remote_args import Out, Result, SkelLibrary, sc, u32s, unpack_u32s
 
 MODEL_LOAD: Final = 2
@@ -17,7 +18,6 @@ GRAPH_INFO: Final = 7
 RUN: Final = 8
 LAST_ERROR: Final = 9
 GRAPH_NAME: Final = 10
-ARENA_ALIGN: Final = 64
 
 TENSOR_SPEC: Final = struct.Struct("<II8II128s")
 """portal_qnn_tensor_spec: data_type, rank, dims[8], bytes, name[128] (172 bytes)."""

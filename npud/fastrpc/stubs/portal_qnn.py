@@ -58,6 +58,7 @@ from npud.fastrpc.stubs.model_format import (
 from npud.fastrpc.stubs.model_format import members as model_members
 from npud.fastrpc.stubs.model_shapes import ShapeError, check_shapes, unsized_outputs_refusal
 from npud.formats import onnx_proto
+from npud.idl import arena
 
 PORTAL_QNN_URI: Final = (
     "file:///libportal_qnn_skel.so?portal_qnn_skel_handle_invoke&_modver=1.0&_dom=cdsp"
@@ -66,7 +67,6 @@ MAX_MODELS: Final = 4
 MAX_TENSORS: Final = 32
 MAX_RANK: Final = 8
 MAX_URI_BYTES: Final = 512  # model_uri with its NUL
-ARENA_ALIGN: Final = 64  # tensors of a run's arenas start at multiples of this (the IDL's run)
 MAX_ERROR_BYTES: Final = 256  # last_error's capacity: the skel keeps at most 255 bytes of text
 NO_MODEL: Final = 0xFFFFFFFF  # last_error's model_index for the handle's last model_load
 QNN_SUFFIX: Final = {"kernel": ".so", "emulator": ".onnx"}
@@ -183,13 +183,8 @@ class TensorSpec:
 
 
 def arena_layout(specs: Sequence[TensorSpec]) -> tuple[tuple[int, ...], int]:
-    """Each tensor's offset in a run's arena and the arena's size: tensors in index
-    order, each starting at a multiple of :data:`ARENA_ALIGN` (idl/portal_qnn.idl)."""
-    offsets, size = [], 0
-    for spec in specs:
-        offsets.append(size)
-        size += -(-spec.nbytes // ARENA_ALIGN) * ARENA_ALIGN
-    return tuple(offsets), size
+    """Each tensor's offset in a run's arena and the arena's size (npud.idl.arena)."""
+    return arena.arena_layout(spec.nbytes for spec in specs)
 
 
 @dataclasses.dataclass(frozen=True)
