@@ -269,6 +269,21 @@ def _settled(
         time.sleep(0.05)
 
 
+def _steady(client: npu_client.Client, pid: int) -> dict[str, str]:
+    """``pid``'s open files once only ``client`` is connected and they stopped changing:
+    the start-up probe's connection may still be closing, and ``client``'s own may not
+    have all its fds yet, when ``client.connect`` returns."""
+    deadline = time.monotonic() + 10
+    files = open_files(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        again = open_files(pid)
+        if client.status().totals.clients == 1 and again == files:
+            break
+        files = again
+    return files
+
+
 def _churn_rows(ctx: Context) -> list[Row]:
     batches = ctx.rounds(10, 2)
     batch = ctx.rounds(50, 10)
@@ -276,7 +291,7 @@ def _churn_rows(ctx: Context) -> list[Row]:
         npud_process(ctx.workdir, name="churn", extra_config=CONFIG) as (socket_path, pid),
         npu_client.connect(str(socket_path), name="bench-watch") as watch,
     ):
-        fds_before, processes_before = open_files(pid), descendants(pid)
+        fds_before, processes_before = _steady(watch, pid), descendants(pid)
         churn = _Churn(socket_path, batch)
         churn.run("warm")
         isolated, shared = interleave(batches, lambda: churn.run("iso"), lambda: churn.run("plain"))
