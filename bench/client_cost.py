@@ -77,15 +77,11 @@ class MinimalClient:
     def __init__(self, path: str) -> None:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect(path)
-        self._buffer = bytearray(64 * 1024)
-        self._greet()
-
-    def _greet(self) -> None:
-        """The hello and its welcome, through whatever ``_send`` and ``_next_message`` use."""
         self._conn = p.ClientConnection()
-        self._handle = 0
+        self._buffer = bytearray(64 * 1024)
         self._send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="bench-minimal"))
         self._next_message()  # the Welcome
+        self._handle = 0
 
     def open(self, uri: str) -> None:
         reply = self._call(p.OpenRequest(id=self._conn.next_request_id(), uri=uri))

@@ -17,12 +17,11 @@ from __future__ import annotations
 import socket
 import sys
 import threading
-from collections.abc import Callable
 
 import npu_protocol as p
 from npu_client.transport import ANCILLARY_SPACE, RECV_BUFFER, fds_ancillary
 from npud.backend import DEV_SHELL
-from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, OutArg
+from npud.fastrpc.invoke_args import Capacity, InArg, Inline, OutArg
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 
@@ -84,24 +83,12 @@ def _answer(
     return None
 
 
-def open_session(dsp_units: int) -> FastRpcSession:
-    """A session on a new emulator with the development shell loaded, as npud's."""
-    driver = EmulatedDriver(SimConfig(dsp_units=dsp_units))
-    session = FastRpcSession.open(driver, library_path=(DSP_LIBRARY_DIR,))
-    session.load_shell(DEV_SHELL.read_bytes())
-    return session
-
-
 def main(argv: list[str]) -> None:
     path = argv[0]
     units = int(argv[1]) if len(argv) > 1 else 0
-    serve_forever(path, open_session(units), serve)
-
-
-def serve_forever(
-    path: str, session: FastRpcSession, serve: Callable[[socket.socket, FastRpcSession], None]
-) -> None:
-    """Listen on ``path``, say READY, and serve each connection on a thread of its own."""
+    driver = EmulatedDriver(SimConfig(dsp_units=units))
+    session = FastRpcSession.open(driver, library_path=(DSP_LIBRARY_DIR,))
+    session.load_shell(DEV_SHELL.read_bytes())
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(256)
