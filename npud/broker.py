@@ -373,8 +373,8 @@ class Broker:
         npud's own user and for npud itself (no viewer); for anyone else, only the rows
         of its own uid (pids, names and models of other users are theirs). The totals
         count everyone."""
-        clients = sorted(self.clients, key=lambda c: c.pid)
-        rows = [c.row() for c in clients]
+        connected, departed_calls = self.clients.census()
+        rows = [c.row() for c in sorted(connected, key=lambda c: c.pid)]
         if viewer is None or viewer.uid in (0, os.getuid()):
             shown = rows
         else:
@@ -386,7 +386,7 @@ class Broker:
             mappings=sum(r.mappings for r in rows),
             handles=sum(r.handles for r in rows),
             calls_in_flight=sum(r.calls_in_flight for r in rows),
-            calls_done=sum(r.calls_done for r in rows),
+            calls_done=departed_calls + sum(r.calls_done for r in rows),
             models=sum(len(r.models) for r in rows),
             model_bytes=sum(m.bytes for r in rows for m in r.models),
         )
@@ -418,7 +418,9 @@ class Broker:
             totals=totals,
             clients=tuple(shown[: p.MAX_STATUS_CLIENTS]),
             session=default.session_row() if default is not None else None,
-            lanes=self._lane_rows(),
+            lanes=self._lane_rows(
+                viewer.protocol_version if viewer is not None else p.PROTOCOL_VERSION
+            ),
             scheduler=self._scheduler_row(),
             pool=memory.pool.row() if memory is not None else None,
             domains=self.domains.rows()[:64],
@@ -433,10 +435,12 @@ class Broker:
             ),
         )
 
-    def _lane_rows(self) -> tuple[p.LaneRow, ...]:
+    def _lane_rows(self, protocol_version: int) -> tuple[p.LaneRow, ...]:
+        """The daemon's own lanes; before protocol 6 the default domain's first (from 6 on
+        each domain's are in its row: PROTOCOL.md section 7.5, Lanes)."""
         rows = []
         default = self.domains.default
-        if default is not None:
+        if default is not None and protocol_version < p.DOMAIN_LANES_VERSION:
             rows += list(default.lane_rows())
         rows += [
             p.LaneRow(

@@ -401,6 +401,9 @@ class Clients:
         self._all: set[Client] = set()
         self._loading: collections.Counter[int] = collections.Counter()
         """Model loads in flight (arrived, not ended), by uid."""
+        self._departed_calls = 0
+        """DSP calls answered for clients that have left: with the connected ones', the
+        daemon's total since start, which never goes back when a client leaves."""
 
     def begin_load(self, client: Client) -> None:
         """One more model load of ``client``'s user in flight; QUOTA_EXCEEDED past
@@ -447,9 +450,19 @@ class Clients:
             self._all.add(client)
             client.quotas = self
 
-    def remove(self, client: Client) -> None:
+    def census(self) -> tuple[tuple[Client, ...], int]:
+        """The clients now and the DSP calls answered for those that have left, taken
+        together (any thread): their sum is the daemon's total since start."""
         with self._lock:
-            self._all.discard(client)
+            return tuple(self._all), self._departed_calls
+
+    def remove(self, client: Client) -> None:
+        """``client`` has left (its requests have all ended): its answered calls stay in
+        the daemon's total. Removing one that is not here changes nothing."""
+        with self._lock:
+            if client in self._all:
+                self._all.remove(client)
+                self._departed_calls += client.calls_done
 
     def check_buffer(self, client: Client, size: int) -> None:
         """Room for one more buffer of ``size`` bytes: for this client, for its user and

@@ -106,6 +106,10 @@ class Domain:
         self.epoch = 0
         self.restarts = 0
         self.hung_calls = 0
+        self._invokes_retired = 0
+        """FastRPC calls of the sessions this domain closed (under ``_lock``)."""
+        self._retiring: FastRpcSession | None = None
+        """The session being closed after a fault, its calls not yet in ``_invokes_retired``."""
         self.state: State = "starting"
         self.created = time.monotonic()
         self.members: set[object] = set()
@@ -123,6 +127,10 @@ class Domain:
     @property
     def lanes(self) -> tuple[LanePool, ...]:
         return (self.control, self.loader, self.waits)
+
+    def _named_lanes(self) -> tuple[tuple[str, LanePool], ...]:
+        """Each lane with the name the status gives it (PROTOCOL.md section 7.5, Lanes)."""
+        return (("control", self.control), ("loader", self.loader), ("waits", self.waits))
 
     @property
     def stopping(self) -> bool:
@@ -201,7 +209,9 @@ class Domain:
         if self.state == "closed":
             return
         self.state = "closing"
-        session, self.session = self.session, None
+        with self._lock:
+            session, self.session = self.session, None
+            self._retiring = session
         self.registry.forget_all()
         self.digests.clear()
         if session is not None:
@@ -213,6 +223,7 @@ class Domain:
                     domain=self.name,
                     error=str(exc),
                 )
+            self._count_retired(session)
         await self._stop_lanes()
         self.state = "closed"
         log.info("domain closed", domain=self.name, epoch=self.epoch)
@@ -270,7 +281,7 @@ class Domain:
         )
 
     def lane_rows(self) -> tuple[p.LaneRow, ...]:
-        return tuple(_lane_row(lane) for lane in self.lanes)
+        return tuple(_lane_row(lane, name) for name, lane in self._named_lanes())
 
     # -------------------------------------------------------------- requests
     def current(self) -> FastRpcSession:
@@ -351,7 +362,9 @@ class Domain:
         self._nursery.start_soon(self._recover, reason, end_process)
 
     async def _recover(self, reason: str, end_process: bool) -> None:
-        old, self.session = self.session, None
+        with self._lock:
+            old, self.session = self.session, None
+            self._retiring = old
         log.error(
             "DSP process of the domain gone; releasing its clients' DSP state",
             domain=self.name,
@@ -362,6 +375,7 @@ class Domain:
         if old is not None:
             with trio.CancelScope(shield=True):
                 await self.control.call(lambda: _retire(old, self.name, end_process=end_process))
+            self._count_retired(old)
         started = time.monotonic()
         last_log = float("-inf")
         for attempt in itertools.count():
@@ -403,9 +417,20 @@ class Domain:
             outage_s=round(time.monotonic() - started, 3),
         )
 
+    def _count_retired(self, session: FastRpcSession) -> None:
+        """``session`` is closed: its calls join the domain's total (nothing counts twice:
+        until now the row counted it as the one retiring)."""
+        done = session.statistics().invokes_done
+        with self._lock:
+            self._invokes_retired += done
+            if self._retiring is session:
+                self._retiring = None
+
     def row(self, clients: int) -> p.DomainRow:
-        session = self.session
+        with self._lock:
+            session, retiring, retired = self.session, self._retiring, self._invokes_retired
         stats = session.statistics() if session is not None else None
+        before = retired + (retiring.statistics().invokes_done if retiring is not None else 0)
         registry = self.registry.statistics()
         return p.DomainRow(
             name=self.name,
@@ -422,6 +447,8 @@ class Domain:
             invokes_in_flight=stats.invokes_in_flight if stats else 0,
             invokes_done=stats.invokes_done if stats else 0,
             uptime_ms=int((time.monotonic() - self.created) * 1000),
+            invokes_total=before + (stats.invokes_done if stats else 0),
+            lanes=self.lane_rows(),
         )
 
 
@@ -445,10 +472,10 @@ async def _stop_lane(lane: LanePool) -> None:
         log.warning("lane still busy at exit", lane=lane.name)
 
 
-def _lane_row(lane: LanePool) -> p.LaneRow:
+def _lane_row(lane: LanePool, name: str) -> p.LaneRow:
     stats = lane.statistics()
     return p.LaneRow(
-        name=stats.name,
+        name=name,
         threads=stats.threads,
         queued=stats.queued,
         running=stats.running,

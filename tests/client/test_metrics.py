@@ -138,6 +138,22 @@ def test_domains_and_memory_as_metrics() -> None:
     assert "npud_memory_" not in _metrics.render(STATUS)  # a daemon that does not report it
 
 
+def test_counters_are_the_fields_that_never_go_back() -> None:
+    """A domain's current session's calls start again at a restart: its counter is the
+    domain's total over every session, the session's count a gauge."""
+    restarted = p.DomainRow(name="default", restarts=1, invokes_done=3, invokes_total=120)
+    text = _metrics.render(msgspec.structs.replace(STATUS, domains=(restarted,)))
+    assert value(text, "npud_domain_invokes_total", domain="default") == 120
+    assert value(text, "npud_domain_session_invokes", domain="default") == 3
+    assert "# TYPE npud_domain_session_invokes gauge" in text
+    counted = {
+        metric.field
+        for metric in (*_metrics.DAEMON_METRICS, *_metrics.DOMAIN_METRICS)
+        if metric.kind == "counter"
+    }
+    assert "invokes_done" not in counted
+
+
 def _numeric_fields(record: type[msgspec.Struct], prefix: str = "") -> set[str]:
     found = set()
     for field in msgspec.structs.fields(record):

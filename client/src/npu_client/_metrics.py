@@ -7,6 +7,12 @@ scraper that runs ``npuctl metrics``). Nothing here talks to the daemon.
 Adding a metric is one line in :data:`DAEMON_METRICS` (a field of the status
 record or of its ``totals``) or :data:`CLIENT_METRICS` (a field of each
 client's row): the metric's name, its type, the field, and its help text.
+
+A counter is read only from a field that never goes back while its series
+lives: the daemon's totals count since npud started (clients that left
+included), a client's since it connected, a domain's since it opened (every
+session of it). A count that starts again (a domain's current session's
+calls) is a gauge.
 """
 
 from __future__ import annotations
@@ -114,7 +120,8 @@ DOMAIN_METRICS: Final = (
     Metric("npud_domain_handles", GAUGE, "remote_handles", "Skel handles open in it."),
     Metric("npud_domain_models", GAUGE, "models", "Model loads it holds (shared ones once)."),
     Metric("npud_domain_invokes_in_flight", GAUGE, "invokes_in_flight", "Its calls on the DSP."),
-    Metric("npud_domain_invokes_total", COUNTER, "invokes_done", "Calls of its current session."),
+    Metric("npud_domain_invokes_total", COUNTER, "invokes_total", "Calls since it opened."),
+    Metric("npud_domain_session_invokes", GAUGE, "invokes_done", "Calls of its current session."),
     Metric("npud_domain_uptime_seconds", GAUGE, "uptime_ms", "Seconds since it opened."),
 )
 """Per-domain metrics, labelled domain, isolated and state: fields of each domain row."""

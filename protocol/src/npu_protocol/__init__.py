@@ -92,6 +92,7 @@ from npu_protocol._server import ServerConnection, choose_protocol_version
 from npu_protocol._version import __version__ as __version__
 from npu_protocol._wire import (
     DEFAULT_MAX_FRAME_SIZE,
+    DOMAIN_LANES_VERSION,
     FRAME_HEADER_SIZE,
     FRAME_MAGIC,
     HANDSHAKE_MAX_FRAME_SIZE,
@@ -117,6 +118,7 @@ from npu_protocol.errors import MAX_DMA_SIZE, CodedError, ErrorCode, format_mess
 __all__ = [
     "AEE",
     "DEFAULT_MAX_FRAME_SIZE",
+    "DOMAIN_LANES_VERSION",
     "DSP_AEE_EOFFSET",
     "FRAME_HEADER_SIZE",
     "FRAME_MAGIC",

@@ -299,6 +299,17 @@ class SessionRow(_Record, frozen=True, kw_only=True):
     once with its path; docs/hardware.md says how to allow a directory)."""
 
 
+class LaneRow(_Record, frozen=True, kw_only=True):
+    """One pool of the daemon's threads (PROTOCOL.md section 7.5, Lanes)."""
+
+    name: Name
+    """A domain's ``control``, ``loader`` or ``waits``; the daemon's ``closer``."""
+    threads: U32 = 0
+    queued: U32 = 0
+    running: U32 = 0
+    completed: U63 = 0
+
+
 class DomainRow(_Record, frozen=True, kw_only=True):
     """One domain: one DSP process (one FastRPC session) and the clients it serves."""
 
@@ -324,7 +335,13 @@ class DomainRow(_Record, frozen=True, kw_only=True):
     """Model loads held, each shared by the clients that loaded the same model."""
     invokes_in_flight: U32 = 0
     invokes_done: U63 = 0
+    """FastRPC calls of its current session (back to 0 at a restart)."""
     uptime_ms: U63 = 0
+    invokes_total: U63 = 0
+    """FastRPC calls since the domain opened, every session of it: never goes back."""
+    lanes: Annotated[tuple[LaneRow, ...], msgspec.Meta(max_length=8)] = ()
+    """Its threads (version 6, section 7.5: ``control``, ``loader``, ``waits``); a server
+    before 6 sent the default domain's in the status's ``lanes``."""
 
 
 class MemoryRow(_Record, frozen=True, kw_only=True):
@@ -334,16 +351,6 @@ class MemoryRow(_Record, frozen=True, kw_only=True):
     """``heap``: the system DMA-BUF heap; ``fastrpc``: the FastRPC driver (no heap)."""
     buffers: U32 = 0
     bytes: U63 = 0
-
-
-class LaneRow(_Record, frozen=True, kw_only=True):
-    """One pool of the daemon's worker threads."""
-
-    name: Name
-    threads: U32 = 0
-    queued: U32 = 0
-    running: U32 = 0
-    completed: U63 = 0
 
 
 class PoolRow(_Record, frozen=True, kw_only=True):
@@ -403,10 +410,12 @@ class DaemonStatus(_Record, frozen=True, kw_only=True):
     session: SessionRow | None = None
     """None while no session has been opened yet."""
     lanes: Annotated[tuple[LaneRow, ...], msgspec.Meta(max_length=16)] = ()
+    """The daemon's own lanes (``closer``); before version 6, the default domain's too
+    (each domain's are in its row from 6 on)."""
     scheduler: SchedulerRow | None = None
     pool: PoolRow | None = None
     """None from a daemon that does not report it."""
     domains: Annotated[tuple[DomainRow, ...], msgspec.Meta(max_length=64)] = ()
     """Every domain (DSP process); empty from a daemon before domains. ``epoch``,
-    ``restarts``, ``session`` and ``lanes`` describe the default domain."""
+    ``restarts`` and ``session`` describe the default domain."""
     memory: MemoryRow | None = None

@@ -15,8 +15,12 @@ from npu_protocol.errors import MAX_DMA_SIZE
 
 # --- versions ----------------------------------------------------------------
 
-PROTOCOL_VERSION: Final = 5
+PROTOCOL_VERSION: Final = 6
 """The newest protocol version this package speaks (PROTOCOL.md section 12)."""
+
+DOMAIN_LANES_VERSION: Final = 6
+"""Each domain's lanes are in its ``DomainRow.lanes``, the status's ``lanes`` holds the
+daemon's own (PROTOCOL.md section 7.5, Lanes); before it, the default domain's were there."""
 
 MIN_PROTOCOL_VERSION: Final = 1
 """The oldest protocol version this package still speaks."""
