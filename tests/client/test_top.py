@@ -1,8 +1,10 @@
-"""npuctl top's frames: rates between two samples, sorting, 80 columns."""
+"""npuctl top's frames: rates between two samples, sorting, widths, counts that agree."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import msgspec
 
 import npu_protocol as p
 from npu_client._top import WIDTH, Sample, frame, render
@@ -79,7 +81,7 @@ def test_each_clients_domain_and_each_domain_are_shown() -> None:
     assert [d.name for d in view.domains] == ["default", "llm#1"]
     text = render(view)
     assert "llama-cli   llm#1" in text
-    assert "domain default (shared): up, epoch 1, 0 restarts, 1 clients, 4.0 MiB mapped" in text
+    assert "domain default (shared): up, epoch 1, 0 restarts, 1 client, 4.0 MiB mapped" in text
     assert "domain llm#1 (isolated): restarting, epoch 3, 2 restarts" in text
     assert max(len(line) for line in text.splitlines()) <= WIDTH
 
@@ -96,3 +98,53 @@ def test_the_header_says_what_each_dsp_figure_measures() -> None:
     )
     text = render(frame(Sample(before, 0), Sample(after, 1)))
     assert "DSP busy 3% of 4 slots (10 s); rows' DSP% of 1 slot, 1 s: 43.6% in all" in text
+
+
+def test_without_a_width_nothing_is_cut() -> None:
+    """Into a pipe or a file (no terminal) each line is whole: long names widen their
+    columns, and the domain lines are not cut at 80 columns."""
+    long = row(12, "voice-pipeline-speech-to-text", 5, 1000, domain="voice-isolated#12")
+    domains = (p.DomainRow(name="voice-isolated#12", isolated=True, clients=1, models=3,
+                           mapped_bytes=123 << 30, restarts=12_345, epoch=12_346),)  # fmt: skip
+    after = msgspec.structs.replace(status(long), domains=domains)
+    view = frame(Sample(status(), 0), Sample(after, 1))
+    whole = render(view, width=None)
+    assert "voice-pipeline-speech-to-text voice-isolated#12 N" in whole
+    assert "…" not in whole
+    assert whole.rstrip().endswith("123.0 GiB mapped, 3 models")
+    header, line = (text for text in whole.splitlines() if "PID" in text or "voice-p" in text)
+    assert header.index("DOMAIN") == line.index("voice-isolated#12")  # the columns still align
+    cut = render(view)  # a terminal of 80 columns
+    assert max(len(text) for text in cut.splitlines()) <= WIDTH
+    assert "…" in cut
+
+
+def test_npuctls_own_connection_is_counted_nowhere() -> None:
+    """The rows leave npuctl out, so its domain's count does too: never "(no clients)"
+    beside "1 clients"."""
+    me = row(99, "npuctl", 1, 0, domain="default")
+    after = msgspec.structs.replace(
+        status(me),
+        totals=p.Totals(clients=1),
+        domains=(p.DomainRow(name="default", clients=1),),
+    )
+    view = frame(Sample(status(), 0), Sample(after, 1), exclude=(99, "npuctl"))
+    assert view.rows == ()
+    assert view.domains[0].clients == 0
+    text = render(view)
+    assert "(no clients)" in text
+    assert "0 clients" in text
+
+
+def test_clients_of_other_users_are_said_not_shown() -> None:
+    me = row(99, "npuctl", 1, 0, domain="default")
+    after = msgspec.structs.replace(
+        status(me),
+        totals=p.Totals(clients=3),  # npuctl and two clients of other users
+        domains=(p.DomainRow(name="default", clients=3),),
+    )
+    view = frame(Sample(status(), 0), Sample(after, 1), exclude=(99, "npuctl"))
+    assert (view.hidden, view.domains[0].clients) == (2, 2)
+    text = render(view)
+    assert "(2 clients of other users not shown)" in text
+    assert "(no clients)" not in text

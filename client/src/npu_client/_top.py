@@ -1,4 +1,4 @@
-"""``npuctl top``: who uses the NPU, refreshed every second, in 80 columns.
+"""``npuctl top``: who uses the NPU, refreshed every second.
 
 Each frame compares two status records taken ``interval`` apart: calls per
 second and the share of DSP time are rates over that interval; queue waits are
@@ -6,12 +6,18 @@ the daemon's recent percentiles (the 99th in the table, both in ``--json``);
 misses and late calls are totals. Each client's domain (its DSP process) is a
 column, and each domain a line below the clients. The view
 is plain text (a terminal's own scrolling and copy work), redrawn in place
-when stdout is a terminal; ``--json`` gives the same rows as one JSON object
-per frame for scripts.
+and fitted to the terminal's width when stdout is a terminal; otherwise whole
+lines, nothing cut, the name columns as wide as the longest name. ``--json``
+gives the same rows as one JSON object per frame for scripts.
+
+Counts agree with each other: npuctl's own connection is left out of the rows
+and of its domain's client count, and the clients npud counts but does not
+show this user (other users' rows) are said as such.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -75,6 +81,8 @@ class TopFrame(msgspec.Struct, frozen=True, kw_only=True):
     running: tuple[int, int, int]
     rows: tuple[TopRow, ...]
     domains: tuple[TopDomain, ...] = ()
+    hidden: int = 0
+    """Clients npud counts whose rows it does not show this user (other users')."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,8 @@ def frame(
     """The frame for the interval between two samples (rows of clients in both, or new)."""
     elapsed = max(after.at - before.at, 1e-6)
     previous = {(row.pid, row.name): row for row in before.status.clients}
+    me = [row for row in after.status.clients if (row.pid, row.name) == exclude]
+    mine = collections.Counter(row.domain for row in me)
     rows = [
         _row(row, previous.get((row.pid, row.name)), elapsed)
         for row in after.status.clients
@@ -124,12 +134,13 @@ def frame(
                 state=d.state,
                 epoch=d.epoch,
                 restarts=d.restarts,
-                clients=d.clients,
+                clients=max(d.clients - mine[d.name], 0),
                 mapped_bytes=d.mapped_bytes,
                 models=d.models,
             )
             for d in after.status.domains
         ),
+        hidden=max(after.status.totals.clients - len(after.status.clients), 0),
     )
 
 
@@ -167,59 +178,84 @@ def _sort_key(sort: SortKey) -> Callable[[TopRow], tuple[float | int | str, ...]
 
 # --- text -----------------------------------------------------------------------------------
 
-_HEADER: Final = (
-    f"{'PID':>7} {'NAME':<11} {'DOMAIN':<8} {'CL':<2} {'CALLS/S':>7} {'DSP%':>5} "
-    f"{'WAIT99':>7} {'Q/R':>5} {'MISS':>4} {'LATE':>4} {'BUDGET':>7}"
-)
+
+def _header(name: int, domain: int) -> str:
+    return (
+        f"{'PID':>7} {'NAME':<{name}} {'DOMAIN':<{domain}} {'CL':<2} {'CALLS/S':>7} {'DSP%':>5} "
+        f"{'WAIT99':>7} {'Q/R':>5} {'MISS':>4} {'LATE':>4} {'BUDGET':>7}"
+    )
 
 
-def render(top: TopFrame) -> str:
-    """The frame as at most 80-column lines."""
+NAME_WIDTH: Final = 11
+DOMAIN_WIDTH: Final = 8
+
+
+def render(top: TopFrame, *, width: int | None = WIDTH) -> str:
+    """The frame as text: lines of at most ``width`` columns (names shortened to fit the
+    table, longer lines cut with "…"), or whole lines when ``width`` is None (the name
+    columns then as wide as the longest name: nothing is cut)."""
     queued, running = top.queued, top.running
+    if width is None:
+        name_width = max([NAME_WIDTH, *(len(row.name) for row in top.rows)])
+        domain_width = max([DOMAIN_WIDTH, *(len(row.domain) for row in top.rows)])
+    else:
+        name_width, domain_width = NAME_WIDTH, DOMAIN_WIDTH
+
+    def fit(line: str) -> str:
+        return line if width is None else _clip(line, width)
+
     # Two DSP figures, each saying what it measures: the daemon's, of all its slots over
     # its own 10 s window; the rows', each of one slot over this frame's interval.
     shown = sum(row.dsp_pct for row in top.rows)
     lines = [
-        _clip(
+        fit(
             f"npud {top.daemon_version} ({top.backend}, epoch {top.epoch}) - {top.mode} - "
             f"realtime budgets {top.realtime_declared_pct}%"
         ),
-        _clip(
+        fit(
             f"DSP busy {top.utilisation_pct}% of {top.dsp_slots} slots (10 s); "
             f"rows' DSP% of 1 slot, {top.interval_s:g} s: {shown:.1f}% in all"
         ),
-        _clip(
+        fit(
             f"queued rt/n/bg {queued[0]}/{queued[1]}/{queued[2]}   "
             f"running rt/n/bg {running[0]}/{running[1]}/{running[2]}"
         ),
         "",
-        _HEADER,
+        fit(_header(name_width, domain_width)),
     ]
     for row in top.rows:
         budget = f"{row.budget_ms:g}/{row.period_ms:g}" if row.period_ms else "-"
         lines.append(
-            _clip(
-                f"{row.pid:>7} {row.name[:11]:<11} {(row.domain or '-')[:8]:<8} "
+            fit(
+                f"{row.pid:>7} {row.name[:name_width]:<{name_width}} "
+                f"{(row.domain or '-')[:domain_width]:<{domain_width}} "
                 f"{CLASS_LETTERS.get(row.priority, '?'):<2} "
                 f"{row.calls_per_s:>7.1f} {row.dsp_pct:>5.1f} "
                 f"{_ms(row.wait_p99_ms):>7} {f'{row.queued}/{row.running}':>5} "
                 f"{_count(row.misses):>4} {_count(row.late):>4} {budget:>7}"
             )
         )
-    if not top.rows:
+    if top.hidden:
+        lines.append(fit(f"({_plural(top.hidden, 'client')} of other users not shown)"))
+    elif not top.rows:
         lines.append("(no clients)")
     if top.domains:
         lines.append("")
         for domain in top.domains:
             kind = "isolated" if domain.isolated else "shared"
             lines.append(
-                _clip(
+                fit(
                     f"domain {domain.name} ({kind}): {domain.state}, epoch {domain.epoch}, "
-                    f"{domain.restarts} restarts, {domain.clients} clients, "
-                    f"{_bytes(domain.mapped_bytes)} mapped, {domain.models} models"
+                    f"{_plural(domain.restarts, 'restart')}, "
+                    f"{_plural(domain.clients, 'client')}, "
+                    f"{_bytes(domain.mapped_bytes)} mapped, {_plural(domain.models, 'model')}"
                 )
             )
     return "\n".join(lines)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _bytes(count: int) -> str:
@@ -241,5 +277,5 @@ def _ms(value: float) -> str:
     return f"{value:.2f}ms" if value < 10 else f"{value:.1f}ms"
 
 
-def _clip(line: str) -> str:
-    return line if len(line) <= WIDTH else line[: WIDTH - 1] + "…"
+def _clip(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: width - 1] + "…"

@@ -10,6 +10,7 @@ import argparse
 import grp
 import os
 import pwd
+import shutil
 import stat
 import sys
 import tempfile
@@ -141,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
             "second and share of DSP time over the interval, its recent queue wait (median "
             "and 99th percentile), calls queued/running, deadline misses, calls refused as "
             "late, and its declared budget; above them the scheduler's mode, DSP utilisation "
-            "and queues. Redrawn in place on a terminal; Ctrl-C ends it."
+            "and queues. On a terminal, fitted to its width and redrawn in place; into a "
+            "pipe or a file, whole lines (nothing cut). npuctl's own connection is counted "
+            "nowhere. Ctrl-C ends it."
         ),
         epilog=(
             "header: DSP busy is the daemon's average over its last 10 s, of all its slots "
@@ -373,7 +376,7 @@ def _top(client: Client, args: argparse.Namespace) -> int:
         if args.json:
             print(msgspec.json.encode(view).decode(), flush=True)
         else:
-            text = render_top(view)
+            text = render_top(view, width=shutil.get_terminal_size().columns if redraw else None)
             print(
                 f"\x1b[H\x1b[2J{text}" if redraw else text + ("\n" if frames != 1 else ""),
                 flush=True,
