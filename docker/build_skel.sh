@@ -43,13 +43,18 @@ Options:
 Environment: QAIC overrides the qaic binary (default: the first of
 DIR/ipc/fastrpc/qaic/Ubuntu/qaic and DIR/ipc/fastrpc/qaic/bin/qaic).
 
-Exit status: 0 built, 1 a build step failed, 2 bad usage or SDK not found.
+Exit status (sysexits): 0 built, 1 a build step failed, 64 bad usage, 69 SDK not found.
 EOF
 }
 
+# sysexits.h, as npud's and npuctl's (npu_client/cli.py).
+readonly EX_USAGE=64 EX_UNAVAILABLE=69
+# die STATUS MESSAGE...
 die() {
+    local status=$1
+    shift
     printf '%s: %s\n' "$PROG" "$*" >&2
-    exit 2
+    exit "$status"
 }
 
 # Print a command the way a shell would read it back, then run it.
@@ -73,7 +78,7 @@ while (($# > 0)); do
         exit 0
         ;;
     --sdk | --tools-version | --arch | --src | --out)
-        (($# >= 2)) || die "$1 needs a value (see --help)"
+        (($# >= 2)) || die "$EX_USAGE" "$1 needs a value (see --help)"
         case "$1" in
         --sdk) sdk="$2" ;;
         --tools-version) tools_version="$2" ;;
@@ -84,12 +89,12 @@ while (($# > 0)); do
         shift 2
         ;;
     *)
-        die "unknown argument: $1 (see --help)"
+        die "$EX_USAGE" "unknown argument: $1 (see --help)"
         ;;
     esac
 done
 
-[[ "$arch" =~ ^v[0-9]{2}$ ]] || die "--arch must look like v73, not '$arch'"
+[[ "$arch" =~ ^v[0-9]{2}$ ]] || die "$EX_USAGE" "--arch must look like v73, not '$arch'"
 
 if [[ -z "$src" ]]; then
     if [[ -f "$SCRIPT_DIR/../skel/Makefile" ]]; then
@@ -99,12 +104,12 @@ if [[ -z "$src" ]]; then
     fi
 fi
 for needed in idl/echo.idl idl/portal_qnn.idl skel/echo_imp.c skel/portal_qnn_imp.c; do
-    [[ -f "$src/$needed" ]] || die "$src is not the npud source tree ($needed missing); pass --src"
+    [[ -f "$src/$needed" ]] || die "$EX_USAGE" "$src is not the npud source tree ($needed missing); pass --src"
 done
 out="${out:-$src/build/hexagon-$arch}"
 
-[[ -n "$sdk" ]] || die "no Hexagon SDK: set HEXAGON_SDK_ROOT or pass --sdk (see --help)"
-[[ -d "$sdk/incs" ]] || die "$sdk does not look like a Hexagon SDK root (no incs/ directory)"
+[[ -n "$sdk" ]] || die "$EX_UNAVAILABLE" "no Hexagon SDK: set HEXAGON_SDK_ROOT or pass --sdk (see --help)"
+[[ -d "$sdk/incs" ]] || die "$EX_UNAVAILABLE" "$sdk does not look like a Hexagon SDK root (no incs/ directory)"
 
 qaic="${QAIC:-}"
 if [[ -z "$qaic" ]]; then
@@ -115,20 +120,20 @@ if [[ -z "$qaic" ]]; then
         fi
     done
 fi
-[[ -n "$qaic" && -x "$qaic" ]] || die "qaic not found under $sdk/ipc/fastrpc/qaic (set QAIC)"
+[[ -n "$qaic" && -x "$qaic" ]] || die "$EX_UNAVAILABLE" "qaic not found under $sdk/ipc/fastrpc/qaic (set QAIC)"
 
 tools_root="$sdk/tools/HEXAGON_Tools"
 if [[ -z "$tools_version" ]]; then
-    [[ -d "$tools_root" ]] || die "no $tools_root directory"
+    [[ -d "$tools_root" ]] || die "$EX_UNAVAILABLE" "no $tools_root directory"
     tools_version="$(find "$tools_root" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort -V | tail -n 1)"
-    [[ -n "$tools_version" ]] || die "no toolchain under $tools_root"
+    [[ -n "$tools_version" ]] || die "$EX_UNAVAILABLE" "no toolchain under $tools_root"
 fi
 tools_bin="$tools_root/$tools_version/Tools/bin"
 clang="$tools_bin/hexagon-clang"
-[[ -x "$clang" ]] || die "hexagon-clang not found at $clang (check --tools-version)"
+[[ -x "$clang" ]] || die "$EX_UNAVAILABLE" "hexagon-clang not found at $clang (check --tools-version)"
 
 qurt="$sdk/rtos/qurt/compute$arch"
-[[ -d "$qurt/include/posix" ]] || die "no QuRT headers for $arch at $qurt/include (is $arch supported by this SDK?)"
+[[ -d "$qurt/include/posix" ]] || die "$EX_UNAVAILABLE" "no QuRT headers for $arch at $qurt/include (is $arch supported by this SDK?)"
 
 generated="$out/qaic"
 objects="$out/obj"

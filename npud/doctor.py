@@ -22,6 +22,7 @@ from typing import Final, NoReturn
 
 from npu_client import SOCKET_ENV
 from npu_protocol import DaemonStatus
+from npud import cli
 from npud.config import DEFAULT_CONFIG, Config, ConfigError, load_config
 from npud.doctor_checks import (
     DEFAULT_QAIRT_ROOT,
@@ -60,9 +61,10 @@ configuration (shell, key, DSP library path, daemon.socket) and ${QAIRT_ENV}
 (default {DEFAULT_QAIRT_ROOT}). --config, --socket and ${SOCKET_ENV} are used as
 given. Under a --root other than / any file stands for a device node.
 
-exit status: 0 when no check FAILs (WARN and SKIP allowed), 1 when one does, 2 for
-a bad command line. A machine without an NPU is not a failure: npud runs there on
-its emulator, and the report says so (a stopped daemon is then a WARN).
+exit status: 0 when no check FAILs (WARN and SKIP allowed), 1 when one does, 64
+for a bad command line, 141 when stdout is closed early (npud doctor | head -1). A
+machine without an NPU is not a failure: npud runs there on its emulator, and the
+report says so (a stopped daemon is then a WARN).
 """
 
 
@@ -291,10 +293,10 @@ def report_json(report: Report) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr, exit status 2."""
+    """Usage errors as one line on stderr, exit status 64 (EX_USAGE)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(cli.EX_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -333,15 +335,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the doctor with ``argv``; returns the exit status (the epilog)."""
+    return cli.run(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
-        return exc.code if isinstance(exc.code, int) else 2
+    except SystemExit as exc:  # --help (0) or a usage error (64), already printed
+        return cli.parse_status(exc)
     root: Path = args.root
     if not root.is_dir():
         print(f"{PROG}: error: --root {root} is not a directory", file=sys.stderr)
-        return 2
+        return cli.EX_USAGE
     report = diagnose(root.resolve(), config_path=args.config, socket=args.socket)
     # A fix line carries "—"; a non-UTF-8 terminal gets a "?" rather than a traceback.
     if isinstance(sys.stdout, io.TextIOWrapper):

@@ -15,11 +15,13 @@ imported only for ``npud doctor``, ``npud trace`` only for ``npud trace``.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from npud import __version__
+from npud import __version__, cli
 from npud.config import DEFAULT_CONFIG, DEFAULT_SOCKET
 from npud.fastrpc.trust.shell_verifier import ShellVerifier
 
@@ -39,8 +41,16 @@ kernel driver and the DSP, with a development shell signed by a development key.
 """
 
 EPILOG = """\
-exit status: 0 after a clean stop (SIGTERM/SIGINT); 1 when start-up fails (the
-one-line message says what and how to fix it); 2 for a bad command line or config.
+exit status: sysexits, each failure one line on stderr saying what and how to fix
+it; what the command line or the configuration decides is decided before
+"starting" is logged. 0 after a clean stop (SIGTERM/SIGINT); 64 a bad command
+line (--socket naming something that is not a socket included); 69 the NPU is not
+there (no device node, the FastRPC session does not open); 71
+the system refused the emulator (fork, sandbox); 73 the socket or the trace file
+cannot be created; 74 the socket's path cannot be inspected; 75 another npud is
+listening on the socket; 78 a bad configuration (the file, its socket path or
+group, [emulator], socket activation's fds, a DSP shell its verification refuses);
+141 stdout closed early (npud doctor | head -1).
 
 signals: SIGTERM/SIGINT stop cleanly (clients are told, calls on the DSP get
 daemon.shutdown_grace_s seconds); SIGHUP re-reads the config file: [access], the
@@ -67,7 +77,7 @@ against this npud and report the first divergence (npud trace --help).
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="npud",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -113,7 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    arguments = sys.argv[1:] if argv is None else argv
+    """Run npud (or ``npud doctor``, ``npud trace``) with ``argv``; returns the exit
+    status (sysexits: the epilog; a reader that closes stdout early ends it quietly)."""
+    return cli.run(lambda: _main(sys.argv[1:] if argv is None else argv))
+
+
+def _main(arguments: list[str]) -> int:
     if arguments[:1] == ["doctor"]:
         from npud import doctor  # noqa: PLC0415  (a tool: the daemon never loads it)
 
@@ -143,7 +158,7 @@ def _start(args: argparse.Namespace, verifier: ShellVerifier) -> int:
         from npud.logs import print_error  # noqa: PLC0415
 
         print_error(f"npud: bad configuration: {exc}")
-        return 2
+        return cli.EX_CONFIG
     profile = select_profile(config, args.backend)
     with profile.zygote_started():  # the emulator's, first: it imports while the daemon does
         from npud.logs import configure_logging  # noqa: PLC0415  (structlog: after the zygote)
@@ -154,7 +169,8 @@ def _start(args: argparse.Namespace, verifier: ShellVerifier) -> int:
             return _fail(
                 f"no FastRPC device node ({', '.join(profile.nodes)}): is the CDSP up "
                 "(cat /sys/class/remoteproc/*/state)? `npud doctor` explains; "
-                "--backend emulator runs without a device"
+                "--backend emulator runs without a device",
+                cli.EX_UNAVAILABLE,
             )
         profile.lend_verifier(verifier)
         return _serve(args, config, profile)
@@ -163,42 +179,78 @@ def _start(args: argparse.Namespace, verifier: ShellVerifier) -> int:
 def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
     # Imported here, after the verifier started: see the module docstring.
     import structlog  # noqa: PLC0415
+
+    # What can be refused for how npud was called or configured is decided before
+    # "starting" is logged: the socket, then the trace file.
+    listening = _listen(args, config)
+    if isinstance(listening, int):
+        return listening
+    trace: TraceWriter | None = None
+    try:
+        try:
+            profile, trace = _traced(args, config, profile)
+        except _TraceError as exc:
+            return _fail(str(exc), cli.EX_CANTCREAT)
+        log = structlog.get_logger("npud")
+        log.info(
+            "starting",
+            version=__version__,
+            backend=profile.kind,
+            why=profile.reason,
+            socket=str(listening.path),
+            socket_activated=listening.bound is None,
+        )
+        if trace is not None:
+            log.info("tracing FastRPC calls", file=str(trace.path))
+        return _run(args, config, profile, listening.sock)
+    finally:
+        listening.sock.close()
+        if listening.bound is not None:
+            listening.bound.unlink_if_ours()
+        if trace is not None:
+            trace.close()
+
+
+@dataclass
+class _Listening:
+    sock: socket.socket
+    path: Path
+    bound: BoundSocket | None
+    """The socket npud bound itself (None: systemd's, from socket activation)."""
+
+
+def _listen(args: argparse.Namespace, config: Config) -> _Listening | int:
+    """The socket to serve, or the exit status when there is none (said on stderr)."""
+    from npud.sd import ActivationError, activated_socket  # noqa: PLC0415
+    from npud.server import StartupError, bind_socket  # noqa: PLC0415
+
+    try:
+        activated = activated_socket()
+    except ActivationError as exc:
+        return _fail(f"socket activation: {exc}", cli.EX_CONFIG)
+    if activated is not None:  # systemd owns the socket file
+        return _Listening(activated.sock, Path(activated.path), None)
+    path = Path(args.socket or config.daemon.socket)
+    try:
+        bound = bind_socket(path, config.daemon.socket_mode_bits, config.daemon.socket_group)
+    except StartupError as exc:
+        return _fail(str(exc), _socket_status(exc, named=args.socket is not None))
+    return _Listening(bound.sock, path, bound)
+
+
+def _run(
+    args: argparse.Namespace, config: Config, profile: Profile, listener: socket.socket
+) -> int:
+    """Serve until stopped: 0, or the exit status of a start-up that failed."""
     import trio  # noqa: PLC0415
 
     from npud.backend import EmulatorStartError  # noqa: PLC0415
     from npud.broker import Broker  # noqa: PLC0415
     from npud.config import load_config  # noqa: PLC0415
-    from npud.fastrpc.kernel.errors import RpcError  # noqa: PLC0415
-    from npud.sd import ActivationError, Notifier, activated_socket  # noqa: PLC0415
-    from npud.server import Daemon, StartupError, bind_socket  # noqa: PLC0415
+    from npud.fastrpc.kernel.errors import RpcError, ShellVerifyError  # noqa: PLC0415
+    from npud.sd import Notifier  # noqa: PLC0415
+    from npud.server import Daemon  # noqa: PLC0415
 
-    log = structlog.get_logger("npud")
-
-    try:
-        activated = activated_socket()
-    except ActivationError as exc:
-        return _fail(f"socket activation: {exc}")
-    socket_path = Path(activated.path if activated else (args.socket or config.daemon.socket))
-    log.info(
-        "starting",
-        version=__version__,
-        backend=profile.kind,
-        why=profile.reason,
-        socket=str(socket_path),
-        socket_activated=activated is not None,
-    )
-    bound: BoundSocket | None = None
-    if activated is not None:
-        listener = activated.sock  # systemd owns the socket file
-    else:
-        try:
-            bound = bind_socket(
-                socket_path, config.daemon.socket_mode_bits, config.daemon.socket_group
-            )
-        except StartupError as exc:
-            return _fail(str(exc))
-        listener = bound.sock
-    notifier = Notifier()
     config_path = args.config
 
     def reload_config() -> Config:
@@ -207,30 +259,36 @@ def _serve(args: argparse.Namespace, config: Config, profile: Profile) -> int:
         _log_renamed(renamed)
         return config
 
-    trace: TraceWriter | None = None
+    notifier = Notifier()
     try:
-        profile, trace = _traced(args, config, profile)
         broker = Broker(config, profile)
         daemon = Daemon(config, broker, listener, notifier=notifier, reload_config=reload_config)
         trio.run(daemon.run)
     except RpcError as exc:
         notifier.send(f"STATUS=start-up failed: {exc}")
-        return _fail(f"cannot start the NPU session: {exc}")
+        # A shell its verification refuses is the installation's state, not a missing NPU.
+        status = cli.EX_CONFIG if isinstance(exc, ShellVerifyError) else cli.EX_UNAVAILABLE
+        return _fail(f"cannot start the NPU session: {exc}", status)
     except EmulatorStartError as exc:
         notifier.send(f"STATUS=start-up failed: {exc}")
-        return _fail(f"cannot start the emulator: {exc}")
-    except _TraceError as exc:
-        return _fail(str(exc))
+        configured = isinstance(exc.__cause__, ValueError)  # [emulator] names what is not there
+        return _fail(
+            f"cannot start the emulator: {exc}", cli.EX_CONFIG if configured else cli.EX_OSERR
+        )
     except KeyboardInterrupt:
         return 0
     finally:
-        listener.close()
-        if bound is not None:
-            bound.unlink_if_ours()
         notifier.close()
-        if trace is not None:
-            trace.close()
     return 0
+
+
+def _socket_status(exc: Exception, *, named: bool) -> int:
+    """The exit status for a socket npud cannot listen on (``named``: --socket gave it)."""
+    from npud.server import SocketPathError  # noqa: PLC0415  (imported already)
+
+    if isinstance(exc, SocketPathError):
+        return cli.EX_USAGE if named else cli.EX_CONFIG
+    return getattr(exc, "exit_status", cli.EX_CANTCREAT)
 
 
 def _log_renamed(lines: list[str]) -> None:
@@ -252,8 +310,6 @@ def _traced(
     closes it); the profile unchanged and None without a trace."""
     import dataclasses  # noqa: PLC0415
 
-    import structlog  # noqa: PLC0415
-
     from npud.fastrpc.recording.trace import TraceWriter  # noqa: PLC0415  (only when tracing)
 
     path = args.trace or (Path(config.daemon.trace) if config.daemon.trace else None)
@@ -268,16 +324,16 @@ def _traced(
         ) from None
     except OSError as exc:
         raise _TraceError(f"cannot write the trace {path}: {exc.strerror}") from None
-    structlog.get_logger("npud").info("tracing FastRPC calls", file=str(path))
     return dataclasses.replace(profile, trace=trace), trace
 
 
-def _fail(message: str) -> int:
-    """Exactly one line, for people and for `systemctl status` alike (an error in the journal)."""
+def _fail(message: str, status: int) -> int:
+    """Exactly one line, for people and for `systemctl status` alike (an error in the
+    journal); returns ``status``, the exit status (sysexits: the epilog)."""
     from npud.logs import print_error  # noqa: PLC0415  (structlog: after the verifier started)
 
     print_error(f"npud: {message}")
-    return 1
+    return status
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import trio
 import npu_protocol as p
 from npu_client.transport import fds_ancillary
 from npu_protocol import CodedError, ErrorCode
+from npud import cli
 from npud.broker import Broker
 from npud.clients import Client
 from npud.config import Config, ConfigError
@@ -54,7 +55,17 @@ REFUSE_DRAIN_BYTES: Final = 64 * 1024
 
 
 class StartupError(Exception):
-    """npud cannot start; the message says what is wrong and how to fix it."""
+    """npud cannot start; the message says what is wrong and how to fix it, and
+    ``exit_status`` is npud's exit status for it (sysexits, ``npud --help``)."""
+
+    def __init__(self, message: str, exit_status: int = cli.EX_CANTCREAT) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+class SocketPathError(StartupError):
+    """The socket's path names something else (a directory, a file): a usage error when
+    ``--socket`` named it, a configuration error when the configuration did."""
 
 
 @dataclass
@@ -88,7 +99,8 @@ def bind_socket(path: Path, mode: int, group: str) -> BoundSocket:
         except KeyError:
             raise StartupError(
                 f"socket_group {group!r} does not exist; create it (groupadd {group}) "
-                "or clear daemon.socket_group"
+                "or clear daemon.socket_group",
+                cli.EX_CONFIG,
             ) from None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
@@ -113,9 +125,16 @@ def _clear_stale(path: Path) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise StartupError(f"cannot inspect socket path {path}: {exc.strerror}") from None
+        raise StartupError(
+            f"cannot inspect socket path {path}: {exc.strerror}", cli.EX_IOERR
+        ) from None
     if not stat.S_ISSOCK(st.st_mode):
-        raise StartupError(f"{path} exists and is not a socket; remove it or pass --socket PATH")
+        if stat.S_ISDIR(st.st_mode):
+            raise SocketPathError(
+                f"{path} is a directory; name the socket file itself (--socket or "
+                f"daemon.socket), e.g. {path / 'npud.sock'}"
+            )
+        raise SocketPathError(f"{path} exists and is not a socket; remove it or pass --socket PATH")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         probe.settimeout(1.0)
@@ -125,12 +144,13 @@ def _clear_stale(path: Path) -> None:
         os.unlink(path)
         return
     except OSError as exc:
-        raise StartupError(f"cannot probe {path}: {exc.strerror}") from None
+        raise StartupError(f"cannot probe {path}: {exc.strerror}", cli.EX_IOERR) from None
     finally:
         probe.close()
     raise StartupError(
         f"another npud is already listening on {path}; stop it (systemctl stop npud) "
-        "or pass --socket PATH"
+        "or pass --socket PATH",
+        cli.EX_TEMPFAIL,
     )
 
 

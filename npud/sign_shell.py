@@ -23,6 +23,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from npud import cli
 from npud.fastrpc.kernel.abi import INIT_FILELEN_MAX
 from npud.fastrpc.kernel.errors import ShellVerifyError
 from npud.fastrpc.trust.shell import (
@@ -215,10 +216,10 @@ def _read_file(path: str, role: str, limit: int) -> bytes:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr, exit status 2."""
+    """Usage errors as one line on stderr, exit status 64 (EX_USAGE)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(cli.EX_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _uid(text: str) -> int:
@@ -247,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
             "  npud-sign-shell genkey /secure/shell-signing.key\n"
             "  npud-sign-shell sign --key /secure/shell-signing.key SHELL\n"
             "  npud-sign-shell verify --public-key /secure/shell-signing.key.pub SHELL\n\n"
-            "exit status: 0 ok, 1 failure, 2 usage error"
+            "exit status: 0 ok, 1 failure (the shell would be refused, a key or file "
+            "cannot be used), 64 usage error, 141 stdout closed early"
         ),
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -352,11 +354,16 @@ _COMMANDS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run npud-sign-shell with ``argv``; returns the exit status (the epilog)."""
+    return cli.run(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
-        return exc.code if isinstance(exc.code, int) else 2
+    except SystemExit as exc:  # --help (0) or a usage error (64), already printed
+        return cli.parse_status(exc)
     try:
         return _COMMANDS[args.command](args)
     except ShellVerifyError as exc:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from npu_protocol import describe_result
+from npud import cli
 from npud.backend import select_profile
 from npud.config import ConfigError, load_config
 from npud.fastrpc.kernel.errors import RpcError
@@ -56,7 +57,9 @@ call number and the field). The trace format is specified in docs/trace-format.m
 
 EPILOG = """\
 exit status: 0 success (record: the scenario passed; replay: no divergence); 1 the
-scenario failed or the replay diverged; 2 bad usage, an unreadable config or trace.
+scenario failed or the replay diverged; 64 bad usage; 65 a trace that is not one;
+66 a trace that cannot be read; 69 the NPU (or its shell) is not there; 73 the output
+exists or cannot be written; 78 a bad configuration; 141 stdout closed early.
 
 examples: npud trace record --backend emulator --scenario echo echo.jsonl;
 npud trace replay echo.jsonl. The emulator's fixture in tests/emulator/traces is
@@ -65,7 +68,7 @@ made with the first command.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="npud trace",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -150,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``npud trace`` with ``argv``; returns the exit status (the epilog)."""
+    return cli.run(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "replay":
         return _replay(args)
@@ -166,9 +174,12 @@ def _replay(args: argparse.Namespace) -> int:
             library_path=[args.library_path] if args.library_path else None,
             timeout=args.timeout,
         )
-    except (OSError, TraceFormatError) as exc:
+    except OSError as exc:
         print_error(f"npud trace replay: {exc}")
-        return 2
+        return cli.EX_NOINPUT
+    except TraceFormatError as exc:
+        print_error(f"npud trace replay: {exc}")
+        return cli.EX_DATAERR
     print(report.summary())
     return 0 if report.ok else 1
 
@@ -176,12 +187,12 @@ def _replay(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     if args.scenario == "model" and args.model is None:
         print_error("npud trace record: --scenario model needs --model FILE")
-        return 2
+        return cli.EX_USAGE
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         print_error(f"npud trace record: bad configuration: {exc}")
-        return 2
+        return cli.EX_CONFIG
     profile = select_profile(config, args.backend)
     try:
         shell = profile.verify_shell()
@@ -190,13 +201,16 @@ def _record(args: argparse.Namespace) -> int:
         writer = TraceWriter(args.output, backend=profile.kind, capture_limit=args.capture_limit)
     except FileExistsError:
         print_error(f"npud trace record: {args.output} exists (--replace removes it first)")
-        return 1
+        return cli.EX_CANTCREAT
     except _NotReplacedError as exc:
         print_error(f"npud trace record: {exc}")
-        return 1
-    except (OSError, RpcError) as exc:
+        return cli.EX_CANTCREAT
+    except OSError as exc:
         print_error(f"npud trace record: {exc}")
-        return 1
+        return cli.EX_CANTCREAT
+    except RpcError as exc:
+        print_error(f"npud trace record: {exc}")
+        return cli.EX_UNAVAILABLE
     try:
         driver = TracingDriver(profile.make_driver(), writer)
         with FastRpcSession.open(

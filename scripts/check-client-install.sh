@@ -14,18 +14,19 @@ Usage: $PROG [--help]
 
 Create a temporary venv, pip-install $repo/protocol and $repo/client into it,
 and check that its npuctl --version names the version of $repo/.venv/bin/npud
-(make install creates that venv). Exit status: 0 they match, 1 otherwise.
+(make install creates that venv). Exit status: 0 they match, 1 otherwise, 64 bad
+usage, 69 no development venv (sysexits).
 EOF2
 }
 
 case ${1:-} in
     -h | --help) usage; exit 0 ;;
     "") ;;
-    *) printf '%s: unknown argument: %s\n' "$PROG" "$1" >&2; exit 2 ;;
+    *) printf '%s: unknown argument: %s\n' "$PROG" "$1" >&2; exit 64 ;;
 esac
 
 npud=$repo/.venv/bin/npud
-[[ -x $npud ]] || { printf '%s: %s is missing: run make install first\n' "$PROG" "$npud" >&2; exit 1; }
+[[ -x $npud ]] || { printf '%s: %s is missing: run make install first\n' "$PROG" "$npud" >&2; exit 69; }
 
 scratch=$(mktemp -d)
 trap 'rm -rf -- "$scratch"' EXIT

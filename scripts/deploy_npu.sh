@@ -36,7 +36,8 @@ readonly MANIFEST=SHA256SUMS
 readonly PAYLOAD=root
 
 # Exit statuses (also in --help), beyond install-lib.sh's EXIT_ERROR and EXIT_USAGE.
-readonly EXIT_REFUSED=3 EXIT_BAD_FIRMWARE=4
+# sysexits.h: EX_DATAERR (the snapshot's contents), EX_UNAVAILABLE (firmware npud cannot use).
+readonly EXIT_REFUSED=65 EXIT_BAD_FIRMWARE=69
 
 usage() {
     cat <<EOF

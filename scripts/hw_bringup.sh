@@ -52,8 +52,10 @@ Options:
                    emulator backend the calls run without a suspend)
   -h, --help       this text
 
-Exit status: 0 when every step that ran passed, 1 when one failed (the tarball
-is written either way), 2 for a bad command line.
+Exit status (sysexits): 0 when every step that ran passed, 1 when one failed
+(the tarball is written either way), 64 a bad command line, 66 a file named
+that cannot be read, 69 no Python that imports npud, 73 --out exists or cannot
+be made.
 
 The tarball holds traces with the bytes of buffers and of the files the DSP
 read (skels, models): share it only with whom you would give those.
@@ -61,9 +63,18 @@ EOF
 }
 
 say() { printf '%s: %s\n' "$PROG" "$*" >&2; }
+# sysexits.h, as npud's and npuctl's (npu_client/cli.py).
+readonly EX_USAGE=64 EX_NOINPUT=66 EX_UNAVAILABLE=69 EX_CANTCREAT=73
+# die STATUS MESSAGE...
 die() {
+    local status=$1
+    shift
     say "$*"
-    exit 2
+    exit "$status"
+}
+# value OPTION [VALUE]: a usage error when VALUE is missing or empty.
+value() {
+    [[ -n ${2:-} ]] || die "$EX_USAGE" "$1 needs a value (see --help)"
 }
 
 out=""
@@ -82,33 +93,33 @@ while (($#)); do
             usage
             exit 0
             ;;
-        --out) out=${2:?--out needs a directory}; shift 2 ;;
-        --model) model=${2:?--model needs a file}; shift 2 ;;
-        --backend) backend=${2:?--backend needs kernel or emulator}; shift 2 ;;
-        --config) config=${2:?--config needs a file}; shift 2 ;;
-        --python) python=${2:?--python needs a path}; shift 2 ;;
+        --out) value --out "${2:-}"; out=$2; shift 2 ;;
+        --model) value --model "${2:-}"; model=$2; shift 2 ;;
+        --backend) value --backend "${2:-}"; backend=$2; shift 2 ;;
+        --config) value --config "${2:-}"; config=$2; shift 2 ;;
+        --python) value --python "${2:-}"; python=$2; shift 2 ;;
         --skip-tests) skip_tests=1; shift ;;
         --suspend) suspend=1; shift ;;
-        --llama-bin) llama_bin=${2:?--llama-bin needs a directory}; shift 2 ;;
-        --gguf) gguf=${2:?--gguf needs a file}; shift 2 ;;
-        --shim) shim=${2:?--shim needs a directory}; shift 2 ;;
-        *) die "unknown option $1 (see --help)" ;;
+        --llama-bin) value --llama-bin "${2:-}"; llama_bin=$2; shift 2 ;;
+        --gguf) value --gguf "${2:-}"; gguf=$2; shift 2 ;;
+        --shim) value --shim "${2:-}"; shim=$2; shift 2 ;;
+        *) die "$EX_USAGE" "unknown option $1 (see --help)" ;;
     esac
 done
 case $backend in
     kernel | emulator) ;;
-    *) die "--backend is kernel or emulator, not $backend" ;;
+    *) die "$EX_USAGE" "--backend is kernel or emulator, not $backend" ;;
 esac
 if [[ -n $model && ! -r $model ]]; then
-    die "--model $model: not a readable file"
+    die "$EX_NOINPUT" "--model $model: not a readable file"
 fi
 if [[ -n $config && ! -r $config ]]; then
-    die "--config $config: not a readable file"
+    die "$EX_NOINPUT" "--config $config: not a readable file"
 fi
 if [[ -n $llama_bin || -n $gguf ]]; then
-    [[ -n $llama_bin && -n $gguf ]] || die "--llama-bin and --gguf go together (step 7)"
-    [[ -x $llama_bin/llama-simple ]] || die "--llama-bin $llama_bin: no llama-simple in it"
-    [[ -r $gguf ]] || die "--gguf $gguf: not a readable file"
+    [[ -n $llama_bin && -n $gguf ]] || die "$EX_USAGE" "--llama-bin and --gguf go together (step 7)"
+    [[ -x $llama_bin/llama-simple ]] || die "$EX_NOINPUT" "--llama-bin $llama_bin: no llama-simple in it"
+    [[ -r $gguf ]] || die "$EX_NOINPUT" "--gguf $gguf: not a readable file"
     llama_bin=$(cd -- "$llama_bin" && pwd -P)  # the CPU run starts elsewhere
     gguf=$(cd -- "$(dirname -- "$gguf")" && pwd -P)/$(basename -- "$gguf")
 fi
@@ -120,14 +131,14 @@ if [[ -z $python ]]; then
     fi
 fi
 if ! "$python" -c 'import npud, npu_client' 2>/dev/null; then
-    die "$python cannot import npud: make install, or --python PATH"
+    die "$EX_UNAVAILABLE" "$python cannot import npud: make install, or --python PATH"
 fi
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 out=${out:-$PWD/npud-bringup-$(hostname -s 2>/dev/null || echo host)-$stamp}
 if [[ -e $out ]]; then
-    die "$out exists: choose another --out"
+    die "$EX_CANTCREAT" "$out exists: choose another --out"
 fi
-mkdir -p -- "$out" || die "cannot create $out"
+mkdir -p -- "$out" || die "$EX_CANTCREAT" "cannot create $out"
 summary=$out/summary.txt
 failures=0
 config_args=()

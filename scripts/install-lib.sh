@@ -4,8 +4,9 @@
 # PROG (the name messages start with) and, before calling target, root and
 # live (1 when root is /).
 
-# Exit statuses both scripts document in their --help.
-readonly EXIT_ERROR=1 EXIT_USAGE=2
+# Exit statuses both scripts document in their --help (sysexits.h's, as npud's and
+# npuctl's: npu_client/cli.py).
+readonly EXIT_ERROR=1 EXIT_USAGE=64
 
 die() {
     printf '%s: error: %s\n' "$PROG" "$*" >&2

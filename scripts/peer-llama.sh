@@ -59,7 +59,8 @@ Environment: JOBS (build jobs, default nproc), PYTHON (default python3).
 Needs: gcc, g++, make, cmake, ninja (or make), python3 with venv and pip,
 msgpack-c (libmsgpack-dev); network access to PyPI for fetch and models.
 
-Exit status: 0 done, 1 a step or a check failed, 2 bad usage.
+Exit status (sysexits): 0 done, 1 a step or a check failed, 64 bad usage, 69 a
+tool or an earlier step's output is missing (the message says which).
 EOF
 }
 
@@ -72,10 +73,19 @@ die() {
     exit 1
 }
 
+# sysexits.h, as npud's and npuctl's (npu_client/cli.py).
+readonly EX_USAGE=64 EX_UNAVAILABLE=69
+
+# unavailable MESSAGE: what a step needs is not there.
+unavailable() {
+    log "$*"
+    exit "$EX_UNAVAILABLE"
+}
+
 need() {
     local tool
     for tool in "$@"; do
-        command -v "$tool" >/dev/null || die "missing $tool (install it: see --help)"
+        command -v "$tool" >/dev/null || unavailable "missing $tool (install it: see --help)"
     done
 }
 
@@ -144,7 +154,7 @@ step_cpu() {
 
 step_hexagon() {
     need gcc g++ make
-    [[ -f $BIN/libggml-base.so ]] || die "no CPU build yet: run the cpu step"
+    [[ -f $BIN/libggml-base.so ]] || unavailable "no CPU build yet: run the cpu step"
     local inputs=("$REPO"/shim/include/*.h "$REPO"/shim/htp/* "$HEX/ggml-hexagon.cpp"
         "$HEX/htp-drv.cpp" "$BIN/libggml-base.so" "$VERSION")
     local sum
@@ -176,7 +186,7 @@ step_hexagon() {
 
 step_helpers() {
     need gcc
-    [[ -f $BIN/libggml.so ]] || die "no CPU build yet: run the cpu step"
+    [[ -f $BIN/libggml.so ]] || unavailable "no CPU build yet: run the cpu step"
     local sum
     sum=$(digest "$REPO/shim/peer/load_all.c" "$BIN/libggml.so" "$VERSION")
     if ! fresh "$HELPERS/stamp" "$sum"; then
@@ -216,10 +226,10 @@ step_models() {
 step_run() {
     local python=$REPO/.venv/bin/python
     if [[ ! -x $python ]]; then
-        die "run: no $REPO/.venv (make install first)"
+        unavailable "run: no $REPO/.venv (make install first)"
     fi
     [[ -x $BIN/llama-simple && -f $HEX_BUILD/libggml-hexagon.so && -f $MODELS/tiny-llama-q4_0.gguf ]] \
-        || die "run: the build is not complete: run the other steps first"
+        || unavailable "run: the build is not complete: run the other steps first"
     "$python" "$REPO/shim/peer/check_llama.py" --repo "$REPO" --bin "$BIN" --models "$MODELS" \
         --shim "$SHIM_BUILD" --preload "$HELPERS/libnpud-load-all.so"
     # The device bring-up's llama step (docs/hardware.md), rehearsed on the emulator.
@@ -251,7 +261,7 @@ main() {
         done
         if ((known == 0)); then
             printf '%s: unknown step: %s\nTry %s --help.\n' "$PROG" "$step" "$PROG" >&2
-            exit 2
+            exit "$EX_USAGE"
         fi
     done
     mkdir -p "$CACHE"

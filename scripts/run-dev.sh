@@ -21,7 +21,9 @@ Start npud (--backend auto: the emulator without a device) in the foreground.
 SOCKET empty: $SYSTEM_SOCKET as root; otherwise
 \$XDG_RUNTIME_DIR/npud/npud.sock, or /tmp/npud-UID/npud.sock without
 XDG_RUNTIME_DIR. Says "starting", then "serving" once npud is ready (or how
-it ended). Stop it with Ctrl-C. Needs python3 on PATH. Env: NPUD, the daemon
+it ended). Stop it with Ctrl-C. Needs python3 on PATH. Exit status: npud's
+(npud --help), or 73 when SOCKET cannot be created, 69 when python3 or the
+venv's Python cannot be run. Env: NPUD, the daemon
 to run (default: the development venv's, $repo/.venv/bin/npud).
 EOF
 }
@@ -44,7 +46,7 @@ private_dir() {
     if [[ -L $dir || ! -d $dir || $(stat -c '%u' -- "$dir") != "$EUID" ]] ||
         (($(stat -c '0%a' -- "$dir") & 022)); then
         say "$dir is not a directory of yours that only you can write; remove it, or pass SOCKET=PATH"
-        exit 2
+        exit 73 # EX_CANTCREAT
     fi
 }
 
@@ -69,7 +71,7 @@ if [[ ! -w $existing || ! -x $existing ]]; then
     say "$user cannot create $socket ($existing is not writable for $user)"
     say "run \`make run\` without SOCKET= to get a socket of your own, or pass SOCKET=PATH in a directory you own;"
     say "the system's npud (npud.socket) serves $SYSTEM_SOCKET to members of the $CLIENT_GROUP group (docs/deploy.md)"
-    exit 2
+    exit 73 # EX_CANTCREAT
 fi
 
 # runnable_python: the first Python 3.11 or newer that this user can run, or nothing.
@@ -106,7 +108,7 @@ if [[ -f $NPUD && -r $NPUD ]]; then
                 say "install a Python 3.11 or newer that every user can run (sudo apt-get install python3 python3-venv), then: make clean && make install PYTHON=/usr/bin/python3"
             fi
             say "or run \`make run\` as the user whose venv it is"
-            exit 2
+            exit 69 # EX_UNAVAILABLE
         fi
     fi
 fi
@@ -114,7 +116,7 @@ fi
 supervisor=$(command -v python3 || true)
 if [[ -z $supervisor ]]; then
     say "python3 is not on PATH: it tells when npud is ready (sudo apt-get install python3)"
-    exit 2
+    exit 69 # EX_UNAVAILABLE
 fi
 
 if [[ $socket == "$SYSTEM_SOCKET" ]]; then

@@ -44,7 +44,7 @@ Options:
 What is checked, and why:
 $table
 Exit status: 0 nothing missing (or all installed), 1 something missing with
---check or the installation failed, 2 bad usage.
+--check or the installation failed, 64 bad usage (sysexits).
 EOF
 }
 
@@ -53,7 +53,7 @@ case ${1:-} in
     "") ;;
     --check) check_only=1 ;;
     -h | --help) usage; exit 0 ;;
-    *) printf '%s: unknown argument: %s\nTry %s --help.\n' "$PROG" "$1" "$PROG" >&2; exit 2 ;;
+    *) printf '%s: unknown argument: %s\nTry %s --help.\n' "$PROG" "$1" "$PROG" >&2; exit 64 ;;
 esac
 
 present() {

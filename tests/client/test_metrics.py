@@ -238,7 +238,7 @@ def test_npuctl_metrics_when_npud_is_down(
     code = npuctl.main(
         ["--socket", str(tmp_path / "none.sock"), "metrics", "--output", str(target)]
     )
-    assert code == npuctl.EXIT_FAILURE
+    assert code == npuctl.EXIT_UNAVAILABLE == 69
     assert "cannot connect to npud" in capsys.readouterr().err
     assert value(target.read_text(), "npud_up") == 0
 
@@ -248,5 +248,5 @@ def test_npuctl_metrics_to_a_directory_that_does_not_exist(
 ) -> None:
     target = tmp_path / "missing" / "npud.prom"
     code = npuctl.main(["--socket", peer.path, "metrics", "--output", str(target)])
-    assert code == npuctl.EXIT_FAILURE
+    assert code == npuctl.EXIT_CANTCREAT == 73
     assert f"npuctl: cannot write {target}: No such file or directory" in capsys.readouterr().err

@@ -265,12 +265,12 @@ def test_selftest_json(peer: Peer, capsys: pytest.CaptureFixture[str]) -> None:
     assert {step["status"] for step in report["steps"]} == {"ok"}
 
 
-def test_an_unreachable_daemon_is_one_line_and_exit_1(
+def test_an_unreachable_daemon_is_one_line_and_exit_69(
     socket_path: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for command in ("status", "selftest"):
         code, out, err = run(capsys, "--socket", socket_path, command)
-        assert (code, out) == (1, "")
+        assert (code, out) == (69, "")  # EX_UNAVAILABLE
         assert err == (
             f"npuctl: cannot connect to npud at {socket_path}: No such file or directory; "
             "is npud running, and is that path its socket?\n"
@@ -281,7 +281,7 @@ def test_a_socket_option_naming_a_directory_says_so(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, err = run(capsys, "--socket", str(tmp_path), "status")
-    assert (code, out) == (1, "")
+    assert (code, out) == (69, "")
     assert err == (
         f"npuctl: cannot connect to npud at {tmp_path}: it is a directory, not a socket; "
         "name npud's socket itself (npud.sock, by default)\n"
@@ -293,18 +293,29 @@ def test_without_a_socket_option_the_hint_is_npud_socket(
 ) -> None:
     monkeypatch.setenv("NPUD_SOCKET", str(tmp_path / "gone.sock"))
     code, _, err = run(capsys, "status")
-    assert code == 1
+    assert code == 69
     assert err.endswith("NPUD_SOCKET names that path: is it npud's socket?\n")
 
 
 def test_an_error_from_the_daemon_is_one_line_and_exit_1(
     peer: Peer, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    peer.refusal = p.ErrorMessage.for_code(p.ErrorCode.SHUTTING_DOWN)
+    code, out, err = run(capsys, "--socket", peer.path, "status")
+    assert (code, out) == (1, "")
+    assert err.startswith("npuctl: ")
+    assert "(SHUTTING_DOWN, error " in err
+    assert err.count("\n") == 1
+
+
+def test_a_client_npud_does_not_permit_exits_77(
+    peer: Peer, capsys: pytest.CaptureFixture[str]
+) -> None:
     peer.refusal = p.ErrorMessage.for_code(
         p.ErrorCode.NOT_PERMITTED, detail="uid 1001 may not use the NPU"
     )
     code, out, err = run(capsys, "--socket", peer.path, "status")
-    assert (code, out) == (1, "")
+    assert (code, out) == (77, "")  # EX_NOPERM
     assert err == "npuctl: not permitted: uid 1001 may not use the NPU (NOT_PERMITTED, error 600)\n"
 
 
@@ -313,7 +324,7 @@ def test_a_daemon_that_does_not_answer_times_out(
 ) -> None:
     peer.intercept = lambda conn, request: HANDLED  # never answers
     code, out, err = run(capsys, "--socket", peer.path, "--timeout", "0.2", "status")
-    assert (code, out, err) == (1, "", "npuctl: npud did not answer within 0.2 s\n")
+    assert (code, out, err) == (75, "", "npuctl: npud did not answer within 0.2 s\n")
 
 
 def test_npud_socket_is_used_without_socket(
@@ -336,10 +347,10 @@ def test_npud_socket_is_used_without_socket(
         ["--socket", "", "status"],
     ],
 )
-def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_usage_errors_exit_64(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:
         npuctl.main(argv)
-    assert caught.value.code == 2
+    assert caught.value.code == 64  # EX_USAGE
     assert "usage: npuctl" in capsys.readouterr().err
 
 
@@ -367,7 +378,7 @@ def test_the_console_script_has_help_and_no_tracebacks(socket_path: str) -> None
         timeout=60,
         check=False,
     )
-    assert failed.returncode == 1
+    assert failed.returncode == 69
     assert failed.stdout == ""
     assert failed.stderr.count("\n") == 1
     assert failed.stderr.startswith("npuctl: cannot connect to npud at ")

@@ -67,7 +67,7 @@ def test_a_root_only_socket_says_sudo_make_run_serves_root_only(public_dir: Path
     path = public_dir / "npud.sock"
     with listening_socket(path, 0o660):
         code, err = npuctl_as_nobody("--socket", str(path), "--timeout", "5", "status")
-    assert code == npuctl.EXIT_FAILURE
+    assert code == npuctl.EXIT_NOPERM == 77
     first, hint = err.splitlines()
     assert first.startswith(f"npuctl: cannot connect to npud at {path}: Permission denied")
     assert hint.startswith("npuctl: hint: the socket is root:root 0660: a daemon started as root")
@@ -81,7 +81,7 @@ def test_a_socket_of_another_group_says_join_the_npu_group(public_dir: Path) -> 
     path = public_dir / "npud.sock"
     with listening_socket(path, 0o660, gid=1):
         code, err = npuctl_as_nobody("--socket", str(path), "status")
-    assert code == npuctl.EXIT_FAILURE
+    assert code == npuctl.EXIT_NOPERM == 77
     hint = err.splitlines()[-1]
     assert hint.startswith("npuctl: hint: the socket is root:")
     assert " 0660; to use the system's npud, join the npu group" in hint
@@ -94,13 +94,13 @@ def test_a_closed_directory_is_named(public_dir: Path) -> None:
     path = closed / "npud.sock"
     with listening_socket(path, 0o666):
         code, err = npuctl_as_nobody("--socket", str(path), "status")
-    assert code == npuctl.EXIT_FAILURE
+    assert code == npuctl.EXIT_NOPERM == 77
     assert f"npuctl: hint: its directory {closed} is closed to you; " in err
     assert "npu group" in err
 
 
 def test_no_hint_when_the_cause_is_not_permissions(public_dir: Path) -> None:
     code, err = npuctl_as_nobody("--socket", str(public_dir / "absent.sock"), "status")
-    assert code == npuctl.EXIT_FAILURE
+    assert code == npuctl.EXIT_UNAVAILABLE == 69
     assert "No such file or directory" in err
     assert "hint" not in err

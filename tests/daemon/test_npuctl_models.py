@@ -91,17 +91,21 @@ async def test_npuctl_run_takes_each_input_files_shape(
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "status", "message"),
     [
-        (["--input", "nope={npy}"], "the model has no tensor 'nope' (its tensors: 'a', 'b',"),
-        (["--input", "a={npy}", "--shape", "a=4"], "disagrees with the shape of"),
-        (["--input", "a={missing}"], "cannot read"),
-        (["--shape", "a=4"], "tensor mismatch"),
+        (["--input", "nope={npy}"], 1, "the model has no tensor 'nope' (its tensors: 'a', 'b',"),
+        (["--input", "a={npy}", "--shape", "a=4"], 64, "disagrees with the shape of"),
+        (["--input", "a={missing}"], 66, "cannot read"),
+        (["--shape", "a=4"], 1, "tensor mismatch"),
     ],
     ids=["unknown input", "npy against shape", "missing npy", "bad shape"],
 )
 async def test_npuctl_run_refusals(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    status: int,
+    message: str,
 ) -> None:
     model = tmp_path / "affine.onnx"
     model.write_bytes(onnx_models.affine())
@@ -112,7 +116,7 @@ async def test_npuctl_run_refusals(
         code, _, err = await npuctl_in_thread(
             tmp_path / "npud.sock", capsys, "run", str(model), *filled
         )
-        assert code == 1
+        assert code == status  # 1 npud refused, 64 usage (EX_USAGE), 66 unreadable (EX_NOINPUT)
         assert message in err
 
 
@@ -123,7 +127,7 @@ async def test_npuctl_run_on_a_missing_file(
         code, _, err = await npuctl_in_thread(
             tmp_path / "npud.sock", capsys, "run", str(tmp_path / "nothing.onnx")
         )
-        assert code == 1
+        assert code == 66  # EX_NOINPUT
         assert "cannot open" in err
         assert "No such file" in err
 
@@ -132,7 +136,7 @@ def test_npuctl_run_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     for bad in (["--input", "x"], ["--shape", "x=1,a"], ["--shape", "x=0"]):
         with pytest.raises(SystemExit) as exited:
             npuctl.main(["run", "m.onnx", *bad])
-        assert exited.value.code == 2
+        assert exited.value.code == 64
     assert "expected NAME=VALUE" in capsys.readouterr().err
 
 

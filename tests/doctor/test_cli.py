@@ -96,10 +96,10 @@ def test_healthy_tree_exits_zero(tree: FakeTree, npud: Npud) -> None:
 
 def test_bad_root_and_bad_options(tmp_path: Path) -> None:
     result = run_doctor("--root", str(tmp_path / "nope"))
-    assert result.returncode == 2
+    assert result.returncode == 64  # EX_USAGE
     assert result.stderr == f"npud doctor: error: --root {tmp_path / 'nope'} is not a directory\n"
     result = run_doctor("--frobnicate")
-    assert result.returncode == 2
+    assert result.returncode == 64
     assert result.stderr.splitlines()[-1].startswith("npud doctor: error: unrecognized arguments")
 
 

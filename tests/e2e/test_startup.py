@@ -1,4 +1,7 @@
-"""Start-up failures: one line that says what and how to fix it, a non-zero exit, nothing left."""
+"""Start-up failures: one line that says what and how to fix it, nothing left, and an exit
+status of sysexits (64 usage, 69 unavailable, 71 system, 73 cannot create, 75 try again,
+78 configuration) decided before npud logs that it is starting, wherever the command line
+or the configuration decides it."""
 
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ def test_bad_config_names_the_key(tmp_path: Path) -> None:
     config = tmp_path / "npud.toml"
     config.write_text("[daemon]\nsockt = '/tmp/x'\n")
     result = run_npud("--config", str(config))
-    assert result.returncode == 2
+    assert result.returncode == 78
     assert one_line(result) == (
         f"npud: bad configuration: {config}: unknown key daemon.sockt (did you mean socket?)"
     )
@@ -63,7 +66,7 @@ def test_a_renamed_key_starts_npud_with_a_warning_in_its_log(tmp_path: Path) -> 
 
 def test_missing_config_file(tmp_path: Path) -> None:
     result = run_npud("--config", str(tmp_path / "nope.toml"))
-    assert result.returncode == 2
+    assert result.returncode == 78
     assert "cannot read: No such file or directory" in one_line(result)
 
 
@@ -71,7 +74,7 @@ def test_kernel_backend_without_a_device(tmp_path: Path) -> None:
     if any(Path(n).exists() for n in ("/dev/fastrpc-cdsp", "/dev/fastrpc-cdsp-secure")):
         pytest.skip("this machine has the device")
     result = run_npud("--backend", "kernel", "--socket", str(tmp_path / "s"))
-    assert result.returncode == 1
+    assert result.returncode == 69
     line = one_line(result)
     assert line.startswith(
         "npud: no FastRPC device node (/dev/fastrpc-cdsp-secure, /dev/fastrpc-cdsp)"
@@ -114,7 +117,7 @@ def test_a_refused_shell_stops_start_up(tmp_path: Path, damage: str, needle: str
         f"[backend]\nkind = 'emulator'\n[shell]\npath = '{shell}'\npublic_key = '{key}'\n"
     )
     result = run_npud("--config", str(config), "--socket", str(tmp_path / "s"))
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 78, result.stderr  # the installation's files: configuration
     line = one_line_after_logs(result)
     assert line.startswith("npud: cannot start the NPU session: DSP shell verification failed:")
     assert needle in line
@@ -147,8 +150,8 @@ def test_a_live_daemon_keeps_its_socket(tmp_path: Path) -> None:
     first = start_npud(tmp_path)
     try:
         result = run_npud("--config", str(first.config_path), "--socket", str(first.socket_path))
-        assert result.returncode == 1
-        assert "another npud is already listening on" in one_line_after_logs(result)
+        assert result.returncode == 75
+        assert "another npud is already listening on" in one_line(result)  # not "starting"
         peer = RawPeer.connect(first.socket_path)  # the first one still serves
         peer.hello()
         peer.close()
@@ -176,9 +179,27 @@ def test_a_path_that_is_not_a_socket_is_left_alone(tmp_path: Path) -> None:
     config = tmp_path / "npud.toml"
     config.write_text("[backend]\nkind = 'emulator'\n")
     result = run_npud("--config", str(config), "--socket", str(tmp_path / "npud.sock"))
-    assert result.returncode == 1
-    assert "exists and is not a socket" in one_line_after_logs(result)
+    assert result.returncode == 64  # --socket named it: a usage error
+    assert "exists and is not a socket" in one_line(result)  # said before "starting"
     assert (tmp_path / "npud.sock").read_text() == "precious"
+    # The configuration named it: a configuration error.
+    config.write_text(f"[backend]\nkind = 'emulator'\n[daemon]\nsocket = '{tmp_path}/npud.sock'\n")
+    result = run_npud("--config", str(config))
+    assert result.returncode == 78
+    assert "exists and is not a socket" in one_line(result)
+
+
+def test_a_socket_option_naming_a_directory_is_a_usage_error(tmp_path: Path) -> None:
+    """`npud --socket DIR` exited 1 after logging "starting"."""
+    config = tmp_path / "npud.toml"
+    config.write_text("[backend]\nkind = 'emulator'\n")
+    result = run_npud("--config", str(config), "--socket", str(tmp_path))
+    assert result.returncode == 64
+    assert one_line(result) == (
+        f"npud: {tmp_path} is a directory; name the socket file itself (--socket or "
+        f"daemon.socket), e.g. {tmp_path / 'npud.sock'}"
+    )
+    assert "starting" not in result.stderr
 
 
 def test_socket_mode_and_group(tmp_path: Path) -> None:
@@ -193,8 +214,8 @@ def test_an_unknown_socket_group_is_refused(tmp_path: Path) -> None:
     config = tmp_path / "npud.toml"
     config.write_text("[backend]\nkind = 'emulator'\n[daemon]\nsocket_group = 'no-such-group-x'\n")
     result = run_npud("--config", str(config), "--socket", str(tmp_path / "s"))
-    assert result.returncode == 1
-    assert "groupadd no-such-group-x" in one_line_after_logs(result)
+    assert result.returncode == 78
+    assert "groupadd no-such-group-x" in one_line(result)
 
 
 def test_an_unknown_pd_user_stops_start_up(tmp_path: Path) -> None:
@@ -203,7 +224,7 @@ def test_an_unknown_pd_user_stops_start_up(tmp_path: Path) -> None:
     config = tmp_path / "npud.toml"
     config.write_text("[backend]\nkind = 'emulator'\n[emulator]\npd_user = 'no-such-user-here'\n")
     result = run_npud("--config", str(config), "--socket", str(tmp_path / "s"))
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 78, result.stderr
     assert one_line_after_logs(result) == (
         "npud: cannot start the emulator: [emulator]: pd_user='no-such-user-here': no such user"
     )
@@ -216,10 +237,35 @@ def test_a_trace_path_that_exists_stops_start_up(tmp_path: Path) -> None:
     result = run_npud(
         "--backend", "emulator", "--socket", str(tmp_path / "s"), "--trace", str(trace)
     )
-    assert result.returncode == 1, result.stderr
-    line = one_line_after_logs(result)
+    assert result.returncode == 73, result.stderr
+    line = one_line(result)  # said before "starting"
     assert line == (
         f"npud: cannot write the trace {trace}: it exists (npud writes a new file only: "
         "move the old one away or name another)"
     )
     assert trace.read_text() == "someone else's\n"
+
+
+def test_a_usage_error_exits_64() -> None:
+    result = run_npud("--backend", "gpu")
+    assert result.returncode == 64
+    assert "invalid choice: 'gpu'" in result.stderr
+
+
+def test_help_into_a_closed_pipe_is_quiet() -> None:
+    """`npud --help | head -1` when head is gone first: no BrokenPipeError traceback, the
+    status a shell reports for a program SIGPIPE ended."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before npud writes
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "npud.main", "--help"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (141, "")

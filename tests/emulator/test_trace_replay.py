@@ -299,22 +299,23 @@ def test_the_command_line(tmp_path: Path) -> None:
     assert "first divergence: call 1 (open /dev/x, in op 1): path" in diverged.stdout
     bad = tmp_path / "bad.jsonl"
     bad.write_text("nope\n")
-    assert npud("replay", str(bad)).returncode == 2
+    assert npud("replay", str(bad)).returncode == 65  # EX_DATAERR: not a trace
+    assert npud("replay", str(tmp_path / "absent.jsonl")).returncode == 66  # EX_NOINPUT
     no_model = npud("record", "--backend", "emulator", "--scenario", "model", str(tmp_path / "m"))
-    assert no_model.returncode == 2
+    assert no_model.returncode == 64
     assert "--scenario model needs --model FILE" in no_model.stderr
     recorded = npud("record", "--backend", "emulator", str(tmp_path / "r.jsonl"))
     assert recorded.returncode == 0, recorded.stderr
     assert load_trace(tmp_path / "r.jsonl").complete
     assert (tmp_path / "r.jsonl").stat().st_mode & 0o777 == 0o600
     again = npud("record", "--backend", "emulator", str(tmp_path / "r.jsonl"))
-    assert again.returncode == 1
+    assert again.returncode == 73  # EX_CANTCREAT
     assert "exists (--replace removes it first)" in again.stderr
     replaced = npud("record", "--replace", "--backend", "emulator", str(tmp_path / "r.jsonl"))
     assert replaced.returncode == 0, replaced.stderr
     (tmp_path / "link.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
     linked = npud("record", "--replace", "--backend", "emulator", str(tmp_path / "link.jsonl"))
-    assert linked.returncode == 1
+    assert linked.returncode == 73
     assert "not a regular file; not replaced" in linked.stderr
     assert not (tmp_path / "elsewhere.jsonl").exists()
 

@@ -32,7 +32,7 @@ from tests.scripts.snapshots import (
     tree_state,
 )
 
-EXIT_USAGE, EXIT_REFUSED, EXIT_BAD_FIRMWARE = 2, 3, 4
+EXIT_USAGE, EXIT_REFUSED, EXIT_BAD_FIRMWARE = 64, 65, 69  # sysexits
 
 
 @dataclass

@@ -111,7 +111,7 @@ def test_help_explains_and_installs_nothing(sandbox: Sandbox) -> None:
 
 def test_a_bad_argument_is_a_usage_error(sandbox: Sandbox) -> None:
     result = sandbox.run("test-deps.sh", "--install-everything")
-    assert result.returncode == 2
+    assert result.returncode == 64
     assert "unknown argument: --install-everything" in result.stderr
 
 
@@ -206,7 +206,7 @@ def test_a_directory_squatted_by_someone_else_is_refused(
 ) -> None:
     (shared_tmp / f"npud-{NOBODY}").mkdir(mode=0o700)  # root's, not nobody's
     result = run_dev(sandbox, as_nobody=True, env={"TMPDIR": str(shared_tmp)})
-    assert result.returncode == 2
+    assert result.returncode == 73
     assert "is not a directory of yours" in result.stderr
     assert result.stdout == ""
 
@@ -226,7 +226,7 @@ def test_a_socket_the_person_cannot_create_is_refused_with_a_hint(sandbox: Sandb
     locked = sandbox.root / "locked"
     locked.mkdir(mode=0o755)
     result = run_dev(sandbox, f"{locked}/npud/npud.sock", as_nobody=True)
-    assert result.returncode == 2
+    assert result.returncode == 73
     assert f"cannot create {locked}/npud/npud.sock ({locked} is not writable" in result.stderr
     assert "SOCKET=" in result.stderr
     assert "npu group" in result.stderr
@@ -262,13 +262,13 @@ def test_serving_is_said_once_npud_is_ready_and_not_before(sandbox: Sandbox) -> 
 
 
 def test_an_npud_that_ends_before_it_is_ready_is_never_said_to_serve(sandbox: Sandbox) -> None:
-    refusing = sandbox.stub("npud", 'echo "npud: bad configuration: x" >&2; exit 2')
+    refusing = sandbox.stub("npud", 'echo "npud: bad configuration: x" >&2; exit 78')
     result = run_dev(sandbox, str(sandbox.root / "mine.sock"), npud=refusing)
-    assert result.returncode == 2
+    assert result.returncode == 78
     assert "make run: starting npud on" in result.stderr
     assert "serving" not in result.stderr
     assert result.stderr.endswith(
-        "npud: bad configuration: x\nmake run: npud ended before it was ready (exit status 2)\n"
+        "npud: bad configuration: x\nmake run: npud ended before it was ready (exit status 78)\n"
     )
 
 
@@ -280,7 +280,7 @@ def test_a_real_npud_with_a_bad_config_is_started_and_never_serving(sandbox: San
     config.write_text("[daemon]\nlog_levl = 'info'\n")
     socket = str(sandbox.root / "mine.sock")
     result = run_dev(sandbox, socket, "--config", str(config), npud=npud)
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 78, result.stderr
     assert f"make run: starting npud on {socket}" in result.stderr
     assert "unknown key daemon.log_levl (did you mean log_level?)" in result.stderr
     assert "serving" not in result.stderr
@@ -300,7 +300,7 @@ def test_a_venv_python_the_person_cannot_run_is_named_with_one_to_use(
     npud.write_text(f"#!{venv_bin}/python\nprint('npud ran')\n")
     npud.chmod(0o755)
     result = run_dev(sandbox, as_nobody=True, env={"TMPDIR": str(shared_tmp)}, npud=npud)
-    assert result.returncode == 2
+    assert result.returncode == 69
     assert result.stdout == ""
     assert "bad interpreter" not in result.stderr
     assert f"nobody cannot run {venv_bin}/python, the Python that {npud} names" in result.stderr

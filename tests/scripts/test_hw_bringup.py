@@ -47,19 +47,21 @@ def test_help_names_every_step_and_option() -> None:
 
 
 def test_bad_command_lines_are_refused(tmp_path: Path) -> None:
-    assert run("--frobnicate").returncode == 2
+    assert run("--frobnicate").returncode == 64
     wrong = run("--backend", "gpu")
-    assert (wrong.returncode, "kernel or emulator" in wrong.stderr) == (2, True)
+    assert (wrong.returncode, "kernel or emulator" in wrong.stderr) == (64, True)
+    empty = run("--out")
+    assert (empty.returncode, "--out needs a value" in empty.stderr) == (64, True)
     missing = run("--model", str(tmp_path / "none.bin"))
-    assert (missing.returncode, "not a readable file" in missing.stderr) == (2, True)
+    assert (missing.returncode, "not a readable file" in missing.stderr) == (66, True)
     alone = run("--llama-bin", str(tmp_path))
-    assert (alone.returncode, "go together" in alone.stderr) == (2, True)
+    assert (alone.returncode, "go together" in alone.stderr) == (64, True)
     (tmp_path / "model.gguf").write_bytes(b"GGUF")
     no_llama = run("--llama-bin", str(tmp_path), "--gguf", str(tmp_path / "model.gguf"))
-    assert (no_llama.returncode, "no llama-simple" in no_llama.stderr) == (2, True)
+    assert (no_llama.returncode, "no llama-simple" in no_llama.stderr) == (66, True)
     (tmp_path / "taken").mkdir()
     taken = run("--out", str(tmp_path / "taken"))
-    assert (taken.returncode, "exists" in taken.stderr) == (2, True)
+    assert (taken.returncode, "exists" in taken.stderr) == (73, True)
 
 
 def test_a_rehearsal_on_the_emulator_packs_every_step(tmp_path: Path) -> None:

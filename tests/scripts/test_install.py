@@ -247,7 +247,7 @@ def _install_as_nobody_into(stage: Path) -> None:
 def test_a_staging_prefix_refuses_the_venv(tmp_path: Path) -> None:
     stage = tmp_path / "stage"
     result = run_script(INSTALL, "--prefix", stage, "--with-venv", "--dry-run", tmp=tmp_path)
-    assert result.returncode == 2
+    assert result.returncode == 64
     assert "--with-venv installs into the running system's /opt/npud/venv" in result.stderr
 
 
@@ -255,7 +255,7 @@ def test_a_staging_prefix_refuses_the_venv(tmp_path: Path) -> None:
 def test_a_bad_prefix_is_a_usage_error(root: Path, prefix: str) -> None:
     before = tree_state(root)
     result = install(root, f"--prefix={prefix}")
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 64, result.stderr
     assert "--prefix" in result.stderr
     assert tree_state(root) == before
 
@@ -381,9 +381,9 @@ def test_shell_image_replaces_the_installed_shell_for_the_digest_check(
     ("args", "status", "message"),
     [
         (["--with-venv"], 1, "cannot go below --root"),
-        (["--bogus"], 2, "unknown argument"),
-        (["--shell-image", "/nonexistent"], 2, "only makes sense with --signing-dir"),
-        (["--signing-dir"], 2, "needs a value"),
+        (["--bogus"], 64, "unknown argument"),
+        (["--shell-image", "/nonexistent"], 64, "only makes sense with --signing-dir"),
+        (["--signing-dir"], 64, "needs a value"),
     ],
 )
 def test_refusals(root: Path, args: list[str], status: int, message: str) -> None:

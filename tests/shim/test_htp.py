@@ -63,18 +63,18 @@ def test_peer_script_help_and_steps(tmp_path: Path) -> None:
         assert f"\n  {step} " in helped.stdout
     assert str(tmp_path / "cache") in helped.stdout  # where the cache is
     unknown = _script(tmp_path, "nonsense")
-    assert unknown.returncode == 2
+    assert unknown.returncode == 64  # EX_USAGE
     assert "unknown step: nonsense" in unknown.stderr
     assert not (tmp_path / "cache").exists()  # nothing done on bad usage
 
 
 def test_peer_script_run_needs_the_build(tmp_path: Path) -> None:
     ran = _script(tmp_path, "run")
-    assert ran.returncode == 1
+    assert ran.returncode == 69  # EX_UNAVAILABLE
     assert "the build is not complete: run the other steps first" in ran.stderr
 
 
 def test_peer_script_steps_need_the_previous_ones(tmp_path: Path) -> None:
     hexagon = _script(tmp_path, "hexagon")
-    assert hexagon.returncode == 1
+    assert hexagon.returncode == 69
     assert "no CPU build yet" in hexagon.stderr

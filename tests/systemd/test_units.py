@@ -64,6 +64,9 @@ def test_service_is_notify_with_watchdog_reload_and_restart_limits() -> None:
     assert service.value("Service", "ExecReload") == "/bin/kill -HUP $MAINPID"
     assert seconds(service.value("Service", "WatchdogSec")) > 0
     assert service.value("Service", "Restart") == "on-failure"
+    # What stays wrong however often it restarts: a bad command line, a bad configuration
+    # (npud's sysexits statuses, npud --help).
+    assert service.value("Service", "RestartPreventExitStatus").split() == ["64", "78"]
     assert int(service.value("Unit", "StartLimitBurst")) > 0
     assert seconds(service.value("Unit", "StartLimitIntervalSec")) > 0
 

@@ -223,10 +223,10 @@ def test_verify_with_the_private_key_by_mistake(
         ["--bogus"],
     ],
 )
-def test_usage_errors_exit_2_with_one_line(
+def test_usage_errors_exit_64_with_one_line(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(argv) == 2
+    assert main(argv) == 64  # EX_USAGE
     captured = capsys.readouterr()
     assert captured.out == ""
     err = one_line(captured.err)

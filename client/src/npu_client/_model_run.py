@@ -9,12 +9,18 @@ from typing import Any
 
 import msgspec
 
-from npu_client import _models
+from npu_client import _models, cli
 from npu_client._blocking import Client
 
 
 class RunUsageError(Exception):
-    """An --input or --shape that cannot be used; the message says why."""
+    """An --input or --shape that cannot be used; the message says why, and
+    ``exit_status`` is npuctl's (64 usage, 65 a file that is no array, 66 unreadable,
+    69 numpy missing)."""
+
+    def __init__(self, message: str, exit_status: int = cli.EX_USAGE) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 class TensorLine(msgspec.Struct, frozen=True):
@@ -130,12 +136,16 @@ def load_shapes(backend: str, args: RunArgs, arrays: dict[str, Any]) -> dict[str
 def _load_npy(path: Path) -> Any:
     numpy = _models.numpy_module()
     if numpy is None:
-        raise RunUsageError("--input reads .npy files with numpy: pip install 'npu-client[numpy]'")
-
+        raise RunUsageError(
+            "--input reads .npy files with numpy: pip install 'npu-client[numpy]'",
+            cli.EX_UNAVAILABLE,
+        )
     try:
         return numpy.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise RunUsageError(f"cannot read {path}: {exc}") from None
+    except OSError as exc:
+        raise RunUsageError(f"cannot read {path}: {exc}", cli.EX_NOINPUT) from None
+    except ValueError as exc:
+        raise RunUsageError(f"cannot read {path}: {exc}", cli.EX_DATAERR) from None
 
 
 def render_run(report: RunReport) -> str:

@@ -1,7 +1,11 @@
 """npuctl: look at npud and check the NPU through it.
 
-Exit status: 0 success; 1 failure (npud unreachable or refusing, an error
-from npud, a selftest step that did not pass); 2 usage error.
+Exit status (sysexits, :mod:`npu_client.cli`): 0 success; 1 failure (an error
+from npud, a selftest step that did not pass); 64 usage error; 65 an input
+file that holds no array; 66 a model or input file that cannot be read; 69 npud
+not listening (or numpy missing for --input); 73 ``metrics --output``
+cannot be written; 75 npud did not answer in time; 77 npud or its socket refused
+this user; 130 interrupted; 141 stdout closed early (``npuctl status | head -1``).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from typing import Final
 import msgspec
 
 import npu_protocol
+from npu_client import cli
 from npu_client._blocking import Client, connect
-from npu_client._errors import ConnectFailed, NpuError
+from npu_client._errors import ConnectFailed, NotPermitted, NpuError
 from npu_client._metrics import render, render_down
 from npu_client._model_run import (
     RunArgs,
@@ -41,10 +46,18 @@ from npu_client._top import frame as top_frame
 from npu_client._top import render as render_top
 from npu_client._version import __version__
 
-EXIT_OK: Final = 0
-EXIT_FAILURE: Final = 1
-EXIT_USAGE: Final = 2  # argparse's own
-EXIT_INTERRUPTED: Final = 130
+EXIT_OK: Final = cli.EXIT_OK
+EXIT_FAILURE: Final = cli.EXIT_FAILURE
+EXIT_USAGE: Final = cli.EX_USAGE
+EXIT_NOINPUT: Final = cli.EX_NOINPUT
+EXIT_UNAVAILABLE: Final = cli.EX_UNAVAILABLE
+EXIT_CANTCREAT: Final = cli.EX_CANTCREAT
+EXIT_TEMPFAIL: Final = cli.EX_TEMPFAIL
+EXIT_NOPERM: Final = cli.EX_NOPERM
+EXIT_INTERRUPTED: Final = cli.EXIT_INTERRUPTED
+EXIT_PIPE: Final = cli.EXIT_PIPE
+NPUD_FAILED: Final = frozenset({EXIT_FAILURE, EXIT_UNAVAILABLE, EXIT_TEMPFAIL, EXIT_NOPERM})
+"""The statuses that say npud did not answer or refused (metrics then says npud_up 0)."""
 
 NPUCTL_NAME: Final = "npuctl"
 """The client name npuctl gives npud (its row in the status)."""
@@ -60,12 +73,17 @@ Command = Callable[[Client, argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="npuctl",
         description="Show the state of npud, the Hexagon NPU broker, and test the NPU through it.",
         epilog=(
-            "exit status: 0 success, 1 failure (npud unreachable, an error from npud, "
-            "a selftest step failed), 2 usage error"
+            "exit status: 0 success; 1 failure (an error from npud, a selftest step "
+            "failed); 64 usage error; 65 an --input file holds no array; 66 a model or "
+            "--input file cannot be read; 69 npud is not listening (or numpy, which --input "
+            "needs, is not installed); 73 metrics --output cannot be written; 75 npud did not "
+            "answer within --timeout; 77 npud or its socket refused you; 130 interrupted "
+            "(Ctrl-C); 141 stdout closed before the output was written (npuctl status | "
+            "head -1), quietly, as SIGPIPE ends other tools"
         ),
     )
     parser.add_argument(
@@ -415,10 +433,10 @@ def _run(client: Client, args: argparse.Namespace) -> int:
         report = run_once(client, run_args)
     except RunUsageError as exc:
         _error(str(exc))
-        return EXIT_FAILURE
+        return exc.exit_status
     except OSError as exc:
-        _error(f"cannot open {args.model}: {exc.strerror}")
-        return EXIT_FAILURE
+        _error(f"cannot open {exc.filename or args.model}: {exc.strerror}")
+        return EXIT_NOINPUT
     if args.json:
         print(msgspec.json.encode(report).decode())
     else:
@@ -461,17 +479,22 @@ def _write_metrics(text: str, output: Path | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run npuctl with ``argv`` (default: the command line); returns the exit status."""
+    """Run npuctl with ``argv`` (default: the command line); returns the exit status
+    (a reader that closes stdout early ends it quietly: :func:`npu_client.cli.run`)."""
+    return cli.run(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     run: Command = args.run
     try:
         code = _connect_and_run(run, args)
         on_failure: Callable[[argparse.Namespace], None] | None = getattr(args, "on_failure", None)
-        if code == EXIT_FAILURE and on_failure is not None:
+        if code in NPUD_FAILED and on_failure is not None:
             on_failure(args)
     except OutputError as exc:
         _error(str(exc))
-        return EXIT_FAILURE
+        return EXIT_CANTCREAT
     return code
 
 
@@ -483,10 +506,15 @@ def _connect_and_run(run: Command, args: argparse.Namespace) -> int:
         _error(str(exc))
         if isinstance(exc.__cause__, PermissionError):
             _error(f"hint: {permission_hint(exc.path)}")
+            return EXIT_NOPERM
+        return EXIT_UNAVAILABLE
     except NpuError as exc:
         _error(f"{exc.message} ({exc.name}, error {exc.code})")
+        if isinstance(exc, NotPermitted):
+            return EXIT_NOPERM
     except TimeoutError:
         _error(f"npud did not answer within {args.timeout:g} s")
+        return EXIT_TEMPFAIL
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return EXIT_FAILURE
