@@ -342,7 +342,12 @@ static int deliver(struct conn *c, uint64_t id, const msgpack_object *msg, int i
         req->npud_code = (int)code;
         req->dsp_rc = error_field(msg);
         rc = shim_aee_from_npud((int)code, req->dsp_rc);
-        log_error(msg);
+        int expected = req->expected_rc != 0 &&
+                       (rc == req->expected_rc ||
+                        rc == (int)(DSP_AEE_EOFFSET + (unsigned)req->expected_rc));
+        if (!expected) {
+            log_error(msg);
+        }
         if (fd >= 0) {
             close(fd);
         }

@@ -40,6 +40,7 @@ struct conn_request {
     conn_reply_fn on_reply;   /* NULL: nothing to take from the reply */
     void *reply_ctx;
     int acquires;             /* takes DSP resources: refused once npud shuts down */
+    int expected_rc;          /* an AEE code the caller expects (a probe): not logged */
     /* out */
     int npud_code;            /* npud's error code; 0 when the reply came */
     uint32_t dsp_rc;          /* the error's DSP result field (code or rc), or 0 */

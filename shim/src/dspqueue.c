@@ -642,7 +642,9 @@ static int queue_create(struct dspq_domain *d, unsigned id, uint32_t count, uint
     /* A DSP that checks versions refuses this one, and then takes version 2
      * with wait counts; one that accepts it is an old DSP without them. */
     q->header->version = DSPQ_VERSION_PROBE;
+    shim_log_expect(AEE_EUNSUPPORTED); /* the answer of a DSP that checks: no error */
     rc = dspq_rpc_create_queue(d->rpc, id, q->mem_fd, count, &q->dsp_id);
+    shim_log_expect(0);
     if (rc == AEE_EUNSUPPORTED || rc == (int)(DSP_AEE_EOFFSET + AEE_EUNSUPPORTED)) {
         q->header->version = DSPQ_VERSION;
         q->header->flags = DSPQ_FLAG_WAIT_COUNTS;

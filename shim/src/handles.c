@@ -427,6 +427,7 @@ static int h_invoke(uint32_t local, uint32_t sc, remote_arg *pra, int wait) {
         .on_reply = take_invoke,
         .reply_ctx = &v,
         .acquires = 1,
+        .expected_rc = shim_log_expected(),
     };
     rc = conn_call(c, &req);
     if (rc == 0 && spilled) {

@@ -1,10 +1,13 @@
 /*
  * log.c -- diagnostics on stderr when NPUD_SHIM_LOG is set (to anything but 0; 2 also
- * traces every invoke's arguments).
+ * traces every invoke's arguments). An answer a probe expects is no error and is not
+ * logged as one (shim_log_expect).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +15,27 @@
 #include "shim.h"
 
 static atomic_int g_level = -1;
+/* The calling thread's expected answer (pthread keys: no TLS model to pick in a
+ * library that is dlopen'ed, nothing linked beyond libc). */
+static pthread_once_t g_expect_once = PTHREAD_ONCE_INIT;
+static pthread_key_t g_expect_key;
+static int g_expect_ok;
+
+static void expect_key_init(void) {
+    g_expect_ok = pthread_key_create(&g_expect_key, NULL) == 0;
+}
+
+void shim_log_expect(int rc) {
+    (void)pthread_once(&g_expect_once, expect_key_init);
+    if (g_expect_ok) {
+        (void)pthread_setspecific(g_expect_key, (void *)(intptr_t)rc);
+    }
+}
+
+int shim_log_expected(void) {
+    (void)pthread_once(&g_expect_once, expect_key_init);
+    return g_expect_ok ? (int)(intptr_t)pthread_getspecific(g_expect_key) : 0;
+}
 
 int shim_log_level(void) {
     int level = atomic_load(&g_level);

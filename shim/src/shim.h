@@ -43,6 +43,10 @@ void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void stats_count(const char *reply_type);
 /* NPUD_SHIM_LOG: 0 off, 1 errors and events, 2 also each invoke's arguments. */
 int shim_log_level(void);
+/* The calling thread's next invokes probe the DSP and expect the AEE code rc as one
+ * answer (0: none): that answer is not logged as an error. */
+void shim_log_expect(int rc);
+int shim_log_expected(void);
 
 /* ---- errors.c --------------------------------------------------------------------- */
 /* The AEE code for an npud error (code) with its DSP result field (dsp_rc, 0 if none). */

@@ -61,3 +61,19 @@ def test_a_program_gets_a_dsp_process_of_its_own(api_test: Path, npud: Npud) -> 
         answer(process)
         finish(process)
     wait_until_clean(npud)
+
+
+def test_an_answer_a_probe_expects_is_not_logged_as_an_error(api_test: Path, npud: Npud) -> None:
+    """dspqueue's first create_queue asks for a version the DSP refuses when it checks
+    versions (AEE_EUNSUPPORTED): the expected answer, which NPUD_SHIM_LOG=1 printed as
+    "npud: error 102 ... AEE_EUNSUPPORTED" during every successful llama.cpp run."""
+    result = run(api_test, "dspqueue", npud.socket_path, env={"NPUD_SHIM_LOG": "1"})
+    assert "connected to npud" in result.stderr
+    assert "error" not in result.stderr, result.stderr
+    wait_until_clean(npud)
+
+
+def test_a_failed_call_is_still_logged(api_test: Path, npud: Npud) -> None:
+    result = run(api_test, "handles", npud.socket_path, env={"NPUD_SHIM_LOG": "1"})
+    assert "libcdsprpc(npud): npud: error " in result.stderr, result.stderr
+    wait_until_clean(npud)
