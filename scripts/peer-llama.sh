@@ -15,6 +15,12 @@ CACHE=${NPUD_PEER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/npud-peer}
 readonly CACHE
 JOBS=${JOBS:-$(nproc)}
 readonly JOBS
+# Seconds between the progress lines of a long build.
+HEARTBEAT=${NPUD_PEER_HEARTBEAT:-30}
+readonly HEARTBEAT
+# No colour codes in what a log or CI captures: the tools that honour these.
+export NO_COLOR=1
+unset CLICOLOR_FORCE FORCE_COLOR
 PYTHON=${PYTHON:-python3}
 readonly PYTHON
 
@@ -55,6 +61,9 @@ Steps (default: ${DEFAULT_STEPS[*]}):
 
 Cache: \$NPUD_PEER_CACHE, else \$XDG_CACHE_HOME/npud-peer, else
 ~/.cache/npud-peer (now $CACHE). CI keeps it between steps.
+Progress: a line when each step starts (with the log it writes, if any), a line
+every \$NPUD_PEER_HEARTBEAT seconds (default 30) while a build runs (its own
+progress, e.g. [212/430]), and its time when it ends; no colour codes.
 Environment: JOBS (build jobs, default nproc), PYTHON (default python3).
 Needs: gcc, g++, make, cmake, ninja (or make), python3 with venv and pip,
 msgpack-c (libmsgpack-dev); network access to PyPI for fetch and models.
@@ -105,12 +114,63 @@ fresh() { # fresh STAMP DIGEST: the stamp says the work was done for these input
     [[ -f $1 && $(<"$1") == "$2" ]]
 }
 
+# plain: stdin without terminal escape sequences (colours, cursor moves).
+plain() {
+    sed -e 's/\x1b\[[0-9;?]*[A-Za-z]//g' -e 's/\x1b[()][A-Za-z0-9]//g'
+}
+
 timed() {
     local name=$1 start
     shift
     start=$(date +%s)
     "$@"
-    log "$name: $(($(date +%s) - start)) s"
+    log "$name: done in $(($(date +%s) - start)) s"
+}
+
+# build_progress LOG: the build's own progress in LOG (ninja's [N/M], make's [ N%]).
+build_progress() {
+    tail -c 8192 -- "$1" 2>/dev/null | tr '\r' '\n' | plain |
+        grep -a -E -o '^\[ *[0-9]+(/[0-9]+|%)\]' | tail -n 1 || true
+}
+
+# run_logged NAME LOG COMMAND...: COMMAND's output into LOG (named before it starts),
+# a progress line every $HEARTBEAT s while it runs; its status. Interrupted, it is
+# stopped too (a background job of a script ignores SIGINT).
+run_logged() {
+    local name=$1 log=$2 start=$SECONDS last=$SECONDS pid status=0
+    shift 2
+    log "$name: log: $log"
+    "$@" >"$log" 2>&1 &
+    pid=$!
+    # shellcheck disable=SC2064 # the pid is this job's, now
+    trap "kill $pid 2>/dev/null; wait $pid 2>/dev/null; exit 130" INT TERM
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 1
+        if ((SECONDS - last >= HEARTBEAT)) && kill -0 "$pid" 2>/dev/null; then
+            last=$SECONDS
+            local progress
+            progress=$(build_progress "$log")
+            log "$name: still running after $((SECONDS - start)) s${progress:+, at $progress}"
+        fi
+    done
+    wait "$pid" || status=$?
+    trap - INT TERM
+    return "$status"
+}
+
+# failed NAME LOG: say that NAME failed, with the end of its log, and exit 1.
+failed() {
+    log "$1 failed; the end of $2:"
+    tail -n 20 -- "$2" | plain >&2
+    die "$1 failed: see $2"
+}
+
+# install_file SRC DST: DST becomes a copy of SRC, replaced in one rename (a program
+# running DST keeps the file it mapped); nothing is written when they are the same.
+install_file() {
+    cmp -s -- "$1" "$2" && return 0
+    cp -p -- "$1" "$2.partial.$$"
+    mv -f -- "$2.partial.$$" "$2"
 }
 
 step_fetch() {
@@ -143,13 +203,19 @@ step_cpu() {
         generator=(-G Ninja)
     fi
     if [[ ! -f $CPU_BUILD/CMakeCache.txt ]]; then
-        cmake -S "$LLAMA" -B "$CPU_BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+        log "cpu: configuring llama.cpp (CPU only, backends as libraries)"
+        run_logged cpu "$CACHE/cpu-configure.log" \
+            cmake -S "$LLAMA" -B "$CPU_BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
             -DGGML_BACKEND_DL=ON -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF \
             -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=OFF \
-            -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF >"$CACHE/cpu-configure.log"
+            -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF ||
+            failed "configuring llama.cpp" "$CACHE/cpu-configure.log"
     fi
-    cmake --build "$CPU_BUILD" -j "$JOBS" --target test-llama-archs llama-simple \
-        >"$CACHE/cpu-build.log" || die "the CPU build failed: $CACHE/cpu-build.log"
+    log "cpu: building test-llama-archs and llama-simple with $JOBS jobs" \
+        "(about 10 minutes on 2 cores the first time, seconds once built)"
+    run_logged cpu "$CACHE/cpu-build.log" \
+        cmake --build "$CPU_BUILD" -j "$JOBS" --target test-llama-archs llama-simple ||
+        failed "the CPU build" "$CACHE/cpu-build.log"
 }
 
 step_hexagon() {
@@ -160,6 +226,7 @@ step_hexagon() {
     local sum
     sum=$(digest "${inputs[@]}")
     if ! fresh "$HEX_BUILD/stamp" "$sum"; then
+        log "hexagon: compiling ggml-hexagon against npud's headers (about a minute)"
         mkdir -p "$HEX_BUILD"
         # Flags as CMake's ggml_add_backend_library sets them; __fp16 is only sizeof'd
         # on the host. No compat header: shim/include has what these sources need.
@@ -179,9 +246,10 @@ step_hexagon() {
         printf '%s\n' "$sum" >"$HEX_BUILD/stamp"
     fi
     # ggml_backend_load_all() finds backends beside the executable
-    cp -p "$HEX_BUILD/libggml-hexagon.so" "$BIN/libggml-hexagon.so"
-    make --no-print-directory -C "$REPO/shim" OUT="$SHIM_BUILD" >"$CACHE/shim-build.log" ||
-        die "npud's libcdsprpc did not build: $CACHE/shim-build.log"
+    install_file "$HEX_BUILD/libggml-hexagon.so" "$BIN/libggml-hexagon.so"
+    run_logged hexagon "$CACHE/shim-build.log" \
+        make --no-print-directory -C "$REPO/shim" OUT="$SHIM_BUILD" ||
+        failed "npud's libcdsprpc build" "$CACHE/shim-build.log"
 }
 
 step_helpers() {
@@ -230,15 +298,17 @@ step_run() {
     fi
     [[ -x $BIN/llama-simple && -f $HEX_BUILD/libggml-hexagon.so && -f $MODELS/tiny-llama-q4_0.gguf ]] \
         || unavailable "run: the build is not complete: run the other steps first"
+    log "run: llama.cpp through npud on the emulator (about a minute): a line per check"
     "$python" "$REPO/shim/peer/check_llama.py" --repo "$REPO" --bin "$BIN" --models "$MODELS" \
         --shim "$SHIM_BUILD" --preload "$HELPERS/libnpud-load-all.so"
     # The device bring-up's llama step (docs/hardware.md), rehearsed on the emulator.
     local rehearsal
+    log "run: the bring-up's llama step, rehearsed on the emulator"
     rehearsal=$(mktemp -d)
     if ! bash "$REPO/scripts/hw_bringup.sh" --python "$python" --backend emulator --skip-tests \
         --out "$rehearsal/bringup" --llama-bin "$BIN" --gguf "$MODELS/tiny-llama-q4_0.gguf" \
         --shim "$SHIM_BUILD" >"$rehearsal/log" 2>&1 || ! grep -q '^llama *ok' "$rehearsal/bringup/summary.txt"; then
-        cat -- "$rehearsal/log" "$rehearsal/bringup/llama.txt" >&2 || true
+        cat -- "$rehearsal/log" "$rehearsal/bringup/llama.txt" | plain >&2 || true
         rm -rf -- "$rehearsal"
         die "run: the bring-up's llama step failed on the emulator"
     fi
@@ -265,7 +335,11 @@ main() {
         fi
     done
     mkdir -p "$CACHE"
+    log "steps: ${steps[*]}; cache: $CACHE (each step's log is named when it starts)"
+    local index=0
     for step in "${steps[@]}"; do
+        index=$((index + 1))
+        log "step $index/${#steps[@]}: $step"
         timed "$step" "step_$step"
     done
     log "done: $BIN (llama.cpp, libggml-hexagon.so), $SHIM_BUILD, $HELPERS, $MODELS"

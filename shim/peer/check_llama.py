@@ -43,6 +43,8 @@ import numpy as np
 
 import npu_client
 
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]")
+"""Terminal escape sequences: test-llama-archs colours its OK whatever its stdout is."""
 PROMPT = "hello world"
 TOKENS = 64
 PERIOD_S = 0.032
@@ -53,6 +55,11 @@ kind = "emulator"
 [daemon]
 log_level = "warning"
 """
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal escape sequences, for logs and CI."""
+    return ESCAPES.sub("", text)
 
 
 class Checks:
@@ -140,7 +147,7 @@ class Llama:
         )
         if result.returncode != 0:
             raise RuntimeError(
-                f"llama-simple ({model}) exited {result.returncode}:\n{result.stderr}"
+                f"llama-simple ({model}) exited {result.returncode}:\n{plain(result.stderr)}"
             )
         return result.stdout.strip(), result.stderr
 
@@ -183,7 +190,7 @@ def check_archs(llama: Llama, checks: Checks) -> None:
         timeout=900,
         check=False,
     )
-    rows = [line for line in result.stdout.splitlines() if re.match(r"\|\s*llama\|", line)]
+    rows = [line for line in plain(result.stdout).splitlines() if re.match(r"\|\s*llama\|", line)]
     passed = len(rows) == 2 and all(row.count("OK") == 2 for row in rows)
     checks.expect(
         result.returncode == 0 and passed,
