@@ -327,6 +327,17 @@ def test_a_daemon_that_does_not_answer_times_out(
     assert (code, out, err) == (75, "", "npuctl: npud did not answer within 0.2 s\n")
 
 
+def test_a_model_load_npud_does_not_answer_is_a_timeout_not_a_file_error(
+    peer: Peer, capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    """A timeout is an OSError too: it said "cannot open MODEL: None" (exit 66)."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"\x08\x08")
+    peer.intercept = lambda conn, request: HANDLED  # never answers
+    code, out, err = run(capsys, "--socket", peer.path, "--timeout", "0.2", "run", str(model))
+    assert (code, out, err) == (75, "", "npuctl: npud did not answer within 0.2 s\n")
+
+
 def test_npud_socket_is_used_without_socket(
     peer: Peer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

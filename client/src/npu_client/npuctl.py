@@ -434,6 +434,8 @@ def _run(client: Client, args: argparse.Namespace) -> int:
     except RunUsageError as exc:
         _error(str(exc))
         return exc.exit_status
+    except (NpuError, TimeoutError):
+        raise  # npud's answer, or none in time (both OSErrors too): said by the caller
     except OSError as exc:
         _error(f"cannot open {exc.filename or args.model}: {exc.strerror}")
         return EXIT_NOINPUT
