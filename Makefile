@@ -8,7 +8,7 @@ SOCKET ?=
 # More npud options for `make run`, e.g. ARGS='--config my.toml'.
 ARGS   ?=
 
-.PHONY: install run test test-deps lint typecheck unit docs bench campaign shim peer-llama clean
+.PHONY: install run test test-deps lint typecheck unit docs bench campaign shim peer-llama llm clean
 
 $(STAMP): pyproject.toml protocol/pyproject.toml client/pyproject.toml protocol/src/npu_protocol/_version.py
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || { \
@@ -59,6 +59,11 @@ shim:
 # the first build takes about 10 minutes on 2 cores).
 peer-llama: shim $(STAMP)
 	bash scripts/peer-llama.sh
+
+# npu_client's load_llm (client/README.md, "LLMs"): the peer build's llama.cpp with its Hexagon
+# backend gathered for Python, and llama-cpp-python in .venv without a llama.cpp of its own.
+llm: shim $(STAMP)
+	bash scripts/peer-llama.sh fetch cpu hexagon llm
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis shim/build

@@ -6,8 +6,8 @@ set -euo pipefail
 readonly PROG=peer-llama.sh
 readonly VERSION=0.3.36
 readonly SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
-readonly DEFAULT_STEPS=(fetch cpu hexagon helpers models run)
-readonly ALL_STEPS=(fetch cpu hexagon helpers models run)
+readonly DEFAULT_STEPS=(fetch cpu hexagon helpers models llm run)
+readonly ALL_STEPS=(fetch cpu hexagon helpers models llm run)
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly REPO
@@ -35,6 +35,7 @@ readonly HELPERS=$CACHE/helpers
 readonly MODELS=$CACHE/models
 readonly VENV=$CACHE/venv
 readonly SHIM_BUILD=$CACHE/shim
+readonly LLM=$CACHE/llm
 
 usage() {
     cat <<EOF
@@ -54,6 +55,10 @@ Steps (default: ${DEFAULT_STEPS[*]}):
   helpers   libnpud-load-all.so: LD_PRELOAD that loads the backends before
             main(), so test-llama-archs sees the Hexagon device
   models    tiny GGUF llamas (f16, q8_0, q4_0) with a planted greedy answer
+  llm       what npu_client's load_llm loads: $CACHE/llm (links to
+            libllama and the ggml libraries above, libggml-hexagon.so and
+            npud's libcdsprpc.so beside it), and llama-cpp-python $VERSION in
+            the checkout's .venv, installed without a llama.cpp of its own
   run       llama.cpp through npud on the emulator (shim/peer/check_llama.py):
             greedy decodes equal to the CPU's, test-llama-archs, voice beside a
             decode, SIGKILL cleanup; prints the figures as JSON; then
@@ -226,7 +231,7 @@ step_hexagon() {
     local sum
     sum=$(digest "${inputs[@]}")
     if ! fresh "$HEX_BUILD/stamp" "$sum"; then
-        log "hexagon: compiling ggml-hexagon against npud's headers (about a minute)"
+        log "hexagon: compiling ggml-hexagon against npud's headers (under a minute)"
         mkdir -p "$HEX_BUILD"
         # Flags as CMake's ggml_add_backend_library sets them; __fp16 is only sizeof'd
         # on the host. No compat header: shim/include has what these sources need.
@@ -288,6 +293,36 @@ step_models() {
     done
 }
 
+# What load_llm loads (npu_client/_llm.py): llama.cpp's libraries in one directory, the
+# Hexagon backend beside npud's libcdsprpc.so (it dlopens libcdsprpc.so from its own
+# directory, $ORIGIN, before the system's), and the binding in .venv, whose own build of
+# llama.cpp is switched off (LLAMA_BUILD=OFF): it loads this libllama instead.
+step_llm() {
+    [[ -f $BIN/libllama.so && -f $BIN/libggml-cpu.so ]] || unavailable "llm: no CPU build yet: run the cpu step"
+    [[ -f $HEX_BUILD/libggml-hexagon.so && -f $SHIM_BUILD/libcdsprpc.so.1 ]] ||
+        unavailable "llm: no Hexagon backend yet: run the hexagon step"
+    local python=$REPO/.venv/bin/python lib installed
+    [[ -x $python ]] || unavailable "llm: no $REPO/.venv (make install first)"
+    mkdir -p "$LLM"
+    for lib in libllama.so libggml.so libggml-base.so libggml-cpu.so; do
+        ln -sfn "$BIN/$lib" "$LLM/$lib"
+    done
+    # A copy, not a link: its $ORIGIN must be this directory.
+    install_file "$HEX_BUILD/libggml-hexagon.so" "$LLM/libggml-hexagon.so"
+    ln -sfn "$SHIM_BUILD/libcdsprpc.so.1" "$LLM/libcdsprpc.so"
+    printf '%s\n' "$VERSION" >"$LLM/llama-cpp-python.version"
+    installed=$("$python" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' \
+        2>/dev/null || true)
+    if [[ $installed != "$VERSION" ]]; then
+        log "llm: installing llama-cpp-python $VERSION into $REPO/.venv (no llama.cpp build)"
+        run_logged llm "$CACHE/llm-install.log" \
+            env CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" \
+            "$python" -m pip install --quiet "$SDIST" ||
+            failed "installing llama-cpp-python" "$CACHE/llm-install.log"
+    fi
+    log "llm: $LLM (load_llm finds it there; elsewhere, NPUD_LLAMA_LIB names it)"
+}
+
 # llama.cpp through npud on the emulator: shim/peer/check_llama.py starts npud from this
 # checkout, checks greedy decodes, test-llama-archs, VAD beside a decode and SIGKILL
 # cleanup, and prints the figures (round trips per token, time per batch, tokens/s).
@@ -298,7 +333,7 @@ step_run() {
     fi
     [[ -x $BIN/llama-simple && -f $HEX_BUILD/libggml-hexagon.so && -f $MODELS/tiny-llama-q4_0.gguf ]] \
         || unavailable "run: the build is not complete: run the other steps first"
-    log "run: llama.cpp through npud on the emulator (about a minute): a line per check"
+    log "run: llama.cpp through npud on the emulator (under a minute): a line per check"
     "$python" "$REPO/shim/peer/check_llama.py" --repo "$REPO" --bin "$BIN" --models "$MODELS" \
         --shim "$SHIM_BUILD" --preload "$HELPERS/libnpud-load-all.so"
     # The device bring-up's llama step (docs/hardware.md), rehearsed on the emulator.
@@ -342,7 +377,7 @@ main() {
         log "step $index/${#steps[@]}: $step"
         timed "$step" "step_$step"
     done
-    log "done: $BIN (llama.cpp, libggml-hexagon.so), $SHIM_BUILD, $HELPERS, $MODELS"
+    log "done: $BIN (llama.cpp, libggml-hexagon.so), $SHIM_BUILD, $HELPERS, $MODELS, $LLM"
 }
 
 main "$@"

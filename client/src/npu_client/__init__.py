@@ -6,7 +6,8 @@
 
 ``connect()`` gives a blocking client that threads may share;
 ``open_trio_client()`` (needs the ``trio`` extra) an async one with the same
-methods, awaited. Importing this package never imports trio.
+methods, awaited. Importing this package never imports trio, nor
+llama-cpp-python (``Client.load_llm`` does, with the ``llm`` extra).
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ from npu_client._errors import (
     UnsupportedVersion,
     error_class,
 )
+from npu_client._llm import LlmStatistics, LlmUnavailable
+from npu_client._llm_client import Llm
 from npu_client._memory import Slice
 from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV, socket_path
 from npu_client._version import __version__ as __version__
@@ -143,6 +146,9 @@ __all__ = [
     "InvokeFailed",
     "InvokeInput",
     "InvokeOutput",
+    "Llm",
+    "LlmStatistics",
+    "LlmUnavailable",
     "MissingFds",
     "MmapFailed",
     "Model",

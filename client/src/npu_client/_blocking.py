@@ -30,10 +30,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Self, TypeVar
 
+from npu_client import _llm
 from npu_client import _requests as requests
 from npu_client._args import InvokeInput, InvokeOutput, budget_record
 from npu_client._core import Call, ClientCore, ClientStatistics, EventCallback, deliver_events
 from npu_client._errors import ConnectFailed, NpuError
+from npu_client._llm_client import DEFAULT_N_CTX, Llm
 from npu_client._memory import MappedBuffer
 from npu_client._model_base import ModelBase
 from npu_client._models import ModelSource, ModelState, TensorValue, check_shapes, model_file
@@ -202,6 +204,8 @@ class Client(DaemonView["DmaBuffer"]):
         self._reading = False
         self._parked: list[_Parked] = []
         self._closed = False
+        self._llms: set[Llm] = set()
+        """The LLMs loaded through this client (closed with it)."""
         # Used by the reader only (one at a time), reused by every read.
         self._receive_buffer = bytearray(RECEIVE_BUFFER_SIZE)
         self._received = memoryview(self._receive_buffer)
@@ -268,6 +272,46 @@ class Client(DaemonView["DmaBuffer"]):
             self._core.adopt_model(state)
         return Model(self, state)
 
+    def load_llm(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        n_ctx: int = DEFAULT_N_CTX,
+        n_threads: int | None = None,
+    ) -> Llm:
+        """Load an LLM (a GGUF file) onto the NPU: llama.cpp in this process, with its
+        Hexagon backend, its work on the DSP through this client's npud (a DSP process
+        of its own). ``n_ctx``: tokens of context, prompt and answer together;
+        ``n_threads``: llama.cpp's CPU threads for what stays on the CPU (default:
+        llama.cpp's). Needs the ``llm`` extra and llama.cpp's libraries (``make llm``):
+        :class:`LlmUnavailable` says what is missing and how to get it;
+        :class:`DeviceNotFound` when llama.cpp finds no NPU through npud.
+
+        The first ``load_llm`` of a process decides the npud that llama.cpp reaches (this
+        client's socket) and its name and class there (this client's name with
+        ``-llm``, this client's class). See :class:`Llm`."""
+        with self._lock:
+            self._core.check_alive()
+            connection = _llm.Connection(
+                socket=self._path,
+                name=f"{self._core.name[:60]}-llm",
+                priority=str(self.priority),
+            )
+        core = _llm.load(connection, path, n_ctx=n_ctx, n_threads=n_threads)
+        llm = Llm(core, self._forget_llm)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._llms.add(llm)
+        if closed:  # meanwhile: nothing of a client outlives it
+            llm.close()
+            self._core.check_alive()  # raises ConnectionClosedError
+        return llm
+
+    def _forget_llm(self, llm: Llm) -> None:
+        with self._lock:
+            self._llms.discard(llm)
+
     def status(self) -> DaemonStatus:
         """The daemon's status: what ``npuctl status`` shows."""
         return self._run(requests.status())
@@ -314,6 +358,13 @@ class Client(DaemonView["DmaBuffer"]):
             self._core.release_buffers("gone: its client was closed")
         with self._send_lock:
             self._sock.close()
+        for llm in self._take_llms():
+            llm.close()
+
+    def _take_llms(self) -> list[Llm]:
+        with self._lock:
+            llms, self._llms = list(self._llms), set()
+        return llms
 
     def __enter__(self) -> Self:
         return self

@@ -182,6 +182,11 @@ class ClientCore(Generic[B]):
         return data
 
     @property
+    def name(self) -> str:
+        """The client name the Hello gave."""
+        return self._hello.client_name
+
+    @property
     def welcome(self) -> Welcome | None:
         return self._conn.welcome
 

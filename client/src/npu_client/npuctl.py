@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import grp
+import logging
 import os
 import pwd
 import shutil
@@ -28,7 +29,17 @@ import msgspec
 import npu_protocol
 from npu_client import cli
 from npu_client._blocking import Client, connect
-from npu_client._errors import ConnectFailed, NotPermitted, NpuError
+from npu_client._errors import (
+    ConnectFailed,
+    DeviceNotFound,
+    InvalidArgument,
+    ModelFileUnreadable,
+    ModelFormatError,
+    ModelMalformed,
+    NotPermitted,
+    NpuError,
+)
+from npu_client._llm import LlmUnavailable
 from npu_client._metrics import render, render_down
 from npu_client._model_run import (
     RunArgs,
@@ -254,6 +265,67 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print the report as JSON")
     run.set_defaults(run=_run)
+    llm = commands.add_parser(
+        "llm",
+        help="load an LLM (a GGUF file) onto the NPU and write what it answers to a prompt",
+        description=(
+            "Load MODEL, a GGUF file, with llama.cpp on the NPU through npud (load_llm: "
+            "llama.cpp's Hexagon backend in this process, a DSP process of its own in npud), "
+            "write the text it generates after PROMPT as it comes, and unload it. Needs "
+            "llama.cpp's libraries and llama-cpp-python (make llm in npud's source tree; "
+            "$NPUD_LLAMA_LIB names their directory elsewhere)."
+        ),
+        epilog=(
+            "example: npuctl llm tiny-llama-q4_0.gguf 'hello world' --max-tokens 32 "
+            "--temperature 0. exit status as npuctl's, and: 64 a bad argument (a prompt "
+            "longer than the context...), 65 not a GGUF file or one llama.cpp cannot load, "
+            "66 MODEL cannot be read, 69 llama.cpp's libraries, llama-cpp-python or the NPU "
+            "are missing (the message says which, and how to get them)"
+        ),
+    )
+    llm.add_argument("model", metavar="MODEL", type=Path, help="the GGUF model file")
+    llm.add_argument("prompt", metavar="PROMPT", help="the prompt; - reads it from stdin")
+    llm.add_argument(
+        "--max-tokens",
+        metavar="N",
+        type=_positive_int,
+        default=256,
+        help="stop after N tokens (default: 256)",
+    )
+    llm.add_argument(
+        "--temperature",
+        metavar="T",
+        type=_non_negative_float,
+        default=0.8,
+        help="0: the likeliest token each time (greedy); above 0: drawn (default: 0.8)",
+    )
+    llm.add_argument(
+        "--top-k", metavar="K", type=int, default=40, help="draw among the K likeliest (0: all)"
+    )
+    llm.add_argument(
+        "--top-p", metavar="P", type=float, default=0.95, help="and the likeliest P of the mass"
+    )
+    llm.add_argument("--seed", metavar="N", type=int, help="the draw's seed (default: a new one)")
+    llm.add_argument(
+        "--stop",
+        metavar="TEXT",
+        action="append",
+        default=[],
+        help="end before TEXT (repeat for several)",
+    )
+    llm.add_argument(
+        "--ctx",
+        metavar="N",
+        type=_positive_int,
+        default=512,
+        help="tokens of context, prompt and answer together (default: 512)",
+    )
+    llm.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object at the end: the text, its tokens and the statistics",
+    )
+    llm.set_defaults(run=_llm)
     debug = commands.add_parser(
         "debug",
         help="inject a fault into the emulated DSP (root, emulator only)",
@@ -420,6 +492,64 @@ def _selftest(client: Client, args: argparse.Namespace) -> int:
     else:
         print(render_report(report))
     return EXIT_OK if report.ok else EXIT_FAILURE
+
+
+LLM_STATUSES: Final[tuple[tuple[type[NpuError], int], ...]] = (
+    (LlmUnavailable, cli.EX_UNAVAILABLE),
+    (DeviceNotFound, cli.EX_UNAVAILABLE),
+    (ModelFileUnreadable, cli.EX_NOINPUT),
+    (ModelFormatError, cli.EX_DATAERR),
+    (ModelMalformed, cli.EX_DATAERR),
+    (InvalidArgument, cli.EX_USAGE),
+)
+"""npuctl llm's exit status for the errors of load_llm and its generation."""
+
+
+def _llm(client: Client, args: argparse.Namespace) -> int:
+    # llama.cpp's warnings are the library user's to see; a command shows only errors.
+    logging.getLogger("npu_client.llm").setLevel(logging.ERROR)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    sampling = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "stop": args.stop,
+    }
+    try:
+        with client.load_llm(args.model, n_ctx=args.ctx) as llm:
+            if args.json:
+                tokens = list(llm.tokens(prompt, **sampling))
+                report = {
+                    "model": str(args.model),
+                    "text": llm.detokenize(tokens),
+                    "tokens": tokens,
+                    "statistics": msgspec.to_builtins(llm.statistics()),
+                }
+                print(msgspec.json.encode(report).decode())
+                return EXIT_OK
+            for piece in llm.stream(prompt, **sampling):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+    except NpuError as exc:
+        status = next((code for kind, code in LLM_STATUSES if isinstance(exc, kind)), None)
+        if status is None:
+            raise  # npud's: said by the caller
+        _error(exc.message)
+        return status
+    return EXIT_OK
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    return value
 
 
 def _run(client: Client, args: argparse.Namespace) -> int:

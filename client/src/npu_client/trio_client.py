@@ -24,10 +24,13 @@ from typing import Any, Self, TypeVar
 
 import trio
 
+from npu_client import _llm
 from npu_client import _requests as requests
 from npu_client._args import InvokeInput, InvokeOutput, budget_record
 from npu_client._core import Call, ClientCore, ClientStatistics, EventCallback, deliver_events
 from npu_client._errors import ConnectFailed, NpuError
+from npu_client._llm_client import DEFAULT_N_CTX
+from npu_client._llm_trio import TrioLlm
 from npu_client._memory import MappedBuffer
 from npu_client._model_base import ModelBase
 from npu_client._models import ModelSource, ModelState, TensorValue, check_shapes, model_file
@@ -52,6 +55,7 @@ from npu_protocol import DaemonStatus, ErrorCode, ModelInfo, Priority
 __all__ = [
     "TrioClient",
     "TrioDmaBuffer",
+    "TrioLlm",
     "TrioRemoteHandle",
     "connect",
     "open_trio_client",
@@ -125,6 +129,7 @@ async def open_trio_client(
         yield client
     finally:
         client._close_now()
+        await client._close_llms()
 
 
 class TrioClient(DaemonView["TrioDmaBuffer"]):
@@ -149,6 +154,8 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
         self._closed = False
         self._receive_buffer = bytearray(RECEIVE_BUFFER_SIZE)  # the reader's, reused
         self._received = memoryview(self._receive_buffer)
+        self._llms: set[TrioLlm] = set()
+        """The LLMs loaded through this client (closed with it)."""
 
     # --- what the daemon said -----------------------------------------------------------
 
@@ -195,6 +202,28 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
         self._core.adopt_model(state)
         return TrioModel(self, state)
 
+    async def load_llm(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        n_ctx: int = DEFAULT_N_CTX,
+        n_threads: int | None = None,
+    ) -> TrioLlm:
+        """As :meth:`npu_client.Client.load_llm` (the load runs on a worker thread)."""
+        self._core.check_alive()
+        connection = _llm.Connection(
+            socket=self._path, name=f"{self._core.name[:60]}-llm", priority=str(self.priority)
+        )
+        core = await trio.to_thread.run_sync(
+            lambda: _llm.load(connection, path, n_ctx=n_ctx, n_threads=n_threads)
+        )
+        llm = TrioLlm(core, self._llms.discard)
+        if self._closed:  # meanwhile: nothing of a client outlives it
+            await llm.close()
+            self._core.check_alive()  # raises ConnectionClosedError
+        self._llms.add(llm)
+        return llm
+
     async def status(self) -> DaemonStatus:
         return await self._run(requests.status())
 
@@ -216,13 +245,22 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
     async def close(self) -> None:
         """Close the connection and every buffer's fd and mapping. Idempotent.
 
-        The closing is done before the checkpoint, so it happens even when cancelled.
+        The closing is done before the checkpoint, so it happens even when cancelled;
+        its LLMs are closed then (shielded: each waits at most for a token being made).
         """
         self._close_now()
+        await self._close_llms()
         await trio.lowlevel.checkpoint()
 
     aclose = close
     """trio's name for it (``trio.abc.AsyncResource``)."""
+
+    async def _close_llms(self) -> None:
+        """Close the LLMs loaded through this client (each shielded: done even when
+        cancelled, waiting at most for a token being made)."""
+        llms, self._llms = list(self._llms), set()
+        for llm in llms:
+            await llm.close()
 
     def _close_now(self) -> None:
         if self._closed:
