@@ -39,6 +39,7 @@ MODULES: dict[str, str] = {
     "domains": "bench.domains",
     "confinement": "bench.confinement",
     "voice_day": "bench.voice_day",
+    "llm": "bench.llm",
 }
 """Every benchmark module by its NAME, in the order they run. Add yours here."""
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import aclosing
 from pathlib import Path
@@ -315,3 +317,37 @@ def test_the_chat_example_answers_each_line(npud: Npud, libraries: Libraries, mo
     assert len(answers) == 31
     assert all(len(answer) == 16 for answer in answers)  # 8 tokens of two hex digits
     assert "on the NPU, 256 tokens of context" in result.stderr
+
+
+async def test_trio_close_ends_a_stream_and_the_llms_thread(npud: Npud, models: Path) -> None:
+    """Each TrioLlm makes its tokens on one thread of its own (llama.cpp's OpenMP pool is
+    per calling thread); closing it mid-stream ends the stream at its next token and the
+    thread with it."""
+    before = {thread.ident for thread in threading.enumerate()}
+    async with npu_client.open_trio_client(npud.socket_path, name="llm-test") as npu:
+        llm = await npu.load_llm(model(models, "q4_0"))
+        stream = llm.stream(PROMPT, max_tokens=None, temperature=0)
+        assert await stream.__anext__()
+        await llm.close()
+        with pytest.raises(npu_client.ModelNotLoaded):
+            async for _ in stream:
+                pass
+        await llm.close()  # idempotent
+    left = [t for t in threading.enumerate() if t.ident not in before and t.name.startswith("llm-")]
+    assert left == []
+
+
+def test_the_readme_example_generates_32_tokens_in_three_lines(
+    npud: Npud, libraries: Libraries, models: Path
+) -> None:
+    section = (HERE.parents[1] / "client" / "README.md").read_text().split("\n## LLMs\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len([line for line in code.splitlines() if line.strip()]) == 3
+    result = subprocess.run(
+        [sys.executable, "-c", code.replace('"model.gguf"', repr(str(model(models, "q4_0"))))],
+        env={**os.environ, "NPUD_SOCKET": str(npud.socket_path),
+             "NPUD_LLAMA_LIB": str(libraries.directory)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"[0-9a-f]{64}\n", result.stdout)  # 32 tokens of two hex digits
