@@ -60,7 +60,7 @@ def test_peer_script_help_and_steps(tmp_path: Path) -> None:
     helped = _script(tmp_path, "--help")
     assert helped.returncode == 0
     assert helped.stdout.startswith("Usage: peer-llama.sh [STEP...]")
-    for step in ("fetch", "cpu", "hexagon", "helpers", "models", "run"):
+    for step in ("fetch", "cpu", "hexagon", "helpers", "models", "llm", "run"):
         assert f"\n  {step} " in helped.stdout
     assert str(tmp_path / "cache") in helped.stdout  # where the cache is
     unknown = _script(tmp_path, "nonsense")
@@ -79,6 +79,9 @@ def test_peer_script_steps_need_the_previous_ones(tmp_path: Path) -> None:
     hexagon = _script(tmp_path, "hexagon")
     assert hexagon.returncode == 69
     assert "no CPU build yet" in hexagon.stderr
+    llm = _script(tmp_path, "llm")
+    assert llm.returncode == 69
+    assert "llm: no CPU build yet: run the cpu step" in llm.stderr
 
 
 FAKE_CMAKE = """#!/bin/bash
