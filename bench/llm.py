@@ -45,7 +45,6 @@ import trio
 import npu_client
 from bench import harness
 from bench.client_cost import running_npud
-from npu_client._llm import Libraries, locate_libraries
 
 PROMPT: Final = "hello world"
 MODEL: Final = "tiny-llama-q4_0.gguf"
@@ -59,12 +58,12 @@ class Run(NamedTuple):
     first_token_s: float
 
 
-def llama_simple(libraries: Libraries, model: Path, socket: str, tokens: int) -> Run:
+def llama_simple(libraries: Path, model: Path, socket: str, tokens: int) -> Run:
     """One llama-simple run through npud: its speed and its prompt's evaluation time."""
-    program = Path(os.path.realpath(libraries.libllama)).parent / "llama-simple"
+    program = Path(os.path.realpath(libraries / "libllama.so")).parent / "llama-simple"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_", "NPUD_"))}
     env.update(
-        LD_LIBRARY_PATH=str(libraries.directory),  # its libcdsprpc.so: npud's
+        LD_LIBRARY_PATH=str(libraries),  # its libcdsprpc.so: npud's
         NPUD_SOCKET=socket,
         GGML_HEXAGON_MBUF="256",
     )
@@ -113,14 +112,14 @@ def through_trio(socket: str, model: Path, tokens: int) -> Run:
     return trio.run(generate)
 
 
-def readme_example(model: Path, socket: str, libraries: Libraries) -> int:
+def readme_example(model: Path, socket: str, libraries: Path) -> int:
     """The README's example of LLMs, run as written on ``model``: its lines of Python."""
     section = README.read_text().split("\n## LLMs\n", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     lines = [line for line in code.splitlines() if line.strip()]
     result = subprocess.run(
         [sys.executable, "-c", code.replace('"model.gguf"', repr(str(model)))],
-        env={**os.environ, "NPUD_SOCKET": socket, "NPUD_LLAMA_LIB": str(libraries.directory)},
+        env={**os.environ, "NPUD_SOCKET": socket, "NPUD_LLAMA_LIB": str(libraries)},
         capture_output=True,
         text=True,
         timeout=300,
@@ -136,8 +135,8 @@ def readme_example(model: Path, socket: str, libraries: Libraries) -> int:
 def measure(
     socket: str, rounds: int, tokens: int, progress: harness.Context | None
 ) -> list[harness.Row]:
-    libraries = locate_libraries()
-    model = libraries.directory.parent / "models" / MODEL
+    libraries = npu_client.llm_libraries()
+    model = libraries.parent / "models" / MODEL
     if not model.exists():
         raise RuntimeError(f"no {model}: the peer build's models step makes it (make peer-llama)")
     runs: list[tuple[Run, Run, Run]] = []

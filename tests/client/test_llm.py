@@ -55,6 +55,10 @@ def test_the_libraries_are_looked_for_where_make_llm_puts_them(
     monkeypatch.setenv("NPUD_LLAMA_LIB", str(tmp_path / "mine"))
     full_directory(tmp_path / "mine")
     assert locate_libraries().directory == tmp_path / "mine"
+    assert npu_client.llm_libraries() == tmp_path / "mine"  # the public name of it
+    monkeypatch.setenv("NPUD_LLAMA_LIB", str(tmp_path / "none"))
+    with pytest.raises(npu_client.LlmUnavailable, match="`make llm`"):
+        npu_client.llm_libraries()
 
 
 def test_missing_libraries_are_named_with_how_to_build_them(

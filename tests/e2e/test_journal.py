@@ -94,7 +94,7 @@ def test_a_start_up_failure_is_one_error_line(tmp_path: Path) -> None:
             check=False,
             timeout=60,
         )
-    assert result.returncode == 2
+    assert result.returncode == 78  # EX_CONFIG
     [line] = log.read_text().splitlines()
     assert line.startswith("<3>npud: bad configuration: ")
     assert line.endswith(": unknown key daemon.sockt (did you mean socket?)")

@@ -221,7 +221,7 @@ def test_a_wrongly_activated_npud_refuses_to_start(tmp_path: Path, kind: str, me
         sock.close()
     else:
         os.close(fd)
-    assert result.returncode == 1
+    assert result.returncode == 78  # EX_CONFIG: the unit passed the wrong fds
     assert message in result.stderr
     assert result.stderr.count("\n") == 1  # one line, no traceback
 

@@ -53,5 +53,5 @@ def test_the_config_key_records_too_and_a_bad_path_stops_npud(tmp_path: Path) ->
     bad = tmp_path / "bad"
     bad.mkdir()
     broken = start_npud(bad, extra_args=["--trace", str(bad / "missing" / "t.jsonl")], wait=False)
-    assert broken.process.wait(30) == 1
+    assert broken.process.wait(30) == 73  # EX_CANTCREAT
     assert "cannot write the trace" in broken.log()

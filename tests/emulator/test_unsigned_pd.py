@@ -109,5 +109,5 @@ def test_npud_stops_with_the_reason_on_a_firmware_without_unsigned_pds(tmp_path:
     command = [sys.executable, "-m", "npud.main", "--backend", "emulator"]
     command += ["--config", str(config), "--socket", str(tmp_path / "npud.sock")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 1
+    assert result.returncode == 69  # EX_UNAVAILABLE: no NPU npud can use
     assert "UNSIGNED_PD_SUPPORT = 0" in result.stderr

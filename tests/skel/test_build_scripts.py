@@ -158,17 +158,17 @@ def test_help() -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "status", "message"),
     [
-        ((), "no Hexagon SDK"),
-        (("--arch", "73"), "--arch must look like v73"),
-        (("--frobnicate",), "unknown argument"),
-        (("--out",), "--out needs a value"),
+        ((), 69, "no Hexagon SDK"),
+        (("--arch", "73"), 64, "--arch must look like v73"),
+        (("--frobnicate",), 64, "unknown argument"),
+        (("--out",), 64, "--out needs a value"),
     ],
 )
-def test_usage_errors(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+def test_usage_errors(tmp_path: Path, args: tuple[str, ...], status: int, message: str) -> None:
     result = _run_build(None, tmp_path / "out", tmp_path / "log", *args)
-    assert result.returncode == 2
+    assert result.returncode == status  # sysexits: 64 usage, 69 unavailable
     assert message in result.stderr
     assert not (tmp_path / "out").exists()
 
@@ -178,17 +178,17 @@ def test_sdk_layout_errors(tmp_path: Path) -> None:
     not_sdk.mkdir()
     result = _run_build(not_sdk, tmp_path / "out", tmp_path / "log")
     assert (result.returncode, "does not look like a Hexagon SDK root" in result.stderr) == (
-        2,
+        69,
         True,
     )
 
     sdk = _fake_sdk(tmp_path)
     other_arch = _run_build(sdk, tmp_path / "out", tmp_path / "log", "--arch", "v75")
-    assert other_arch.returncode == 2
+    assert other_arch.returncode == 69
     assert "no QuRT headers for v75" in other_arch.stderr
 
     wrong_tools = _run_build(sdk, tmp_path / "out", tmp_path / "log", "--tools-version", "1.0")
-    assert wrong_tools.returncode == 2
+    assert wrong_tools.returncode == 69
     assert "hexagon-clang not found" in wrong_tools.stderr
 
 

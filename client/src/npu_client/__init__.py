@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from npu_client._args import InvokeInput, InvokeOutput
@@ -83,7 +84,7 @@ from npu_client._errors import (
     UnsupportedVersion,
     error_class,
 )
-from npu_client._llm import LlmStatistics, LlmUnavailable
+from npu_client._llm import LlmStatistics, LlmUnavailable, locate_libraries
 from npu_client._llm_client import Llm
 from npu_client._memory import Slice
 from npu_client._settings import DEFAULT_SOCKET_PATH, SOCKET_ENV, socket_path
@@ -92,6 +93,13 @@ from npu_protocol import DaemonStatus, ModelInfo, Priority, TensorInfo
 
 if TYPE_CHECKING:
     from npu_client.trio_client import TrioClient
+
+
+def llm_libraries() -> Path:
+    """The directory ``load_llm`` loads llama.cpp from (``$NPUD_LLAMA_LIB``, else the
+    peer build's cache's ``llm/``); :class:`LlmUnavailable` says what is missing there
+    and how to build it. Loads nothing."""
+    return locate_libraries().directory
 
 
 def open_trio_client(
@@ -194,6 +202,7 @@ __all__ = [
     "connect",
     "error_class",
     "is_available",
+    "llm_libraries",
     "open_trio_client",
     "socket_path",
 ]
