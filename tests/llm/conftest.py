@@ -25,7 +25,9 @@ PROMPT: Final = "hello world"
 
 
 def missing(what: str) -> NoReturn:
-    message = f"{what}: `make llm` builds it (the peer build, about 10 minutes the first time)"
+    """Skip (or, with $NPUD_REQUIRE_PEER, fail): ``what`` says what is missing and how to
+    get it."""
+    message = what
     if os.environ.get(REQUIRE_PEER_ENV, "") not in ("", "0"):
         pytest.fail(f"{message}; ${REQUIRE_PEER_ENV} forbids skipping", pytrace=False)
     pytest.skip(message)
@@ -38,7 +40,7 @@ def libraries() -> Libraries:
     except LlmUnavailable as exc:
         missing(str(exc))
     if importlib.util.find_spec("llama_cpp") is None:
-        missing("llama-cpp-python is not installed")
+        missing("llama-cpp-python is not installed: `make llm` installs it")
     return found
 
 
@@ -47,7 +49,7 @@ def models(libraries: Libraries) -> Path:
     """The peer build's tiny GGUF llamas (its ``models`` step), beside ``llm/``."""
     directory = libraries.directory.parent / "models"
     if not all((directory / f"tiny-llama-{kind}.gguf").exists() for kind in MODELS):
-        missing(f"the tiny GGUF models in {directory}")
+        missing(f"the tiny GGUF models in {directory}: `make peer-llama` makes them")
     return directory
 
 
