@@ -311,9 +311,12 @@ class DataPath:
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.modify(link.fd, _READ)
         else:
-            if not link.hung_up:
+            if link.pending and not link.hung_up:
                 # Half-closed with calls pending: wake on the peer's full close (POLLHUP
                 # is reported with no event asked for), which releases its queued calls.
+                # Nothing pending (or its hang-up told), nothing is left to wake for: the
+                # registration stays disarmed, or the peer's POLLHUP would wake a worker
+                # over and over until the trio thread removes the link.
                 with contextlib.suppress(OSError, ValueError):
                     self._epoll.modify(link.fd, select.EPOLLONESHOT)
             link.check_finished()

@@ -7,6 +7,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -251,6 +252,45 @@ async def test_a_departed_clients_queued_calls_never_run(tmp_path: Path, leaving
             while len(daemon.broker.clients):
                 await trio.sleep(0.01)
         assert scheduler.statistics().dispatched == 2
+
+
+@pytest.mark.parametrize("leaving", ["close", "dropped"])
+async def test_no_worker_wakes_for_a_finished_link_the_trio_thread_has_not_removed(
+    tmp_path: Path, leaving: str
+) -> None:
+    """Issue 27: a link whose reading is over and that has nothing pending is left
+    disarmed. Re-armed, its peer's POLLHUP woke a worker over and over until the trio
+    thread removed the link; with the trio thread stuck (a blocking sd_notify), every
+    worker spun at 100 % CPU. Here the test holds the trio thread itself."""
+    async with serve_daemon(tmp_path) as daemon:
+        peer = await RawPeer.connect(tmp_path / "npud.sock")
+        await peer.write(p.PingRequest(id=1))
+        assert isinstance(await peer.next(), p.PongReply)
+        (link,) = daemon.broker.datapath.links()
+        reads = 0
+        real_read = link.read
+
+        def counted(buffer: bytearray) -> list[p.ClientMessage | p.ConnectionClosed]:
+            nonlocal reads
+            reads += 1
+            return real_read(buffer)
+
+        link.read = counted  # type: ignore[method-assign]
+        if leaving == "close":
+            peer.close()
+        else:
+            link.drop("the test drops it")
+        # The trio thread, which removes a finished link, is held: as by a blocking call.
+        deadline = time.monotonic() + 5
+        while not link.finished and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert link.finished
+        settled = reads
+        time.sleep(0.5)
+        # Before the fix: tens of thousands of reads in these 0.5 s, one per wake-up.
+        assert reads - settled <= 1, f"{reads - settled} wake-ups for a finished link"
+        if leaving != "close":
+            peer.close()
 
 
 async def test_control_requests_are_read_and_answered_during_a_long_call(tmp_path: Path) -> None:
