@@ -59,7 +59,9 @@ limits and log_level apply without dropping clients, other keys need a restart.
 systemd: socket activation (LISTEN_FDS, one AF_UNIX stream socket) is used when
 present, otherwise npud binds its own socket; with NOTIFY_SOCKET it reports
 READY, STATUS, RELOADING, STOPPING and, with WatchdogSec=, WATCHDOG pings while
-healthy.
+healthy. It never waits on that socket: when its reader lets the queue fill, STATUS
+and WATCHDOG messages are dropped (a warning says how many) and READY, RELOADING
+and STOPPING are retried for 5 s.
 
 logs: one line per event on stderr, JSON unless stderr is a terminal; event names
 are stable keys and values are fields. When stderr is the journal ($JOURNAL_STREAM)

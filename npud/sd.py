@@ -20,10 +20,13 @@ Protocols, as sd_notify(3) and sd_listen_fds(3) define them:
 
 from __future__ import annotations
 
+import enum
 import os
 import socket
 import stat
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -34,33 +37,111 @@ class ActivationError(Exception):
     """The passed fds are not what npud can listen on; the message says what is wrong."""
 
 
-class Notifier:
-    """Sends sd_notify messages; every method is a no-op outside systemd."""
+ANNOUNCE_PATIENCE: Final = 5.0
+"""Seconds a state change (READY=1, RELOADING=1, STOPPING=1) that finds the notify
+socket's queue full is kept and retried; a STATUS= or WATCHDOG=1 is dropped at once."""
 
-    def __init__(self, address: str | None = None) -> None:
+
+class _Sent(enum.Enum):
+    SENT = "sent"
+    FULL = "full"
+    """The reader's queue is full (EAGAIN): it may read later."""
+    FAILED = "failed"
+    """Nobody listens there (ECONNREFUSED, ENOENT...): the message is lost."""
+
+
+class Notifier:
+    """Sends sd_notify messages; every method is a no-op outside systemd.
+
+    Nothing here ever waits. The socket is non-blocking: a reader that stops
+    reading (a supervisor that only wanted READY=1) fills its queue, and a
+    blocking ``sendto`` would then stop npud's event loop for good, signals
+    included. A full queue drops a routine message (STATUS=, WATCHDOG=1: the
+    next one says the same); a state change is kept, in order, for
+    :data:`ANNOUNCE_PATIENCE` seconds and sent by :meth:`flush`, which the
+    caller calls again while it returns True.
+    """
+
+    def __init__(
+        self, address: str | None = None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         address = address if address is not None else os.environ.get("NOTIFY_SOCKET", "")
         self._address: str | None = None
         self._sock: socket.socket | None = None
+        self.address = address
+        """NOTIFY_SOCKET as given (empty outside systemd), for messages."""
+        self._clock = clock
+        self._held: deque[tuple[float, bytes]] = deque()
+        """State changes waiting for room in the reader's queue, with their deadlines."""
+        self.dropped = 0
+        """Messages dropped because the reader's queue stayed full."""
         if address:
             self._address = "\0" + address[1:] if address.startswith("@") else address
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            self._sock = socket.socket(
+                socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+            )
 
     @property
     def enabled(self) -> bool:
         return self._sock is not None
 
+    @property
+    def waiting(self) -> bool:
+        """State changes wait for room: call :meth:`flush` again soon."""
+        return bool(self._held)
+
     def send(self, *lines: str) -> bool:
-        """Send one datagram; False (never an exception) if systemd is not listening."""
+        """Send one routine datagram now; False (never an exception, never a wait) when
+        not under systemd, nobody listens, or the reader's queue is full (then the
+        message is dropped, and so it is while state changes still wait before it)."""
+        if self._sock is None:
+            return False
+        if self.flush():
+            self.dropped += 1
+            return False
+        sent = self._try("\n".join(lines).encode())
+        if sent is _Sent.FULL:
+            self.dropped += 1
+        return sent is _Sent.SENT
+
+    def announce(self, *lines: str) -> bool:
+        """Send a state change: now if the reader's queue has room (True), else kept
+        and retried by :meth:`flush` for :data:`ANNOUNCE_PATIENCE` seconds."""
+        if self._sock is None:
+            return False
+        data = "\n".join(lines).encode()
+        if not self.flush():  # nothing waits before it
+            sent = self._try(data)
+            if sent is not _Sent.FULL:
+                return sent is _Sent.SENT
+        self._held.append((self._clock() + ANNOUNCE_PATIENCE, data))
+        return False
+
+    def flush(self) -> bool:
+        """Send the state changes kept for want of room, in order; True while some still
+        wait (within their patience), False once all are sent or given up."""
+        while self._held:
+            deadline, data = self._held[0]
+            if self._try(data) is _Sent.FULL:
+                if self._clock() < deadline:
+                    return True
+                self.dropped += 1
+            self._held.popleft()
+        return False
+
+    def _try(self, data: bytes) -> _Sent:
         if self._sock is None or self._address is None:
-            return False
+            return _Sent.FAILED
         try:
-            self._sock.sendto("\n".join(lines).encode(), self._address)
+            self._sock.sendto(data, self._address)
+        except BlockingIOError:
+            return _Sent.FULL
         except OSError:
-            return False
-        return True
+            return _Sent.FAILED
+        return _Sent.SENT
 
     def ready(self, status: str) -> bool:
-        return self.send("READY=1", f"STATUS={status}")
+        return self.announce("READY=1", f"STATUS={status}")
 
     def status(self, status: str) -> bool:
         return self.send(f"STATUS={status}")
@@ -70,12 +151,13 @@ class Notifier:
 
     def reloading(self) -> bool:
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-        return self.send("RELOADING=1", f"MONOTONIC_USEC={usec}", "STATUS=reloading")
+        return self.announce("RELOADING=1", f"MONOTONIC_USEC={usec}", "STATUS=reloading")
 
     def stopping(self) -> bool:
-        return self.send("STOPPING=1", "STATUS=stopping")
+        return self.announce("STOPPING=1", "STATUS=stopping")
 
     def close(self) -> None:
+        self._held.clear()
         if self._sock is not None:
             self._sock.close()
             self._sock = None

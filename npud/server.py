@@ -49,6 +49,8 @@ log = structlog.get_logger("npud.server")
 STATUS_INTERVAL: Final = 5.0
 """Seconds between STATUS= updates to systemd."""
 FREEZE_AFTER_READY: Final = 1.0
+NOTIFY_RETRY: Final = 0.05
+"""Seconds between retries of a state change the notify socket had no room for."""
 """Seconds after ready at which what start-up made is frozen (:meth:`Daemon._freeze`)."""
 REFUSE_LINGER: Final = 1.0
 REFUSE_DRAIN_BYTES: Final = 64 * 1024
@@ -186,6 +188,9 @@ class Daemon:
             log, config.daemon.log_burst, config.daemon.log_summary_interval_s
         )
         self._stop = trio.Event()
+        self._notify_waiting = trio.Event()
+        """Set when a state change waits for room in the notify socket's queue."""
+        self._notify_dropped = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the session, serve until SIGTERM/SIGINT, then shut down cleanly.
@@ -206,12 +211,17 @@ class Daemon:
                     if interval is not None:
                         nursery.start_soon(self._feed_watchdog, interval)
                     nursery.start_soon(self._freeze)
-                    self.notifier.ready(self.broker.describe())
+                    nursery.start_soon(self._retry_notifications)
+                    self._announced(self.notifier.ready(self.broker.describe()))
                     log.info("ready", socket=self.listener.getsockname())
                     task_status.started()
                     await self._stop.wait()
                     self.notifier.stopping()
                     await self._shutdown(nursery)
+                # STOPPING=1 (and anything before it) had its retries cancelled with the
+                # nursery: they go on here, as long as their patience lasts.
+                while self.notifier.flush():
+                    await trio.sleep(NOTIFY_RETRY)
         finally:
             with trio.CancelScope(shield=True):
                 # The grace was spent waiting for the calls; what still runs now
@@ -241,6 +251,30 @@ class Daemon:
             self.stop()
 
     # ------------------------------------------------------------- systemd
+    def _announced(self, sent: bool) -> None:
+        """After a state change went to the notifier: if it waits for room, retry it."""
+        if not sent and self.notifier.waiting:
+            self._notify_waiting.set()
+
+    async def _retry_notifications(self) -> None:
+        """Send the state changes the notify socket had no room for, never waiting on it."""
+        while True:
+            await self._notify_waiting.wait()
+            self._notify_waiting = trio.Event()
+            while self.notifier.flush():
+                await trio.sleep(NOTIFY_RETRY)
+
+    def _report_drops(self) -> None:
+        dropped = self.notifier.dropped
+        if dropped > self._notify_dropped:
+            log.warning(
+                "the notify socket takes no more messages; whoever reads NOTIFY_SOCKET "
+                "(systemd, make run's helper) has stopped reading",
+                dropped=dropped - self._notify_dropped,
+                socket=self.notifier.address,
+            )
+            self._notify_dropped = dropped
+
     async def _report_status(self) -> None:
         last_calls, last_time = self.broker.calls_total, trio.current_time()
         while True:
@@ -250,6 +284,7 @@ class Daemon:
             last_calls, last_time = calls, now
             self.broker.domains.check_sessions()
             self.notifier.status(f"{self.broker.describe()}; {rate:.1f} calls/s")
+            self._report_drops()
 
     async def _feed_watchdog(self, interval: float) -> None:
         """Ping only while healthy: a wedged lane or a dead thread lets systemd restart us."""
@@ -263,7 +298,7 @@ class Daemon:
 
     def _reload(self) -> None:
         """SIGHUP: re-read the config; access lists, limits and log level apply at once."""
-        self.notifier.reloading()
+        self._announced(self.notifier.reloading())
         if self._reload_config is None:
             log.warning("reload requested, but npud has no config file to re-read")
         else:
@@ -271,7 +306,9 @@ class Daemon:
                 new = self._reload_config()
             except ConfigError as exc:
                 log.error("reload failed; keeping the running configuration", error=str(exc))
-                self.notifier.ready(f"{self.broker.describe()}; reload failed: {exc}")
+                self._announced(
+                    self.notifier.ready(f"{self.broker.describe()}; reload failed: {exc}")
+                )
                 return
             self.config = applied = apply_reload(self.config, new)
             self.broker.config = applied
@@ -286,7 +323,7 @@ class Daemon:
                         "(the configuration was reloaded)"
                     )
             log.info("configuration reloaded", clients=len(self._connections), revoked=revoked)
-        self.notifier.ready(self.broker.describe())
+        self._announced(self.notifier.ready(self.broker.describe()))
 
     # ------------------------------------------------------------- clients
     async def _accept_loop(self, clients: trio.Nursery) -> None:

@@ -4,7 +4,8 @@ npud tells systemd it is ready by sending READY=1 to $NOTIFY_SOCKET (sd_notify),
 it has read its configuration, opened its DSP session and bound its socket. This
 binds a notification socket of its own, runs the command with NOTIFY_SOCKET naming
 it, and prints the --ready lines when READY=1 arrives; if the command ends first, it
-says so instead. It exits with the command's status (128 + N for signal N).
+says so instead. It goes on reading (and discarding) what npud sends until npud
+ends. It exits with the command's status (128 + N for signal N).
 
 Standard library only: run-dev.sh runs it with the system's python3, apart from the
 venv that npud runs in.
@@ -82,21 +83,25 @@ def _supervise(
         with selectors.DefaultSelector() as selector:
             selector.register(notify, selectors.EVENT_READ)
             selector.register(ended, selectors.EVENT_READ)
-            while not ready:
+            # Read the socket for as long as the child runs, not only until READY=1:
+            # npud sends STATUS= lines every few seconds, and a queue nobody reads
+            # fills up (ten datagrams), after which npud drops them.
+            while True:
                 events = {key.fileobj for key, _ in selector.select()}
                 # Read what was sent before the child ended, too.
-                ready = _said_ready(notify)
-                if ended in events and not ready:
+                if _said_ready(notify) and not ready:
+                    ready = True
+                    on_ready()
+                if ended in events:
                     break
-            if ready:
-                on_ready()
     finally:
         os.close(ended)
     return _status(child.wait()), ready
 
 
 def _said_ready(notify: socket.socket) -> bool:
-    """Whether any datagram waiting on ``notify`` holds READY=1 (reads them all)."""
+    """Whether any datagram waiting on ``notify`` holds READY=1 (reads them all, so the
+    queue never fills)."""
     said = False
     while True:
         try:

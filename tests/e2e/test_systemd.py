@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import npu_protocol as p
-from npud.sd import Notifier, activated_socket, watchdog_interval
+from npud.sd import ANNOUNCE_PATIENCE, Notifier, activated_socket, watchdog_interval
 from tests.e2e.daemon import RawPeer
 
 # Runs in the child: put the listening socket at fd 3 and claim LISTEN_PID, as
@@ -138,6 +139,80 @@ def test_status_lines_report_activity(tmp_path: Path, notify: NotifyListener) ->
     assert notify.wait_for("STATUS")["STATUS"] == "3 clients; DSP up"
     notifier.close()
     assert not notifier.status("closed")
+
+
+def _fill(path: Path) -> int:
+    """Fill the queue of the datagram socket at ``path`` as a reader that stopped reading
+    leaves it; the number of datagrams it took."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK) as filler:
+        for count in itertools.count():
+            try:
+                filler.sendto(b"FILLER=1", str(path))
+            except BlockingIOError:
+                return count
+    raise AssertionError("unreachable")
+
+
+def _drain(notify: NotifyListener) -> list[bytes]:
+    datagrams = []
+    while True:
+        try:
+            datagrams.append(notify.sock.recv(4096, socket.MSG_DONTWAIT))
+        except BlockingIOError:
+            return datagrams
+
+
+def test_a_full_notify_queue_drops_routine_messages_and_never_blocks(
+    notify: NotifyListener,
+) -> None:
+    """Issue 27: with a reader that stopped reading, sendto blocked npud's event loop for
+    good. A routine message is dropped instead; the call returns at once."""
+    notifier = Notifier(str(notify.path))
+    try:
+        assert _fill(notify.path) > 0
+        outcome: list[bool] = []
+        sender = threading.Thread(
+            target=lambda: outcome.extend([notifier.status("busy"), notifier.watchdog()])
+        )
+        sender.start()
+        sender.join(10)
+        assert not sender.is_alive(), "sd_notify blocked on a full queue"
+        assert outcome == [False, False]
+        assert notifier.dropped == 2
+        assert not notifier.waiting  # routine messages are not kept
+        assert b"STATUS=busy" not in _drain(notify)
+        assert notifier.status("again")
+        assert notify.sock.recv(4096) == b"STATUS=again"
+    finally:
+        notifier.close()
+
+
+def test_a_state_change_waits_for_room_in_order_within_its_patience(
+    notify: NotifyListener,
+) -> None:
+    now = [100.0]
+    notifier = Notifier(str(notify.path), clock=lambda: now[0])
+    try:
+        _fill(notify.path)
+        assert not notifier.ready("up")  # kept: READY=1 is worth waiting for
+        assert notifier.waiting
+        assert not notifier.status("later")  # never before the READY=1 it would overtake
+        assert not notifier.stopping()
+        now[0] += ANNOUNCE_PATIENCE / 2
+        assert notifier.flush()  # still no room, still within patience
+        assert set(_drain(notify)) == {b"FILLER=1"}  # the reader reads again
+        assert not notifier.flush()  # room: both sent, in order
+        assert _drain(notify) == [b"READY=1\nSTATUS=up", b"STOPPING=1\nSTATUS=stopping"]
+        assert notifier.dropped == 1  # the STATUS= that came while READY=1 waited
+
+        _fill(notify.path)
+        assert not notifier.reloading()
+        now[0] += ANNOUNCE_PATIENCE + 0.1
+        assert not notifier.flush()  # its patience spent: given up, not kept for ever
+        assert not notifier.waiting
+        assert notifier.dropped == 2
+    finally:
+        notifier.close()
 
 
 def test_notifier_is_quiet_outside_systemd() -> None:
@@ -294,6 +369,46 @@ def test_an_endless_call_neither_stops_the_watchdog_nor_shutdown(
         spinner.close()
         alive = {pid for pid in children if Path(f"/proc/{pid}").exists()}
         assert not alive, f"left running after npud stopped: {alive}"
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+            daemon.process.wait()
+
+
+@pytest.mark.parametrize("reader", ["reads again after SIGTERM", "never reads again"])
+def test_npud_serves_and_stops_with_a_notify_socket_nobody_reads(
+    tmp_path: Path, notify: NotifyListener, reader: str
+) -> None:
+    """Issue 27: a supervisor that stopped reading NOTIFY_SOCKET once wedged npud: the
+    next sd_notify blocked its event loop, no client was welcomed and SIGTERM did
+    nothing. Now routine messages are dropped (and said to be, in the log), npud goes
+    on serving, and STOPPING=1 is retried while the reader has no room."""
+    from tests.e2e.daemon import start_npud
+
+    daemon = start_npud(
+        tmp_path,
+        "[daemon]\nshutdown_grace_s = 0.5\n",
+        # A ping every 0.1 s: the queue is met full at once, not after a STATUS interval.
+        env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "200000"},
+    )
+    try:
+        notify.wait_for("READY", "1")
+        _fill(notify.path)
+        time.sleep(0.5)  # pings meet the full queue
+        peer = RawPeer.connect(daemon.socket_path)
+        assert peer.hello(name="after-the-queue-filled").domain
+        status = peer.request(p.StatusRequest(id=peer.next_id()))
+        assert isinstance(status, p.StatusReply)
+        peer.close()
+        deadline = time.monotonic() + 20
+        while "the notify socket takes no more messages" not in daemon.log():
+            assert time.monotonic() < deadline, daemon.log()
+            time.sleep(0.1)
+        daemon.process.send_signal(signal.SIGTERM)
+        if reader == "reads again after SIGTERM":
+            notify.messages.clear()
+            notify.wait_for("STOPPING", "1")
+        assert daemon.process.wait(20) == 0, daemon.log()
     finally:
         if daemon.process.poll() is None:
             daemon.process.kill()

@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Final
 
 import pytest
 
+import npu_client
 from tests.scripts.snapshots import REPO
 
 NOBODY: Final = 65534
@@ -343,3 +345,55 @@ def test_make_test_installs_the_tools_first_and_ci_forbids_skipping() -> None:
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert ci.index("export NPUD_REQUIRE_TOOLS=1") < ci.index("make test")
     assert "scripts/check-client-install.sh" in ci
+
+
+MAKE_RUN_MINUTES: Final = 2.0
+"""How long the README's first command runs before it is stopped: long enough for npud's
+STATUS= lines (one each 5 s) to fill a notify queue nobody reads (ten datagrams) twice."""
+
+
+@pytest.mark.timeout(int(MAKE_RUN_MINUTES * 60) + 120)
+def test_make_run_serves_for_minutes_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """Issue 27: `make run`'s helper stopped reading the notify socket after READY=1, the
+    queue filled after about 55 s, and npud's next sd_notify blocked its event loop for
+    good (no client welcomed, SIGTERM ignored). The helper now reads until npud ends,
+    and npud never waits on the socket anyway."""
+    npud = REPO / ".venv" / "bin" / "npud"
+    if not os.access(npud, os.X_OK):
+        pytest.skip("no development venv (make install)")
+    socket_path = tmp_path / "npud.sock"
+    output = tmp_path / "make-run.log"
+    with (
+        open(output, "w") as log,
+        subprocess.Popen(
+            [BASH, str(REPO / "scripts" / "run-dev.sh"), str(socket_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "NPUD": str(npud)},
+            start_new_session=True,
+        ) as helper,
+    ):
+        try:
+            deadline = time.monotonic() + 60
+            while "make run: serving on" not in output.read_text():
+                assert helper.poll() is None, output.read_text()
+                assert time.monotonic() < deadline, output.read_text()
+                time.sleep(0.1)
+            (npud_pid,) = _children(helper.pid)
+            time.sleep(MAKE_RUN_MINUTES * 60)
+            with npu_client.connect(str(socket_path), name="after-minutes", timeout=10) as npu:
+                assert npu.status().totals.clients == 1
+            os.kill(npud_pid, signal.SIGTERM)
+            assert helper.wait(60) == 0, output.read_text()
+        finally:
+            if helper.poll() is None:
+                os.killpg(helper.pid, signal.SIGKILL)
+                helper.wait()
+    text = output.read_text()
+    assert "ended before it was ready" not in text
+    # The helper read every STATUS= line: npud never met a full queue.
+    assert "the notify socket takes no more messages" not in text, text
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
