@@ -33,7 +33,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final
 
@@ -57,6 +57,7 @@ from npud.sim.process import (
     ProcessKind,
     is_hexagon_elf,
 )
+from npud.sim.skels import SkelFactory
 from npud.sim.statistics import SimStatistics
 from npud.sim.usermem import UserMemory
 from npud.sim.vmas import VmaFinder
@@ -124,6 +125,19 @@ class _DeviceFile:
         return self.session + 1
 
 
+def skel_modules(skels: Mapping[str, SkelFactory]) -> tuple[str, ...]:
+    """The modules outside npud where a PD child finds these skels' pickled factories:
+    the zygote imports them before it confines itself, after which nothing is imported
+    (npud's own skels are in the zygote's PRELOAD)."""
+    modules = set()
+    for factory in skels.values():
+        function = getattr(factory, "func", factory)  # a functools.partial: its function
+        module = getattr(function, "__module__", None)
+        if isinstance(module, str) and module.split(".")[0] not in ("npud", "builtins"):
+            modules.add(module)
+    return tuple(sorted(modules))
+
+
 class _PdHost:
     """The driver's PD processes: its lease on the zygote and the children it spawned.
 
@@ -133,6 +147,7 @@ class _PdHost:
     def __init__(self, config: SimConfig) -> None:
         self._user = config.pd_user
         self._landlock = config.pd_landlock
+        self._preload = skel_modules(config.skels)
         self._lock = threading.Lock()
         self._lease: ZygoteLease | None = None
         self._children: weakref.WeakSet[PdChild] = weakref.WeakSet()
@@ -141,7 +156,9 @@ class _PdHost:
         """Take a lease on the zygote (which starts in the background if no one runs it)."""
         with self._lock:
             if self._lease is None:
-                self._lease = acquire_zygote(self._user, landlock=self._landlock)
+                self._lease = acquire_zygote(
+                    self._user, landlock=self._landlock, preload=self._preload
+                )
 
     def spawn(self) -> PdChild:
         self.start()

@@ -59,6 +59,10 @@ _CHILD: Final = msgspec.msgpack.Decoder(wire.ChildMessage)
 _READY: Final = msgspec.msgpack.Decoder(wire.Ready)
 
 Credentials = tuple[int, int] | None
+Preload = Sequence[str]
+"""Modules a zygote imports besides its own before it confines itself."""
+_Key = tuple[Credentials, bool, tuple[str, ...]]
+"""What zygotes are shared by: the children's credentials, Landlock, the preload."""
 """The (uid, gid) children run as, or None: npud's own uid (npud is not root)."""
 
 
@@ -150,7 +154,9 @@ def _environment() -> dict[str, str]:
 class Zygote:
     """One zygote process; see the module docstring. Thread-safe."""
 
-    def __init__(self, credentials: Credentials, *, landlock: bool = True) -> None:
+    def __init__(
+        self, credentials: Credentials, *, landlock: bool = True, preload: Preload = ()
+    ) -> None:
         self.credentials = credentials
         self.sandbox = ""
         """What confines the children, as the zygote describes it (once ready)."""
@@ -176,6 +182,8 @@ class Zygote:
             argv += ["--uid", str(credentials[0]), "--gid", str(credentials[1])]
         if not landlock:
             argv.append("--no-landlock")
+        for module in preload:
+            argv += ["--preload", module]
         try:
             self._process = subprocess.Popen(
                 argv,
@@ -286,18 +294,18 @@ class _Pool:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._zygotes: dict[tuple[Credentials, bool], tuple[Zygote, int]] = {}
+        self._zygotes: dict[_Key, tuple[Zygote, int]] = {}
 
     # A zygote is started and closed outside the lock: a driver's finalizer (the
     # garbage collector, on any thread, at any allocation) may release a lease.
 
-    def acquire(self, key: tuple[Credentials, bool]) -> Zygote:
+    def acquire(self, key: _Key) -> Zygote:
         with self._lock:
             entry = self._zygotes.get(key)
             if entry is not None:
                 self._zygotes[key] = (entry[0], entry[1] + 1)
                 return entry[0]
-        started = Zygote(key[0], landlock=key[1])
+        started = Zygote(key[0], landlock=key[1], preload=key[2])
         with self._lock:
             entry = self._zygotes.get(key)
             if entry is None:
@@ -307,9 +315,9 @@ class _Pool:
         started.close()  # another thread started one meanwhile
         return entry[0]
 
-    def replace(self, key: tuple[Credentials, bool], dead: Zygote) -> Zygote:
+    def replace(self, key: _Key, dead: Zygote) -> Zygote:
         """A fresh zygote in place of ``dead`` (same users)."""
-        started = Zygote(key[0], landlock=key[1])
+        started = Zygote(key[0], landlock=key[1], preload=key[2])
         with self._lock:
             zygote, users = self._zygotes[key]
             if zygote is dead:
@@ -320,7 +328,7 @@ class _Pool:
         dead.close()
         return zygote
 
-    def release(self, key: tuple[Credentials, bool]) -> None:
+    def release(self, key: _Key) -> None:
         with self._lock:
             zygote, users = self._zygotes[key]
             if users > 1:
@@ -340,8 +348,10 @@ _POOL: Final = _Pool()
 class ZygoteLease:
     """A share of the zygote for children of ``credentials``; :meth:`release` once."""
 
-    def __init__(self, credentials: Credentials, *, landlock: bool = True) -> None:
-        self._key = (credentials, landlock)
+    def __init__(
+        self, credentials: Credentials, *, landlock: bool = True, preload: Preload = ()
+    ) -> None:
+        self._key: _Key = (credentials, landlock, tuple(sorted(set(preload))))
         self._lock = threading.Lock()
         self._zygote: Zygote | None = _POOL.acquire(self._key)
 
@@ -373,11 +383,15 @@ class ZygoteLease:
             _POOL.release(self._key)
 
 
-def acquire_zygote(user: str = "nobody", *, landlock: bool = True) -> ZygoteLease:
+def acquire_zygote(
+    user: str = "nobody", *, landlock: bool = True, preload: Preload = ()
+) -> ZygoteLease:
     """A lease on the zygote for children of ``user`` (npud's uid when npud is not root),
     starting it (in the background) when no one holds it. Holding one keeps the zygote
-    between drivers (tests hold one for the whole session)."""
-    return ZygoteLease(credentials_for(user), landlock=landlock)
+    between drivers (tests hold one for the whole session). ``preload``: modules the
+    zygote imports besides its own (:data:`npud.sim.zygote.PRELOAD`) before it confines
+    itself, those of skels outside npud (a zygote per set of them)."""
+    return ZygoteLease(credentials_for(user), landlock=landlock, preload=preload)
 
 
 def live_zygotes() -> list[int]:

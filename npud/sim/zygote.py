@@ -7,9 +7,12 @@ working directory. On start it:
 
 1. watches npud's process through a pidfd (and exits at once if npud is
    already gone: its parent pid is not the one it was given);
-2. imports what skels need (numpy, the skels, onnxruntime through the
-   portal_qnn skel) and parses their IDL files (a confined child could not
-   read them) so that every child starts with them, their pages shared;
+2. imports what skels need (numpy, the skels and the table that names them,
+   onnxruntime through the portal_qnn skel, and the modules of the driver's
+   own skels given with ``--preload``) and parses their IDL files, so that
+   every child starts with them, their pages shared: a confined child may not
+   read them (as root it runs as another user, and a checkout in root's 0700
+   home is not that user's to read), so it imports nothing after step 3;
 3. drops its privileges for good (:mod:`npud.sim.sandbox`): as root to the
    dedicated uid and gid it was given, otherwise to no capabilities; then
    no_new_privs, umask 077, Landlock where the kernel has it;
@@ -49,6 +52,7 @@ from npud.sim import sandbox
 PRELOAD: Final = (
     "numpy",
     "npud.sim.pd_child",
+    "npud.sim.builtin_skels",  # where a built-in skel's pickled factory is found
     "npud.sim.portal_qnn",
     "npud.sim.skels_dspqueue",
     "npud.sim.htp.skel",
@@ -71,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--uid", type=int, default=None, help="run children as this uid (root)")
     parser.add_argument("--gid", type=int, default=None, help="and this gid")
     parser.add_argument("--no-landlock", action="store_true", help="do not confine the filesystem")
+    parser.add_argument(
+        "--preload",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import this module too before confining (a module of the driver's skels)",
+    )
     return parser
 
 
@@ -165,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0  # npud is already gone
     if os.getppid() != args.parent:
         return 0
-    for name in PRELOAD:
+    for name in (*PRELOAD, *args.preload):
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     from npud import idl  # noqa: PLC0415  (after the preloads: the child's pages share it)
