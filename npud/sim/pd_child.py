@@ -41,7 +41,7 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, NoReturn
 
 import msgspec
@@ -124,12 +124,32 @@ class MemoryTable:
         for mapping in closing:
             _close_mapping(mapping)
 
-    def acquire(self, memory_id: int) -> mmap.mmap:
-        """The mapping of ``memory_id`` for one call; :meth:`release` it after."""
+    def acquire(self, memory_id: int) -> mmap.mmap | None:
+        """The mapping of ``memory_id`` for one call (:meth:`release` it after); None when
+        this child holds no such memory."""
         with self._lock:
-            memory = self._by_id[memory_id]
+            memory = self._by_id.get(memory_id)
+            if memory is None:
+                return None
             memory.users += 1
             return memory.mapping
+
+    def acquire_all(self, memory_ids: Iterable[int]) -> dict[int, mmap.mmap] | int:
+        """The mappings of every id, acquired at once (:meth:`release` each); or the
+        first id this child does not hold (nothing is then acquired)."""
+        acquired: dict[int, mmap.mmap] = {}
+        with self._lock:
+            for memory_id in memory_ids:
+                if memory_id in acquired:
+                    continue
+                memory = self._by_id.get(memory_id)
+                if memory is None:
+                    for memory in (self._by_id[taken] for taken in acquired):
+                        memory.users -= 1
+                    return memory_id
+                memory.users += 1
+                acquired[memory_id] = memory.mapping
+        return acquired
 
     def release(self, memory_id: int, mapping: mmap.mmap) -> None:
         with self._lock:
@@ -152,7 +172,9 @@ class MemoryTable:
             if not bound:
                 return None
             memory_id, offset, length = bound[-1]
-            memory = self._by_id[memory_id]
+            memory = self._by_id.get(memory_id)
+            if memory is None:  # bound and dropped together: never, but never a crash
+                return None
             memory.users += 1
             return memory_id, memory.mapping, offset, length
 
@@ -186,12 +208,15 @@ _current = _Current()
 class _Call:
     """One call running in this child: its id and the answers the driver sent it."""
 
-    __slots__ = ("answers", "id", "runtime")
+    __slots__ = ("answers", "id", "memories", "runtime")
 
     def __init__(self, runtime: ChildRuntime, call_id: int) -> None:
         self.id = call_id
         self.runtime = runtime
         self.answers: collections.deque[Answer] = collections.deque()
+        self.memories: dict[int, mmap.mmap] | int = {}
+        """An invoke's memories, acquired when it was read (in order with the table
+        changes around it); or the id of one the child did not hold then."""
 
     def send(
         self,
@@ -435,6 +460,11 @@ class ChildRuntime:
             return None
         if isinstance(message, wire.Create | wire.Invoke | wire.Destroy):
             call = _Call(self, message.call)
+            if isinstance(message, wire.Invoke):
+                # Now, by the reader, not later by the worker that runs it: a DropMemory
+                # read after the invoke (its buffer unmapped meanwhile) must not pull a
+                # memory away before the call holds it.
+                call.memories = self.memory.acquire_all(_named_memories(message))
             with self._lock:
                 self._calls[message.call] = call
             return (call, message, received, buffer)
@@ -598,9 +628,19 @@ class ChildRuntime:
         if len(received.fds) != len(message.transient):
             _fatal("an invoke whose fds do not match its memories")
         transient: dict[int, mmap.mmap] = {}
-        acquired: list[tuple[int, mmap.mmap]] = []
+        acquired = call.memories if isinstance(call.memories, dict) else {}
         views: list[memoryview] = []
         try:
+            if isinstance(call.memories, int):
+                # A memory this PD does not hold (never mapped, or unmapped before the
+                # call came): the caller's bad reference, as on the DSP an error code
+                # for it, never the end of the process.
+                logging.getLogger("npud.sim.pd").warning(
+                    "invoke names memory %d, which this DSP process does not hold",
+                    call.memories,
+                )
+                call.send(wire.Result(call.id, AEE.EBADPARM.dsp))
+                return
             for memory, fd in zip(message.transient, received.fds, strict=True):
                 transient[memory.id] = _map(fd, memory.size)
             received.close_fds()
@@ -612,9 +652,7 @@ class ChildRuntime:
                     whole = memoryview(transient[span.memory])
                     views.append(whole)
                 else:
-                    mapping = self.memory.acquire(span.memory)
-                    acquired.append((span.memory, mapping))
-                    whole = memoryview(mapping)
+                    whole = memoryview(acquired[span.memory])
                     views.append(whole)
                 part = whole[span.offset : span.offset + span.length]
                 views.append(part)
@@ -643,10 +681,21 @@ class ChildRuntime:
                     part.release()
                 except BufferError:  # skel code kept an export: it goes with its object
                     pass
-            for memory_id, mapping in acquired:
+            for memory_id, mapping in acquired.items():
                 self.memory.release(memory_id, mapping)
+            call.memories = {}
             for mapping in transient.values():
                 _close_mapping(mapping)
+
+
+def _named_memories(message: wire.Invoke) -> list[int]:
+    """The table's memories an invoke names (not its tail, not its transient ones)."""
+    transient = {memory.id for memory in message.transient}
+    return [
+        span.memory
+        for span in (*message.inputs, *message.outputs)
+        if span.memory != wire.INLINE and span.memory not in transient
+    ]
 
 
 _runtime: ChildRuntime | None = None

@@ -433,6 +433,10 @@ class PdChild:
         self._pidfd = pidfd
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # calls, reader, known memories, life
+        self._table_lock = threading.Lock()
+        """Orders an invoke with the table changes around it: what an invoke names is
+        sent before it (``_ensure``) and dropped, if at all, after it is sent; taken
+        before ``_lock`` and ``_send_lock``."""
         self._calls: dict[int, _Call] = {}
         self._reading = False
         self._broken = False  # end of the socket seen, or killed
@@ -531,13 +535,14 @@ class PdChild:
 
     def drop(self, memory_ids: Sequence[int]) -> None:
         """Memories gone on the driver's side; ignored when the child is gone too."""
-        with self._lock:
-            known = [memory_id for memory_id in memory_ids if memory_id in self._known]
-            if not known or self._broken:
-                return
-            self._known.difference_update(known)
-        with contextlib.suppress(PdGoneError):
-            self._send(wire.DropMemory(known))
+        with self._table_lock:
+            with self._lock:
+                known = [memory_id for memory_id in memory_ids if memory_id in self._known]
+                if not known or self._broken:
+                    return
+                self._known.difference_update(known)
+            with contextlib.suppress(PdGoneError):
+                self._send(wire.DropMemory(known))
 
     def _ensure(self, spans: Sequence[BufferSpan]) -> None:
         """Send the cached memories the child does not hold yet (before the call, on the
@@ -550,7 +555,9 @@ class PdChild:
                 if ref.id in self._known:
                     continue
                 if ref.fd is None:
-                    raise PdGoneError(f"memory {ref.id} has no fd and the child lacks it")
+                    # A MEM_MAP unmapped before its call was sent: the child answers
+                    # AEE_EBADPARM for it (the caller's bad reference), its PD lives on.
+                    continue
                 self._known.add(ref.id)
             self._send(wire.AddMemory(ref.id, ref.size), fds=[ref.fd], ring_above=None)
 
@@ -652,6 +659,12 @@ class PdChild:
     ) -> tuple[wire.CallAnswer, memoryview | bytes]:
         """Send a call and serve the child until its answer; PdGoneError when it ends."""
         self._send(message, tail, fds, ring_above=1)
+        return self._serve_call(call, services)
+
+    def _serve_call(
+        self, call: _Call, services: CallServices | None
+    ) -> tuple[wire.CallAnswer, memoryview | bytes]:
+        """Serve the child for a call sent until its answer; PdGoneError when it ends."""
         while True:
             answer, data = self._next(call)
             if isinstance(answer, wire.Log):
@@ -723,7 +736,6 @@ class PdChild:
     ) -> int:
         """Run a method in the child; its AEE result. Plain outputs come back into
         ``outputs`` (the payload's views) when the payload travelled in the message."""
-        self._ensure(transfer.spans)
         transient: list[wire.AddMemory] = []
         fds: list[int] = []
         payload_id = wire.INLINE
@@ -757,7 +769,10 @@ class PdChild:
                 transient,
                 crash,
             )
-            answer, data = self._exchange(call, message, services, tail, fds)
+            with self._table_lock:  # no DropMemory between the memories and the call
+                self._ensure(transfer.spans)
+                self._send(message, tail, fds, ring_above=1)
+            answer, data = self._serve_call(call, services)
             if not isinstance(answer, wire.Result):
                 raise self._broke(answer)
             if inline:
