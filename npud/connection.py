@@ -57,6 +57,10 @@ class PeerConnection:
             pid=client.pid, uid=client.uid, client="?"
         )
         self._admitted = False
+        self.log_budget = LogBudget(
+            broker.config.daemon.log_burst, broker.config.daemon.log_summary_interval_s
+        )
+        """The lines this peer may cause, from its first byte on (the link's too)."""
         self.domain: Domain | None = None
         """The domain the client's calls run in (from its Hello on)."""
         self._link: Link | None = None
@@ -106,7 +110,7 @@ class PeerConnection:
         finally:
             if link is not None:
                 reason = link.reason or reason
-                held_back = link.log_budget.held_back
+            held_back = self.log_budget.held_back
             with trio.CancelScope(shield=True):
                 # Fds of a frame the peer began and never finished are closed here,
                 # however the connection ended (hang-up, reset, refusal, timeout).
@@ -156,9 +160,7 @@ class PeerConnection:
             on_finished=lambda _link: None,
             close_later=lambda fds: broker.device.close_later(client.uid, fds),
             fds_waiting_cap=broker.config.uid_limits.max_fds_waiting,
-            log_budget=LogBudget(
-                broker.config.daemon.log_burst, broker.config.daemon.log_summary_interval_s
-            ),
+            log_budget=self.log_budget,
         )
 
     # ----------------------------------------------------------- handshake
@@ -193,7 +195,13 @@ class PeerConnection:
                 if isinstance(event, p.ConnectionClosed):
                     return False, "closed before its Hello"
                 if isinstance(event, p.StrayFds):
-                    self.log.warning("closed fds the client sent unasked", count=len(event.fds))
+                    held = self.log_budget.take()  # fds on every byte: an event each
+                    if held is not None:
+                        self.log.warning(
+                            "closed fds the client sent unasked",
+                            count=len(event.fds),
+                            **log_fields(held),
+                        )
                     if not self.broker.device.close_later(self.client.uid, event.fds):
                         return False, "too many of its user's fds wait to be closed"
                     continue

@@ -194,6 +194,32 @@ def test_fds_arriving_mid_frame_are_stray() -> None:
     assert r.take_stray_fds() == (4,)
 
 
+def test_fds_on_every_byte_of_an_unfinished_frame_are_stray_as_they_come() -> None:
+    """Issue 27: fds sent with each byte of a frame that never ends were held until the
+    frame ended, and it never did. Once the frame's header is there, fds that come with
+    bytes wholly inside it are stray at once; the frame's own (with its first byte) and
+    those that may belong to the next frame (with bytes past its end) are kept."""
+    data = frame(b"x" * 1000, fd_count=1)
+    r = reader(limit=4096)
+    r.feed(data[:1], [100])  # the first byte: the frame's own fd
+    for i in range(1, FRAME_HEADER_SIZE - 1):
+        r.feed(data[i : i + 1], [200 + i])
+        assert r.next_frame() is None
+        assert r.take_stray_fds() == ()  # the header is incomplete: its length unknown
+    r.feed(data[FRAME_HEADER_SIZE - 1 : FRAME_HEADER_SIZE], [207])  # the header is whole
+    assert r.next_frame() is None
+    assert r.take_stray_fds() == (201, 202, 203, 204, 205, 206, 207)
+    for i in range(FRAME_HEADER_SIZE, 500):
+        r.feed(data[i : i + 1], [1000 + i, 2000 + i, 3000 + i, 4000 + i])
+        assert r.next_frame() is None
+        assert r.take_stray_fds() == (1000 + i, 2000 + i, 3000 + i, 4000 + i)
+    r.feed(data[500:] + frame(b"next", fd_count=1)[:1], [7])  # the rest, and the next frame's
+    assert r.next_frame() == Frame(b"x" * 1000, (100,))
+    assert r.take_stray_fds() == ()  # 7 is the next frame's
+    r.feed(frame(b"next", fd_count=1)[1:])
+    assert r.next_frame() == Frame(b"next", (7,))
+
+
 def test_fds_without_bytes_are_stray() -> None:
     r = reader()
     r.feed(frame(b"a"))

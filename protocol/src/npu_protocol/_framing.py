@@ -182,9 +182,27 @@ class FrameReader:
             raise RemoteProtocolError(ErrorCode.TRUNCATED_FRAME, buffered=self.buffered)
 
     def _sweep(self) -> None:
-        """Chunks wholly consumed can no longer give fds to a frame: theirs are stray."""
+        """Fds no frame can claim any more are stray: those of chunks wholly consumed,
+        and, once the header of the frame being received is there, those that came
+        after its first byte with bytes wholly inside it (no frame begins there). So
+        the fds a peer sends on every byte of a frame it never ends are handed back as
+        they come, not held until the frame ends (issue 27: 4 fds on each byte took a
+        daemon to its fd limit): what a connection holds waiting for frames is bounded
+        by the fds of the recvmsg()s of one frame's first bytes."""
         while self._chunks and self._chunks[0].end <= self._offset:
             self._stray.extend(self._chunks.popleft().fds)
+        if not self._chunks or self.buffered < FRAME_HEADER_SIZE:
+            return
+        length = _HEADER.unpack_from(self._buffer, self._start)[3]
+        end = self._offset + FRAME_HEADER_SIZE + length
+        kept: deque[_FdChunk] = deque()
+        for chunk in self._chunks:
+            if chunk.start > self._offset and chunk.end <= end:
+                self._stray.extend(chunk.fds)
+            else:
+                kept.append(chunk)
+        if len(kept) != len(self._chunks):
+            self._chunks = kept
 
     def _claim_fds(self, count: int) -> tuple[int, ...]:
         self._sweep()
