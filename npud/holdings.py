@@ -57,6 +57,9 @@ class OpenHandle:
 
     handle: int
     generation: int
+    waits: frozenset[int] = frozenset()
+    """Its methods that wait for the DSP rather than compute: the only ones an invoke
+    may send with ``wait`` (:data:`npud.requests.WAITING_METHODS`)."""
 
 
 def let_go(

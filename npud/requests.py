@@ -24,7 +24,9 @@ import abc
 import enum
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
 
 import structlog
@@ -377,7 +379,7 @@ class Open(Handler[p.OpenRequest]):
         except BaseException:
             self.client.objects.failed(self.entry)
             raise
-        opened = OpenHandle(handle, domain.registry.opened(handle))
+        opened = OpenHandle(handle, domain.registry.opened(handle), waiting_methods(uri))
         if not self.client.objects.created(self.entry, opened):
             let_go(domain, handles=[opened])
             raise CodedError(ErrorCode.DSP_RESTARTED)
@@ -455,7 +457,10 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
         self.begin_call()
 
     def run(self) -> Answer:
-        handle = self._handle(self.handle).handle
+        opened = self._handle(self.handle)
+        handle = opened.handle
+        if self.request.wait:
+            _check_waits(self.request, opened, self.handle.id)
         buffers = {id(arg): self._held_buffer(entry).buffer for arg, entry in self.slices}
         for arg, entry in self.slices:
             _check_slice(arg, entry)
@@ -492,6 +497,29 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
 
 MAX_WAITS: Final = 2
 """Calls of one client that wait for the DSP at once (dspqueue keeps one)."""
+WAITING_METHODS: Final[Mapping[str, frozenset[int]]] = MappingProxyType(
+    {"libdspqueue_rpc_skel.so": frozenset({6})}  # dspqueue_rpc.wait_signal
+)
+"""By skel library, the methods that wait for the DSP (until it has something to say)
+rather than compute: what ``invoke.wait`` is for. A call with ``wait`` takes no slot
+and escapes the watchdog, so a method that computes may not be sent with it."""
+
+
+def waiting_methods(uri: str) -> frozenset[int]:
+    """The methods of the skel ``uri`` names that wait for the DSP (none for most)."""
+    library = uri.partition("?")[0].rpartition("/")[2]
+    return WAITING_METHODS.get(library, frozenset())
+
+
+def _check_waits(request: p.InvokeRequest, opened: OpenHandle, handle_id: int) -> None:
+    method = (request.scalars >> 24) & 0x1F
+    if method not in opened.waits:
+        raise CodedError(
+            ErrorCode.INVALID_ARGUMENT,
+            detail=f"wait is only for a method that waits for the DSP (dspqueue's "
+            f"wait_signal); method {method} of handle {handle_id} computes: send it "
+            "without wait",
+        )
 
 
 def _check_slice(arg: p.BufferSlice, entry: Entry) -> None:

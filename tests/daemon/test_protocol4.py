@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 from pathlib import Path
 
 import trio
@@ -16,7 +15,10 @@ from npu_protocol import ErrorCode
 from npud.fastrpc.kernel import abi
 from npud.server import Daemon
 from npud.sim import EmulatedDriver
+from npud.sim.skels_dspqueue import URI as DSPQUEUE_SKEL_URI
 from tests.daemon.wire import TEST_URI, RawPeer, busy, serve_daemon
+
+DSPQUEUE_URI = DSPQUEUE_SKEL_URI + "&_dom=cdsp"
 
 
 async def connect(path: Path, name: str, **hello: object) -> tuple[RawPeer, p.ServerMessage]:
@@ -76,9 +78,27 @@ async def test_the_dsp_fd_is_the_number_the_dsp_maps_the_buffer_by(tmp_path: Pat
         peer.close()
 
 
-def waiting_busy(request_id: int, handle: int, micros: int) -> p.InvokeRequest:
-    call = busy(request_id, handle, micros)
-    return p.InvokeRequest(id=request_id, handle=handle, method=4, inputs=call.inputs, wait=True)
+def wait_signal(request_id: int, handle: int) -> p.InvokeRequest:
+    """dspqueue_rpc.wait_signal, the method that waits for the DSP: until the DSP has
+    something for the CPU, or cancel_wait_signal."""
+    return p.InvokeRequest(
+        id=request_id,
+        handle=handle,
+        sc=0x06000100,
+        outputs=(p.InlineOutput(capacity=4),),
+        wait=True,
+    )
+
+
+def cancel_wait_signal(request_id: int, handle: int) -> p.InvokeRequest:
+    return p.InvokeRequest(id=request_id, handle=handle, sc=0x07000000)
+
+
+async def opened(peer: RawPeer, request_id: int, uri: str) -> int:
+    await peer.write(p.OpenRequest(id=request_id, uri=uri))
+    reply = await peer.next()
+    assert isinstance(reply, p.OpenReply), reply
+    return reply.handle
 
 
 async def test_a_waiting_call_holds_no_slot_and_escapes_the_watchdog(tmp_path: Path) -> None:
@@ -86,35 +106,39 @@ async def test_a_waiting_call_holds_no_slot_and_escapes_the_watchdog(tmp_path: P
     async with serve_daemon(tmp_path, config) as daemon:
         peer, welcome = await connect(tmp_path / "npud.sock", "waiter", isolate=True)
         assert isinstance(welcome, p.Welcome)
-        await peer.write(p.OpenRequest(id=1, uri=TEST_URI))
-        opened = await peer.next()
-        assert isinstance(opened, p.OpenReply)
-        handle = opened.handle
-        await peer.write(waiting_busy(2, handle, 600_000), waiting_busy(3, handle, 600_000))
+        queue = await opened(peer, 1, DSPQUEUE_URI)
+        handle = await opened(peer, 7, TEST_URI)
+        await peer.write(wait_signal(2, queue), wait_signal(3, queue))
         await trio.sleep(0.1)
         scheduler = daemon.broker.scheduler.statistics()
         assert sum(scheduler.running) == 0  # the waits hold no slot
         # A third wait at once is refused; an ordinary call runs beside the two.
-        await peer.write(waiting_busy(4, handle, 1000), busy(5, handle, 1000))
+        await peer.write(wait_signal(4, queue), busy(5, handle, 1000))
         first_two = await peer.answers(2)
         assert [type(m) for m in first_two] == [p.ErrorMessage, p.InvokeReply]
         refused = first_two[0]
         assert isinstance(refused, p.ErrorMessage)
         assert refused.error_code is ErrorCode.QUOTA_EXCEEDED
         assert "calls waiting for the DSP quota exceeded: the limit is 2" in refused.message
-        # Past the watchdog (0.2 s), nothing was taken as hung.
-        waited = sorted(await peer.answers(2), key=lambda m: getattr(m, "id", 0))  # either first
-        assert waited == [p.InvokeReply(id=2), p.InvokeReply(id=3)]
+        await trio.sleep(0.5)  # past the watchdog (0.2 s): nothing is taken as hung
+        await peer.write(cancel_wait_signal(6, queue))
+        answers = sorted(await peer.answers(3), key=lambda m: getattr(m, "id", 0))
+        cancelled = (-1).to_bytes(4, "little", signed=True)
+        assert answers == [
+            p.InvokeReply(id=2, outputs=(cancelled,)),
+            p.InvokeReply(id=3, outputs=(cancelled,)),
+            p.InvokeReply(id=6),
+        ]
         row = daemon.broker.status().clients[0]
         assert row.hung_calls == 0
         domain = daemon.broker.domains.get(welcome.domain)
         assert domain is not None
         assert domain.restarts == 0
         bad = p.InvokeRequest(
-            id=6,
-            handle=handle,
-            method=4,
-            inputs=(p.InlineInput(data=struct.pack("<I", 1)),),
+            id=8,
+            handle=queue,
+            sc=0x06000100,
+            outputs=(p.InlineOutput(capacity=4),),
             wait=True,
             timeout_ms=100,
         )
@@ -129,10 +153,8 @@ async def test_a_wait_needs_a_dsp_process_of_its_own(tmp_path: Path) -> None:
     """In a shared process nothing would stop a wait whose client left."""
     async with serve_daemon(tmp_path):
         peer = await RawPeer.connect(tmp_path / "npud.sock", name="shared")
-        await peer.write(p.OpenRequest(id=1, uri=TEST_URI))
-        opened = await peer.next()
-        assert isinstance(opened, p.OpenReply)
-        await peer.write(waiting_busy(2, opened.handle, 1000))
+        queue = await opened(peer, 1, DSPQUEUE_URI)
+        await peer.write(wait_signal(2, queue))
         refused = await peer.next()
         assert isinstance(refused, p.ErrorMessage)
         assert refused.error_code is ErrorCode.NOT_PERMITTED
@@ -147,10 +169,8 @@ async def test_a_client_gone_with_a_wait_pending_is_let_go(tmp_path: Path) -> No
     async with serve_daemon(tmp_path) as daemon:
         peer, welcome = await connect(tmp_path / "npud.sock", "llama", isolate=True)
         assert isinstance(welcome, p.Welcome)
-        await peer.write(p.OpenRequest(id=1, uri=TEST_URI))
-        opened = await peer.next()
-        assert isinstance(opened, p.OpenReply)
-        await peer.write(waiting_busy(2, opened.handle, 0xFFFFFFFF))  # for ever
+        queue = await opened(peer, 1, DSPQUEUE_URI)
+        await peer.write(wait_signal(2, queue))  # for ever: nothing signals, nothing cancels
         with trio.fail_after(10):
             while not sim_of(daemon).statistics().invokes_in_flight:
                 await trio.sleep(0.01)
@@ -161,6 +181,36 @@ async def test_a_client_gone_with_a_wait_pending_is_let_go(tmp_path: Path) -> No
             ):
                 await trio.sleep(0.01)
         assert sim_of(daemon).statistics().sessions_in_use == 1
+
+
+async def test_wait_on_a_method_that_computes_is_refused(tmp_path: Path) -> None:
+    """Issue 27: ``wait`` on npu_test.busy ran 40 s with no slot and no watchdog. It is
+    for methods that wait for the DSP; one that computes is refused before it runs."""
+    async with serve_daemon(tmp_path) as daemon:
+        peer, welcome = await connect(tmp_path / "npud.sock", "waiter", isolate=True)
+        assert isinstance(welcome, p.Welcome)
+        handle = await opened(peer, 1, TEST_URI)
+        queue = await opened(peer, 2, DSPQUEUE_URI)
+        listening = sim_of(daemon).statistics().invokes_in_flight  # the listeners' own
+        computing = busy(3, handle, 2_000_000)
+        await peer.write(
+            p.InvokeRequest(id=3, handle=handle, method=4, inputs=computing.inputs, wait=True),
+            # dspqueue's other methods compute too (signal).
+            p.InvokeRequest(id=4, handle=queue, sc=0x08000000, wait=True),
+        )
+        refusals = sorted(await peer.answers(2), key=lambda m: getattr(m, "id", 0))
+        for refusal, method, handle_id in zip(refusals, (4, 8), (handle, queue), strict=True):
+            assert isinstance(refusal, p.ErrorMessage), refusal
+            assert refusal.error_code is ErrorCode.INVALID_ARGUMENT
+            assert (
+                f"wait is only for a method that waits for the DSP (dspqueue's wait_signal); "
+                f"method {method} of handle {handle_id} computes: send it without wait"
+            ) in refusal.message
+        assert sim_of(daemon).statistics().invokes_in_flight == listening  # busy never ran
+        # The same call without wait runs, with a slot and under the watchdog.
+        await peer.write(busy(5, handle, 1000))
+        assert await peer.next() == p.InvokeReply(id=5)
+        peer.close()
 
 
 def test_the_map_flags_are_the_kernels() -> None:
