@@ -89,7 +89,14 @@ class MemoryTable:
         finally:
             os.close(fd)
         with self._lock:
+            replaced = self._by_id.get(memory_id)
             self._by_id[memory_id] = _Memory(mapping)
+            if replaced is not None:  # an id sent again: it names the new mapping now
+                replaced.holders -= 1
+                if replaced.holders or replaced.users:
+                    return
+        if replaced is not None:
+            _close_mapping(replaced.mapping)
 
     def bind(self, memory_id: int, fd_number: int, offset: int, length: int) -> None:
         with self._lock:
@@ -124,48 +131,44 @@ class MemoryTable:
         for mapping in closing:
             _close_mapping(mapping)
 
-    def acquire(self, memory_id: int) -> mmap.mmap | None:
-        """The mapping of ``memory_id`` for one call (:meth:`release` it after); None when
-        this child holds no such memory."""
+    def acquire(self, memory_id: int) -> _Memory | None:
+        """The memory ``memory_id`` names, for one call (:meth:`release` it after); None
+        when this child holds no such memory."""
         with self._lock:
             memory = self._by_id.get(memory_id)
             if memory is None:
                 return None
             memory.users += 1
-            return memory.mapping
+            return memory
 
-    def acquire_all(self, memory_ids: Iterable[int]) -> dict[int, mmap.mmap] | int:
-        """The mappings of every id, acquired at once (:meth:`release` each); or the
+    def acquire_all(self, memory_ids: Iterable[int]) -> dict[int, _Memory] | int:
+        """The memories of every id, acquired at once (:meth:`release` each); or the
         first id this child does not hold (nothing is then acquired)."""
-        acquired: dict[int, mmap.mmap] = {}
+        acquired: dict[int, _Memory] = {}
         with self._lock:
             for memory_id in memory_ids:
                 if memory_id in acquired:
                     continue
                 memory = self._by_id.get(memory_id)
                 if memory is None:
-                    for memory in (self._by_id[taken] for taken in acquired):
-                        memory.users -= 1
+                    for taken in acquired.values():
+                        taken.users -= 1
                     return memory_id
                 memory.users += 1
-                acquired[memory_id] = memory.mapping
+                acquired[memory_id] = memory
         return acquired
 
-    def release(self, memory_id: int, mapping: mmap.mmap) -> None:
+    def release(self, memory: _Memory) -> None:
+        """A call is done with ``memory``: its mapping closes with its last user once no
+        id names it any more (dropped while calls used it)."""
         with self._lock:
-            memory = self._by_id.get(memory_id)
-            if memory is not None and memory.mapping is mapping:
-                memory.users -= 1
+            memory.users -= 1
+            if memory.users or memory.holders:
                 return
-            # Dropped while the call ran: the last user closes it.
-            for memory in list(self._by_id.values()):
-                if memory.mapping is mapping:
-                    memory.users -= 1
-                    return
-        _close_mapping(mapping)
+        _close_mapping(memory.mapping)
 
-    def acquire_by_fd(self, fd_number: int) -> tuple[int, mmap.mmap, int, int] | None:
-        """(id, mapping, offset, length) of the newest MEM_MAP made through ``fd_number``,
+    def acquire_by_fd(self, fd_number: int) -> tuple[_Memory, int, int] | None:
+        """(memory, offset, length) of the newest MEM_MAP made through ``fd_number``,
         acquired as by :meth:`acquire` (:meth:`release` it); None when there is none."""
         with self._lock:
             bound = self._by_fd.get(fd_number)
@@ -176,7 +179,7 @@ class MemoryTable:
             if memory is None:  # bound and dropped together: never, but never a crash
                 return None
             memory.users += 1
-            return memory_id, memory.mapping, offset, length
+            return memory, offset, length
 
     def find_by_fd(self, fd_number: int) -> tuple[int, int, int] | None:
         """(id, offset, length) of the newest MEM_MAP made through ``fd_number``."""
@@ -214,7 +217,7 @@ class _Call:
         self.id = call_id
         self.runtime = runtime
         self.answers: collections.deque[Answer] = collections.deque()
-        self.memories: dict[int, mmap.mmap] | int = {}
+        self.memories: dict[int, _Memory] | int = {}
         """An invoke's memories, acquired when it was read (in order with the table
         changes around it); or the id of one the child did not hold then."""
 
@@ -364,12 +367,12 @@ class ChildRuntime:
         found = self.memory.acquire_by_fd(fd)
         if found is None:
             return None
-        memory_id, mapping, offset, length = found
+        memory, offset, length = found
 
         def release() -> None:
-            self.memory.release(memory_id, mapping)
+            self.memory.release(memory)
 
-        return FdMemory(fd, memoryview(mapping), offset, length, release)
+        return FdMemory(fd, memoryview(memory.mapping), offset, length, release)
 
     def _crash_thread(self, text: str) -> NoReturn:
         """A thread of the PD's own raised (PdServices logged it): the PD crashes."""
@@ -652,7 +655,7 @@ class ChildRuntime:
                     whole = memoryview(transient[span.memory])
                     views.append(whole)
                 else:
-                    whole = memoryview(acquired[span.memory])
+                    whole = memoryview(acquired[span.memory].mapping)
                     views.append(whole)
                 part = whole[span.offset : span.offset + span.length]
                 views.append(part)
@@ -681,8 +684,8 @@ class ChildRuntime:
                     part.release()
                 except BufferError:  # skel code kept an export: it goes with its object
                     pass
-            for memory_id, mapping in acquired.items():
-                self.memory.release(memory_id, mapping)
+            for held in acquired.values():
+                self.memory.release(held)
             call.memories = {}
             for mapping in transient.values():
                 _close_mapping(mapping)

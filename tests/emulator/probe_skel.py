@@ -102,14 +102,14 @@ class ProbeSkel(Skel):
         if found is None:
             return 0x8000040E  # AEE_EBADPARM
         memory_id, offset, length = found
-        mapping = runtime.memory.acquire(memory_id) if runtime is not None else None
-        assert mapping is not None
+        memory = runtime.memory.acquire(memory_id) if runtime is not None else None
+        assert memory is not None
         assert runtime is not None
         try:
             count = min(len(call.outputs[0]), length)
-            call.outputs[0][:count] = mapping[offset : offset + count]
+            call.outputs[0][:count] = memory.mapping[offset : offset + count]
         finally:
-            runtime.memory.release(memory_id, mapping)
+            runtime.memory.release(memory)
         return 0
 
     @staticmethod

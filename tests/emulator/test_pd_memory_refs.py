@@ -19,6 +19,7 @@ from typing import Final
 import pytest
 
 from npu_protocol.aee import AEE
+from npud.sim.pd_child import MemoryTable
 from npud.sim.pd_host import BufferSpan, MemoryRef, PdChild, acquire_zygote
 from npud.sim.skels import EchoSkel
 
@@ -105,3 +106,36 @@ def test_drops_racing_invokes_never_end_the_pd(child: PdChild, memfd: int) -> No
         dropper.join()
     assert results == {AEE.EUNSUPPORTED.dsp}
     assert child.alive
+
+
+def test_a_memory_dropped_while_two_calls_use_it_stays_mapped_until_the_last(memfd: int) -> None:
+    """The child's table: a memory dropped (unmapped, or sent again under its id) while
+    calls use it is closed by its last user, not its first (the first closed it, and
+    the other call's next look at it crashed the PD: "mmap closed or invalid")."""
+    table = MemoryTable()
+    table.add(MEMORY, os.dup(memfd), SIZE)
+    first, second = table.acquire(MEMORY), table.acquire(MEMORY)
+    assert first is not None
+    assert second is first
+    table.drop([MEMORY])
+    table.release(first)
+    assert not second.mapping.closed  # the second call still reads it
+    assert second.mapping[:4] == bytes(4)
+    table.release(second)
+    assert second.mapping.closed
+
+    table.add(MEMORY, os.dup(memfd), SIZE)
+    held = table.acquire(MEMORY)
+    assert held is not None
+    table.add(MEMORY, os.dup(memfd), SIZE)  # sent again: the id names the new one
+    assert not held.mapping.closed
+    table.release(held)
+    assert held.mapping.closed
+    renewed = table.acquire(MEMORY)
+    assert renewed is not None
+    assert not renewed.mapping.closed
+    table.release(renewed)
+    table.drop([MEMORY])
+    assert renewed.mapping.closed
+    assert table.acquire(MEMORY) is None
+    assert table.acquire_all([MEMORY]) == MEMORY
