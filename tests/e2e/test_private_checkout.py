@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 import npu_client
-from npud.sim import EmulatedDriver, SimConfig
+from npud.backend import DEV_SHELL
+from npud.fastrpc.session import FastRpcSession
+from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.builtin_skels import BUILTIN_SKELS
 from npud.sim.driver import skel_modules
-from npud.sim.pd_host import live_zygotes
 from tests.e2e.daemon import Npud, wait_until_serving
 from tests.emulator import onnx_models, probe_skel
 
@@ -94,19 +95,33 @@ def test_a_model_loads_and_runs_from_a_checkout_only_root_can_read(tmp_path: Pat
     assert "No module named" not in daemon.log()
 
 
-def test_the_driver_has_its_own_skels_imported_before_the_children_confine() -> None:
+def test_the_driver_has_its_own_skels_imported_before_the_children_confine(
+    tmp_path: Path,
+) -> None:
     """A skel outside npud (the tests' probe) is found in a child by its module: the
-    zygote imports that module before it confines itself; npud's own skels are its
-    PRELOAD, so the built-in table asks for nothing more (and shares the zygote)."""
+    zygote that forks the driver's children imports that module before it confines
+    itself; npud's own skels are its PRELOAD, so the built-in table asks for nothing
+    more (and shares the zygote)."""
     assert skel_modules(BUILTIN_SKELS) == ()
     assert skel_modules(probe_skel.PROBE_SKELS) == ("tests.emulator.probe_skel",)
+    library = tmp_path / "dsp"
+    library.mkdir()
+    probe_skel.write_descriptor(library)
+    for path in DSP_LIBRARY_DIR.iterdir():
+        (library / path.name).write_bytes(path.read_bytes())
     driver = EmulatedDriver(SimConfig(skels=probe_skel.PROBE_SKELS, pd_isolation="process"))
     try:
-        cmdlines = [
-            Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in live_zygotes()
-        ]
-        assert any(
-            b"--preload" in argv and b"tests.emulator.probe_skel" in argv for argv in cmdlines
-        ), cmdlines
+        session = FastRpcSession.open(driver, library_path=(library,))
+        try:
+            session.load_shell(DEV_SHELL.read_bytes())
+            session.remote_open(probe_skel.URI)  # made in the child: found by its module
+            child = driver.pd_pid(session._rpc_fd.fileno())
+            assert child is not None
+            status = Path(f"/proc/{child}/status").read_text()
+            zygote = int(status.split("PPid:")[1].split()[0])
+            argv = Path(f"/proc/{zygote}/cmdline").read_bytes().split(b"\0")
+            assert argv[argv.index(b"--preload") + 1] == b"tests.emulator.probe_skel", argv
+        finally:
+            session.close()
     finally:
         driver.shutdown()
