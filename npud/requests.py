@@ -247,8 +247,9 @@ class Alloc(Handler[p.AllocRequest]):
 
     def arrive(self) -> None:
         size = checked_dma_size(self.request.size)
-        self.quotas.check_buffer(self.client, size)
-        self.entry = self._reserve(Kind.BUFFER, size)
+        with self.quotas.reserving:
+            self.quotas.check_buffer(self.client, size)
+            self.entry = self._reserve(Kind.BUFFER, size)
 
     def run(self) -> Answer:
         domain, client, objects = self.domain, self.client, self.client.objects
@@ -367,8 +368,9 @@ class Open(Handler[p.OpenRequest]):
 
     def arrive(self) -> None:
         self.session = self.domain.current()
-        self.quotas.check_handle(self.client)
-        self.entry = self._reserve(Kind.HANDLE)
+        with self.quotas.reserving:
+            self.quotas.check_handle(self.client)
+            self.entry = self._reserve(Kind.HANDLE)
 
     def run(self) -> Answer:
         session, uri, domain = self.session, self.request.uri, self.domain
@@ -527,10 +529,11 @@ class LoadModel(Handler[p.ModelLoadRequest]):
             raise CodedError(
                 ErrorCode.MODEL_FILE_UNREADABLE, detail=f"cannot stat the file: {exc.strerror}"
             ) from None
-        self.quotas.check_model(self.client, size)
-        self.quotas.begin_load(self.client)
-        self._loading = True
-        self.entry = self._reserve(Kind.MODEL, size)
+        with self.quotas.reserving:
+            self.quotas.check_model(self.client, size)
+            self.quotas.begin_load(self.client)
+            self._loading = True
+            self.entry = self._reserve(Kind.MODEL, size)
 
     def run(self) -> Answer:
         from npud.models import NpuModel  # noqa: PLC0415  (the first model load loads it)
