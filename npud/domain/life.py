@@ -87,12 +87,16 @@ class Domain:
         name: str,
         *,
         isolated: bool = False,
+        owner: int | None = None,
         on_restarted: Restarted = lambda domain, reason: None,
         on_reopened: Reopened | None = None,
     ) -> None:
         self.device = device
         self.name = name
         self.isolated = isolated
+        self.owner = owner
+        """The user this DSP process is counted against (``max_domains_per_uid``) and
+        closed for when it leaves; None: shared, or the privileged users'."""
         self.serial = next(self._serials)
         self.control = LanePool(f"control:{name}", 1)
         self.loader = LanePool(f"loader:{name}", 1)
@@ -157,6 +161,7 @@ class Domain:
             "domain ready",
             domain=self.name,
             isolated=self.isolated,
+            uid=self.owner,
             backend=self.device.kind,
             device=self.session.device,
             arch=self.session.capabilities.arch,
