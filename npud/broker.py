@@ -267,9 +267,7 @@ class Broker:
         throttled = self.hung.throttle_left(client.uid)
         if throttled > 0:  # its user's call hung a moment ago: a new connection sheds nothing
             self.scheduler.throttle(client.account, throttled)
-        placement = self.domains.placement(
-            client.uid, client.groups, client.name, self.privileged
-        )
+        placement = self.domains.placement(client.uid, client.groups, client.name, self.privileged)
         if isolate and not placement.isolate:
             # A process of its own is its user's, whoever shares the domain's name.
             owner = None if client.uid in self.privileged else client.uid

@@ -57,6 +57,9 @@ class OpenHandle:
 
     handle: int
     generation: int
+    faults: frozenset[int] = frozenset()
+    """Its methods that crash the DSP process on purpose (the emulator's fault
+    injection): only root and ``[emulator] fault_uids`` may call them."""
 
 
 def let_go(

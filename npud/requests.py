@@ -375,11 +375,12 @@ class Open(Handler[p.OpenRequest]):
     def run(self) -> Answer:
         session, uri, domain = self.session, self.request.uri, self.domain
         try:
+            faults = domain.device.fault_methods(uri)
             handle = domain.run(session, lambda: session.remote_open(uri))
         except BaseException:
             self.client.objects.failed(self.entry)
             raise
-        opened = OpenHandle(handle, domain.registry.opened(handle))
+        opened = OpenHandle(handle, domain.registry.opened(handle), faults)
         if not self.client.objects.created(self.entry, opened):
             let_go(domain, handles=[opened])
             raise CodedError(ErrorCode.DSP_RESTARTED)
@@ -415,6 +416,20 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
         super().__init__(client, domain, request)
         if request.wait:
             self.route = Route.WAIT
+
+    def _may_fault(self) -> None:
+        """The method crashes the DSP process on purpose (the emulator's fault injection):
+        root's and ``[emulator] fault_uids``' calls only (PROTOCOL.md section 7.4)."""
+        client = self.client
+        quotas = client.quotas
+        allowed = quotas.config.emulator.fault_uids if quotas is not None else ()
+        if client.uid != 0 and client.uid not in allowed:
+            raise CodedError(
+                ErrorCode.NOT_PERMITTED,
+                detail=f"method {self.request.method} of handle {self.request.handle} crashes "
+                f"its DSP process on purpose (fault injection): root and [emulator] fault_uids "
+                f"only, not uid {client.uid}",
+            )
 
     def arrive(self) -> None:
         request = self.request
@@ -457,7 +472,10 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
         self.begin_call()
 
     def run(self) -> Answer:
-        handle = self._handle(self.handle).handle
+        opened = self._handle(self.handle)
+        if self.request.method in opened.faults:
+            self._may_fault()
+        handle = opened.handle
         buffers = {id(arg): self._held_buffer(entry).buffer for arg, entry in self.slices}
         for arg, entry in self.slices:
             _check_slice(arg, entry)

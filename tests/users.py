@@ -31,7 +31,8 @@ def as_user(
     """Run ``work`` on a connection made by a child process running as ``uid``; its
     result (or the repr of what it raised). ``work`` may call ``peer.pause(note)``
     once: the parent then runs ``meanwhile`` (as root), with the child's ``note`` in
-    :data:`notes`, before the child goes on."""
+    :data:`notes`, before the child goes on; ``peer.again()`` makes another connection
+    of the same user."""
     path.parent.chmod(0o711)
     path.chmod(0o666)
     directory = os.open(path.parent, os.O_PATH | os.O_CLOEXEC)
@@ -44,13 +45,15 @@ def as_user(
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
-            peer = RawPeer.connect(Path(f"/proc/self/fd/{directory}/{path.name}"), timeout=60)
+            reachable = Path(f"/proc/self/fd/{directory}/{path.name}")
+            peer = RawPeer.connect(reachable, timeout=60)
 
             def pause(note: bytes = b"") -> None:
                 os.write(paused[1], b"p" + note)
                 os.read(resume[0], 1)
 
             peer.pause = pause  # type: ignore[attr-defined]
+            peer.again = lambda: RawPeer.connect(reachable, timeout=60)  # type: ignore[attr-defined]
             outcome = work(peer)
         except BaseException as exc:  # the child reports whatever happened
             outcome = repr(exc).encode()

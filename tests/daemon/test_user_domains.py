@@ -11,7 +11,9 @@ every one, and a user who left holds none.
 from __future__ import annotations
 
 import mmap
-from collections.abc import AsyncIterator
+import struct
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -19,10 +21,12 @@ import numpy as np
 import trio
 
 import npu_protocol as p
+from npu_protocol import ErrorCode
 from npud.backend import select_profile
 from npud.broker import Broker
 from npud.config import parse_config
 from npud.server import Daemon, bind_socket
+from npud.sim import EmulatedDriver
 from tests.e2e.daemon import RawPeer
 from tests.emulator.dspqueue_cpu import CpuQueues
 from tests.emulator.htp_host import F32, STATUS_INVAL_PARAMS, STATUS_OK, Arena, HtpHost, OpSpec
@@ -89,7 +93,8 @@ def dsp_code_of(daemon: Daemon, uid: int, dsp_fd: int) -> tuple[int, bytes, int]
     write status)."""
     row = next(r for r in daemon.broker.status().clients if r.uid == uid)
     domain = daemon.broker.domain_named(row.domain)
-    assert domain is not None and domain.session is not None
+    assert domain is not None
+    assert domain.session is not None
     session = domain.session
     queues = CpuQueues(session)
     host = HtpHost(session, queues)
@@ -103,9 +108,7 @@ def dsp_code_of(daemon: Daemon, uid: int, dsp_fd: int) -> tuple[int, bytes, int]
         stolen = loot.array().tobytes()
         payload = arena.tensor(F32, (16,))
         payload.set(np.frombuffer(PWNED, np.float32).reshape(1, 1, 1, 16))
-        host.submit(
-            [OpSpec("CPY", [payload], [decoy])], raw_fds=[payload.buffer.fd, dsp_fd]
-        )
+        host.submit([OpSpec("CPY", [payload], [decoy])], raw_fds=[payload.buffer.fd, dsp_fd])
         write = host.collect().status
         return read, stolen, write
     finally:
@@ -121,9 +124,7 @@ def attack(daemon: Daemon, socket_path: Path) -> tuple[bytes, dict[str, object]]
 
     def strike() -> None:
         dsp_fd = int(notes[VICTIM].split()[0])
-        outcome["read"], outcome["stolen"], outcome["write"] = dsp_code_of(
-            daemon, ATTACKER, dsp_fd
-        )
+        outcome["read"], outcome["stolen"], outcome["write"] = dsp_code_of(daemon, ATTACKER, dsp_fd)
 
     def attacker_then_strike() -> None:
         outcome["attacker"] = as_user(ATTACKER, socket_path, attacker_waits, strike).decode()
@@ -137,9 +138,7 @@ async def test_another_users_dsp_code_reaches_none_of_a_users_buffers(tmp_path: 
     """The review's attack: with one `default` domain for all, one CPY naming the
     victim's dsp_fd read its secret and another wrote into it."""
     async with shipped_daemon(tmp_path) as daemon:
-        victim_sees, outcome = await trio.to_thread.run_sync(
-            attack, daemon, tmp_path / "npud.sock"
-        )
+        victim_sees, outcome = await trio.to_thread.run_sync(attack, daemon, tmp_path / "npud.sock")
         assert (outcome["victim"], outcome["attacker"]) == (
             f"default@{VICTIM}",
             f"default@{ATTACKER}",
@@ -156,10 +155,219 @@ async def test_share_default_gives_that_away_as_deploy_md_says(tmp_path: Path) -
     async with shipped_daemon(
         tmp_path, **{"share_default = false": "share_default = true"}
     ) as daemon:
-        victim_sees, outcome = await trio.to_thread.run_sync(
-            attack, daemon, tmp_path / "npud.sock"
-        )
+        victim_sees, outcome = await trio.to_thread.run_sync(attack, daemon, tmp_path / "npud.sock")
         assert (outcome["victim"], outcome["attacker"]) == ("default", "default")
         assert (outcome["read"], outcome["write"]) == (STATUS_OK, STATUS_OK)
         assert SECRET in outcome["stolen"]  # type: ignore[operator]
         assert victim_sees == PWNED
+
+
+def isolated_hello(peer: RawPeer, name: str) -> p.Welcome | p.ErrorMessage:
+    peer.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name=name, isolate=True))
+    answer = peer.receive()
+    assert isinstance(answer, p.Welcome | p.ErrorMessage), answer
+    return answer
+
+
+def hog(peer: RawPeer) -> bytes:
+    """11 isolated Hellos of one user, all held while the victim tries."""
+    answers = [isolated_hello(peer, "llama-0")]
+    held = [peer]
+    for n in range(1, 11):
+        other = peer.again()  # type: ignore[attr-defined]
+        held.append(other)
+        answers.append(isolated_hello(other, f"llama-{n}"))
+    welcomed = sum(isinstance(a, p.Welcome) for a in answers)
+    refusals = {a.message for a in answers if isinstance(a, p.ErrorMessage)}
+    peer.pause(f"{welcomed}".encode())  # type: ignore[attr-defined]
+    for other in held:
+        other.close()
+    return "\n".join(sorted(refusals)).encode()
+
+
+async def test_one_user_cannot_take_every_dsp_process(tmp_path: Path) -> None:
+    """The review: 11 isolated Hellos of one uid took every context bank, and another
+    user's isolated Hello was QUOTA_EXCEEDED. Now one user holds max_domains_per_uid."""
+    socket_path = tmp_path / "npud.sock"
+    async with shipped_daemon(tmp_path) as daemon:
+        victim: dict[str, object] = {}
+
+        def victim_isolates() -> None:
+            def work(peer: RawPeer) -> bytes:
+                answer = isolated_hello(peer, "llama-victim")
+                return answer.domain.encode() if isinstance(answer, p.Welcome) else b"refused"
+
+            victim["domain"] = as_user(VICTIM, socket_path, work).decode()
+            victim["domains"] = daemon.broker.domains.owned_by(ATTACKER)
+
+        refusals = await trio.to_thread.run_sync(
+            lambda: as_user(ATTACKER, socket_path, hog, victim_isolates)
+        )
+        assert notes[ATTACKER] == b"4"  # welcomed: max_domains_per_uid, shipped as 4
+        assert refusals.decode() == (
+            f"DSP processes (domains) of uid {ATTACKER} quota exceeded: the limit is 4"
+        )
+        assert str(victim["domain"]).startswith(f"default@{VICTIM}#"), victim
+        assert victim["domains"] == 4
+        await settle(lambda: len(daemon.broker.domains) == 1)  # all gone with their clients
+
+
+async def settle(condition: Callable[[], bool]) -> None:
+    with trio.fail_after(10):
+        while not condition():
+            await trio.sleep(0.01)
+
+
+async def test_a_users_domain_closes_when_its_last_connection_goes(tmp_path: Path) -> None:
+    """A user who left holds no DSP process (context bank): default@UID opens at its
+    first Hello, is shared by its connections, and closes with the last."""
+    socket_path = tmp_path / "npud.sock"
+    async with shipped_daemon(tmp_path) as daemon:
+        seen: dict[str, object] = {}
+
+        def two_connections(peer: RawPeer) -> bytes:
+            first = peer.hello("vad-1").domain
+            second = peer.again()  # type: ignore[attr-defined]
+            also = second.hello("vad-2").domain
+            second.close()
+            peer.pause(b"")  # type: ignore[attr-defined]
+            return f"{first} {also}".encode()
+
+        def look() -> None:
+            domain = daemon.broker.domains.get(f"default@{VICTIM}")
+            seen["members"] = None if domain is None else len(domain.members)
+
+        names = await trio.to_thread.run_sync(
+            lambda: as_user(VICTIM, socket_path, two_connections, look)
+        )
+        assert names.decode() == f"default@{VICTIM} default@{VICTIM}"
+        assert seen["members"] in (1, 2)  # the second's departure may still be under way
+        await settle(lambda: daemon.broker.domains.get(f"default@{VICTIM}") is None)
+        driver = daemon.broker.device.driver
+        assert isinstance(driver, EmulatedDriver)
+        await settle(lambda: driver.statistics().sessions_in_use == 1)  # root's default only
+
+
+TEST_URI = "file:///libnpu_test_skel.so?npu_test_skel_handle_invoke&_modver=1.0&_dom=cdsp"
+
+
+def answer(peer: RawPeer, request: p.AnyRequest) -> p.ServerMessage | p.ConnectionClosed:
+    """The answer to ``request``, past the events before it (a restart's)."""
+    peer.send(request)
+    while isinstance(message := peer.receive(), p.SessionRestarted):
+        pass
+    return message
+
+
+def said(message: p.ErrorMessage) -> str:
+    return f"{ErrorCode(message.code).name}: {message.message}"
+
+
+def call(peer: RawPeer, method: int, data: bytes = b"") -> p.ServerMessage | p.ConnectionClosed:
+    """Open npu_test (again while the domain restarts, as a client does) and call
+    ``method`` (4 busy, 5 fault) on it."""
+    for _ in range(200):
+        opened = answer(peer, p.OpenRequest(id=peer.next_id(), uri=TEST_URI))
+        if not (isinstance(opened, p.ErrorMessage) and opened.code == ErrorCode.DSP_RESTARTED):
+            break
+        time.sleep(0.05)
+    assert isinstance(opened, p.OpenReply), opened
+    inputs = (p.InlineInput(data=data),) if data else ()
+    return answer(
+        peer, p.InvokeRequest(id=peer.next_id(), handle=opened.handle, method=method, inputs=inputs)
+    )
+
+
+def hang_with_fresh_connections(peer: RawPeer) -> bytes:
+    """The review's way around a per-connection penalty: each hung call on a new
+    connection. Says what each connection was told, and what a third Hello got."""
+    told = []
+    for n in range(2):
+        conn = peer if n == 0 else peer.again()  # type: ignore[attr-defined]
+        conn.hello(f"hanger-{n}")
+        reply = call(conn, 4, struct.pack("<I", 60_000_000))  # a minute: "never"
+        heard = [reply]
+        while n and not isinstance(heard[-1], p.ConnectionClosed):  # until it is revoked
+            heard.append(conn.receive())
+        told.append(" | ".join(said(m) for m in heard if isinstance(m, p.ErrorMessage)))
+        conn.close()
+    third = peer.again()  # type: ignore[attr-defined]
+    third.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="hanger-2"))
+    refused = third.receive()
+    told.append(refused.message if isinstance(refused, p.ErrorMessage) else repr(refused))
+    return "\n".join(told).encode()
+
+
+async def test_the_hung_call_penalty_is_the_users_not_the_connections(tmp_path: Path) -> None:
+    """The review: a 45 s call restarted the shared default domain, and a new connection
+    shed the penalty. Now the call restarts the user's own domain only, and the user's
+    second hung call, on a fresh connection, revokes it and refuses its next Hello."""
+    socket_path = tmp_path / "npud.sock"
+    async with shipped_daemon(
+        tmp_path, **{"call_watchdog_s = 30.0": "call_watchdog_s = 0.3"}
+    ) as daemon:
+        told = await trio.to_thread.run_sync(
+            lambda: as_user(ATTACKER, socket_path, hang_with_fresh_connections)
+        )
+        assert told.count(b"\n") == 2, told
+        first, second, third = told.decode().splitlines()
+        assert first.startswith("DSP_RESTARTED"), first
+        assert f"NOT_PERMITTED: not permitted: 2 calls of uid {ATTACKER} hung past the " in second
+        assert third == (
+            f"not permitted: 2 calls of uid {ATTACKER} hung past the watchdog; its new "
+            "connections are refused for 60 s more"
+        )
+        root = daemon.broker.domains.get("default")
+        assert root is not None
+        assert root.restarts == 0
+
+
+def fault_then_busy(peer: RawPeer) -> bytes:
+    """npu_test.fault (it crashes the DSP process), then npu_test.busy for 1 ms."""
+    peer.hello("fault-loop")
+    fault = call(peer, 5)
+    busy = call(peer, 4, struct.pack("<I", 1000))
+    return "\n".join(
+        said(m) if isinstance(m, p.ErrorMessage) else type(m).__name__ for m in (fault, busy)
+    ).encode()
+
+
+async def test_fault_injection_is_roots_and_fault_uids_only(tmp_path: Path) -> None:
+    """The review: npu_test.fault in a loop restarted the shared domain 298 times in 10 s.
+    Now another user's fault is NOT_PERMITTED (its busy work is served), and a user
+    [emulator] fault_uids lists may crash its own domain."""
+    socket_path = tmp_path / "npud.sock"
+    async with shipped_daemon(tmp_path) as daemon:
+        told = await trio.to_thread.run_sync(
+            lambda: as_user(ATTACKER, socket_path, fault_then_busy)
+        )
+        fault, busy = told.decode().splitlines()
+        assert fault == (
+            "NOT_PERMITTED: not permitted: method 5 of handle 1 crashes its DSP process on "
+            "purpose (fault injection): root and [emulator] fault_uids only, not uid "
+            f"{ATTACKER}"
+        )
+        assert busy == "InvokeReply"
+        assert all(domain.restarts == 0 for domain in daemon.broker.domains)
+    async with shipped_daemon(
+        tmp_path, **{"fault_uids = []": f"fault_uids = [{ATTACKER}]"}
+    ) as daemon:
+        seen: dict[str, int] = {}
+
+        def look() -> None:
+            domain = daemon.broker.domains.get(f"default@{ATTACKER}")
+            seen["restarts"] = -1 if domain is None else domain.restarts
+
+        def listed(peer: RawPeer) -> bytes:
+            told = fault_then_busy(peer)
+            peer.pause(b"")  # type: ignore[attr-defined]
+            return told
+
+        told = await trio.to_thread.run_sync(lambda: as_user(ATTACKER, socket_path, listed, look))
+        fault, busy = told.decode().splitlines()
+        assert fault.startswith("DSP_RESTARTED"), fault
+        assert busy == "InvokeReply"
+        assert seen == {"restarts": 1}
+        root = daemon.broker.domains.get("default")
+        assert root is not None
+        assert root.restarts == 0
