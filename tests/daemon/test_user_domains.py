@@ -22,6 +22,7 @@ import trio
 
 import npu_protocol as p
 from npu_protocol import ErrorCode
+from npu_client._status_text import domain_kind
 from npud.backend import select_profile
 from npud.broker import Broker
 from npud.config import parse_config
@@ -371,3 +372,31 @@ async def test_fault_injection_is_roots_and_fault_uids_only(tmp_path: Path) -> N
         root = daemon.broker.domains.get("default")
         assert root is not None
         assert root.restarts == 0
+
+
+async def test_a_user_sees_the_shared_domains_and_its_own(tmp_path: Path) -> None:
+    """Another user's domain names that user: a non-root status leaves it out, as it
+    leaves out that user's client rows; npuctl says which domains are a user's."""
+    socket_path = tmp_path / "npud.sock"
+    async with shipped_daemon(tmp_path):
+
+        def attacker_looks() -> None:
+            def look(peer: RawPeer) -> bytes:
+                peer.hello("npuctl")
+                status = answer(peer, p.StatusRequest(id=peer.next_id()))
+                assert isinstance(status, p.StatusReply), status
+                return " ".join(sorted(row.name for row in status.status.domains)).encode()
+
+            notes[ATTACKER] = as_user(ATTACKER, socket_path, look)
+
+        def victim_waits(peer: RawPeer) -> bytes:
+            peer.hello("vad-victim")
+            peer.pause(b"")  # type: ignore[attr-defined]
+            return b""
+
+        await trio.to_thread.run_sync(
+            lambda: as_user(VICTIM, socket_path, victim_waits, attacker_looks)
+        )
+        assert notes[ATTACKER] == f"default default@{ATTACKER}".encode()
+    assert domain_kind(f"default@{VICTIM}", False) == "user"
+    assert (domain_kind("default", False), domain_kind("llm@5#2", True)) == ("shared", "isolated")
