@@ -21,8 +21,8 @@ import numpy as np
 import trio
 
 import npu_protocol as p
-from npu_protocol import ErrorCode
 from npu_client._status_text import domain_kind
+from npu_protocol import ErrorCode
 from npud.backend import select_profile
 from npud.broker import Broker
 from npud.config import parse_config
