@@ -227,11 +227,27 @@ class Broker:
         )
 
     async def admit(
-        self, client: Client, budget: p.Budget | None, *, isolate: bool = False
+        self,
+        client: Client,
+        budget: p.Budget | None,
+        *,
+        isolate: bool = False,
+        watch: bool = False,
     ) -> Domain:
         """Take ``client`` in (after its Hello): quotas, the scheduler's admission, then
         its domain (opened if it needs one of its own, or ``isolate`` asks for one).
-        Raises CodedError to refuse; nothing is held then."""
+        ``watch``: it only watches; it is counted as a client and joins no domain (the
+        domain returned is the default one, whose capabilities its Welcome shows, and
+        that it is no member of). Raises CodedError to refuse; nothing is held then."""
+        if watch and not isolate:
+            default = self.domains.default
+            if default is None:
+                raise CodedError(ErrorCode.SHUTTING_DOWN)
+            self.clients.admit(client)
+            client.watch_only = True
+            client.limits = self.make_limits(client)
+            client.daemon = self
+            return default
         if isolate and not self.config.domains.allow_isolate:
             raise CodedError(
                 ErrorCode.NOT_PERMITTED,

@@ -291,6 +291,9 @@ class Client:
     """The version agreed at Hello."""
     domain_name: str = ""
     """The domain its calls run in (set at Hello)."""
+    watch_only: bool = False
+    """Its Hello said it only watches (hello.watch): it has no DSP process, and requests
+    that take DSP resources are refused."""
     hung_calls: int = 0
     """Calls of this client the watchdog caught."""
     limits: p.ClientLimits | None = None

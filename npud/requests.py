@@ -118,6 +118,12 @@ class Handler(abc.ABC, Generic[R]):
                     " protocol version than this connection speaks; offer that version in"
                     " the hello",
                 )
+            if self.acquires and self.client.watch_only:
+                raise CodedError(
+                    ErrorCode.NOT_PERMITTED,
+                    detail=f"{p.tag_of(self.request)}: this connection's hello said it only "
+                    "watches (hello.watch): it has no DSP process; connect without it",
+                )
             if self.acquires and self.domain.device.stopping:
                 raise CodedError(ErrorCode.SHUTTING_DOWN)
             self.arrive()

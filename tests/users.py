@@ -32,7 +32,7 @@ def as_user(
     result (or the repr of what it raised). ``work`` may call ``peer.pause(note)``
     once: the parent then runs ``meanwhile`` (as root), with the child's ``note`` in
     :data:`notes`, before the child goes on; ``peer.again()`` makes another connection
-    of the same user."""
+    of the same user, ``peer.path`` is the socket's path as the child reaches it."""
     path.parent.chmod(0o711)
     path.chmod(0o666)
     directory = os.open(path.parent, os.O_PATH | os.O_CLOEXEC)
@@ -54,6 +54,7 @@ def as_user(
 
             peer.pause = pause  # type: ignore[attr-defined]
             peer.again = lambda: RawPeer.connect(reachable, timeout=60)  # type: ignore[attr-defined]
+            peer.path = reachable  # type: ignore[attr-defined]
             outcome = work(peer)
         except BaseException as exc:  # the child reports whatever happened
             outcome = repr(exc).encode()

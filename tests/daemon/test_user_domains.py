@@ -10,22 +10,29 @@ every one, and a user who left holds none.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import mmap
 import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 import trio
 
 import npu_protocol as p
+from npu_client import npuctl
 from npu_client._status_text import domain_kind
 from npu_protocol import ErrorCode
 from npud.backend import select_profile
 from npud.broker import Broker
 from npud.config import parse_config
+from npud.domain.domains import Domains
 from npud.server import Daemon, bind_socket
 from npud.sim import EmulatedDriver
 from tests.e2e.daemon import RawPeer
@@ -400,3 +407,53 @@ async def test_a_user_sees_the_shared_domains_and_its_own(tmp_path: Path) -> Non
         assert notes[ATTACKER] == f"default default@{ATTACKER}".encode()
     assert domain_kind(f"default@{VICTIM}", False) == "user"
     assert (domain_kind("default", False), domain_kind("llm@5#2", True)) == ("shared", "isolated")
+
+
+async def test_a_users_npuctl_status_opens_no_dsp_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """npuctl status, top and metrics say hello.watch: for a user other than root, any
+    other Hello opens a DSP process of its own (a context bank) just to read the status.
+    A watching connection's requests that need one are refused."""
+    socket_path = tmp_path / "npud.sock"
+    opened: list[str] = []
+    real_open = Domains._open
+
+    async def spy(self: Domains, name: str, **kwargs: Any) -> Any:
+        opened.append(name)
+        return await real_open(self, name, **kwargs)
+
+    monkeypatch.setattr(Domains, "_open", spy)
+    async with shipped_daemon(tmp_path):
+
+        def npuctl_status(peer: RawPeer) -> bytes:
+            peer.close()
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = npuctl.main(["--socket", str(peer.path), "status", "--json"])  # type: ignore[attr-defined]
+            return f"{code} {out.getvalue()}".encode()
+
+        told = await trio.to_thread.run_sync(lambda: as_user(ATTACKER, socket_path, npuctl_status))
+        code, _, text = told.decode().partition(" ")
+        assert code == "0", told
+        assert [row["name"] for row in json.loads(text)["domains"]] == ["default"]
+        assert opened == []  # not default@65533
+
+        def watcher_allocates(peer: RawPeer) -> bytes:
+            peer.send(
+                p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="watcher", watch=True)
+            )
+            welcome = peer.receive()
+            assert isinstance(welcome, p.Welcome), welcome
+            refused = answer(peer, p.AllocRequest(id=peer.next_id(), size=4096))
+            assert isinstance(refused, p.ErrorMessage), refused
+            return f"{welcome.domain!r} {welcome.epoch} {said(refused)}".encode()
+
+        told = await trio.to_thread.run_sync(
+            lambda: as_user(ATTACKER, socket_path, watcher_allocates)
+        )
+        assert told.decode() == (
+            "'' 0 NOT_PERMITTED: not permitted: alloc: this connection's hello said it only "
+            "watches (hello.watch): it has no DSP process; connect without it"
+        )
+        assert opened == []

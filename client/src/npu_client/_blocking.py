@@ -75,6 +75,7 @@ def connect(
     budget: tuple[float, float] | None = None,
     timeout: float | None = None,
     on_event: EventCallback | None = None,
+    watch: bool = False,
 ) -> Client:
     """Connect to npud and shake hands; the returned client is ready for requests.
 
@@ -89,13 +90,16 @@ def connect(
     ``timeout``: seconds to wait for the connection and for each answer
     (``TimeoutError`` when exceeded); None waits as long as it takes.
     ``on_event``: called with each server event (see :class:`Client`).
+    ``watch``: the client only asks for status and pings (``npuctl status``): npud
+    opens no DSP process for it, and refuses its requests that need one
+    (:class:`NotPermitted`).
 
     Raises :class:`ConnectFailed` when npud cannot be reached, or the error
     the daemon refused the connection with (e.g. :class:`NotPermitted`).
     """
     resolved = socket_path(path)
     core: ClientCore[DmaBuffer] = ClientCore(
-        client_name(name), priority_class(priority), budget_record(budget)
+        client_name(name), priority_class(priority), budget_record(budget), watch=watch
     )
     _check_timeout(timeout)
     sock = _open_socket(resolved, timeout, socket_origin(path))
