@@ -33,6 +33,7 @@ from npud.backend import select_profile
 from npud.broker import Broker
 from npud.config import parse_config
 from npud.domain.domains import Domains
+from npud.domain.life import Domain
 from npud.server import Daemon, bind_socket
 from npud.sim import EmulatedDriver
 from tests.e2e.daemon import RawPeer
@@ -457,3 +458,56 @@ async def test_a_users_npuctl_status_opens_no_dsp_process(
             "watches (hello.watch): it has no DSP process; connect without it"
         )
         assert opened == []
+
+
+async def test_a_domain_whose_last_client_leaves_while_it_restarts_closes_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a domain per user, its last client often leaves while it restarts (its hung
+    call was the cause). The close waits for the recovery, which closes the session it
+    opened and ends: no DSP process (context bank) is left behind, and no recovery
+    waits for good on the lanes the close stopped (before, one did per such user)."""
+    reopening = trio.Event()
+    proceed = trio.Event()
+    real_open = Domain._open_session
+
+    async def held_open(self: Domain) -> Any:
+        if self.epoch >= 1 and self.owner is not None:  # the recovery's open, not the first
+            reopening.set()
+            await proceed.wait()
+        return await real_open(self)
+
+    monkeypatch.setattr(Domain, "_open_session", held_open)
+    socket_path = tmp_path / "npud.sock"
+    async with shipped_daemon(
+        tmp_path, **{"call_watchdog_s = 30.0": "call_watchdog_s = 0.3"}
+    ) as daemon:
+        driver = daemon.broker.device.driver
+        assert isinstance(driver, EmulatedDriver)
+
+        def hang_and_leave(peer: RawPeer) -> bytes:
+            peer.hello("hanger")
+            reply = call(peer, 4, struct.pack("<I", 60_000_000))
+            peer.pause(b"")  # type: ignore[attr-defined]
+            peer.close()  # gone while its domain's new session is being opened
+            return said(reply).encode() if isinstance(reply, p.ErrorMessage) else b"?"
+
+        held: list[Domain | None] = []
+
+        def until_reopening() -> None:
+            trio.from_thread.run(reopening.wait)
+            held.append(daemon.broker.domains.get(f"default@{ATTACKER}"))
+
+        told = await trio.to_thread.run_sync(
+            lambda: as_user(ATTACKER, socket_path, hang_and_leave, until_reopening)
+        )
+        assert told.startswith(b"DSP_RESTARTED"), told
+        await settle(lambda: daemon.broker.domains.get(f"default@{ATTACKER}") is None)
+        await trio.sleep(0.2)  # the close has begun (and waits for the recovery)
+        proceed.set()
+        (restarting,) = held
+        assert restarting is not None
+        await settle(lambda: restarting.state == "closed" and not restarting.healthy())
+        await settle(lambda: not restarting._recovering)  # ended, not stuck on a stopped lane
+        await settle(lambda: len(daemon.broker.domains) == 1)
+        await settle(lambda: driver.statistics().sessions_in_use == 1)  # root's default
