@@ -117,7 +117,8 @@ def is_available(path: str | os.PathLike[str] | None = None, *, timeout: float =
     seconds and its DSP is up (it reports the DSP's capabilities: it does not while the
     DSP restarts). Never raises for an unreachable, refusing or slow daemon: False."""
     try:
-        with connect(path, name="npu-probe", timeout=timeout) as client:
+        # watch: the probe opens no DSP process (a user's own would be opened for it).
+        with connect(path, name="npu-probe", timeout=timeout, watch=True) as client:
             return dsp_is_up(client.welcome)
     except (NpuError, OSError, TimeoutError):
         return False

@@ -106,7 +106,7 @@ async def is_available(path: str | os.PathLike[str] | None = None, *, timeout: f
     """As ``npu_client.is_available``, from trio."""
     try:
         with trio.fail_after(timeout):
-            client = await connect(path, name="npu-probe")
+            client = await connect(path, name="npu-probe", watch=True)  # no DSP process
             try:
                 return dsp_is_up(client.welcome)
             finally:
