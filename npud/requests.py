@@ -381,7 +381,7 @@ class Open(Handler[p.OpenRequest]):
     def run(self) -> Answer:
         session, uri, domain = self.session, self.request.uri, self.domain
         try:
-            faults = domain.device.fault_methods(uri)
+            faults = domain.device.profile.fault_methods(uri)
             handle = domain.run(session, lambda: session.remote_open(uri))
         except BaseException:
             self.client.objects.failed(self.entry)

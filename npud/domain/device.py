@@ -55,16 +55,6 @@ class Device:
         self._token: trio.lowlevel.TrioToken | None = None
         self._trimming = False
 
-    def fault_methods(self, uri: str) -> frozenset[int]:
-        """The invoke methods of the module ``uri`` names that crash its DSP process on
-        purpose: the emulator's fault injection (:mod:`npud.sim.fault_methods`); none on
-        the kernel backend. Reads the module's descriptor: call it on a lane."""
-        if self.profile.kind != "emulator":
-            return frozenset()
-        from npud.sim.fault_methods import fault_methods  # noqa: PLC0415 - emulator only
-
-        return fault_methods(uri, self.profile.library_path)
-
     @property
     def kind(self) -> str:
         """The backend: "kernel" or "emulator"."""
