@@ -467,6 +467,9 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
                 )
         self.arrive_as_call(request.timeout_ms, request.deadline_ms)
         self.handle = self._use(request.handle, Kind.HANDLE)
+        opened = self.handle.value
+        if isinstance(opened, OpenHandle) and request.method in opened.faults:
+            self._may_fault()  # refused at once, before a slot is given (again in run)
         self.slices = [
             (arg, self._use(arg.buffer, Kind.BUFFER))
             for arg in (*request.inputs, *request.outputs)
