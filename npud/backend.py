@@ -138,6 +138,16 @@ class Profile:
         except (ValueError, OSError) as exc:
             raise EmulatorStartError(f"[emulator]: {exc}") from exc
 
+    def fault_methods(self, uri: str) -> frozenset[int]:
+        """The invoke methods of the module ``uri`` names that crash its DSP process on
+        purpose: the emulator's fault injection (:mod:`npud.sim.fault_methods`); none on
+        the kernel backend. Reads the module's descriptor: call it on a lane."""
+        if self.kind != "emulator":
+            return frozenset()
+        from npud.sim.fault_methods import fault_methods  # noqa: PLC0415  (not on a device)
+
+        return fault_methods(uri, self.library_path)
+
     @contextmanager
     def zygote_started(self) -> Iterator[None]:
         """On the emulator with PD processes (``pd_isolation = "process"``), its zygote

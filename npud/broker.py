@@ -38,6 +38,7 @@ from npud.domain.life import Domain
 from npud.fastrpc.session import FastRpcSession
 from npud.holdings import HeldBuffer, OpenHandle, let_go
 from npud.peers import group_ids
+from npud.penalties import HungCalls
 from npud.requests import Handler
 from npud.scheduler import (
     BACKGROUND,
@@ -96,6 +97,10 @@ class Broker:
         )
         self._revoke: dict[Client, Any] = {}
         """How to close each welcomed client's connection (the connection's revoke)."""
+        self.hung = HungCalls()
+        """Each user's hung calls (the watchdog's catches), counted across connections."""
+        self.privileged = frozenset({0, os.getuid()})
+        """Root and npud's own user: they share the plain-named domains (placement)."""
         self._token: trio.lowlevel.TrioToken | None = None
 
     @property
@@ -222,15 +227,44 @@ class Broker:
         )
 
     async def admit(
-        self, client: Client, budget: p.Budget | None, *, isolate: bool = False
+        self,
+        client: Client,
+        budget: p.Budget | None,
+        *,
+        isolate: bool = False,
+        watch: bool = False,
     ) -> Domain:
         """Take ``client`` in (after its Hello): quotas, the scheduler's admission, then
         its domain (opened if it needs one of its own, or ``isolate`` asks for one).
-        Raises CodedError to refuse; nothing is held then."""
+        ``watch``: it only watches; it is counted as a client and joins no domain (the
+        domain returned is the default one, whose capabilities its Welcome shows, and
+        that it is no member of). Raises CodedError to refuse; nothing is held then."""
+        if watch and not isolate:
+            default = self.domains.default
+            if default is None:
+                raise CodedError(ErrorCode.SHUTTING_DOWN)
+            self.clients.admit(client)
+            client.watch_only = True
+            client.limits = self.make_limits(client)
+            client.daemon = self
+            return default
         if isolate and not self.config.domains.allow_isolate:
             raise CodedError(
                 ErrorCode.NOT_PERMITTED,
                 detail="a DSP process of one's own ([domains] allow_isolate is false)",
+            )
+        daemon = self.config.daemon
+        refused = (
+            None
+            if client.uid in self.privileged
+            else self.hung.refused(client.uid, daemon.hung_calls_before_revoke)
+        )
+        if refused is not None:
+            calls, left = refused
+            raise CodedError(
+                ErrorCode.NOT_PERMITTED,
+                detail=f"{calls} calls of uid {client.uid} hung past the watchdog; its new "
+                f"connections are refused for {max(1, round(left))} s more",
             )
         self.clients.admit(client)
         klass = {p.Priority.REALTIME: REALTIME, p.Priority.NORMAL: NORMAL}.get(
@@ -246,9 +280,14 @@ class Broker:
         except AdmissionRefusedError as exc:
             self.clients.remove(client)
             raise CodedError(ErrorCode.ADMISSION_REFUSED, detail=str(exc)) from None
-        placement = self.domains.placement(client.uid, client.groups, client.name)
-        if isolate:
-            placement = dataclasses.replace(placement, isolate=True)
+        throttled = self.hung.throttle_left(client.uid)
+        if throttled > 0:  # its user's call hung a moment ago: a new connection sheds nothing
+            self.scheduler.throttle(client.account, throttled)
+        placement = self.domains.placement(client.uid, client.groups, client.name, self.privileged)
+        if isolate and not placement.isolate:
+            # A process of its own is its user's, whoever shares the domain's name.
+            owner = None if client.uid in self.privileged else client.uid
+            placement = dataclasses.replace(placement, isolate=True, owner=owner)
         try:
             domain = await self.domains.join(placement, client)
         except BaseException:
@@ -322,7 +361,9 @@ class Broker:
 
     def charge_hung(self, handler: Handler[Any], reason: str) -> None:
         """The watchdog caught ``handler``'s call (timer thread): its domain's DSP process
-        is ended and restarted, and its client pays (``daemon.hung_call_penalty``)."""
+        is ended and restarted, and its user pays (``daemon.hung_call_penalty``; counted
+        per uid, :mod:`npud.penalties`): every connection of the user is throttled, and
+        the one whose call hung is revoked past ``hung_calls_before_revoke``."""
         # The session the call ran on (handlers that call the DSP keep it): a watchdog
         # firing after the domain restarted already must not restart the new session.
         session = getattr(handler, "session", None)
@@ -330,24 +371,30 @@ class Broker:
         client = handler.client
         client.hung_calls += 1
         daemon = self.config.daemon
-        revoke = daemon.hung_call_penalty == "revoke" or (
-            daemon.hung_calls_before_revoke and client.hung_calls >= daemon.hung_calls_before_revoke
+        charge = self.hung.charge(
+            client.uid,
+            remember=daemon.hung_call_throttle_s,
+            revoke_at=daemon.hung_calls_before_revoke,
+            revoke_always=daemon.hung_call_penalty == "revoke",
         )
-        if client.account is not None and daemon.hung_call_throttle_s:
-            self.scheduler.throttle(client.account, daemon.hung_call_throttle_s)
+        if daemon.hung_call_throttle_s:
+            for other in self.clients:
+                if other.uid == client.uid and other.account is not None:
+                    self.scheduler.throttle(other.account, daemon.hung_call_throttle_s)
         log.error(
-            "hung call charged to its client",
+            "hung call charged to its user",
             pid=client.pid,
             uid=client.uid,
             client=client.name,
             domain=handler.domain.name,
             hung_calls=client.hung_calls,
-            penalty="revoke" if revoke else "throttle",
+            hung_calls_of_uid=charge.calls,
+            penalty="revoke" if charge.revoke else "throttle",
         )
         token = self._token
-        if revoke and token is not None:
+        if charge.revoke and token is not None:
             detail = (
-                f"{client.hung_calls} of its calls hung past the watchdog "
+                f"{charge.calls} calls of uid {client.uid} hung past the watchdog "
                 f"({self.config.daemon.call_watchdog_s:g} s)"
             )
             with contextlib.suppress(trio.RunFinishedError):
@@ -423,7 +470,9 @@ class Broker:
             ),
             scheduler=self._scheduler_row(),
             pool=memory.pool.row() if memory is not None else None,
-            domains=self.domains.rows()[:64],
+            domains=self.domains.rows(
+                None if viewer is None or viewer.uid in self.privileged else viewer.uid
+            )[:64],
             memory=(
                 p.MemoryRow(
                     source=memory_stats.source,

@@ -291,6 +291,9 @@ class Client:
     """The version agreed at Hello."""
     domain_name: str = ""
     """The domain its calls run in (set at Hello)."""
+    watch_only: bool = False
+    """Its Hello said it only watches (hello.watch): it has no DSP process, and requests
+    that take DSP resources are refused."""
     hung_calls: int = 0
     """Calls of this client the watchdog caught."""
     limits: p.ClientLimits | None = None
@@ -404,6 +407,11 @@ class Clients:
         self._departed_calls = 0
         """DSP calls answered for clients that have left: with the connected ones', the
         daemon's total since start, which never goes back when a client leaves."""
+        self.reserving = threading.Lock()
+        """Held from a quota's check to the reservation of what it admitted (a creating
+        request's arrival): requests of a user's connections arrive on different
+        threads, and two checks before either reservation would both pass, one over the
+        quota per thread. Taken before the table's and an object table's locks."""
 
     def begin_load(self, client: Client) -> None:
         """One more model load of ``client``'s user in flight; QUOTA_EXCEEDED past

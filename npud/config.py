@@ -427,6 +427,15 @@ class EmulatorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
             "AEE_ENOSUCHMOD 0x8000043E by default; AEE_ERPC is 0x80000600."
         ),
     ] = 0x8000043E
+    fault_uids: Annotated[
+        tuple[_Id, ...],
+        _doc(
+            "Users, besides root, whose calls may run the emulated skels' fault-injecting "
+            "methods (npu_test.fault: the DSP process crashes and its domain restarts); "
+            "anyone else's are refused (NOT_PERMITTED). Long calls (npu_test.busy) stay "
+            "open to all."
+        ),
+    ] = ()
     loader_probes: Annotated[
         tuple[str, ...],
         _doc(
@@ -517,6 +526,8 @@ class UidLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     ] = 64
 
 
+DomainShare = Literal["uid", "all"]
+
 DomainName = Annotated[
     str,
     msgspec.Meta(pattern=r"^[a-z][a-z0-9_-]{0,30}$"),
@@ -552,6 +563,15 @@ class DomainRuleConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, 
             "and closed when it goes; false: the matching connections share one."
         ),
     ] = False
+    share: Annotated[
+        DomainShare,
+        _doc(
+            "uid: each user's matching connections share a DSP process of that user's own, "
+            "NAME@UID (root's and npud's own user's: NAME); all: every matching user shares "
+            "one, NAME, and DSP code of each reaches the buffers the others map there "
+            "(docs/deploy.md, Sharing a DSP process)."
+        ),
+    ] = "uid"
 
     def __post_init__(self) -> None:
         if self.name == DEFAULT_DOMAIN:
@@ -576,11 +596,30 @@ class DomainsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
             "(QUOTA_EXCEEDED)."
         ),
     ] = X1E_COMPUTE_CONTEXT_BANKS
+    max_domains_per_uid: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=14),
+        _doc(
+            "DSP processes one user's connections may hold at once (its default@UID and "
+            "named@UID domains and its isolated ones), so one user cannot take every context "
+            "bank; one more is refused (QUOTA_EXCEEDED, naming the uid). Root and npud's own "
+            "user are not bound by it."
+        ),
+    ] = 4
     isolate_default: Annotated[
         bool,
         _doc(
-            "Connections that no rule takes get a DSP process each, instead of sharing the "
-            "default domain's."
+            "Connections that no rule takes get a DSP process each, instead of sharing their "
+            "user's default domain."
+        ),
+    ] = False
+    share_default: Annotated[
+        bool,
+        _doc(
+            "Connections of every user that no rule takes share one DSP process, default, "
+            "as npud did before: DSP code of each reaches the buffers every other maps there "
+            "(docs/deploy.md, Sharing a DSP process). false: each user gets its own, "
+            "default@UID, and root and npud's own user share default."
         ),
     ] = False
     rule: Annotated[tuple[DomainRuleConfig, ...], _doc("The named domains, first match wins.")] = ()

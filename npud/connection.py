@@ -229,7 +229,9 @@ class PeerConnection:
         client.priority = self.broker.grant_priority(client, hello.priority)
         client.protocol_version = version
         try:
-            domain = await self.broker.admit(client, hello.budget, isolate=hello.isolate)
+            domain = await self.broker.admit(
+                client, hello.budget, isolate=hello.isolate, watch=hello.watch
+            )
         except CodedError as exc:
             self.log.warning("refused", code=exc.code.name, error=str(exc))
             await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
@@ -244,8 +246,8 @@ class PeerConnection:
             backend=self.broker.profile.kind,
             dsp=domain.capabilities(),
             limits=client.limits,
-            epoch=domain.epoch,
-            domain=domain.name,
+            epoch=0 if client.watch_only else domain.epoch,
+            domain="" if client.watch_only else domain.name,
             own_pool=self._own_pool(version),
         )
         if not await self._send(welcome):

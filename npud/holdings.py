@@ -60,6 +60,9 @@ class OpenHandle:
     waits: frozenset[int] = frozenset()
     """Its methods that wait for the DSP rather than compute: the only ones an invoke
     may send with ``wait`` (:data:`npud.requests.WAITING_METHODS`)."""
+    faults: frozenset[int] = frozenset()
+    """Its methods that crash the DSP process on purpose (the emulator's fault
+    injection): only root and ``[emulator] fault_uids`` may call them."""
 
 
 def let_go(

@@ -120,6 +120,12 @@ class Handler(abc.ABC, Generic[R]):
                     " protocol version than this connection speaks; offer that version in"
                     " the hello",
                 )
+            if self.acquires and self.client.watch_only:
+                raise CodedError(
+                    ErrorCode.NOT_PERMITTED,
+                    detail=f"{p.tag_of(self.request)}: this connection's hello said it only "
+                    "watches (hello.watch): it has no DSP process; connect without it",
+                )
             if self.acquires and self.domain.device.stopping:
                 raise CodedError(ErrorCode.SHUTTING_DOWN)
             self.arrive()
@@ -249,8 +255,9 @@ class Alloc(Handler[p.AllocRequest]):
 
     def arrive(self) -> None:
         size = checked_dma_size(self.request.size)
-        self.quotas.check_buffer(self.client, size)
-        self.entry = self._reserve(Kind.BUFFER, size)
+        with self.quotas.reserving:
+            self.quotas.check_buffer(self.client, size)
+            self.entry = self._reserve(Kind.BUFFER, size)
 
     def run(self) -> Answer:
         domain, client, objects = self.domain, self.client, self.client.objects
@@ -369,17 +376,19 @@ class Open(Handler[p.OpenRequest]):
 
     def arrive(self) -> None:
         self.session = self.domain.current()
-        self.quotas.check_handle(self.client)
-        self.entry = self._reserve(Kind.HANDLE)
+        with self.quotas.reserving:
+            self.quotas.check_handle(self.client)
+            self.entry = self._reserve(Kind.HANDLE)
 
     def run(self) -> Answer:
         session, uri, domain = self.session, self.request.uri, self.domain
         try:
+            faults = domain.device.profile.fault_methods(uri)
             handle = domain.run(session, lambda: session.remote_open(uri))
         except BaseException:
             self.client.objects.failed(self.entry)
             raise
-        opened = OpenHandle(handle, domain.registry.opened(handle), waiting_methods(uri))
+        opened = OpenHandle(handle, domain.registry.opened(handle), waiting_methods(uri), faults)
         if not self.client.objects.created(self.entry, opened):
             let_go(domain, handles=[opened])
             raise CodedError(ErrorCode.DSP_RESTARTED)
@@ -416,6 +425,20 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
         if request.wait:
             self.route = Route.WAIT
 
+    def _may_fault(self) -> None:
+        """The method crashes the DSP process on purpose (the emulator's fault injection):
+        root's and ``[emulator] fault_uids``' calls only (PROTOCOL.md section 7.4)."""
+        client = self.client
+        quotas = client.quotas
+        allowed = quotas.config.emulator.fault_uids if quotas is not None else ()
+        if client.uid != 0 and client.uid not in allowed:
+            raise CodedError(
+                ErrorCode.NOT_PERMITTED,
+                detail=f"method {self.request.method} of handle {self.request.handle} crashes "
+                f"its DSP process on purpose (fault injection): root and [emulator] fault_uids "
+                f"only, not uid {client.uid}",
+            )
+
     def arrive(self) -> None:
         request = self.request
         self.session = self.domain.current()
@@ -446,6 +469,9 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
                 )
         self.arrive_as_call(request.timeout_ms, request.deadline_ms)
         self.handle = self._use(request.handle, Kind.HANDLE)
+        opened = self.handle.value
+        if isinstance(opened, OpenHandle) and request.method in opened.faults:
+            self._may_fault()  # refused at once, before a slot is given (again in run)
         self.slices = [
             (arg, self._use(arg.buffer, Kind.BUFFER))
             for arg in (*request.inputs, *request.outputs)
@@ -458,6 +484,8 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
 
     def run(self) -> Answer:
         opened = self._handle(self.handle)
+        if self.request.method in opened.faults:
+            self._may_fault()
         handle = opened.handle
         if self.request.wait:
             _check_waits(self.request, opened, self.handle.id)
@@ -555,10 +583,11 @@ class LoadModel(Handler[p.ModelLoadRequest]):
             raise CodedError(
                 ErrorCode.MODEL_FILE_UNREADABLE, detail=f"cannot stat the file: {exc.strerror}"
             ) from None
-        self.quotas.check_model(self.client, size)
-        self.quotas.begin_load(self.client)
-        self._loading = True
-        self.entry = self._reserve(Kind.MODEL, size)
+        with self.quotas.reserving:
+            self.quotas.check_model(self.client, size)
+            self.quotas.begin_load(self.client)
+            self._loading = True
+            self.entry = self._reserve(Kind.MODEL, size)
 
     def run(self) -> Answer:
         from npud.models import NpuModel  # noqa: PLC0415  (the first model load loads it)

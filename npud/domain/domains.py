@@ -1,16 +1,25 @@
-"""Every domain of the daemon: the default one, named shared ones, isolated ones.
+"""Every domain of the daemon: the default one, per-user ones, named shared ones,
+isolated ones (which connection goes where: :mod:`npud.domain.placement`).
 
 * The **default** domain is opened at start (npud is ready once it is up) and
-  serves every connection no rule takes.
-* A **named** shared domain is opened at the Hello of its first connection and
-  kept until npud stops.
+  serves the privileged users' connections that no rule takes (root's, npud's
+  own), or everyone's with ``share_default``.
+* A **per-user** domain (``default@UID``, ``NAME@UID``) is opened at the Hello
+  of the user's first connection that goes there and closed when its last
+  one goes: a user who left holds no DSP process.
+* A **named** domain several users share (``share = "all"``, or the privileged
+  users' ``NAME``) is opened at the Hello of its first connection and kept
+  until npud stops.
 * An **isolated** domain is opened at a connection's Hello, for it alone, and
   closed when it goes.
 
 At most ``domains.max_domains`` DSP processes are kept at once, the default
-domain's included: a connection that would need one more is refused with
-QUOTA_EXCEEDED, and one the device itself has no session for (another program
-holds the context banks) with NO_FREE_SESSION.
+domain's included, and at most ``max_domains_per_uid`` of one user (its
+per-user and isolated ones; not the privileged users'): a connection that
+would need one more is refused with QUOTA_EXCEEDED naming the limit and the
+uid, and one the device itself has no session for (another program holds the
+context banks) with NO_FREE_SESSION. A domain being closed counts until its
+session is: its context bank is not free before.
 
 Lives on the trio thread.
 """
@@ -52,25 +61,33 @@ class Domains:
         self._on_restarted = on_restarted
         self._on_reopened = on_reopened
         self._domains: dict[str, Domain] = {}
+        """The domains a connection may join, by name."""
+        self._closing: list[Domain] = []
+        """Domains whose sessions are being closed: still counted, joined by no one."""
         self._opening: dict[str, trio.Event] = {}
         self._isolated_serial = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self.default: Domain | None = None
 
     def __iter__(self) -> Iterator[Domain]:
-        return iter(list(self._domains.values()))
+        return iter([*self._domains.values(), *self._closing])
 
     def __len__(self) -> int:
-        return len(self._domains)
+        return len(self._domains) + len(self._closing)
+
+    def owned_by(self, uid: int) -> int:
+        """DSP processes counted against ``uid``'s ``max_domains_per_uid`` now."""
+        return sum(domain.owner == uid for domain in self)
 
     def get(self, name: str) -> Domain | None:
         return self._domains.get(name)
 
-    def _make(self, name: str, *, isolated: bool) -> Domain:
+    def _make(self, name: str, *, isolated: bool, owner: int | None = None) -> Domain:
         return Domain(
             self.device,
             name,
             isolated=isolated,
+            owner=owner,
             on_restarted=self._on_restarted,
             on_reopened=self._on_reopened,
         )
@@ -96,7 +113,7 @@ class Domains:
     async def close(self, grace: float) -> None:
         """Close every domain at once; calls still on the DSP get ``grace`` seconds."""
         async with trio.open_nursery() as nursery:
-            for domain in self:
+            for domain in list(self._domains.values()):  # the closing ones close in leave()
                 nursery.start_soon(domain.close, grace)
         self._domains.clear()
 
@@ -109,27 +126,30 @@ class Domains:
             domain.check_session()
 
     # --------------------------------------------------------------- joining
-    def placement(self, uid: int, groups: tuple[int, ...], client_name: str) -> Placement:
-        return place(self.config, uid, groups, client_name)
+    def placement(
+        self, uid: int, groups: tuple[int, ...], client_name: str, privileged: frozenset[int]
+    ) -> Placement:
+        return place(self.config, uid, groups, client_name, privileged)
 
     async def join(self, placement: Placement, member: object) -> Domain:
         """The domain ``member`` (a client, at its Hello) joins, opened if need be.
 
-        Raises QUOTA_EXCEEDED when ``max_domains`` are open, NO_FREE_SESSION when
-        the device has no free session, DSP_RESTARTED / SHUTTING_DOWN as a request
-        would, and the session's error when the new DSP process cannot be started.
+        Raises QUOTA_EXCEEDED when ``max_domains`` are open, or ``max_domains_per_uid``
+        of the placement's owner, NO_FREE_SESSION when the device has no free session,
+        DSP_RESTARTED / SHUTTING_DOWN as a request would, and the session's error when
+        the new DSP process cannot be started.
         """
         if self.device.stopping:
             raise CodedError(ErrorCode.SHUTTING_DOWN)
         if placement.isolate:
             name = f"{placement.name}#{next(self._isolated_serial)}"
-            domain = await self._open(name, isolated=True)
+            domain = await self._open(name, isolated=True, owner=placement.owner)
         else:
-            domain = await self._shared(placement.name)
+            domain = await self._shared(placement.name, placement.owner)
         domain.members.add(member)
         return domain
 
-    async def _shared(self, name: str) -> Domain:
+    async def _shared(self, name: str, owner: int | None) -> Domain:
         while True:
             domain = self._domains.get(name)
             if domain is not None and domain.state != "closed":
@@ -140,20 +160,26 @@ class Domains:
             await opening.wait()  # another Hello is opening it: take what it made
         done = self._opening[name] = trio.Event()
         try:
-            return await self._open(name, isolated=False)
+            return await self._open(name, isolated=False, owner=owner)
         finally:
             del self._opening[name]
             done.set()
 
-    async def _open(self, name: str, *, isolated: bool) -> Domain:
-        if len(self._domains) >= self.config.max_domains:
+    async def _open(self, name: str, *, isolated: bool, owner: int | None) -> Domain:
+        if len(self) >= self.config.max_domains:
             raise CodedError(
                 ErrorCode.QUOTA_EXCEEDED,
                 resource=DOMAIN_RESOURCE,
                 limit=self.config.max_domains,
             )
+        if owner is not None and self.owned_by(owner) >= self.config.max_domains_per_uid:
+            raise CodedError(
+                ErrorCode.QUOTA_EXCEEDED,
+                resource=f"{DOMAIN_RESOURCE} of uid {owner}",
+                limit=self.config.max_domains_per_uid,
+            )
         assert self._nursery is not None, "Domains.attach() comes first"
-        domain = self._make(name, isolated=isolated)
+        domain = self._make(name, isolated=isolated, owner=owner)
         self._domains[name] = domain  # counted while it opens
         try:
             await domain.start()
@@ -166,15 +192,29 @@ class Domains:
         return domain
 
     async def leave(self, domain: Domain, member: object, grace: float = 5.0) -> None:
-        """``member`` is gone (its objects already released): an isolated domain closes."""
+        """``member`` is gone (its objects already released): an isolated domain closes,
+        and so does a user's own domain that it was the last in."""
         domain.members.discard(member)
-        if domain.isolated and not domain.members:
-            # Counted until its session is closed: its context bank is not free before.
+        if domain.members or not (domain.isolated or domain.owner is not None):
+            return
+        if self._domains.get(domain.name) is not domain:
+            return  # closing already
+        # Joined by no one from now on (the next Hello opens a new one), but counted
+        # until its session is closed: its context bank is not free before.
+        del self._domains[domain.name]
+        self._closing.append(domain)
+        try:
             with trio.CancelScope(shield=True):
                 await domain.close(grace)
-            if self._domains.get(domain.name) is domain:
-                del self._domains[domain.name]
+        finally:
+            self._closing.remove(domain)
 
     # ----------------------------------------------------------------- status
-    def rows(self) -> tuple[p.DomainRow, ...]:
-        return tuple(domain.row(len(domain.members)) for domain in self)
+    def rows(self, viewer_uid: int | None = None) -> tuple[p.DomainRow, ...]:
+        """Every domain's row; with ``viewer_uid``, only those it may see: the shared
+        ones and its own (another user's domains name that user)."""
+        return tuple(
+            domain.row(len(domain.members))
+            for domain in self
+            if viewer_uid is None or domain.owner in (None, viewer_uid)
+        )

@@ -87,12 +87,16 @@ class Domain:
         name: str,
         *,
         isolated: bool = False,
+        owner: int | None = None,
         on_restarted: Restarted = lambda domain, reason: None,
         on_reopened: Reopened | None = None,
     ) -> None:
         self.device = device
         self.name = name
         self.isolated = isolated
+        self.owner = owner
+        """The user this DSP process is counted against (``max_domains_per_uid``) and
+        closed for when it leaves; None: shared, or the privileged users'."""
         self.serial = next(self._serials)
         self.control = LanePool(f"control:{name}", 1)
         self.loader = LanePool(f"loader:{name}", 1)
@@ -117,6 +121,9 @@ class Domain:
         self._on_restarted = on_restarted
         self._on_reopened = on_reopened
         self._recovering = False
+        self._recovered: trio.Event | None = None
+        """Set when the recovery under way ends (close waits for it: a session it opens
+        after the close began is closed there, never left open)."""
         self._lock = threading.Lock()
         self._nursery: trio.Nursery | None = None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -157,6 +164,7 @@ class Domain:
             "domain ready",
             domain=self.name,
             isolated=self.isolated,
+            uid=self.owner,
             backend=self.device.kind,
             device=self.session.device,
             arch=self.session.capabilities.arch,
@@ -209,6 +217,11 @@ class Domain:
         if self.state == "closed":
             return
         self.state = "closing"
+        recovered = self._recovered
+        if self._recovering and recovered is not None:
+            # A restart is under way (its client left meanwhile): it sees "closing" and
+            # stops, closing a session it just opened; the lanes it runs on stay up until.
+            await recovered.wait()
         with self._lock:
             session, self.session = self.session, None
             self._retiring = session
@@ -358,10 +371,19 @@ class Domain:
         if self._nursery is None:
             return
         self._recovering = True
+        self._recovered = trio.Event()
         self.state = "restarting"
         self._nursery.start_soon(self._recover, reason, end_process)
 
     async def _recover(self, reason: str, end_process: bool) -> None:
+        try:
+            await self._recover_session(reason, end_process)
+        finally:
+            self._recovering = False
+            if self._recovered is not None:
+                self._recovered.set()
+
+    async def _recover_session(self, reason: str, end_process: bool) -> None:
         with self._lock:
             old, self.session = self.session, None
             self._retiring = old
@@ -380,7 +402,6 @@ class Domain:
         last_log = float("-inf")
         for attempt in itertools.count():
             if self.stopping:
-                self._recovering = False
                 return
             try:
                 session = await self._open_session()
@@ -401,6 +422,10 @@ class Domain:
                         waited_s=round(waited, 2),
                     )
                 await trio.sleep(delay)
+        if self.stopping:  # closed (or npud stopping) while it opened: not to be used
+            with trio.CancelScope(shield=True):
+                await self.control.call(lambda: _retire(session, self.name, end_process=False))
+            return
         self.epoch += 1
         self.restarts += 1
         # Every client of the domain hears of the new epoch before any answer from
@@ -409,7 +434,6 @@ class Domain:
             await self._on_reopened(self, reason)
         self.session = session
         self.state = "up" if not self.stopping else self.state
-        self._recovering = False
         log.info(
             "domain session reopened",
             domain=self.name,

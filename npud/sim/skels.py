@@ -173,6 +173,9 @@ class Skel(abc.ABC):
     """Base of the Python skels; one instance per open remote handle."""
 
     name: ClassVar[str]
+    faults: ClassVar[frozenset[str]] = frozenset()
+    """Methods that fault on purpose (the DSP process crashes): fault injection, which
+    npud runs only for root and ``[emulator] fault_uids`` (:mod:`npud.sim.fault_methods`)."""
 
     @abc.abstractmethod
     def methods(self) -> Mapping[int, SkelMethod]:
@@ -220,6 +223,7 @@ class NpuTestSkel(Skel):
     """Test methods for the daemon: fill, checksum, busy and fault (the module docstring)."""
 
     name = "npu_test"
+    faults = frozenset({"fault"})
 
     def __init__(self) -> None:
         interface = load_idl("npu_test")

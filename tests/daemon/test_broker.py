@@ -72,10 +72,9 @@ def default(broker: Broker) -> Domain:
 DOMAINS: dict[Client, Domain] = {}
 
 
-async def client(
-    broker: Broker, priority: p.Priority = p.Priority.NORMAL, uid: int = 1000
-) -> Client:
-    """A client admitted as at its Hello: quotas, scheduler account, its domain."""
+async def client(broker: Broker, priority: p.Priority = p.Priority.NORMAL, uid: int = 0) -> Client:
+    """A client admitted as at its Hello: quotas, scheduler account, its domain (root's
+    by default: the default domain; another uid gets default@UID)."""
     c = Client(pid=4242, uid=uid, gid=uid, name="test", priority=priority)
     DOMAINS[c] = await broker.admit(c, None)
     return c

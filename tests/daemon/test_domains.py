@@ -182,7 +182,7 @@ async def test_a_hung_call_restarts_its_domain_only_and_its_client_pays(tmp_path
         final = revoked[-1]
         assert isinstance(final, p.ErrorMessage)
         assert final.error_code is ErrorCode.NOT_PERMITTED
-        assert "2 of its calls hung past the watchdog" in final.message
+        assert "2 calls of uid 0 hung past the watchdog" in final.message
         offender.close()
         assert seen == []
 

@@ -83,11 +83,34 @@ def test_domain_rules_match_every_listed_kind_and_supplementary_groups() -> None
         "[[domains.rule]]\nname = 'llm'\ngids = [992]\nclients = ['llama*']\nisolate = true\n"
         "[[domains.rule]]\nname = 'lab'\nclients = ['bench-?']\n"
     ).domains
-    assert place(config, 991, (991,), "anything") == Placement("voice", False)
-    assert place(config, 1000, (1000, 992), "llama-server") == Placement("llm", True)
+    assert place(config, 991, (991,), "anything") == Placement("voice@991", False, 991)
+    assert place(config, 1000, (1000, 992), "llama-server") == Placement("llm@1000", True, 1000)
     # Both kinds must match: a name alone does not take a user outside the group.
-    assert place(config, 1000, (1000,), "llama-server") == Placement("default", False)
-    assert place(config, 1000, (1000, 992), "whisper") == Placement("default", False)
-    assert place(config, 5, (5,), "bench-7") == Placement("lab", False)
+    assert place(config, 1000, (1000,), "llama-server") == Placement("default@1000", False, 1000)
+    assert place(config, 1000, (1000, 992), "whisper") == Placement("default@1000", False, 1000)
+    assert place(config, 5, (5,), "bench-7") == Placement("lab@5", False, 5)
     isolating = parse_config("[domains]\nisolate_default = true\n").domains
-    assert place(isolating, 5, (5,), "x") == Placement("default", True)
+    assert place(isolating, 5, (5,), "x") == Placement("default@5", True, 5)
+
+
+def test_users_never_share_a_domain_unless_the_configuration_says_so() -> None:
+    """A DSP process is a security boundary (issue 27): each user's connections go to a
+    domain of that user's own; root and npud's own user share the plain names; share =
+    "all" and share_default put every user in one."""
+    config = parse_config("[[domains.rule]]\nname = 'lab'\nclients = ['bench-*']\n").domains
+    privileged = (0, 990)
+    assert place(config, 0, (0,), "x", privileged) == Placement("default", False)
+    assert place(config, 990, (990,), "x", privileged) == Placement("default", False)
+    assert place(config, 1000, (1000,), "x", privileged) == Placement("default@1000", False, 1000)
+    assert place(config, 1001, (1001,), "x", privileged) == Placement("default@1001", False, 1001)
+    assert place(config, 1000, (1000,), "bench-1", privileged).name == "lab@1000"
+    assert place(config, 0, (0,), "bench-1", privileged).name == "lab"
+    shared = parse_config(
+        "[domains]\nshare_default = true\n"
+        "[[domains.rule]]\nname = 'lab'\nclients = ['bench-*']\nshare = 'all'\n"
+        "[[domains.rule]]\nname = 'llm'\nclients = ['llama*']\nshare = 'all'\nisolate = true\n"
+    ).domains
+    assert place(shared, 1000, (1000,), "x") == Placement("default", False)
+    assert place(shared, 1001, (1001,), "bench-2") == Placement("lab", False)
+    # A process of one's own is still its user's, counted against its bound.
+    assert place(shared, 1001, (1001,), "llama-cli") == Placement("llm", True, 1001)

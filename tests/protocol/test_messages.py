@@ -308,7 +308,7 @@ def test_the_hello_never_changes() -> None:
         assert isinstance(fields[name].type, kind), name
         assert fields[name].default == default, name
     later = {name: field.default for name, field in fields.items() if name not in frozen}
-    assert later == {"budget": None, "isolate": False}
+    assert later == {"budget": None, "isolate": False, "watch": False}
     assert msgspec.msgpack.decode(
         msgspec.msgpack.encode({"type": "hello", "client_name": "old-tool"}), type=p.Hello
     ) == p.Hello(protocol_version=1, client_name="old-tool")

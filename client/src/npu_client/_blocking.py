@@ -75,6 +75,7 @@ def connect(
     budget: tuple[float, float] | None = None,
     timeout: float | None = None,
     on_event: EventCallback | None = None,
+    watch: bool = False,
 ) -> Client:
     """Connect to npud and shake hands; the returned client is ready for requests.
 
@@ -89,13 +90,16 @@ def connect(
     ``timeout``: seconds to wait for the connection and for each answer
     (``TimeoutError`` when exceeded); None waits as long as it takes.
     ``on_event``: called with each server event (see :class:`Client`).
+    ``watch``: the client only asks for status and pings (``npuctl status``): npud
+    opens no DSP process for it, and refuses its requests that need one
+    (:class:`NotPermitted`).
 
     Raises :class:`ConnectFailed` when npud cannot be reached, or the error
     the daemon refused the connection with (e.g. :class:`NotPermitted`).
     """
     resolved = socket_path(path)
     core: ClientCore[DmaBuffer] = ClientCore(
-        client_name(name), priority_class(priority), budget_record(budget)
+        client_name(name), priority_class(priority), budget_record(budget), watch=watch
     )
     _check_timeout(timeout)
     sock = _open_socket(resolved, timeout, socket_origin(path))
@@ -113,7 +117,8 @@ def is_available(path: str | os.PathLike[str] | None = None, *, timeout: float =
     seconds and its DSP is up (it reports the DSP's capabilities: it does not while the
     DSP restarts). Never raises for an unreachable, refusing or slow daemon: False."""
     try:
-        with connect(path, name="npu-probe", timeout=timeout) as client:
+        # watch: the probe opens no DSP process (a user's own would be opened for it).
+        with connect(path, name="npu-probe", timeout=timeout, watch=True) as client:
             return dsp_is_up(client.welcome)
     except (NpuError, OSError, TimeoutError):
         return False

@@ -151,10 +151,16 @@ class _Death:
 class ClientCore(Generic[B]):
     """One connection's state: handshake, requests in flight, buffers, events, death."""
 
-    def __init__(self, name: str, priority: Priority, budget: Budget | None = None) -> None:
+    def __init__(
+        self, name: str, priority: Priority, budget: Budget | None = None, *, watch: bool = False
+    ) -> None:
         self._conn = ClientConnection()
         self._hello = Hello(
-            protocol_version=PROTOCOL_VERSION, client_name=name, priority=priority, budget=budget
+            protocol_version=PROTOCOL_VERSION,
+            client_name=name,
+            priority=priority,
+            budget=budget,
+            watch=watch,
         )
         self._pending: dict[int, Pending] = {}
         self._max_in_flight = 0  # from the Welcome: nothing is sent before it

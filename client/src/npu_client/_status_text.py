@@ -159,12 +159,20 @@ _DOMAIN_COLUMNS: Final = (
 )
 
 
+def domain_kind(name: str, isolated: bool) -> str:
+    """isolated (one connection's), user (the connections of the uid after its @), or
+    shared (several users', or root's and npud's own user's)."""
+    if isolated:
+        return "isolated"
+    return "user" if "@" in name else "shared"
+
+
 def _domains(domains: Sequence[DomainRow]) -> list[str]:
     """One line per domain (DSP process): its name, its state and what it holds."""
     rows = [
         (
             row.name,
-            "isolated" if row.isolated else "shared",
+            domain_kind(row.name, row.isolated),
             row.state,
             str(row.epoch),
             str(row.restarts),

@@ -24,6 +24,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from npu_client._status_text import domain_kind
 from npu_protocol import ClientRow, DaemonStatus
 
 WIDTH: Final = 80
@@ -242,7 +243,7 @@ def render(top: TopFrame, *, width: int | None = WIDTH) -> str:
     if top.domains:
         lines.append("")
         for domain in top.domains:
-            kind = "isolated" if domain.isolated else "shared"
+            kind = domain_kind(domain.name, domain.isolated)
             lines.append(
                 fit(
                     f"domain {domain.name} ({kind}): {domain.state}, epoch {domain.epoch}, "

@@ -581,6 +581,11 @@ def _metrics(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+WATCHING: Final[frozenset[Command]] = frozenset({_status, _top, _metrics})
+"""Commands that only read the status: their connection says hello.watch, so npud opens
+no DSP process for them (for a user other than root, it would open one of its own)."""
+
+
 def _metrics_down(args: argparse.Namespace) -> None:
     """npud did not answer: say so in the metrics too, so a stale file does not linger."""
     _write_metrics(render_down(), args.output)
@@ -632,7 +637,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _connect_and_run(run: Command, args: argparse.Namespace) -> int:
     try:
-        with connect(args.socket, name=NPUCTL_NAME, timeout=args.timeout) as client:
+        # Commands that only look open no DSP process (one per user) for it.
+        watch = run in WATCHING
+        with connect(args.socket, name=NPUCTL_NAME, timeout=args.timeout, watch=watch) as client:
             return run(client, args)
     except ConnectFailed as exc:
         _error(str(exc))

@@ -73,13 +73,14 @@ async def connect(
     priority: Priority | str = Priority.NORMAL,
     budget: tuple[float, float] | None = None,
     on_event: EventCallback | None = None,
+    watch: bool = False,
 ) -> TrioClient:
     """Connect to npud and shake hands. Arguments as ``npu_client.connect`` (use
     ``trio.move_on_after`` / ``fail_after`` for timeouts). Close with ``await
     client.close()``."""
     resolved = socket_path(path)
     core: ClientCore[TrioDmaBuffer] = ClientCore(
-        client_name(name), priority_class(priority), budget_record(budget)
+        client_name(name), priority_class(priority), budget_record(budget), watch=watch
     )
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -105,7 +106,7 @@ async def is_available(path: str | os.PathLike[str] | None = None, *, timeout: f
     """As ``npu_client.is_available``, from trio."""
     try:
         with trio.fail_after(timeout):
-            client = await connect(path, name="npu-probe")
+            client = await connect(path, name="npu-probe", watch=True)  # no DSP process
             try:
                 return dsp_is_up(client.welcome)
             finally:
@@ -122,9 +123,12 @@ async def open_trio_client(
     priority: Priority | str = Priority.NORMAL,
     budget: tuple[float, float] | None = None,
     on_event: EventCallback | None = None,
+    watch: bool = False,
 ) -> AsyncIterator[TrioClient]:
     """``async with open_trio_client() as npu:`` a connected client, closed on exit."""
-    client = await connect(path, name=name, priority=priority, budget=budget, on_event=on_event)
+    client = await connect(
+        path, name=name, priority=priority, budget=budget, on_event=on_event, watch=watch
+    )
     try:
         yield client
     finally:

@@ -79,6 +79,9 @@ class Hello(Message, tag="hello", frozen=True, kw_only=True):
     """Version 4: the client needs a DSP process of its own (its DSP-side state, such as
     dspqueue's, is per process); refused with NOT_PERMITTED where the server does not
     allow it."""
+    watch: bool = False
+    """Version 6: the client only watches (status, ping): the server opens no DSP process
+    for it, and answers its requests that need one NOT_PERMITTED."""
 
 
 class Welcome(Message, tag="welcome", frozen=True, kw_only=True):

@@ -1,0 +1,524 @@
+"""Attacks: a hostile user beside a victim user running VAD, npud as shipped (issue 27).
+
+npud runs on the emulator with config/npud.toml as shipped (the two users allowed,
+the call watchdog at 0.5 s so a hung call ends within the run). The victim, uid
+65534 (nobody), runs the Silero VAD model every 32 ms and holds a buffer of its own
+with a secret in it, mapped into its DSP process. The attacker, uid 65533, runs each
+scenario of :data:`SCENARIOS` in turn, each for the same time; before each, a quiet
+window of that length is the baseline. Both are processes forked from the bench that
+drop to their uid (so no interpreter start is timed, and the model file is opened
+before the victim drops its privileges).
+
+Each scenario gives four rows, ``attacks.<scenario>.<what>``:
+
+* ``errors``: the victim's failed runs during the attack (and, for ``isolate_hog``, its
+  own isolated Hello if refused). Goal 0.
+* ``worst``: the victim's worst run during the attack, in ms (its quiet worst is a
+  figure). Goal at most 100 ms.
+* ``rss``, ``fds``: npud's peak resident memory and open fds during the attack over
+  their peaks in the quiet window before, in which the attacker's user is connected
+  and idle (its own DSP process open, as any user's may be). Goal at most 1.1 each.
+  The isolated Hellos of ``isolate_hog`` are DSP processes npud grants, up to
+  ``max_domains_per_uid``: their fds are the bounded cost of that bound.
+
+The ``errors`` row also holds what the attack got (the figures ``attacker_*``):
+
+* ``cross_user``: the review's critical finding. DSP code reaches every buffer mapped
+  into its process by fd number: the attacker's DSP code (the dspqueue skel's
+  ``init_process_state``, which maps the memory an fd names) tries every fd number up to
+  512. ``attacker_reached``: fds of other users' buffers it mapped (must be 0: the
+  victim's buffers are in another DSP process). Before issue 27 every user shared one;
+  with ``share_default = true`` it maps the victim's secret buffer (1).
+* ``isolate_hog``: 11 isolated Hellos held at once; ``attacker_processes``: DSP
+  processes it got (``max_domains_per_uid``, 4); the victim's isolated Hello meanwhile
+  counts as an error if refused.
+* ``fault_loop``: ``npu_test.fault`` in a loop; ``attacker_crashes``: DSP processes it
+  crashed (0: faults are root's), ``attacker_refused``: calls refused.
+* ``hung_calls``: 45 s calls, each on a fresh connection; ``attacker_hung``: calls the
+  watchdog ended, ``attacker_refused``: Hellos refused (its user is revoked after
+  ``hung_calls_before_revoke``, 2).
+
+Another scenario (stray fds, a zero-stride htp batch, a crafted ONNX file) is one more
+function ``(socket path, seconds) -> figures`` run as the attacker, and one more entry
+in :data:`SCENARIOS`. Needs root (the two users); says so otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Final
+
+import npu_client
+import npu_protocol as p
+from bench.harness import REPO_ROOT, Context, Goal, Row, ratio_row
+from bench.processes import START_TIMEOUT, running, wait_for_hello
+from npu_client.transport import recv_message, send_message
+
+NAME = "attacks"
+SUMMARY = "an attacker uid beside a victim uid running VAD: errors, worst latency, npud's RSS/fds"
+
+VICTIM: Final = 65534
+ATTACKER: Final = 65533
+WATCHDOG_S: Final = 0.5
+PERIOD_S: Final = 0.032
+SECRET: Final = b"SECRET-of-the-victim-0123456789a" * 2
+TEST_URI: Final = "file:///libnpu_test_skel.so?npu_test_skel_handle_invoke&_modver=1.0&_dom=cdsp"
+DSPQUEUE_URI: Final = (
+    "file:///libdspqueue_rpc_skel.so?dspqueue_rpc_skel_handle_invoke&_modver=1.0"
+    "&_dom=cdsp&_session=0"
+)
+SCAN_FDS: Final = 512
+ENOSUCHMAP: Final = 0x80000441 & 0xFFFFFFFF
+
+
+def _shipped_config() -> str:
+    """config/npud.toml as shipped, on the emulator, with the two users allowed."""
+    text = (REPO_ROOT / "config" / "npud.toml").read_text()
+    for old, new in {
+        'kind = "auto"': 'kind = "emulator"',
+        'socket_mode = "0660"': 'socket_mode = "0666"',
+        'log_level = "info"': 'log_level = "warning"',
+        "call_watchdog_s = 30.0": f"call_watchdog_s = {WATCHDOG_S}",
+        "allow_uids = []": f"allow_uids = [{VICTIM}, {ATTACKER}]",
+    }.items():
+        if old not in text:
+            raise RuntimeError(f"config/npud.toml no longer has {old!r}")
+        text = text.replace(old, new)
+    return text
+
+
+# --- processes of other users ------------------------------------------------------------
+
+
+@dataclass
+class Forked:
+    """A child running as another user; lines of JSON to and from it."""
+
+    pid: int
+    to_child: BinaryIO
+    from_child: BinaryIO
+
+    def say(self, line: str) -> None:
+        self.to_child.write(line.encode() + b"\n")
+        self.to_child.flush()
+
+    def hear(self) -> Any:
+        line = self.from_child.readline()
+        if not line:
+            raise RuntimeError("a child of the attack bench ended without an answer")
+        return json.loads(line)
+
+
+@contextlib.contextmanager
+def as_user(
+    uid: int, socket_path: Path, work: Callable[[Path, BinaryIO, BinaryIO], None]
+) -> Iterator[Forked]:
+    """``work(socket, from parent, to parent)`` in a forked child running as ``uid``; the
+    socket's directory is reached through an fd (its parents' modes do not matter)."""
+    directory = os.open(socket_path.parent, os.O_PATH)
+    down_r, down_w = os.pipe()
+    up_r, up_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            os.close(down_w)
+            os.close(up_r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            path = Path(f"/proc/self/fd/{directory}/{socket_path.name}")
+            with open(down_r, "rb") as inbox, open(up_w, "wb") as outbox:
+                work(path, inbox, outbox)
+        except BaseException:
+            traceback.print_exc()  # the parent hears of it as a child that ended unasked
+            sys.stderr.flush()
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(directory)
+    os.close(down_r)
+    os.close(up_w)
+    child = Forked(pid, open(down_w, "wb"), open(up_r, "rb"))  # noqa: SIM115 - closed below
+    try:
+        yield child
+    finally:
+        child.to_child.close()
+        child.from_child.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _tell(outbox: BinaryIO, value: object) -> None:
+    outbox.write(json.dumps(value).encode() + b"\n")
+    outbox.flush()
+
+
+# --- the victim ----------------------------------------------------------------------------
+
+
+def _preload(socket_path: Path, model: BinaryIO) -> None:
+    """One VAD run as root first: what the children need is imported before they drop to
+    a user who may not reach this interpreter's files (a Python under a private home)."""
+    import numpy as np  # noqa: PLC0415 - the daemon's benches need no numpy
+
+    from bench.model_vad import SHAPES  # noqa: PLC0415
+
+    with npu_client.connect(str(socket_path), name="attacks-preload") as npu:
+        vad = npu.load_model(model, shapes=SHAPES)
+        vad.set_input("sr", np.array(16000, np.int64))
+        vad.set_input("state", np.zeros((2, 1, 128), np.float32))
+        vad.set_input("input", np.zeros((1, 576), np.float32))
+        vad.execute()
+        np.random.default_rng(7)
+
+
+def _victim(model: BinaryIO) -> Callable[[Path, BinaryIO, BinaryIO], None]:
+    def work(path: Path, inbox: BinaryIO, outbox: BinaryIO) -> None:
+        import numpy as np  # noqa: PLC0415 - imported by _preload already
+
+        from bench.model_vad import SHAPES  # noqa: PLC0415
+
+        npu = npu_client.connect(str(path), name="vad-victim")
+        secret = npu.alloc(4096)
+        secret.view()[: len(SECRET)] = SECRET
+        secret.map()
+
+        def loaded() -> Any:
+            model.seek(0)
+            vad = npu.load_model(model, shapes=SHAPES)
+            vad.set_input("sr", np.array(16000, np.int64))
+            vad.set_input("state", np.zeros((2, 1, 128), np.float32))
+            return vad
+
+        vad = loaded()
+        chunk = np.random.default_rng(7).uniform(-0.5, 0.5, (1, 576)).astype(np.float32)
+        for _ in range(30):
+            vad.set_input("input", chunk)
+            vad.execute()
+        _tell(outbox, "ready")
+        runs: list[tuple[float, float, bool]] = []
+        stop = threading.Event()
+
+        def until_told() -> None:
+            inbox.readline()
+            stop.set()
+
+        threading.Thread(target=until_told, daemon=True).start()
+        tick = time.monotonic()
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                vad.set_input("input", chunk)
+                vad.execute()
+                runs.append((began, time.monotonic() - began, True))
+            except npu_client.NpuError:
+                runs.append((began, time.monotonic() - began, False))
+                with contextlib.suppress(npu_client.NpuError):
+                    vad = loaded()
+            tick += PERIOD_S
+            time.sleep(max(0.0, tick - time.monotonic()))
+        _tell(outbox, runs)
+
+    return work
+
+
+def _isolated_hello(path: Path, name: str) -> tuple[socket.socket, p.Welcome | p.ErrorMessage]:
+    """A Hello asking for a DSP process of its own (npu_client never asks; libcdsprpc
+    always does); the socket stays open."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(START_TIMEOUT)
+    sock.connect(str(path))
+    conn = p.ClientConnection()
+    data, _ = conn.send(
+        p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name=name, isolate=True)
+    )
+    send_message(sock, data, [])
+    while True:
+        event = conn.next_event()
+        if event is p.NEED_DATA:
+            received, fds = recv_message(sock)
+            for fd in fds:
+                fd.close()
+            conn.receive_data(received, [])
+            continue
+        assert isinstance(event, p.Welcome | p.ErrorMessage), event
+        return sock, event
+
+
+def _victim_isolates(path: Path, inbox: BinaryIO, outbox: BinaryIO) -> None:
+    sock, answer = _isolated_hello(path, "llama-victim")
+    sock.close()
+    _tell(outbox, isinstance(answer, p.Welcome))
+
+
+# --- the scenarios (run as the attacker) ---------------------------------------------------
+
+
+def _idle(path: Path, inbox: BinaryIO, outbox: BinaryIO) -> None:
+    """The attacker's user connected and doing nothing: part of the quiet baseline (a
+    user's first connection opens its DSP process, which any user may)."""
+    with npu_client.connect(str(path), name="attacker-idle"):
+        _tell(outbox, "connected")
+        inbox.readline()
+
+
+def _open(npu: npu_client.Client, uri: str) -> Any:
+    """Open ``uri``, again while the attacker's domain restarts."""
+    for _ in range(200):
+        try:
+            return npu.open(uri)
+        except npu_client.DspRestarted:
+            time.sleep(0.05)
+    return npu.open(uri)
+
+
+def cross_user(path: Path, seconds: float) -> dict[str, float]:
+    npu = npu_client.connect(str(path), name="attacker")
+    queue = _open(npu, DSPQUEUE_URI)
+    reached = 0
+    for fd in range(3, SCAN_FDS):
+        try:
+            queue.invoke(2, [struct.pack("<i", fd)])
+            reached += 1  # init_process_state mapped what the fd names
+        except npu_client.InvokeFailed:
+            pass
+    npu.close()
+    return {"attacker_reached": reached}
+
+
+def isolate_hog(path: Path, seconds: float) -> dict[str, float]:
+    held = [_isolated_hello(path, f"llama-{n}") for n in range(11)]
+    got = sum(isinstance(answer, p.Welcome) for _, answer in held)
+    time.sleep(seconds)  # the bench has the victim try meanwhile
+    for sock, _ in held:
+        sock.close()
+    return {"attacker_processes": got}
+
+
+def fault_loop(path: Path, seconds: float) -> dict[str, float]:
+    npu = npu_client.connect(str(path), name="attacker")
+    handle = _open(npu, TEST_URI)
+    crashes = refused = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            handle.invoke(5)
+        except npu_client.NotPermitted:
+            refused += 1
+        except npu_client.NpuError:
+            crashes += 1  # its DSP process died: open the skel in the new one
+            handle = _open(npu, TEST_URI)
+    npu.close()
+    return {"attacker_crashes": crashes, "attacker_refused": refused}
+
+
+def hung_calls(path: Path, seconds: float) -> dict[str, float]:
+    hung = refused = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            npu = npu_client.connect(str(path), name="attacker")
+        except npu_client.NotPermitted:
+            refused += 1
+            time.sleep(0.1)
+            continue
+        try:
+            _open(npu, TEST_URI).invoke(4, [struct.pack("<I", 45_000_000)])
+        except npu_client.NpuError:
+            hung += 1
+        finally:
+            npu.close()
+    return {"attacker_hung": hung, "attacker_refused": refused}
+
+
+Scenario = Callable[[Path, float], dict[str, float]]
+SCENARIOS: Final[dict[str, Scenario]] = {
+    "cross_user": cross_user,
+    "isolate_hog": isolate_hog,
+    "fault_loop": fault_loop,
+    "hung_calls": hung_calls,
+}
+"""Every attack, by name, in the order they run: add yours here."""
+
+
+def _attacker(scenario: Scenario, seconds: float) -> Callable[[Path, BinaryIO, BinaryIO], None]:
+    def work(path: Path, inbox: BinaryIO, outbox: BinaryIO) -> None:
+        try:
+            _tell(outbox, scenario(path, seconds))
+        except Exception as exc:
+            _tell(outbox, {"error": repr(exc)})
+
+    return work
+
+
+# --- npud's footprint -------------------------------------------------------------------
+
+
+class Sampler:
+    """npud's peak RSS and fd count, sampled every 20 ms while a window lasts."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.rss = 0
+        self.fds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="attacks-sampler", daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        self.rss = max(self.rss, int(line.split()[1]) * 1024)
+                self.fds = max(self.fds, len(os.listdir(f"/proc/{self.pid}/fd")))
+            if self._stop.wait(0.02):
+                return
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _settle(pid: int, fds: int, timeout: float = 15.0) -> None:
+    """Wait until npud holds no more fds than with the victim alone: the last attack's
+    connections and DSP processes are gone before the next quiet window."""
+    deadline = time.monotonic() + timeout
+    while _fds(pid) > fds and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+# --- the module -------------------------------------------------------------------------
+
+
+def rows(ctx: Context) -> list[Row]:
+    if os.geteuid() != 0:
+        raise RuntimeError("the attacks bench needs root: it runs clients as two other users")
+    from bench.model_vad import SILERO  # noqa: PLC0415 - numpy and the model, when it runs
+
+    seconds = 3.0 if ctx.quick else 10.0
+    workdir = ctx.workdir / "attacks"
+    workdir.mkdir(exist_ok=True)
+    workdir.chmod(0o711)
+    config = workdir / "npud.toml"
+    config.write_text(_shipped_config())
+    socket_path = workdir / "npud.sock"
+    args = [
+        sys.executable, "-m", "npud.main", "--config", str(config),
+        "--socket", str(socket_path), "--log-format", "json",
+    ]  # fmt: skip
+    found: list[Row] = []
+    with (
+        running(args, stderr=workdir / "npud.log") as daemon,
+        open(SILERO, "rb") as model,
+    ):
+        wait_for_hello(daemon, socket_path)
+        _preload(socket_path, model)
+        with as_user(VICTIM, socket_path, _victim(model)) as victim:
+            if victim.hear() != "ready":
+                raise RuntimeError("the victim did not start")
+            windows: list[tuple[str, float, float, float, dict[str, float]]] = []
+            settled = _fds(daemon.pid)
+            for name, scenario in SCENARIOS.items():
+                ctx.progress(f"attacks: {name}, quiet then attacked, {seconds:g} s each")
+                _settle(daemon.pid, settled)
+                with as_user(ATTACKER, socket_path, _idle) as idle:
+                    idle.hear()  # connected: the quiet window has the attacker's user in
+                    with Sampler(daemon.pid) as quiet:
+                        quiet_start = time.monotonic()
+                        time.sleep(seconds)
+                    idle.say("go")
+                _settle(daemon.pid, settled)
+                attack_start = time.monotonic()
+                with (
+                    Sampler(daemon.pid) as attacked,
+                    as_user(ATTACKER, socket_path, _attacker(scenario, seconds)) as attacker,
+                ):
+                    extra = 0.0
+                    if name == "isolate_hog":
+                        time.sleep(seconds / 2)
+                        with as_user(VICTIM, socket_path, _victim_isolates) as trying:
+                            extra = 0.0 if trying.hear() else 1.0
+                    figures = attacker.hear()
+                attack_end = time.monotonic()
+                if "error" in figures:
+                    raise RuntimeError(f"attacks: {name}: {figures['error']}")
+                figures.update(
+                    victim_isolate_refused=extra,
+                    npud_rss_mib=attacked.rss / (1 << 20),
+                    quiet_rss_mib=quiet.rss / (1 << 20),
+                    npud_fds=attacked.fds,
+                    quiet_fds=quiet.fds,
+                )
+                windows.append((name, quiet_start, attack_start, attack_end, figures))
+            victim.say("stop")
+            runs: list[list[Any]] = victim.hear()
+    for name, quiet_start, attack_start, attack_end, figures in windows:
+        found += _scenario_rows(name, runs, quiet_start, attack_start, attack_end, figures)
+    return found
+
+
+def _scenario_rows(
+    name: str,
+    runs: list[list[Any]],
+    quiet_start: float,
+    attack_start: float,
+    attack_end: float,
+    figures: dict[str, float],
+) -> list[Row]:
+    quiet = [r for r in runs if quiet_start <= r[0] < attack_start]
+    attacked = [r for r in runs if attack_start <= r[0] < attack_end]
+    errors = sum(not ok for _, _, ok in attacked) + figures.pop("victim_isolate_refused", 0.0)
+    worst_ms = max((seconds * 1000 for _, seconds, _ in attacked), default=float("nan"))
+    quiet_worst_ms = max((seconds * 1000 for _, seconds, _ in quiet), default=float("nan"))
+    attack = {k: v for k, v in figures.items() if k.startswith("attacker_")}
+    prefix = f"attacks.{name}"
+    return [
+        ratio_row(
+            f"{prefix}.errors",
+            "the victim's failed runs during the attack (count)",
+            [errors],
+            {"victim_runs": len(attacked), **attack},
+            Goal("ratio", 0),
+        ),
+        ratio_row(
+            f"{prefix}.worst",
+            "the victim's worst run during the attack (ms)",
+            [worst_ms],
+            {"quiet_worst_ms": quiet_worst_ms},
+            Goal("ratio", 100),
+        ),
+        ratio_row(
+            f"{prefix}.rss",
+            "npud's peak RSS attacked / quiet",
+            [figures["npud_rss_mib"] / figures["quiet_rss_mib"]],
+            {"npud_rss_mib": figures["npud_rss_mib"], "quiet_rss_mib": figures["quiet_rss_mib"]},
+            Goal("ratio", 1.1),
+        ),
+        ratio_row(
+            f"{prefix}.fds",
+            "npud's peak fds attacked / quiet",
+            [figures["npud_fds"] / figures["quiet_fds"]],
+            {"npud_fds": figures["npud_fds"], "quiet_fds": figures["quiet_fds"]},
+            Goal("ratio", 1.1),
+        ),
+    ]
