@@ -487,7 +487,7 @@ static int write_noblock(struct dspqueue *q, uint32_t flags, uint32_t num_buffer
                   message_length);
     q->seq++;
     dspq_store(&q->dom->state->req_packet_count[q->id], ++q->req_packets);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    dspq_barrier_full();
     if (!q->wait_counts || dspq_load(&q->req.read->wait_count) != 0) {
         send_signal(q->dom); /* the DSP may be asleep: wake it */
     }
@@ -527,7 +527,7 @@ again:;
     }
     dspq_ring_take(&q->resp, len, buffers, nb * DSPQ_BUFFER_ENTRY, message, ml);
     dspq_store(&q->dom->state->resp_space_count[q->id], ++q->resp_spaces);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    dspq_barrier_full();
     if (!q->wait_counts || dspq_load(&q->resp.write->wait_count) != 0) {
         send_signal(q->dom); /* the DSP may wait for room */
     }
@@ -616,6 +616,9 @@ static int queue_create(struct dspq_domain *d, unsigned id, uint32_t count, uint
     q->id = id;
     q->queue_count = count;
     q->mem_size = dspq_block_size(req, resp);
+    if (dspq_barriers_init()) {
+        shim_log("dspqueue: inner-shareable barriers (NPUD_SHIM_BARRIERS=inner)");
+    }
     int rc = port_alloc(q->mem_size, &q->mem);
     if (rc != 0) {
         return rc;

@@ -380,6 +380,20 @@ void fake_lose_process(void) {
     pthread_mutex_unlock(&g_mu);
 }
 
+void fake_poke_position(int resp, int write, uint32_t value) {
+    pthread_mutex_lock(&g_mu);
+    struct side *s = resp ? &g_queues[0].resp : &g_queues[0].req;
+    st(write ? &s->write[0] : &s->read[0], value);
+    pthread_mutex_unlock(&g_mu);
+}
+
+void fake_poke_ring(int resp, uint32_t at, uint64_t value) {
+    pthread_mutex_lock(&g_mu);
+    struct side *s = resp ? &g_queues[0].resp : &g_queues[0].req;
+    memcpy(s->data + at, &value, sizeof(value));
+    pthread_mutex_unlock(&g_mu);
+}
+
 void fake_stats(struct fake_stats *out) {
     pthread_mutex_lock(&g_mu);
     *out = g_stats;
