@@ -479,7 +479,13 @@ static int take_fds(struct conn *c, uint64_t start, unsigned n, int *fd) {
             if (r->count - r->taken < n) {
                 return -1; /* MISSING_FDS */
             }
-            *fd = r->fds[r->taken]; /* npud's frames carry at most one */
+            /* npud's frames carry at most one: the frame keeps its first, and
+             * the others it declared are closed here (dispatch refuses the
+             * frame for its fd count) */
+            *fd = r->fds[r->taken];
+            for (unsigned j = 1; j < n; j++) {
+                close(r->fds[r->taken + j]);
+            }
             r->taken += n;
             return 0;
         }

@@ -49,6 +49,8 @@ struct handle {
     uint64_t epoch;
 };
 
+static int domain_by_name(const char *name);
+
 static pthread_mutex_t g_handles_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct handle *g_handles;
 static uint32_t g_next_local = 1;
@@ -106,8 +108,11 @@ static void encode_close(void *ctx, msgpack_packer *pk, uint32_t id) {
     mp_kv_uint(pk, "handle", cl->handle);
 }
 
-/* The domain and session a module URI names: npud serves the CDSP, session 0. */
-static int check_uri(const char *uri) {
+/* The domain and session a module URI names: npud serves the CDSP, session 0.
+ * A 64-bit open must name its domain (libcdsprpc's get_domain_from_name finds
+ * none in a URI without "&_dom=" and answers AEE_EBADPARM); a 32-bit open runs
+ * in the current domain, the CDSP, whatever the URI says of it. */
+static int check_uri(const char *uri, int need_domain) {
     size_t len = strnlen(uri, MAX_URI + 1);
     if (len == 0 || len > MAX_URI) {
         return AEE_EBADPARM;
@@ -118,27 +123,37 @@ static int check_uri(const char *uri) {
         }
     }
     const char *dom = strstr(uri, "&_dom=");
-    if (dom != NULL) {
-        const char *name = dom + strlen("&_dom=");
-        if (strncmp(name, CDSP_DOMAIN_NAME, 4) != 0 || (name[4] != '\0' && name[4] != '&')) {
-            return AEE_EUNSUPPORTED;
-        }
+    if (dom == NULL) {
+        return need_domain ? AEE_EBADPARM : 0;
+    }
+    if (!need_domain) {
+        return 0;
+    }
+    const char *name = dom + strlen("&_dom=");
+    if (domain_by_name(name) < 0) {
+        return AEE_EBADPARM; /* no domain libcdsprpc knows */
+    }
+    if (strncmp(name, CDSP_DOMAIN_NAME, 4) != 0 || (name[4] != '\0' && name[4] != '&')) {
+        return AEE_EUNSUPPORTED;
     }
     const char *session = strstr(uri, "&_session=");
     if (session != NULL) {
-        const char *n = session + strlen("&_session=");
-        if (n[0] != '0' || (n[1] != '\0' && n[1] != '&')) {
+        long n = strtol(session + strlen("&_session="), NULL, 10);
+        if (n < 0 || n >= NUM_SESSIONS) {
+            return AEE_EBADPARM;
+        }
+        if (n != 0) {
             return AEE_EUNSUPPORTED; /* one DSP process per client: session 0 */
         }
     }
     return 0;
 }
 
-static int h_open(const char *uri, uint32_t *out) {
+static int h_open(const char *uri, int need_domain, uint32_t *out) {
     if (uri == NULL || out == NULL) {
         return AEE_EBADPARM;
     }
-    int rc = check_uri(uri);
+    int rc = check_uri(uri, need_domain);
     if (rc != 0) {
         return rc;
     }
@@ -568,7 +583,7 @@ SHIM_API int remote_handle64_open(const char *name, remote_handle64 *ph) {
     if (ph == NULL) {
         return AEE_EBADPARM;
     }
-    int rc = h_open(name, &h);
+    int rc = h_open(name, 1, &h);
     if (rc == 0) {
         *ph = h;
     }
@@ -576,7 +591,7 @@ SHIM_API int remote_handle64_open(const char *name, remote_handle64 *ph) {
 }
 
 SHIM_API int remote_handle_open(const char *name, remote_handle *ph) {
-    return h_open(name, ph);
+    return h_open(name, 0, ph);
 }
 
 SHIM_API int remote_handle64_invoke(remote_handle64 h, uint32_t sc, remote_arg *pra) {

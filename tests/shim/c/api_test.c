@@ -7,6 +7,8 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +40,8 @@
     } while (0)
 
 #define ECHO_URI "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
-#define TEST_URI "file:///libnpu_test_skel.so?npu_test_skel_handle_invoke&_modver=1.0"
+#define TEST_MODULE "file:///libnpu_test_skel.so?npu_test_skel_handle_invoke&_modver=1.0"
+#define TEST_URI TEST_MODULE "&_dom=cdsp"
 #define DSP(n) ((int)(0x80000400u + (n)))
 
 static uint32_t crc32(const uint8_t *p, size_t n) {
@@ -305,14 +308,23 @@ static void scenario_handles(void) {
     RC(remote_handle64_open(TEST_URI, NULL), AEE_EBADPARM);
     RC(remote_handle64_open("", &x), AEE_EBADPARM);
     RC(remote_handle64_open("file:///lib nospace.so?x", &x), AEE_EBADPARM);
-    RC(remote_handle64_open(TEST_URI "&_dom=adsp", &x), AEE_EUNSUPPORTED);
-    RC(remote_handle64_open(TEST_URI "&_dom=cdsp1", &x), AEE_EUNSUPPORTED);
-    RC(remote_handle64_open(TEST_URI "&_dom=cdsp&_session=1", &x), AEE_EUNSUPPORTED);
-    RC(remote_handle64_open("file:///libnothere_skel.so?nothere_skel_handle_invoke&_modver=1.0",
-                            &x),
+    RC(remote_handle64_open(TEST_MODULE "&_dom=adsp", &x), AEE_EUNSUPPORTED);
+    RC(remote_handle64_open(TEST_MODULE "&_dom=cdsp1", &x), AEE_EUNSUPPORTED);
+    RC(remote_handle64_open(TEST_MODULE "&_dom=cdsp&_session=1", &x), AEE_EUNSUPPORTED);
+    /* as libcdsprpc: a 64-bit open names its domain, and a session below 4 */
+    RC(remote_handle64_open(TEST_MODULE, &x), AEE_EBADPARM);
+    RC(remote_handle64_open(TEST_MODULE "&_session=0", &x), AEE_EBADPARM);
+    RC(remote_handle64_open(TEST_MODULE "&_dom=dsp", &x), AEE_EBADPARM);
+    RC(remote_handle64_open(TEST_MODULE "&_dom=cdsp&_session=4", &x), AEE_EBADPARM);
+    RC(remote_handle64_open(
+           "file:///libnothere_skel.so?nothere_skel_handle_invoke&_modver=1.0&_dom=cdsp", &x),
        DSP(0x3E)); /* AEE_ENOSUCHMOD, the DSP's dlopen */
-    RC(remote_handle64_open(TEST_URI "&_dom=cdsp&_session=0", &x), 0);
+    RC(remote_handle64_open(TEST_MODULE "&_dom=cdsp&_session=0", &x), 0);
     RC(remote_handle64_close(x), 0);
+    /* the 32-bit open runs in the current domain: no &_dom needed */
+    remote_handle y = 0;
+    RC(remote_handle_open(TEST_MODULE, &y), 0);
+    RC(remote_handle_close(y), 0);
     /* closing: the upper half of a 64-bit handle is ignored (llama.cpp's 32-bit call) */
     RC(remote_handle64_close(h | 0xdead00000000ull), 0);
     RC(remote_handle64_close(h), AEE_EINVHANDLE);
@@ -617,6 +629,32 @@ static void scenario_hold(void) {
     exit(0); /* no teardown, as llama.cpp */
 }
 
+/* fds of this process whose link names contain what */
+static int count_fds(const char *what) {
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    CHECK(d != NULL);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char link[256];
+        ssize_t len = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
+        if (len > 0) {
+            link[len] = '\0';
+            n += strstr(link, what) != NULL;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* A fake npud answers the alloc with a frame that declares 2 fds: the library
+ * refuses it (the connection ends) and keeps neither fd. */
+static void scenario_two_fds(void) {
+    CHECK(count_fds("npud-fake") == 0);
+    CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, 4096) == NULL);
+    CHECK(count_fds("npud-fake") == 0);
+}
+
 int main(int argc, char **argv) {
     static const struct {
         const char *name;
@@ -628,7 +666,7 @@ int main(int argc, char **argv) {
         {"dspqueue", scenario_dspqueue}, {"threads", scenario_threads},
         {"refused", scenario_refused},   {"gone", scenario_gone},
         {"restart", scenario_restart},   {"shutdown", scenario_shutdown},
-        {"hold", scenario_hold},
+        {"hold", scenario_hold},         {"two_fds", scenario_two_fds},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);

@@ -1,0 +1,28 @@
+"""npud's libcdsprpc against a scripted npud (tests/shim/fake_npud.py): frames and
+values the real npud on the emulator never sends."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tests.shim.fake_npud import Frame, fake_npud
+from tests.shim.programs import run
+
+
+def test_a_frame_declaring_two_fds_leaks_neither(api_test: Path, tmp_path: Path) -> None:
+    """An alloc_reply declaring (and carrying) 2 fds: the library refuses the frame and
+    closes both (it kept the second one before)."""
+
+    def answer(request: dict[str, Any]) -> list[Frame]:
+        if request["type"] != "alloc":
+            return []
+        fds = [os.memfd_create("npud-fake"), os.memfd_create("npud-fake")]
+        for fd in fds:
+            os.ftruncate(fd, 4096)
+        reply = {"type": "alloc_reply", "buffer": 1, "size": 4096, "fd": 0, "dsp_fd": 5}
+        return [(reply, fds)]
+
+    with fake_npud(tmp_path / "fake.sock", answer) as path:
+        run(api_test, "two_fds", path, timeout=60)
