@@ -100,6 +100,7 @@ struct dspqueue {
     int callback_started;
     pthread_t error_thread;
     int error_started;
+    int closed; /* torn down, its teardown failed: only a close (which frees it) is valid */
 };
 
 static pthread_mutex_t g_dq_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -764,6 +765,10 @@ SHIM_API AEEResult dspqueue_close(dspqueue_t queue) {
     if (q == NULL) {
         return AEE_EBADPARM;
     }
+    if (q->closed) {
+        queue_free(q); /* the husk of a failed teardown */
+        return 0;
+    }
     struct dspq_domain *d = q->dom;
     int rc = 0;
     if (alive(q) == 0) {
@@ -803,20 +808,22 @@ SHIM_API AEEResult dspqueue_close(dspqueue_t queue) {
     if (q->callback_started) {
         pthread_join(q->callback_thread, NULL);
     }
-    /* From here on the queue goes whatever fails: an error is returned only while the
-     * queue is still open (above), so a caller may always close again after one. What
-     * fails in the teardown is logged; its memory and fds are let go all the same. */
+    /* From here on the queue goes whatever fails. What failed is returned, as
+     * libcdsprpc returns it; the queue is torn down all the same (its memory, fds
+     * and id let go) and stays as a closed husk: every call on it but close is
+     * AEE_EBADPARM, and a close frees it (0). A program that never closes it
+     * again leaves the husk, a few hundred bytes. */
     int lost = atomic_load(&d->error) != 0;
     int destroyed = lost ? 0 : dspq_rpc_destroy_queue(d->rpc, q->dsp_id);
     int unmapped = port_munmap(q->mem_fd, q->mem, q->mem_size);
     if (!lost && (destroyed != 0 || unmapped != 0)) {
         shim_log("dspqueue: closing queue %u: destroy 0x%x, munmap 0x%x", q->id,
                  (unsigned)destroyed, (unsigned)unmapped);
+        rc = destroyed != 0 ? destroyed : unmapped;
     }
-    rc = 0;
     port_free(q->mem);
+    q->mem = NULL;
     unsigned id = q->id;
-    queue_free(q);
 
     pthread_mutex_lock(&g_dq_lock);
     d->reserved[id] = 0;
@@ -827,14 +834,23 @@ SHIM_API AEEResult dspqueue_close(dspqueue_t queue) {
         int down = dom_destroy(d);
         if (down != 0) {
             shim_log("dspqueue: the last queue's teardown failed (0x%x)", (unsigned)down);
+            if (rc == 0) {
+                rc = down;
+            }
         }
     }
     pthread_mutex_unlock(&g_dq_lock);
-    return rc;
+    q->dom = NULL;
+    if (rc != 0) {
+        q->closed = 1;
+        return rc;
+    }
+    queue_free(q);
+    return 0;
 }
 
 SHIM_API AEEResult dspqueue_export(dspqueue_t queue, uint64_t *queue_id) {
-    if (queue == NULL || queue_id == NULL) {
+    if (queue == NULL || queue_id == NULL || queue->closed) {
         return AEE_EBADPARM;
     }
     *queue_id = queue->dsp_id;
@@ -845,7 +861,7 @@ SHIM_API AEEResult dspqueue_write(dspqueue_t queue, uint32_t flags, uint32_t num
                                   struct dspqueue_buffer *buffers, uint32_t message_length,
                                   const uint8_t *message, uint32_t timeout_us) {
     struct dspqueue *q = queue;
-    if (q == NULL) {
+    if (q == NULL || q->closed) {
         return AEE_EBADPARM;
     }
     int rc = alive(q);
@@ -882,7 +898,7 @@ SHIM_API AEEResult dspqueue_read_noblock(dspqueue_t queue, uint32_t *flags, uint
                                          uint32_t max_message_length, uint32_t *message_length,
                                          uint8_t *message) {
     struct dspqueue *q = queue;
-    if (q == NULL) {
+    if (q == NULL || q->closed) {
         return AEE_EBADPARM;
     }
     int rc = alive(q);
@@ -898,7 +914,7 @@ SHIM_API AEEResult dspqueue_read(dspqueue_t queue, uint32_t *flags, uint32_t max
                                  uint32_t max_message_length, uint32_t *message_length,
                                  uint8_t *message, uint32_t timeout_us) {
     struct dspqueue *q = queue;
-    if (q == NULL) {
+    if (q == NULL || q->closed) {
         return AEE_EBADPARM;
     }
     int rc = alive(q);

@@ -33,6 +33,7 @@ SCENARIOS = [
     "multi",  # three queues of one process; the 64-queue limit
     "unsupported",  # no dspqueue_rpc skel on the DSP
     "wakeup",  # early-wakeup packets are skipped
+    "teardown_error",  # destroy_queue fails: close says so, frees all, a husk to close again
     "hostile",  # a DSP writes impossible ring positions and lengths: AEE_EBADITEM, no access
 ]
 

@@ -567,6 +567,36 @@ static void scenario_wakeup(void) {
     expect_clean();
 }
 
+/* destroy_queue fails: close returns the failure (as libcdsprpc), lets go of the
+ * queue's memory all the same, and leaves a husk that only a second close takes. */
+static void scenario_teardown_error(void) {
+    const int failure = (int)0x80000401u; /* the DSP's AEE_EFAILED */
+    dspqueue_t keep = create(1024, 1024);
+    dspqueue_t q = create(1024, 1024);
+    fake_set_destroy_error(failure);
+    RC(dspqueue_close(q), failure);
+    fake_set_destroy_error(0);
+    uint64_t id = 0;
+    uint8_t m[8] = {0};
+    uint32_t ml = 0;
+    RC(dspqueue_export(q, &id), AEE_EBADPARM);
+    RC(dspqueue_write(q, 0, 0, NULL, sizeof(m), m, SECOND), AEE_EBADPARM);
+    RC(dspqueue_read(q, NULL, 0, NULL, NULL, sizeof(m), &ml, m, SECOND), AEE_EBADPARM);
+    RC(dspqueue_read_noblock(q, NULL, 0, NULL, NULL, sizeof(m), &ml, m), AEE_EBADPARM);
+    RC(dspqueue_close(q), 0); /* the husk */
+    int fd = -1;
+    uint8_t *buf = fake_buffer(BUF_SIZE, &fd);
+    roundtrip(keep, fd, buf, 0, 16, 16, 1); /* the other queue works on */
+    fake_buffer_free(buf, fd, BUF_SIZE);
+    /* the last queue: its domain goes too */
+    fake_set_destroy_error(failure);
+    RC(dspqueue_close(keep), failure);
+    fake_set_destroy_error(0);
+    RC(dspqueue_close(keep), 0);
+    CHECK(stats().closes == 1 && stats().cancels == 1);
+    expect_clean();
+}
+
 /* A DSP that writes impossible ring positions and packet lengths: each is
  * AEE_EBADITEM to the caller, never an access outside the ring; the positions
  * the CPU publishes are its own, whatever the shared copies say. */
@@ -647,7 +677,7 @@ int main(int argc, char **argv) {
         {"callbacks", scenario_callbacks},   {"imported", scenario_imported},
         {"multi", scenario_multi},           {"unsupported", scenario_unsupported},
         {"wakeup", scenario_wakeup},         {"faults", scenario_faults},
-        {"hostile", scenario_hostile},
+        {"hostile", scenario_hostile},       {"teardown_error", scenario_teardown_error},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);

@@ -69,6 +69,7 @@ static int g_old_dsp;
 static int g_imported;
 static int g_open_error;
 static int g_cancel_error;
+static int g_destroy_error;
 static int g_lost;
 static uint64_t g_session = 1;
 static remote_handle64 g_handle;
@@ -365,6 +366,10 @@ void fake_set_open_error(int rc) {
 
 void fake_set_cancel_error(int rc) {
     g_cancel_error = rc;
+}
+
+void fake_set_destroy_error(int rc) {
+    g_destroy_error = rc;
 }
 
 void fake_lose_process(void) {
@@ -710,7 +715,10 @@ int port_invoke(remote_handle64 h, uint32_t sc, remote_arg *pra, int wait) {
             rc = (int)DSP_EBADPARM;
             break;
         }
-        if (method == 4) {
+        if (method == 4 && g_destroy_error != 0) {
+            q->active = 0;
+            rc = g_destroy_error; /* it went, but the answer is a failure */
+        } else if (method == 4) {
             q->active = 0;
             g_stats.destroys++;
         } else {

@@ -44,6 +44,7 @@ void fake_set_old_dsp(int old);          /* accept header version UINT32_MAX */
 void fake_set_imported(int imported);    /* is_imported's answer */
 void fake_set_open_error(int rc);        /* port_open fails with rc */
 void fake_set_cancel_error(int rc);      /* cancel_wait_signal fails with rc */
+void fake_set_destroy_error(int rc);     /* destroy_queue fails with rc */
 void fake_lose_process(void);            /* the DSP process dies */
 /* A hostile DSP: set a position of queue 0's request (resp 0) or response ring
  * (resp 1), the read (write 0) or the write state's (write 1); or 8 bytes of
