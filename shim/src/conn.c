@@ -106,6 +106,13 @@ static const char *const CAP_KEYS[SHIM_DSP_ATTRIBUTES] = {
     "mcid_multicast",
 };
 
+static const char *const INTERNAL_KEYS[SHIM_DSP_INTERNAL] = {
+    "perf_v2_dsp_support",
+    "map_dma_handle_reverserpc",
+    "dspsignal_dsp_support",
+    "proc_shared_buffer_support",
+};
+
 /* Bit 31 of the epoch half: a restart was seen (an answer said DSP_RESTARTED) and
  * its session_restarted has not come yet. npud sends that event before any answer
  * from the new session, so nothing can be made in between. */
@@ -274,6 +281,12 @@ static int take_welcome(struct conn *c, const msgpack_object *msg) {
         uint64_t value = 0;
         if (mp_uint(mp_get(dsp, CAP_KEYS[i]), &value) == 0) {
             w.caps[i] = (uint32_t)value;
+        }
+    }
+    for (unsigned i = 0; i < SHIM_DSP_INTERNAL; i++) {
+        uint64_t value = 0;
+        if (mp_uint(mp_get(dsp, INTERNAL_KEYS[i]), &value) == 0) {
+            w.internal[i] = (uint32_t)value;
         }
     }
     const msgpack_object *limits = mp_get(msg, "limits");

@@ -17,10 +17,16 @@ struct conn;
 
 /* Capability attribute ids 0..11 (remote.h enum remote_dsp_attributes). */
 #define SHIM_DSP_ATTRIBUTES 12
+/* libcdsprpc's internal attributes 128..131 (PERF_V2_DSP_SUPPORT,
+ * MAP_DMA_HANDLE_REVERSERPC, DSPSIGNAL_DSP_SUPPORT, PROC_SHARED_BUFFER_SUPPORT),
+ * which the kernel answers from the DSP's table as it answers 1..11. */
+#define SHIM_DSP_INTERNAL_FIRST 128
+#define SHIM_DSP_INTERNAL 4
 
 /* What the Welcome said (fixed once the connection is up). */
 struct welcome {
     uint32_t caps[SHIM_DSP_ATTRIBUTES];
+    uint32_t internal[SHIM_DSP_INTERNAL];
     uint32_t max_frame_size;
     uint32_t max_in_flight;
     uint32_t max_inline_bytes;

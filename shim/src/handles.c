@@ -494,10 +494,15 @@ static int dsp_info(struct remote_dsp_capability *cap, uint32_t len) {
     if (rc != 0) {
         return cap->attribute_ID == DOMAIN_SUPPORT ? 0 : rc;
     }
-    if (cap->attribute_ID < SHIM_DSP_ATTRIBUTES) {
-        cap->capability = conn_welcome(c)->caps[cap->attribute_ID];
+    uint32_t id = cap->attribute_ID;
+    if (id < SHIM_DSP_ATTRIBUTES) {
+        cap->capability = conn_welcome(c)->caps[id];
+    } else if (id >= SHIM_DSP_INTERNAL_FIRST && id < SHIM_DSP_INTERNAL_FIRST + SHIM_DSP_INTERNAL) {
+        cap->capability = conn_welcome(c)->internal[id - SHIM_DSP_INTERNAL_FIRST];
     }
-    /* 12..259: kernel and internal attributes (dspsignal, perf v2, ...): 0. */
+    /* 256..259, the driver's (PERF_V2_DRIVER_SUPPORT .. DSPSIGNAL_DRIVER_SUPPORT):
+     * 0, which libcdsprpc answers itself on mainline kernels; the DSP's others
+     * (12..127, 132..255, unassigned): 0, npud does not ask for them. */
     conn_put(c);
     return 0;
 }

@@ -26,3 +26,18 @@ def test_a_frame_declaring_two_fds_leaks_neither(api_test: Path, tmp_path: Path)
 
     with fake_npud(tmp_path / "fake.sock", answer) as path:
         run(api_test, "two_fds", path, timeout=60)
+
+
+def test_capability_attributes_as_the_device_answers(api_test: Path, tmp_path: Path) -> None:
+    """DSPRPC_GET_DSP_INFO for libcdsprpc's internal attributes 128..131 (dspsignal's
+    among them) answers what the DSP said in npud's Welcome, not 0; the driver's
+    256..259 answer 0 as libcdsprpc's do on mainline."""
+    dsp = {
+        "arch_ver": 0x79,
+        "perf_v2_dsp_support": 0x11,
+        "map_dma_handle_reverserpc": 0x12,
+        "dspsignal_dsp_support": 1,
+        "proc_shared_buffer_support": 0x14,
+    }
+    with fake_npud(tmp_path / "fake.sock", lambda request: [], dsp) as path:
+        run(api_test, "caps", path, timeout=60)

@@ -68,6 +68,11 @@ class DspCapabilities(_Record, frozen=True, kw_only=True):
     status_notifications: bool = False
     """Status notifications are supported: attribute 10 answered 3, the only answer
     libcdsprpc counts as supported (older DSPs answer 1 for an earlier scheme)."""
+    perf_v2_dsp_support: U32 = 0  # 128
+    """Version 6: libcdsprpc's internal attributes 128..131 as the DSP answered them."""
+    map_dma_handle_reverserpc: U32 = 0  # 129
+    dspsignal_dsp_support: U32 = 0  # 130
+    proc_shared_buffer_support: U32 = 0  # 131
 
 
 class OwnPool(_Record, frozen=True, kw_only=True):

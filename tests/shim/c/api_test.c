@@ -655,6 +655,28 @@ static void scenario_two_fds(void) {
     CHECK(count_fds("npud-fake") == 0);
 }
 
+static uint32_t attribute(uint32_t id) {
+    struct remote_dsp_capability cap = {CDSP_DOMAIN_ID, id, 0xdeadu};
+    RC(remote_handle_control(DSPRPC_GET_DSP_INFO, &cap, sizeof(cap)), 0);
+    return cap.capability;
+}
+
+/* A fake npud whose DSP answers 128..131 (tests/shim/test_wire.py): the library
+ * answers them as the device would; the driver's 256..259 are 0, as libcdsprpc's. */
+static void scenario_caps(void) {
+    CHECK(attribute(ARCH_VER) == 0x79);
+    CHECK(attribute(128) == 0x11);
+    CHECK(attribute(129) == 0x12);
+    CHECK(attribute(130) == 1);
+    CHECK(attribute(131) == 0x14);
+    const uint32_t zero[] = {12, 127, 132, 255, 256, 257, 258, 259};
+    for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++) {
+        CHECK(attribute(zero[i]) == 0);
+    }
+    struct remote_dsp_capability cap = {CDSP_DOMAIN_ID, 260, 0};
+    RC(remote_handle_control(DSPRPC_GET_DSP_INFO, &cap, sizeof(cap)), AEE_EBADPARM);
+}
+
 int main(int argc, char **argv) {
     static const struct {
         const char *name;
@@ -667,6 +689,7 @@ int main(int argc, char **argv) {
         {"refused", scenario_refused},   {"gone", scenario_gone},
         {"restart", scenario_restart},   {"shutdown", scenario_shutdown},
         {"hold", scenario_hold},         {"two_fds", scenario_two_fds},
+        {"caps", scenario_caps},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
