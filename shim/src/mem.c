@@ -275,7 +275,9 @@ static int still_listed(const struct buffer *b) {
 int mem_to_fd(void *p) {
     pthread_mutex_lock(&g_mem_lock);
     struct buffer *b = containing(p);
-    int fd = b != NULL && conn_alive(b->gen) ? b->raw.dsp_fd : -1;
+    /* the address rpcmem_alloc returned, nothing inside: libcdsprpc's
+     * rpcmem_to_fd compares the base pointer alone */
+    int fd = b != NULL && b->raw.ptr == p && conn_alive(b->gen) ? b->raw.dsp_fd : -1;
     pthread_mutex_unlock(&g_mem_lock);
     return fd;
 }
