@@ -847,6 +847,26 @@ int conn_get(struct conn **out) {
     return rc;
 }
 
+void conn_fork_child(void) {
+    pthread_mutex_init(&g_lock, NULL);
+    struct conn *c = g_conn;
+    g_conn = NULL;
+    atomic_store(&g_live, 0);
+    if (c == NULL) {
+        return;
+    }
+    /* The child's copies only: its socket fd (no shutdown: the parent's connection
+     * is the same socket), the fds the reader had kept, its memory. Its mutexes
+     * may have been held by a thread the child does not have: freed, not
+     * destroyed. Objects of its generation are of an ended connection now. */
+    if (c->fd >= 0) {
+        close(c->fd);
+    }
+    close_records(c);
+    free(c->rbuf);
+    free(c);
+}
+
 int conn_get_gen(uint64_t gen, struct conn **out) {
     int rc = AEE_ECONNRESET;
     pthread_mutex_lock(&g_lock);

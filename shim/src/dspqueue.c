@@ -101,11 +101,29 @@ struct dspqueue {
     pthread_t error_thread;
     int error_started;
     int closed; /* torn down, its teardown failed: only a close (which frees it) is valid */
+    unsigned forks; /* g_forks when it was made: another value, it is a fork's parent's */
 };
 
 static pthread_mutex_t g_dq_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct dspq_domain *g_dom;
 static uint32_t g_queue_count = 1; /* process-wide, starts non-zero */
+static unsigned g_forks; /* forks this process is the child of */
+
+void dspqueue_fork_child(void) {
+    /* The domain's threads and DSP process are the parent's: its memory goes (its
+     * mutexes may be held by threads the child does not have: freed, not
+     * destroyed); the parent's queues answer AEE_ECONNRESET here (their_parents). */
+    pthread_mutex_init(&g_dq_lock, NULL);
+    free(g_dom);
+    g_dom = NULL;
+    g_forks++;
+}
+
+/* A queue made before this process forked (it is the child): it must not be touched
+ * beyond its own memory. */
+static int their_parents(const struct dspqueue *q) {
+    return q->forks != g_forks;
+}
 
 static void init_cond(pthread_cond_t *cv) {
     pthread_condattr_t attr;
@@ -710,6 +728,7 @@ SHIM_API AEEResult dspqueue_create(int domain, uint32_t flags, uint32_t req_queu
     q->packet_callback = packet_callback;
     q->error_callback = error_callback;
     q->context = callback_context;
+    q->forks = g_forks;
 
     pthread_mutex_lock(&g_dq_lock);
     struct dspq_domain *d = g_dom;
@@ -767,6 +786,13 @@ SHIM_API AEEResult dspqueue_close(dspqueue_t queue) {
     }
     if (q->closed) {
         queue_free(q); /* the husk of a failed teardown */
+        return 0;
+    }
+    if (their_parents(q)) {
+        /* the parent's queue, in a fork's child: the child's copy of its memory goes,
+         * the parent's queue stays the parent's */
+        port_free(q->mem);
+        free(q);
         return 0;
     }
     struct dspq_domain *d = q->dom;
@@ -853,6 +879,9 @@ SHIM_API AEEResult dspqueue_export(dspqueue_t queue, uint64_t *queue_id) {
     if (queue == NULL || queue_id == NULL || queue->closed) {
         return AEE_EBADPARM;
     }
+    if (their_parents(queue)) {
+        return AEE_ECONNRESET;
+    }
     *queue_id = queue->dsp_id;
     return 0;
 }
@@ -863,6 +892,9 @@ SHIM_API AEEResult dspqueue_write(dspqueue_t queue, uint32_t flags, uint32_t num
     struct dspqueue *q = queue;
     if (q == NULL || q->closed) {
         return AEE_EBADPARM;
+    }
+    if (their_parents(q)) {
+        return AEE_ECONNRESET;
     }
     int rc = alive(q);
     if (rc != 0) {
@@ -901,6 +933,9 @@ SHIM_API AEEResult dspqueue_read_noblock(dspqueue_t queue, uint32_t *flags, uint
     if (q == NULL || q->closed) {
         return AEE_EBADPARM;
     }
+    if (their_parents(q)) {
+        return AEE_ECONNRESET;
+    }
     int rc = alive(q);
     if (rc != 0) {
         return rc;
@@ -916,6 +951,9 @@ SHIM_API AEEResult dspqueue_read(dspqueue_t queue, uint32_t *flags, uint32_t max
     struct dspqueue *q = queue;
     if (q == NULL || q->closed) {
         return AEE_EBADPARM;
+    }
+    if (their_parents(q)) {
+        return AEE_ECONNRESET;
     }
     int rc = alive(q);
     if (rc != 0) {

@@ -55,6 +55,14 @@ static pthread_mutex_t g_handles_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct handle *g_handles;
 static uint32_t g_next_local = 1;
 
+void handles_fork_lock(void) {
+    pthread_mutex_lock(&g_handles_lock);
+}
+
+void handles_fork_unlock(void) {
+    pthread_mutex_unlock(&g_handles_lock);
+}
+
 /* The handle's npud id, generation and epoch: 0, AEE_EINVHANDLE or AEE_ECONNRESET. */
 static int lookup(uint32_t local, struct handle *out) {
     int rc = AEE_EINVHANDLE;

@@ -66,6 +66,14 @@ static struct buffer *g_buffers;
 static struct registration *g_regs;
 static struct dma_handle *g_dma;
 
+void mem_fork_lock(void) {
+    pthread_mutex_lock(&g_mem_lock);
+}
+
+void mem_fork_unlock(void) {
+    pthread_mutex_unlock(&g_mem_lock);
+}
+
 /* ---- npud buffers ---------------------------------------------------------------------- */
 
 struct alloc_ctx {

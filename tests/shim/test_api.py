@@ -45,6 +45,25 @@ def test_every_call_says_how_it_travels(api_test: Path, npud: Npud) -> None:
     wait_until_clean(npud)
 
 
+def test_fork(api_test: Path, npud: Npud, tmp_path: Path) -> None:
+    """A program that forks (Python's multiprocessing does by default): the child's first
+    call used the parent's connection, hung the child and ended the parent's; now the
+    child starts clean with a connection of its own and the parent goes on.
+
+    The child's leak check runs too; what the threads that do not cross a fork had
+    allocated for their calls (the parent's waiting wait_signal and busy call) is the
+    only thing it may find."""
+    suppressions = tmp_path / "lsan.supp"
+    suppressions.write_text("leak:recv_main\nleak:busy_fork_main\n")
+    run(
+        api_test,
+        "fork",
+        npud.socket_path,
+        env={"LSAN_OPTIONS": f"suppressions={suppressions}:print_suppressions=0"},
+    )
+    wait_until_clean(npud)
+
+
 def test_no_npud(api_test: Path, tmp_path: Path) -> None:
     """Nobody listens: every call fails at once with AEE_ECONNREFUSED (no hang)."""
     run(api_test, "refused", tmp_path / "nobody.sock", timeout=30)

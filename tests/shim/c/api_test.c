@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -630,6 +631,79 @@ static void scenario_hold(void) {
     exit(0); /* no teardown, as llama.cpp */
 }
 
+static void *busy_fork_main(void *arg) {
+    struct call *c = arg;
+    c->rc = busy(c->h, 300000); /* on the DSP while the process forks */
+    return NULL;
+}
+
+static void check_fill(const uint8_t *p, uint32_t seed, uint32_t len) {
+    for (uint32_t i = 0; i < len; i++) {
+        CHECK(p[i] == (uint8_t)((seed + i) & 0xff));
+    }
+}
+
+/* fork() while a call is on the DSP and a queue is open: the child's calls on what
+ * the parent made fail (AEE_ECONNRESET) without touching the parent's connection,
+ * its own calls open a connection of their own; the parent goes on as before. */
+static void scenario_fork(void) {
+    remote_handle64 h = open_test();
+    uint8_t *buf = rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, 8192);
+    CHECK(buf != NULL);
+    RC(fill(h, 5, buf, 4096), 0);
+    int fd = rpcmem_to_fd(buf);
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, 8192, FASTRPC_MAP_FD), 0);
+    dspqueue_t q = NULL;
+    RC(dspqueue_create(CDSP_DOMAIN_ID, 0, 0, 0, NULL, NULL, NULL, &q), 0);
+    struct call c = {.h = h};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, busy_fork_main, &c) == 0);
+    usleep(100000);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        check_fill(buf, 5, 4096); /* the memory is still there */
+        RC(fill(h, 6, buf, 4096), AEE_ECONNRESET);
+        CHECK(rpcmem_to_fd(buf) == -1);
+        RC(fastrpc_munmap(CDSP_DOMAIN_ID, fd, buf, 8192), AEE_ECONNRESET);
+        uint64_t id = 0;
+        RC(dspqueue_export(q, &id), AEE_ECONNRESET);
+        RC(dspqueue_write(q, 0, 0, NULL, 4, buf, 1000), AEE_ECONNRESET);
+        RC(dspqueue_close(q), 0); /* the child's copy goes */
+        /* the child's own: a new connection, a new DSP process */
+        remote_handle64 mine = open_test();
+        CHECK(mine != h);
+        uint8_t *own = rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, 4096);
+        CHECK(own != NULL);
+        RC(fill(mine, 9, own, 4096), 0);
+        check_fill(own, 9, 4096);
+        dspqueue_t mq = NULL;
+        RC(dspqueue_create(CDSP_DOMAIN_ID, 0, 0, 0, NULL, NULL, NULL, &mq), 0);
+        RC(dspqueue_close(mq), 0);
+        rpcmem_free(own);
+        RC(remote_handle64_close(mine), 0);
+        RC(remote_handle64_close(h), AEE_ECONNRESET);
+        rpcmem_free(buf);
+        exit(0); /* the leak check runs in the child too */
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(pthread_join(t, NULL) == 0);
+    RC(c.rc, 0); /* the call that was on the DSP during the fork */
+    RC(fill(h, 7, buf, 4096), 0);
+    check_fill(buf, 7, 4096);
+    CHECK(rpcmem_to_fd(buf) == fd);
+    uint64_t id = 0;
+    RC(dspqueue_export(q, &id), 0);
+    RC(dspqueue_close(q), 0);
+    RC(fastrpc_munmap(CDSP_DOMAIN_ID, fd, buf, 8192), 0);
+    rpcmem_free(buf);
+    RC(remote_handle64_close(h), 0);
+}
+
 /* fds of this process whose link names contain what */
 static int count_fds(const char *what) {
     int n = 0;
@@ -690,7 +764,7 @@ int main(int argc, char **argv) {
         {"refused", scenario_refused},   {"gone", scenario_gone},
         {"restart", scenario_restart},   {"shutdown", scenario_shutdown},
         {"hold", scenario_hold},         {"two_fds", scenario_two_fds},
-        {"caps", scenario_caps},
+        {"caps", scenario_caps},         {"fork", scenario_fork},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
