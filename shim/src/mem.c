@@ -354,8 +354,11 @@ int mem_map(int domain, int fd, void *addr, int offset, size_t length, uint32_t 
     if (rc != 0) {
         return rc;
     }
-    if (fd < 0 || offset != 0 ||
-        (flags != FASTRPC_MAP_FD && flags != FASTRPC_MAP_FD_DELAYED)) {
+    /* libcdsprpc's checks: the low 16 bits are the flags, the others attributes
+     * (none defined: 0); any flag below FASTRPC_MAP_MAX but RESERVED goes to the
+     * kernel, which passes it to the DSP; the offset 0. */
+    if (fd < 0 || offset != 0 || (flags & ~0xffffu) != 0 || flags >= FASTRPC_MAP_MAX ||
+        flags == FASTRPC_MAP_RESERVED) {
         return AEE_EBADPARM;
     }
     pthread_mutex_lock(&g_mem_lock);
@@ -364,9 +367,14 @@ int mem_map(int domain, int fd, void *addr, int offset, size_t length, uint32_t 
         pthread_mutex_unlock(&g_mem_lock);
         return AEE_ECONNRESET; /* the buffer went with its connection */
     }
-    if (b == NULL || (addr != NULL && addr != b->raw.ptr) || length > b->raw.size ||
-        length + PAGE <= b->raw.size) {
-        /* npud maps whole buffers: offset 0, the length asked at rpcmem_alloc */
+    if (b == NULL || length > b->raw.size) {
+        /* not a buffer, or longer than it: the kernel's MEM_MAP fails, and libcdsprpc
+         * answers a failed MEM_MAP with AEE_EFAILED */
+        pthread_mutex_unlock(&g_mem_lock);
+        return AEE_EFAILED;
+    }
+    if ((addr != NULL && addr != b->raw.ptr) || length + PAGE <= b->raw.size) {
+        /* npud maps whole buffers: at their address, the length asked at rpcmem_alloc */
         pthread_mutex_unlock(&g_mem_lock);
         return AEE_EBADPARM;
     }

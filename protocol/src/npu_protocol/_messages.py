@@ -173,7 +173,9 @@ class MapRequest(Request, tag="map", frozen=True, kw_only=True):
     buffer: ObjectId
     flags: U32 = 2
     """Version 4: the fastrpc_map_flags value the DSP gets: 2 FASTRPC_MAP_FD (mapped now),
-    3 FASTRPC_MAP_FD_DELAYED (the DSP maps it when it first uses it)."""
+    3 FASTRPC_MAP_FD_DELAYED (the DSP maps it when it first uses it); version 6 also
+    takes the others libcdsprpc passes on (0 STATIC, 16 FD_NOMAP, 17 and 18 the
+    extended FD and FD_DELAYED, the reserved 4..15): any value below 19 but 1."""
 
 
 class UnmapRequest(Request, tag="unmap", frozen=True, kw_only=True):

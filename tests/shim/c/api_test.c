@@ -256,17 +256,29 @@ static void scenario_mmap(void) {
     RC(fastrpc_munmap(CDSP_DOMAIN_ID, fd, buf, n), AEE_ENOSUCHMAP);
     RC(fastrpc_mmap(-1, fd, buf, 0, 12288, FASTRPC_MAP_FD_DELAYED), 0); /* the rounded size */
     RC(fastrpc_munmap(-1, fd, NULL, 0), 0);
-    /* what npud cannot map: another offset, length, flag, buffer or domain */
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 4096, n - 4096, FASTRPC_MAP_FD), AEE_EBADPARM);
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, 4096, FASTRPC_MAP_FD), AEE_EBADPARM);
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n + 4096, FASTRPC_MAP_FD), AEE_EBADPARM);
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, FASTRPC_MAP_STATIC), AEE_EBADPARM);
+    /* every flag libcdsprpc passes on: STATIC, FD_NOMAP, the extended ones (llama.cpp
+     * maps with FD_DELAYED_EXTENDED on DSPs newer than v79) */
+    const enum fastrpc_map_flags passed[] = {FASTRPC_MAP_STATIC, FASTRPC_MAP_FD_NOMAP,
+                                             FASTRPC_MAP_FD_EXTENDED,
+                                             FASTRPC_MAP_FD_DELAYED_EXTENDED};
+    for (size_t i = 0; i < sizeof(passed) / sizeof(passed[0]); i++) {
+        RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, passed[i]), 0);
+        RC(fastrpc_munmap(CDSP_DOMAIN_ID, fd, buf, n), 0);
+    }
+    /* what libcdsprpc refuses: RESERVED, beyond the enum, attribute bits, an offset */
     RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, FASTRPC_MAP_RESERVED), AEE_EBADPARM);
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, FASTRPC_MAP_FD_NOMAP), AEE_EBADPARM);
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, FASTRPC_MAP_FD_DELAYED_EXTENDED),
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, (enum fastrpc_map_flags)19), AEE_EBADPARM);
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, (enum fastrpc_map_flags)0x10002),
        AEE_EBADPARM);
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 4096, n - 4096, FASTRPC_MAP_FD), AEE_EBADPARM);
+    /* what the kernel's MEM_MAP refuses (AEE_EFAILED from libcdsprpc): an fd that is no
+     * buffer, a length beyond the buffer */
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, 999999, buf, 0, n, FASTRPC_MAP_FD), AEE_EFAILED);
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n + 4096, FASTRPC_MAP_FD), AEE_EFAILED);
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd2, other, 0, n, FASTRPC_MAP_FD), AEE_EFAILED);
+    /* what npud cannot map: a part of a buffer, another address */
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, 4096, FASTRPC_MAP_FD), AEE_EBADPARM);
     RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, other, 0, n, FASTRPC_MAP_FD), AEE_EBADPARM);
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, 999999, buf, 0, n, FASTRPC_MAP_FD), AEE_EBADPARM);
     RC(fastrpc_mmap(CDSP_DOMAIN_ID, -1, buf, 0, n, FASTRPC_MAP_FD), AEE_EBADPARM);
     RC(fastrpc_mmap(ADSP_DOMAIN_ID, fd, buf, 0, n, FASTRPC_MAP_FD), AEE_EUNSUPPORTED);
     RC(fastrpc_mmap(CDSP_DOMAIN_ID + 8, fd, buf, 0, n, FASTRPC_MAP_FD), AEE_EUNSUPPORTED);
