@@ -246,6 +246,9 @@ class Alloc(Handler[p.AllocRequest]):
     creates = True
 
     def arrive(self) -> None:
+        largest = self.quotas.config.client_limits.max_buffer_size
+        if self.request.size > largest:
+            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="buffer size", limit=largest)
         size = checked_dma_size(self.request.size)
         self.quotas.check_buffer(self.client, size)
         self.entry = self._reserve(Kind.BUFFER, size)

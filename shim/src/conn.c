@@ -299,6 +299,12 @@ static int take_welcome(struct conn *c, const msgpack_object *msg) {
     w.max_inline_bytes = mp_uint(mp_get(limits, "max_inline_bytes"), &value) == 0
                              ? (uint32_t)value
                              : 983040;
+    /* an npud before it answers a larger alloc with a fatal BAD_MESSAGE: never ask it */
+    w.max_buffer_size = mp_uint(mp_get(limits, "max_buffer_size"), &value) == 0 ? value
+                                                                                 : WIRE_OLD_MAX_BUFFER;
+    if (w.max_buffer_size > WIRE_MAX_BUFFER) {
+        w.max_buffer_size = WIRE_MAX_BUFFER;
+    }
     if (w.max_frame_size < WIRE_HANDSHAKE_MAX_FRAME ||
         w.max_frame_size > WIRE_MAX_FRAME_CEILING || w.max_in_flight == 0) {
         return AEE_ERPC;

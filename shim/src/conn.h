@@ -30,6 +30,7 @@ struct welcome {
     uint32_t max_frame_size;
     uint32_t max_in_flight;
     uint32_t max_inline_bytes;
+    uint64_t max_buffer_size; /* the largest alloc npud gives (256 MiB before version 6) */
     char domain[65];
 };
 

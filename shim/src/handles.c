@@ -36,7 +36,7 @@
 #define NUM_DOMAINS 8        /* effective domain id = domain + 8 * session */
 #define MAX_URI 1023
 #define SPILL_ALIGN 128u
-#define MAX_DMA_SIZE 268435456u
+#define MAX_DMA_SIZE 268435456u /* the largest spill (npud's inline capacities are smaller) */
 
 static const char *const DOMAIN_NAMES[] = {"adsp", "mdsp", "sdsp", "cdsp", "cdsp1", "gdsp0",
                                            "gdsp1"};

@@ -31,7 +31,6 @@
 #include "wire.h"
 
 #define PAGE 4096u
-#define MAX_DMA_SIZE 268435456u /* PROTOCOL.md: largest buffer */
 
 struct buffer {
     struct buffer *next;
@@ -98,7 +97,7 @@ static int take_alloc(void *ctx, const msgpack_object *msg, int fd) {
     uint64_t size = 0;
     const msgpack_object *dsp_fd = mp_get(msg, "dsp_fd");
     if (fd < 0 || mp_uint(mp_get(msg, "buffer"), &id) != 0 || id == 0 || id > UINT32_MAX ||
-        mp_uint(mp_get(msg, "size"), &size) != 0 || size < a->size || size > MAX_DMA_SIZE ||
+        mp_uint(mp_get(msg, "size"), &size) != 0 || size < a->size || size > WIRE_MAX_BUFFER ||
         dsp_fd == NULL || dsp_fd->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
         dsp_fd->via.u64 == 0 || dsp_fd->via.u64 > INT32_MAX) {
         /* dsp_fd must be > 0: dspqueue and llama.cpp refuse 0 */
@@ -186,8 +185,7 @@ void mem_raw_free(struct conn *c, struct raw_buffer *b) {
 /* ---- rpcmem ------------------------------------------------------------------------------- */
 
 void *mem_alloc(size_t size, uint32_t flags) {
-    if (size == 0 || size > MAX_DMA_SIZE) {
-        shim_log("rpcmem_alloc: %zu bytes is outside 1..%u", size, MAX_DMA_SIZE);
+    if (size == 0) {
         errno = EINVAL;
         return NULL;
     }
@@ -198,7 +196,15 @@ void *mem_alloc(size_t size, uint32_t flags) {
     struct conn *c;
     int rc = conn_get(&c);
     if (rc == 0) {
-        rc = mem_raw_alloc(c, size, &b->raw);
+        uint64_t largest = conn_welcome(c)->max_buffer_size;
+        if (size > largest) {
+            /* npud's limits.max_buffer_size ([client_limits] max_buffer_size) */
+            shim_log("rpcmem_alloc: %zu bytes is more than npud's largest buffer, %llu", size,
+                     (unsigned long long)largest);
+            rc = AEE_ENORPCMEMORY;
+        } else {
+            rc = mem_raw_alloc(c, size, &b->raw);
+        }
         b->gen = conn_gen(c);
         conn_put(c);
     }

@@ -18,7 +18,17 @@ from tests.shim.programs import answer, expect_line, finish, run, spawned, statu
 
 @pytest.mark.parametrize(
     "scenario",
-    ["rpcmem", "dsp_memory", "register", "mmap", "handles", "controls", "dspqueue", "threads"],
+    [
+        "rpcmem",
+        "dsp_memory",
+        "register",
+        "mmap",
+        "handles",
+        "controls",
+        "dspqueue",
+        "threads",
+        "big",  # llama.cpp's 256 MiB + 4 KiB chunk, a 300 MiB tensor; past npud's largest
+    ],
 )
 def test_scenario(api_test: Path, npud: Npud, scenario: str) -> None:
     run(api_test, scenario, npud.socket_path)

@@ -41,3 +41,17 @@ def test_capability_attributes_as_the_device_answers(api_test: Path, tmp_path: P
     }
     with fake_npud(tmp_path / "fake.sock", lambda request: [], dsp) as path:
         run(api_test, "caps", path, timeout=60)
+
+
+def test_an_older_npud_is_never_asked_for_more_than_256_mib(api_test: Path, tmp_path: Path) -> None:
+    """A Welcome without limits.max_buffer_size (a server before version 6, which answers a
+    larger alloc with a fatal BAD_MESSAGE): the library refuses it itself."""
+    asked: list[dict[str, Any]] = []
+
+    def answer(request: dict[str, Any]) -> list[Frame]:
+        asked.append(request)
+        return []
+
+    with fake_npud(tmp_path / "fake.sock", answer) as path:
+        run(api_test, "big_old", path, timeout=60)
+    assert asked == []

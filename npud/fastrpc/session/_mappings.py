@@ -36,7 +36,8 @@ class Mappings(SessionState):
         if flags not in MAP_FLAGS:
             raise RpcError(
                 ErrorCode.INVALID_ARGUMENT,
-                detail=f"map flags {flags}: a fastrpc_map_flags value below 19 other than 1",
+                detail=f"map flags {flags}: not a value libcdsprpc passes on (RESERVED, or past"
+                " the extended FD_DELAYED)",
             )
         args: Record = {"buffer": buffer.trace_ref}
         if flags != abi.FASTRPC_MAP_FD:

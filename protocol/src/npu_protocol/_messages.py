@@ -49,7 +49,7 @@ from npu_protocol._wire import (
     TimeoutMs,
     Uri,
 )
-from npu_protocol.errors import MAX_DMA_SIZE, ErrorCode, format_message
+from npu_protocol.errors import MAX_BUFFER_SIZE, ErrorCode, format_message
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -216,9 +216,9 @@ class BufferSlice(_Arg, tag="slice", frozen=True, kw_only=True):
     length: BufferOffset
 
     def __post_init__(self) -> None:
-        if self.offset + self.length > MAX_DMA_SIZE:
+        if self.offset + self.length > MAX_BUFFER_SIZE:
             raise ValueError(
-                f"slice offset {self.offset} length {self.length} ends past {MAX_DMA_SIZE}"
+                f"slice offset {self.offset} length {self.length} ends past {MAX_BUFFER_SIZE}"
             )
 
 

@@ -716,6 +716,35 @@ static void scenario_fork(void) {
     RC(remote_handle64_close(h), 0);
 }
 
+/* llama.cpp's buffers: its chunk round4k(size) + a 4 KiB guard page (with
+ * GGML_HEXAGON_MBUF=256, up to 256 MiB + 4 KiB) and a tensor over 256 MiB in a
+ * buffer of its own; beyond npud's largest (2 GiB by default): NULL, unasked. */
+static void scenario_big(void) {
+    const size_t sizes[] = {(256u << 20) + 4096u, 300u << 20};
+    remote_handle64 h = open_test();
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        uint8_t *b = rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, sizes[i]);
+        CHECK(b != NULL);
+        int fd = rpcmem_to_fd(b);
+        CHECK(fd > 0);
+        RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, b, 0, sizes[i], FASTRPC_MAP_FD_DELAYED), 0);
+        /* the DSP writes its last page: the whole buffer is its */
+        RC(fill(h, 3, b + sizes[i] - 4096, 4096), 0);
+        check_fill(b + sizes[i] - 4096, 3, 4096);
+        CHECK(b[0] == 0);
+        RC(fastrpc_munmap(CDSP_DOMAIN_ID, fd, b, sizes[i]), 0);
+        rpcmem_free(b);
+    }
+    CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, (2ull << 30) + 1) == NULL);
+    RC(remote_handle64_close(h), 0);
+}
+
+/* An npud before version 6 announces no largest buffer: 256 MiB, and a larger
+ * rpcmem_alloc is refused here, never sent (it would be a fatal BAD_MESSAGE). */
+static void scenario_big_old(void) {
+    CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, (256u << 20) + 1) == NULL);
+}
+
 /* fds of this process whose link names contain what */
 static int count_fds(const char *what) {
     int n = 0;
@@ -777,6 +806,7 @@ int main(int argc, char **argv) {
         {"restart", scenario_restart},   {"shutdown", scenario_shutdown},
         {"hold", scenario_hold},         {"two_fds", scenario_two_fds},
         {"caps", scenario_caps},         {"fork", scenario_fork},
+        {"big", scenario_big},           {"big_old", scenario_big_old},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
