@@ -853,6 +853,25 @@ int conn_get(struct conn **out) {
     return rc;
 }
 
+int conn_end_if_idle(struct conn *c, int (*idle)(uint64_t gen)) {
+    int ended = 0;
+    pthread_mutex_lock(&g_lock); /* no other thread gets the connection meanwhile */
+    pthread_mutex_lock(&c->mu);
+    /* the caller's reference, g_conn's and the reader's: nobody else holds it, and
+     * nothing is in flight */
+    int alone = g_conn == c && c->state == ST_READY && c->refs == 3 && c->used == 0;
+    pthread_mutex_unlock(&c->mu);
+    if (alone && idle(c->gen)) {
+        shim_log("the last handle is closed and nothing is held: the DSP process ends");
+        g_conn = NULL;
+        conn_kill(c, AEE_ECONNRESET); /* the reader ends, and npud lets the process go */
+        conn_put(c);                  /* g_conn's reference */
+        ended = 1;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return ended;
+}
+
 void conn_fork_child(void) {
     pthread_mutex_init(&g_lock, NULL);
     struct conn *c = g_conn;

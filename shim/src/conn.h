@@ -62,6 +62,12 @@ int conn_get_gen(uint64_t gen, struct conn **out);
 void conn_put(struct conn *c);
 
 uint64_t conn_gen(const struct conn *c);
+
+/* End c, the live connection, when nobody else holds it, nothing is in flight and
+ * idle(gen) says nothing of it is held: npud then ends the DSP process (the
+ * isolated domain), as libcdsprpc ends it when the last handle closes. 1 if ended.
+ * The caller still holds its reference. */
+int conn_end_if_idle(struct conn *c, int (*idle)(uint64_t gen));
 const struct welcome *conn_welcome(const struct conn *c);
 
 /* Send a request and wait for its answer: 0, or the AEE code of the error. */

@@ -204,6 +204,20 @@ static int h_open(const char *uri, int need_domain, uint32_t *out) {
     return 0;
 }
 
+/* No handle and no rpcmem buffer of connection gen (dspqueue's module is a handle). */
+static int nothing_held(uint64_t gen) {
+    int none = 1;
+    pthread_mutex_lock(&g_handles_lock);
+    for (const struct handle *h = g_handles; h != NULL; h = h->next) {
+        if (h->gen == gen) {
+            none = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_handles_lock);
+    return none && mem_none_of(gen);
+}
+
 static int h_close(uint32_t local) {
     pthread_mutex_lock(&g_handles_lock);
     struct handle **link = &g_handles;
@@ -225,6 +239,12 @@ static int h_close(uint32_t local) {
         struct conn_request req = {
             .reply_type = "close_reply", .encode = encode_close, .encode_ctx = &cl};
         rc = conn_call(c, &req);
+        if (rc == 0) {
+            /* libcdsprpc ends the DSP process when the last handle closes. npud's
+             * process lives as long as the connection, which also holds the buffers:
+             * it is ended when nothing else is held (see conn_end_if_idle). */
+            (void)conn_end_if_idle(c, nothing_held);
+        }
         conn_put(c);
     }
     free(h);

@@ -286,6 +286,19 @@ static int still_listed(const struct buffer *b) {
     return 0;
 }
 
+int mem_none_of(uint64_t gen) {
+    pthread_mutex_lock(&g_mem_lock);
+    int none = 1;
+    for (const struct buffer *b = g_buffers; b != NULL; b = b->next) {
+        if (b->gen == gen) {
+            none = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_mem_lock);
+    return none;
+}
+
 int mem_to_fd(void *p) {
     pthread_mutex_lock(&g_mem_lock);
     struct buffer *b = containing(p);

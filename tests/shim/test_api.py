@@ -74,6 +74,26 @@ def test_fork(api_test: Path, npud: Npud, tmp_path: Path) -> None:
     wait_until_clean(npud)
 
 
+def test_the_last_handle_ends_the_dsp_process(api_test: Path, npud: Npud) -> None:
+    """libcdsprpc ends the DSP process when the last handle closes: so does the library
+    once nothing else is held (a held buffer keeps the connection, and so the process).
+    It kept the process before."""
+
+    def isolated(pid: int) -> list[str]:
+        current = status(npud.socket_path)
+        return [row.domain for row in current.clients if row.pid == pid]
+
+    with spawned(api_test, "teardown", npud.socket_path) as process:
+        expect_line(process, "HELD")
+        assert [d.split("#")[0] for d in isolated(process.pid)] == ["default"]
+        answer(process)
+        expect_line(process, "CLOSED")
+        wait_until_clean(npud)  # its connection and DSP process (isolated domain) end
+        answer(process)
+        finish(process)
+    wait_until_clean(npud)
+
+
 def test_no_npud(api_test: Path, tmp_path: Path) -> None:
     """Nobody listens: every call fails at once with AEE_ECONNREFUSED (no hang)."""
     run(api_test, "refused", tmp_path / "nobody.sock", timeout=30)

@@ -152,7 +152,7 @@ static void scenario_rpcmem(void) {
     CHECK(rpcmem_alloc(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, 0) == NULL);
     CHECK(rpcmem_alloc(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, -5) == NULL);
     CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, 0) == NULL);
-    CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, (256u << 20) + 1) == NULL);
+    CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, SIZE_MAX) == NULL);
     rpcmem_free(NULL);
     rpcmem_free(&stack); /* not ours: ignored */
     for (int i = 0; i < 4; i++) {
@@ -745,6 +745,28 @@ static void scenario_big_old(void) {
     CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, (256u << 20) + 1) == NULL);
 }
 
+/* The last handle's close ends the DSP process, as libcdsprpc's does, once nothing
+ * else is held (npud keeps buffers on the connection that the process lives on). */
+static void scenario_teardown(void) {
+    remote_handle64 h = open_test();
+    uint8_t *buf = rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, 4096);
+    CHECK(buf != NULL);
+    RC(fill(h, 1, buf, 4096), 0);
+    remote_handle64 second = open_test();
+    RC(remote_handle64_close(h), 0); /* not the last */
+    RC(remote_handle64_close(second), 0); /* the last, but a buffer is held */
+    step("HELD");
+    rpcmem_free(buf);
+    h = open_test();
+    RC(remote_handle64_close(h), 0); /* the last, nothing held: the process ends */
+    step("CLOSED");
+    h = open_test(); /* a new one */
+    uint8_t out[64];
+    RC(fill(h, 2, out, sizeof(out)), 0);
+    check_fill(out, 2, sizeof(out));
+    RC(remote_handle64_close(h), 0);
+}
+
 /* fds of this process whose link names contain what */
 static int count_fds(const char *what) {
     int n = 0;
@@ -807,6 +829,7 @@ int main(int argc, char **argv) {
         {"hold", scenario_hold},         {"two_fds", scenario_two_fds},
         {"caps", scenario_caps},         {"fork", scenario_fork},
         {"big", scenario_big},           {"big_old", scenario_big_old},
+        {"teardown", scenario_teardown},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
