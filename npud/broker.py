@@ -216,6 +216,7 @@ class Broker:
             max_in_flight=limits.max_calls_in_flight,
             max_buffers=limits.max_buffers,
             max_buffer_bytes=limits.max_buffer_bytes,
+            max_buffer_size=limits.max_buffer_size,
             max_handles=limits.max_handles,
             max_models=limits.max_models,
             max_model_bytes=limits.max_model_bytes,

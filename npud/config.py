@@ -36,6 +36,10 @@ _Bytes = Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]
 _Seconds = Annotated[float, msgspec.Meta(ge=0, le=3600)]
 _Id = Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)]
 
+MAX_BUFFER_SIZE: Final = 1 << 32
+"""npu_protocol.MAX_BUFFER_SIZE, the wire's largest buffer (a test holds them equal):
+choosing a profile loads no protocol code."""
+
 
 def _doc(text: str) -> msgspec.Meta:
     """A key's description: npud.toml(5) is generated from these (scripts/generate_docs.py)."""
@@ -251,7 +255,23 @@ class ClientLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True
     without dropping clients."""
 
     max_buffers: Annotated[_Count, _doc("DMA-BUFs one client may hold.")] = 256
-    max_buffer_bytes: Annotated[_Bytes, _doc("Bytes of DMA-BUFs one client may hold.")] = 1 << 30
+    max_buffer_bytes: Annotated[
+        _Bytes,
+        _doc(
+            "Bytes of DMA-BUFs one client may hold: a 4 GiB model's weights in llama.cpp's "
+            "default 1 GiB chunks."
+        ),
+    ] = 4 << 30
+    max_buffer_size: Annotated[
+        int,
+        msgspec.Meta(ge=4096, le=MAX_BUFFER_SIZE),
+        _doc(
+            "Bytes: the largest single buffer a client may allocate (at most 4 GiB). "
+            "llama.cpp asks for its chunk (GGML_HEXAGON_MBUF, default 1 GiB) plus a 4 KiB "
+            "guard page, rounded up to 2 MiB on DSPs newer than v79, and a tensor larger "
+            "than the chunk in a buffer of its own."
+        ),
+    ] = 2 << 30
     max_handles: Annotated[_Count, _doc("Remote handles one client may have open.")] = 32
     max_models: Annotated[_Count, _doc("Models one client may have loaded at once.")] = 8
     max_model_bytes: Annotated[
@@ -283,7 +303,7 @@ class DaemonLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True
     max_buffer_bytes: Annotated[
         _Bytes,
         _doc("Bytes of DMA-BUFs and of loaded models (files and arenas) held for all clients."),
-    ] = 4 << 30
+    ] = 8 << 30
 
 
 class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -505,7 +525,7 @@ class UidLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
             "Bytes of DMA-BUFs and of loaded models (files and arenas) held for one user: "
             "half the daemon's, by default."
         ),
-    ] = 2 << 30
+    ] = 4 << 30
     max_handles: Annotated[_Count, _doc("Remote handles one user may have open.")] = 256
     max_models: Annotated[_Count, _doc("Models one user's connections may have loaded.")] = 16
     max_loads_in_flight: Annotated[

@@ -254,6 +254,9 @@ class Alloc(Handler[p.AllocRequest]):
     creates = True
 
     def arrive(self) -> None:
+        largest = self.quotas.config.client_limits.max_buffer_size
+        if self.request.size > largest:
+            raise CodedError(ErrorCode.QUOTA_EXCEEDED, resource="buffer size", limit=largest)
         size = checked_dma_size(self.request.size)
         with self.quotas.reserving:
             self.quotas.check_buffer(self.client, size)

@@ -21,6 +21,7 @@ readonly NEEDS=(
     "g++|g++|npud's libcdsprpc headers are checked as C++ (llama.cpp includes them)"
     "/usr/include/msgpack.h|libmsgpack-dev|npud's libcdsprpc speaks msgpack through msgpack-c"
     "cmake|cmake|make peer-llama (run by .ci/run) builds llama.cpp"
+    "aarch64-linux-gnu-gcc|gcc-aarch64-linux-gnu|the dspqueue ring's ARM barriers are checked in code built for aarch64"
 )
 
 usage() {

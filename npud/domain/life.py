@@ -37,7 +37,13 @@ from npu_protocol import CodedError, ErrorCode
 from npud.domain.device import LANE_STOP_SECONDS, Device
 from npud.domain.digests import FileDigests
 from npud.domain.registry import Registry
-from npud.fastrpc.kernel.capabilities import DspInfo
+from npud.fastrpc.kernel.capabilities import (
+    DSPSIGNAL_DSP_SUPPORT,
+    MAP_DMA_HANDLE_REVERSERPC,
+    PERF_V2_DSP_SUPPORT,
+    PROC_SHARED_BUFFER_SUPPORT,
+    DspInfo,
+)
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.session import FastRpcSession
 from npud.lanes import LanePool, LaneTimeoutError
@@ -523,4 +529,8 @@ def capabilities_record(caps: DspInfo | None) -> p.DspCapabilities:
         async_fastrpc_support=int(caps.async_fastrpc),
         status_notification_support=caps.status_notification_answer,
         status_notifications=caps.status_notification,
+        perf_v2_dsp_support=caps.attribute(PERF_V2_DSP_SUPPORT),
+        map_dma_handle_reverserpc=caps.attribute(MAP_DMA_HANDLE_REVERSERPC),
+        dspsignal_dsp_support=caps.attribute(DSPSIGNAL_DSP_SUPPORT),
+        proc_shared_buffer_support=caps.attribute(PROC_SHARED_BUFFER_SUPPORT),
     )

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final, Literal, get_args
 
+from npu_protocol import MAX_BUFFER_SIZE
 from npud.sim.builtin_skels import BUILTIN_SKELS
 from npud.sim.skels import SkelFactory
 
@@ -150,7 +151,7 @@ class SimConfig:
     capability_domain_check: bool = False
     secure_channel: bool = False
     reverse_rpc_timeout: float = 10.0
-    max_dma_buf_size: int = 1 << 30
+    max_dma_buf_size: int = MAX_BUFFER_SIZE
     address_cache: bool = True
     procmap_query: bool = True
     dsp_units: int = 0

@@ -106,6 +106,13 @@ static const char *const CAP_KEYS[SHIM_DSP_ATTRIBUTES] = {
     "mcid_multicast",
 };
 
+static const char *const INTERNAL_KEYS[SHIM_DSP_INTERNAL] = {
+    "perf_v2_dsp_support",
+    "map_dma_handle_reverserpc",
+    "dspsignal_dsp_support",
+    "proc_shared_buffer_support",
+};
+
 /* Bit 31 of the epoch half: a restart was seen (an answer said DSP_RESTARTED) and
  * its session_restarted has not come yet. npud sends that event before any answer
  * from the new session, so nothing can be made in between. */
@@ -276,6 +283,12 @@ static int take_welcome(struct conn *c, const msgpack_object *msg) {
             w.caps[i] = (uint32_t)value;
         }
     }
+    for (unsigned i = 0; i < SHIM_DSP_INTERNAL; i++) {
+        uint64_t value = 0;
+        if (mp_uint(mp_get(dsp, INTERNAL_KEYS[i]), &value) == 0) {
+            w.internal[i] = (uint32_t)value;
+        }
+    }
     const msgpack_object *limits = mp_get(msg, "limits");
     uint64_t value = 0;
     w.max_frame_size = mp_uint(mp_get(limits, "max_frame_size"), &value) == 0
@@ -286,6 +299,12 @@ static int take_welcome(struct conn *c, const msgpack_object *msg) {
     w.max_inline_bytes = mp_uint(mp_get(limits, "max_inline_bytes"), &value) == 0
                              ? (uint32_t)value
                              : 983040;
+    /* an npud before it answers a larger alloc with a fatal BAD_MESSAGE: never ask it */
+    w.max_buffer_size = mp_uint(mp_get(limits, "max_buffer_size"), &value) == 0 ? value
+                                                                                 : WIRE_OLD_MAX_BUFFER;
+    if (w.max_buffer_size > WIRE_MAX_BUFFER) {
+        w.max_buffer_size = WIRE_MAX_BUFFER;
+    }
     if (w.max_frame_size < WIRE_HANDSHAKE_MAX_FRAME ||
         w.max_frame_size > WIRE_MAX_FRAME_CEILING || w.max_in_flight == 0) {
         return AEE_ERPC;
@@ -479,7 +498,13 @@ static int take_fds(struct conn *c, uint64_t start, unsigned n, int *fd) {
             if (r->count - r->taken < n) {
                 return -1; /* MISSING_FDS */
             }
-            *fd = r->fds[r->taken]; /* npud's frames carry at most one */
+            /* npud's frames carry at most one: the frame keeps its first, and
+             * the others it declared are closed here (dispatch refuses the
+             * frame for its fd count) */
+            *fd = r->fds[r->taken];
+            for (unsigned j = 1; j < n; j++) {
+                close(r->fds[r->taken + j]);
+            }
             r->taken += n;
             return 0;
         }
@@ -826,6 +851,45 @@ int conn_get(struct conn **out) {
     }
     pthread_mutex_unlock(&g_lock);
     return rc;
+}
+
+int conn_end_if_idle(struct conn *c, int (*idle)(uint64_t gen)) {
+    int ended = 0;
+    pthread_mutex_lock(&g_lock); /* no other thread gets the connection meanwhile */
+    pthread_mutex_lock(&c->mu);
+    /* the caller's reference, g_conn's and the reader's: nobody else holds it, and
+     * nothing is in flight */
+    int alone = g_conn == c && c->state == ST_READY && c->refs == 3 && c->used == 0;
+    pthread_mutex_unlock(&c->mu);
+    if (alone && idle(c->gen)) {
+        shim_log("the last handle is closed and nothing is held: the DSP process ends");
+        g_conn = NULL;
+        conn_kill(c, AEE_ECONNRESET); /* the reader ends, and npud lets the process go */
+        conn_put(c);                  /* g_conn's reference */
+        ended = 1;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return ended;
+}
+
+void conn_fork_child(void) {
+    pthread_mutex_init(&g_lock, NULL);
+    struct conn *c = g_conn;
+    g_conn = NULL;
+    atomic_store(&g_live, 0);
+    if (c == NULL) {
+        return;
+    }
+    /* The child's copies only: its socket fd (no shutdown: the parent's connection
+     * is the same socket), the fds the reader had kept, its memory. Its mutexes
+     * may have been held by a thread the child does not have: freed, not
+     * destroyed. Objects of its generation are of an ended connection now. */
+    if (c->fd >= 0) {
+        close(c->fd);
+    }
+    close_records(c);
+    free(c->rbuf);
+    free(c);
 }
 
 int conn_get_gen(uint64_t gen, struct conn **out) {

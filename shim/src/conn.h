@@ -17,13 +17,20 @@ struct conn;
 
 /* Capability attribute ids 0..11 (remote.h enum remote_dsp_attributes). */
 #define SHIM_DSP_ATTRIBUTES 12
+/* libcdsprpc's internal attributes 128..131 (PERF_V2_DSP_SUPPORT,
+ * MAP_DMA_HANDLE_REVERSERPC, DSPSIGNAL_DSP_SUPPORT, PROC_SHARED_BUFFER_SUPPORT),
+ * which the kernel answers from the DSP's table as it answers 1..11. */
+#define SHIM_DSP_INTERNAL_FIRST 128
+#define SHIM_DSP_INTERNAL 4
 
 /* What the Welcome said (fixed once the connection is up). */
 struct welcome {
     uint32_t caps[SHIM_DSP_ATTRIBUTES];
+    uint32_t internal[SHIM_DSP_INTERNAL];
     uint32_t max_frame_size;
     uint32_t max_in_flight;
     uint32_t max_inline_bytes;
+    uint64_t max_buffer_size; /* the largest alloc npud gives (256 MiB before version 6) */
     char domain[65];
 };
 
@@ -55,6 +62,12 @@ int conn_get_gen(uint64_t gen, struct conn **out);
 void conn_put(struct conn *c);
 
 uint64_t conn_gen(const struct conn *c);
+
+/* End c, the live connection, when nobody else holds it, nothing is in flight and
+ * idle(gen) says nothing of it is held: npud then ends the DSP process (the
+ * isolated domain), as libcdsprpc ends it when the last handle closes. 1 if ended.
+ * The caller still holds its reference. */
+int conn_end_if_idle(struct conn *c, int (*idle)(uint64_t gen));
 const struct welcome *conn_welcome(const struct conn *c);
 
 /* Send a request and wait for its answer: 0, or the AEE code of the error. */

@@ -76,12 +76,16 @@ struct dspq_process_state {
     uint32_t resp_space_count[DSPQ_MAX_QUEUES];
 };
 
-/* One direction of a queue, as this process sees it. */
+/* One direction of a queue, as this process sees it. The position and packet
+ * count this side publishes are kept here too: the shared copies are written,
+ * never read back (the other side could have changed them). */
 struct dspq_ring {
     uint8_t *data;
     uint32_t size;
     struct dspq_state *read;
     struct dspq_state *write;
+    uint32_t own_position;
+    uint32_t own_count;
 };
 
 /* Size of the block for rings of req and resp bytes (multiples of 8). */
@@ -97,22 +101,104 @@ static inline uint64_t dspq_packet_header(uint32_t len, uint32_t flags, uint32_t
            (uint64_t)(seq & 0xff) << 56;
 }
 
-/* Room for a packet of alen bytes (padded)? 0, or AEE_EWOULDBLOCK. */
+/* Every position read from the other side is checked before use: a multiple of
+ * 8 below the ring's size; a packet header's length must fit the ring and what
+ * the writer published. A bad one is AEE_EBADITEM, never an access. */
+
+/* Room for a packet of alen bytes (padded)? 0, AEE_EWOULDBLOCK, or AEE_EBADITEM
+ * when the reader's position is not one. */
 int dspq_ring_room(const struct dspq_ring *r, uint32_t alen);
 /* Write a packet for which dspq_ring_room said yes, and publish it. */
 void dspq_ring_put(struct dspq_ring *r, uint64_t header, const void *buffers,
                    uint32_t buffers_len, const void *message, uint32_t message_len);
-/* The header of the next packet: 0, or AEE_EWOULDBLOCK when there is none. */
+/* The header of the next packet: 0, AEE_EWOULDBLOCK when there is none, or
+ * AEE_EBADITEM when the writer's position or the header's length is impossible. */
 int dspq_ring_peek(const struct dspq_ring *r, uint64_t *header);
 /* Consume the next packet (its header from dspq_ring_peek): copy its buffer
  * entries and message where given (NULL: skip them), publish the position. */
 void dspq_ring_take(struct dspq_ring *r, uint32_t len, void *buffers, uint32_t buffers_len,
                     void *message, uint32_t message_len);
 
-/* Loads and stores shared with the other side. */
-static inline uint32_t dspq_load(const uint32_t *p) {
-    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+/*
+ * Ordering against the other side, as libcdsprpc's dspqueue_cpu.c orders it:
+ * on ARM a full-system barrier (dmb sy) between reading the other side's
+ * position and the data it covers, and between consuming data and publishing
+ * the read position; a store barrier (dmb st) between writing data and
+ * publishing the write position. The CDSP is an IO-coherent master outside
+ * the CPUs' inner-shareable domain, so dmb ish would not be enough there.
+ * NPUD_SHIM_BARRIERS=inner (read once, at the first queue) uses dmb ish /
+ * dmb ishst instead, for measuring on a device whether it makes a difference.
+ * Elsewhere (x86_64: the emulator, where the DSP is another process) C11
+ * fences, which the compiler makes what the CPU needs.
+ */
+extern int dspq_inner_shareable;
+/* Read NPUD_SHIM_BARRIERS once ("inner" or "system", the default; anything else
+ * is the default, logged). 1 when the barriers are inner-shareable. */
+int dspq_barriers_init(void);
+
+static inline void dspq_barrier_full(void) {
+#if defined(__aarch64__)
+    if (dspq_inner_shareable) {
+        __asm__ __volatile__("dmb ish" : : : "memory");
+    } else {
+        __asm__ __volatile__("dmb sy" : : : "memory");
+    }
+#elif defined(__arm__)
+    if (dspq_inner_shareable) {
+        __asm__ __volatile__("dmb ish" : : : "memory");
+    } else {
+        __asm__ __volatile__("dmb sy" : : : "memory");
+    }
+#else
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
 }
+
+static inline void dspq_barrier_store(void) {
+#if defined(__aarch64__) || defined(__arm__)
+    if (dspq_inner_shareable) {
+        __asm__ __volatile__("dmb ishst" : : : "memory");
+    } else {
+        __asm__ __volatile__("dmb st" : : : "memory");
+    }
+#else
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+#endif
+}
+
+/* A word the other side publishes: read it, then order what follows after it. */
+static inline uint32_t dspq_load(const uint32_t *p) {
+#if defined(__aarch64__) || defined(__arm__)
+    uint32_t v = __atomic_load_n(p, __ATOMIC_RELAXED);
+    dspq_barrier_full();
+    return v;
+#else
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+
+/* Publish data written before (ring bytes): a store barrier, then the word. */
+static inline void dspq_publish(uint32_t *p, uint32_t v) {
+#if defined(__aarch64__) || defined(__arm__)
+    dspq_barrier_store();
+    __atomic_store_n(p, v, __ATOMIC_RELAXED);
+#else
+    __atomic_store_n(p, v, __ATOMIC_RELEASE);
+#endif
+}
+
+/* Publish after reading data (a consumed packet): a full barrier, then the word. */
+static inline void dspq_release_read(uint32_t *p, uint32_t v) {
+#if defined(__aarch64__) || defined(__arm__)
+    dspq_barrier_full();
+    __atomic_store_n(p, v, __ATOMIC_RELAXED);
+#else
+    __atomic_store_n(p, v, __ATOMIC_RELEASE);
+#endif
+}
+
+/* A counter of the process state block (the receive thread compares them; the
+ * signal that follows is a system call, which orders it). */
 static inline void dspq_store(uint32_t *p, uint32_t v) {
     __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }

@@ -100,11 +100,30 @@ struct dspqueue {
     int callback_started;
     pthread_t error_thread;
     int error_started;
+    int closed; /* torn down, its teardown failed: only a close (which frees it) is valid */
+    unsigned forks; /* g_forks when it was made: another value, it is a fork's parent's */
 };
 
 static pthread_mutex_t g_dq_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct dspq_domain *g_dom;
 static uint32_t g_queue_count = 1; /* process-wide, starts non-zero */
+static unsigned g_forks; /* forks this process is the child of */
+
+void dspqueue_fork_child(void) {
+    /* The domain's threads and DSP process are the parent's: its memory goes (its
+     * mutexes may be held by threads the child does not have: freed, not
+     * destroyed); the parent's queues answer AEE_ECONNRESET here (their_parents). */
+    pthread_mutex_init(&g_dq_lock, NULL);
+    free(g_dom);
+    g_dom = NULL;
+    g_forks++;
+}
+
+/* A queue made before this process forked (it is the child): it must not be touched
+ * beyond its own memory. */
+static int their_parents(const struct dspqueue *q) {
+    return q->forks != g_forks;
+}
 
 static void init_cond(pthread_cond_t *cv) {
     pthread_condattr_t attr;
@@ -487,7 +506,7 @@ static int write_noblock(struct dspqueue *q, uint32_t flags, uint32_t num_buffer
                   message_length);
     q->seq++;
     dspq_store(&q->dom->state->req_packet_count[q->id], ++q->req_packets);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    dspq_barrier_full();
     if (!q->wait_counts || dspq_load(&q->req.read->wait_count) != 0) {
         send_signal(q->dom); /* the DSP may be asleep: wake it */
     }
@@ -527,7 +546,7 @@ again:;
     }
     dspq_ring_take(&q->resp, len, buffers, nb * DSPQ_BUFFER_ENTRY, message, ml);
     dspq_store(&q->dom->state->resp_space_count[q->id], ++q->resp_spaces);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    dspq_barrier_full();
     if (!q->wait_counts || dspq_load(&q->resp.write->wait_count) != 0) {
         send_signal(q->dom); /* the DSP may wait for room */
     }
@@ -616,6 +635,9 @@ static int queue_create(struct dspq_domain *d, unsigned id, uint32_t count, uint
     q->id = id;
     q->queue_count = count;
     q->mem_size = dspq_block_size(req, resp);
+    if (dspq_barriers_init()) {
+        shim_log("dspqueue: inner-shareable barriers (NPUD_SHIM_BARRIERS=inner)");
+    }
     int rc = port_alloc(q->mem_size, &q->mem);
     if (rc != 0) {
         return rc;
@@ -706,6 +728,7 @@ SHIM_API AEEResult dspqueue_create(int domain, uint32_t flags, uint32_t req_queu
     q->packet_callback = packet_callback;
     q->error_callback = error_callback;
     q->context = callback_context;
+    q->forks = g_forks;
 
     pthread_mutex_lock(&g_dq_lock);
     struct dspq_domain *d = g_dom;
@@ -761,6 +784,17 @@ SHIM_API AEEResult dspqueue_close(dspqueue_t queue) {
     if (q == NULL) {
         return AEE_EBADPARM;
     }
+    if (q->closed) {
+        queue_free(q); /* the husk of a failed teardown */
+        return 0;
+    }
+    if (their_parents(q)) {
+        /* the parent's queue, in a fork's child: the child's copy of its memory goes,
+         * the parent's queue stays the parent's */
+        port_free(q->mem);
+        free(q);
+        return 0;
+    }
     struct dspq_domain *d = q->dom;
     int rc = 0;
     if (alive(q) == 0) {
@@ -800,20 +834,22 @@ SHIM_API AEEResult dspqueue_close(dspqueue_t queue) {
     if (q->callback_started) {
         pthread_join(q->callback_thread, NULL);
     }
-    /* From here on the queue goes whatever fails: an error is returned only while the
-     * queue is still open (above), so a caller may always close again after one. What
-     * fails in the teardown is logged; its memory and fds are let go all the same. */
+    /* From here on the queue goes whatever fails. What failed is returned, as
+     * libcdsprpc returns it; the queue is torn down all the same (its memory, fds
+     * and id let go) and stays as a closed husk: every call on it but close is
+     * AEE_EBADPARM, and a close frees it (0). A program that never closes it
+     * again leaves the husk, a few hundred bytes. */
     int lost = atomic_load(&d->error) != 0;
     int destroyed = lost ? 0 : dspq_rpc_destroy_queue(d->rpc, q->dsp_id);
     int unmapped = port_munmap(q->mem_fd, q->mem, q->mem_size);
     if (!lost && (destroyed != 0 || unmapped != 0)) {
         shim_log("dspqueue: closing queue %u: destroy 0x%x, munmap 0x%x", q->id,
                  (unsigned)destroyed, (unsigned)unmapped);
+        rc = destroyed != 0 ? destroyed : unmapped;
     }
-    rc = 0;
     port_free(q->mem);
+    q->mem = NULL;
     unsigned id = q->id;
-    queue_free(q);
 
     pthread_mutex_lock(&g_dq_lock);
     d->reserved[id] = 0;
@@ -824,15 +860,27 @@ SHIM_API AEEResult dspqueue_close(dspqueue_t queue) {
         int down = dom_destroy(d);
         if (down != 0) {
             shim_log("dspqueue: the last queue's teardown failed (0x%x)", (unsigned)down);
+            if (rc == 0) {
+                rc = down;
+            }
         }
     }
     pthread_mutex_unlock(&g_dq_lock);
-    return rc;
+    q->dom = NULL;
+    if (rc != 0) {
+        q->closed = 1;
+        return rc;
+    }
+    queue_free(q);
+    return 0;
 }
 
 SHIM_API AEEResult dspqueue_export(dspqueue_t queue, uint64_t *queue_id) {
-    if (queue == NULL || queue_id == NULL) {
+    if (queue == NULL || queue_id == NULL || queue->closed) {
         return AEE_EBADPARM;
+    }
+    if (their_parents(queue)) {
+        return AEE_ECONNRESET;
     }
     *queue_id = queue->dsp_id;
     return 0;
@@ -842,8 +890,11 @@ SHIM_API AEEResult dspqueue_write(dspqueue_t queue, uint32_t flags, uint32_t num
                                   struct dspqueue_buffer *buffers, uint32_t message_length,
                                   const uint8_t *message, uint32_t timeout_us) {
     struct dspqueue *q = queue;
-    if (q == NULL) {
+    if (q == NULL || q->closed) {
         return AEE_EBADPARM;
+    }
+    if (their_parents(q)) {
+        return AEE_ECONNRESET;
     }
     int rc = alive(q);
     if (rc != 0) {
@@ -879,8 +930,11 @@ SHIM_API AEEResult dspqueue_read_noblock(dspqueue_t queue, uint32_t *flags, uint
                                          uint32_t max_message_length, uint32_t *message_length,
                                          uint8_t *message) {
     struct dspqueue *q = queue;
-    if (q == NULL) {
+    if (q == NULL || q->closed) {
         return AEE_EBADPARM;
+    }
+    if (their_parents(q)) {
+        return AEE_ECONNRESET;
     }
     int rc = alive(q);
     if (rc != 0) {
@@ -895,8 +949,11 @@ SHIM_API AEEResult dspqueue_read(dspqueue_t queue, uint32_t *flags, uint32_t max
                                  uint32_t max_message_length, uint32_t *message_length,
                                  uint8_t *message, uint32_t timeout_us) {
     struct dspqueue *q = queue;
-    if (q == NULL) {
+    if (q == NULL || q->closed) {
         return AEE_EBADPARM;
+    }
+    if (their_parents(q)) {
+        return AEE_ECONNRESET;
     }
     int rc = alive(q);
     if (rc != 0) {

@@ -36,7 +36,7 @@
 #define NUM_DOMAINS 8        /* effective domain id = domain + 8 * session */
 #define MAX_URI 1023
 #define SPILL_ALIGN 128u
-#define MAX_DMA_SIZE 268435456u
+#define MAX_DMA_SIZE 268435456u /* the largest spill (npud's inline capacities are smaller) */
 
 static const char *const DOMAIN_NAMES[] = {"adsp", "mdsp", "sdsp", "cdsp", "cdsp1", "gdsp0",
                                            "gdsp1"};
@@ -49,9 +49,19 @@ struct handle {
     uint64_t epoch;
 };
 
+static int domain_by_name(const char *name);
+
 static pthread_mutex_t g_handles_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct handle *g_handles;
 static uint32_t g_next_local = 1;
+
+void handles_fork_lock(void) {
+    pthread_mutex_lock(&g_handles_lock);
+}
+
+void handles_fork_unlock(void) {
+    pthread_mutex_unlock(&g_handles_lock);
+}
 
 /* The handle's npud id, generation and epoch: 0, AEE_EINVHANDLE or AEE_ECONNRESET. */
 static int lookup(uint32_t local, struct handle *out) {
@@ -106,8 +116,11 @@ static void encode_close(void *ctx, msgpack_packer *pk, uint32_t id) {
     mp_kv_uint(pk, "handle", cl->handle);
 }
 
-/* The domain and session a module URI names: npud serves the CDSP, session 0. */
-static int check_uri(const char *uri) {
+/* The domain and session a module URI names: npud serves the CDSP, session 0.
+ * A 64-bit open must name its domain (libcdsprpc's get_domain_from_name finds
+ * none in a URI without "&_dom=" and answers AEE_EBADPARM); a 32-bit open runs
+ * in the current domain, the CDSP, whatever the URI says of it. */
+static int check_uri(const char *uri, int need_domain) {
     size_t len = strnlen(uri, MAX_URI + 1);
     if (len == 0 || len > MAX_URI) {
         return AEE_EBADPARM;
@@ -118,27 +131,37 @@ static int check_uri(const char *uri) {
         }
     }
     const char *dom = strstr(uri, "&_dom=");
-    if (dom != NULL) {
-        const char *name = dom + strlen("&_dom=");
-        if (strncmp(name, CDSP_DOMAIN_NAME, 4) != 0 || (name[4] != '\0' && name[4] != '&')) {
-            return AEE_EUNSUPPORTED;
-        }
+    if (dom == NULL) {
+        return need_domain ? AEE_EBADPARM : 0;
+    }
+    if (!need_domain) {
+        return 0;
+    }
+    const char *name = dom + strlen("&_dom=");
+    if (domain_by_name(name) < 0) {
+        return AEE_EBADPARM; /* no domain libcdsprpc knows */
+    }
+    if (strncmp(name, CDSP_DOMAIN_NAME, 4) != 0 || (name[4] != '\0' && name[4] != '&')) {
+        return AEE_EUNSUPPORTED;
     }
     const char *session = strstr(uri, "&_session=");
     if (session != NULL) {
-        const char *n = session + strlen("&_session=");
-        if (n[0] != '0' || (n[1] != '\0' && n[1] != '&')) {
+        long n = strtol(session + strlen("&_session="), NULL, 10);
+        if (n < 0 || n >= NUM_SESSIONS) {
+            return AEE_EBADPARM;
+        }
+        if (n != 0) {
             return AEE_EUNSUPPORTED; /* one DSP process per client: session 0 */
         }
     }
     return 0;
 }
 
-static int h_open(const char *uri, uint32_t *out) {
+static int h_open(const char *uri, int need_domain, uint32_t *out) {
     if (uri == NULL || out == NULL) {
         return AEE_EBADPARM;
     }
-    int rc = check_uri(uri);
+    int rc = check_uri(uri, need_domain);
     if (rc != 0) {
         return rc;
     }
@@ -181,6 +204,20 @@ static int h_open(const char *uri, uint32_t *out) {
     return 0;
 }
 
+/* No handle and no rpcmem buffer of connection gen (dspqueue's module is a handle). */
+static int nothing_held(uint64_t gen) {
+    int none = 1;
+    pthread_mutex_lock(&g_handles_lock);
+    for (const struct handle *h = g_handles; h != NULL; h = h->next) {
+        if (h->gen == gen) {
+            none = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_handles_lock);
+    return none && mem_none_of(gen);
+}
+
 static int h_close(uint32_t local) {
     pthread_mutex_lock(&g_handles_lock);
     struct handle **link = &g_handles;
@@ -202,6 +239,12 @@ static int h_close(uint32_t local) {
         struct conn_request req = {
             .reply_type = "close_reply", .encode = encode_close, .encode_ctx = &cl};
         rc = conn_call(c, &req);
+        if (rc == 0) {
+            /* libcdsprpc ends the DSP process when the last handle closes. npud's
+             * process lives as long as the connection, which also holds the buffers:
+             * it is ended when nothing else is held (see conn_end_if_idle). */
+            (void)conn_end_if_idle(c, nothing_held);
+        }
         conn_put(c);
     }
     free(h);
@@ -479,10 +522,15 @@ static int dsp_info(struct remote_dsp_capability *cap, uint32_t len) {
     if (rc != 0) {
         return cap->attribute_ID == DOMAIN_SUPPORT ? 0 : rc;
     }
-    if (cap->attribute_ID < SHIM_DSP_ATTRIBUTES) {
-        cap->capability = conn_welcome(c)->caps[cap->attribute_ID];
+    uint32_t id = cap->attribute_ID;
+    if (id < SHIM_DSP_ATTRIBUTES) {
+        cap->capability = conn_welcome(c)->caps[id];
+    } else if (id >= SHIM_DSP_INTERNAL_FIRST && id < SHIM_DSP_INTERNAL_FIRST + SHIM_DSP_INTERNAL) {
+        cap->capability = conn_welcome(c)->internal[id - SHIM_DSP_INTERNAL_FIRST];
     }
-    /* 12..259: kernel and internal attributes (dspsignal, perf v2, ...): 0. */
+    /* 256..259, the driver's (PERF_V2_DRIVER_SUPPORT .. DSPSIGNAL_DRIVER_SUPPORT):
+     * 0, which libcdsprpc answers itself on mainline kernels; the DSP's others
+     * (12..127, 132..255, unassigned): 0, npud does not ask for them. */
     conn_put(c);
     return 0;
 }
@@ -568,7 +616,7 @@ SHIM_API int remote_handle64_open(const char *name, remote_handle64 *ph) {
     if (ph == NULL) {
         return AEE_EBADPARM;
     }
-    int rc = h_open(name, &h);
+    int rc = h_open(name, 1, &h);
     if (rc == 0) {
         *ph = h;
     }
@@ -576,7 +624,7 @@ SHIM_API int remote_handle64_open(const char *name, remote_handle64 *ph) {
 }
 
 SHIM_API int remote_handle_open(const char *name, remote_handle *ph) {
-    return h_open(name, ph);
+    return h_open(name, 0, ph);
 }
 
 SHIM_API int remote_handle64_invoke(remote_handle64 h, uint32_t sc, remote_arg *pra) {

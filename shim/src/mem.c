@@ -31,7 +31,6 @@
 #include "wire.h"
 
 #define PAGE 4096u
-#define MAX_DMA_SIZE 268435456u /* PROTOCOL.md: largest buffer */
 
 struct buffer {
     struct buffer *next;
@@ -66,6 +65,14 @@ static struct buffer *g_buffers;
 static struct registration *g_regs;
 static struct dma_handle *g_dma;
 
+void mem_fork_lock(void) {
+    pthread_mutex_lock(&g_mem_lock);
+}
+
+void mem_fork_unlock(void) {
+    pthread_mutex_unlock(&g_mem_lock);
+}
+
 /* ---- npud buffers ---------------------------------------------------------------------- */
 
 struct alloc_ctx {
@@ -90,7 +97,7 @@ static int take_alloc(void *ctx, const msgpack_object *msg, int fd) {
     uint64_t size = 0;
     const msgpack_object *dsp_fd = mp_get(msg, "dsp_fd");
     if (fd < 0 || mp_uint(mp_get(msg, "buffer"), &id) != 0 || id == 0 || id > UINT32_MAX ||
-        mp_uint(mp_get(msg, "size"), &size) != 0 || size < a->size || size > MAX_DMA_SIZE ||
+        mp_uint(mp_get(msg, "size"), &size) != 0 || size < a->size || size > WIRE_MAX_BUFFER ||
         dsp_fd == NULL || dsp_fd->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
         dsp_fd->via.u64 == 0 || dsp_fd->via.u64 > INT32_MAX) {
         /* dsp_fd must be > 0: dspqueue and llama.cpp refuse 0 */
@@ -178,8 +185,7 @@ void mem_raw_free(struct conn *c, struct raw_buffer *b) {
 /* ---- rpcmem ------------------------------------------------------------------------------- */
 
 void *mem_alloc(size_t size, uint32_t flags) {
-    if (size == 0 || size > MAX_DMA_SIZE) {
-        shim_log("rpcmem_alloc: %zu bytes is outside 1..%u", size, MAX_DMA_SIZE);
+    if (size == 0) {
         errno = EINVAL;
         return NULL;
     }
@@ -190,7 +196,15 @@ void *mem_alloc(size_t size, uint32_t flags) {
     struct conn *c;
     int rc = conn_get(&c);
     if (rc == 0) {
-        rc = mem_raw_alloc(c, size, &b->raw);
+        uint64_t largest = conn_welcome(c)->max_buffer_size;
+        if (size > largest) {
+            /* npud's limits.max_buffer_size ([client_limits] max_buffer_size) */
+            shim_log("rpcmem_alloc: %zu bytes is more than npud's largest buffer, %llu", size,
+                     (unsigned long long)largest);
+            rc = AEE_ENORPCMEMORY;
+        } else {
+            rc = mem_raw_alloc(c, size, &b->raw);
+        }
         b->gen = conn_gen(c);
         conn_put(c);
     }
@@ -272,10 +286,25 @@ static int still_listed(const struct buffer *b) {
     return 0;
 }
 
+int mem_none_of(uint64_t gen) {
+    pthread_mutex_lock(&g_mem_lock);
+    int none = 1;
+    for (const struct buffer *b = g_buffers; b != NULL; b = b->next) {
+        if (b->gen == gen) {
+            none = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_mem_lock);
+    return none;
+}
+
 int mem_to_fd(void *p) {
     pthread_mutex_lock(&g_mem_lock);
     struct buffer *b = containing(p);
-    int fd = b != NULL && conn_alive(b->gen) ? b->raw.dsp_fd : -1;
+    /* the address rpcmem_alloc returned, nothing inside: libcdsprpc's
+     * rpcmem_to_fd compares the base pointer alone */
+    int fd = b != NULL && b->raw.ptr == p && conn_alive(b->gen) ? b->raw.dsp_fd : -1;
     pthread_mutex_unlock(&g_mem_lock);
     return fd;
 }
@@ -344,8 +373,11 @@ int mem_map(int domain, int fd, void *addr, int offset, size_t length, uint32_t 
     if (rc != 0) {
         return rc;
     }
-    if (fd < 0 || offset != 0 ||
-        (flags != FASTRPC_MAP_FD && flags != FASTRPC_MAP_FD_DELAYED)) {
+    /* libcdsprpc's checks: the low 16 bits are the flags, the others attributes
+     * (none defined: 0); any flag below FASTRPC_MAP_MAX but RESERVED goes to the
+     * kernel, which passes it to the DSP; the offset 0. */
+    if (fd < 0 || offset != 0 || (flags & ~0xffffu) != 0 || flags >= FASTRPC_MAP_MAX ||
+        flags == FASTRPC_MAP_RESERVED) {
         return AEE_EBADPARM;
     }
     pthread_mutex_lock(&g_mem_lock);
@@ -354,9 +386,14 @@ int mem_map(int domain, int fd, void *addr, int offset, size_t length, uint32_t 
         pthread_mutex_unlock(&g_mem_lock);
         return AEE_ECONNRESET; /* the buffer went with its connection */
     }
-    if (b == NULL || (addr != NULL && addr != b->raw.ptr) || length > b->raw.size ||
-        length + PAGE <= b->raw.size) {
-        /* npud maps whole buffers: offset 0, the length asked at rpcmem_alloc */
+    if (b == NULL || length > b->raw.size) {
+        /* not a buffer, or longer than it: the kernel's MEM_MAP fails, and libcdsprpc
+         * answers a failed MEM_MAP with AEE_EFAILED */
+        pthread_mutex_unlock(&g_mem_lock);
+        return AEE_EFAILED;
+    }
+    if ((addr != NULL && addr != b->raw.ptr) || length + PAGE <= b->raw.size) {
+        /* npud maps whole buffers: at their address, the length asked at rpcmem_alloc */
         pthread_mutex_unlock(&g_mem_lock);
         return AEE_EBADPARM;
     }

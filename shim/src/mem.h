@@ -36,6 +36,9 @@ int mem_to_fd(void *p);
 int mem_map(int domain, int fd, void *addr, int offset, size_t length, uint32_t flags);
 int mem_unmap(int domain, int fd, void *addr, size_t length);
 
+/* 1 when no rpcmem buffer of connection gen is live (not freed). */
+int mem_none_of(uint64_t gen);
+
 /* A buffer dspqueue names by fd: mapped (fastrpc_mmap) in the live session?
  * Then this process's address and the mapped length, and its reference count
  * changed by delta (DSPQUEUE_BUFFER_FLAG_REF/DEREF). AEE_ENOSUCHMAP otherwise. */

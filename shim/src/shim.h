@@ -12,6 +12,7 @@
  *   mem.c      rpcmem, fastrpc_mmap/munmap, remote_register_buf*
  *   handles.c  remote_handle*_open/invoke/close and the controls
  *   port.c     what dspqueue.c needs, on top of mem.c and handles.c
+ *   fork.c     the child of a fork starts clean
  *   dspq_ring.c, dspq_rpc.c, dspqueue.c   dspqueue, CPU side
  */
 #ifndef NPUD_SHIM_H
@@ -54,6 +55,19 @@ int shim_aee_from_npud(int code, uint32_t dsp_rc);
 /* The AEE code libcdsprpc gives for a failed syscall's errno. */
 int shim_aee_from_errno(int err);
 
+
+/* ---- fork.c: the pieces' fork handlers (see fork.c) ------------------------------- */
+void handles_fork_lock(void);
+void handles_fork_unlock(void);
+void mem_fork_lock(void);
+void mem_fork_unlock(void);
+void stats_fork_lock(void);
+void stats_fork_unlock(void);
+/* In the child: stats.c counts anew and writes nothing at exit (the parent's file). */
+void stats_fork_child(void);
+/* In the child: forget the parent's connection (conn.c) and dspqueue domain. */
+void conn_fork_child(void);
+void dspqueue_fork_child(void);
 
 /* A domain argument: 0 for the CDSP's default session (3, or -1 for "the
  * current domain"), AEE_EUNSUPPORTED for another valid effective domain id

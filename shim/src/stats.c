@@ -17,6 +17,21 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static const char *g_names[KINDS];
 static unsigned long g_counts[KINDS];
 static int g_used;
+static int g_forked; /* a fork's child: the file is the parent's */
+
+void stats_fork_lock(void) {
+    pthread_mutex_lock(&g_mu);
+}
+
+void stats_fork_unlock(void) {
+    pthread_mutex_unlock(&g_mu);
+}
+
+void stats_fork_child(void) {
+    g_used = 0;
+    g_forked = 1;
+    pthread_mutex_unlock(&g_mu);
+}
 
 void stats_count(const char *reply_type) {
     pthread_mutex_lock(&g_mu);
@@ -35,7 +50,7 @@ void stats_count(const char *reply_type) {
 
 __attribute__((destructor)) static void stats_write(void) {
     const char *path = getenv("NPUD_SHIM_STATS");
-    if (path == NULL || path[0] == '\0') {
+    if (g_forked || path == NULL || path[0] == '\0') {
         return;
     }
     FILE *out = fopen(path, "w");

@@ -13,6 +13,8 @@
 #define WIRE_HANDSHAKE_MAX_FRAME 65536u
 #define WIRE_MAX_FRAME_CEILING 16777216u
 #define WIRE_MAX_FDS_PER_FRAME 4
+#define WIRE_OLD_MAX_BUFFER 268435456u /* the largest buffer before version 6 */
+#define WIRE_MAX_BUFFER 4294967296ull  /* MAX_BUFFER_SIZE: the largest the wire names */
 
 /* A frame being built: 8 header bytes, then the msgpack payload. */
 struct wbuf {

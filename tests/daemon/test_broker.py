@@ -211,9 +211,9 @@ async def test_ids_from_another_client_mean_nothing(broker: Broker) -> None:
 async def test_bad_sizes_and_slices(broker: Broker) -> None:
     c = await client(broker)
     await refused(ErrorCode.DMA_BUF_ALLOC, call(broker, c, p.AllocRequest(id=1, size=0)))
-    await refused(
-        ErrorCode.DMA_EXCEEDS_MAX_SIZE, call(broker, c, p.AllocRequest(id=1, size=(256 << 20) + 1))
-    )
+    # beyond [client_limits] max_buffer_size (2 GiB by default): a limit, like the quotas
+    largest = broker.config.client_limits.max_buffer_size
+    await refused(ErrorCode.QUOTA_EXCEEDED, call(broker, c, p.AllocRequest(id=1, size=largest + 1)))
     buffer_id, buffer = await alloc(broker, c, 5000)
     assert buffer_id == 3  # the refused allocs took ids 1 and 2
     assert buffer.size == 8192

@@ -70,11 +70,15 @@ async def test_the_dsp_fd_is_the_number_the_dsp_maps_the_buffer_by(tmp_path: Pat
         assert isinstance(await peer.next(), p.MapReply)
         maps = sim_of(daemon).statistics().mem_maps
         assert maps == 1
-        await peer.write(p.MapRequest(id=4, buffer=second.buffer, flags=7))
-        refused = await peer.next()
-        assert isinstance(refused, p.ErrorMessage)
-        assert refused.error_code is ErrorCode.INVALID_ARGUMENT
-        assert "FASTRPC_MAP_FD_DELAYED" in refused.message
+        for request_id, flags in ((4, 1), (5, 19)):  # RESERVED, beyond the enum
+            await peer.write(p.MapRequest(id=request_id, buffer=second.buffer, flags=flags))
+            refused = await peer.next()
+            assert isinstance(refused, p.ErrorMessage)
+            assert refused.error_code is ErrorCode.INVALID_ARGUMENT
+            assert "libcdsprpc passes on" in refused.message
+        # Version 6: what libcdsprpc passes on, llama.cpp's FD_DELAYED_EXTENDED among them.
+        await peer.write(p.MapRequest(id=6, buffer=second.buffer, flags=18))
+        assert isinstance(await peer.next(), p.MapReply)
         peer.close()
 
 

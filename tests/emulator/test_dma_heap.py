@@ -173,7 +173,7 @@ def test_a_machine_without_the_heap(driver: EmulatedDriver) -> None:
         ({"len": PAGE, "heap_flags": 1}, errno.EINVAL),
         ({"len": 0}, errno.EINVAL),
         ({"len": (1 << 64) - 1}, errno.EINVAL),  # PAGE_ALIGN wraps to 0
-        ({"len": (1 << 30) + 1}, errno.ENOMEM),  # more than the emulator's DMA memory
+        ({"len": (1 << 32) + 1}, errno.ENOMEM),  # more than the emulator's DMA memory
     ],
 )
 def test_allocation_refusals(

@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from npu_protocol import AEE, MAX_DMA_SIZE, ErrorCode
+from npu_protocol import AEE, MAX_BUFFER_SIZE, MAX_DMA_SIZE, ErrorCode
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.dma import PAGE_SIZE
 from npud.fastrpc.kernel.driver import KernelDriver
@@ -148,7 +148,7 @@ def test_calls_that_need_the_process_refuse_before_the_shell(emulator: EmulatedD
     [
         (0, ErrorCode.DMA_BUF_ALLOC),
         (-4096, ErrorCode.INVALID_ARGUMENT),
-        (MAX_DMA_SIZE + 1, ErrorCode.DMA_EXCEEDS_MAX_SIZE),
+        (MAX_BUFFER_SIZE + 1, ErrorCode.DMA_EXCEEDS_MAX_SIZE),
         (2**64 - 1, ErrorCode.DMA_EXCEEDS_MAX_SIZE),
         (2**64 - PAGE_SIZE + 1, ErrorCode.DMA_EXCEEDS_MAX_SIZE),
     ],
@@ -187,6 +187,11 @@ def test_the_largest_buffer_is_allowed(emulator: EmulatedDriver) -> None:
         buffer = s.alloc(MAX_DMA_SIZE)
         assert buffer.size == MAX_DMA_SIZE
         s.free(buffer)
+        # llama.cpp's chunk of 256 MiB with its guard page, and a 300 MiB tensor
+        for size in (MAX_DMA_SIZE + 4096, 300 << 20):
+            buffer = s.alloc(size)
+            assert buffer.size == size
+            s.free(buffer)
 
 
 def test_dma_bufs_are_sealed(session: FastRpcSession, driver: object) -> None:

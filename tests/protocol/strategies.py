@@ -61,12 +61,12 @@ def _derived(cls: type[msgspec.Struct]) -> st.SearchStrategy[Any]:
 
 
 def _buffer_slices() -> st.SearchStrategy[p.BufferSlice]:
-    return st.integers(0, p.MAX_DMA_SIZE).flatmap(
+    return st.integers(0, p.MAX_BUFFER_SIZE).flatmap(
         lambda offset: st.builds(
             p.BufferSlice,
             buffer=st.integers(1, 2**32 - 1),
             offset=st.just(offset),
-            length=st.integers(0, p.MAX_DMA_SIZE - offset),
+            length=st.integers(0, p.MAX_BUFFER_SIZE - offset),
         )
     )
 

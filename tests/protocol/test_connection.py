@@ -340,7 +340,7 @@ def test_send_does_not_decode_what_it_encoded_the_peer_checks_the_bounds() -> No
     # receiving decoder's to enforce. Building a message outside them is the
     # sender's bug, and the peer refuses it as BAD_MESSAGE naming the field.
     client, server = connected_pair()
-    data, fds = client.send(p.AllocRequest(id=1, size=p.MAX_DMA_SIZE + 1))
+    data, fds = client.send(p.AllocRequest(id=1, size=p.MAX_BUFFER_SIZE + 1))
     assert client.in_flight == frozenset({1})
     feed(server, data, fds)
     with pytest.raises(p.RemoteProtocolError) as info:

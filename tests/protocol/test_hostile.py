@@ -96,7 +96,7 @@ def test_wrong_types(message: dict[str, Any], where: str) -> None:
         ({"type": "alloc", "id": 2**32, "size": 1}, "$.id"),
         ({"type": "alloc", "id": -1, "size": 1}, "$.id"),
         ({"type": "alloc", "id": 1, "size": 0}, "$.size"),
-        ({"type": "alloc", "id": 1, "size": p.MAX_DMA_SIZE + 1}, "$.size"),
+        ({"type": "alloc", "id": 1, "size": p.MAX_BUFFER_SIZE + 1}, "$.size"),
         ({"type": "free", "id": 1, "buffer": 0}, "$.buffer"),
         ({"type": "close", "id": 1, "handle": 2**32}, "$.handle"),
         ({"type": "open", "id": 1, "uri": "file:///a b"}, "$.uri"),
@@ -120,7 +120,9 @@ def test_wrong_types(message: dict[str, Any], where: str) -> None:
                 "id": 1,
                 "handle": 1,
                 "method": 0,
-                "inputs": [{"type": "slice", "buffer": 1, "offset": p.MAX_DMA_SIZE, "length": 1}],
+                "inputs": [
+                    {"type": "slice", "buffer": 1, "offset": p.MAX_BUFFER_SIZE, "length": 1}
+                ],
             },
             "ends past",
         ),

@@ -18,7 +18,17 @@ from tests.shim.programs import answer, expect_line, finish, run, spawned, statu
 
 @pytest.mark.parametrize(
     "scenario",
-    ["rpcmem", "dsp_memory", "register", "mmap", "handles", "controls", "dspqueue", "threads"],
+    [
+        "rpcmem",
+        "dsp_memory",
+        "register",
+        "mmap",
+        "handles",
+        "controls",
+        "dspqueue",
+        "threads",
+        "big",  # llama.cpp's 256 MiB + 4 KiB chunk, a 300 MiB tensor; past npud's largest
+    ],
 )
 def test_scenario(api_test: Path, npud: Npud, scenario: str) -> None:
     run(api_test, scenario, npud.socket_path)
@@ -42,6 +52,45 @@ def test_every_call_says_how_it_travels(api_test: Path, npud: Npud) -> None:
     ]
     assert kinds[:2] == ["I|S", "IS|I"], kinds  # fill into rpcmem, checksum of rpcmem
     assert "IP|P" in kinds, kinds  # 3 MiB each way: beyond max_inline_bytes
+    wait_until_clean(npud)
+
+
+def test_fork(api_test: Path, npud: Npud, tmp_path: Path) -> None:
+    """A program that forks (Python's multiprocessing does by default): the child's first
+    call used the parent's connection, hung the child and ended the parent's; now the
+    child starts clean with a connection of its own and the parent goes on.
+
+    The child's leak check runs too; what the threads that do not cross a fork had
+    allocated for their calls (the parent's waiting wait_signal and busy call) is the
+    only thing it may find."""
+    suppressions = tmp_path / "lsan.supp"
+    suppressions.write_text("leak:recv_main\nleak:busy_fork_main\n")
+    run(
+        api_test,
+        "fork",
+        npud.socket_path,
+        env={"LSAN_OPTIONS": f"suppressions={suppressions}:print_suppressions=0"},
+    )
+    wait_until_clean(npud)
+
+
+def test_the_last_handle_ends_the_dsp_process(api_test: Path, npud: Npud) -> None:
+    """libcdsprpc ends the DSP process when the last handle closes: so does the library
+    once nothing else is held (a held buffer keeps the connection, and so the process).
+    It kept the process before."""
+
+    def isolated(pid: int) -> list[str]:
+        current = status(npud.socket_path)
+        return [row.domain for row in current.clients if row.pid == pid]
+
+    with spawned(api_test, "teardown", npud.socket_path) as process:
+        expect_line(process, "HELD")
+        assert [d.split("#")[0] for d in isolated(process.pid)] == ["default"]
+        answer(process)
+        expect_line(process, "CLOSED")
+        wait_until_clean(npud)  # its connection and DSP process (isolated domain) end
+        answer(process)
+        finish(process)
     wait_until_clean(npud)
 
 

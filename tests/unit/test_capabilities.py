@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from npu_protocol import ErrorCode
+from npud.domain.life import capabilities_record
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.capabilities import (
     QUERIED_ATTRIBUTES,
@@ -120,3 +121,21 @@ def test_the_probe_asks_for_attribute_0_first() -> None:
 def test_status_notification_means_version_2(answer: int, supported: bool) -> None:
     info = DspInfo(available=True, raw={abi.STATUS_NOTIFICATION_SUPPORT: answer})
     assert info.status_notification is supported
+
+
+def test_libcdsprpc_internal_attributes_reach_the_wire() -> None:
+    """128..131 (PERF_V2_DSP_SUPPORT .. PROC_SHARED_BUFFER_SUPPORT, dspsignal's among
+    them) are asked for and sent in the Welcome's dsp map as the DSP answered them."""
+    table = {128: 1, 129: 2, 130: 1, 131: 7}
+
+    def kernel(cap: abi.fastrpc_ioctl_capability) -> int:
+        cap.capability = table.get(cap.attribute_id, 0)
+        return 0
+
+    record = capabilities_record(query_capabilities(kernel))
+    assert (
+        record.perf_v2_dsp_support,
+        record.map_dma_handle_reverserpc,
+        record.dspsignal_dsp_support,
+        record.proc_shared_buffer_support,
+    ) == (1, 2, 1, 7)

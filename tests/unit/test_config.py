@@ -7,6 +7,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+import npu_protocol as p
+from npud import config as npud_config
 from npud.config import Config, ConfigError, load_config, parse_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "npud.toml"
@@ -154,3 +156,16 @@ def test_unreadable_files_are_config_errors(tmp_path: Path) -> None:
 
 def test_socket_mode_is_octal() -> None:
     assert parse_config("[daemon]\nsocket_mode = '0640'").daemon.socket_mode_bits == 0o640
+
+
+def test_the_largest_buffer_setting_fits_the_wire() -> None:
+    """[client_limits] max_buffer_size: at most what the wire can name, by default room
+    for llama.cpp's default 1 GiB chunk with its guard page (and v81's 2 MiB rounding),
+    inside the per-connection bytes."""
+    assert npud_config.MAX_BUFFER_SIZE == p.MAX_BUFFER_SIZE
+    limits = Config().client_limits
+    chunk = ((1 << 30) + 4096 + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+    assert chunk <= limits.max_buffer_size <= p.MAX_BUFFER_SIZE
+    assert limits.max_buffer_size <= limits.max_buffer_bytes
+    with pytest.raises(ConfigError):
+        parse_config(f"[client_limits]\nmax_buffer_size = {p.MAX_BUFFER_SIZE + 1}\n")

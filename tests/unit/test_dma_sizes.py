@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npu_protocol import MAX_DMA_SIZE, ErrorCode
+from npu_protocol import MAX_BUFFER_SIZE, MAX_DMA_SIZE, ErrorCode
 from npud.fastrpc.kernel.dma import PAGE_SIZE, checked_dma_size, page_round_up
 from npud.fastrpc.kernel.errors import RpcError
 
@@ -43,7 +43,7 @@ def test_page_rounding_holds_for_other_page_sizes(page: int, size: int) -> None:
     [
         (0, ErrorCode.DMA_BUF_ALLOC),
         (-1, ErrorCode.INVALID_ARGUMENT),
-        (MAX_DMA_SIZE + 1, ErrorCode.DMA_EXCEEDS_MAX_SIZE),
+        (MAX_BUFFER_SIZE + 1, ErrorCode.DMA_EXCEEDS_MAX_SIZE),
         (2**64 - 1, ErrorCode.DMA_EXCEEDS_MAX_SIZE),
         (2**64 + 5, ErrorCode.DMA_EXCEEDS_MAX_SIZE),
         (True, ErrorCode.INVALID_ARGUMENT),
@@ -56,12 +56,15 @@ def test_bad_sizes_get_their_specific_error(size: object, code: ErrorCode) -> No
     assert caught.value.code is code
 
 
-def test_exceeds_max_names_256_mb() -> None:
+def test_exceeds_max_keeps_its_published_text() -> None:
     with pytest.raises(RpcError, match="exceeds the maximum of 256 MB"):
-        checked_dma_size(MAX_DMA_SIZE + 1)
+        checked_dma_size(MAX_BUFFER_SIZE + 1)
 
 
 def test_good_sizes_round_to_pages() -> None:
     assert checked_dma_size(1) == PAGE_SIZE
     assert checked_dma_size(PAGE_SIZE) == PAGE_SIZE
     assert checked_dma_size(MAX_DMA_SIZE) == MAX_DMA_SIZE
+    # Version 6: past the old 256 MiB, with llama.cpp's guard page, up to the wire's 4 GiB.
+    assert checked_dma_size(MAX_DMA_SIZE + 4096) == MAX_DMA_SIZE + 4096
+    assert checked_dma_size(MAX_BUFFER_SIZE) == MAX_BUFFER_SIZE

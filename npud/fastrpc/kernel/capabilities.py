@@ -22,6 +22,15 @@ from npu_protocol import ErrorCode
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.errors import RpcError
 
+# libcdsprpc's internal attributes (fastrpc_common.h, enum fastrpc_internal_attributes)
+# that the kernel answers from the DSP's table like the public ones: libcdsprpc asks
+# for them (DSPSIGNAL_DSP_SUPPORT decides dspqueue's signalling, with the driver's
+# 259, which libcdsprpc answers 0 itself on mainline), and so may programs.
+PERF_V2_DSP_SUPPORT: Final = 128
+MAP_DMA_HANDLE_REVERSERPC: Final = 129
+DSPSIGNAL_DSP_SUPPORT: Final = 130
+PROC_SHARED_BUFFER_SUPPORT: Final = 131
+
 # The attributes we ask for at session start (reference section 2).
 QUERIED_ATTRIBUTES: Final = (
     abi.UNSIGNED_PD_SUPPORT,
@@ -35,6 +44,10 @@ QUERIED_ATTRIBUTES: Final = (
     abi.ASYNC_FASTRPC_SUPPORT,
     abi.STATUS_NOTIFICATION_SUPPORT,
     abi.MCID_MULTICAST,
+    PERF_V2_DSP_SUPPORT,
+    MAP_DMA_HANDLE_REVERSERPC,
+    DSPSIGNAL_DSP_SUPPORT,
+    PROC_SHARED_BUFFER_SUPPORT,
 )
 PROBE_ATTRIBUTE: Final = 0
 """DOMAIN_SUPPORT: the kernel's own table answers it with 0, on every kernel."""
@@ -104,6 +117,10 @@ class DspInfo:
     def status_notification(self) -> bool:
         """Status notifications (version 2): the DSP answers 3, not 1 (libcdsprpc's rule)."""
         return self._get(abi.STATUS_NOTIFICATION_SUPPORT) == STATUS_NOTIFICATION_V2
+
+    def attribute(self, attribute: int) -> int:
+        """Any queried attribute as the DSP answered it (0: not reported)."""
+        return self._get(attribute)
 
     def as_dict(self) -> dict[str, int | str | bool]:
         """Stable keys for status output and the wire."""

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from npu_protocol import MAX_DMA_SIZE, ErrorCode
+from npu_protocol import MAX_BUFFER_SIZE, ErrorCode
 from npud.fastrpc.kernel.errors import RpcError
 
 if TYPE_CHECKING:
@@ -41,7 +41,8 @@ def page_round_up(size: int, page_size: int = PAGE_SIZE) -> int:
 def checked_dma_size(size: int) -> int:
     """Validate a requested DMA-BUF size and return the page-rounded size to allocate.
 
-    The order is the crate's: the 256 MB ceiling first, then page rounding.
+    The order is the crate's: the ceiling first (the wire's largest, 4 GiB; a client's
+    own, ``max_buffer_size``, is checked where its request arrives), then page rounding.
     """
     if isinstance(size, bool) or not isinstance(size, int):
         raise RpcError(ErrorCode.INVALID_ARGUMENT, detail=f"size must be an integer, got {size!r}")
@@ -49,7 +50,7 @@ def checked_dma_size(size: int) -> int:
         raise RpcError(ErrorCode.DMA_BUF_ALLOC, msg="size 0: a DMA-BUF holds at least one byte")
     if size < 0:
         raise RpcError(ErrorCode.INVALID_ARGUMENT, detail=f"negative size {size}")
-    if size > MAX_DMA_SIZE:
+    if size > MAX_BUFFER_SIZE:
         raise RpcError(ErrorCode.DMA_EXCEEDS_MAX_SIZE, size=size)
     return page_round_up(size)
 

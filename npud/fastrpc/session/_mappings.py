@@ -12,8 +12,18 @@ from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.recording.trace_format import Record
 from npud.fastrpc.session._state import SessionState, log
 
-MAP_FLAGS: Final = frozenset({abi.FASTRPC_MAP_FD, abi.FASTRPC_MAP_FD_DELAYED})
-"""What a client's map may ask the DSP for: the whole buffer now, or at its first use."""
+FASTRPC_MAP_FD_EXTENDED: Final = 17
+FASTRPC_MAP_FD_DELAYED_EXTENDED: Final = 18
+"""The Hexagon SDK's libcdsprpc's 64-bit DMA variants of FD and FD_DELAYED (llama.cpp
+maps its weights with 18 on DSPs newer than v79); qualcomm/fastrpc's header stops at 16."""
+
+MAP_FLAGS: Final = frozenset(
+    {abi.FASTRPC_MAP_STATIC} | set(range(abi.FASTRPC_MAP_FD, FASTRPC_MAP_FD_DELAYED_EXTENDED + 1))
+)
+"""What a client's map may ask the DSP for: every enum fastrpc_map_flags value
+libcdsprpc's fastrpc_mmap passes on to the kernel (all below 19 but 1, RESERVED; the
+reserved 4..15 among them, which the DSP answers). The kernel hands the flags to the
+DSP unchanged; whatever the DSP refuses is MMAP_FAILED with its result."""
 
 
 class Mappings(SessionState):
@@ -21,12 +31,13 @@ class Mappings(SessionState):
 
     def map(self, buffer: DmaBuffer, flags: int = abi.FASTRPC_MAP_FD) -> int:
         """Map ``buffer`` into the DSP process (MEM_MAP with ``flags``: FASTRPC_MAP_FD, or
-        FASTRPC_MAP_FD_DELAYED to let the DSP map it at its first use); idempotent.
-        Returns the DSP address."""
+        FASTRPC_MAP_FD_DELAYED to let the DSP map it at its first use, or another of
+        :data:`MAP_FLAGS`); idempotent. Returns the DSP address."""
         if flags not in MAP_FLAGS:
             raise RpcError(
                 ErrorCode.INVALID_ARGUMENT,
-                detail=f"map flags {flags}: FASTRPC_MAP_FD or FASTRPC_MAP_FD_DELAYED only",
+                detail=f"map flags {flags}: not a value libcdsprpc passes on (RESERVED, or past"
+                " the extended FD_DELAYED)",
             )
         args: Record = {"buffer": buffer.trace_ref}
         if flags != abi.FASTRPC_MAP_FD:

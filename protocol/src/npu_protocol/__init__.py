@@ -113,7 +113,13 @@ from npu_protocol._wire import (
     PROTOCOL_VERSION,
 )
 from npu_protocol.aee import AEE, DSP_AEE_EOFFSET, aee_name, describe_result
-from npu_protocol.errors import MAX_DMA_SIZE, CodedError, ErrorCode, format_message
+from npu_protocol.errors import (
+    MAX_BUFFER_SIZE,
+    MAX_DMA_SIZE,
+    CodedError,
+    ErrorCode,
+    format_message,
+)
 
 __all__ = [
     "AEE",
@@ -125,6 +131,7 @@ __all__ = [
     "HANDSHAKE_MAX_FRAME_SIZE",
     "INLINE_RESERVE",
     "MAX_ARGS",
+    "MAX_BUFFER_SIZE",
     "MAX_DMA_SIZE",
     "MAX_FDS_PER_FRAME",
     "MAX_FRAME_SIZE_CEILING",

@@ -49,7 +49,7 @@ from npu_protocol._wire import (
     TimeoutMs,
     Uri,
 )
-from npu_protocol.errors import MAX_DMA_SIZE, ErrorCode, format_message
+from npu_protocol.errors import MAX_BUFFER_SIZE, ErrorCode, format_message
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -176,7 +176,9 @@ class MapRequest(Request, tag="map", frozen=True, kw_only=True):
     buffer: ObjectId
     flags: U32 = 2
     """Version 4: the fastrpc_map_flags value the DSP gets: 2 FASTRPC_MAP_FD (mapped now),
-    3 FASTRPC_MAP_FD_DELAYED (the DSP maps it when it first uses it)."""
+    3 FASTRPC_MAP_FD_DELAYED (the DSP maps it when it first uses it); version 6 also
+    takes the others libcdsprpc passes on (0 STATIC, 16 FD_NOMAP, 17 and 18 the
+    extended FD and FD_DELAYED, the reserved 4..15): any value below 19 but 1."""
 
 
 class UnmapRequest(Request, tag="unmap", frozen=True, kw_only=True):
@@ -217,9 +219,9 @@ class BufferSlice(_Arg, tag="slice", frozen=True, kw_only=True):
     length: BufferOffset
 
     def __post_init__(self) -> None:
-        if self.offset + self.length > MAX_DMA_SIZE:
+        if self.offset + self.length > MAX_BUFFER_SIZE:
             raise ValueError(
-                f"slice offset {self.offset} length {self.length} ends past {MAX_DMA_SIZE}"
+                f"slice offset {self.offset} length {self.length} ends past {MAX_BUFFER_SIZE}"
             )
 
 

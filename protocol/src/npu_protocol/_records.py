@@ -28,6 +28,7 @@ from npu_protocol._wire import (
     Text,
     TimeoutMs,
 )
+from npu_protocol.errors import MAX_DMA_SIZE
 
 
 class Priority(enum.StrEnum):
@@ -68,6 +69,11 @@ class DspCapabilities(_Record, frozen=True, kw_only=True):
     status_notifications: bool = False
     """Status notifications are supported: attribute 10 answered 3, the only answer
     libcdsprpc counts as supported (older DSPs answer 1 for an earlier scheme)."""
+    perf_v2_dsp_support: U32 = 0  # 128
+    """Version 6: libcdsprpc's internal attributes 128..131 as the DSP answered them."""
+    map_dma_handle_reverserpc: U32 = 0  # 129
+    dspsignal_dsp_support: U32 = 0  # 130
+    proc_shared_buffer_support: U32 = 0  # 131
 
 
 class OwnPool(_Record, frozen=True, kw_only=True):
@@ -97,6 +103,9 @@ class ClientLimits(_Record, frozen=True, kw_only=True):
     max_buffers: U32 = 1024
     max_buffer_bytes: U63 = 1 << 30
     """Sum of the sizes of this client's live buffers."""
+    max_buffer_size: U63 = MAX_DMA_SIZE
+    """Version 6: the largest buffer ``alloc`` gives (the request's size, before page
+    rounding); absent from an older server, whose largest is 256 MiB."""
     max_handles: U32 = 64
     max_models: U32 = 8
     """Version 2: models this client may have loaded at once."""

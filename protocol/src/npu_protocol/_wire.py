@@ -11,7 +11,7 @@ from typing import Annotated, Final
 
 from msgspec import Meta
 
-from npu_protocol.errors import MAX_DMA_SIZE
+from npu_protocol.errors import MAX_BUFFER_SIZE
 
 # --- versions ----------------------------------------------------------------
 
@@ -91,8 +91,8 @@ ObjectId = Annotated[int, Meta(ge=1, le=_U32_MAX)]
 
 ProtocolVersion = Annotated[int, Meta(ge=1, le=_U16_MAX)]
 
-BufferSize = Annotated[int, Meta(ge=1, le=MAX_DMA_SIZE)]
-BufferOffset = Annotated[int, Meta(ge=0, le=MAX_DMA_SIZE)]
+BufferSize = Annotated[int, Meta(ge=1, le=MAX_BUFFER_SIZE)]
+BufferOffset = Annotated[int, Meta(ge=0, le=MAX_BUFFER_SIZE)]
 
 FdSlot = Annotated[int, Meta(ge=0, le=MAX_FDS_PER_FRAME - 1)]
 """On the wire: the index of an fd among the frame's fds. In Python: the fd itself

@@ -18,7 +18,13 @@ from typing import Any, Final
 from npu_protocol.aee import describe_result
 
 MAX_DMA_SIZE: Final = 256 * 1024 * 1024
-"""Largest DMA-BUF the daemon allocates (the crate's "256 MB" ceiling)."""
+"""Largest DMA-BUF before version 6 (the crate's "256 MB" ceiling): what a client assumes
+of a server whose Welcome has no ``limits.max_buffer_size``, and the largest inline
+capacity and shared file."""
+
+MAX_BUFFER_SIZE: Final = 1 << 32
+"""Version 6: the largest buffer the wire can name (alloc sizes, slice ends). The
+server's own largest is ``limits.max_buffer_size``, at most this."""
 
 
 @enum.unique

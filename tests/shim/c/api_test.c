@@ -7,7 +7,10 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +41,8 @@
     } while (0)
 
 #define ECHO_URI "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
-#define TEST_URI "file:///libnpu_test_skel.so?npu_test_skel_handle_invoke&_modver=1.0"
+#define TEST_MODULE "file:///libnpu_test_skel.so?npu_test_skel_handle_invoke&_modver=1.0"
+#define TEST_URI TEST_MODULE "&_dom=cdsp"
 #define DSP(n) ((int)(0x80000400u + (n)))
 
 static uint32_t crc32(const uint8_t *p, size_t n) {
@@ -136,7 +140,8 @@ static void scenario_rpcmem(void) {
         memset(bufs[i], 0xA5, sizes[i]);
         int fd = rpcmem_to_fd(bufs[i]);
         CHECK(fd > 0);
-        CHECK(rpcmem_to_fd((char *)bufs[i] + sizes[i] - 1) == fd);
+        CHECK(rpcmem_to_fd((char *)bufs[i] + 1) == -1); /* the base alone, as libcdsprpc */
+        CHECK(rpcmem_to_fd((char *)bufs[i] + 4095) == -1);
         for (int j = 0; j < i; j++) {
             CHECK(rpcmem_to_fd(bufs[j]) != fd);
         }
@@ -147,7 +152,7 @@ static void scenario_rpcmem(void) {
     CHECK(rpcmem_alloc(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, 0) == NULL);
     CHECK(rpcmem_alloc(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, -5) == NULL);
     CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, 0) == NULL);
-    CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, (256u << 20) + 1) == NULL);
+    CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, SIZE_MAX) == NULL);
     rpcmem_free(NULL);
     rpcmem_free(&stack); /* not ours: ignored */
     for (int i = 0; i < 4; i++) {
@@ -251,17 +256,29 @@ static void scenario_mmap(void) {
     RC(fastrpc_munmap(CDSP_DOMAIN_ID, fd, buf, n), AEE_ENOSUCHMAP);
     RC(fastrpc_mmap(-1, fd, buf, 0, 12288, FASTRPC_MAP_FD_DELAYED), 0); /* the rounded size */
     RC(fastrpc_munmap(-1, fd, NULL, 0), 0);
-    /* what npud cannot map: another offset, length, flag, buffer or domain */
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 4096, n - 4096, FASTRPC_MAP_FD), AEE_EBADPARM);
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, 4096, FASTRPC_MAP_FD), AEE_EBADPARM);
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n + 4096, FASTRPC_MAP_FD), AEE_EBADPARM);
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, FASTRPC_MAP_STATIC), AEE_EBADPARM);
+    /* every flag libcdsprpc passes on: STATIC, FD_NOMAP, the extended ones (llama.cpp
+     * maps with FD_DELAYED_EXTENDED on DSPs newer than v79) */
+    const enum fastrpc_map_flags passed[] = {FASTRPC_MAP_STATIC, FASTRPC_MAP_FD_NOMAP,
+                                             FASTRPC_MAP_FD_EXTENDED,
+                                             FASTRPC_MAP_FD_DELAYED_EXTENDED};
+    for (size_t i = 0; i < sizeof(passed) / sizeof(passed[0]); i++) {
+        RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, passed[i]), 0);
+        RC(fastrpc_munmap(CDSP_DOMAIN_ID, fd, buf, n), 0);
+    }
+    /* what libcdsprpc refuses: RESERVED, beyond the enum, attribute bits, an offset */
     RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, FASTRPC_MAP_RESERVED), AEE_EBADPARM);
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, FASTRPC_MAP_FD_NOMAP), AEE_EBADPARM);
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, FASTRPC_MAP_FD_DELAYED_EXTENDED),
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, (enum fastrpc_map_flags)19), AEE_EBADPARM);
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n, (enum fastrpc_map_flags)0x10002),
        AEE_EBADPARM);
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 4096, n - 4096, FASTRPC_MAP_FD), AEE_EBADPARM);
+    /* what the kernel's MEM_MAP refuses (AEE_EFAILED from libcdsprpc): an fd that is no
+     * buffer, a length beyond the buffer */
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, 999999, buf, 0, n, FASTRPC_MAP_FD), AEE_EFAILED);
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, n + 4096, FASTRPC_MAP_FD), AEE_EFAILED);
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd2, other, 0, n, FASTRPC_MAP_FD), AEE_EFAILED);
+    /* what npud cannot map: a part of a buffer, another address */
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, 4096, FASTRPC_MAP_FD), AEE_EBADPARM);
     RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, other, 0, n, FASTRPC_MAP_FD), AEE_EBADPARM);
-    RC(fastrpc_mmap(CDSP_DOMAIN_ID, 999999, buf, 0, n, FASTRPC_MAP_FD), AEE_EBADPARM);
     RC(fastrpc_mmap(CDSP_DOMAIN_ID, -1, buf, 0, n, FASTRPC_MAP_FD), AEE_EBADPARM);
     RC(fastrpc_mmap(ADSP_DOMAIN_ID, fd, buf, 0, n, FASTRPC_MAP_FD), AEE_EUNSUPPORTED);
     RC(fastrpc_mmap(CDSP_DOMAIN_ID + 8, fd, buf, 0, n, FASTRPC_MAP_FD), AEE_EUNSUPPORTED);
@@ -305,14 +322,23 @@ static void scenario_handles(void) {
     RC(remote_handle64_open(TEST_URI, NULL), AEE_EBADPARM);
     RC(remote_handle64_open("", &x), AEE_EBADPARM);
     RC(remote_handle64_open("file:///lib nospace.so?x", &x), AEE_EBADPARM);
-    RC(remote_handle64_open(TEST_URI "&_dom=adsp", &x), AEE_EUNSUPPORTED);
-    RC(remote_handle64_open(TEST_URI "&_dom=cdsp1", &x), AEE_EUNSUPPORTED);
-    RC(remote_handle64_open(TEST_URI "&_dom=cdsp&_session=1", &x), AEE_EUNSUPPORTED);
-    RC(remote_handle64_open("file:///libnothere_skel.so?nothere_skel_handle_invoke&_modver=1.0",
-                            &x),
+    RC(remote_handle64_open(TEST_MODULE "&_dom=adsp", &x), AEE_EUNSUPPORTED);
+    RC(remote_handle64_open(TEST_MODULE "&_dom=cdsp1", &x), AEE_EUNSUPPORTED);
+    RC(remote_handle64_open(TEST_MODULE "&_dom=cdsp&_session=1", &x), AEE_EUNSUPPORTED);
+    /* as libcdsprpc: a 64-bit open names its domain, and a session below 4 */
+    RC(remote_handle64_open(TEST_MODULE, &x), AEE_EBADPARM);
+    RC(remote_handle64_open(TEST_MODULE "&_session=0", &x), AEE_EBADPARM);
+    RC(remote_handle64_open(TEST_MODULE "&_dom=dsp", &x), AEE_EBADPARM);
+    RC(remote_handle64_open(TEST_MODULE "&_dom=cdsp&_session=4", &x), AEE_EBADPARM);
+    RC(remote_handle64_open(
+           "file:///libnothere_skel.so?nothere_skel_handle_invoke&_modver=1.0&_dom=cdsp", &x),
        DSP(0x3E)); /* AEE_ENOSUCHMOD, the DSP's dlopen */
-    RC(remote_handle64_open(TEST_URI "&_dom=cdsp&_session=0", &x), 0);
+    RC(remote_handle64_open(TEST_MODULE "&_dom=cdsp&_session=0", &x), 0);
     RC(remote_handle64_close(x), 0);
+    /* the 32-bit open runs in the current domain: no &_dom needed */
+    remote_handle y = 0;
+    RC(remote_handle_open(TEST_MODULE, &y), 0);
+    RC(remote_handle_close(y), 0);
     /* closing: the upper half of a 64-bit handle is ignored (llama.cpp's 32-bit call) */
     RC(remote_handle64_close(h | 0xdead00000000ull), 0);
     RC(remote_handle64_close(h), AEE_EINVHANDLE);
@@ -617,6 +643,178 @@ static void scenario_hold(void) {
     exit(0); /* no teardown, as llama.cpp */
 }
 
+static void *busy_fork_main(void *arg) {
+    struct call *c = arg;
+    c->rc = busy(c->h, 300000); /* on the DSP while the process forks */
+    return NULL;
+}
+
+static void check_fill(const uint8_t *p, uint32_t seed, uint32_t len) {
+    for (uint32_t i = 0; i < len; i++) {
+        CHECK(p[i] == (uint8_t)((seed + i) & 0xff));
+    }
+}
+
+/* fork() while a call is on the DSP and a queue is open: the child's calls on what
+ * the parent made fail (AEE_ECONNRESET) without touching the parent's connection,
+ * its own calls open a connection of their own; the parent goes on as before. */
+static void scenario_fork(void) {
+    remote_handle64 h = open_test();
+    uint8_t *buf = rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, 8192);
+    CHECK(buf != NULL);
+    RC(fill(h, 5, buf, 4096), 0);
+    int fd = rpcmem_to_fd(buf);
+    RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, buf, 0, 8192, FASTRPC_MAP_FD), 0);
+    dspqueue_t q = NULL;
+    RC(dspqueue_create(CDSP_DOMAIN_ID, 0, 0, 0, NULL, NULL, NULL, &q), 0);
+    struct call c = {.h = h};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, busy_fork_main, &c) == 0);
+    usleep(100000);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        check_fill(buf, 5, 4096); /* the memory is still there */
+        RC(fill(h, 6, buf, 4096), AEE_ECONNRESET);
+        CHECK(rpcmem_to_fd(buf) == -1);
+        RC(fastrpc_munmap(CDSP_DOMAIN_ID, fd, buf, 8192), AEE_ECONNRESET);
+        uint64_t id = 0;
+        RC(dspqueue_export(q, &id), AEE_ECONNRESET);
+        RC(dspqueue_write(q, 0, 0, NULL, 4, buf, 1000), AEE_ECONNRESET);
+        RC(dspqueue_close(q), 0); /* the child's copy goes */
+        /* the child's own: a new connection, a new DSP process */
+        remote_handle64 mine = open_test();
+        CHECK(mine != h);
+        uint8_t *own = rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, 4096);
+        CHECK(own != NULL);
+        RC(fill(mine, 9, own, 4096), 0);
+        check_fill(own, 9, 4096);
+        dspqueue_t mq = NULL;
+        RC(dspqueue_create(CDSP_DOMAIN_ID, 0, 0, 0, NULL, NULL, NULL, &mq), 0);
+        RC(dspqueue_close(mq), 0);
+        rpcmem_free(own);
+        RC(remote_handle64_close(mine), 0);
+        RC(remote_handle64_close(h), AEE_ECONNRESET);
+        rpcmem_free(buf);
+        exit(0); /* the leak check runs in the child too */
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(pthread_join(t, NULL) == 0);
+    RC(c.rc, 0); /* the call that was on the DSP during the fork */
+    RC(fill(h, 7, buf, 4096), 0);
+    check_fill(buf, 7, 4096);
+    CHECK(rpcmem_to_fd(buf) == fd);
+    uint64_t id = 0;
+    RC(dspqueue_export(q, &id), 0);
+    RC(dspqueue_close(q), 0);
+    RC(fastrpc_munmap(CDSP_DOMAIN_ID, fd, buf, 8192), 0);
+    rpcmem_free(buf);
+    RC(remote_handle64_close(h), 0);
+}
+
+/* llama.cpp's buffers: its chunk round4k(size) + a 4 KiB guard page (with
+ * GGML_HEXAGON_MBUF=256, up to 256 MiB + 4 KiB) and a tensor over 256 MiB in a
+ * buffer of its own; beyond npud's largest (2 GiB by default): NULL, unasked. */
+static void scenario_big(void) {
+    const size_t sizes[] = {(256u << 20) + 4096u, 300u << 20};
+    remote_handle64 h = open_test();
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        uint8_t *b = rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, sizes[i]);
+        CHECK(b != NULL);
+        int fd = rpcmem_to_fd(b);
+        CHECK(fd > 0);
+        RC(fastrpc_mmap(CDSP_DOMAIN_ID, fd, b, 0, sizes[i], FASTRPC_MAP_FD_DELAYED), 0);
+        /* the DSP writes its last page: the whole buffer is its */
+        RC(fill(h, 3, b + sizes[i] - 4096, 4096), 0);
+        check_fill(b + sizes[i] - 4096, 3, 4096);
+        CHECK(b[0] == 0);
+        RC(fastrpc_munmap(CDSP_DOMAIN_ID, fd, b, sizes[i]), 0);
+        rpcmem_free(b);
+    }
+    CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, (2ull << 30) + 1) == NULL);
+    RC(remote_handle64_close(h), 0);
+}
+
+/* An npud before version 6 announces no largest buffer: 256 MiB, and a larger
+ * rpcmem_alloc is refused here, never sent (it would be a fatal BAD_MESSAGE). */
+static void scenario_big_old(void) {
+    CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, (256u << 20) + 1) == NULL);
+}
+
+/* The last handle's close ends the DSP process, as libcdsprpc's does, once nothing
+ * else is held (npud keeps buffers on the connection that the process lives on). */
+static void scenario_teardown(void) {
+    remote_handle64 h = open_test();
+    uint8_t *buf = rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, 4096);
+    CHECK(buf != NULL);
+    RC(fill(h, 1, buf, 4096), 0);
+    remote_handle64 second = open_test();
+    RC(remote_handle64_close(h), 0); /* not the last */
+    RC(remote_handle64_close(second), 0); /* the last, but a buffer is held */
+    step("HELD");
+    rpcmem_free(buf);
+    h = open_test();
+    RC(remote_handle64_close(h), 0); /* the last, nothing held: the process ends */
+    step("CLOSED");
+    h = open_test(); /* a new one */
+    uint8_t out[64];
+    RC(fill(h, 2, out, sizeof(out)), 0);
+    check_fill(out, 2, sizeof(out));
+    RC(remote_handle64_close(h), 0);
+}
+
+/* fds of this process whose link names contain what */
+static int count_fds(const char *what) {
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    CHECK(d != NULL);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char link[256];
+        ssize_t len = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
+        if (len > 0) {
+            link[len] = '\0';
+            n += strstr(link, what) != NULL;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* A fake npud answers the alloc with a frame that declares 2 fds: the library
+ * refuses it (the connection ends) and keeps neither fd. */
+static void scenario_two_fds(void) {
+    CHECK(count_fds("npud-fake") == 0);
+    CHECK(rpcmem_alloc2(RPCMEM_HEAP_ID_SYSTEM, RPCMEM_DEFAULT_FLAGS, 4096) == NULL);
+    CHECK(count_fds("npud-fake") == 0);
+}
+
+static uint32_t attribute(uint32_t id) {
+    struct remote_dsp_capability cap = {CDSP_DOMAIN_ID, id, 0xdeadu};
+    RC(remote_handle_control(DSPRPC_GET_DSP_INFO, &cap, sizeof(cap)), 0);
+    return cap.capability;
+}
+
+/* A fake npud whose DSP answers 128..131 (tests/shim/test_wire.py): the library
+ * answers them as the device would; the driver's 256..259 are 0, as libcdsprpc's. */
+static void scenario_caps(void) {
+    CHECK(attribute(ARCH_VER) == 0x79);
+    CHECK(attribute(128) == 0x11);
+    CHECK(attribute(129) == 0x12);
+    CHECK(attribute(130) == 1);
+    CHECK(attribute(131) == 0x14);
+    const uint32_t zero[] = {12, 127, 132, 255, 256, 257, 258, 259};
+    for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++) {
+        CHECK(attribute(zero[i]) == 0);
+    }
+    struct remote_dsp_capability cap = {CDSP_DOMAIN_ID, 260, 0};
+    RC(remote_handle_control(DSPRPC_GET_DSP_INFO, &cap, sizeof(cap)), AEE_EBADPARM);
+}
+
 int main(int argc, char **argv) {
     static const struct {
         const char *name;
@@ -628,7 +826,10 @@ int main(int argc, char **argv) {
         {"dspqueue", scenario_dspqueue}, {"threads", scenario_threads},
         {"refused", scenario_refused},   {"gone", scenario_gone},
         {"restart", scenario_restart},   {"shutdown", scenario_shutdown},
-        {"hold", scenario_hold},
+        {"hold", scenario_hold},         {"two_fds", scenario_two_fds},
+        {"caps", scenario_caps},         {"fork", scenario_fork},
+        {"big", scenario_big},           {"big_old", scenario_big_old},
+        {"teardown", scenario_teardown},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);

@@ -567,6 +567,85 @@ static void scenario_wakeup(void) {
     expect_clean();
 }
 
+/* destroy_queue fails: close returns the failure (as libcdsprpc), lets go of the
+ * queue's memory all the same, and leaves a husk that only a second close takes. */
+static void scenario_teardown_error(void) {
+    const int failure = (int)0x80000401u; /* the DSP's AEE_EFAILED */
+    dspqueue_t keep = create(1024, 1024);
+    dspqueue_t q = create(1024, 1024);
+    fake_set_destroy_error(failure);
+    RC(dspqueue_close(q), failure);
+    fake_set_destroy_error(0);
+    uint64_t id = 0;
+    uint8_t m[8] = {0};
+    uint32_t ml = 0;
+    RC(dspqueue_export(q, &id), AEE_EBADPARM);
+    RC(dspqueue_write(q, 0, 0, NULL, sizeof(m), m, SECOND), AEE_EBADPARM);
+    RC(dspqueue_read(q, NULL, 0, NULL, NULL, sizeof(m), &ml, m, SECOND), AEE_EBADPARM);
+    RC(dspqueue_read_noblock(q, NULL, 0, NULL, NULL, sizeof(m), &ml, m), AEE_EBADPARM);
+    RC(dspqueue_close(q), 0); /* the husk */
+    int fd = -1;
+    uint8_t *buf = fake_buffer(BUF_SIZE, &fd);
+    roundtrip(keep, fd, buf, 0, 16, 16, 1); /* the other queue works on */
+    fake_buffer_free(buf, fd, BUF_SIZE);
+    /* the last queue: its domain goes too */
+    fake_set_destroy_error(failure);
+    RC(dspqueue_close(keep), failure);
+    fake_set_destroy_error(0);
+    RC(dspqueue_close(keep), 0);
+    CHECK(stats().closes == 1 && stats().cancels == 1);
+    expect_clean();
+}
+
+/* A DSP that writes impossible ring positions and packet lengths: each is
+ * AEE_EBADITEM to the caller, never an access outside the ring; the positions
+ * the CPU publishes are its own, whatever the shared copies say. */
+static void scenario_hostile(void) {
+    fake_set_mode(FAKE_STALL);
+    dspqueue_t q = create(1024, 1024);
+    uint8_t m[16] = {1, 2, 3};
+    uint8_t got[64];
+    uint32_t ml = 0;
+    const uint32_t far = 0x7ffffff8u; /* far outside the mapping */
+
+    /* the CPU's own positions, overwritten in shared memory: not read back */
+    fake_poke_position(0, 1, far); /* request write position */
+    RC(dspqueue_write(q, 0, 0, NULL, sizeof(m), m, SECOND), 0);
+    fake_poke_position(1, 0, far); /* response read position */
+    RC(dspqueue_read_noblock(q, NULL, 0, NULL, NULL, sizeof(got), &ml, got), AEE_EWOULDBLOCK);
+
+    /* the DSP's positions: outside the ring, at its end, not a multiple of 8 */
+    const uint32_t bad[] = {far, 1024, 1028, 12, 0xffffffffu};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fake_poke_position(0, 0, bad[i]); /* request read position */
+        RC(dspqueue_write(q, 0, 0, NULL, sizeof(m), m, SECOND), AEE_EBADITEM);
+        fake_poke_position(1, 1, bad[i]); /* response write position */
+        RC(dspqueue_read_noblock(q, NULL, 0, NULL, NULL, sizeof(got), &ml, got), AEE_EBADITEM);
+        RC(dspqueue_read(q, NULL, 0, NULL, NULL, sizeof(got), &ml, got, SECOND), AEE_EBADITEM);
+    }
+    fake_poke_position(0, 0, 24); /* the DSP "read" the one request: room again */
+    RC(dspqueue_write(q, 0, 0, NULL, sizeof(m), m, SECOND), 0);
+
+    /* packet headers: a length beyond the ring, beyond what was published, below 8 */
+    const uint64_t user_ready_message = (uint64_t)(0x10 | 1) << 32;
+    const uint64_t headers[] = {user_ready_message | 0xfffffff0u, user_ready_message | 1024,
+                                user_ready_message | 64, user_ready_message | 4};
+    for (size_t i = 0; i < sizeof(headers) / sizeof(headers[0]); i++) {
+        fake_poke_ring(1, 0, headers[i]);
+        fake_poke_position(1, 1, 16); /* 16 bytes published */
+        RC(dspqueue_read_noblock(q, NULL, 0, NULL, NULL, sizeof(got), &ml, got), AEE_EBADITEM);
+    }
+    /* with nothing published, nothing to read; a sound packet still reads */
+    fake_poke_position(1, 1, 0);
+    RC(dspqueue_read_noblock(q, NULL, 0, NULL, NULL, sizeof(got), &ml, got), AEE_EWOULDBLOCK);
+    fake_poke_ring(1, 0, user_ready_message | 16);
+    fake_poke_position(1, 1, 16);
+    RC(dspqueue_read_noblock(q, NULL, 0, NULL, NULL, sizeof(got), &ml, got), 0);
+    CHECK(ml == 8);
+    RC(dspqueue_close(q), 0);
+    expect_clean();
+}
+
 /* Under NPUD_SHIM_FAULT_AT=n: whatever fails, a code comes back and nothing leaks. */
 static void scenario_faults(void) {
     dspqueue_t q = NULL;
@@ -598,6 +677,7 @@ int main(int argc, char **argv) {
         {"callbacks", scenario_callbacks},   {"imported", scenario_imported},
         {"multi", scenario_multi},           {"unsupported", scenario_unsupported},
         {"wakeup", scenario_wakeup},         {"faults", scenario_faults},
+        {"hostile", scenario_hostile},       {"teardown_error", scenario_teardown_error},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);

@@ -69,6 +69,7 @@ static int g_old_dsp;
 static int g_imported;
 static int g_open_error;
 static int g_cancel_error;
+static int g_destroy_error;
 static int g_lost;
 static uint64_t g_session = 1;
 static remote_handle64 g_handle;
@@ -367,6 +368,10 @@ void fake_set_cancel_error(int rc) {
     g_cancel_error = rc;
 }
 
+void fake_set_destroy_error(int rc) {
+    g_destroy_error = rc;
+}
+
 void fake_lose_process(void) {
     pthread_mutex_lock(&g_mu);
     g_lost = 1;
@@ -377,6 +382,20 @@ void fake_lose_process(void) {
     g_state = NULL;
     pthread_cond_broadcast(&g_wait_cv);
     pthread_cond_broadcast(&g_work_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+void fake_poke_position(int resp, int write, uint32_t value) {
+    pthread_mutex_lock(&g_mu);
+    struct side *s = resp ? &g_queues[0].resp : &g_queues[0].req;
+    st(write ? &s->write[0] : &s->read[0], value);
+    pthread_mutex_unlock(&g_mu);
+}
+
+void fake_poke_ring(int resp, uint32_t at, uint64_t value) {
+    pthread_mutex_lock(&g_mu);
+    struct side *s = resp ? &g_queues[0].resp : &g_queues[0].req;
+    memcpy(s->data + at, &value, sizeof(value));
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -696,7 +715,10 @@ int port_invoke(remote_handle64 h, uint32_t sc, remote_arg *pra, int wait) {
             rc = (int)DSP_EBADPARM;
             break;
         }
-        if (method == 4) {
+        if (method == 4 && g_destroy_error != 0) {
+            q->active = 0;
+            rc = g_destroy_error; /* it went, but the answer is a failure */
+        } else if (method == 4) {
             q->active = 0;
             g_stats.destroys++;
         } else {

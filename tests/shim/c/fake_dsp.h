@@ -44,7 +44,13 @@ void fake_set_old_dsp(int old);          /* accept header version UINT32_MAX */
 void fake_set_imported(int imported);    /* is_imported's answer */
 void fake_set_open_error(int rc);        /* port_open fails with rc */
 void fake_set_cancel_error(int rc);      /* cancel_wait_signal fails with rc */
+void fake_set_destroy_error(int rc);     /* destroy_queue fails with rc */
 void fake_lose_process(void);            /* the DSP process dies */
+/* A hostile DSP: set a position of queue 0's request (resp 0) or response ring
+ * (resp 1), the read (write 0) or the write state's (write 1); or 8 bytes of
+ * the ring's data at offset at. */
+void fake_poke_position(int resp, int write, uint32_t value);
+void fake_poke_ring(int resp, uint32_t at, uint64_t value);
 void fake_stats(struct fake_stats *out);
 /* Wait (up to 5 s) until the DSP is idle: every request answered. */
 int fake_idle(void);
