@@ -650,8 +650,8 @@ class EmulatedDriver:
             raise fault(errno.ECONNREFUSED, "INIT_CREATE: signed PD through the non-secure node")
         if request.filelen > INIT_FILELEN_MAX:
             raise fault(errno.EINVAL, f"INIT_CREATE: filelen {request.filelen} exceeds 2 MiB")
-        if request.attrs & MODE_UNSIGNED_MODULE and not self.config.unsigned_pd_support:
-            # A firmware without unsigned PDs (capability 1 answers 0) refuses the create.
+        if request.attrs & MODE_UNSIGNED_MODULE and not self.config.creates_unsigned_pd:
+            # A firmware without unsigned PDs refuses the create (whatever capability 1 says).
             return AEE.EUNSUPPORTED.dsp
         image = self._read_shell(request, device.channel.generation)
         info = ProcessInfo(
