@@ -71,9 +71,9 @@ from npud.fastrpc.reverse.reverse_modules import CallDescription, Reply, fail
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "ENORPCMEMORY",
     "FCLOSE",
     "FCLOSE_FD",
-    "ENORPCMEMORY",
     "FILE_EXISTS",
     "FIRST_FILE_HANDLE",
     "FLEN",
