@@ -328,6 +328,11 @@ class EmulatedDriver:
             fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=offset
         )
 
+    def suspends(self) -> int:
+        """Suspends so far: ``faults.suspend()`` and ``faults.suspend_next_invoke``."""
+        with self._lock:
+            return self._suspends
+
     # -- observation ---------------------------------------------------------
 
     def statistics(self) -> SimStatistics:

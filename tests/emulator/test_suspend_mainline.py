@@ -163,3 +163,20 @@ def test_moved_buffers_are_unlinked_at_a_restart_never_freed() -> None:
             session.close()
         driver.faults.boot()
         assert driver.statistics().lost_mmaps == 1  # for good: a new boot keeps the count
+
+
+def test_the_session_counts_the_contexts_the_kernel_keeps(driver: EmulatedDriver) -> None:
+    session = open_session(driver)
+    try:
+        wait_in_flight(driver, 1)  # the listener, in next2 through every suspend below
+        for _ in range(3):
+            driver.faults.suspend()
+        # Counted while the interrupted call still waits: it may never return on its own.
+        assert session.statistics().interrupted_contexts == 3
+        assert driver.statistics().interrupted_contexts == 3
+        echo = session.remote_open(ECHO_URI)  # the listener's next2 returns and waits again
+        session.remote_close(echo)
+        assert session.statistics().interrupted_contexts == 3
+    finally:
+        session.close()
+    assert driver.statistics().contexts_in_use == 0
