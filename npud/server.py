@@ -47,6 +47,9 @@ from npud.sd import Notifier, watchdog_interval
 log = structlog.get_logger("npud.server")
 
 STATUS_INTERVAL: Final = 5.0
+SUSPEND_CHECK_INTERVAL: Final = 0.5
+"""Seconds between looks at the suspend count (two clock reads): a resume is seen well
+before the next suspend, seconds later at the soonest."""
 """Seconds between STATUS= updates to systemd."""
 FREEZE_AFTER_READY: Final = 1.0
 """Seconds after ready at which what start-up made is frozen (:meth:`Daemon._freeze`)."""
@@ -206,6 +209,7 @@ class Daemon:
                     if interval is not None:
                         nursery.start_soon(self._feed_watchdog, interval)
                     nursery.start_soon(self._freeze)
+                    nursery.start_soon(self._watch_suspends)
                     self.notifier.ready(self.broker.describe())
                     log.info("ready", socket=self.listener.getsockname())
                     task_status.started()
@@ -250,6 +254,19 @@ class Daemon:
             last_calls, last_time = calls, now
             self.broker.domains.check_sessions()
             self.notifier.status(f"{self.broker.describe()}; {rate:.1f} calls/s")
+
+    async def _watch_suspends(self) -> None:
+        """After each system suspend, let the domains count the contexts the kernel kept
+        for their interrupted calls (and reopen sessions before the CDSP runs out)."""
+        driver = self.broker.device.driver
+        seen = driver.suspends()
+        while True:
+            await trio.sleep(SUSPEND_CHECK_INTERVAL)
+            now = driver.suspends()
+            if now != seen:
+                seen = now
+                log.info("system suspend seen", suspends=now)
+                self.broker.domains.check_interrupted()
 
     async def _feed_watchdog(self, interval: float) -> None:
         """Ping only while healthy: a wedged lane or a dead thread lets systemd restart us."""
