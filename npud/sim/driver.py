@@ -133,7 +133,7 @@ class _DeviceFile:
     released: bool = False
     interrupted_contexts: int = 0
     """Contexts of this fd's interrupted invokes: mainline keeps each on the fd's pending
-    list, holding its context id, until the fd is released (76e8e4ace1ed)."""
+    list, holding its context id, until the fd is released."""
 
     @property
     def client_id(self) -> int:

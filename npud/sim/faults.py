@@ -26,7 +26,7 @@
 * ``suspend()``: a system suspend now. The freezer ends the wait of every
   INVOKE waiting for the DSP, on every fd at once (each listener's next2,
   each dspqueue wait_signal, any call in flight), with ERESTARTSYS. As
-  mainline (76e8e4ace1ed) does, each interrupted call's context keeps its id
+  mainline does, each interrupted call's context keeps its id
   until its fd is released (255 ids per channel: with none free an INVOKE is
   ENOSPC), every MMAP heap buffer of the fd moves to the channel's list (never
   freed; a restart only unlinks them) and the syscall restarts under a new

@@ -1,4 +1,4 @@
-"""A system suspend as mainline's fastrpc handles it (76e8e4ace1ed; issue 29, item 7).
+"""A system suspend as mainline's fastrpc handles it (issue 29, item 7).
 
 The freezer ends the wait of every INVOKE waiting for the DSP at once: each
 session's listener in next2, each dspqueue wait_signal, any call in flight. For

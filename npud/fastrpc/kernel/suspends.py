@@ -1,7 +1,7 @@
 """Counting system suspends: how npud learns that its waiting calls were interrupted.
 
 A suspend's freezer ends every interruptible wait in the kernel with ERESTARTSYS.
-For an INVOKE, mainline's fastrpc (76e8e4ace1ed) then keeps the call's context
+For an INVOKE, mainline's fastrpc then keeps the call's context
 on the fd's pending list, its id taken until the fd is released (255 ids per
 channel, shared by every fd on it), and the syscall restarts by itself: userspace
 sees nothing but a longer call. So npud counts suspends, and every INVOKE that

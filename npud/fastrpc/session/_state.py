@@ -143,7 +143,7 @@ class SessionState:
     @contextmanager
     def _waiting_call(self) -> Iterator[None]:
         """Around an INVOKE ioctl: the suspends it waits through are counted, each one
-        context of this fd that mainline keeps until the fd closes (76e8e4ace1ed)."""
+        context of this fd that mainline keeps until the fd closes."""
         start = self._driver.suspends()
         with self._state_lock:
             token = next(self._waiting_ids)
