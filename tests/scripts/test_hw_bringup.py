@@ -106,7 +106,10 @@ def test_a_rehearsal_on_the_emulator_packs_every_step(tmp_path: Path) -> None:
                  "static handle 9 (no module): 0x8000043E",
                  "reverse: apps_std fopen_with_env libecho_skel.so -> 0"):  # fmt: skip
         assert line in fidelity, fidelity
-    assert ", 0 failed," in (out / "suspend.txt").read_text()
+    suspended = (out / "suspend.txt").read_text()
+    assert ", 0 failed," in suspended
+    assert "load after the suspend: ok in " in suspended
+    assert "interrupted contexts: 0" in suspended  # the emulator's run has no suspend
     assert "selftest passed" in (out / "daemon.txt").read_text()
     assert "no divergence" in (out / "daemon.txt").read_text()
     # The daemons it started are gone.
