@@ -600,6 +600,10 @@ class DomainRuleConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, 
             raise ValueError(f"domain {self.name!r} names no uids, gids or clients to take")
 
 
+DEFAULT_REOPEN_AT_INTERRUPTED_CONTEXTS: Final = 128
+"""Half of the CDSP's 255 contexts: other programs on the CDSP leak theirs too."""
+
+
 class DomainsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Domains: which connections share a DSP process (docs/architecture.md, Domains).
     A connection joins the first rule whose every listed kind (uids, gids, clients)
@@ -650,6 +654,17 @@ class DomainsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
             "version 4; npud's libcdsprpc does, for dspqueue); false refuses such a Hello."
         ),
     ] = True
+    reopen_at_interrupted_contexts: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=254),
+        _doc(
+            "A system suspend interrupts every call waiting for the DSP (each session's "
+            "listener, each dspqueue wait), and mainline's fastrpc keeps each interrupted "
+            "call's context until its fd closes: the CDSP has 255 for every program. When "
+            "npud's sessions hold this many together, npud reopens the sessions holding "
+            "the most (their clients see a DSP restart) until they hold half as many."
+        ),
+    ] = DEFAULT_REOPEN_AT_INTERRUPTED_CONTEXTS
 
     def __post_init__(self) -> None:
         names = [rule.name for rule in self.rule]

@@ -39,6 +39,7 @@ from npud.doctor_checks import (
     check_runtime_pm,
     check_shell,
     check_signing_key,
+    check_unsigned_pd,
     npu_present,
 )
 
@@ -170,6 +171,10 @@ def diagnose(
         # Without an NPU a stopped daemon is news, not a fault of the machine.
         daemon_finding = replace(daemon_finding, status=Status.WARN)
     findings.append(daemon_finding)
+    # About the device's firmware: on a machine without an NPU it would judge the emulator.
+    unsigned = check_unsigned_pd(status) if status is not None and present else None
+    if unsigned is not None:
+        findings.append(unsigned)
     headline = "" if present else _no_npu_headline(config, status)
     return Report(
         findings=tuple(findings),

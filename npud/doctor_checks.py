@@ -708,6 +708,26 @@ def _judge_status(target: Target, status: DaemonStatus) -> Finding:
     return Finding(check, Status.OK, detail)
 
 
+def check_unsigned_pd(status: DaemonStatus) -> Finding | None:
+    """WARN when the DSP answers UNSIGNED_PD_SUPPORT = 0 (None when it reported no
+    capabilities). Advisory: libcdsprpc never reads the attribute, and npud asks for
+    the unsigned PD anyway; a daemon that answers runs it, so the firmware accepted it."""
+    dsp = status.dsp
+    if not dsp.arch_ver:
+        return None  # no capabilities reported (the DSP process is not up)
+    check = "unsigned PD"
+    if dsp.unsigned_pd_support:
+        return Finding(check, Status.OK, f"the CDSP (Hexagon v{dsp.arch_ver:x}) has unsigned PDs")
+    return Finding(
+        check,
+        Status.WARN,
+        f"the CDSP firmware (Hexagon v{dsp.arch_ver:x}) answers UNSIGNED_PD_SUPPORT = 0, yet "
+        "runs npud's unsigned PD (libcdsprpc never reads the attribute either)",
+        'nothing while npud works; if a firmware update makes npud stop with "refused the '
+        'unsigned PD", install a CDSP firmware with unsigned PD support',
+    )
+
+
 def connect_fix(cause: BaseException | None) -> str:
     """What to do about the OSError that stopped the connection."""
     if isinstance(cause, PermissionError):

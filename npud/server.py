@@ -48,10 +48,13 @@ log = structlog.get_logger("npud.server")
 
 STATUS_INTERVAL: Final = 5.0
 """Seconds between STATUS= updates to systemd."""
+SUSPEND_CHECK_INTERVAL: Final = 0.5
+"""Seconds between looks at the suspend count (two clock reads): a resume is seen well
+before the next suspend, seconds later at the soonest."""
 FREEZE_AFTER_READY: Final = 1.0
+"""Seconds after ready at which what start-up made is frozen (:meth:`Daemon._freeze`)."""
 NOTIFY_RETRY: Final = 0.05
 """Seconds between retries of a state change the notify socket had no room for."""
-"""Seconds after ready at which what start-up made is frozen (:meth:`Daemon._freeze`)."""
 REFUSE_LINGER: Final = 1.0
 REFUSE_DRAIN_BYTES: Final = 64 * 1024
 
@@ -212,6 +215,7 @@ class Daemon:
                         nursery.start_soon(self._feed_watchdog, interval)
                     nursery.start_soon(self._freeze)
                     nursery.start_soon(self._retry_notifications)
+                    nursery.start_soon(self._watch_suspends)
                     self._announced(self.notifier.ready(self.broker.describe()))
                     log.info("ready", socket=self.listener.getsockname())
                     task_status.started()
@@ -285,6 +289,19 @@ class Daemon:
             self.broker.domains.check_sessions()
             self.notifier.status(f"{self.broker.describe()}; {rate:.1f} calls/s")
             self._report_drops()
+
+    async def _watch_suspends(self) -> None:
+        """After each system suspend, let the domains count the contexts the kernel kept
+        for their interrupted calls (and reopen sessions before the CDSP runs out)."""
+        driver = self.broker.device.driver
+        seen = driver.suspends()
+        while True:
+            await trio.sleep(SUSPEND_CHECK_INTERVAL)
+            now = driver.suspends()
+            if now != seen:
+                seen = now
+                log.info("system suspend seen", suspends=now)
+                self.broker.domains.check_interrupted()
 
     async def _feed_watchdog(self, interval: float) -> None:
         """Ping only while healthy: a wedged lane or a dead thread lets systemd restart us."""

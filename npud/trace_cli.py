@@ -9,7 +9,9 @@ UNSIGNED_PD_SUPPORT, which listener and remotectl interfaces answered, what
 static handles 9 and 10, which no module is known for, answer, then the echo
 scenario; it prints the apps_std calls the loader made, in order) or
 ``suspend`` (inline echoes for ``--duration`` seconds, meant to run across a
-system suspend: it prints every call that failed and the longest one).
+system suspend: it prints every call that failed and the longest one, then
+loads a skel, which needs the listener that waited through the suspend, and
+the calls the session counts as interrupted).
 ``npud trace replay`` plays a trace back (npud.fastrpc.recording.replay) and names the
 first divergence. The format is
 docs/trace-format.md; ``npud --trace FILE`` records a whole daemon run.
@@ -312,6 +314,16 @@ def suspend_scenario(session: FastRpcSession, duration: float) -> None:
     print(f"{calls} calls, {failures} failed, the longest {longest:.3f} s")
     print(f"listener: running={stats.listener_running} stopped={stats.listener_stopped_because!r}")
     session.remote_close(handle)
+    # The listener waited in next2 through the suspend: a skel load now needs reverse
+    # calls, and one the interrupted next2 took instead of the restarted one is lost.
+    started = time.monotonic()
+    try:
+        session.remote_close(session.remote_open(ECHO_URI))
+        loaded = "ok"
+    except RpcError as exc:
+        loaded = f"{exc.code.name}: {exc}"
+    print(f"load after the suspend: {loaded} in {time.monotonic() - started:.3f} s")
+    print(f"interrupted contexts: {session.statistics().interrupted_contexts}")
 
 
 def apps_std_calls(trace: Path) -> list[str]:

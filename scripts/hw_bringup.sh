@@ -27,11 +27,21 @@ each writes its own log. Steps:
   8. suspend   (with --suspend; needs root and rtcwake) echo calls for 45 s
                with a suspend to RAM of 10 s in the middle (rtcwake -m mem):
                which calls failed, how long the longest took, and the trace
-  9. llama     llama.cpp's Hexagon backend through npud's libcdsprpc (with
+  9. library   npud's libcdsprpc (--shim) through npud (scripts/hw_checks.py):
+               fastrpc_mmap with flags 2, 3 and the extended 17 and 18;
+               capability attributes 1-11 and 128-131 from the library and
+               from the kernel; a 300 MiB rpcmem buffer mapped into the DSP
+ 10. llama     llama.cpp's Hexagon backend through npud's libcdsprpc (with
                --llama-bin and --gguf): a 32-token greedy decode through npud
                against the CPU's, under a 120 s limit (docs/llm.md: the first
                dspqueue round trip may hang on mainline, qualcomm/fastrpc#377)
- 10. pack      OUT.tar.gz of everything, with summary.txt listing each step
+ 11. mbuf      the same decode with llama.cpp's default GGML_HEXAGON_MBUF
+               (step 10 sets 256)
+ 12. dspqueue  a dspqueue stress: --dspq-rounds decodes of 64 tokens with the
+               library's full-system barriers (dmb sy, libcdsprpc's), then as
+               many with inner-shareable ones (NPUD_SHIM_BARRIERS=inner);
+               each must equal the CPU's, none may abort ("bad response")
+ 13. pack      OUT.tar.gz of everything, with summary.txt listing each step
 
 Options:
   --out DIR        where to write (default: ./npud-bringup-HOST-DATE); the
@@ -43,10 +53,13 @@ Options:
   --python PATH    the Python with npud installed (default: the checkout's
                    .venv/bin/python if present, else python3)
   --llama-bin DIR  llama.cpp's bin directory (llama-simple, libggml-hexagon.so;
-                   scripts/peer-llama.sh builds one) for step 7
-  --gguf FILE      the model step 7 decodes (a small one: it also runs on the CPU)
+                   scripts/peer-llama.sh builds one) for steps 10-12
+  --gguf FILE      the model steps 10-12 decode (a small one: it also runs on
+                   the CPU)
+  --dspq-rounds N  decodes per barrier setting in step 12 (default 10)
   --shim DIR       where npud's libcdsprpc.so.1 is (default: the checkout's
-                   shim/build, made with make shim)
+                   shim/build, made with make shim); without it step 9 is
+                   skipped
   --skip-tests     skip step 3
   --suspend        run step 8: suspends this machine for 10 s (on the
                    emulator backend the calls run without a suspend)
@@ -86,6 +99,7 @@ skip_tests=0
 suspend=0
 llama_bin=""
 gguf=""
+dspq_rounds=10
 shim=$repo/shim/build
 while (($#)); do
     case $1 in
@@ -102,6 +116,7 @@ while (($#)); do
         --suspend) suspend=1; shift ;;
         --llama-bin) value --llama-bin "${2:-}"; llama_bin=$2; shift 2 ;;
         --gguf) value --gguf "${2:-}"; gguf=$2; shift 2 ;;
+        --dspq-rounds) value --dspq-rounds "${2:-}"; dspq_rounds=$2; shift 2 ;;
         --shim) value --shim "${2:-}"; shim=$2; shift 2 ;;
         *) die "$EX_USAGE" "unknown option $1 (see --help)" ;;
     esac
@@ -110,6 +125,9 @@ case $backend in
     kernel | emulator) ;;
     *) die "$EX_USAGE" "--backend is kernel or emulator, not $backend" ;;
 esac
+if [[ ! $dspq_rounds =~ ^[1-9][0-9]{0,3}$ ]]; then
+    die "$EX_USAGE" "--dspq-rounds is a count from 1 to 9999, not $dspq_rounds"
+fi
 if [[ -n $model && ! -r $model ]]; then
     die "$EX_NOINPUT" "--model $model: not a readable file"
 fi
@@ -117,7 +135,7 @@ if [[ -n $config && ! -r $config ]]; then
     die "$EX_NOINPUT" "--config $config: not a readable file"
 fi
 if [[ -n $llama_bin || -n $gguf ]]; then
-    [[ -n $llama_bin && -n $gguf ]] || die "$EX_USAGE" "--llama-bin and --gguf go together (step 7)"
+    [[ -n $llama_bin && -n $gguf ]] || die "$EX_USAGE" "--llama-bin and --gguf go together (steps 10-12)"
     [[ -x $llama_bin/llama-simple ]] || die "$EX_NOINPUT" "--llama-bin $llama_bin: no llama-simple in it"
     [[ -r $gguf ]] || die "$EX_NOINPUT" "--gguf $gguf: not a readable file"
     llama_bin=$(cd -- "$llama_bin" && pwd -P)  # the CPU run starts elsewhere
@@ -291,49 +309,155 @@ else
     skip suspend "no --suspend"
 fi
 
-# llama.cpp through npud: the same decode on the CPU alone and through npud's library;
-# the texts must be equal. The CPU run is a copy of llama-simple in a directory without
-# libggml-hexagon.so (ggml loads backends from the program's directory), so a system
-# libcdsprpc cannot put it on the DSP. A hang past 120 s is the known risk of mainline
-# kernels (qualcomm/fastrpc#377): the library's log says where.
-llama_run() {
-    local socket=$out/npud-llama.sock pid status=0
+# daemon_start NAME: npud on a private socket ($out/npud-NAME.sock, log NAME-daemon.log);
+# sets socket and daemon_pid. daemon_stop: SIGTERM, and its exit status.
+daemon_start() {
+    socket=$out/npud-$1.sock
     "$python" -m npud.main --backend "$backend" "${config_args[@]}" --socket "$socket" \
-        --log-format json 2>"$out/llama-daemon.log" &
-    pid=$!
-    daemon_pid=$pid
-    wait_for_socket "$socket" "$pid"
-    local cpu npu
+        --log-format json 2>"$out/$1-daemon.log" &
+    daemon_pid=$!
+    wait_for_socket "$socket" "$daemon_pid"
+}
+daemon_stop() {
+    local status=0
+    kill -TERM "$daemon_pid" 2>/dev/null
+    wait "$daemon_pid" || status=1
+    daemon_pid=""
+    rm -f -- "$socket"
+    return "$status"
+}
+
+# npud's libcdsprpc on this device (docs/hardware.md, What only a device can tell):
+# which map flags the DSP takes (llama.cpp maps with 18 on DSPs newer than v79), what
+# the capability attributes 128-131 (dspsignal, read by newer llama.cpp) answer from
+# the library and the kernel, and whether a 300 MiB buffer (a tensor past llama.cpp's
+# 256 MiB chunks) is allocated and mapped.
+library_run() {
+    local status=0 node_args=()
+    daemon_start library
+    if [[ $backend == kernel ]]; then
+        local node
+        for node in /dev/fastrpc-cdsp-secure /dev/fastrpc-cdsp; do
+            if [[ -e $node ]]; then
+                node_args=(--node "$node")
+                break
+            fi
+        done
+    fi
+    NPUD_SOCKET=$socket NPUD_SHIM_LOG=1 "$python" "$repo/scripts/hw_checks.py" \
+        maps caps rpcmem --library "$shim/libcdsprpc.so.1" "${node_args[@]}" || status=1
+    NPUD_SOCKET=$socket npuctl status --json >"$out/library-status.json" || status=1
+    daemon_stop || status=1
+    return "$status"
+}
+if [[ -r $shim/libcdsprpc.so.1 ]]; then
+    step library library.txt library_run
+else
+    skip library "no libcdsprpc.so.1 in $shim (make shim, or --shim DIR)"
+fi
+
+# decode NAME TOKENS [VAR=VALUE...]: llama-simple through npud's library with the
+# environment given (GGML_HEXAGON_MBUF only when given: else llama.cpp's default); its
+# text on stdout, its log in NAME.log. A hang past 120 s is the known risk of mainline
+# kernels (qualcomm/fastrpc#377): the library's log says where.
+decode() {
+    local name=$1 tokens=$2
+    shift 2
+    env -u GGML_HEXAGON_MBUF NPUD_SOCKET="$socket" LD_LIBRARY_PATH="$shim" NPUD_SHIM_LOG=1 "$@" \
+        timeout 120 "$llama_bin/llama-simple" -m "$gguf" -n "$tokens" "hello world" \
+        2>"$out/$name.log"
+}
+
+# cpu_decode TOKENS: the same decode on the CPU alone: a copy of llama-simple in a
+# directory without libggml-hexagon.so (ggml loads backends from the program's
+# directory), so a system libcdsprpc cannot put it on the DSP.
+cpu_decode() {
     local cpu_only=$out/llama-cpu-only
     mkdir -p -- "$cpu_only"
-    cp -- "$llama_bin/llama-simple" "$llama_bin"/libggml-cpu*.so "$cpu_only/" || status=1
-    cpu=$(cd -- "$cpu_only" && LD_LIBRARY_PATH=$llama_bin timeout 300 ./llama-simple \
-        -m "$gguf" -n 32 "hello world" 2>"$out/llama-cpu.log") || status=1
-    if grep -q 'assigned to device HTP' "$out/llama-cpu.log"; then
-        echo "the CPU run used the DSP (llama-cpu.log)"
-        status=1
+    cp -- "$llama_bin/llama-simple" "$llama_bin"/libggml-cpu*.so "$cpu_only/" || return 1
+    (cd -- "$cpu_only" && LD_LIBRARY_PATH=$llama_bin timeout 300 ./llama-simple \
+        -m "$gguf" -n "$1" "hello world" 2>"$out/llama-cpu-$1.log") || return 1
+    if grep -q 'assigned to device HTP' "$out/llama-cpu-$1.log"; then
+        echo "the CPU run used the DSP (llama-cpu-$1.log)" >&2
+        return 1
     fi
-    npu=$(NPUD_SOCKET=$socket LD_LIBRARY_PATH=$shim GGML_HEXAGON_MBUF=256 NPUD_SHIM_LOG=1 \
-        NPUD_SHIM_STATS=$out/llama-requests.txt \
-        timeout 120 "$llama_bin/llama-simple" -m "$gguf" -n 32 "hello world" \
-        2>"$out/llama-npud.log") || status=1
-    printf 'cpu:  %s\nnpud: %s\n' "$cpu" "$npu"
-    if [[ $status -ne 0 || -z $npu || $cpu != "$npu" ]]; then
-        echo "the decode through npud failed or differs from the CPU's (llama-npud.log)"
-        status=1
+}
+
+# same NAME CPU NPU: the decode through npud ran, offloaded to HTP0, and equals the CPU's.
+same() {
+    printf 'cpu:  %s\nnpud: %s\n' "$2" "$3"
+    if [[ -z $3 || $2 != "$3" ]]; then
+        echo "the decode through npud failed or differs from the CPU's ($1.log)"
+        return 1
     fi
-    grep -q 'assigned to device HTP0' "$out/llama-npud.log" ||
-        { echo "llama.cpp did not offload to HTP0 (llama-npud.log)"; status=1; }
+    grep -q 'assigned to device HTP0' "$out/$1.log" ||
+        { echo "llama.cpp did not offload to HTP0 ($1.log)"; return 1; }
+}
+
+# llama.cpp through npud with the MBUF docs/llm.md gives: the texts must be equal.
+llama_run() {
+    local status=0 cpu npu
+    daemon_start llama
+    cpu=$(cpu_decode 32) || status=1
+    npu=$(decode llama-npud 32 GGML_HEXAGON_MBUF=256 \
+        NPUD_SHIM_STATS="$out/llama-requests.txt") || status=1
+    same llama-npud "$cpu" "$npu" || status=1
     NPUD_SOCKET=$socket npuctl status --json >"$out/llama-status.json" || status=1
-    kill -TERM "$pid" 2>/dev/null
-    wait "$pid" || status=1
-    daemon_pid=""
+    daemon_stop || status=1
+    return "$status"
+}
+
+# llama.cpp's own default GGML_HEXAGON_MBUF: whether its buffers (each chunk rounded up
+# to 4 KiB plus a 4 KiB guard page) fit npud's per-buffer ceiling and quota here.
+mbuf_run() {
+    local status=0 cpu npu
+    daemon_start mbuf
+    cpu=$(cpu_decode 32) || status=1
+    npu=$(decode llama-default-mbuf 32) || status=1
+    same llama-default-mbuf "$cpu" "$npu" || status=1
+    NPUD_SOCKET=$socket npuctl status --json >"$out/mbuf-status.json" || status=1
+    daemon_stop || status=1
+    return "$status"
+}
+
+# The dspqueue ring ordered with full-system barriers (dmb sy / dmb st, as libcdsprpc's
+# dspqueue_cpu.c), the library's default, then with inner-shareable ones (dmb ish,
+# NPUD_SHIM_BARRIERS=inner): whether the IO-coherent CDSP ever sees a torn packet
+# ("bad response", or a text that differs from the CPU's) with the cheaper ordering.
+dspqueue_run() {
+    local status=0 cpu npu round setting failed
+    daemon_start dspqueue
+    cpu=$(cpu_decode 64) || status=1
+    for setting in system inner; do
+        failed=0
+        for ((round = 1; round <= dspq_rounds; round++)); do
+            local name=dspqueue-$setting-$round barriers=()
+            if [[ $setting == inner ]]; then
+                barriers=(NPUD_SHIM_BARRIERS=inner)
+            fi
+            if ! npu=$(decode "$name" 64 "${barriers[@]}") || [[ $npu != "$cpu" ]] ||
+                grep -q 'bad response' "$out/$name.log"; then
+                failed=$((failed + 1))
+                echo "$setting round $round: differs or aborted ($name.log)"
+            fi
+        done
+        echo "ANSWER dspqueue barriers $setting: $failed of $dspq_rounds rounds failed"
+        if ((failed)); then
+            status=1
+        fi
+    done
+    NPUD_SOCKET=$socket npuctl status --json >"$out/dspqueue-status.json" || status=1
+    daemon_stop || status=1
     return "$status"
 }
 if [[ -n $llama_bin && -n $gguf ]]; then
     step llama llama.txt llama_run
+    step mbuf mbuf.txt mbuf_run
+    step dspqueue dspqueue.txt dspqueue_run
 else
     skip llama "no --llama-bin and --gguf"
+    skip mbuf "no --llama-bin and --gguf"
+    skip dspqueue "no --llama-bin and --gguf"
 fi
 
 {

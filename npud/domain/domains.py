@@ -125,6 +125,23 @@ class Domains:
         for domain in self:
             domain.check_session()
 
+    def check_interrupted(self) -> None:
+        """After a system suspend: when npud's sessions hold
+        ``reopen_at_interrupted_contexts`` contexts of interrupted calls together, reopen
+        those holding the most until they hold half as many (mainline frees an
+        interrupted call's context only when its fd closes, and at 255 on the channel
+        every call of every program on the CDSP fails)."""
+        limit = self.config.reopen_at_interrupted_contexts
+        held = {domain: domain.interrupted_contexts for domain in self}
+        total = sum(held.values())
+        if total < limit:
+            return
+        for domain in sorted(held, key=held.__getitem__, reverse=True):
+            if total < max(limit // 2, 1) or held[domain] == 0:
+                break
+            domain.reopen_for_suspends(held[domain], total, limit)
+            total -= held[domain]
+
     # --------------------------------------------------------------- joining
     def placement(
         self, uid: int, groups: tuple[int, ...], client_name: str, privileged: frozenset[int]

@@ -116,6 +116,8 @@ class Domain:
         self.epoch = 0
         self.restarts = 0
         self.hung_calls = 0
+        self.suspend_reopens = 0
+        """Sessions reopened to free the contexts that suspends left on their fds."""
         self._invokes_retired = 0
         """FastRPC calls of the sessions this domain closed (under ``_lock``)."""
         self._retiring: FastRpcSession | None = None
@@ -276,6 +278,37 @@ class Domain:
         if session is not None and session.dead:
             self._start_recovery("the DSP restarted (noticed while idle)", False, session)
 
+    @property
+    def interrupted_contexts(self) -> int:
+        """Contexts the kernel keeps for this domain's fd: its calls that system suspends
+        interrupted (they go when the session's fd closes). Any thread."""
+        session = self.session
+        return session.interrupted_contexts() if session is not None else 0
+
+    def reopen_for_suspends(self, held: int, total: int, limit: int) -> None:
+        """Reopen the session to free the ``held`` contexts suspends left on its fd
+        (``total`` of npud's, ``limit`` the setting): its clients see a DSP restart.
+        Trio thread."""
+        session = self.session
+        if session is None or self._recovering or self.state != "up":
+            return
+        reason = (
+            f"reopening the session: system suspends interrupted {held} of its calls, whose "
+            f"contexts the kernel keeps until its fd closes ({total} of npud's, limit "
+            f"{limit}; the CDSP has 255 for every program)"
+        )
+        log.warning(
+            "session reopened to free contexts that suspends left",
+            domain=self.name,
+            interrupted_contexts=held,
+            npud_total=total,
+            limit=limit,
+        )
+        self.suspend_reopens += 1
+        # The process is ended first: calls that wait on it (a dspqueue wait_signal)
+        # return, so the old fd can be released at once and its contexts with it.
+        self._start_recovery(reason, True, session)
+
     def capabilities(self) -> p.DspCapabilities:
         session = self.session
         # A dead session's capabilities are the old epoch's: none until the next one.
@@ -297,6 +330,7 @@ class Domain:
             listener_requests=stats.listener_requests,
             listener_stopped_because=stats.listener_stopped_because,
             refused_paths=stats.refused_paths,
+            interrupted_contexts=stats.interrupted_contexts,
         )
 
     def lane_rows(self) -> tuple[p.LaneRow, ...]:
@@ -479,6 +513,8 @@ class Domain:
             uptime_ms=int((time.monotonic() - self.created) * 1000),
             invokes_total=before + (stats.invokes_done if stats else 0),
             lanes=self.lane_rows(),
+            interrupted_contexts=stats.interrupted_contexts if stats else 0,
+            suspend_reopens=self.suspend_reopens,
         )
 
 

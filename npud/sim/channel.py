@@ -13,9 +13,12 @@ from typing import Final
 
 from npud.sim.compute import Cancellation, SharedCompute
 from npud.sim.errors import SubsystemDownError
+from npud.sim.memory import HeapBuffer
 
 FASTRPC_CTX_MAX: Final = 256
-"""Context ids 1..255 per channel: the 256th concurrent invoke is ENOSPC."""
+"""``idr_alloc_cyclic(&cctx->ctx_idr, ctx, 1, FASTRPC_CTX_MAX)``: context ids 1..255 per
+channel, shared by every fd on it; with none free an INVOKE is ENOSPC."""
+FASTRPC_CTX_IDS: Final = FASTRPC_CTX_MAX - 1
 
 
 class Channel:
@@ -26,10 +29,11 @@ class Channel:
         self.compute = SharedCompute(dsp_units, self.down)
         """The DSP's execution units, shared by every call of this boot."""
         self.contexts = 0
-        self.interrupted_mmaps: list[object] = []
+        """Context ids taken: calls in flight and interrupted calls whose fds are open."""
+        self.interrupted_mmaps: list[HeapBuffer] = []
         """MMAP buffers the kernel took from fds whose invoke a signal or the suspend
-        freezer interrupted (``invoke_interrupted_mmaps``): freed only when the channel
-        goes (a subsystem restart). Guarded by the driver's lock."""
+        freezer interrupted (``invoke_interrupted_mmaps``): never freed; a subsystem
+        restart only unlinks them. Guarded by the driver's lock."""
         self.capabilities: tuple[int, ...] | None = None  # cached after the first query
         self._used = [False] * sessions
 
@@ -51,14 +55,18 @@ class Channel:
         return sum(self._used)
 
     def claim_context(self) -> bool:
-        """A context id for a call to the DSP; False when 255 are outstanding."""
-        if self.contexts >= FASTRPC_CTX_MAX - 1:
+        """A context id for a call to the DSP; False when all 255 are taken."""
+        if self.contexts >= FASTRPC_CTX_IDS:
             return False
         self.contexts += 1
         return True
 
     def release_context(self) -> None:
         self.contexts -= 1
+
+    def release_contexts(self, count: int) -> None:
+        """An fd is released: the contexts of its interrupted calls go."""
+        self.contexts -= count
 
     def kill(self) -> None:
         """The DSP went down: wake every interruptible wait."""

@@ -139,6 +139,10 @@ class SimConfig:
       (read-only Python and system libraries, nothing else of the filesystem).
     * ``dma_heap``: ``/dev/dma_heap/system`` exists. False models a machine
       without the node: its open is ENOENT (rpcmem then uses ALLOC_DMA_BUFF).
+    * ``unsigned_pd_runs``: whether the firmware creates an unsigned PD. None:
+      as its UNSIGNED_PD_SUPPORT answer says; True or False: a firmware whose
+      answer and behaviour differ (libcdsprpc never reads the attribute, so on a
+      device only the INIT_CREATE tells).
     """
 
     sessions: int = X1E_CDSP_SESSIONS
@@ -166,6 +170,7 @@ class SimConfig:
     pd_user: str = "nobody"
     pd_landlock: bool = True
     dma_heap: bool = True
+    unsigned_pd_runs: bool | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.sessions <= 14:
@@ -218,6 +223,13 @@ class SimConfig:
     def unsigned_pd_support(self) -> bool:
         """The DSP runs unsigned PDs: what its UNSIGNED_PD_SUPPORT (1) answers, non-zero."""
         return bool(self.capability_table()[UNSIGNED_PD_SUPPORT])
+
+    @property
+    def creates_unsigned_pd(self) -> bool:
+        """The firmware creates an unsigned PD (``unsigned_pd_runs``, else its answer)."""
+        if self.unsigned_pd_runs is not None:
+            return self.unsigned_pd_runs
+        return self.unsigned_pd_support
 
     def heap_for(self, image_size: int) -> int:
         """The user PD's initial heap for a shell of ``image_size`` bytes."""

@@ -40,7 +40,7 @@ from typing import Any, Final
 from npu_protocol.aee import AEE
 from npud.sim import dma_heap, layout
 from npud.sim.addrspace import AddressSpaceFullError
-from npud.sim.channel import Channel
+from npud.sim.channel import FASTRPC_CTX_IDS, Channel
 from npud.sim.config import MAX_DSP_ATTRIBUTES, SimConfig
 from npud.sim.dmabuf import DmaBuf, DmaBufRegistry
 from npud.sim.errors import ERRNO_MAX, SubsystemDownError, fault
@@ -107,6 +107,19 @@ def _ioctl_result(result: int) -> int:
 
 
 @dataclasses.dataclass(eq=False)
+class _Call:
+    """One INVOKE waiting for the DSP: the kernel's ``fastrpc_invoke_ctx`` of a user call."""
+
+    device: _DeviceFile
+    holds_context: bool = True
+    """It holds a context id of the channel (False: a suspend took it, and no id was free
+    for the restarted call)."""
+    interrupted: int = 0
+    """Suspends that ended its wait: each leaked the context it held (kept until the fd
+    is released) and restarted the call under a new one."""
+
+
+@dataclasses.dataclass(eq=False)
 class _DeviceFile:
     """One open of a device node: the kernel's ``struct fastrpc_user``."""
 
@@ -119,6 +132,9 @@ class _DeviceFile:
     active_ioctls: int = 0
     closed: bool = False
     released: bool = False
+    interrupted_contexts: int = 0
+    """Contexts of this fd's interrupted invokes: mainline keeps each on the fd's pending
+    list, holding its context id, until the fd is released."""
 
     @property
     def client_id(self) -> int:
@@ -213,11 +229,16 @@ class EmulatedDriver:
         self._down_until: float | None = None
         self._restarts = 0
         self._invokes_in_flight = 0
+        self._calls: set[_Call] = set()  # INVOKEs waiting for the DSP, every channel
+        self._suspends = 0
+        self._lost_mmaps = 0
+        self._lost_mmap_bytes = 0
         self.faults = FaultInjector(
             restart=self._subsystem_restart,
             boot=self._boot,
             interrupt_listeners=self._interrupt_listeners,
             sessions=self.config.sessions,
+            suspend=self._suspend,
         )
         self._handlers: dict[int, Callable[[_DeviceFile, IoctlBuffer], int]] = {
             layout.ALLOC_DMA_BUFF: self._alloc_dma_buff,
@@ -324,6 +345,11 @@ class EmulatedDriver:
             fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=offset
         )
 
+    def suspends(self) -> int:
+        """Suspends so far: ``faults.suspend()`` and ``faults.suspend_next_invoke``."""
+        with self._lock:
+            return self._suspends
+
     # -- observation ---------------------------------------------------------
 
     def statistics(self) -> SimStatistics:
@@ -336,6 +362,11 @@ class EmulatedDriver:
             restarts = self._restarts
             sessions = channel.sessions_in_use if channel is not None else 0
             interrupted = len(channel.interrupted_mmaps) if channel is not None else 0
+            contexts = channel.contexts if channel is not None else 0
+            kept = sum(
+                d.interrupted_contexts for d in live if channel is not None and d.channel is channel
+            )
+            suspends, lost, lost_bytes = self._suspends, self._lost_mmaps, self._lost_mmap_bytes
             dead = {device: not device.channel.alive for device in live}
         processes = [(d.process, dead[d]) for d in live if d.process is not None]
         children = sum(1 for p, _ in processes if p.child is not None and p.check_child())
@@ -369,6 +400,11 @@ class EmulatedDriver:
             dma_heap_fds_open=heaps,
             dma_heap_allocations=heap_allocations,
             interrupted_mmaps=interrupted,
+            contexts_in_use=contexts,
+            interrupted_contexts=kept,
+            suspends=suspends,
+            lost_mmaps=lost,
+            lost_mmap_bytes=lost_bytes,
         )
 
     def pd_pid(self, fd: int) -> int | None:
@@ -458,6 +494,10 @@ class EmulatedDriver:
         if device.process is not None:
             device.process.terminate()
         with self._lock:
+            # fastrpc_device_release puts every context still on the fd's pending list:
+            # the interrupted calls' context ids are free again only now.
+            device.channel.release_contexts(device.interrupted_contexts)
+            device.interrupted_contexts = 0
             device.channel.release_session(device.session)
             self._live.discard(device)
 
@@ -491,6 +531,11 @@ class EmulatedDriver:
                 return  # already down: only the time until it comes back changes
             self._channel = None
             self._restarts += 1
+            # fastrpc_rpmsg_remove only unlinks the interrupted invokes' buffers (list_del,
+            # no free): their memory is lost until the machine reboots.
+            self._lost_mmaps += len(channel.interrupted_mmaps)
+            self._lost_mmap_bytes += sum(b.size for b in channel.interrupted_mmaps)
+            channel.interrupted_mmaps.clear()
             channel.kill()
             self._dmabufs.lose_bank(channel.generation)
             processes = [
@@ -498,6 +543,28 @@ class EmulatedDriver:
             ]
         for process in processes:
             process.channel_down()
+
+    def _suspend(self) -> None:
+        """A system suspend now: the freezer ends the wait of every INVOKE waiting for the
+        DSP, on every fd at once (ERESTARTSYS). For each, as mainline does, the context
+        stays on the fd's pending list, holding its id until the fd is released; every
+        MMAP buffer of the fd moves to the channel's list; and the syscall restarts under
+        a new context (none free: the restarted call fails with ENOSPC). The DSP's answer
+        reaches the restarted call (docs/emulator.md, Suspend)."""
+        with self._lock:
+            self._suspends += 1
+            devices: set[_DeviceFile] = set()
+            for call in self._calls:
+                channel = call.device.channel
+                if not channel.alive:
+                    continue
+                call.interrupted += 1
+                if call.holds_context:
+                    call.device.interrupted_contexts += 1
+                    call.holds_context = channel.claim_context()
+                devices.add(call.device)
+        for device in devices:
+            self._interrupted(device)
 
     def _interrupt_listeners(self) -> None:
         with self._lock:
@@ -584,7 +651,9 @@ class EmulatedDriver:
             if request.handle == INIT_HANDLE:
                 raise fault(errno.EPERM, "INVOKE: handle 1 belongs to the kernel")
             if not channel.claim_context():
-                raise fault(errno.ENOSPC, "INVOKE: 255 calls are already outstanding")
+                raise fault(errno.ENOSPC, f"INVOKE: {self._no_context_locked(channel)}")
+            call_state = _Call(device)
+            self._calls.add(call_state)
             self._invokes_in_flight += 1
         process = device.process
         in_child = (
@@ -609,11 +678,25 @@ class EmulatedDriver:
                 result = self._run_on_dsp(device, call)
                 if not channel.alive:
                     raise SubsystemDownError
+                with self._lock:
+                    restarted_without_context = (
+                        call_state.interrupted > 0 and not call_state.holds_context
+                    )
+                if restarted_without_context:
+                    raise fault(
+                        errno.ENOSPC,
+                        "INVOKE: restarted after a suspend, "
+                        + self._no_context_locked_snapshot(channel),
+                    )
                 if self.faults.take_interrupt(request.handle):
                     # The DSP ran it; the kernel's interruptible wait returned first.
+                    self._leak_context(call_state)
                     self._interrupted(device)
                     raise fault(errno.EINTR, "INVOKE: interrupted (injected)")
                 if self.faults.take_suspend(request.handle):
+                    with self._lock:
+                        self._suspends += 1
+                    self._leak_context(call_state)
                     self._interrupted(device)
                     return None  # nothing is copied out: the restarted call answers
                 arguments.copy_out()
@@ -621,13 +704,36 @@ class EmulatedDriver:
             raise fault(errno.EPIPE, "INVOKE: the DSP restarted during the call") from None
         finally:
             with self._lock:
-                channel.release_context()
+                self._calls.discard(call_state)
+                if call_state.holds_context:
+                    channel.release_context()
                 self._invokes_in_flight -= 1
         return result
 
+    def _leak_context(self, call: _Call) -> None:
+        """ERESTARTSYS ended ``call``'s wait: its context stays on the fd's pending list
+        (mainline frees it only when the fd is released), its id still taken."""
+        with self._lock:
+            if call.holds_context:
+                call.device.interrupted_contexts += 1
+                call.holds_context = False
+
+    def _no_context_locked(self, channel: Channel) -> str:
+        """Under the lock: why the channel has no context id for one more call."""
+        kept = sum(d.interrupted_contexts for d in self._live if d.channel is channel)
+        return (
+            f"no free context ({FASTRPC_CTX_IDS} per channel: {channel.contexts - kept} calls "
+            f"in flight, {kept} interrupted ones kept until their fds close)"
+        )
+
+    def _no_context_locked_snapshot(self, channel: Channel) -> str:
+        with self._lock:
+            return self._no_context_locked(channel)
+
     def _interrupted(self, device: _DeviceFile) -> None:
-        """ERESTARTSYS ended a user invoke's wait: as 86e2d052 does, every MMAP buffer of
-        the fd moves to the channel's list, where no MUNMAP of the fd finds it."""
+        """ERESTARTSYS ended a user invoke's wait: as 76e8e4ace1ed does, every MMAP buffer
+        of the fd moves to the channel's list, where no MUNMAP of the fd finds it; the
+        kernel never frees them (a restart only unlinks them)."""
         process = device.process
         if process is None:
             return
@@ -667,8 +773,8 @@ class EmulatedDriver:
             raise fault(errno.ECONNREFUSED, "INIT_CREATE: signed PD through the non-secure node")
         if request.filelen > INIT_FILELEN_MAX:
             raise fault(errno.EINVAL, f"INIT_CREATE: filelen {request.filelen} exceeds 2 MiB")
-        if request.attrs & MODE_UNSIGNED_MODULE and not self.config.unsigned_pd_support:
-            # A firmware without unsigned PDs (capability 1 answers 0) refuses the create.
+        if request.attrs & MODE_UNSIGNED_MODULE and not self.config.creates_unsigned_pd:
+            # A firmware without unsigned PDs refuses the create (whatever capability 1 says).
             return AEE.EUNSUPPORTED.dsp
         image = self._read_shell(request, device.channel.generation)
         info = ProcessInfo(

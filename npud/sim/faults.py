@@ -23,13 +23,21 @@
   (or exactly ``handle``, static ones included) reaches the DSP and runs
   there, but the caller gets EINTR and no outputs: a signal or the suspend
   freezer interrupted the kernel's interruptible wait (ERESTARTSYS).
+* ``suspend()``: a system suspend now. The freezer ends the wait of every
+  INVOKE waiting for the DSP, on every fd at once (each listener's next2,
+  each dspqueue wait_signal, any call in flight), with ERESTARTSYS. As
+  mainline does, each interrupted call's context keeps its id
+  until its fd is released (255 ids per channel: with none free an INVOKE is
+  ENOSPC), every MMAP heap buffer of the fd moves to the channel's list (never
+  freed; a restart only unlinks them) and the syscall restarts under a new
+  context. The call's DSP answer reaches the restarted call.
 * ``suspend_next_invoke(handle=None)``: a system suspend during the next
-  INVOKE on a remote handle (or exactly ``handle``): the DSP runs the call,
-  the freezer ends the kernel's interruptible wait with ERESTARTSYS, and the
-  kernel (86e2d052) moves every MMAP heap buffer of the fd to the channel's
-  list; the syscall then restarts on its own, so the call is sent again and
-  the DSP runs it a second time. The caller sees only the second run's
-  answer. Later MUNMAPs of the moved buffers are EINVAL.
+  INVOKE on a remote handle (or exactly ``handle``), just as the DSP answers:
+  the DSP runs the call, the freezer ends the kernel's interruptible wait with
+  ERESTARTSYS, the context is kept and the buffers move as for ``suspend()``;
+  the syscall then restarts on its own, so the call is sent again and the DSP
+  runs it a second time. The caller sees only the second run's answer. Later
+  MUNMAPs of the moved buffers are EINVAL.
 * ``crash_next_invoke(handle=None)``: the next INVOKE on a remote handle (or
   exactly ``handle``) crashes its DSP process in the middle of the call: with
   process isolation its child dies while the method runs. The call and every
@@ -74,7 +82,9 @@ class FaultInjector:
         boot: Callable[[], None],
         interrupt_listeners: Callable[[], None],
         sessions: int,
+        suspend: Callable[[], None],
     ) -> None:
+        self._suspend = suspend
         self._restart = restart
         self._boot = boot
         self._interrupt_listeners = interrupt_listeners
@@ -99,6 +109,9 @@ class FaultInjector:
 
     def interrupt_listeners(self) -> None:
         self._interrupt_listeners()
+
+    def suspend(self) -> None:
+        self._suspend()
 
     def fail_next_invoke(self, aee: int, handle: int | None = None) -> None:
         if not 1 <= aee <= 0xFFFFFFFF:

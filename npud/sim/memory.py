@@ -79,7 +79,7 @@ class ProcessMemory:
             return False
 
     def give_up_heap(self) -> list[HeapBuffer]:
-        """An interrupted invoke (86e2d052): the kernel moves every MMAP buffer of the fd
+        """An interrupted invoke (76e8e4ace1ed): the kernel moves every MMAP buffer of the fd
         to the channel's list. The DSP keeps using them (their addresses stay taken);
         the fd no longer finds them, so a later MUNMAP of one is EINVAL."""
         with self._lock:

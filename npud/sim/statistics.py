@@ -39,7 +39,16 @@ class SimStatistics:
     * ``dma_heap_allocations``: DMA_HEAP_IOCTL_ALLOC successes (a total; counted in
       ``dma_bufs_allocated`` too).
     * ``interrupted_mmaps``: MMAP buffers the current channel took from fds whose
-      invoke ERESTARTSYS interrupted (86e2d052); they go with the next restart.
+      invoke ERESTARTSYS interrupted (76e8e4ace1ed); never freed: the next restart
+      only unlinks them (``lost_mmaps``).
+    * ``contexts_in_use``: context ids of the current channel taken (at most 255):
+      calls in flight and the interrupted calls of fds not yet released.
+    * ``interrupted_contexts``: of those, the interrupted calls' (kept until their
+      fds are released).
+    * ``suspends``: system suspends so far (``faults.suspend`` and
+      ``faults.suspend_next_invoke``; a total).
+    * ``lost_mmaps`` / ``lost_mmap_bytes``: interrupted invokes' MMAP buffers that
+      restarts unlinked without freeing them (totals; a reboot gets them back).
     """
 
     device_fds_open: int
@@ -64,3 +73,8 @@ class SimStatistics:
     dma_heap_fds_open: int
     dma_heap_allocations: int
     interrupted_mmaps: int = 0
+    contexts_in_use: int = 0
+    interrupted_contexts: int = 0
+    suspends: int = 0
+    lost_mmaps: int = 0
+    lost_mmap_bytes: int = 0

@@ -147,6 +147,15 @@ def test_status_with_no_clients_and_an_unverified_shell() -> None:
     )
     off = msgspec.structs.replace(status, pool=p.PoolRow(enabled=False))
     assert "pool        off\n" in render_status(off)
+    # Issue 29, item 7: contexts that suspends left, and the reopens that freed them.
+    quiet = p.DomainRow(name="quiet")
+    suspended = p.DomainRow(name="default", interrupted_contexts=12, suspend_reopens=1)
+    text = render_status(msgspec.structs.replace(status, domains=(quiet, suspended)))
+    assert (
+        "default: 12 calls interrupted by suspends hold contexts until the session closes; "
+        "reopened 1 time to free them"
+    ) in text
+    assert "quiet:" not in text
 
 
 def test_formatting_helpers() -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from npud.doctor_checks import KNOWN_GOOD_FIRMWARE, Status, connect_fix
+import npu_protocol as p
+from npud.doctor_checks import KNOWN_GOOD_FIRMWARE, Status, check_unsigned_pd, connect_fix
 from npud.fastrpc.trust.shell import DEVELOPMENT_PUBLIC_KEY_HEX
 from npud.sign_shell import sign_shell_file
 from tests.doctor.fake_tree import (
@@ -74,6 +75,7 @@ def test_healthy_tree_passes_with_a_running_daemon(tree: FakeTree, npud: Npud) -
         "QAIRT runtime",
         "DSP libraries",
         "daemon",
+        "unsigned PD",
     ]
     assert "remoteproc1 (cdsp): running" in only(report, "CDSP remoteproc").detail
     assert f"{KNOWN_GOOD_FIRMWARE} (known good)" in only(report, "CDSP firmware").detail
@@ -519,3 +521,30 @@ def test_no_npu_and_the_kernel_backend(tmp_path: Path) -> None:
     assert report.uses == "none"
     assert report.exit_status == 1
     assert report.verdict.endswith("Fix the FAIL lines.")
+
+
+def _status_with(dsp: p.DspCapabilities) -> p.DaemonStatus:
+    return p.DaemonStatus(
+        daemon_version="0.1.0",
+        uptime_ms=5,
+        backend="kernel",
+        device="/dev/fastrpc-cdsp-secure",
+        dsp=dsp,
+        shell=p.ShellStatus(verified=True, sha256="ab" * 32),
+        epoch=1,
+    )
+
+
+def test_an_unsigned_pd_answer_of_0_is_a_warning_not_a_failure() -> None:
+    # Issue 29, item 8: libcdsprpc never reads UNSIGNED_PD_SUPPORT; a daemon that
+    # answers runs its unsigned PD, so the answer alone only warns.
+    finding = check_unsigned_pd(_status_with(p.DspCapabilities(arch_ver=0x73)))
+    assert finding is not None
+    assert finding.status is Status.WARN
+    assert "UNSIGNED_PD_SUPPORT = 0" in finding.detail
+    assert "firmware" in finding.fix
+    ok = check_unsigned_pd(_status_with(p.DspCapabilities(arch_ver=0x73, unsigned_pd_support=1)))
+    assert ok is not None
+    assert ok.status is Status.OK
+    # No capabilities reported (the DSP process is not up): nothing to say.
+    assert check_unsigned_pd(_status_with(p.DspCapabilities())) is None

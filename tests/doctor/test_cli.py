@@ -91,7 +91,7 @@ def test_healthy_tree_exits_zero(tree: FakeTree, npud: Npud) -> None:
     assert result.returncode == 0, result.stdout
     assert result.stderr == ""
     assert not any(line.startswith("FAIL") for line in result.stdout.splitlines())
-    assert result.stdout.splitlines()[-1].startswith("summary: 10 OK, 1 WARN, 0 FAIL, 0 SKIP")
+    assert result.stdout.splitlines()[-1].startswith("summary: 11 OK, 1 WARN, 0 FAIL, 0 SKIP")
 
 
 def test_bad_root_and_bad_options(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ on a device, what the emulator can only be told by its knobs."""
 
 from __future__ import annotations
 
+import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +31,7 @@ def _record(
     run: Callable[[FastRpcSession], None],
     *,
     suspend: bool = False,
+    suspend_after: float | None = None,
 ) -> None:
     writer = TraceWriter(path, backend="emulator")
     emulator = EmulatedDriver(config)
@@ -39,7 +42,15 @@ def _record(
             session.load_shell(DEV_SHELL.read_bytes())
             if suspend:
                 emulator.faults.suspend_next_invoke()
-            run(session)
+            timer = None
+            if suspend_after is not None:  # a suspend of the machine while the run goes on
+                timer = threading.Timer(suspend_after, emulator.faults.suspend)
+                timer.start()
+            try:
+                run(session)
+            finally:
+                if timer is not None:
+                    timer.join()
     finally:
         writer.close()
 
@@ -76,7 +87,21 @@ def test_the_suspend_scenario_sees_one_answer_per_call(
     printed = capsys.readouterr().out
     assert ", 0 failed," in printed
     assert "listener: running=True" in printed
+    assert "load after the suspend: ok in " in printed
     assert replay(trace).divergence is None
+
+
+def test_the_suspend_scenario_loads_through_the_listener_that_waited_through_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 29, item 7: a suspend interrupts the listener's next2 (and whatever else
+    # waits); the load afterwards needs the restarted next2, and npud counts the calls.
+    trace = tmp_path / "suspend.jsonl"
+    _record(trace, SimConfig(), lambda session: suspend_scenario(session, 0.3), suspend_after=0.05)
+    printed = capsys.readouterr().out
+    assert ", 0 failed," in printed
+    assert "load after the suspend: ok in " in printed
+    assert re.search(r"interrupted contexts: [1-9]", printed), printed
 
 
 def test_only_the_unknown_static_handles_may_be_probed() -> None:

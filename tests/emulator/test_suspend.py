@@ -1,4 +1,4 @@
-"""A system suspend during an INVOKE, as 86e2d052 handles it (issue 21, item 6).
+"""A system suspend during an INVOKE, as 76e8e4ace1ed handles it (issue 21, item 6).
 
 The kernel waits for a user invoke interruptibly. The suspend freezer ends
 that wait with ERESTARTSYS; the syscall then restarts by itself, so the

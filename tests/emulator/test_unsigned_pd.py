@@ -1,14 +1,17 @@
-"""The unsigned PD is asked for only where the DSP says it has one (issue 21, item 3).
+"""The unsigned PD and capability UNSIGNED_PD_SUPPORT (issue 21, item 3; issue 29, item 8).
 
-Capability UNSIGNED_PD_SUPPORT (attribute 1) tells; Qualcomm's examples read it
-before they enable the unsigned PD. ``SimConfig(capabilities={1: 0})`` is a
-DSP firmware without it: its answer is 0 and it refuses an unsigned
-INIT_CREATE.
+Qualcomm's sample apps read attribute 1 before they enable the unsigned PD;
+libcdsprpc never does. npud asks for it as libcdsprpc does, and only warns when
+the answer is 0; if the firmware then refuses the create, the error says why.
+``SimConfig(capabilities={1: 0})`` is a DSP firmware without it: its answer is
+0 and it refuses an unsigned INIT_CREATE; ``unsigned_pd_runs=True`` makes one
+whose answer is 0 but which creates it all the same.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import subprocess
 import sys
@@ -40,11 +43,33 @@ def test_a_dsp_without_the_unsigned_pd_is_refused_with_a_clear_error() -> None:
         assert "UNSIGNED_PD_SUPPORT = 0" in message
         assert "CDSP firmware" in message
         assert "v73" in message
+        assert "refused the unsigned PD (result 0x" in message
         assert not session.shell_loaded
-        assert driver.statistics().dsp_processes == 0  # no INIT_CREATE was sent
+        assert driver.statistics().dsp_processes == 0  # the firmware refused the create
     finally:
         session.close()
     assert not fastrpc_threads()
+
+
+def test_an_answer_of_0_only_warns_when_the_firmware_runs_the_unsigned_pd(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # libcdsprpc never reads attribute 1: a firmware that answers 0 and still creates
+    # the unsigned PD serves every other program, so it serves npud too.
+    driver = EmulatedDriver(
+        SimConfig(capabilities={abi.UNSIGNED_PD_SUPPORT: 0}, unsigned_pd_runs=True)
+    )
+    session = FastRpcSession.open(driver, library_path=[DSP_LIBRARY_DIR])
+    try:
+        assert not session.capabilities.unsigned_pd
+        with caplog.at_level(logging.WARNING, logger="npud.fastrpc.session"):
+            session.load_shell(DEV_SHELL.read_bytes())
+        assert session.shell_loaded
+        assert driver.statistics().dsp_processes == 1
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("UNSIGNED_PD_SUPPORT = 0" in m and "libcdsprpc" in m for m in warned)
+    finally:
+        session.close()
 
 
 def test_a_signed_pd_is_still_created_there() -> None:
@@ -111,3 +136,9 @@ def test_npud_stops_with_the_reason_on_a_firmware_without_unsigned_pds(tmp_path:
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 69  # EX_UNAVAILABLE: no NPU npud can use
     assert "UNSIGNED_PD_SUPPORT = 0" in result.stderr
+
+
+def test_the_firmware_creates_the_unsigned_pd_as_it_answers_unless_set_apart() -> None:
+    assert SimConfig(capabilities={1: 0}, unsigned_pd_runs=True).creates_unsigned_pd
+    assert not SimConfig(capabilities={1: 0}).creates_unsigned_pd
+    assert not SimConfig(unsigned_pd_runs=False).creates_unsigned_pd

@@ -15,6 +15,7 @@ from npud.fastrpc.reverse.apps_std import (
     FCLOSE,
     FCLOSE_FD,
     FILE_EXISTS,
+    FIRST_FILE_HANDLE,
     FLEN,
     FOPEN,
     FOPEN_FD,
@@ -390,3 +391,27 @@ def test_unknown_escaped_ids_and_bad_strings(host: Host) -> None:
     assert host.dispatch(handle, abi.remote_scalars_make(31, 1, 0), [b"\0"], []).result == (
         AEE.EBADPARM
     )
+
+
+def test_file_handles_start_at_100_and_reuse_the_lowest_free_one(server: Host) -> None:
+    # Issue 29, item 6: apps_std_imp.c's APPS_FD_BASE; a handle of 1 could be taken
+    # for a descriptor by a DSP library that checks.
+    handle = _std_handle(server)
+
+    def opened() -> int:
+        reply = _open(server, "libecho_skel.so")
+        assert reply.result == 0
+        (file,) = struct.unpack("<I", reply.outputs[0])
+        return int(file)
+
+    assert [opened(), opened(), opened()] == [FIRST_FILE_HANDLE, 101, 102]
+    closed = server.dispatch(
+        handle, abi.remote_scalars_make(FCLOSE, 1, 0), [struct.pack("<I", 101)], []
+    )
+    assert closed.result == 0
+    assert opened() == 101  # the lowest free number, as apps_std_FILE_alloc fills gaps
+    assert opened() == 103
+    unknown = server.dispatch(
+        handle, abi.remote_scalars_make(FLEN, 1, 1), [struct.pack("<I", 1)], [8]
+    )
+    assert unknown.result == errno.EBADF

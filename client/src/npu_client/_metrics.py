@@ -123,6 +123,18 @@ DOMAIN_METRICS: Final = (
     Metric("npud_domain_invokes_total", COUNTER, "invokes_total", "Calls since it opened."),
     Metric("npud_domain_session_invokes", GAUGE, "invokes_done", "Calls of its current session."),
     Metric("npud_domain_uptime_seconds", GAUGE, "uptime_ms", "Seconds since it opened."),
+    Metric(
+        "npud_domain_interrupted_contexts",
+        GAUGE,
+        "interrupted_contexts",
+        "Calls suspends interrupted; the kernel keeps their contexts until the session closes.",
+    ),
+    Metric(
+        "npud_domain_suspend_reopens_total",
+        COUNTER,
+        "suspend_reopens",
+        "Sessions reopened to free the contexts suspends left.",
+    ),
 )
 """Per-domain metrics, labelled domain, isolated and state: fields of each domain row."""
 # fmt: on

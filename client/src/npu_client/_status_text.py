@@ -49,7 +49,7 @@ def render_status(status: DaemonStatus) -> str:
         "",
     ]
     if status.domains:
-        lines += [_line("domains:", ""), *_domains(status.domains), ""]
+        lines += [_line("domains:", ""), *_domains(status.domains), *_suspended(status.domains), ""]
     if status.clients:
         lines.extend(_table(status.clients))
     else:
@@ -187,6 +187,18 @@ def _domains(domains: Sequence[DomainRow]) -> list[str]:
         for row in domains
     ]
     return _aligned(_DOMAIN_COLUMNS, rows)
+
+
+def _suspended(domains: Sequence[DomainRow]) -> list[str]:
+    """Domains whose calls system suspends interrupted: the kernel keeps a context for each
+    until the session's fd closes, and npud reopens sessions before the CDSP runs out."""
+    return [
+        f"{row.name}: {_count(row.interrupted_contexts, 'call')} interrupted by suspends hold "
+        f"contexts until the session closes; reopened {_count(row.suspend_reopens, 'time')} "
+        "to free them"
+        for row in domains
+        if row.interrupted_contexts or row.suspend_reopens
+    ]
 
 
 def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

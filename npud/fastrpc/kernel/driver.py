@@ -28,6 +28,8 @@ import mmap
 import os
 from typing import Protocol
 
+from npud.fastrpc.kernel.suspends import SuspendCounter
+
 IoctlArg = ctypes.Structure | ctypes.Array[ctypes.c_char] | None
 
 
@@ -48,6 +50,12 @@ class Driver(Protocol):
         their child processes; the kernel's driver holds nothing."""
         ...
 
+    def suspends(self) -> int:
+        """System suspends since the driver was made (only its growth matters). Each
+        interrupted every INVOKE then waiting for the DSP, and mainline keeps such a
+        call's context until its fd closes (:mod:`npud.fastrpc.kernel.suspends`)."""
+        ...
+
 
 def _load_libc() -> ctypes.CDLL:
     name = ctypes.util.find_library("c") or "libc.so.6"
@@ -65,6 +73,7 @@ class KernelDriver:
     """
 
     def __init__(self) -> None:
+        self._suspends = SuspendCounter()
         libc = _load_libc()
         self._ioctl = libc.ioctl
         self._ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
@@ -92,6 +101,10 @@ class KernelDriver:
 
     def shutdown(self) -> None:
         """Nothing to let go of: the kernel's state hangs on the fds."""
+
+    def suspends(self) -> int:
+        """Counted from the clocks and ``/sys/power/suspend_stats``."""
+        return self._suspends.count()
 
 
 def errno_name(err: int) -> str:

@@ -390,6 +390,10 @@ class ReplayDriver:
     def shutdown(self) -> None:
         """Nothing to let go of: a replay holds no DSP."""
 
+    def suspends(self) -> int:
+        """A replay runs through no suspend (a trace does not record them)."""
+        return 0
+
     def ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:
         with self._guard():
             call = self._begin("ioctl")

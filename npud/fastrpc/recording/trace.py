@@ -322,6 +322,10 @@ class TracingDriver:
         """Passed on, not recorded: no syscall (the emulator's own teardown)."""
         self.inner.shutdown()
 
+    def suspends(self) -> int:
+        """Passed on, not recorded: clock reads, not a call to the driver."""
+        return self.inner.suspends()
+
     def ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:
         raw_in = struct_bytes(arg)
         fields: Record = {

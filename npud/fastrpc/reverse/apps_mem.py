@@ -179,7 +179,7 @@ class AppsMemServer:
 
     def _taken_by_kernel(self, grant: Grant) -> None:
         """MUNMAP of a buffer we mapped, with its exact size, was EINVAL: the fd no longer
-        has it. Since 6.2 (86e2d052 has it) an invoke on the fd that a signal or the
+        has it. Since 6.2 (76e8e4ace1ed has it) an invoke on the fd that a signal or the
         suspend freezer interrupted (ERESTARTSYS) moves every MMAP buffer of the fd to
         the channel, which frees them only when the DSP restarts. The grant is dropped
         here so nothing tries to give it back again; the DSP is told as libcdsprpc

@@ -23,7 +23,8 @@ Results are what ``apps_std_imp.c`` answers, value for value: its calls
 return errno values, not AEE codes (its header: "errno is returned"). A
 missing file is ENOENT (2) from fopen, fopen_with_env, fopen_fd,
 fopen_with_env_fd and stat, and the DSP's loader moves on to its next
-candidate only after that value; an unknown file handle is EBADF (9); an
+candidate only after that value; file handles are the lowest free number
+from 100 on (APPS_FD_BASE), an unknown one is EBADF (9); an
 ``fclose_fd`` of an fd it does not know succeeds (0). Where npud refuses what
 libcdsprpc would do (a write mode: the files are served read-only), the
 answer is the errno the C library gives for it (EACCES). Only the failures
@@ -70,9 +71,11 @@ from npud.fastrpc.reverse.reverse_modules import CallDescription, Reply, fail
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "ENORPCMEMORY",
     "FCLOSE",
     "FCLOSE_FD",
     "FILE_EXISTS",
+    "FIRST_FILE_HANDLE",
     "FLEN",
     "FOPEN",
     "FOPEN_FD",
@@ -96,7 +99,10 @@ PATH_MAX: Final = 4096
 MAX_LOGGED_REFUSALS: Final = 256
 """Distinct refused paths logged per session; later ones are only counted."""
 ENORPCMEMORY: Final = 0x068
-"""AEE_ENORPCMEMORY (AEEStdErr.h): what libcdsprpc answers when rpcmem has no buffer."""
+"""AEE_ENORPCMEMORY (AEEStdErr.h): what libcdsprpc answers when rpcmem has no buffer
+(never AEE_ENOMEMORY, 2, which the DSP cannot tell from ENOENT)."""
+FIRST_FILE_HANDLE: Final = 100
+"""APPS_FD_BASE: libcdsprpc's file handles are the lowest free number from 100 on."""
 DOMAIN_DIRECTORY: Final = "cdsp"
 """libcdsprpc looks in ``<dir>/<domain name>/`` before ``<dir>/``."""
 
@@ -259,7 +265,6 @@ class AppsStdServer:
         self._sharing: FileSharing = sharing if sharing is not None else _NoSharing()
         self._files: dict[int, _OpenFile] = {}  # apps_std file handle -> open file
         self._shared: set[int] = set()  # fds of the _fd calls, until fclose_fd
-        self._next_file = 1
         self.files_served = 0
         self.refused_paths = 0
         """Names refused because they lead outside the configured directories."""
@@ -386,11 +391,18 @@ class AppsStdServer:
             open_file = self._open(name)
         except OSError as exc:
             return Reply(exc.errno or errno.EIO)
-        file = self._next_file
-        self._next_file += 1
+        file = self._free_handle()
         self._files[file] = open_file
         self.files_served += 1
         return {"psout": file}
+
+    def _free_handle(self) -> int:
+        """The lowest handle from FIRST_FILE_HANDLE on that no open file has, as
+        ``apps_std_FILE_alloc`` picks it (a closed file's number is used again)."""
+        handle = FIRST_FILE_HANDLE
+        while handle in self._files:
+            handle += 1
+        return handle
 
     # --- mapped reads (the _fd calls) ----------------------------------------
     def _fopen_fd(self, name: str, mode: str) -> dict[str, object] | Reply:

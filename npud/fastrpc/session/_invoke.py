@@ -52,9 +52,11 @@ class Invoking(Buffers):
                     self._release_quietly(buffer)
 
     def _invoke_ioctl(self, invoke: abi.fastrpc_invoke) -> int:
-        """INVOKE; a DSP result that reached us as an errno is returned as that result."""
+        """INVOKE; a DSP result that reached us as an errno is returned as that result.
+        Suspends during the call are counted: each kept one context of this fd."""
         try:
-            return self._driver.ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
+            with self._waiting_call():
+                return self._driver.ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
         except OSError as exc:
             rc = dsp_result_in_errno_range(exc, abi.FASTRPC_IOCTL_INVOKE)
             if rc is None:

@@ -37,12 +37,16 @@ class SessionStatistics:
     """Files the DSP asked for outside the library directories (apps_std refused them)."""
     listener_retries: int = 0
     """next2 calls the listener sent again after a failure (libcdsprpc's one retry)."""
+    interrupted_contexts: int = 0
+    """INVOKEs of this fd that a system suspend interrupted while they waited for the DSP:
+    mainline keeps each one's context (one of the channel's 255) until the fd closes."""
 
 
 class Lifecycle(RemoteHandles):
     """The session's state as a whole, and its close."""
 
     def statistics(self) -> SessionStatistics:
+        interrupted = self.interrupted_contexts()
         with self._state_lock:
             buffers = list(self._buffers.values())
             return SessionStatistics(
@@ -65,6 +69,7 @@ class Lifecycle(RemoteHandles):
                 listener=self._listener.stats.generation if self._listener else "",
                 refused_paths=self._apps_std.refused_paths if self._apps_std else 0,
                 listener_retries=self._listener.stats.retries if self._listener else 0,
+                interrupted_contexts=interrupted,
             )
 
     @property

@@ -65,7 +65,7 @@ class Process(Exposing):
                     reason=f"the shell is {len(shell)} bytes; the kernel accepts at most "
                     f"{abi.INIT_FILELEN_MAX}",
                 )
-            self._check_unsigned_pd(attrs)
+            said_none = self._check_unsigned_pd(attrs)
             buffer = self._allocate(len(shell))
             try:
                 buffer.view()[: len(shell)] = shell
@@ -78,6 +78,8 @@ class Process(Exposing):
                 )
                 rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INIT_CREATE, create)
                 if rc != 0:
+                    if said_none:
+                        raise self._unsigned_pd_refused(rc)
                     raise RpcError(ErrorCode.FASTRPC, rc=rc)
                 host = ReverseHost(self)
                 apps_std = AppsStdServer(self._library_path, self._exposed, sharing=host)
@@ -101,22 +103,35 @@ class Process(Exposing):
             self._apps_std = apps_std
         log.info("DSP process created", extra={"shell_bytes": len(shell), "attrs": f"0x{attrs:x}"})
 
-    def _check_unsigned_pd(self, attrs: int) -> None:
-        """Refuse to ask for the unsigned PD on a DSP whose firmware says it has none
-        (capability UNSIGNED_PD_SUPPORT = 0), as Qualcomm's examples check before they
-        enable it: the INIT_CREATE would fail with a code that names nothing. A DSP
-        without the capability API cannot say, so the request goes ahead there."""
+    def _check_unsigned_pd(self, attrs: int) -> bool:
+        """True (with a warning in the log) when the unsigned PD is asked for on a DSP
+        whose firmware answers UNSIGNED_PD_SUPPORT = 0. Advisory only: libcdsprpc never
+        reads the attribute (only Qualcomm's sample apps do), so the INIT_CREATE goes
+        ahead as it does for every other program; if the firmware then refuses it,
+        :meth:`_unsigned_pd_refused` says why. A DSP without the capability API cannot
+        say, so it is asked anyway too."""
         if not attrs & abi.FASTRPC_MODE_UNSIGNED_MODULE:
-            return
+            return False
         if not self.capabilities.available or self.capabilities.unsigned_pd:
-            return
-        raise RpcError(
+            return False
+        log.warning(
+            "the CDSP firmware answers UNSIGNED_PD_SUPPORT = 0; asking for the unsigned PD "
+            "anyway, as libcdsprpc does (it never reads the attribute)",
+            extra={"device": self.device, "arch": self.capabilities.arch},
+        )
+        return True
+
+    def _unsigned_pd_refused(self, rc: int) -> RpcError:
+        """The INIT_CREATE of the unsigned PD failed with ``rc`` on a firmware that
+        answers UNSIGNED_PD_SUPPORT = 0: the firmware has none."""
+        return RpcError(
             ErrorCode.UNSUPPORTED,
             what=(
                 f"the unsigned PD: the CDSP firmware on {self.device} (Hexagon "
-                f"{self.capabilities.arch}) answers UNSIGNED_PD_SUPPORT = 0, so it cannot run "
-                "unsigned skels such as npud's; install a CDSP firmware with unsigned PD "
-                "support (npud doctor shows the firmware in use)"
+                f"{self.capabilities.arch}) answers UNSIGNED_PD_SUPPORT = 0 and refused "
+                f"the unsigned PD (result 0x{rc:08X}), so it cannot run unsigned skels such "
+                "as npud's; install a CDSP firmware with unsigned PD support (npud doctor "
+                "shows the firmware in use)"
             ),
         )
 

@@ -10,7 +10,7 @@ from npu_protocol import AEE
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.driver import IoctlArg
 from npud.fastrpc.kernel.errors import RpcError
-from npud.fastrpc.reverse.apps_std import SharedSource, SharingError
+from npud.fastrpc.reverse.apps_std import ENORPCMEMORY, SharedSource, SharingError
 from npud.fastrpc.reverse.reverse_modules import aee_for_errno
 from npud.fastrpc.session._buffers import Buffers
 from npud.fastrpc.session._mappings import whole_buffer_map
@@ -54,7 +54,7 @@ class ReverseHost:
             buffer = session._allocate(max(size, 1))
         except RpcError as exc:
             log.warning("no DMA-BUF for a file the DSP reads", extra={"error": str(exc)})
-            raise SharingError(int(AEE.ENOMEMORY)) from None
+            raise SharingError(ENORPCMEMORY) from None  # as apps_std_fopen_fd answers
         try:
             view = buffer.view()
             done = 0

@@ -83,6 +83,11 @@ class SessionState:
         self.on_dead: Callable[[str], None] | None = None
         """Called once, on the thread that first sees the DSP restart (EPIPE): often the
         listener's, before any request runs into it. Must not block."""
+        self._interrupted_done = 0
+        """Suspends that INVOKEs of this fd waited through, counted when they returned."""
+        self._waiting: dict[int, int] = {}
+        """INVOKEs on the driver now: the driver's suspend count when each began."""
+        self._waiting_ids = itertools.count()
 
     def _traced(
         self,
@@ -134,6 +139,32 @@ class SessionState:
                 self._invokes_done += 1
                 if not self._in_flight:
                     self._idle.notify_all()
+
+    @contextmanager
+    def _waiting_call(self) -> Iterator[None]:
+        """Around an INVOKE ioctl: the suspends it waits through are counted, each one
+        context of this fd that mainline keeps until the fd closes."""
+        start = self._driver.suspends()
+        with self._state_lock:
+            token = next(self._waiting_ids)
+            self._waiting[token] = start
+        try:
+            yield
+        finally:
+            spanned = self._driver.suspends() - start
+            with self._state_lock:
+                del self._waiting[token]
+                self._interrupted_done += spanned
+
+    def interrupted_contexts(self) -> int:
+        """Contexts of this fd's INVOKEs that system suspends interrupted, those still
+        waiting included: the kernel keeps every one until the fd closes. An INVOKE
+        that was waiting during a suspend counts once per suspend (it is restarted under
+        a new context each time); one that had not reached its wait yet counts too, so
+        the number errs on the high side only."""
+        now = self._driver.suspends()
+        with self._state_lock:
+            return self._interrupted_done + sum(now - start for start in self._waiting.values())
 
     def _release_quietly(self, buffer: DmaBuffer) -> None:
         """Release where a caller cannot act on a failure: log it, never strand the rest."""

@@ -306,6 +306,9 @@ class SessionRow(_Record, frozen=True, kw_only=True):
     refused_paths: U63 = 0
     """Files the DSP asked for outside the library directories, refused (each is logged
     once with its path; docs/hardware.md says how to allow a directory)."""
+    interrupted_contexts: U32 = 0
+    """Version 6 (additive): calls of this session that system suspends interrupted; the
+    kernel keeps each one's context until the session's fd closes."""
 
 
 class LaneRow(_Record, frozen=True, kw_only=True):
@@ -351,6 +354,12 @@ class DomainRow(_Record, frozen=True, kw_only=True):
     lanes: Annotated[tuple[LaneRow, ...], msgspec.Meta(max_length=8)] = ()
     """Its threads (version 6, section 7.5: ``control``, ``loader``, ``waits``); a server
     before 6 sent the default domain's in the status's ``lanes``."""
+    interrupted_contexts: U32 = 0
+    """Version 6 (additive): calls of its session that system suspends interrupted, whose
+    contexts the kernel keeps until the session's fd closes."""
+    suspend_reopens: U32 = 0
+    """Version 6 (additive): sessions reopened to free those contexts (``[domains]
+    reopen_at_interrupted_contexts``); each is a restart its clients saw."""
 
 
 class MemoryRow(_Record, frozen=True, kw_only=True):
