@@ -140,6 +140,16 @@ class DaemonConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
         msgspec.Meta(gt=0, le=3600),
         _doc("Seconds between the summary lines of a connection whose lines are held back."),
     ] = 10.0
+    model_check_s: Annotated[
+        float,
+        msgspec.Meta(gt=0, le=3600),
+        _doc(
+            "Seconds the checks of one model file may take (its kind, external data, loops, "
+            "shapes: a walk of its protobuf fields, on a thread of the load's own); a file "
+            "that takes longer is refused MODEL_REJECTED. Real models take milliseconds; a "
+            "file of millions of tiny fields takes seconds."
+        ),
+    ] = 10.0
     trace: Annotated[
         str,
         _doc(

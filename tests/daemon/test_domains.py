@@ -244,7 +244,7 @@ async def test_an_endless_model_burns_only_its_own_domain(
     them answered, the daemon healthy throughout (issue 16, item 3)."""
     from npud.fastrpc.stubs import model_format
 
-    monkeypatch.setattr(model_format, "check_bounded", lambda fd, size: None)
+    monkeypatch.setattr(model_format, "check_contents", lambda fd, size, budget=None: None)
     path = tmp_path / "npud.sock"
     looping = tmp_path / "loop.onnx"
     looping.write_bytes(onnx_models.endless_loop())

@@ -513,7 +513,7 @@ async def test_the_dsp_refuses_external_data_even_past_the_daemons_check(
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "secret.bin").write_bytes(b"TOPSECRETBYTES!!")
-    monkeypatch.setattr(model_format, "check_self_contained", lambda fd, size: None)
+    monkeypatch.setattr(model_format, "check_contents", lambda fd, size, budget=None: None)
     path = model_file(tmp_path, onnx_models.external_initializer("secret.bin"))
     async with (
         serve_daemon(tmp_path),

@@ -191,7 +191,7 @@ def test_nesting_is_bounded_without_recursion() -> None:
     ("data", "reason"),
     [
         (b"\x08\x08" + _message(7, b"\x0a\x05abc"), "runs 2 bytes past its message"),
-        (b"\x08\x08" + _message(7, b"\x0b"), "wire type 3"),
+        (b"\x08\x08" + _message(7, b"\x0b"), "group 1 has no end"),
         (b"\x08\x08" + _message(7, b"\x0a"), "ends inside its header"),
         (b"\x08\x08" + _message(7, b"\x00"), "numbered 0"),
         (b"\x08" + b"\xff" * 10, "longer than 10 bytes"),

@@ -301,6 +301,15 @@ def _spec(index: int, record: idl.Values) -> TensorSpec:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckedFile:
+    """What :meth:`PortalQnn.check` found: the file, and the outputs left for the DSP to
+    size (their shapes follow only from inference)."""
+
+    file: Sniffed
+    unsized: tuple[onnx_proto.GraphTensor, ...] = ()
+
+
 @dataclasses.dataclass
 class _Model:
     loaded: LoadedModel
@@ -340,11 +349,14 @@ class PortalQnn:
 
     # ----------------------------------------------------------------- load
     @staticmethod
-    def check_file(fd: int, backend: Backend) -> Sniffed:
+    def check_file(
+        fd: int, backend: Backend, budget: onnx_proto.Budget | None = None
+    ) -> Sniffed:
         """What the model file open on ``fd`` is; ModelError when ``backend`` cannot load
-        it (unreadable, another format, damaged, or refers to external data)."""
+        it (unreadable, another format, damaged, refers to external data, may loop, or
+        was not checked within ``budget``)."""
         try:
-            return check_model_file(fd, backend)
+            return check_model_file(fd, backend, budget)
         except ModelFileError as exc:
             failure = {
                 "unreadable": ModelFailure.FILE_UNREADABLE,
@@ -354,18 +366,45 @@ class PortalQnn:
             }[exc.kind]
             raise ModelError(failure, str(exc)) from None
 
-    def load(self, fd: int, *, shapes: Mapping[str, Sequence[int]] | None = None) -> LoadedModel:
-        """Load the model file open on ``fd`` (the caller keeps it) into a free slot.
-
-        ``shapes`` fixes free dimensions of an ONNX model's tensors by name (the
-        emulator backend); a QNN model library's shapes are fixed already.
-        """
-        sniffed = self.check_file(fd, self.backend)
-        if shapes and self.backend == "kernel":
+    @classmethod
+    def check(
+        cls,
+        fd: int,
+        backend: Backend,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        budget: onnx_proto.Budget | None = None,
+    ) -> CheckedFile:
+        """Every check :meth:`load` makes on the file before it reaches the DSP (the
+        file's kind, contents and shapes), within ``budget``; ModelError when one fails.
+        A caller may make them on a thread of its choice and give :meth:`load` the result."""
+        sniffed = cls.check_file(fd, backend, budget)
+        if shapes and backend == "kernel":
             raise ModelError(
                 ModelFailure.TENSOR_MISMATCH,
                 "a QNN model library has fixed shapes: shapes apply to ONNX models only",
             )
+        model_uri_query(shapes or {})  # refuses bad names and dimensions
+        unsized: list[onnx_proto.GraphTensor] = []
+        if sniffed.format is ModelFormat.ONNX:
+            unsized = _check_shapes(fd, sniffed.size, shapes or {}, budget)
+        return CheckedFile(sniffed, tuple(unsized))
+
+    def load(
+        self,
+        fd: int,
+        *,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        checked: CheckedFile | None = None,
+    ) -> LoadedModel:
+        """Load the model file open on ``fd`` (the caller keeps it) into a free slot.
+
+        ``shapes`` fixes free dimensions of an ONNX model's tensors by name (the
+        emulator backend); a QNN model library's shapes are fixed already. ``checked``:
+        what :meth:`check` found for this file and these shapes (made now when None).
+        """
+        if checked is None:
+            checked = self.check(fd, self.backend, shapes)
+        sniffed, unsized = checked.file, list(checked.unsized)
         query = model_uri_query(shapes or {})
         try:
             exposed = self._session.expose_file(fd, suffix=QNN_SUFFIX[self.backend])
@@ -379,9 +418,6 @@ class PortalQnn:
                     ModelFailure.TENSOR_MISMATCH,
                     f"the shapes make the model URI {len(uri)} bytes; at most {MAX_URI_BYTES - 1}",
                 )
-            unsized: list[onnx_proto.GraphTensor] = []
-            if sniffed.format is ModelFormat.ONNX:
-                unsized = _check_shapes(fd, sniffed.size, shapes or {})
             with self._load_lock:
                 rc, values = self._call(_LOAD, model_uri=uri)
                 failed = rc != 0 or values.integer("qnn_status") != 0
@@ -706,7 +742,10 @@ def _out_arg(item: int | idl.BufferRef) -> OutArg:
 
 
 def _check_shapes(
-    fd: int, size: int, shapes: Mapping[str, Sequence[int]]
+    fd: int,
+    size: int,
+    shapes: Mapping[str, Sequence[int]],
+    budget: onnx_proto.Budget | None = None,
 ) -> list[onnx_proto.GraphTensor]:
     """Refuse here, saying which tensor and what to give, what the DSP would refuse
     with one generic code (its log has the reason; its client would not). The outputs
@@ -714,8 +753,8 @@ def _check_shapes(
     try:
         members = model_members(fd, size)
         if len(members) == 1:
-            return check_shapes(members[0], shapes)
-        return _check_pack_shapes(members, shapes)
+            return check_shapes(members[0], shapes, budget)
+        return _check_pack_shapes(members, shapes, budget)
     except ModelFileError as exc:
         raise ModelError(ModelFailure.FILE_MALFORMED, str(exc)) from None
     except ShapeError as exc:
@@ -727,6 +766,16 @@ def _check_shapes(
         raise ModelError(
             ModelFailure.FILE_MALFORMED, f"the model file is a damaged ONNX model: {exc}"
         ) from None
+    except onnx_proto.CheckTimeoutError as exc:
+        raise ModelError(
+            ModelFailure.MODEL_REJECTED,
+            f"the model file was not checked in time: {exc} ([daemon] model_check_s); a model"
+            " of this many protobuf fields is not loaded",
+        ) from None
+    except onnx_proto.LimitError as exc:
+        raise ModelError(
+            ModelFailure.MODEL_REJECTED, f"the model is outside npud's limits: {exc}"
+        ) from None
     except OSError as exc:
         raise ModelError(
             ModelFailure.FILE_UNREADABLE, f"cannot read the model file: {exc}"
@@ -734,11 +783,13 @@ def _check_shapes(
 
 
 def _check_pack_shapes(
-    members: Sequence[onnx_proto.Source], shapes: Mapping[str, Sequence[int]]
+    members: Sequence[onnx_proto.Source],
+    shapes: Mapping[str, Sequence[int]],
+    budget: onnx_proto.Budget | None = None,
 ) -> list[onnx_proto.GraphTensor]:
     """check_shapes for each graph of a graph pack, with the shapes of the tensors that
     graph has (a shape applies to every graph with a tensor of its name)."""
-    names = [{t.name for t in onnx_proto.graph_io(member)} for member in members]
+    names = [{t.name for t in onnx_proto.graph_io(member, budget)} for member in members]
     known = set().union(*names)
     unknown = sorted(set(shapes) - known)
     if unknown:
@@ -748,7 +799,7 @@ def _check_pack_shapes(
         )
     unsized: list[onnx_proto.GraphTensor] = []
     for member, has in zip(members, names, strict=True):
-        unsized += check_shapes(member, {k: v for k, v in shapes.items() if k in has})
+        unsized += check_shapes(member, {k: v for k, v in shapes.items() if k in has}, budget)
     return unsized
 
 
