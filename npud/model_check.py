@@ -61,7 +61,9 @@ class FileCheck:
             self._thread.start()
         except RuntimeError:
             os.close(self._fd)
-            raise CodedError(ErrorCode.INTERNAL_ERROR, detail="no thread for the model check") from None
+            raise CodedError(
+                ErrorCode.INTERNAL_ERROR, detail="no thread for the model check"
+            ) from None
 
     def _run(self) -> None:
         from npud.fastrpc.stubs.portal_qnn import PortalQnn  # noqa: PLC0415  (see the docstring)

@@ -312,7 +312,9 @@ def _varint(data: bytes, at: int, longest: int) -> tuple[int, int]:
     raise DamagedError("a field ends inside its header")
 
 
-def fields(source: Source, offset: int, end: int, budget: Budget | None = None) -> Iterator[Field]:
+def fields(  # noqa: PLR0912, PLR0915 - one loop, inlined: a field per turn is a walk's cost
+    source: Source, offset: int, end: int, budget: Budget | None = None
+) -> Iterator[Field]:
     """The fields of the message in [offset, end), in order, parsed as they are read;
     DamagedError when malformed (after the fields before the damage), CheckTimeoutError
     when ``budget`` runs out. Reads :data:`CHUNK` bytes at a time, so that a whole
@@ -355,7 +357,7 @@ def fields(source: Source, offset: int, end: int, budget: Budget | None = None) 
             value, at = _varint(data, at, MAX_VARINT_BYTES)
             value &= _U64
             after = base + at
-        elif wire == FIXED64 or wire == FIXED32:  # noqa: PLR1714 - ints, the fast compare
+        elif wire in (FIXED64, FIXED32):
             start = base + at
             value, after = 0, start + (8 if wire == FIXED64 else 4)
         elif wire == GROUP_START:
@@ -388,16 +390,7 @@ def _skip_group(chunk: _Chunk, number: int, offset: int, end: int, budget: Budge
         inner, wire = key >> 3, key & 7
         if inner == 0:
             raise DamagedError("a field numbered 0")
-        if wire == VARINT:
-            offset = chunk.varint(offset, MAX_VARINT_BYTES)[1]
-        elif wire == LENGTH:
-            length, offset = chunk.varint(offset, MAX_LENGTH_BYTES)
-            if length > MAX_LENGTH:
-                raise DamagedError(f"field {inner} of {length} bytes (protobuf reads < 2 GiB)")
-            offset += length
-        elif wire in (FIXED64, FIXED32):
-            offset += 8 if wire == FIXED64 else 4
-        elif wire == GROUP_START:
+        if wire == GROUP_START:
             if len(open_groups) >= MAX_DEPTH:
                 raise DamagedError(f"groups nest deeper than {MAX_DEPTH}")
             open_groups.append(inner)
@@ -407,8 +400,22 @@ def _skip_group(chunk: _Chunk, number: int, offset: int, end: int, budget: Budge
             if not open_groups:
                 return offset
         else:
-            raise DamagedError(f"wire type {wire}")
+            offset = _skip_value(chunk, inner, wire, offset)
     raise DamagedError(f"group {number} has no end")
+
+
+def _skip_value(chunk: _Chunk, number: int, wire: int, offset: int) -> int:
+    """Past the value of field ``number`` of wire type ``wire`` (not a group's)."""
+    if wire == VARINT:
+        return chunk.varint(offset, MAX_VARINT_BYTES)[1]
+    if wire == LENGTH:
+        length, offset = chunk.varint(offset, MAX_LENGTH_BYTES)
+        if length > MAX_LENGTH:
+            raise DamagedError(f"field {number} of {length} bytes (protobuf reads < 2 GiB)")
+        return offset + length
+    if wire in (FIXED64, FIXED32):
+        return offset + (8 if wire == FIXED64 else 4)
+    raise DamagedError(f"wire type {wire}")
 
 
 def _text(source: Source, field: Field) -> str:
@@ -459,6 +466,9 @@ class Findings:
     looping: LoopingNode | None = None
 
 
+_NODE_TEXT: Final = {NODE_OP_TYPE: "op_type", NODE_NAME: "name", NODE_DOMAIN: "domain"}
+
+
 class _Frame:
     """A message being walked: its type, how its parent calls it, its fields still to
     come, and a node's op_type, name and domain so far."""
@@ -499,14 +509,9 @@ def scan(
         for field in frame.fields:
             if field.wire != LENGTH:
                 continue
-            if node and field.number in (NODE_OP_TYPE, NODE_NAME, NODE_DOMAIN):
-                text = _text(source, field)  # protobuf keeps the last of a singular field
-                if field.number == NODE_OP_TYPE:
-                    frame.op_type = text
-                elif field.number == NODE_NAME:
-                    frame.name = text
-                else:
-                    frame.domain = text
+            if node and field.number in _NODE_TEXT:
+                # protobuf keeps the last of a singular field
+                setattr(frame, _NODE_TEXT[field.number], _text(source, field))
                 continue
             child = paths.get(field.number)
             if child is None:
@@ -618,9 +623,7 @@ def _value_info(source: Source, field: Field, kind: str, budget: Budget | None) 
     return GraphTensor(kind, name, dims)
 
 
-def _only(
-    source: Source, field: Field, number: int, budget: Budget | None = None
-) -> Field | None:
+def _only(source: Source, field: Field, number: int, budget: Budget | None = None) -> Field | None:
     """The last length-delimited field ``number`` in ``field``'s message (protobuf's
     rule for a repeated singular field), or None."""
     chosen = None

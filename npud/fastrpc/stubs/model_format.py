@@ -236,9 +236,7 @@ def sniff(fd: int, budget: onnx_proto.Budget | None = None) -> Sniffed:
     return Sniffed(None, _describe_other(head), size)
 
 
-def check_model_file(
-    fd: int, backend: str, budget: onnx_proto.Budget | None = None
-) -> Sniffed:
+def check_model_file(fd: int, backend: str, budget: onnx_proto.Budget | None = None) -> Sniffed:
     """Sniff ``fd`` and refuse what ``backend`` ("kernel" or "emulator") cannot load.
     ``budget`` bounds the time of every walk of the file together (``refused`` when it
     runs out)."""

@@ -349,9 +349,7 @@ class PortalQnn:
 
     # ----------------------------------------------------------------- load
     @staticmethod
-    def check_file(
-        fd: int, backend: Backend, budget: onnx_proto.Budget | None = None
-    ) -> Sniffed:
+    def check_file(fd: int, backend: Backend, budget: onnx_proto.Budget | None = None) -> Sniffed:
         """What the model file open on ``fd`` is; ModelError when ``backend`` cannot load
         it (unreadable, another format, damaged, refers to external data, may loop, or
         was not checked within ``budget``)."""
