@@ -408,6 +408,16 @@ class EmulatorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
         msgspec.Meta(min_length=1, max_length=32),
         _doc("The user the DSP processes' children run as when npud runs as root."),
     ] = "nobody"
+    pd_memory_limit: Annotated[
+        _Bytes,
+        _doc(
+            "Bytes of private memory each DSP process's child may take (RLIMIT_DATA: its "
+            "heap and private mappings; the buffers it maps from npud are not counted). A "
+            "child that needs more ends as a crashed DSP process does: its domain restarts "
+            "and its clients are told (DSP_RESTARTED), npud and other domains see nothing. "
+            "0: no limit. pd_isolation = 'thread' has none."
+        ),
+    ] = 4 << 30
     dma_heap: Annotated[
         bool,
         _doc(

@@ -133,6 +133,7 @@ class _PdHost:
     def __init__(self, config: SimConfig) -> None:
         self._user = config.pd_user
         self._landlock = config.pd_landlock
+        self._memory_limit = config.pd_memory_limit
         self._lock = threading.Lock()
         self._lease: ZygoteLease | None = None
         self._children: weakref.WeakSet[PdChild] = weakref.WeakSet()
@@ -149,7 +150,7 @@ class _PdHost:
             lease = self._lease
         if lease is None:  # pragma: no cover - shut down meanwhile
             raise PdSpawnError("the driver was shut down")
-        child = lease.spawn()
+        child = lease.spawn(self._memory_limit)
         with self._lock:
             self._children.add(child)
         return child

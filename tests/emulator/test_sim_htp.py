@@ -1191,3 +1191,42 @@ def test_scratch_past_the_bound_is_refused_before_it_is_allocated(
     monkeypatch.setattr(tensors, "MAX_SCRATCH_BYTES", 64 * 1024)
     for op in ops:
         assert host.run([op]) == STATUS_INVAL_PARAMS, op.op
+
+
+def test_a_pd_past_its_memory_limit_ends_alone() -> None:
+    """A PD child is limited to ``pd_memory_limit`` bytes of private memory: an op whose
+    working arrays need more (a weight broadcast to 2^14 slices: 512 MiB, within the
+    scratch bound, past a 192 MiB limit) ends that PD as a crash does (its queue's wait
+    fails AEE_EBADSTATE), while another PD of the same driver, and this process, go on."""
+    driver = EmulatedDriver(SimConfig(pd_memory_limit=192 << 20))
+    sessions = [FastRpcSession.open(driver, library_path=(DSP_LIBRARY_DIR,)) for _ in range(2)]
+    try:
+        for session in sessions:
+            session.load_shell(DEV_SHELL.read_bytes())
+        hosts = [HtpHost(session, CpuQueues(session)) for session in sessions]
+        for host in hosts:
+            assert host.start() == 0
+        greedy, bystander = hosts
+        child = driver.pd_pid(sessions[0]._rpc_fd.fileno())
+        assert child is not None
+        arena = Arena(greedy, 1 << 20)
+        w = arena.tensor(F32, (1, 4096))
+        x = arena.tensor(F32, (1, 1, 1 << 14))
+        dst = arena.tensor(F32, (4096,))  # the product's rows; its slices do not fit
+        greedy.submit([OpSpec("MUL_MAT", [w, x], [dst])])
+        assert _gone(child)
+        greedy.queues.join_receiver()
+        assert greedy.queues.error == AEE_EBADSTATE
+        greedy.queues.abandon()
+        other = Arena(bystander, 1 << 16)
+        y = other.tensor(F32, (8,))
+        y.set(np.ones((1, 1, 1, 8)))
+        assert bystander.run([OpSpec("SCALE", [y], [y], [f32_bits(2.0), 0])]) == STATUS_OK
+        close(y.get(), np.full((1, 1, 1, 8), 2.0), 0)
+        bystander.close()
+        bystander.queues.close()
+    finally:
+        for session in sessions:
+            session.close()
+        driver.shutdown()
+    assert driver.statistics().pd_children == 0

@@ -334,6 +334,8 @@ class BatchWorker:
                 extra={"op": name, "seq": request.seq, "index": index, "status": exc.status.name},
             )
             return exc.status
+        except MemoryError:
+            raise  # past the PD's memory limit: the PD ends, as a DSP process that faults
         except Exception:
             log.error(
                 f"htp: op {name} failed inside the emulator",
