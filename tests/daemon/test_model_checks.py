@@ -14,7 +14,7 @@ import trio
 
 import npu_client
 from npu_client import trio_client
-from npud.fastrpc.stubs import model_format, portal_qnn
+from npud.fastrpc.stubs import model_walks
 from npud.formats import onnx_proto
 from tests.daemon.wire import serve_daemon
 from tests.emulator import onnx_models
@@ -37,15 +37,15 @@ async def test_a_long_check_holds_no_other_load(
     steady = tmp_path / "affine.onnx"
     steady.write_bytes(onnx_models.affine())
     entered, release = threading.Event(), threading.Event()
-    real = model_format.check_model_file
+    real = model_walks.walk_model_file
 
-    def check(fd: int, backend: Any, *args: Any) -> Any:
+    def walk(fd: int, backend: str, *args: Any) -> Any:
         if os.fstat(fd).st_size == held.stat().st_size:
             entered.set()
             release.wait(60)
         return real(fd, backend, *args)
 
-    monkeypatch.setattr(portal_qnn, "check_model_file", check)
+    monkeypatch.setattr(model_walks, "walk_model_file", walk)  # a small file: on the thread
     socket_path = str(tmp_path / "npud.sock")
     async with (
         serve_daemon(tmp_path),
