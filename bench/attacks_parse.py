@@ -196,7 +196,9 @@ def crafted_onnx(
     return outcome
 
 
-def zero_stride(elements: int = 1 << 29, settle_s: float = 1.0) -> Outcome:
+def zero_stride(  # noqa: PLR0915 - one scenario, step by step
+    elements: int = 1 << 29, settle_s: float = 1.0
+) -> Outcome:
     """The review's htp batch: a CPY of ``elements`` f32 elements of stride 0 over 4
     bytes, in one DSP process, beside a victim htp session in another."""
     import numpy as np  # noqa: PLC0415

@@ -12,7 +12,8 @@ nothing else (a file of at most :data:`IN_PROCESS_MAX` bytes, whose walks are sh
 whatever it holds, is walked on the thread itself). The child
 
 * limits its own private memory to :data:`CHILD_MEMORY` (RLIMIT_DATA; the walks are
-  bounded in memory by construction, npud.formats.onnx_proto, this is the backstop),
+  bounded in memory by construction, npud.formats.onnx_proto, this is the backstop)
+  and lowers its priority (:data:`CHILD_NICENESS`),
 * walks within ``[daemon] model_check_s`` (:class:`npud.formats.onnx_proto.Budget`),
 * prints one JSON line: what the file is and the outputs left for the DSP to size,
   or the walk's refusal, which npud reports as the same walk in npud would.
@@ -49,6 +50,8 @@ IN_PROCESS_MAX: Final = 256 << 10
 128 Ki fields, a few tens of milliseconds, cheaper than a child's start."""
 CHILD_MEMORY: Final = 256 << 20
 """The child's RLIMIT_DATA: what its walks may hold, with the interpreter's own."""
+CHILD_NICENESS: Final = 10
+"""Added to the child's nice value: a long walk takes the CPU only when calls do not."""
 START_GRACE: Final = 10.0
 """Seconds past ``model_check_s`` before a child still running is killed: its start on a
 loaded machine (the walks themselves stop at their budget)."""
@@ -251,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=None)
     args = parser.parse_args(argv)
     resource.setrlimit(resource.RLIMIT_DATA, (CHILD_MEMORY, CHILD_MEMORY))
+    os.nice(CHILD_NICENESS)  # the loading user's walk yields the CPU to everyone's calls
     shapes = {str(k): tuple(int(d) for d in v) for k, v in json.loads(args.shapes).items()}
     answer = _child_answer(args.fd, args.backend, shapes, args.seconds)
     sys.stdout.write(json.dumps(answer) + "\n")
