@@ -257,7 +257,7 @@ def _with_input_shapes(data: bytes, given: Mapping[str, tuple[int, ...]]) -> byt
     (refused later, naming it)."""
     try:
         declared = onnx_proto.graph_io(onnx_proto.BytesSource(data))
-    except onnx_proto.DamagedError:
+    except (onnx_proto.DamagedError, onnx_proto.LimitError):
         return None  # onnxruntime says what is wrong with it
     bound: dict[str, int] = {}
     for tensor in declared:
@@ -552,6 +552,8 @@ def compose(data: bytes, shapes: Mapping[str, tuple[int, ...]], threads: int) ->
             names = {t.name for t in onnx_proto.graph_io(onnx_proto.BytesSource(member))}
         except onnx_proto.DamagedError as exc:
             raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
+        except onnx_proto.LimitError as exc:
+            raise RefusedError(AEE.EINVALIDFORMAT, f"outside portal_qnn's limits: {exc}") from None
         known |= names
         members.append((member, {k: v for k, v in shapes.items() if k in names}))
     unknown = sorted(set(shapes) - known)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import trio
+from onnx import helper
 
 import npu_client
 from npu_client import trio_client
@@ -100,3 +101,25 @@ async def test_a_crafted_file_is_refused_by_its_contents_not_its_size(tmp_path: 
         steady.write_bytes(onnx_models.affine())
         model = await npu.load_model(steady)
         await model.unload()
+
+
+async def test_a_model_past_the_walks_bounds_is_refused_before_the_dsp(tmp_path: Path) -> None:
+    """An input of 65 dimensions: graph_io keeps at most 64 (its memory bound), so npud
+    refuses the model MODEL_REJECTED naming the bound; the DSP's own walk of the same
+    bytes treats it as a model it cannot size (never a crash of its process)."""
+    from npud.sim.portal_qnn import _with_input_shapes
+
+    wide = onnx_models.model(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        [onnx_models.tensor("x", "float32", [1] * 65)],
+        [onnx_models.tensor("y", "float32", ["n"])],
+    )
+    assert _with_input_shapes(wide, {}) is None
+    path = tmp_path / "wide.onnx"
+    path.write_bytes(wide)
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        with pytest.raises(npu_client.ModelRejected, match="more than 64 dimensions"):
+            await npu.load_model(path)
