@@ -20,10 +20,16 @@ hold (8) is refused (``refused``).
 
 An ONNX model that keeps tensor data in external files is refused
 (``refused``): onnxruntime would open the path the model names, relative to
-the DSP process's working directory, and hand its bytes to the client. The
-check (npud.formats.onnx_proto) walks the whole model through the descriptor
-and resolves nothing. The emulated DSP checks the bytes it parses again,
-because the client may rewrite its file between this check and the DSP's read.
+the DSP process's working directory, and hand its bytes to the client; so is
+one with a ``Loop`` node. The check (:func:`check_contents`) is one walk of
+the whole model through the descriptor (npud.formats.onnx_proto.scan: fields
+read as protobuf reads them, linear in the file, bounded in memory) and
+resolves nothing. Every walk here takes an optional
+:class:`~npud.formats.onnx_proto.Budget` (``refused`` when it runs out; the
+daemon gives ``[daemon] model_check_s`` and walks on a thread or in a process
+of the load's own, npud/model_check.py). The emulated DSP checks the bytes it
+parses again for external data, because the client may rewrite its file
+between this check and the DSP's read.
 """
 
 from __future__ import annotations
