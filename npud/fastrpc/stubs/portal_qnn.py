@@ -303,6 +303,15 @@ def model_uri_query(shapes: Mapping[str, Sequence[int]]) -> str:
     return "?" + "&".join(items) if items else ""
 
 
+def _check_uri_length(uri: str) -> None:
+    """ModelError unless ``uri`` (with its NUL) fits model_load's model_uri."""
+    if len(uri.encode("utf-8")) + 1 > MAX_URI_BYTES:
+        raise ModelError(
+            ModelFailure.TENSOR_MISMATCH,
+            f"the shapes make the model URI {len(uri)} bytes; at most {MAX_URI_BYTES - 1}",
+        )
+
+
 def _spec(index: int, record: idl.Values) -> TensorSpec:
     code = record.integer("data_type")
     rank = min(record.integer("rank"), MAX_RANK)
@@ -392,7 +401,8 @@ class PortalQnn:
                 ModelFailure.TENSOR_MISMATCH,
                 "a QNN model library has fixed shapes: shapes apply to ONNX models only",
             )
-        model_uri_query(shapes or {})  # refuses bad names and dimensions
+        query = model_uri_query(shapes or {})  # refuses bad names and dimensions
+        _check_uri_length(query)  # the query alone (load checks it with the file's name)
         try:
             sniffed, unsized = walks(fd, backend, shapes or {}, budget)
         except ModelFileError as exc:
@@ -446,11 +456,7 @@ class PortalQnn:
             raise ModelError(ModelFailure.FILE_UNREADABLE, reason) from None
         with exposed:
             uri = exposed.name + query
-            if len(uri.encode("utf-8")) + 1 > MAX_URI_BYTES:
-                raise ModelError(
-                    ModelFailure.TENSOR_MISMATCH,
-                    f"the shapes make the model URI {len(uri)} bytes; at most {MAX_URI_BYTES - 1}",
-                )
+            _check_uri_length(uri)
             with self._load_lock:
                 rc, values = self._call(_LOAD, model_uri=uri)
                 failed = rc != 0 or values.integer("qnn_status") != 0
