@@ -220,7 +220,11 @@ def sniff(fd: int, budget: onnx_proto.Budget | None = None) -> Sniffed:
         return Sniffed(model_format, description, size)
     if graph_pack.is_pack(head):
         try:
-            pack = graph_pack.read_pack(onnx_proto.FdSource(fd, size))
+            pack = graph_pack.read_pack(onnx_proto.FdSource(fd, size), budget)
+        except onnx_proto.CheckTimeoutError as exc:
+            raise ModelFileError(
+                "refused", f"the model file was not checked in time: {exc}"
+            ) from None
         except graph_pack.PackError as exc:
             if exc.too_many:
                 raise ModelFileError(
@@ -278,14 +282,14 @@ def _walk_errors() -> Iterator[None]:
         raise ModelFileError("unreadable", f"cannot read the model file: {exc}") from None
 
 
-def members(fd: int, size: int) -> list[onnx_proto.Source]:
+def members(fd: int, size: int, budget: onnx_proto.Budget | None = None) -> list[onnx_proto.Source]:
     """The ONNX models in the file on ``fd`` (borrowed): each graph of a graph pack
     (without the shared weights), or the file itself."""
     source = onnx_proto.FdSource(fd, size)
     if not graph_pack.is_pack(os.pread(fd, len(graph_pack.MAGIC), 0)):
         return [source]
     try:
-        pack = graph_pack.read_pack(source)
+        pack = graph_pack.read_pack(source, budget)
     except graph_pack.PackError as exc:
         raise ModelFileError("damaged", f"the model file is a damaged graph pack: {exc}") from None
     return [onnx_proto.Window(source, g.offset, g.length) for g in pack.graphs]
@@ -299,7 +303,7 @@ def _shared_weights(
     if not graph_pack.is_pack(os.pread(fd, len(graph_pack.MAGIC), 0)):
         return None
     try:
-        pack = graph_pack.read_pack(source)
+        pack = graph_pack.read_pack(source, budget)
     except graph_pack.PackError as exc:
         raise ModelFileError("damaged", f"the model file is a damaged graph pack: {exc}") from None
     end = pack.shared_offset + pack.shared_length
@@ -313,7 +317,7 @@ def check_contents(fd: int, size: int, budget: onnx_proto.Budget | None = None) 
     external, looping = None, None
     with _walk_errors():
         external = _shared_weights(fd, size, budget)
-        for member in members(fd, size):
+        for member in members(fd, size, budget):
             found = onnx_proto.scan(member, budget=budget)
             external = external or found.external
             looping = looping or found.looping

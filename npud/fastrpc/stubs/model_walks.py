@@ -28,7 +28,7 @@ def walk_model_file(
     sniffed = check_model_file(fd, backend, budget)
     if sniffed.format is not ModelFormat.ONNX:
         return sniffed, []
-    graphs = members(fd, sniffed.size)
+    graphs = members(fd, sniffed.size, budget)
     if len(graphs) == 1:
         return sniffed, check_shapes(graphs[0], shapes, budget)
     return sniffed, _pack_shapes(graphs, shapes, budget)
