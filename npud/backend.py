@@ -87,6 +87,7 @@ class Profile:
     """The emulated DSP's shared execution units (``[emulator] dsp_units``)."""
     emulator_pd_isolation: Literal["process", "thread"] = "process"
     emulator_pd_user: str = "nobody"
+    emulator_pd_memory_limit: int = 4 << 30
     emulator_dma_heap: bool = True
     emulator_unsigned_pd_support: bool = True
     emulator_domain_handles: bool = True
@@ -127,6 +128,7 @@ class Profile:
                     dsp_units=self.emulator_dsp_units,
                     pd_isolation=self.emulator_pd_isolation,
                     pd_user=self.emulator_pd_user,
+                    pd_memory_limit=self.emulator_pd_memory_limit,
                     dma_heap=self.emulator_dma_heap,
                     # 0 answers UNSIGNED_PD_SUPPORT as a firmware without unsigned PDs does.
                     capabilities={} if self.emulator_unsigned_pd_support else {1: 0},
@@ -253,6 +255,7 @@ def select_profile(config: Config, override: str | None = None) -> Profile:
         emulator_dsp_units=config.emulator.dsp_units,
         emulator_pd_isolation=config.emulator.pd_isolation,
         emulator_pd_user=config.emulator.pd_user,
+        emulator_pd_memory_limit=config.emulator.pd_memory_limit,
         emulator_dma_heap=config.emulator.dma_heap,
         emulator_unsigned_pd_support=config.emulator.unsigned_pd_support,
         emulator_domain_handles=config.emulator.domain_handles,

@@ -65,6 +65,7 @@ class Broker:
         self.clients = Clients(config)
         self.device = Device(profile, config.pool)
         self.device.peer_fds.max_pending = config.uid_limits.max_fds_waiting
+        self.device.model_check_seconds = config.daemon.model_check_s
         self.domains = Domains(
             self.device,
             config.domains,
@@ -120,6 +121,7 @@ class Broker:
             if client.priority is p.Priority.REALTIME and not self.may_be_realtime(client):
                 self._demote(client)
         self.device.peer_fds.max_pending = config.uid_limits.max_fds_waiting
+        self.device.model_check_seconds = config.daemon.model_check_s
         memory = self.device.memory
         if memory is not None and config.pool != old.pool:
             self.device.closer.submit(lambda: memory.pool.reconfigure(config.pool))

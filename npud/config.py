@@ -144,6 +144,16 @@ class DaemonConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
         msgspec.Meta(gt=0, le=3600),
         _doc("Seconds between the summary lines of a connection whose lines are held back."),
     ] = 10.0
+    model_check_s: Annotated[
+        float,
+        msgspec.Meta(gt=0, le=3600),
+        _doc(
+            "Seconds the checks of one model file may take (its kind, external data, loops, "
+            "shapes: a walk of its protobuf fields, on a thread of the load's own); a file "
+            "that takes longer is refused MODEL_REJECTED. Real models take milliseconds; a "
+            "file of millions of tiny fields takes seconds."
+        ),
+    ] = 10.0
     trace: Annotated[
         str,
         _doc(
@@ -418,6 +428,16 @@ class EmulatorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
         msgspec.Meta(min_length=1, max_length=32),
         _doc("The user the DSP processes' children run as when npud runs as root."),
     ] = "nobody"
+    pd_memory_limit: Annotated[
+        _Bytes,
+        _doc(
+            "Bytes of private memory each DSP process's child may take (RLIMIT_DATA: its "
+            "heap and private mappings; the buffers it maps from npud are not counted). A "
+            "child that needs more ends as a crashed DSP process does: its domain restarts "
+            "and its clients are told (DSP_RESTARTED), npud and other domains see nothing. "
+            "0: no limit. pd_isolation = 'thread' has none."
+        ),
+    ] = 4 << 30
     dma_heap: Annotated[
         bool,
         _doc(

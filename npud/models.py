@@ -42,6 +42,7 @@ from npud.fastrpc.kernel.invoke_args import Slice
 from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.stubs.portal_qnn import (
     Backend,
+    CheckedFile,
     DataType,
     GraphSpec,
     LoadedModel,
@@ -216,13 +217,18 @@ class NpuModel:
         shapes: dict[str, tuple[int, ...]],
         allocate: Callable[[int], DmaBuffer],
         release_arena: Callable[[DmaBuffer], None],
+        checked: CheckedFile | None = None,
     ) -> NpuModel:
         """The model open on ``fd`` (the caller keeps it), loaded or shared in the domain
         (its ``registry`` and ``digests``), with an arena from ``allocate(size)``. On any
-        failure what was made is released again before raising."""
+        failure what was made is released again before raising. ``checked``: what
+        :meth:`PortalQnn.check` found for the file and ``shapes`` (made here when None;
+        the daemon makes it on a thread of the loading client's own, npud.model_check)."""
         # The file is checked before a byte of it is hashed: a regular file, of the format
         # the backend takes, self-contained (npud.fastrpc.stubs.model_format).
-        sniffed = PortalQnn.check_file(fd, backend)
+        if checked is None:
+            checked = PortalQnn.check(fd, backend, shapes)
+        sniffed = checked.file
         try:
             key = load_key(digests, fd, sniffed.size, backend, shapes)
         except OSError as exc:
@@ -233,7 +239,7 @@ class NpuModel:
         if shared is None:
             portal = PortalQnn.open(session, backend=backend)
             try:
-                loaded = portal.load(fd, shapes=shapes)
+                loaded = portal.load(fd, shapes=shapes, checked=checked)
             except BaseException:
                 _quietly(portal.close)
                 raise

@@ -42,6 +42,7 @@ from npud.holdings import HeldBuffer, OpenHandle, let_go
 from npud.scheduler import Account
 
 if TYPE_CHECKING:  # loaded with the first model load (ModelLoad), not at start-up
+    from npud.model_check import FileCheck
     from npud.models import NpuModel
 
 _log = structlog.get_logger("npud.requests")
@@ -572,6 +573,7 @@ class LoadModel(Handler[p.ModelLoadRequest]):
     since = 2
     route = Route.LOADER
     creates = True
+    check: FileCheck
 
     def __init__(self, client: Client, domain: Domain, request: p.ModelLoadRequest) -> None:
         super().__init__(client, domain, request)
@@ -591,6 +593,19 @@ class LoadModel(Handler[p.ModelLoadRequest]):
             self.quotas.begin_load(self.client)
             self._loading = True
             self.entry = self._reserve(Kind.MODEL, size)
+        from npud.model_check import FileCheck  # noqa: PLC0415  (the first model load loads it)
+
+        # The file's checks run on a thread of this load's own, not on the domain's loader
+        # lane (npud/model_check.py); the load goes there once they have ended.
+        backend = self.domain.device.kind
+        assert backend in ("kernel", "emulator")
+        self.check = FileCheck(
+            self.file.fileno(),
+            backend,  # type: ignore[arg-type]
+            {name: tuple(dims) for name, dims in self.request.shapes.items()},
+            self.domain.device.model_check_seconds,
+        )
+        self._waits.append(self.check.done)
 
     def run(self) -> Answer:
         from npud.models import NpuModel  # noqa: PLC0415  (the first model load loads it)
@@ -606,6 +621,7 @@ class LoadModel(Handler[p.ModelLoadRequest]):
         shapes = {name: tuple(dims) for name, dims in request.shapes.items()}
         memory = domain.device.require_memory()
         try:
+            checked = self.check.outcome()
             model = domain.run(
                 session,
                 lambda: NpuModel.load(
@@ -618,6 +634,7 @@ class LoadModel(Handler[p.ModelLoadRequest]):
                     digests=domain.digests,
                     allocate=lambda size: memory.allocate_fresh(size, self._fallback),
                     release_arena=memory.release,
+                    checked=checked,
                 ),
             )
         except BaseException:

@@ -36,6 +36,7 @@ from npud.lanes import LanePool
 log = structlog.get_logger("npud.device")
 
 LANE_STOP_SECONDS: Final = 0.5
+DEFAULT_MODEL_CHECK_SECONDS: Final = 10.0
 
 
 class Device:
@@ -51,6 +52,8 @@ class Device:
         self.memory: Memory | None = None
         self._pool_settings = pool
         self.stopping = False
+        self.model_check_seconds: float | None = DEFAULT_MODEL_CHECK_SECONDS
+        """How long one model file's checks may take (``[daemon] model_check_s``)."""
         self._nursery: trio.Nursery | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._trimming = False

@@ -84,14 +84,15 @@ def is_pack(head: bytes) -> bool:
     return head.startswith(MAGIC)
 
 
-def read_pack(source: onnx_proto.Source) -> GraphPack:
-    """The pack's layout; PackError when it is not a well-formed one."""
+def read_pack(source: onnx_proto.Source, budget: onnx_proto.Budget | None = None) -> GraphPack:
+    """The pack's layout; PackError when it is not a well-formed one (CheckTimeoutError
+    when ``budget`` runs out while the shared weights' fields are walked)."""
     count, shared_length = _read_header(source)
     offset = _HEADER.size
     if offset + shared_length > source.size:
         raise PackError("the file ends inside the shared weights")
     try:
-        for field in onnx_proto.fields(source, offset, offset + shared_length):
+        for field in onnx_proto.fields(source, offset, offset + shared_length, budget):
             if field.number != GRAPH_INITIALIZER or field.wire != onnx_proto.LENGTH:
                 raise PackError(f"the shared weights hold field {field.number}, not initializers")
     except onnx_proto.DamagedError as exc:

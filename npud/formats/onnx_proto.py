@@ -18,6 +18,24 @@ training graphs) and skips everything else by its length, so large weights
 skipped, as protobuf parsers keep them as unknown fields. The walk is
 iterative and bounded in depth, so a hostile file cannot exhaust the stack.
 
+Every walk is linear in the file and bounded in memory, whatever its fields: fields
+are parsed as they are read (:func:`fields` is a generator, never a list of a
+message's fields), the walk keeps one frame per level of nesting (at most
+:data:`MAX_DEPTH`), and what it keeps of a model (names, dimensions) is bounded
+(:data:`MAX_GRAPH_IO`, :data:`MAX_DIMS`): past a bound it raises
+:class:`LimitError`. A :class:`Budget` bounds its time: a walk given one raises
+:class:`CheckTimeoutError` once the budget's deadline has passed.
+
+Tags, lengths and values are read exactly as protobuf reads them (the ``upb``
+parser of the ``protobuf`` package; tests/unit/test_onnx_differential.py compares
+the two on random and crafted bytes): a tag is a varint of at most 5 bytes whose
+value fits 32 bits (protobuf refuses a larger one, where onnxruntime's C++ parser
+keeps its low 32 bits: a checker that read the tag whole would see another field
+than the runtime), a length at most 5 bytes and below 2^31 - 1, a value at most 10
+bytes (its low 64 bits). A field numbered 0 is refused, as the C++ parser does
+(upb keeps it as an unknown field). Groups (wire types 3 and 4), which ONNX does not
+use, are skipped as protobuf skips unknown ones.
+
 :class:`FdSource` reads a file through its descriptor with ``pread`` in
 windows (never ``mmap``: a client could truncate the file underneath and
 fault the reader); :class:`BytesSource` reads bytes already in memory.
@@ -27,12 +45,33 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
 WINDOW: Final = 64 * 1024
 MAX_DEPTH: Final = 64
-"""Messages nested deeper than this are refused (protobuf's own parsers stop at 100)."""
+"""Messages (and groups) nested deeper than this are refused (protobuf's own parsers
+stop at 100)."""
+MAX_TAG_BYTES: Final = 5
+MAX_LENGTH_BYTES: Final = 5
+MAX_VARINT_BYTES: Final = 10
+MAX_LENGTH: Final = (1 << 31) - 2
+"""The longest length-delimited field protobuf reads (it refuses a size >= INT32_MAX)."""
+_HEADER_BYTES: Final = MAX_TAG_BYTES + MAX_VARINT_BYTES
+CHUNK: Final = 4096
+"""Bytes a walk takes from its source at a time (FdSource serves them from its window:
+one pread per WINDOW of the file read forward)."""
+_U32: Final = 0xFFFFFFFF
+_U64: Final = (1 << 64) - 1
+CHECK_EVERY: Final = 4096
+"""Fields between two looks at a budget's clock."""
+MAX_GRAPH_IO: Final = 16_384
+"""Inputs and outputs of the main graph that :func:`graph_io` keeps, at most (a model
+for portal_qnn has at most 32 of each; old IR versions also list initializers)."""
+MAX_DIMS: Final = 64
+"""Dimensions of one input or output :func:`graph_io` keeps, at most (portal_qnn takes
+rank 8)."""
 MAX_SHOWN: Final = 128
 """Bytes of a tensor name or location quoted in a message, at most."""
 
@@ -95,6 +134,34 @@ ENTRY_KEY, ENTRY_VALUE = 1, 2
 
 class DamagedError(ValueError):
     """The bytes are not a well-formed protobuf message (the text says where)."""
+
+
+class LimitError(ValueError):
+    """The walk went past one of npud's bounds (time, or what it would keep); the model
+    may be intact. The text says which bound."""
+
+
+class CheckTimeoutError(LimitError):
+    """The walk's :class:`Budget` ran out."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"checking it took longer than {seconds:g} s")
+        self.seconds = seconds
+
+
+class Budget:
+    """The time one model's walks may take together: they raise CheckTimeoutError once
+    ``seconds`` have passed since the budget was made (None: no bound). Looked at every
+    :data:`CHECK_EVERY` fields, so a walk overruns by at most that many fields."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self._deadline = None if seconds is None else time.monotonic() + seconds
+
+    def check(self) -> None:
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            assert self.seconds is not None
+            raise CheckTimeoutError(self.seconds)
 
 
 class Source(Protocol):
@@ -177,55 +244,178 @@ class ExternalData:
         return f"{what} keeps its data in an external file"
 
 
-def _varint(source: Source, offset: int, end: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    for index in range(10):
-        if offset + index >= end:
-            raise DamagedError("a field ends inside its header")
-        byte = source.read(offset + index, 1)[0]
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, offset + index + 1
-    raise DamagedError("a varint longer than 10 bytes")
-
-
-@dataclasses.dataclass(frozen=True)
-class Field:
+class Field(NamedTuple):
     """One field of a message: its number, wire type, and where its value lies."""
 
     number: int
     wire: int
-    start: int  # the value's first byte (a length-delimited field's payload)
-    end: int  # one past its last byte
+    start: int  # the value's first byte (a length-delimited field's payload, a group's first)
+    end: int  # one past its last byte (a group's: past its end-group tag)
     value: int  # a varint's value, a length-delimited field's length, else 0
     head: int = 0  # the field's first byte (its key)
 
 
-def fields(source: Source, offset: int, end: int) -> list[Field]:
-    """The fields of the message in [offset, end), in order; DamagedError when malformed."""
-    found: list[Field] = []
+class _Chunk:
+    """Forward reads of [offset, end) of a source, :data:`CHUNK` bytes at a time."""
+
+    __slots__ = ("base", "data", "end", "source")
+
+    def __init__(self, source: Source, end: int) -> None:
+        self.source = source
+        self.end = end
+        self.base = 0
+        self.data = b""
+
+    def at(self, offset: int) -> int:
+        """Where ``offset`` is in :attr:`data`, read so that a whole field header (or the
+        message's end) follows it there."""
+        relative = offset - self.base
+        if relative < 0 or (
+            relative + _HEADER_BYTES > len(self.data) and self.base + len(self.data) < self.end
+        ):
+            self.base = offset
+            self.data = self.source.read(offset, min(self.end - offset, CHUNK))
+            relative = 0
+        return relative
+
+    def varint(self, offset: int, longest: int) -> tuple[int, int]:
+        """The varint at ``offset`` of at most ``longest`` bytes: (value, offset after)."""
+        at = self.at(offset)
+        data = self.data
+        value, shift, first = 0, 0, at
+        stop = min(len(data), at + longest)
+        while at < stop:
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value, self.base + at
+            shift += 7
+        if at - first == longest:
+            raise DamagedError(f"a varint longer than {longest} bytes")
+        raise DamagedError("a field ends inside its header")
+
+
+def _varint(data: bytes, at: int, longest: int) -> tuple[int, int]:
+    """The varint at ``data[at]`` of at most ``longest`` bytes: (value, index after)."""
+    value, shift, stop = 0, 0, min(len(data), at + longest)
+    first = at
+    while at < stop:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+    if at - first == longest:
+        raise DamagedError(f"a varint longer than {longest} bytes")
+    raise DamagedError("a field ends inside its header")
+
+
+def fields(  # noqa: PLR0912, PLR0915 - one loop, inlined: a field per turn is a walk's cost
+    source: Source, offset: int, end: int, budget: Budget | None = None
+) -> Iterator[Field]:
+    """The fields of the message in [offset, end), in order, parsed as they are read;
+    DamagedError when malformed (after the fields before the damage), CheckTimeoutError
+    when ``budget`` runs out. Reads :data:`CHUNK` bytes at a time, so that a whole
+    field header is in hand before it is parsed."""
+    base, data = offset, b""
+    count = 0
     while offset < end:
-        head = offset
-        key, offset = _varint(source, offset, end)
+        count += 1
+        if count >= CHECK_EVERY:
+            count = 0
+            if budget is not None:
+                budget.check()
+        at = offset - base
+        if at + _HEADER_BYTES > len(data) and base + len(data) < end:
+            base, data, at = offset, source.read(offset, min(end - offset, CHUNK)), 0
+        if at >= len(data):
+            raise DamagedError("a field ends inside its header")  # the file shrank
+        key = data[at]
+        if key < 0x80:
+            at += 1
+        else:
+            key, at = _varint(data, at, MAX_TAG_BYTES)
+            if key > _U32:
+                raise DamagedError("a field tag over 32 bits (protobuf refuses it)")
         number, wire = key >> 3, key & 7
         if number == 0:
             raise DamagedError("a field numbered 0")
-        if wire == VARINT:
-            value, after = _varint(source, offset, end)
-        elif wire == LENGTH:
-            value, start = _varint(source, offset, end)
+        if wire == LENGTH:
+            value = data[at] if at < len(data) else 0x80
+            if value < 0x80:
+                at += 1
+            else:
+                value, at = _varint(data, at, MAX_LENGTH_BYTES)
+                if value > MAX_LENGTH:
+                    raise DamagedError(f"field {number} of {value} bytes (protobuf reads < 2 GiB)")
+            start = base + at
             after = start + value
-            offset = start
+        elif wire == VARINT:
+            start = base + at
+            value, at = _varint(data, at, MAX_VARINT_BYTES)
+            value &= _U64
+            after = base + at
         elif wire in (FIXED64, FIXED32):
-            value, after = 0, offset + (8 if wire == FIXED64 else 4)
+            start = base + at
+            value, after = 0, start + (8 if wire == FIXED64 else 4)
+        elif wire == GROUP_START:
+            start = base + at
+            value, after = 0, _skip_group(_Chunk(source, end), number, start, end, budget)
+        elif wire == GROUP_END:
+            raise DamagedError(f"an end-group tag (field {number}) outside a group")
         else:
-            raise DamagedError(f"wire type {wire} (groups are not part of ONNX)")
+            raise DamagedError(f"wire type {wire}")
         if after > end:
             raise DamagedError(f"field {number} runs {after - end} bytes past its message")
-        found.append(Field(number, wire, offset, after, value, head))
+        yield Field(number, wire, start, after, value, offset)
         offset = after
-    return found
+
+
+def _skip_group(chunk: _Chunk, number: int, offset: int, end: int, budget: Budget | None) -> int:
+    """Past the end-group tag that closes group ``number`` opened before ``offset`` (its
+    fields skipped, nested groups too, as protobuf skips an unknown group)."""
+    open_groups = [number]
+    count = 0
+    while offset < end:
+        count += 1
+        if count >= CHECK_EVERY:
+            count = 0
+            if budget is not None:
+                budget.check()
+        key, offset = chunk.varint(offset, MAX_TAG_BYTES)
+        if key > _U32:
+            raise DamagedError("a field tag over 32 bits (protobuf refuses it)")
+        inner, wire = key >> 3, key & 7
+        if inner == 0:
+            raise DamagedError("a field numbered 0")
+        if wire == GROUP_START:
+            if len(open_groups) >= MAX_DEPTH:
+                raise DamagedError(f"groups nest deeper than {MAX_DEPTH}")
+            open_groups.append(inner)
+        elif wire == GROUP_END:
+            if open_groups.pop() != inner:
+                raise DamagedError(f"group {number} closed by an end-group tag of field {inner}")
+            if not open_groups:
+                return offset
+        else:
+            offset = _skip_value(chunk, inner, wire, offset)
+    raise DamagedError(f"group {number} has no end")
+
+
+def _skip_value(chunk: _Chunk, number: int, wire: int, offset: int) -> int:
+    """Past the value of field ``number`` of wire type ``wire`` (not a group's)."""
+    if wire == VARINT:
+        return chunk.varint(offset, MAX_VARINT_BYTES)[1]
+    if wire == LENGTH:
+        length, offset = chunk.varint(offset, MAX_LENGTH_BYTES)
+        if length > MAX_LENGTH:
+            raise DamagedError(f"field {number} of {length} bytes (protobuf reads < 2 GiB)")
+        return offset + length
+    if wire in (FIXED64, FIXED32):
+        return offset + (8 if wire == FIXED64 else 4)
+    raise DamagedError(f"wire type {wire}")
 
 
 def _text(source: Source, field: Field) -> str:
@@ -234,64 +424,26 @@ def _text(source: Source, field: Field) -> str:
     return text + "..." if field.value > MAX_SHOWN else text
 
 
-def _tensor(source: Source, start: int, end: int, place: str) -> ExternalData | None:
+def _tensor(
+    source: Source, start: int, end: int, place: str, budget: Budget | None
+) -> ExternalData | None:
     name, location, external = "", "", False
-    for field in fields(source, start, end):
+    for field in fields(source, start, end, budget):
         if field.number == TENSOR_NAME and field.wire == LENGTH:
             name = _text(source, field)
         elif field.number == TENSOR_DATA_LOCATION and field.wire == VARINT:
             external = external or field.value != 0
         elif field.number == TENSOR_EXTERNAL_DATA and field.wire == LENGTH:
             external = True
-            entry = {
-                f.number: f for f in fields(source, field.start, field.end) if f.wire == LENGTH
-            }
-            key = entry.get(ENTRY_KEY)
-            if key and source.read(key.start, key.value) == b"location" and ENTRY_VALUE in entry:
-                location = _text(source, entry[ENTRY_VALUE])
+            key = value = None
+            for entry in fields(source, field.start, field.end, budget):
+                if entry.wire == LENGTH and entry.number == ENTRY_KEY:
+                    key = entry  # protobuf keeps the last of a singular field
+                elif entry.wire == LENGTH and entry.number == ENTRY_VALUE:
+                    value = entry
+            if key and value and source.read(key.start, key.value) == b"location":
+                location = _text(source, value)
     return ExternalData(place, name, location) if external else None
-
-
-def _messages(
-    source: Source, start: int = 0, end: int | None = None, root: str = "ModelProto"
-) -> Iterator[tuple[str, int, int, str]]:
-    """Every message of the ``root`` message (a ModelProto) in [start, end) that is or
-    leads to a tensor or a node: (its type, where it starts and ends, how its parent
-    calls it). DamagedError when the bytes are not a well-formed message or nest deeper
-    than MAX_DEPTH."""
-    place = "model" if root == "ModelProto" else "graph"
-    pending = [(root, start, source.size if end is None else end, 0, place)]
-    while pending:
-        message, offset, stop, depth, place = pending.pop()
-        yield message, offset, stop, place
-        if message == "TensorProto":
-            continue
-        if depth >= MAX_DEPTH:
-            raise DamagedError(f"messages nest deeper than {MAX_DEPTH}")
-        paths = TENSOR_PATHS[message]
-        for field in fields(source, offset, stop):
-            child = paths.get(field.number)
-            if child is not None and field.wire == LENGTH:
-                pending.append((child[0], field.start, field.end, depth + 1, child[1]))
-
-
-def find_external_data(
-    source: Source, start: int = 0, end: int | None = None, root: str = "ModelProto"
-) -> ExternalData | None:
-    """The first tensor of the ModelProto (or the ``root`` message, e.g. a GraphProto) in
-    [start, end) that refers to external data.
-
-    None when the model is self-contained. DamagedError when the bytes are not
-    a well-formed message or nest deeper than MAX_DEPTH.
-    """
-    if root not in TENSOR_PATHS:
-        raise ValueError(f"{root} holds no tensor")
-    for message, offset, stop, place in _messages(source, start, end, root):
-        if message == "TensorProto":
-            found = _tensor(source, offset, stop, place)
-            if found is not None:
-                return found
-    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,26 +457,103 @@ class LoopingNode:
         return f"node {self.name!r} ({self.op_type})" if self.name else f"a {self.op_type} node"
 
 
-def find_looping_node(source: Source, start: int = 0, end: int | None = None) -> LoopingNode | None:
-    """The first node of the ModelProto in [start, end), in any graph, subgraph or
-    function, whose op is one of :data:`LOOPING_OPS` of the default domain. None when
-    there is none; DamagedError as :func:`find_external_data`."""
-    for message, offset, stop, _ in _messages(source, start, end):
-        if message != "NodeProto":
-            continue
-        op_type = name = domain = ""
-        for field in fields(source, offset, stop):
+@dataclasses.dataclass(frozen=True)
+class Findings:
+    """What a walk found that npud refuses: the first tensor that refers to external data
+    and the first looping node, in the order of the file (None: there is none)."""
+
+    external: ExternalData | None = None
+    looping: LoopingNode | None = None
+
+
+_NODE_TEXT: Final = {NODE_OP_TYPE: "op_type", NODE_NAME: "name", NODE_DOMAIN: "domain"}
+
+
+class _Frame:
+    """A message being walked: its type, how its parent calls it, its fields still to
+    come, and a node's op_type, name and domain so far."""
+
+    __slots__ = ("domain", "fields", "message", "name", "op_type", "place")
+
+    def __init__(self, message: str, place: str, remaining: Iterator[Field]) -> None:
+        self.message = message
+        self.place = place
+        self.fields = remaining
+        self.op_type = self.name = self.domain = ""
+
+
+def scan(
+    source: Source,
+    start: int = 0,
+    end: int | None = None,
+    root: str = "ModelProto",
+    budget: Budget | None = None,
+) -> Findings:
+    """One walk of the ``root`` message (a ModelProto, or e.g. a GraphProto) in
+    [start, end): every tensor and node of every graph, subgraph, function and training
+    graph, depth first in the order of the file (so a file is read forward, once). It
+    keeps one frame per level of nesting. DamagedError when the bytes are not a
+    well-formed message or nest deeper than MAX_DEPTH; CheckTimeoutError when ``budget``
+    runs out."""
+    if root not in TENSOR_PATHS:
+        raise ValueError(f"{root} holds no tensor")
+    stop = source.size if end is None else end
+    place = "model" if root == "ModelProto" else "graph"
+    stack = [_Frame(root, place, fields(source, start, stop, budget))]
+    external: ExternalData | None = None
+    looping: LoopingNode | None = None
+    while stack:
+        frame = stack[-1]
+        paths = TENSOR_PATHS[frame.message]
+        node = frame.message == "NodeProto"
+        for field in frame.fields:
             if field.wire != LENGTH:
                 continue
-            if field.number == NODE_OP_TYPE:
-                op_type = _text(source, field)
-            elif field.number == NODE_NAME:
-                name = _text(source, field)
-            elif field.number == NODE_DOMAIN:
-                domain = _text(source, field)
-        if op_type in LOOPING_OPS and domain in ("", "ai.onnx"):
-            return LoopingNode(op_type, name)
-    return None
+            if node and field.number in _NODE_TEXT:
+                # protobuf keeps the last of a singular field
+                setattr(frame, _NODE_TEXT[field.number], _text(source, field))
+                continue
+            child = paths.get(field.number)
+            if child is None:
+                continue
+            if child[0] == "TensorProto":
+                found = _tensor(source, field.start, field.end, child[1], budget)
+                external = external or found
+                continue
+            if len(stack) >= MAX_DEPTH:
+                raise DamagedError(f"messages nest deeper than {MAX_DEPTH}")
+            stack.append(_Frame(child[0], child[1], fields(source, field.start, field.end, budget)))
+            break
+        else:
+            stack.pop()
+            if node and frame.op_type in LOOPING_OPS and frame.domain in ("", "ai.onnx"):
+                looping = looping or LoopingNode(frame.op_type, frame.name)
+    return Findings(external, looping)
+
+
+def find_external_data(
+    source: Source,
+    start: int = 0,
+    end: int | None = None,
+    root: str = "ModelProto",
+    budget: Budget | None = None,
+) -> ExternalData | None:
+    """The first tensor of the ModelProto (or the ``root`` message, e.g. a GraphProto) in
+    [start, end) that refers to external data (:func:`scan`).
+
+    None when the model is self-contained. DamagedError when the bytes are not
+    a well-formed message or nest deeper than MAX_DEPTH.
+    """
+    return scan(source, start, end, root, budget).external
+
+
+def find_looping_node(
+    source: Source, start: int = 0, end: int | None = None, budget: Budget | None = None
+) -> LoopingNode | None:
+    """The first node of the ModelProto in [start, end), in any graph, subgraph or
+    function, whose op is one of :data:`LOOPING_OPS` of the default domain (:func:`scan`).
+    None when there is none; DamagedError as :func:`find_external_data`."""
+    return scan(source, start, end, budget=budget).looping
 
 
 # The main graph's inputs and outputs: ModelProto.graph (7), GraphProto.initializer (5),
@@ -349,63 +578,76 @@ class GraphTensor:
     dims: tuple[Dim, ...] | None  # None: the model gives no shape (not a tensor, or unknown)
 
 
-def graph_io(source: Source) -> list[GraphTensor]:
+def graph_io(source: Source, budget: Budget | None = None) -> list[GraphTensor]:
     """The main graph's inputs (initializers listed as inputs left out: old IR versions
-    list them) and outputs, in order. DamagedError when malformed."""
-    graphs = [f for f in fields(source, 0, source.size) if f.number == MODEL_GRAPH]
-    if not graphs or graphs[-1].wire != LENGTH:
+    list them) and outputs, in order. DamagedError when malformed; LimitError past
+    :data:`MAX_GRAPH_IO` tensors or :data:`MAX_DIMS` dimensions of one;
+    CheckTimeoutError when ``budget`` runs out. Two passes over the graph's fields: its
+    inputs and outputs, then its initializers' names (none kept but those of inputs)."""
+    graph = _only(source, Field(0, LENGTH, 0, source.size, source.size), MODEL_GRAPH, budget)
+    if graph is None:
         return []
-    graph = fields(source, graphs[-1].start, graphs[-1].end)
-    initializers = {
-        _text(source, name)
-        for f in graph
-        if f.number == GRAPH_INITIALIZER and f.wire == LENGTH
-        for name in fields(source, f.start, f.end)
-        if name.number == TENSOR_NAME and name.wire == LENGTH
-    }
     found: list[GraphTensor] = []
-    for field in graph:
+    for field in fields(source, graph.start, graph.end, budget):
         if field.wire != LENGTH or field.number not in (GRAPH_INPUT, GRAPH_OUTPUT):
             continue
-        tensor = _value_info(source, field, "input" if field.number == GRAPH_INPUT else "output")
-        if tensor.kind == "output" or tensor.name not in initializers:
-            found.append(tensor)
-    return found
+        if len(found) >= MAX_GRAPH_IO:
+            raise LimitError(f"its graph has more than {MAX_GRAPH_IO} inputs and outputs")
+        kind = "input" if field.number == GRAPH_INPUT else "output"
+        found.append(_value_info(source, field, kind, budget))
+    inputs = {t.name for t in found if t.kind == "input"}
+    initialized: set[str] = set()
+    if inputs:
+        for field in fields(source, graph.start, graph.end, budget):
+            if field.number != GRAPH_INITIALIZER or field.wire != LENGTH:
+                continue
+            for name in fields(source, field.start, field.end, budget):
+                if name.number == TENSOR_NAME and name.wire == LENGTH:
+                    text = _text(source, name)
+                    if text in inputs:
+                        initialized.add(text)
+    return [t for t in found if t.kind == "output" or t.name not in initialized]
 
 
-def _value_info(source: Source, field: Field, kind: str) -> GraphTensor:
+def _value_info(source: Source, field: Field, kind: str, budget: Budget | None) -> GraphTensor:
     name, dims = "", None
-    for part in fields(source, field.start, field.end):
+    for part in fields(source, field.start, field.end, budget):
         if part.wire != LENGTH:
             continue
         if part.number == VALUE_NAME:
             name = _text(source, part)
         elif part.number == VALUE_TYPE:
-            dims = _tensor_dims(source, part)
+            dims = _tensor_dims(source, part, budget)
+    if dims is not None and len(dims) > MAX_DIMS:
+        raise LimitError(f"{kind} {name!r} has more than {MAX_DIMS} dimensions")
     return GraphTensor(kind, name, dims)
 
 
-def _only(source: Source, field: Field, number: int) -> Field | None:
+def _only(source: Source, field: Field, number: int, budget: Budget | None = None) -> Field | None:
     """The last length-delimited field ``number`` in ``field``'s message (protobuf's
     rule for a repeated singular field), or None."""
     chosen = None
-    for part in fields(source, field.start, field.end):
+    for part in fields(source, field.start, field.end, budget):
         if part.number == number and part.wire == LENGTH:
             chosen = part
     return chosen
 
 
-def _tensor_dims(source: Source, type_field: Field) -> tuple[Dim, ...] | None:
-    tensor = _only(source, type_field, TYPE_TENSOR)
-    shape = _only(source, tensor, TENSOR_TYPE_SHAPE) if tensor is not None else None
+def _tensor_dims(
+    source: Source, type_field: Field, budget: Budget | None
+) -> tuple[Dim, ...] | None:
+    tensor = _only(source, type_field, TYPE_TENSOR, budget)
+    shape = _only(source, tensor, TENSOR_TYPE_SHAPE, budget) if tensor is not None else None
     if shape is None:
         return None
     dims: list[Dim] = []
-    for dim in fields(source, shape.start, shape.end):
+    for dim in fields(source, shape.start, shape.end, budget):
         if dim.number != SHAPE_DIM or dim.wire != LENGTH:
             continue
+        if len(dims) > MAX_DIMS:
+            break  # one more than the bound: the caller refuses it
         size: Dim = None
-        for part in fields(source, dim.start, dim.end):
+        for part in fields(source, dim.start, dim.end, budget):
             if part.number == DIM_VALUE and part.wire == VARINT:
                 size = part.value if part.value < 1 << 63 else None  # int64: negative is unknown
             elif part.number == DIM_PARAM and part.wire == LENGTH:

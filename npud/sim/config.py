@@ -73,6 +73,11 @@ PD_ISOLATIONS: Final[tuple[PdIsolation, ...]] = get_args(PdIsolation)
 MIB: Final = 1024 * 1024
 
 
+DEFAULT_PD_MEMORY_LIMIT: Final = 4 << 30
+"""Private memory a PD child may take by default (SimConfig.pd_memory_limit)."""
+MAX_PD_MEMORY_LIMIT: Final = 1 << 40
+
+
 @dataclasses.dataclass(frozen=True)
 class SimConfig:
     """Knobs of the emulated kernel driver and DSP; defaults model an X1E80100 laptop.
@@ -137,6 +142,10 @@ class SimConfig:
       root itself); otherwise they keep npud's uid, without capabilities.
     * ``pd_landlock``: confine PD children with Landlock where the kernel has it
       (read-only Python and system libraries, nothing else of the filesystem).
+    * ``pd_memory_limit``: bytes of private memory (``RLIMIT_DATA``: the heap and
+      private mappings; buffers mapped from npud are shared and not counted) each PD
+      child may take; past it an allocation fails, and a PD whose allocation fails ends
+      as a crashed PD does. 0: no limit. Nothing for ``pd_isolation="thread"``.
     * ``dma_heap``: ``/dev/dma_heap/system`` exists. False models a machine
       without the node: its open is ENOENT (rpcmem then uses ALLOC_DMA_BUFF).
     * ``unsigned_pd_runs``: whether the firmware creates an unsigned PD. None:
@@ -169,6 +178,7 @@ class SimConfig:
     pd_isolation: PdIsolation = "process"
     pd_user: str = "nobody"
     pd_landlock: bool = True
+    pd_memory_limit: int = DEFAULT_PD_MEMORY_LIMIT
     dma_heap: bool = True
     unsigned_pd_runs: bool | None = None
 
@@ -218,6 +228,8 @@ class SimConfig:
             )
         if not self.pd_user:
             raise ValueError("pd_user must name a user")
+        if not 0 <= self.pd_memory_limit <= MAX_PD_MEMORY_LIMIT:
+            raise ValueError(f"pd_memory_limit={self.pd_memory_limit}: 0..{MAX_PD_MEMORY_LIMIT}")
 
     @property
     def unsigned_pd_support(self) -> bool:

@@ -164,6 +164,7 @@ class _PdHost:
         self._user = config.pd_user
         self._landlock = config.pd_landlock
         self._preload = skel_modules(config.skels)
+        self._memory_limit = config.pd_memory_limit
         self._lock = threading.Lock()
         self._lease: ZygoteLease | None = None
         self._children: weakref.WeakSet[PdChild] = weakref.WeakSet()
@@ -182,7 +183,7 @@ class _PdHost:
             lease = self._lease
         if lease is None:  # pragma: no cover - shut down meanwhile
             raise PdSpawnError("the driver was shut down")
-        child = lease.spawn()
+        child = lease.spawn(self._memory_limit)
         with self._lock:
             self._children.add(child)
         return child

@@ -25,7 +25,10 @@ records go the same way.
 
 An exception that escapes skel code is a crash of the PD, as on the DSP: its
 traceback is logged through the call and the process exits. The driver's
-socket closing ends the process too.
+socket closing ends the process too. So does running out of memory: the
+zygote limits the child's private memory (``[emulator] pd_memory_limit``,
+RLIMIT_DATA), and a MemoryError, which the skels let through, ends the PD
+from whichever thread it came (one PD's blow-up ends that PD, never npud).
 """
 
 from __future__ import annotations
@@ -621,6 +624,8 @@ class ChildRuntime:
         try:
             factory: Callable[[], Skel] = pickle.loads(message.factory)  # noqa: S301 - from npud
             skel = factory()
+        except MemoryError:
+            raise  # past the PD's memory limit: run_call ends the PD
         except Exception as exc:
             return f"skel {message.name!r} cannot be made in the PD process: {exc!r}"
         with self._lock:
@@ -710,9 +715,20 @@ def current_runtime() -> ChildRuntime | None:
     return _runtime
 
 
+def _memory_exhausted(args: threading.ExceptHookArgs) -> None:
+    """A thread of the child ran out of memory (past its RLIMIT_DATA, the zygote's
+    ``memory_limit``): the PD ends as a crashed PD does, whatever thread it was; another
+    exception is reported as Python reports it."""
+    if issubclass(args.exc_type, MemoryError):
+        print(f"PD child {os.getpid()}: out of memory", file=sys.stderr, flush=True)
+        os._exit(CRASH_EXIT)
+    threading.__excepthook__(args)
+
+
 def serve(sock_fd: int, doorbell_fd: int) -> NoReturn:
     """Run the child on its socket and doorbell; never returns."""
     global _runtime  # noqa: PLW0603 - one runtime per child process, set once
+    threading.excepthook = _memory_exhausted
     root = logging.getLogger()
     root.handlers[:] = [_ForwardHandler()]
     root.setLevel(LOG_LEVEL)

@@ -211,8 +211,9 @@ class Zygote:
     def alive(self) -> bool:
         return not self._closed and self._process.poll() is None
 
-    def spawn(self) -> PdChild:
-        """A new child; PdSpawnError when the zygote or the fork fails."""
+    def spawn(self, memory_limit: int = 0) -> PdChild:
+        """A new child, its private memory limited to ``memory_limit`` bytes (0: not);
+        PdSpawnError when the zygote or the fork fails."""
         with self._lock:
             if self._closed:
                 raise PdSpawnError("the PD zygote was released")
@@ -221,7 +222,9 @@ class Zygote:
             bell, child_bell = wire.seqpacket_pair()
             try:
                 wire.send(
-                    self._control, wire.Spawn(), fds=[child_end.fileno(), child_bell.fileno()]
+                    self._control,
+                    wire.Spawn(memory_limit),
+                    fds=[child_end.fileno(), child_bell.fileno()],
                 )
             except wire.ClosedError:
                 parent_end.close()
@@ -360,13 +363,13 @@ class ZygoteLease:
         with self._lock:
             return self._zygote
 
-    def spawn(self) -> PdChild:
+    def spawn(self, memory_limit: int = 0) -> PdChild:
         with self._lock:
             zygote = self._zygote
         if zygote is None:
             raise PdSpawnError("the zygote lease was released")
         try:
-            return zygote.spawn()
+            return zygote.spawn(memory_limit)
         except PdSpawnError:
             if zygote.alive:
                 raise
@@ -374,7 +377,7 @@ class ZygoteLease:
         with self._lock:
             if self._zygote is zygote:
                 self._zygote = replacement
-        return replacement.spawn()
+        return replacement.spawn(memory_limit)
 
     def release(self) -> None:
         with self._lock:

@@ -83,6 +83,9 @@ Fields = Annotated[dict[FieldName, Field], msgspec.Meta(max_length=32)]
 class Spawn(msgspec.Struct, tag="spawn"):
     """Fork a child; the message carries the child's ends of its socket and doorbell."""
 
+    memory_limit: int = 0
+    """The child's RLIMIT_DATA in bytes, set before it serves (0: none)."""
+
 
 class Ready(msgspec.Struct, tag="ready"):
     """The zygote is set up: privileges dropped, modules preloaded."""

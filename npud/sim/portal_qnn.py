@@ -257,7 +257,7 @@ def _with_input_shapes(data: bytes, given: Mapping[str, tuple[int, ...]]) -> byt
     (refused later, naming it)."""
     try:
         declared = onnx_proto.graph_io(onnx_proto.BytesSource(data))
-    except onnx_proto.DamagedError:
+    except (onnx_proto.DamagedError, onnx_proto.LimitError):
         return None  # onnxruntime says what is wrong with it
     bound: dict[str, int] = {}
     for tensor in declared:
@@ -345,6 +345,19 @@ def _qnn_status(exc: Exception) -> int:
     return QNN_COMMON_ERROR_GENERAL
 
 
+def _inferred_session(fixed: bytes, options: ort.SessionOptions) -> ort.InferenceSession | None:
+    """Some output's shape is left to inference: onnxruntime's, on the model with its
+    inputs' shapes fixed (as a QNN graph has them). None when inference fails that way (a
+    branch not taken that cannot take these shapes): the model then loads as it is."""
+    try:
+        return ort.InferenceSession(fixed, sess_options=options, providers=["CPUExecutionProvider"])
+    except MemoryError:
+        raise  # past the PD's memory limit: the PD ends (npud.sim.pd_child)
+    except Exception as exc:
+        log.info("portal_qnn: no inference from the input shapes", extra={"why": str(exc)})
+        return None
+
+
 class OnnxModel:
     """One graph of a loaded model: its session, staging buffers and what the last
     execute produced."""
@@ -370,15 +383,7 @@ class OnnxModel:
         if fixed is not None:
             fixed += weights
         if fixed is not None:
-            # Some output's shape is left to inference: onnxruntime's, on the model with its
-            # inputs' shapes fixed (as a QNN graph has them). A model whose inference fails
-            # that way (a branch not taken that cannot take these shapes) loads as it is.
-            try:
-                session = ort.InferenceSession(
-                    fixed, sess_options=options, providers=["CPUExecutionProvider"]
-                )
-            except Exception as exc:
-                log.info("portal_qnn: no inference from the input shapes", extra={"why": str(exc)})
+            session = _inferred_session(fixed, options)
         try:
             self._session = (
                 session
@@ -389,6 +394,8 @@ class OnnxModel:
             )
         except ort_errors.InvalidProtobuf as exc:
             raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
+        except MemoryError:
+            raise  # past the PD's memory limit: the PD ends (npud.sim.pd_child)
         except Exception as exc:  # onnxruntime's own refusal: a QNN failure to compose
             reason = f"onnxruntime refused the model: {exc}"
             raise QnnFailureError(_qnn_status(exc), reason) from None
@@ -437,6 +444,8 @@ class OnnxModel:
         feeds = {spec.name: staged for spec, staged in zip(self.inputs, self._staged, strict=True)}
         try:
             produced = self._session.run(None, feeds, self._run_options)
+        except MemoryError:
+            raise  # past the PD's memory limit: the PD ends (npud.sim.pd_child)
         except Exception as exc:  # the runtime failed the graph: a QNN error, like graphExecute
             log.warning("portal_qnn execute failed", extra={"error": str(exc)})
             self.last_error = failure_text(exc)
@@ -469,6 +478,8 @@ class OnnxModel:
         self.last_error = b""
         try:
             produced = self._session.run(None, dict(zip(self._names, arrays, strict=True)))
+        except MemoryError:
+            raise  # past the PD's memory limit: the PD ends (npud.sim.pd_child)
         except Exception as exc:  # the runtime failed the graph: a QNN error, like graphExecute
             log.warning("portal_qnn run failed", extra={"error": str(exc)})
             self.last_error = failure_text(exc)
@@ -541,6 +552,8 @@ def compose(data: bytes, shapes: Mapping[str, tuple[int, ...]], threads: int) ->
             names = {t.name for t in onnx_proto.graph_io(onnx_proto.BytesSource(member))}
         except onnx_proto.DamagedError as exc:
             raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
+        except onnx_proto.LimitError as exc:
+            raise RefusedError(AEE.EINVALIDFORMAT, f"outside portal_qnn's limits: {exc}") from None
         known |= names
         members.append((member, {k: v for k, v in shapes.items() if k in names}))
     unknown = sorted(set(shapes) - known)

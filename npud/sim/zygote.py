@@ -20,7 +20,8 @@ working directory. On start it:
    exists; npud kills children through pidfds, never by pid);
 5. says ``Ready`` on its control socket and serves ``Spawn`` requests: each
    forks a child that sets PR_SET_PDEATHSIG (SIGKILL: the zygote is
-   single-threaded, so its death is its thread's), closes every fd but its
+   single-threaded, so its death is its thread's), limits its private memory
+   (``RLIMIT_DATA``, the Spawn's ``memory_limit``), closes every fd but its
    socket and doorbell (and 0-2) and runs :func:`npud.sim.pd_child.serve`.
 
 It exits when its control socket closes (the driver released it, or npud
@@ -36,6 +37,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import resource
 import select
 import signal
 import socket
@@ -112,12 +114,18 @@ def _confine(uid: int | None, gid: int | None, *, landlock: bool) -> str:
     return sandbox.describe(abi)
 
 
-def _child(sock_fd: int, doorbell_fd: int, control: socket.socket, zygote: int) -> NoReturn:
+def _child(
+    sock_fd: int, doorbell_fd: int, control: socket.socket, zygote: int, memory_limit: int
+) -> NoReturn:
     """In the forked child: never returns."""
     try:
         sandbox.set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != zygote:
             os._exit(0)  # the zygote died between fork and prctl
+        if memory_limit:
+            # This PD's blow-up ends this PD only: past the limit its allocations fail
+            # (MemoryError, fatal in a PD: npud.sim.pd_child), npud and other PDs live.
+            resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit))
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         control.detach()  # the fd is closed below; the object must not close it again
         keep = sorted((sock_fd, doorbell_fd))
@@ -149,7 +157,7 @@ def serve(control: socket.socket, watch: int) -> None:
         except wire.ClosedError:
             return
         try:
-            _SPAWN.decode(received.header)
+            spawn = _SPAWN.decode(received.header)
         except msgspec.DecodeError:
             received.close_fds()
             return  # not the driver talking: stop
@@ -163,7 +171,7 @@ def serve(control: socket.socket, watch: int) -> None:
             received.close_fds()  # the driver sees the child's socket close: spawn failed
             continue
         if pid == 0:
-            _child(sock_fd, doorbell_fd, control, me)
+            _child(sock_fd, doorbell_fd, control, me, spawn.memory_limit)
         received.close_fds()
 
 

@@ -242,9 +242,12 @@ async def test_an_endless_model_burns_only_its_own_domain(
     after the check would be) runs in its client's DSP process: the watchdog ends that
     process, the offender pays, and another client's model runs all along, every one of
     them answered, the daemon healthy throughout (issue 16, item 3)."""
-    from npud.fastrpc.stubs import model_format
+    from npud import model_check
+    from npud.fastrpc.stubs import model_format, model_walks
 
-    monkeypatch.setattr(model_format, "check_bounded", lambda fd, size: None)
+    monkeypatch.setattr(model_format, "check_contents", lambda fd, size, budget=None: None)
+    # in npud's process, where the patch holds (a large file is walked in a child)
+    monkeypatch.setattr(model_check, "walk_in_child", model_walks.walk_model_file)
     path = tmp_path / "npud.sock"
     looping = tmp_path / "loop.onnx"
     looping.write_bytes(onnx_models.endless_loop())

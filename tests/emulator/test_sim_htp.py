@@ -1128,3 +1128,105 @@ def test_rope_multi_section_modes(
         for h in range(heads):
             expected = ref.mrope_row(x.get()[0, t, h], at, n_dims, mode, sections, 10000.0)
             close(dst.get()[0, t, h], expected, 1e-4)
+
+
+# -- bounds (issue 27, item 3) ----------------------------------------------------------------
+
+
+def test_a_zero_stride_tensor_larger_than_its_buffer_is_refused(
+    host: HtpHost, arena: Arena, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The review's batch: a CPY of 2^29 f32 elements of stride 0 over 4 bytes made the
+    DSP process allocate until the kernel killed it (here 2^24 of them, 64 MiB, against
+    a buffer of about 1 MiB). Each tensor's elements, packed, must fit its buffer from
+    its offset: INVAL_PARAMS before the op allocates; broadcast views that fit still run."""
+    caplog.set_level(logging.WARNING, logger="npud.sim.htp")
+    count = 1 << 24
+    src = arena.raw(4, F32, (count,), (0, 0, 0, 0))
+    src.set(np.full((1, 1, 1, 1), 7.0))
+    dst = arena.raw(4, F32, (count,), (0, 0, 0, 0))
+    assert host.run([OpSpec("CPY", [src], [dst])]) == STATUS_INVAL_PARAMS
+    assert any("holds 67108864 bytes of elements" in r.getMessage() for r in caplog.records)
+    wide = arena.raw(4, F32, (count // 4, 4), (0, 0, 0, 0))  # in ne1 and ne0 at once
+    assert host.run([OpSpec("SCALE", [wide], [wide], [f32_bits(2.0), 0])]) == (STATUS_INVAL_PARAMS)
+    quantized = arena.raw(18, Q4_0, (32, 1 << 20), (18, 0, 0, 0))  # 18 MiB of blocks over 18 B
+    out = arena.tensor(F32, (32,))
+    assert host.run([OpSpec("GET_ROWS", [quantized, arena.tensor(I32, (1,))], [out])]) == (
+        STATUS_INVAL_PARAMS
+    )
+    small = arena.raw(4, F32, (16,), (0, 0, 0, 0))  # a broadcast view that fits
+    small.set(np.full((1, 1, 1, 1), 7.0))
+    copy = arena.tensor(F32, (16,))
+    run_ok(host, "CPY", [small], [copy], [])
+    close(copy.get(), np.full((1, 1, 1, 16), 7.0), 0)
+
+
+@pytest.mark.parametrize("driver", ["thread"], indirect=True)  # the bound is patched here
+def test_scratch_past_the_bound_is_refused_before_it_is_allocated(
+    host: HtpHost, arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ops whose working arrays outgrow their tensors (a weight broadcast to every slice
+    of src1, attention's scores, decoded tiles of gathered rows) are refused
+    INVAL_PARAMS past MAX_SCRATCH_BYTES, and run within it."""
+    from npud.sim.htp import tensors  # patched in this process: the PD runs on its threads
+
+    w = arena.tensor(F32, (64, 64))
+    w.set(randn(1, 1, 64, 64))
+    x = arena.tensor(F32, (64, 1, 32))  # 32 slices share the weight
+    x.set(randn(1, 32, 1, 64))
+    dst = arena.tensor(F32, (64, 1, 32))
+    dk, heads, rows, n_kv = 8, 8, 16, 64
+    q = arena.tensor(F32, (dk, rows, heads))
+    q.set(randn(1, heads, rows, dk))
+    k, v = arena.tensor(F32, (dk, n_kv, 1)), arena.tensor(F32, (dk, n_kv, 1))
+    k.set(randn(1, 1, n_kv, dk))
+    v.set(randn(1, 1, n_kv, dk))
+    attention = arena.tensor(F32, (dk, heads, rows))
+    ops = [
+        OpSpec("MUL_MAT", [w, x], [dst]),
+        OpSpec("FLASH_ATTN_EXT", [q, k, v], [attention], [f32_bits(0.125), 0, 0]),
+    ]
+    for op in ops:
+        assert host.run([op]) == STATUS_OK
+    monkeypatch.setattr(tensors, "MAX_SCRATCH_BYTES", 64 * 1024)
+    for op in ops:
+        assert host.run([op]) == STATUS_INVAL_PARAMS, op.op
+
+
+def test_a_pd_past_its_memory_limit_ends_alone() -> None:
+    """A PD child is limited to ``pd_memory_limit`` bytes of private memory: an op whose
+    working arrays need more (a weight broadcast to 2^14 slices: 512 MiB, within the
+    scratch bound, past a 192 MiB limit) ends that PD as a crash does (its queue's wait
+    fails AEE_EBADSTATE), while another PD of the same driver, and this process, go on."""
+    driver = EmulatedDriver(SimConfig(pd_memory_limit=192 << 20))
+    sessions = [FastRpcSession.open(driver, library_path=(DSP_LIBRARY_DIR,)) for _ in range(2)]
+    try:
+        for session in sessions:
+            session.load_shell(DEV_SHELL.read_bytes())
+        hosts = [HtpHost(session, CpuQueues(session)) for session in sessions]
+        for host in hosts:
+            assert host.start() == 0
+        greedy, bystander = hosts
+        child = driver.pd_pid(sessions[0]._rpc_fd.fileno())
+        assert child is not None
+        arena = Arena(greedy, 1 << 20)
+        w = arena.tensor(F32, (1, 4096))
+        x = arena.tensor(F32, (1, 1, 1 << 14))
+        dst = arena.tensor(F32, (4096,))  # the product's rows; its slices do not fit
+        greedy.submit([OpSpec("MUL_MAT", [w, x], [dst])])
+        assert _gone(child)
+        greedy.queues.join_receiver()
+        assert greedy.queues.error == AEE_EBADSTATE
+        greedy.queues.abandon()
+        other = Arena(bystander, 1 << 16)
+        y = other.tensor(F32, (8,))
+        y.set(np.ones((1, 1, 1, 8)))
+        assert bystander.run([OpSpec("SCALE", [y], [y], [f32_bits(2.0), 0])]) == STATUS_OK
+        close(y.get(), np.full((1, 1, 1, 8), 2.0), 0)
+        bystander.close()
+        bystander.queues.close()
+    finally:
+        for session in sessions:
+            session.close()
+        driver.shutdown()
+    assert driver.statistics().pd_children == 0

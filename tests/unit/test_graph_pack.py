@@ -70,3 +70,17 @@ def test_more_graphs_than_a_model_holds() -> None:
     with pytest.raises(graph_pack.PackError, match="holds 9 graphs; a model has at most 8") as many:
         graph_pack.read_pack(onnx_proto.BytesSource(_header(count=9)))
     assert many.value.too_many
+
+
+def test_the_shared_weights_walk_stops_at_its_budget() -> None:
+    """A pack whose shared weights are 8 Ki empty initializers: their walk stops when the
+    load's budget has run out, as every other walk of the file does."""
+    pack = bytearray(graph_pack.write_pack([("g", onnx_models.add_one())]))
+    shared = b"\x2a\x00" * 8192
+    header = graph_pack._HEADER
+    magic, version, count, _ = header.unpack_from(pack)
+    data = header.pack(magic, version, count, len(shared)) + shared + bytes(pack[header.size :])
+    source = onnx_proto.BytesSource(data)
+    assert graph_pack.read_pack(source).shared_length == len(shared)
+    with pytest.raises(onnx_proto.CheckTimeoutError):
+        graph_pack.read_pack(source, onnx_proto.Budget(0))

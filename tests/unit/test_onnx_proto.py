@@ -4,6 +4,7 @@ it follows checked against onnx's own descriptors, hostile bytes, and what it re
 from __future__ import annotations
 
 import os
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -191,7 +192,7 @@ def test_nesting_is_bounded_without_recursion() -> None:
     ("data", "reason"),
     [
         (b"\x08\x08" + _message(7, b"\x0a\x05abc"), "runs 2 bytes past its message"),
-        (b"\x08\x08" + _message(7, b"\x0b"), "wire type 3"),
+        (b"\x08\x08" + _message(7, b"\x0b"), "group 1 has no end"),
         (b"\x08\x08" + _message(7, b"\x0a"), "ends inside its header"),
         (b"\x08\x08" + _message(7, b"\x00"), "numbered 0"),
         (b"\x08" + b"\xff" * 10, "longer than 10 bytes"),
@@ -374,3 +375,103 @@ def test_with_input_shapes_of_a_damaged_model_is_a_damaged_error() -> None:
         onnx_proto.with_input_shapes(
             onnx_proto.BytesSource(onnx_models.add_one()[:-3]), {"x": [2, 4]}
         )
+
+
+# --- bounds (issue 27: a file of tiny fields) ------------------------------------------------
+
+
+def tiny_fields_model(size: int, *, top_level: bool = False) -> bytes:
+    """About ``size`` bytes of a model made of 2-byte fields: empty nodes in its graph, or
+    (``top_level``) empty doc_strings beside a small graph: the review's crafted file."""
+    head = b"\x08\x08" + onnx_proto.length_field(8, b"\x10\x11")
+    if top_level:
+        return head + b"\x32\x00" * ((size - len(head)) // 2) + onnx_proto.length_field(7, b"")
+    return head + onnx_proto.length_field(7, b"\x0a\x00" * ((size - len(head) - 6) // 2))
+
+
+def test_a_walk_of_tiny_fields_holds_little_memory(tmp_path: Path, fds: list[int]) -> None:
+    """A model of 128 Ki empty nodes: the walks keep one frame per level, never a list of
+    a message's fields (they kept a Field per field: tens of MB per MiB of file)."""
+    data = tiny_fields_model(256 * 1024)
+    path = tmp_path / "tiny.onnx"
+    path.write_bytes(data)
+    fds.append(os.open(path, os.O_RDONLY))
+    tracemalloc.start()
+    try:
+        check_model_file(fds[-1], "emulator")
+        onnx_proto.graph_io(FdSource(fds[-1], len(data)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_a_model_file_is_read_in_windows_not_bytes(
+    tmp_path: Path, fds: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read of the checks is a window of the file (it was a pread per byte of each
+    field header at the top level)."""
+    data = tiny_fields_model(256 * 1024, top_level=True)
+    path = tmp_path / "tiny.onnx"
+    path.write_bytes(data)
+    fds.append(os.open(path, os.O_RDONLY))
+    calls = 0
+    real = os.pread
+
+    def counted(fd: int, length: int, offset: int) -> bytes:
+        nonlocal calls
+        calls += 1
+        return real(fd, length, offset)
+
+    monkeypatch.setattr(os, "pread", counted)
+    check_model_file(fds[-1], "emulator")
+    assert calls < 64  # 4 windows per walk
+
+
+def test_a_budget_bounds_the_walks(tmp_path: Path, fds: list[int]) -> None:
+    """A budget that has run out stops every walk at its next look at the clock; the
+    load is refused as one not checked in time."""
+    data = tiny_fields_model(64 * 1024)
+    with pytest.raises(onnx_proto.CheckTimeoutError, match="longer than 0 s"):
+        onnx_proto.scan(BytesSource(data), budget=onnx_proto.Budget(0))
+    flat = tiny_fields_model(64 * 1024, top_level=True)
+    with pytest.raises(onnx_proto.CheckTimeoutError):
+        list(onnx_proto.fields(BytesSource(flat), 0, len(flat), onnx_proto.Budget(0)))
+    path = tmp_path / "tiny.onnx"
+    path.write_bytes(data)
+    fds.append(os.open(path, os.O_RDONLY))
+    with pytest.raises(ModelFileError, match="not checked in time") as caught:
+        check_model_file(fds[-1], "emulator", onnx_proto.Budget(0))
+    assert caught.value.kind == "refused"
+    check_model_file(fds[-1], "emulator", onnx_proto.Budget(3600))  # the same, in time
+    assert onnx_proto.scan(BytesSource(data), budget=onnx_proto.Budget(None)).looping is None
+
+
+def test_graph_io_keeps_a_bounded_number_of_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    many = onnx_models.model(
+        [helper.make_node("Identity", ["x0"], ["y"])],
+        [onnx_models.tensor(f"x{i}", "float32", [1]) for i in range(5)],
+        [onnx_models.tensor("y", "float32", [1])],
+    )
+    assert len(onnx_proto.graph_io(BytesSource(many))) == 6
+    monkeypatch.setattr(onnx_proto, "MAX_GRAPH_IO", 5)
+    with pytest.raises(onnx_proto.LimitError, match="more than 5 inputs and outputs"):
+        onnx_proto.graph_io(BytesSource(many))
+    wide = onnx_models.model(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        [onnx_models.tensor("x", "float32", [1] * 65)],
+        [onnx_models.tensor("y", "float32", [1])],
+    )
+    with pytest.raises(onnx_proto.LimitError, match="input 'x' has more than 64 dimensions"):
+        onnx_proto.graph_io(BytesSource(wide))
+
+
+def test_groups_are_skipped_as_protobuf_skips_them() -> None:
+    """An unknown group (wire types 3 and 4, unused by ONNX) in a node: skipped whole,
+    the node's Loop still found after it."""
+    group = b"\x9b\x01" + b"\x08\x01" + b"\x9c\x01"  # field 19, a varint inside
+    node = group + b"\x22\x04Loop"
+    data = b"\x08\x08" + onnx_proto.length_field(7, onnx_proto.length_field(1, node))
+    found = onnx_proto.find_looping_node(BytesSource(data))
+    assert found is not None
+    assert found.op_type == "Loop"

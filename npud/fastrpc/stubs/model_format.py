@@ -20,18 +20,26 @@ hold (8) is refused (``refused``).
 
 An ONNX model that keeps tensor data in external files is refused
 (``refused``): onnxruntime would open the path the model names, relative to
-the DSP process's working directory, and hand its bytes to the client. The
-check (npud.formats.onnx_proto) walks the whole model through the descriptor
-and resolves nothing. The emulated DSP checks the bytes it parses again,
-because the client may rewrite its file between this check and the DSP's read.
+the DSP process's working directory, and hand its bytes to the client; so is
+one with a ``Loop`` node. The check (:func:`check_contents`) is one walk of
+the whole model through the descriptor (npud.formats.onnx_proto.scan: fields
+read as protobuf reads them, linear in the file, bounded in memory) and
+resolves nothing. Every walk here takes an optional
+:class:`~npud.formats.onnx_proto.Budget` (``refused`` when it runs out; the
+daemon gives ``[daemon] model_check_s`` and walks on a thread or in a process
+of the load's own, npud/model_check.py). The emulated DSP checks the bytes it
+parses again for external data, because the client may rewrite its file
+between this check and the DSP's read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import os
 import struct
+from collections.abc import Iterator
 from typing import Final, Literal
 
 from npud.fastrpc.reverse.exposed_files import check_readable_file
@@ -112,50 +120,25 @@ class ModelFileError(ValueError):
         self.kind = kind
 
 
-class _DamagedError(Exception):
-    pass
-
-
-def _varint(fd: int, offset: int, size: int) -> tuple[int, int]:
-    """A protobuf varint at offset: (value, offset after it)."""
-    value, shift = 0, 0
-    for index in range(10):
-        if offset + index >= size:
-            raise _DamagedError("the file ends inside a field header")
-        byte = os.pread(fd, 1, offset + index)[0]
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, offset + index + 1
-    raise _DamagedError("a varint longer than 10 bytes")
-
-
-def _walk_onnx(fd: int, size: int) -> str:
-    """Describe an ONNX ModelProto, or raise _DamagedError (ValueError: not ONNX at all)."""
-    offset, found = 0, {}
+def _walk_onnx(source: onnx_proto.Source, budget: onnx_proto.Budget | None) -> str:
+    """Describe an ONNX ModelProto from its top-level fields (read as protobuf reads them,
+    npud.formats.onnx_proto), or raise DamagedError / CheckTimeoutError."""
+    found: dict[str, int] = {}
     producer, opset = "", None
-    while offset < size:
-        key, offset = _varint(fd, offset, size)
-        number, wire = key >> 3, key & 7
+    for field in onnx_proto.fields(source, 0, source.size, budget):
+        number, wire = field.number, field.wire
         if number not in ONNX_FIELDS or ONNX_FIELDS[number][1] != wire:
-            raise _DamagedError(f"field {number} (wire type {wire}) is not part of an ONNX model")
+            raise onnx_proto.DamagedError(
+                f"field {number} (wire type {wire}) is not part of an ONNX model"
+            )
         name = ONNX_FIELDS[number][0]
-        if wire == 0:
-            value, offset = _varint(fd, offset, size)
-            found[name] = value
-            continue
-        length, offset = _varint(fd, offset, size)
-        if offset + length > size:
-            short = offset + length - size
-            raise _DamagedError(f"the file ends inside {name} ({short} bytes short)")
-        found[name] = length
-        if name == "producer_name" and length <= MAX_TEXT_FIELD:
-            producer = os.pread(fd, length, offset).decode("utf-8", errors="replace")
-        if name == "opset_import" and opset is None and length <= MAX_TEXT_FIELD:
-            opset = _opset_version(os.pread(fd, length, offset))
-        offset += length
+        found[name] = field.value
+        if name == "producer_name" and field.value <= MAX_TEXT_FIELD:
+            producer = source.read(field.start, field.value).decode("utf-8", errors="replace")
+        if name == "opset_import" and opset is None and field.value <= MAX_TEXT_FIELD:
+            opset = _opset_version(source.read(field.start, field.value))
     if "graph" not in found:
-        raise _DamagedError("it has no graph")
+        raise onnx_proto.DamagedError("it has no graph")
     details = [f"IR version {found['ir_version']}"]
     if opset is not None:
         details.append(f"opset {opset}")
@@ -221,8 +204,9 @@ def _describe_other(head: bytes) -> str:
     return "a text file" if text.isprintable() or "\n" in text else "data of an unknown format"
 
 
-def sniff(fd: int) -> Sniffed:
-    """What the regular file open on ``fd`` is. ModelFileError("unreadable"/"damaged")."""
+def sniff(fd: int, budget: onnx_proto.Budget | None = None) -> Sniffed:
+    """What the regular file open on ``fd`` is. ModelFileError("unreadable"/"damaged", or
+    "refused" when ``budget`` runs out)."""
     try:
         size = check_readable_file(fd).st_size
         head = os.pread(fd, HEAD_BYTES, 0)
@@ -236,7 +220,11 @@ def sniff(fd: int) -> Sniffed:
         return Sniffed(model_format, description, size)
     if graph_pack.is_pack(head):
         try:
-            pack = graph_pack.read_pack(onnx_proto.FdSource(fd, size))
+            pack = graph_pack.read_pack(onnx_proto.FdSource(fd, size), budget)
+        except onnx_proto.CheckTimeoutError as exc:
+            raise ModelFileError(
+                "refused", f"the model file was not checked in time: {exc}"
+            ) from None
         except graph_pack.PackError as exc:
             if exc.too_many:
                 raise ModelFileError(
@@ -251,21 +239,19 @@ def sniff(fd: int) -> Sniffed:
         description = f"a graph pack of ONNX graphs ({names})"
         return Sniffed(ModelFormat.ONNX, description, size, pack.names)
     if _looks_like_onnx(head):
-        try:
-            return Sniffed(ModelFormat.ONNX, _walk_onnx(fd, size), size)
-        except _DamagedError as exc:
-            raise ModelFileError(
-                "damaged", f"the model file is a damaged ONNX model: {exc}"
-            ) from None
-        except OSError as exc:
-            raise ModelFileError("unreadable", f"cannot read the model file: {exc}") from None
+        with _walk_errors():
+            return Sniffed(
+                ModelFormat.ONNX, _walk_onnx(onnx_proto.FdSource(fd, size), budget), size
+            )
     return Sniffed(None, _describe_other(head), size)
 
 
-def check_model_file(fd: int, backend: str) -> Sniffed:
-    """Sniff ``fd`` and refuse what ``backend`` ("kernel" or "emulator") cannot load."""
+def check_model_file(fd: int, backend: str, budget: onnx_proto.Budget | None = None) -> Sniffed:
+    """Sniff ``fd`` and refuse what ``backend`` ("kernel" or "emulator") cannot load.
+    ``budget`` bounds the time of every walk of the file together (``refused`` when it
+    runs out)."""
     accepted = BACKEND_FORMATS[backend]
-    sniffed = sniff(fd)
+    sniffed = sniff(fd, budget)
     if sniffed.format is not accepted:
         raise ModelFileError(
             "wrong-format",
@@ -273,65 +259,70 @@ def check_model_file(fd: int, backend: str) -> Sniffed:
             f" {accepted.value}{_HINTS[accepted]}",
         )
     if sniffed.format is ModelFormat.ONNX:
-        check_self_contained(fd, sniffed.size)
-        check_bounded(fd, sniffed.size)
+        check_contents(fd, sniffed.size, budget)
     return sniffed
 
 
-def members(fd: int, size: int) -> list[onnx_proto.Source]:
+@contextlib.contextmanager
+def _walk_errors() -> Iterator[None]:
+    """A walk's failures as ModelFileErrors."""
+    try:
+        yield
+    except onnx_proto.DamagedError as exc:
+        raise ModelFileError("damaged", f"the model file is a damaged ONNX model: {exc}") from None
+    except onnx_proto.CheckTimeoutError as exc:
+        raise ModelFileError(
+            "refused",
+            f"the model file was not checked in time: {exc} ([daemon] model_check_s); a model"
+            " of this many protobuf fields is not loaded",
+        ) from None
+    except onnx_proto.LimitError as exc:
+        raise ModelFileError("refused", f"the model is outside npud's limits: {exc}") from None
+    except OSError as exc:
+        raise ModelFileError("unreadable", f"cannot read the model file: {exc}") from None
+
+
+def members(fd: int, size: int, budget: onnx_proto.Budget | None = None) -> list[onnx_proto.Source]:
     """The ONNX models in the file on ``fd`` (borrowed): each graph of a graph pack
     (without the shared weights), or the file itself."""
     source = onnx_proto.FdSource(fd, size)
     if not graph_pack.is_pack(os.pread(fd, len(graph_pack.MAGIC), 0)):
         return [source]
     try:
-        pack = graph_pack.read_pack(source)
+        pack = graph_pack.read_pack(source, budget)
     except graph_pack.PackError as exc:
         raise ModelFileError("damaged", f"the model file is a damaged graph pack: {exc}") from None
     return [onnx_proto.Window(source, g.offset, g.length) for g in pack.graphs]
 
 
-def _shared_weights(fd: int, size: int) -> onnx_proto.ExternalData | None:
+def _shared_weights(
+    fd: int, size: int, budget: onnx_proto.Budget | None
+) -> onnx_proto.ExternalData | None:
     """External data among a graph pack's shared weights (None for any other file)."""
     source = onnx_proto.FdSource(fd, size)
     if not graph_pack.is_pack(os.pread(fd, len(graph_pack.MAGIC), 0)):
         return None
     try:
-        pack = graph_pack.read_pack(source)
+        pack = graph_pack.read_pack(source, budget)
     except graph_pack.PackError as exc:
         raise ModelFileError("damaged", f"the model file is a damaged graph pack: {exc}") from None
     end = pack.shared_offset + pack.shared_length
-    return onnx_proto.find_external_data(source, pack.shared_offset, end, root="GraphProto")
+    return onnx_proto.scan(source, pack.shared_offset, end, "GraphProto", budget).external
 
 
-def check_self_contained(fd: int, size: int) -> None:
+def check_contents(fd: int, size: int, budget: onnx_proto.Budget | None = None) -> None:
     """Refuse an ONNX model (or a graph pack) on ``fd`` (borrowed) that refers to
-    external data files."""
-    try:
-        external = _shared_weights(fd, size)
-        for member in members(fd, size):
-            if external is not None:
-                break
-            external = onnx_proto.find_external_data(member)
-    except onnx_proto.DamagedError as exc:
-        raise ModelFileError("damaged", f"the model file is a damaged ONNX model: {exc}") from None
-    except OSError as exc:
-        raise ModelFileError("unreadable", f"cannot read the model file: {exc}") from None
+    external data files, or has a node that may loop without end: one walk of each
+    graph (npud.formats.onnx_proto.scan)."""
+    external, looping = None, None
+    with _walk_errors():
+        external = _shared_weights(fd, size, budget)
+        for member in members(fd, size, budget):
+            found = onnx_proto.scan(member, budget=budget)
+            external = external or found.external
+            looping = looping or found.looping
     if external is not None:
         raise ModelFileError("refused", external_data_refusal(external))
-
-
-def check_bounded(fd: int, size: int) -> None:
-    """Refuse an ONNX model (or a graph of a graph pack) on ``fd`` (borrowed) with a
-    node that may loop without end."""
-    try:
-        looping = None
-        for member in members(fd, size):
-            looping = looping or onnx_proto.find_looping_node(member)
-    except onnx_proto.DamagedError as exc:
-        raise ModelFileError("damaged", f"the model file is a damaged ONNX model: {exc}") from None
-    except OSError as exc:
-        raise ModelFileError("unreadable", f"cannot read the model file: {exc}") from None
     if looping is not None:
         raise ModelFileError(
             "refused",

@@ -43,12 +43,15 @@ class _Resolved:
 
 
 def check_shapes(
-    source: onnx_proto.Source, given: Mapping[str, Sequence[int]]
+    source: onnx_proto.Source,
+    given: Mapping[str, Sequence[int]],
+    budget: onnx_proto.Budget | None = None,
 ) -> list[onnx_proto.GraphTensor]:
     """Raise ShapeError unless the model's inputs, with ``given``, have every dimension
     fixed; the outputs left for the DSP to infer (a dimension these rules leave free).
-    A model that declares no shapes at all is left to the runtime."""
-    tensors = onnx_proto.graph_io(source)
+    A model that declares no shapes at all is left to the runtime. ``budget`` bounds
+    the walk's time (onnx_proto.CheckTimeoutError)."""
+    tensors = onnx_proto.graph_io(source, budget)
     declared = [t for t in tensors if t.dims is not None]
     names = {t.name for t in tensors}
     unknown = sorted(set(given) - names)

@@ -40,7 +40,7 @@ import enum
 import functools
 import threading
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Final, Literal
 
@@ -55,8 +55,8 @@ from npud.fastrpc.stubs.model_format import (
     Sniffed,
     check_model_file,
 )
-from npud.fastrpc.stubs.model_format import members as model_members
-from npud.fastrpc.stubs.model_shapes import ShapeError, check_shapes, unsized_outputs_refusal
+from npud.fastrpc.stubs.model_shapes import ShapeError, unsized_outputs_refusal
+from npud.fastrpc.stubs.model_walks import walk_model_file
 from npud.formats import onnx_proto
 from npud.idl import arena
 
@@ -241,6 +241,21 @@ class ModelFailure(enum.Enum):
     NOT_EXECUTED = ErrorCode.NO_OUTPUTS  # get_output before a successful execute
 
 
+_FILE_FAILURES: Final = {
+    "unreadable": ModelFailure.FILE_UNREADABLE,
+    "wrong-format": ModelFailure.FILE_FORMAT,
+    "damaged": ModelFailure.FILE_MALFORMED,
+    "refused": ModelFailure.MODEL_REJECTED,
+}
+"""How each way a file fails (ModelFileError.kind) is reported."""
+
+Walks = Callable[
+    [int, str, Mapping[str, Sequence[int]], "onnx_proto.Budget | None"],
+    tuple[Sniffed, list[onnx_proto.GraphTensor]],
+]
+"""What walks a model file: npud.fastrpc.stubs.model_walks.walk_model_file's signature."""
+
+
 class ModelError(RpcError):
     """A model call failed; ``failure`` says how, ``str()`` is the message."""
 
@@ -288,6 +303,15 @@ def model_uri_query(shapes: Mapping[str, Sequence[int]]) -> str:
     return "?" + "&".join(items) if items else ""
 
 
+def _check_uri_length(uri: str) -> None:
+    """ModelError unless ``uri`` (with its NUL) fits model_load's model_uri."""
+    if len(uri.encode("utf-8")) + 1 > MAX_URI_BYTES:
+        raise ModelError(
+            ModelFailure.TENSOR_MISMATCH,
+            f"the shapes make the model URI {len(uri)} bytes; at most {MAX_URI_BYTES - 1}",
+        )
+
+
 def _spec(index: int, record: idl.Values) -> TensorSpec:
     code = record.integer("data_type")
     rank = min(record.integer("rank"), MAX_RANK)
@@ -299,6 +323,15 @@ def _spec(index: int, record: idl.Values) -> TensorSpec:
         shape=tuple(record.integers("dims")[:rank]),
         nbytes=record.integer("bytes"),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedFile:
+    """What :meth:`PortalQnn.check` found: the file, and the outputs left for the DSP to
+    size (their shapes follow only from inference)."""
+
+    file: Sniffed
+    unsized: tuple[onnx_proto.GraphTensor, ...] = ()
 
 
 @dataclasses.dataclass
@@ -340,32 +373,81 @@ class PortalQnn:
 
     # ----------------------------------------------------------------- load
     @staticmethod
-    def check_file(fd: int, backend: Backend) -> Sniffed:
+    def check_file(fd: int, backend: Backend, budget: onnx_proto.Budget | None = None) -> Sniffed:
         """What the model file open on ``fd`` is; ModelError when ``backend`` cannot load
-        it (unreadable, another format, damaged, or refers to external data)."""
+        it (unreadable, another format, damaged, refers to external data, may loop, or
+        was not checked within ``budget``)."""
         try:
-            return check_model_file(fd, backend)
+            return check_model_file(fd, backend, budget)
         except ModelFileError as exc:
-            failure = {
-                "unreadable": ModelFailure.FILE_UNREADABLE,
-                "wrong-format": ModelFailure.FILE_FORMAT,
-                "damaged": ModelFailure.FILE_MALFORMED,
-                "refused": ModelFailure.MODEL_REJECTED,
-            }[exc.kind]
-            raise ModelError(failure, str(exc)) from None
+            raise ModelError(_FILE_FAILURES[exc.kind], str(exc)) from None
 
-    def load(self, fd: int, *, shapes: Mapping[str, Sequence[int]] | None = None) -> LoadedModel:
-        """Load the model file open on ``fd`` (the caller keeps it) into a free slot.
-
-        ``shapes`` fixes free dimensions of an ONNX model's tensors by name (the
-        emulator backend); a QNN model library's shapes are fixed already.
-        """
-        sniffed = self.check_file(fd, self.backend)
-        if shapes and self.backend == "kernel":
+    @classmethod
+    def check(
+        cls,
+        fd: int,
+        backend: Backend,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        budget: onnx_proto.Budget | None = None,
+        walks: Walks = walk_model_file,
+    ) -> CheckedFile:
+        """Every check :meth:`load` makes on the file before it reaches the DSP (the
+        file's kind, contents and shapes), within ``budget``; ModelError when one fails.
+        ``walks`` walks the file (npud.model_check gives one that runs in a child
+        process); a caller may check on a thread of its choice and give :meth:`load`
+        the result."""
+        if shapes and backend == "kernel":
             raise ModelError(
                 ModelFailure.TENSOR_MISMATCH,
                 "a QNN model library has fixed shapes: shapes apply to ONNX models only",
             )
+        query = model_uri_query(shapes or {})  # refuses bad names and dimensions
+        _check_uri_length(query)  # the query alone (load checks it with the file's name)
+        try:
+            sniffed, unsized = walks(fd, backend, shapes or {}, budget)
+        except ModelFileError as exc:
+            raise ModelError(_FILE_FAILURES[exc.kind], str(exc)) from None
+        except ShapeError as exc:
+            failure = (
+                ModelFailure.MODEL_REJECTED if exc.kind == "free" else ModelFailure.TENSOR_MISMATCH
+            )
+            raise ModelError(failure, str(exc)) from None
+        except onnx_proto.DamagedError as exc:
+            raise ModelError(
+                ModelFailure.FILE_MALFORMED, f"the model file is a damaged ONNX model: {exc}"
+            ) from None
+        except onnx_proto.CheckTimeoutError as exc:
+            raise ModelError(
+                ModelFailure.MODEL_REJECTED,
+                f"the model file was not checked in time: {exc} ([daemon] model_check_s); a"
+                " model of this many protobuf fields is not loaded",
+            ) from None
+        except onnx_proto.LimitError as exc:
+            raise ModelError(
+                ModelFailure.MODEL_REJECTED, f"the model is outside npud's limits: {exc}"
+            ) from None
+        except OSError as exc:
+            raise ModelError(
+                ModelFailure.FILE_UNREADABLE, f"cannot read the model file: {exc}"
+            ) from None
+        return CheckedFile(sniffed, tuple(unsized))
+
+    def load(
+        self,
+        fd: int,
+        *,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        checked: CheckedFile | None = None,
+    ) -> LoadedModel:
+        """Load the model file open on ``fd`` (the caller keeps it) into a free slot.
+
+        ``shapes`` fixes free dimensions of an ONNX model's tensors by name (the
+        emulator backend); a QNN model library's shapes are fixed already. ``checked``:
+        what :meth:`check` found for this file and these shapes (made now when None).
+        """
+        if checked is None:
+            checked = self.check(fd, self.backend, shapes)
+        sniffed, unsized = checked.file, list(checked.unsized)
         query = model_uri_query(shapes or {})
         try:
             exposed = self._session.expose_file(fd, suffix=QNN_SUFFIX[self.backend])
@@ -374,14 +456,7 @@ class PortalQnn:
             raise ModelError(ModelFailure.FILE_UNREADABLE, reason) from None
         with exposed:
             uri = exposed.name + query
-            if len(uri.encode("utf-8")) + 1 > MAX_URI_BYTES:
-                raise ModelError(
-                    ModelFailure.TENSOR_MISMATCH,
-                    f"the shapes make the model URI {len(uri)} bytes; at most {MAX_URI_BYTES - 1}",
-                )
-            unsized: list[onnx_proto.GraphTensor] = []
-            if sniffed.format is ModelFormat.ONNX:
-                unsized = _check_shapes(fd, sniffed.size, shapes or {})
+            _check_uri_length(uri)
             with self._load_lock:
                 rc, values = self._call(_LOAD, model_uri=uri)
                 failed = rc != 0 or values.integer("qnn_status") != 0
@@ -703,53 +778,6 @@ def _out_arg(item: int | idl.BufferRef) -> OutArg:
         return Capacity(item)
     assert isinstance(item, Slice)
     return item
-
-
-def _check_shapes(
-    fd: int, size: int, shapes: Mapping[str, Sequence[int]]
-) -> list[onnx_proto.GraphTensor]:
-    """Refuse here, saying which tensor and what to give, what the DSP would refuse
-    with one generic code (its log has the reason; its client would not). The outputs
-    left for the DSP to infer."""
-    try:
-        members = model_members(fd, size)
-        if len(members) == 1:
-            return check_shapes(members[0], shapes)
-        return _check_pack_shapes(members, shapes)
-    except ModelFileError as exc:
-        raise ModelError(ModelFailure.FILE_MALFORMED, str(exc)) from None
-    except ShapeError as exc:
-        failure = (
-            ModelFailure.MODEL_REJECTED if exc.kind == "free" else ModelFailure.TENSOR_MISMATCH
-        )
-        raise ModelError(failure, str(exc)) from None
-    except onnx_proto.DamagedError as exc:
-        raise ModelError(
-            ModelFailure.FILE_MALFORMED, f"the model file is a damaged ONNX model: {exc}"
-        ) from None
-    except OSError as exc:
-        raise ModelError(
-            ModelFailure.FILE_UNREADABLE, f"cannot read the model file: {exc}"
-        ) from None
-
-
-def _check_pack_shapes(
-    members: Sequence[onnx_proto.Source], shapes: Mapping[str, Sequence[int]]
-) -> list[onnx_proto.GraphTensor]:
-    """check_shapes for each graph of a graph pack, with the shapes of the tensors that
-    graph has (a shape applies to every graph with a tensor of its name)."""
-    names = [{t.name for t in onnx_proto.graph_io(member)} for member in members]
-    known = set().union(*names)
-    unknown = sorted(set(shapes) - known)
-    if unknown:
-        listed = ", ".join(repr(n) for n in sorted(known)) or "none"
-        raise ShapeError(
-            "mismatch", f"no graph of the model has a tensor {unknown[0]!r} (its tensors: {listed})"
-        )
-    unsized: list[onnx_proto.GraphTensor] = []
-    for member, has in zip(members, names, strict=True):
-        unsized += check_shapes(member, {k: v for k, v in shapes.items() if k in has})
-    return unsized
 
 
 def _load_error(

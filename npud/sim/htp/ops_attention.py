@@ -21,7 +21,7 @@ import numpy.typing as npt
 from npud.sim.htp.layout import Op
 from npud.sim.htp.opcall import OpCall, OpFunction, as_f32, repeat_to
 from npud.sim.htp.ops_norm import alibi_slopes
-from npud.sim.htp.tensors import InvalidParamsError
+from npud.sim.htp.tensors import InvalidParamsError, check_scratch
 
 F32 = npt.NDArray[np.float32]
 
@@ -45,6 +45,9 @@ def flash_attn_ext(op: OpCall) -> None:
     if dst.shape != (batch, rows, heads, dv):
         raise InvalidParamsError(f"FLASH_ATTN_EXT: {dst.describe()} is not [DV, H, N, B]")
     scale, max_bias, softcap = op.f32_np(0), op.f32(1), op.f32_np(2)
+    n_kv = k_t.ne[1]
+    # k and v repeated to every head, the scores and their weights
+    check_scratch(batch * heads * n_kv * (dk + dv + 2 * rows), "FLASH_ATTN_EXT")
     q = q_t.load()
     k = _broadcast_heads(k_t.load(), heads, batch, "k")
     v = _broadcast_heads(v_t.load(), heads, batch, "v")

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from npud.sim.htp.layout import Op
 from npud.sim.htp.opcall import OpCall, OpFunction, as_f32, repeat_to
-from npud.sim.htp.tensors import InvalidParamsError, Tensor
+from npud.sim.htp.tensors import InvalidParamsError, Tensor, check_scratch
 
 F32 = npt.NDArray[np.float32]
 
@@ -44,6 +44,8 @@ def product(weight: Tensor, x: Tensor, n: int) -> F32:
     w = _weights(weight, n, k)
     if x.shape[0] % w.shape[0] or x.shape[1] % w.shape[1]:
         raise InvalidParamsError(f"MUL_MAT: {weight.describe()} does not broadcast to src1")
+    slices = x.shape[0] * x.shape[1]
+    check_scratch(slices * (w.shape[2] * w.shape[3] + x.shape[2] * w.shape[2]), "MUL_MAT")
     w = np.repeat(w, x.shape[1] // w.shape[1], axis=1)
     w = np.repeat(w, x.shape[0] // w.shape[0], axis=0)
     return as_f32(np.matmul(x.load(), np.swapaxes(w, -1, -2)))
@@ -94,6 +96,7 @@ def expert_product(weight: Tensor, x: Tensor, ids: Tensor, dst: Tensor) -> F32:
         raise InvalidParamsError(f"MUL_MAT_ID: {weight.describe()} is too small")
     if index.size and (index.min() < 0 or index.max() >= experts.shape[0]):
         raise InvalidParamsError("MUL_MAT_ID: an expert id outside the experts")
+    check_scratch(tokens * used * (k + n), "MUL_MAT_ID")
     inputs = x.load()[0][:, np.arange(used) % x.ne[1], :]  # (T, n_used, k)
     out = np.zeros((tokens, used, n), np.float32)
     for expert in np.unique(index):

@@ -29,6 +29,7 @@ from npud.sim.htp.tensors import (
     InvalidParamsError,
     NotSupportedError,
     Tensor,
+    check_scratch,
 )
 
 F32 = npt.NDArray[np.float32]
@@ -43,6 +44,8 @@ def gather_rows(src: Tensor, i3: I64, i2: I64, rows: I64) -> Array:
         tile = quant.TILE_BYTES.get(Type(kind)) if kind in quant.TILE_BYTES else None
         if tile is None:
             raise NotSupportedError(f"rows of {src.describe()}")
+        picked_rows = np.broadcast_shapes(i3.shape, i2.shape, rows.shape)
+        check_scratch(int(np.prod(picked_rows)) * quant.QK * src.ne[0], "GET_ROWS")
         tiles = src.tiles()
         per_ct = (src.ne[0] // quant.QK) * tile
         by_ct = tiles.reshape(*tiles.shape[:2], src.ne[1] // quant.QK, per_ct)

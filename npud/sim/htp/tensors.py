@@ -32,6 +32,12 @@ NATIVE: Final[dict[int, type[np.generic]]] = {
 }
 
 
+MAX_SCRATCH_BYTES: Final = 1 << 30
+"""What one op may allocate beyond its tensors' own sizes (float32 copies, broadcasts,
+intermediate products), at most; an op that would need more is refused INVAL_PARAMS
+before it allocates (:func:`check_scratch`)."""
+
+
 class OpError(Exception):
     """An op that cannot run: ``status`` is what the batch answers."""
 
@@ -44,6 +50,15 @@ class NotSupportedError(OpError):
 
 class InvalidParamsError(OpError):
     status = Status.INVAL_PARAMS
+
+
+def check_scratch(elements: int, what: str) -> None:
+    """Refuse an op whose working arrays would hold ``elements`` float32 values past
+    :data:`MAX_SCRATCH_BYTES`."""
+    if elements * 4 > MAX_SCRATCH_BYTES:
+        raise InvalidParamsError(
+            f"{what} needs {elements * 4} bytes of scratch (at most {MAX_SCRATCH_BYTES})"
+        )
 
 
 def type_name(kind: int) -> str:
@@ -102,6 +117,42 @@ class Tensor:
                 f"tensor {self.describe()} at offset {self.desc.data} reaches byte {end} of a"
                 f" {len(self._memory)}-byte buffer"
             )
+
+    def packed_bytes(self) -> int | None:
+        """The bytes of the tensor's elements laid out without gaps: what a copy of it
+        takes in its own type (None for a type the emulator does not know)."""
+        ne, kind = self.ne, self.type
+        if kind in NATIVE and not self.repacked:
+            return self.nelements * np.dtype(NATIVE[kind]).itemsize
+        if kind in quant.BLOCK_BYTES:
+            size = quant.BLOCK_BYTES[Type(kind)]
+            return -(-ne[0] // quant.QK) * size * self.nrows
+        return None
+
+    def check_fits(self) -> None:
+        """The tensor's elements fit its buffer from its offset, both ways: its last
+        element lies in the buffer (its strided extent, ne x nb), and the buffer from its
+        offset holds as many bytes as its elements packed (so zero or overlapping
+        strides cannot make an op copy more than the buffer holds: a CPY of 2^29 f32
+        elements over 4 bytes). InvalidParamsError otherwise; nothing is allocated."""
+        size = len(self._memory)
+        if self.desc.data > size:
+            raise InvalidParamsError(
+                f"tensor {self.describe()} at offset {self.desc.data} of a {size}-byte buffer"
+            )
+        packed = self.packed_bytes()
+        if packed is not None and packed > size - self.desc.data:
+            raise InvalidParamsError(
+                f"tensor {self.describe()} holds {packed} bytes of elements; its buffer has"
+                f" {size - self.desc.data} from offset {self.desc.data}"
+            )
+        if packed is not None and self.nelements:
+            extent = sum((self.ne[i] - 1) * self.nb[i] for i in range(4))
+            if self.desc.data + extent > size:
+                raise InvalidParamsError(
+                    f"tensor {self.describe()} at offset {self.desc.data} reaches byte"
+                    f" {self.desc.data + extent} of a {size}-byte buffer"
+                )
 
     # -- views ----------------------------------------------------------------------------
 

@@ -11,8 +11,12 @@ the same buffer reference (flags FLUSH_SENDER | INVALIDATE_RECIPIENT):
 * status 1 (OK) when every op ran; otherwise the first failure's status, the
   later ops still running, as on the DSP: NO_SUPPORT (3) for an op or type the
   emulator does not implement, INVAL_PARAMS (4) for descriptors that do not fit
-  (shapes, types, indexes, a tensor past its buffer), INTERNAL_ERR (2) for anything
-  else; each failure is logged with the op's name;
+  (shapes, types, indexes, a tensor past its buffer or whose elements, packed, hold
+  more bytes than its buffer from its offset: zero strides cannot make an op copy
+  more than the buffer holds; an op whose scratch would pass
+  :data:`~npud.sim.htp.tensors.MAX_SCRATCH_BYTES`), INTERNAL_ERR (2) for anything
+  else; each failure is logged with the op's name. Every tensor of an op is checked
+  before the op allocates anything;
 * INVAL_PARAMS, without running an op, for a batch naming a buffer fd the DSP process
   has no MEM_MAP of, a buffer larger than its mapping, or a buffer reference too small
   for the descriptors (the real DSP aborts or does not answer);
@@ -319,6 +323,9 @@ class BatchWorker:
                 [_tensor(tensors, i) for i in desc.dst],
                 status,
             )
+            for tensor in (*call.srcs, *call.dsts):
+                if tensor is not None:
+                    tensor.check_fits()  # before the op allocates a byte
             with np.errstate(all="ignore"):
                 function(call)
         except OpError as exc:
@@ -327,6 +334,8 @@ class BatchWorker:
                 extra={"op": name, "seq": request.seq, "index": index, "status": exc.status.name},
             )
             return exc.status
+        except MemoryError:
+            raise  # past the PD's memory limit: the PD ends, as a DSP process that faults
         except Exception:
             log.error(
                 f"htp: op {name} failed inside the emulator",
