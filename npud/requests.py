@@ -439,8 +439,8 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
             raise CodedError(
                 ErrorCode.NOT_PERMITTED,
                 detail=f"method {self.request.method} of handle {self.request.handle} crashes "
-                f"its DSP process on purpose (fault injection): root and [emulator] fault_uids "
-                f"only, not uid {client.uid}",
+                "its DSP process on purpose (fault injection): for root and the users "
+                "[emulator] fault_uids lists only",
             )
 
     def arrive(self) -> None:
