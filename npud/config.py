@@ -379,9 +379,19 @@ class EmulatorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
         int,
         msgspec.Meta(ge=0, le=64),
         _doc(
-            "Execution units the emulated DSP's calls share: with n calls working each runs "
-            "at min(1, units / n) of full speed, as on a real NPU. 0: every call runs as if "
-            "alone."
+            "The emulated DSP's HVX contexts, shared by its calls and by every DSP "
+            "process's own work (llama.cpp's op batches): with n pieces of work running "
+            "each runs at min(1, units / n) of full speed, as on a real NPU. 0: every piece "
+            "runs as if alone."
+        ),
+    ] = 0
+    hmx_units: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=8),
+        _doc(
+            "The emulated DSP's HMX matrix units (1 on the device): matrix work (a model's "
+            "graph, an op batch with matrix products) shares them besides an HVX context. "
+            "0: not modelled."
         ),
     ] = 0
     pd_isolation: Annotated[

@@ -19,12 +19,15 @@ FASTRPC_CTX_MAX: Final = 256
 
 
 class Channel:
-    def __init__(self, generation: int, sessions: int, dsp_units: int = 0) -> None:
+    def __init__(
+        self, generation: int, sessions: int, dsp_units: int = 0, hmx_units: int = 0
+    ) -> None:
         self.generation = generation
         self.alive = True
         self.down = threading.Event()
-        self.compute = SharedCompute(dsp_units, self.down)
-        """The DSP's execution units, shared by every call of this boot."""
+        self.compute = SharedCompute(dsp_units, self.down, hmx_units=hmx_units)
+        """The DSP's execution units, shared by every call and every DSP process's own
+        work (dspqueue batches) of this boot."""
         self.contexts = 0
         self.interrupted_mmaps: list[object] = []
         """MMAP buffers the kernel took from fds whose invoke a signal or the suspend
