@@ -24,6 +24,13 @@ much may run at once. The policy (docs/scheduling.md):
   under ``realtime_utilisation``. Calls beyond its budget in a period run as
   normal class; calls without a deadline get the end of their period as one
   (for ordering and misses, never for refusal).
+* **Batches.** A dspqueue doorbell (``signal``: llama.cpp's op batch) is a job
+  like a call, but the batch it starts holds its slot until its answer comes
+  (``finish`` then charges doorbell-to-answer as its DSP time). A background
+  client's doorbell also waits while a realtime call is running or queued, or
+  due (calling in rhythm) before the batch would typically end; it goes at
+  once otherwise, and never waits longer than ``batch_hold_max``
+  (:meth:`Scheduler.tick` starts it then, whatever the slots).
 * **FIFO mode** turns all of it off: arrival order, ``dsp_slots`` at once, so
   benchmarks can measure the difference in one run.
 
@@ -89,6 +96,8 @@ class Policy:
     """The share of the DSP one owner's (uid's) declared budgets may take together."""
     realtime_default_budget: Budget | None = None
     """What a realtime client that declares no budget is admitted with (None: unbounded)."""
+    batch_hold_max: float = 0.05
+    """Seconds a background client's doorbell may be held for realtime work, at most."""
 
     def __post_init__(self) -> None:
         if self.dsp_slots < 1:
@@ -97,6 +106,8 @@ class Policy:
             raise ValueError("realtime_reserve must leave at least one slot for the others")
         if self.background_max < 1:
             raise ValueError("background_max must be at least 1")
+        if not self.batch_hold_max > 0:
+            raise ValueError("batch_hold_max must be positive")
 
 
 @dataclass(frozen=True)
@@ -179,6 +190,10 @@ class Job:
     """The class this call runs in (a budgeted client over its budget runs as normal)."""
     dispatched: float | None = None
     state: Literal["new", "queued", "running", "done", "cancelled"] = "new"
+    doorbell: bool = False
+    """A dspqueue doorbell: the batch it starts holds the slot until ``finish``."""
+    bound: float | None = None
+    """A doorbell starts by then, whatever the slots (set at ``submit``)."""
 
 
 @dataclass(frozen=True)
@@ -264,6 +279,8 @@ class Scheduler:
                 return Outcome.LATE
             if account.klass == REALTIME:  # over its budget or not, it keeps its rhythm
                 account.last_realtime_arrival = now
+            if job.doorbell:
+                job.bound = now + self.policy.batch_hold_max
             if account.queued == 0 and account.running == 0:
                 self._catch_up(account)
             # After every event no queued call fits (each finish starts all that
@@ -309,6 +326,31 @@ class Scheduler:
             if account.budget is not None:
                 self._charge_budget(account, dsp_seconds, now)
             return self._dispatch(now)
+
+    def charge(self, account: Account, dsp_seconds: float) -> None:
+        """DSP time used outside any slot (a batch whose doorbell was not held for its
+        answer, ``[scheduler] batches = "counted"``): fairness and budgets count it."""
+        with self._lock:
+            now = self._clock()
+            account.dsp_seconds += dsp_seconds
+            account.vtime += dsp_seconds
+            if account.budget is not None:
+                self._charge_budget(account, dsp_seconds, now)
+
+    def tick(self) -> tuple[list[Job], list[Job]]:
+        """Start what may start now: doorbells held to their bound, and those held for a
+        realtime call that did not come. Returns what ``finish`` does; the caller runs
+        it at every queued doorbell's ``bound``."""
+        with self._lock:
+            return self._dispatch(self._clock())
+
+    def next_bound(self) -> float | None:
+        """The earliest ``bound`` of a queued doorbell (None: none queued)."""
+        with self._lock:
+            return min(
+                (job.bound for job in self._all_queued() if job.bound is not None),
+                default=None,
+            )
 
     def cancel(self, job: Job) -> bool:
         """Take a queued call out (its caller gave up); False if it is not queued."""
@@ -377,6 +419,8 @@ class Scheduler:
             return False
         if job.klass == REALTIME:
             return True
+        if job.doorbell and job.klass == BACKGROUND and self._realtime_needs_dsp(job, now):
+            return False
         normal_waits = job.klass == BACKGROUND and self._queued[NORMAL] > 0
         if normal_waits and running[BACKGROUND] >= policy.background_max:
             return False  # the background cap keeps room for normal calls while one waits
@@ -420,9 +464,35 @@ class Scheduler:
                 latest = min(latest, now + slack)
         return now + predicted <= latest
 
+    def _realtime_needs_dsp(self, job: Job, now: float) -> bool:
+        """Would a batch of ``job``'s client started now run beside realtime work? A
+        realtime call is running or queued, or one calling in rhythm is due before the
+        client's typical batch (its typical DSP time, 0 before one was measured) ends."""
+        if self._running[REALTIME] or self._queued[REALTIME]:
+            return True
+        predicted = job.account.typical_call or 0.0
+        for account in self._accounts:
+            budget = account.budget
+            if account.klass != REALTIME or budget is None or account.closed:
+                continue
+            last = account.last_realtime_arrival
+            if now - last > RHYTHM_PERIODS * budget.period:
+                continue  # quiet: it may call at any moment, as anyone may
+            # The next call expected: a period after the last, or the period after that
+            # once that one's budget is over (it came and went, or it is late).
+            periods = max(1, math.ceil((now - last - budget.budget) / budget.period))
+            if last + periods * budget.period < now + predicted:
+                return True
+        return False
+
     def _dispatch(self, now: float) -> tuple[list[Job], list[Job]]:
         started: list[Job] = []
         late: list[Job] = []
+        for held in self._all_queued():
+            if held.bound is not None and now >= held.bound:
+                self._unqueue(held)  # held to its bound: it goes now, whatever the slots
+                self._start(held, now)
+                started.append(held)
         while True:
             job = self._pick(now)
             if job is None:

@@ -342,6 +342,9 @@ class DomainRow(_Record, frozen=True, kw_only=True):
     lanes: Annotated[tuple[LaneRow, ...], msgspec.Meta(max_length=8)] = ()
     """Its threads (version 6, section 7.5: ``control``, ``loader``, ``waits``); a server
     before 6 sent the default domain's in the status's ``lanes``."""
+    dsp_us: U63 = 0
+    """DSP time of its clients' calls and op batches (doorbell to answer) since it
+    opened, in microseconds (0 from a server that does not count it)."""
 
 
 class MemoryRow(_Record, frozen=True, kw_only=True):
