@@ -21,9 +21,12 @@ much may run at once. The policy (docs/scheduling.md):
   dispatched (``DEADLINE_EXCEEDED``); one that finishes late counts a miss.
 * **Budgets.** A realtime client may declare a period and a budget of DSP
   time per period; it is admitted only while the declared realtime use stays
-  under ``realtime_utilisation``. Calls beyond its budget in a period run as
-  normal class; calls without a deadline get the end of their period as one
-  (for ordering and misses, never for refusal).
+  under ``realtime_utilisation``. Calls beyond its budget in a period (its
+  calls still running counted at their time so far, at least their typical
+  time) run as normal class until its next period: they take the reserve only
+  as a normal call may and never while a normal call waits, and the client has
+  at most one call on the DSP meanwhile. Calls without a deadline get the end
+  of their period as one (for ordering and misses, never for refusal).
 * **Batches.** A dspqueue doorbell (``signal``: llama.cpp's op batch) is a job
   like a call, but the batch it starts holds its slot until its answer comes
   (``finish`` then charges doorbell-to-answer as its DSP time). A background
@@ -160,6 +163,7 @@ class Account:
     last_realtime_arrival: float = -math.inf
     """When a call of it last arrived as realtime: its next is expected a period later."""
     _queue: deque[Job] = field(default_factory=deque)
+    _running_jobs: list[Job] = field(default_factory=list)
 
     @property
     def throttled(self) -> bool:
@@ -192,6 +196,8 @@ class Job:
     state: Literal["new", "queued", "running", "done", "cancelled"] = "new"
     doorbell: bool = False
     """A dspqueue doorbell: the batch it starts holds the slot until ``finish``."""
+    over_budget: bool = False
+    """A realtime client's call beyond its budget (it runs as normal)."""
     bound: float | None = None
     """A doorbell starts by then, whatever the slots (set at ``submit``)."""
 
@@ -272,6 +278,7 @@ class Scheduler:
             job.arrival = now
             job.seq = next(self._seq)
             job.klass = self._class_of(account, now)
+            job.over_budget = account.klass == REALTIME and job.klass == NORMAL
             if job.deadline is None and account.budget is not None and job.klass == REALTIME:
                 job.deadline = now + account.budget.period
             if self._is_late(job, now):
@@ -312,6 +319,8 @@ class Scheduler:
             self._running[job.klass] -= 1
             self._running_total -= 1
             account.running -= 1
+            if job in account._running_jobs:
+                account._running_jobs.remove(job)
             account.calls += 1
             account.dsp_seconds += dsp_seconds
             account.vtime += dsp_seconds
@@ -400,9 +409,19 @@ class Scheduler:
             return NORMAL
         if account.budget is not None and account.klass == REALTIME:
             self._roll_period(account, now)
-            if account.period_used >= account.budget.budget:
+            if account.period_used + self._in_flight(account, now) >= account.budget.budget:
                 return NORMAL  # over budget for this period: no more precedence
         return account.klass
+
+    def _in_flight(self, account: Account, now: float) -> float:
+        """What ``account``'s calls on the DSP will have used: each its time so far, at
+        least the client's typical call (its budget before one was measured)."""
+        assert account.budget is not None
+        floor = account.typical_call if account.typical_call is not None else account.budget.budget
+        return sum(
+            max(now - (job.dispatched if job.dispatched is not None else now), floor)
+            for job in account._running_jobs
+        )
 
     def _fits(self, job: Job) -> bool:
         """May ``job`` start now, as far as slots and caps go? Work-conserving: a slot is
@@ -414,14 +433,18 @@ class Scheduler:
         if policy.mode == "fifo":
             return True
         now = self._clock()
-        cap = 1 if now < job.account.throttled_until else policy.per_client_running
+        # A throttled client, and a realtime one past its budget, run one call at a time.
+        throttled = now < job.account.throttled_until or job.over_budget
+        cap = 1 if throttled else policy.per_client_running
         if job.account.running >= cap:
             return False
         if job.klass == REALTIME:
             return True
         if job.doorbell and job.klass == BACKGROUND and self._realtime_needs_dsp(job, now):
             return False
-        normal_waits = job.klass == BACKGROUND and self._queued[NORMAL] > 0
+        itself = 1 if job.state == "queued" and job.klass == NORMAL else 0
+        others_wait = self._queued[NORMAL] > itself
+        normal_waits = (job.klass == BACKGROUND or job.over_budget) and others_wait
         if normal_waits and running[BACKGROUND] >= policy.background_max:
             return False  # the background cap keeps room for normal calls while one waits
         if running[NORMAL] + running[BACKGROUND] < policy.dsp_slots - policy.realtime_reserve:
@@ -449,7 +472,7 @@ class Scheduler:
         latest = math.inf
         for account in self._accounts:
             if (
-                account is job.account
+                (account is job.account and not job.over_budget)
                 or account.klass != REALTIME
                 or account.budget is None
                 or account.closed
@@ -567,6 +590,7 @@ class Scheduler:
         job.state = "running"
         job.dispatched = now
         job.account.running += 1
+        job.account._running_jobs.append(job)
         job.account.waits.append(now - job.arrival)
         self._running[job.klass] += 1
         self._running_total += 1
