@@ -97,14 +97,13 @@ class Call:
 class _Batch:
     """An op batch on the DSP: its doorbell was passed on, its answer has not come."""
 
-    __slots__ = ("account", "domain", "ended", "job", "started", "timer")
+    __slots__ = ("account", "domain", "ended", "job", "started")
 
     def __init__(self, account: Account, domain: Domain, job: Job | None, started: float) -> None:
         self.account = account
         self.domain = domain
         self.job = job  # holds a slot until the answer (gated), or None (counted)
         self.started = started
-        self.timer: Timer | None = None
         self.ended = False
 
 
@@ -128,6 +127,9 @@ class DataPath:
         self._open_batches: dict[Account, deque[_Batch]] = {}
         """Batches on the DSP per client, oldest first (under ``_batches_lock``)."""
         self._batches_lock = threading.Lock()
+        self._batch_timer_armed = False
+        """A timer will look for batches past ``batch_answer_max`` (one for all of them:
+        a batch costs no timer of its own)."""
         self._epoll = select.epoll()
         self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._epoll.register(self._wake_read, select.EPOLLIN | select.EPOLLONESHOT)
@@ -493,10 +495,29 @@ class DataPath:
         )
         with self._batches_lock:
             self._open_batches.setdefault(batch.account, deque()).append(batch)
-        batch.timer = self.timers.call_later(
-            self.batch_answer_max, lambda: self._batch_end(batch, expired=True)
-        )
+            arm = not self._batch_timer_armed
+            self._batch_timer_armed = True
+        if arm:
+            self.timers.call_at(batch.started + self.batch_answer_max, self._expire_batches)
         return batch
+
+    def _expire_batches(self) -> None:
+        """The timer (timer thread): batches past ``batch_answer_max`` give their slot
+        back; the timer is set again for the oldest of the others."""
+        now = time.monotonic()
+        with self._batches_lock:
+            batches = [batch for queue in self._open_batches.values() for batch in queue]
+        for batch in batches:
+            if now - batch.started >= self.batch_answer_max:
+                self._batch_end(batch, expired=True)
+        with self._batches_lock:
+            oldest = min(
+                (queue[0].started for queue in self._open_batches.values() if queue),
+                default=None,
+            )
+            self._batch_timer_armed = oldest is not None
+        if oldest is not None:
+            self.timers.call_at(oldest + self.batch_answer_max, self._expire_batches)
 
     def _batch_forget(self, batch: _Batch) -> bool:
         """The doorbell failed (or is counted, not gated): a gated batch is no longer
@@ -507,20 +528,22 @@ class DataPath:
             if batch.ended:
                 return False
             batch.ended = True
-            self._open_batches[batch.account].remove(batch)
-        if batch.timer is not None:
-            batch.timer.cancel()
+            queue = self._open_batches[batch.account]
+            queue.remove(batch)
+            if not queue:
+                del self._open_batches[batch.account]
         return True
 
-    def batch_answered(self, account: Account) -> None:
-        """A ``wait`` call of ``account`` returned: the oldest open batch is over."""
+    def batch_answered(self, account: Account, when: float) -> None:
+        """A ``wait`` call of ``account`` returned at ``when``: the oldest open batch is
+        over."""
         with self._batches_lock:
             open_batches = self._open_batches.get(account)
             batch = open_batches[0] if open_batches else None
         if batch is not None:
-            self._batch_end(batch, expired=False)
+            self._batch_end(batch, expired=False, when=when)
 
-    def _batch_end(self, batch: _Batch, *, expired: bool) -> None:
+    def _batch_end(self, batch: _Batch, *, expired: bool, when: float | None = None) -> None:
         with self._batches_lock:
             if batch.ended:
                 return
@@ -529,9 +552,7 @@ class DataPath:
             open_batches.remove(batch)
             if not open_batches:
                 del self._open_batches[batch.account]
-        if batch.timer is not None and not expired:
-            batch.timer.cancel()
-        seconds = time.monotonic() - batch.started
+        seconds = (time.monotonic() if when is None else when) - batch.started
         if expired:
             log.warning(
                 "an op batch's answer did not come: its slot is given back",
@@ -549,10 +570,11 @@ class DataPath:
         """Run a control or immediate request and answer it; a call that waited for the
         DSP (``Route.WAIT``: dspqueue's answer) ends its client's oldest open batch."""
         answer, error = self._run(call)
+        answered = time.monotonic()
+        self._deliver(call, answer, error)  # the answer first: the client waits for it
         handler = call.handler
         if handler.route is Route.WAIT and error is None and handler.account is not None:
-            self.batch_answered(handler.account)
-        self._deliver(call, answer, error)
+            self.batch_answered(handler.account, answered)
         self._end(call)
 
     def _run(self, call: Call) -> tuple[Answer | None, CodedError | None]:

@@ -18,7 +18,7 @@ from npud.holdings import is_dspqueue_uri
 from npud.server import Daemon
 from npud.sim.skels_dspqueue import URI
 from tests.daemon.test_protocol4 import connect
-from tests.daemon.wire import RawPeer, serve_daemon
+from tests.daemon.wire import TEST_URI, RawPeer, busy, serve_daemon
 
 DSPQUEUE_URI = URI + "&_dom=cdsp"
 SIGNAL, WAIT_SIGNAL, CANCEL_WAIT_SIGNAL = 8, 6, 7
@@ -82,3 +82,30 @@ def test_dspqueue_is_known_by_its_library() -> None:
     assert is_dspqueue_uri("file:///libdspqueue_rpc_skel.so?x&_dom=cdsp&_session=0")
     assert not is_dspqueue_uri("file:///libnpu_test_skel.so?libdspqueue_rpc_skel.so")
     assert not is_dspqueue_uri("file:///mylibdspqueue_rpc_skel.so")
+
+
+async def test_a_batch_whose_answer_never_comes_gives_its_slot_back(tmp_path: Path) -> None:
+    config = "[scheduler]\nbatch_answer_max_s = 0.05\n"
+    async with serve_daemon(tmp_path, config) as daemon:
+        peer, handle = await _open(tmp_path, "background")
+        await peer.write(p.InvokeRequest(id=11, handle=handle, method=SIGNAL))
+        assert await peer.next() == p.InvokeReply(id=11)  # no wait call: no answer comes
+        with trio.fail_after(10):
+            while _running(daemon):
+                await trio.sleep(0.005)
+        assert _client(daemon).dsp_us >= 50_000  # charged up to the bound
+        await peer.write(p.InvokeRequest(id=12, handle=handle, method=SIGNAL))
+        assert await peer.next() == p.InvokeReply(id=12)  # the next batch goes as before
+        peer.close()
+
+
+async def test_a_signal_on_another_handle_is_an_ordinary_call(tmp_path: Path) -> None:
+    async with serve_daemon(tmp_path) as daemon:
+        peer, _ = await _open(tmp_path, "background")
+        await peer.write(p.OpenRequest(id=2, uri=TEST_URI))
+        opened = await peer.next()
+        assert isinstance(opened, p.OpenReply)
+        await peer.write(busy(3, opened.handle, 1000))
+        assert await peer.next() == p.InvokeReply(id=3)
+        assert _running(daemon) == 0  # a call ends when it returns
+        peer.close()
