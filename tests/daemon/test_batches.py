@@ -109,3 +109,29 @@ async def test_a_signal_on_another_handle_is_an_ordinary_call(tmp_path: Path) ->
         assert await peer.next() == p.InvokeReply(id=3)
         assert _running(daemon) == 0  # a call ends when it returns
         peer.close()
+
+
+async def test_a_held_doorbell_goes_at_its_bound_while_realtime_work_runs(
+    tmp_path: Path,
+) -> None:
+    """The datapath's side of the gate: the doorbell waits for the running realtime call,
+    and a timer lets it go at ``batch_hold_max_s`` though that call still runs."""
+    async with serve_daemon(tmp_path, "[scheduler]\nbatch_hold_max_s = 0.05\n") as daemon:
+        voice, welcome = await connect(tmp_path / "npud.sock", "voice", priority="realtime")
+        assert isinstance(welcome, p.Welcome)
+        await voice.write(p.OpenRequest(id=1, uri=TEST_URI))
+        opened = await voice.next()
+        assert isinstance(opened, p.OpenReply)
+        await voice.write(busy(2, opened.handle, 5_000_000))  # 5 s on the DSP, realtime
+        with trio.fail_after(10):
+            while not _running(daemon):
+                await trio.sleep(0.005)
+        llm, handle = await _open(tmp_path, "background")
+        await llm.write(p.InvokeRequest(id=11, handle=handle, method=SIGNAL))
+        assert await llm.next() == p.InvokeReply(id=11)
+        # The voice call still runs beside the batch, which waited for its bound.
+        assert daemon.broker.scheduler.statistics().running == (1, 0, 1)
+        assert _client(daemon).wait_p50_us >= 50_000
+        assert await voice.next() == p.InvokeReply(id=2)
+        voice.close()
+        llm.close()
