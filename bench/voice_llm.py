@@ -157,10 +157,15 @@ class Llama:
         lines: list[str] = []
         seen = [0]
         done = threading.Event()
+        asking = threading.Lock()  # one status request at a time on the watching client
+
+        def look() -> None:
+            with asking:
+                seen[0] = max(seen[0], _dsp_us_of(watch, process.pid))
 
         def watch_status() -> None:
             while not done.wait(STATUS_EVERY):
-                seen[0] = max(seen[0], _dsp_us_of(watch, process.pid))
+                look()
 
         watcher = threading.Thread(target=watch_status, daemon=True)
         watcher.start()
@@ -168,7 +173,7 @@ class Llama:
             for line in process.stderr:
                 lines.append(line)
                 if "decoded " in line and " t/s" in line:  # still connected: look now
-                    seen[0] = max(seen[0], _dsp_us_of(watch, process.pid))
+                    look()
         finally:
             done.set()
             watcher.join()
