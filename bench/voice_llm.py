@@ -69,9 +69,6 @@ TOKENS: Final = 128
 PROMPT: Final = "hello world"
 MODEL: Final = "tiny-llama-q4_0.gguf"
 ECHO_URI: Final = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
-STATUS_EVERY: Final = 0.05
-"""Seconds between looks at npud's status while llama-simple runs (the last one is taken
-when it prints its speed, before it disconnects)."""
 
 
 class Peer(NamedTuple):
@@ -133,13 +130,12 @@ class Llama:
 
     def _loop(self) -> None:
         try:
-            with npu_client.connect(self._socket, name="bench-llm-watch") as watch:
-                while not self._stop.is_set():
-                    self.runs.append(self._once(watch))
+            while not self._stop.is_set():
+                self.runs.append(self._once())
         except BaseException as exc:  # reported by stop(), on the bench's thread
             self.error = exc
 
-    def _once(self, watch: npu_client.Client) -> LlmRun:
+    def _once(self) -> LlmRun:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_", "NPUD_"))}
         env.update(
             LD_LIBRARY_PATH=str(self._peer.shim),
@@ -155,28 +151,14 @@ class Llama:
         )
         assert process.stderr is not None
         lines: list[str] = []
-        seen = [0]
-        done = threading.Event()
-        asking = threading.Lock()  # one status request at a time on the watching client
-
-        def look() -> None:
-            with asking:
-                seen[0] = max(seen[0], _dsp_us_of(watch, process.pid))
-
-        def watch_status() -> None:
-            while not done.wait(STATUS_EVERY):
-                look()
-
-        watcher = threading.Thread(target=watch_status, daemon=True)
-        watcher.start()
+        seen = 0
         try:
             for line in process.stderr:
                 lines.append(line)
-                if "decoded " in line and " t/s" in line:  # still connected: look now
-                    look()
+                if "decoded " in line and " t/s" in line:
+                    # Its decode is over and it is still connected: its DSP time now.
+                    seen = _dsp_us_of(self._socket, process.pid)
         finally:
-            done.set()
-            watcher.join()
             process.wait(60)
         log = "".join(lines)
         speed = re.search(r"decoded (\d+) tokens in ([\d.]+) s, speed: [\d.]+ t/s", log)
@@ -191,12 +173,14 @@ class Llama:
             float(speed.group(2)),
             float(evaluated.group(1)) / int(evaluated.group(2)),
             opbatch,
-            seen[0],
+            seen,
         )
 
 
-def _dsp_us_of(watch: npu_client.Client, pid: int) -> int:
-    return max((row.dsp_us for row in watch.status().clients if row.pid == pid), default=0)
+def _dsp_us_of(socket: str, pid: int) -> int:
+    """Client ``pid``'s DSP time in npud's status (asked on a connection of its own)."""
+    with npu_client.connect(socket, name="bench-llm-watch") as watch:
+        return max((row.dsp_us for row in watch.status().clients if row.pid == pid), default=0)
 
 
 def tokens_per_s(runs: list[LlmRun]) -> float:
