@@ -444,8 +444,6 @@ class DataPath:
                 self._unwatch(call)
             started: list[Job]
             late: list[Job]
-            if batch is not None and error is None:
-                self._batch_rung(batch)
             if batch is not None and batch.job is not None and error is None:
                 started, late = [], []  # the batch holds the slot until its answer
             elif batch is not None and not self._batch_forget(batch):
@@ -520,15 +518,6 @@ class DataPath:
             self._batch_timer_armed = oldest is not None
         if oldest is not None:
             self.timers.call_at(oldest + self.batch_answer_max, self._expire_batches)
-
-    def _batch_rung(self, batch: _Batch) -> None:
-        """The doorbell reached the DSP (``signal`` returned): the batch runs from now.
-        Counting from here, not from the dispatch, leaves the doorbell's own way to the
-        DSP out of the batch's DSP time (its way back is in, as a call's is)."""
-        now = time.monotonic()
-        with self._batches_lock:
-            if not batch.ended:
-                batch.started = now
 
     def _batch_forget(self, batch: _Batch) -> bool:
         """The doorbell failed (or is counted, not gated): a gated batch is no longer
