@@ -28,6 +28,10 @@ second.
 
 Run: ``python -m bench.voice_day [--rounds N] [--seconds S] [--quick]``, or
 ``python -m bench --only voice_day`` (``--quick``: 2 rounds of 6 s).
+
+``--llm`` runs the mode with llama.cpp as a third client instead of the busy
+background one, on an emulator that models the device's DSP, gating on and off
+(:mod:`bench.voice_llm` says what it reports; ``--plot FILE`` draws it).
 """
 
 from __future__ import annotations
@@ -105,7 +109,8 @@ with (
         seconds = float(line)
         out = {"synthesis_s": 0.0, "audio_s": 0.0, "sentences": 0, "background_calls": 0}
         began = time.monotonic()
-        threads = [threading.Thread(target=f, args=(seconds, out)) for f in (tts, background)]
+        work_of = (tts, background) if background_ms else (tts,)
+        threads = [threading.Thread(target=f, args=(seconds, out)) for f in work_of]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -292,6 +297,19 @@ def _loaded(
     return figures
 
 
+def _main_llm(rounds: int, seconds: float, plot: Path | None, *, quick: bool) -> int:
+    from bench import voice_llm  # noqa: PLC0415  (needs the peer build)
+
+    with tempfile.TemporaryDirectory(prefix="npud-bench-") as tmp:
+        result = voice_llm.measure(Path(tmp), rounds, seconds, harness.Context(quick, Path(tmp)))
+    print(harness.format_table(result, quick=quick))
+    print(json.dumps(result[0].figures, indent=1))
+    if plot is not None:
+        voice_llm.plot(result, plot)
+        print(f"plot: {plot}")
+    return 0
+
+
 # --- a module of python -m bench (bench/README.md) -----------------------------------------
 
 NAME = "voice_day"
@@ -311,10 +329,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds per phase")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 6 s")
+    parser.add_argument(
+        "--llm",
+        action="store_true",
+        help="llama.cpp (the peer build's llama-simple) as the third client, gating on and off",
+    )
+    parser.add_argument("--plot", type=Path, help="with --llm: draw the rows into this image")
     args = parser.parse_args(argv)
     rounds, seconds = (2, 6.0) if args.quick else (args.rounds, args.seconds)
     if rounds < 1 or seconds < 1:
         parser.error("--rounds must be at least 1 and --seconds at least 1")
+    if args.plot is not None and not args.llm:
+        parser.error("--plot goes with --llm")
+    if args.llm:
+        return _main_llm(rounds, seconds, args.plot, quick=args.quick)
     with tempfile.TemporaryDirectory(prefix="npud-bench-") as tmp:
         result = measure(Path(tmp), rounds, seconds)
     print(harness.format_table(result, quick=args.quick))

@@ -81,6 +81,7 @@ class Broker:
                 background_max=policy.background_max,
                 background_wait=policy.background_wait_s,
                 per_client_running=policy.per_client_running,
+                batch_hold_max=policy.batch_hold_max_s,
                 realtime_utilisation=policy.realtime_utilisation_pct / 100,
                 realtime_utilisation_per_owner=policy.realtime_utilisation_per_uid_pct / 100,
                 realtime_default_budget=Budget(
@@ -95,6 +96,8 @@ class Broker:
             frame_timeout=config.daemon.frame_timeout_s,
             call_watchdog=config.daemon.call_watchdog_s,
             on_hung=self.charge_hung,
+            batches=policy.batches,
+            batch_answer_max=policy.batch_answer_max_s,
         )
         self._revoke: dict[Client, Any] = {}
         """How to close each welcomed client's connection (the connection's revoke)."""

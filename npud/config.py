@@ -351,6 +351,29 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     per_client_running: Annotated[
         int, msgspec.Meta(ge=1, le=64), _doc("Calls of one client on the DSP at once, at most.")
     ] = 2
+    batches: Annotated[
+        Literal["gated", "counted"],
+        _doc(
+            "dspqueue op batches (llama.cpp): 'gated', a doorbell is dispatched as a call of "
+            "its client's class and its batch holds the slot until the answer; a background "
+            "client's doorbell also waits while realtime work runs or is due (at most "
+            "batch_hold_max_s). 'counted': doorbells pass at once, as plain calls; either way "
+            "doorbell-to-answer is charged to the client as DSP time (docs/scheduling.md)."
+        ),
+    ] = "gated"
+    batch_hold_max_s: Annotated[
+        float,
+        msgspec.Meta(ge=0.001, le=10),
+        _doc("Seconds a background client's batch may be held for realtime work, at most."),
+    ] = 0.05
+    batch_answer_max_s: Annotated[
+        float,
+        msgspec.Meta(ge=0.01, le=600),
+        _doc(
+            "Seconds a batch keeps its slot waiting for its answer; past it the slot is "
+            "given back (logged) and the time charged."
+        ),
+    ] = 2.0
     realtime_utilisation_pct: Annotated[
         int,
         msgspec.Meta(ge=1, le=100),
@@ -409,9 +432,19 @@ class EmulatorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
         int,
         msgspec.Meta(ge=0, le=64),
         _doc(
-            "Execution units the emulated DSP's calls share: with n calls working each runs "
-            "at min(1, units / n) of full speed, as on a real NPU. 0: every call runs as if "
-            "alone."
+            "The emulated DSP's HVX contexts, shared by its calls and by every DSP "
+            "process's own work (llama.cpp's op batches): with n pieces of work running "
+            "each runs at min(1, units / n) of full speed, as on a real NPU. 0: every piece "
+            "runs as if alone."
+        ),
+    ] = 0
+    hmx_units: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=8),
+        _doc(
+            "The emulated DSP's HMX matrix units (1 on the device): matrix work (a model's "
+            "graph, an op batch with matrix products) shares them besides an HVX context. "
+            "0: not modelled."
         ),
     ] = 0
     pd_isolation: Annotated[

@@ -11,6 +11,12 @@ worker reads the connection's next requests), and then carries the requests:
   on each side, as a bare server's would;
 * a call that must wait is run later by the worker whose call ends and frees
   its slot (or by an idle worker, woken for it);
+* a dspqueue doorbell (``signal``, an op batch of llama.cpp) is such a call, but
+  with ``batches = "gated"`` the batch it starts keeps its slot until the
+  client's ``wait`` call brings the answer (or ``batch_answer_max`` passes), and
+  doorbell-to-answer is charged as the batch's DSP time; with ``"counted"`` the
+  doorbell ends as a call and the batch's time is only charged. A doorbell held
+  for realtime work goes at its bound (a timer runs the scheduler's ``tick``);
 * control requests (allocation, mapping, remotectl) go to the control and
   loader lanes, which run them and write the reply themselves; status and
   ping are answered on the spot.
@@ -39,7 +45,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import structlog
 
@@ -49,8 +55,11 @@ from npud.clients import Gate
 from npud.link import RECV_CHUNK, Link
 from npud.loglimit import fields as log_fields
 from npud.requests import Answer, Handler, Route
-from npud.scheduler import Job, Outcome, Scheduler
+from npud.scheduler import Account, Job, Outcome, Scheduler
 from npud.timers import Timer, Timers
+
+if TYPE_CHECKING:
+    from npud.domain.life import Domain
 
 log = structlog.get_logger("npud.datapath")
 
@@ -85,6 +94,19 @@ class Call:
         return True
 
 
+class _Batch:
+    """An op batch on the DSP: its doorbell was passed on, its answer has not come."""
+
+    __slots__ = ("account", "domain", "ended", "job", "started")
+
+    def __init__(self, account: Account, domain: Domain, job: Job | None, started: float) -> None:
+        self.account = account
+        self.domain = domain
+        self.job = job  # holds a slot until the answer (gated), or None (counted)
+        self.started = started
+        self.ended = False
+
+
 class DataPath:
     """See the module docstring."""
 
@@ -96,8 +118,18 @@ class DataPath:
         frame_timeout: float = 10.0,
         call_watchdog: float = 0.0,
         on_hung: Callable[[Handler[Any], str], None] = lambda handler, reason: None,
+        batches: Literal["gated", "counted"] = "gated",
+        batch_answer_max: float = 2.0,
     ) -> None:
         self.scheduler = scheduler
+        self.batches = batches
+        self.batch_answer_max = batch_answer_max
+        self._open_batches: dict[Account, deque[_Batch]] = {}
+        """Batches on the DSP per client, oldest first (under ``_batches_lock``)."""
+        self._batches_lock = threading.Lock()
+        self._batch_timer_armed = False
+        """A timer will look for batches past ``batch_answer_max`` (one for all of them:
+        a batch costs no timer of its own)."""
         self._epoll = select.epoll()
         self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._epoll.register(self._wake_read, select.EPOLLIN | select.EPOLLONESHOT)
@@ -384,6 +416,7 @@ class DataPath:
             payload=call,
             deadline=handler.deadline,
             explicit_deadline=handler.deadline is not None,
+            doorbell=self.batches == "gated" and bool(getattr(handler, "doorbell", False)),
         )
         call.job = job
         timeout = handler.timeout
@@ -396,38 +429,155 @@ class DataPath:
             call.timer = self.timers.call_later(timeout, lambda: self._time_out(call))
         if outcome is Outcome.QUEUED and handler.deadline is not None:
             self.timers.call_at(handler.deadline, self._refuse_late)
+        if outcome is Outcome.QUEUED and job.bound is not None:
+            self.timers.call_at(job.bound, self._tick)
         return outcome is Outcome.RUN
 
     # --- running -------------------------------------------------------------------------
     def _run_dsp(self, call: Call) -> None:
         """Run a dispatched call here, answer it, then run what its slot lets start."""
         while True:
+            job = call.job
+            assert job is not None
+            batch = self._batch_begin(call, job)
             self._watch(call)
             try:
                 answer, error = self._run(call)
             finally:
                 self._unwatch(call)
-            job = call.job
-            assert job is not None
-            started, late = self.scheduler.finish(job, call.handler.dsp_seconds)
+            started: list[Job]
+            late: list[Job]
+            if batch is not None and batch.job is not None and error is None:
+                started, late = [], []  # the batch holds the slot until its answer
+            elif batch is not None and not self._batch_forget(batch):
+                started, late = [], []  # its answer came already and finished it
+            else:
+                started, late = self.scheduler.finish(job, call.handler.dsp_seconds)
+                call.handler.domain.charge_dsp(call.handler.dsp_seconds)
             if call.timer is not None:
                 call.timer.cancel()
             self._deliver(call, answer, error)
             self._end(call)
-            for refused in late:
-                late_call: Call = refused.payload
-                self._answer_error(late_call, _deadline_error(late_call.handler))
-                self._end(late_call)
-            if not started:
+            next_call = self._start_all(started, late, run_first_here=True)
+            if next_call is None:
                 return
-            call, *others = (job.payload for job in started)
-            for other in others:
-                self._post(functools.partial(self._run_dsp, other))
+            call = next_call
+
+    def _start_all(
+        self, started: list[Job], late: list[Job], *, run_first_here: bool = False
+    ) -> Call | None:
+        """Answer the ``late`` and run the ``started`` (the first here when asked: it is
+        returned), as a finish or a tick gave them."""
+        for refused in late:
+            late_call: Call = refused.payload
+            self._answer_error(late_call, _deadline_error(late_call.handler))
+            self._end(late_call)
+        calls: list[Call] = [job.payload for job in started]
+        first = calls.pop(0) if calls and run_first_here else None
+        for other in calls:
+            self._post(functools.partial(self._run_dsp, other))
+        return first
+
+    def _tick(self) -> None:
+        """A held doorbell's bound (timer thread): start what may start now."""
+        started, late = self.scheduler.tick()
+        self._start_all(started, late)
+        bound = self.scheduler.next_bound()
+        if bound is not None and bound > time.monotonic():
+            self.timers.call_at(bound, self._tick)
+
+    # --- op batches (dspqueue) ---------------------------------------------------------------
+    def _batch_begin(self, call: Call, job: Job) -> _Batch | None:
+        """A doorbell goes on: its batch is open from now until the client's next answer."""
+        handler = call.handler
+        if not getattr(handler, "doorbell", False):
+            return None
+        assert handler.account is not None
+        batch = _Batch(
+            handler.account, handler.domain, job if job.doorbell else None, time.monotonic()
+        )
+        with self._batches_lock:
+            self._open_batches.setdefault(batch.account, deque()).append(batch)
+            arm = not self._batch_timer_armed
+            self._batch_timer_armed = True
+        if arm:
+            self.timers.call_at(batch.started + self.batch_answer_max, self._expire_batches)
+        return batch
+
+    def _expire_batches(self) -> None:
+        """The timer (timer thread): batches past ``batch_answer_max`` give their slot
+        back; the timer is set again for the oldest of the others."""
+        now = time.monotonic()
+        with self._batches_lock:
+            batches = [batch for queue in self._open_batches.values() for batch in queue]
+        for batch in batches:
+            if now - batch.started >= self.batch_answer_max:
+                self._batch_end(batch, expired=True)
+        with self._batches_lock:
+            oldest = min(
+                (queue[0].started for queue in self._open_batches.values() if queue),
+                default=None,
+            )
+            self._batch_timer_armed = oldest is not None
+        if oldest is not None:
+            self.timers.call_at(oldest + self.batch_answer_max, self._expire_batches)
+
+    def _batch_forget(self, batch: _Batch) -> bool:
+        """The doorbell failed (or is counted, not gated): a gated batch is no longer
+        waited for. False when its answer came already (the batch was finished)."""
+        if batch.job is None:
+            return True  # counted: its answer charges it; the call finishes as a call
+        with self._batches_lock:
+            if batch.ended:
+                return False
+            batch.ended = True
+            queue = self._open_batches[batch.account]
+            queue.remove(batch)
+            if not queue:
+                del self._open_batches[batch.account]
+        return True
+
+    def batch_answered(self, account: Account, when: float) -> None:
+        """A ``wait`` call of ``account`` returned at ``when``: the oldest open batch is
+        over."""
+        with self._batches_lock:
+            open_batches = self._open_batches.get(account)
+            batch = open_batches[0] if open_batches else None
+        if batch is not None:
+            self._batch_end(batch, expired=False, when=when)
+
+    def _batch_end(self, batch: _Batch, *, expired: bool, when: float | None = None) -> None:
+        with self._batches_lock:
+            if batch.ended:
+                return
+            batch.ended = True
+            open_batches = self._open_batches[batch.account]
+            open_batches.remove(batch)
+            if not open_batches:
+                del self._open_batches[batch.account]
+        seconds = (time.monotonic() if when is None else when) - batch.started
+        if expired:
+            log.warning(
+                "an op batch's answer did not come: its slot is given back",
+                client=batch.account.name,
+                after_s=round(seconds, 3),
+            )
+        batch.domain.charge_dsp(seconds)
+        if batch.job is None:
+            self.scheduler.charge(batch.account, seconds)
+            return
+        started, late = self.scheduler.finish(batch.job, seconds)
+        self._start_all(started, late)
 
     def _execute(self, call: Call) -> None:
-        """Run a control or immediate request and answer it."""
+        """Run a control or immediate request and answer it; a call that waited for the
+        DSP (``Route.WAIT``: dspqueue's answer) ends its client's oldest open batch."""
         answer, error = self._run(call)
-        self._deliver(call, answer, error)
+        answered = time.monotonic()
+        self._deliver(call, answer, error)  # the answer first: the client waits for it
+        handler = call.handler
+        if handler.route is Route.WAIT and error is None and handler.account is not None:
+            self.batch_answered(handler.account, answered)
         self._end(call)
 
     def _run(self, call: Call) -> tuple[Answer | None, CodedError | None]:

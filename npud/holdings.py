@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import structlog
 
@@ -51,6 +51,12 @@ class HeldBuffer:
         return mapping if mapping is not None and mapping.valid else None
 
 
+DSPQUEUE_SKEL: Final = "libdspqueue_rpc_skel.so"
+"""The library of dspqueue's RPC interface (its CPU library opens it by this name)."""
+DSPQUEUE_SIGNAL_SC: Final = 0x08000000
+"""dspqueue_rpc ``signal()`` (method 8, no arguments): the doorbell of an op batch."""
+
+
 @dataclasses.dataclass(frozen=True)
 class OpenHandle:
     """A remote handle of the client's domain, and the registry generation it is of."""
@@ -63,6 +69,14 @@ class OpenHandle:
     faults: frozenset[int] = frozenset()
     """Its methods that crash the DSP process on purpose (the emulator's fault
     injection): only root and ``[emulator] fault_uids`` may call them."""
+    dspqueue: bool = False
+    """It is dspqueue's RPC interface: its ``signal`` is an op batch's doorbell."""
+
+
+def is_dspqueue_uri(uri: str) -> bool:
+    """Does remotectl ``uri`` open dspqueue's RPC interface?"""
+    path = uri.split("?", 1)[0]
+    return path.rsplit("/", 1)[-1] == DSPQUEUE_SKEL
 
 
 def let_go(

@@ -38,7 +38,7 @@ from npud.clients import Client, Clients, Entry, Gate, Kind, unknown
 from npud.domain.life import Domain
 from npud.fastrpc.kernel.dma import DmaBuffer, checked_dma_size
 from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
-from npud.holdings import HeldBuffer, OpenHandle, let_go
+from npud.holdings import DSPQUEUE_SIGNAL_SC, HeldBuffer, OpenHandle, is_dspqueue_uri, let_go
 from npud.scheduler import Account
 
 if TYPE_CHECKING:  # loaded with the first model load (ModelLoad), not at start-up
@@ -392,7 +392,13 @@ class Open(Handler[p.OpenRequest]):
         except BaseException:
             self.client.objects.failed(self.entry)
             raise
-        opened = OpenHandle(handle, domain.registry.opened(handle), waiting_methods(uri), faults)
+        opened = OpenHandle(
+            handle,
+            domain.registry.opened(handle),
+            waiting_methods(uri),
+            faults,
+            is_dspqueue_uri(uri),
+        )
         if not self.client.objects.created(self.entry, opened):
             let_go(domain, handles=[opened])
             raise CodedError(ErrorCode.DSP_RESTARTED)
@@ -485,6 +491,15 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
             if entry.created.is_open:
                 _check_slice(arg, entry)
         self.begin_call()
+
+    @property
+    def doorbell(self) -> bool:
+        """Is this dspqueue's ``signal`` (an op batch's doorbell, docs/scheduling.md)?
+        Asked when the call is submitted, its handle open by then."""
+        if self.request.wait or self.request.scalars != DSPQUEUE_SIGNAL_SC:
+            return False
+        entry = self.handle
+        return entry.live and isinstance(entry.value, OpenHandle) and entry.value.dspqueue
 
     def run(self) -> Answer:
         opened = self._handle(self.handle)

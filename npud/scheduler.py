@@ -21,9 +21,19 @@ much may run at once. The policy (docs/scheduling.md):
   dispatched (``DEADLINE_EXCEEDED``); one that finishes late counts a miss.
 * **Budgets.** A realtime client may declare a period and a budget of DSP
   time per period; it is admitted only while the declared realtime use stays
-  under ``realtime_utilisation``. Calls beyond its budget in a period run as
-  normal class; calls without a deadline get the end of their period as one
-  (for ordering and misses, never for refusal).
+  under ``realtime_utilisation``. Calls beyond its budget in a period (its
+  calls still running counted at their time so far, at least their typical
+  time) run as normal class until its next period: they take the reserve only
+  as a normal call may and never while a normal call waits, and the client has
+  at most one call on the DSP meanwhile. Calls without a deadline get the end
+  of their period as one (for ordering and misses, never for refusal).
+* **Batches.** A dspqueue doorbell (``signal``: llama.cpp's op batch) is a job
+  like a call, but the batch it starts holds its slot until its answer comes
+  (``finish`` then charges doorbell-to-answer as its DSP time). A background
+  client's doorbell also waits while a realtime call is running or queued, or
+  due (calling in rhythm) before the batch would typically end; it goes at
+  once otherwise, and never waits longer than ``batch_hold_max``
+  (:meth:`Scheduler.tick` starts it then, whatever the slots).
 * **FIFO mode** turns all of it off: arrival order, ``dsp_slots`` at once, so
   benchmarks can measure the difference in one run.
 
@@ -89,6 +99,8 @@ class Policy:
     """The share of the DSP one owner's (uid's) declared budgets may take together."""
     realtime_default_budget: Budget | None = None
     """What a realtime client that declares no budget is admitted with (None: unbounded)."""
+    batch_hold_max: float = 0.05
+    """Seconds a background client's doorbell may be held for realtime work, at most."""
 
     def __post_init__(self) -> None:
         if self.dsp_slots < 1:
@@ -97,6 +109,8 @@ class Policy:
             raise ValueError("realtime_reserve must leave at least one slot for the others")
         if self.background_max < 1:
             raise ValueError("background_max must be at least 1")
+        if not self.batch_hold_max > 0:
+            raise ValueError("batch_hold_max must be positive")
 
 
 @dataclass(frozen=True)
@@ -149,6 +163,7 @@ class Account:
     last_realtime_arrival: float = -math.inf
     """When a call of it last arrived as realtime: its next is expected a period later."""
     _queue: deque[Job] = field(default_factory=deque)
+    _running_jobs: list[Job] = field(default_factory=list)
 
     @property
     def throttled(self) -> bool:
@@ -179,6 +194,12 @@ class Job:
     """The class this call runs in (a budgeted client over its budget runs as normal)."""
     dispatched: float | None = None
     state: Literal["new", "queued", "running", "done", "cancelled"] = "new"
+    doorbell: bool = False
+    """A dspqueue doorbell: the batch it starts holds the slot until ``finish``."""
+    over_budget: bool = False
+    """A realtime client's call beyond its budget (it runs as normal)."""
+    bound: float | None = None
+    """A doorbell starts by then, whatever the slots (set at ``submit``)."""
 
 
 @dataclass(frozen=True)
@@ -257,6 +278,7 @@ class Scheduler:
             job.arrival = now
             job.seq = next(self._seq)
             job.klass = self._class_of(account, now)
+            job.over_budget = account.klass == REALTIME and job.klass == NORMAL
             if job.deadline is None and account.budget is not None and job.klass == REALTIME:
                 job.deadline = now + account.budget.period
             if self._is_late(job, now):
@@ -264,6 +286,8 @@ class Scheduler:
                 return Outcome.LATE
             if account.klass == REALTIME:  # over its budget or not, it keeps its rhythm
                 account.last_realtime_arrival = now
+            if job.doorbell:
+                job.bound = now + self.policy.batch_hold_max
             if account.queued == 0 and account.running == 0:
                 self._catch_up(account)
             # After every event no queued call fits (each finish starts all that
@@ -295,6 +319,8 @@ class Scheduler:
             self._running[job.klass] -= 1
             self._running_total -= 1
             account.running -= 1
+            if job in account._running_jobs:
+                account._running_jobs.remove(job)
             account.calls += 1
             account.dsp_seconds += dsp_seconds
             account.vtime += dsp_seconds
@@ -309,6 +335,31 @@ class Scheduler:
             if account.budget is not None:
                 self._charge_budget(account, dsp_seconds, now)
             return self._dispatch(now)
+
+    def charge(self, account: Account, dsp_seconds: float) -> None:
+        """DSP time used outside any slot (a batch whose doorbell was not held for its
+        answer, ``[scheduler] batches = "counted"``): fairness and budgets count it."""
+        with self._lock:
+            now = self._clock()
+            account.dsp_seconds += dsp_seconds
+            account.vtime += dsp_seconds
+            if account.budget is not None:
+                self._charge_budget(account, dsp_seconds, now)
+
+    def tick(self) -> tuple[list[Job], list[Job]]:
+        """Start what may start now: doorbells held to their bound, and those held for a
+        realtime call that did not come. Returns what ``finish`` does; the caller runs
+        it at every queued doorbell's ``bound``."""
+        with self._lock:
+            return self._dispatch(self._clock())
+
+    def next_bound(self) -> float | None:
+        """The earliest ``bound`` of a queued doorbell (None: none queued)."""
+        with self._lock:
+            return min(
+                (job.bound for job in self._all_queued() if job.bound is not None),
+                default=None,
+            )
 
     def cancel(self, job: Job) -> bool:
         """Take a queued call out (its caller gave up); False if it is not queued."""
@@ -358,9 +409,19 @@ class Scheduler:
             return NORMAL
         if account.budget is not None and account.klass == REALTIME:
             self._roll_period(account, now)
-            if account.period_used >= account.budget.budget:
+            if account.period_used + self._in_flight(account, now) >= account.budget.budget:
                 return NORMAL  # over budget for this period: no more precedence
         return account.klass
+
+    def _in_flight(self, account: Account, now: float) -> float:
+        """What ``account``'s calls on the DSP will have used: each its time so far, at
+        least the client's typical call (its budget before one was measured)."""
+        assert account.budget is not None
+        floor = account.typical_call if account.typical_call is not None else account.budget.budget
+        return sum(
+            max(now - (job.dispatched if job.dispatched is not None else now), floor)
+            for job in account._running_jobs
+        )
 
     def _fits(self, job: Job) -> bool:
         """May ``job`` start now, as far as slots and caps go? Work-conserving: a slot is
@@ -372,12 +433,18 @@ class Scheduler:
         if policy.mode == "fifo":
             return True
         now = self._clock()
-        cap = 1 if now < job.account.throttled_until else policy.per_client_running
+        # A throttled client, and a realtime one past its budget, run one call at a time.
+        throttled = now < job.account.throttled_until or job.over_budget
+        cap = 1 if throttled else policy.per_client_running
         if job.account.running >= cap:
             return False
         if job.klass == REALTIME:
             return True
-        normal_waits = job.klass == BACKGROUND and self._queued[NORMAL] > 0
+        if job.doorbell and job.klass == BACKGROUND and self._realtime_needs_dsp(job, now):
+            return False
+        itself = 1 if job.state == "queued" and job.klass == NORMAL else 0
+        others_wait = self._queued[NORMAL] > itself
+        normal_waits = (job.klass == BACKGROUND or job.over_budget) and others_wait
         if normal_waits and running[BACKGROUND] >= policy.background_max:
             return False  # the background cap keeps room for normal calls while one waits
         if running[NORMAL] + running[BACKGROUND] < policy.dsp_slots - policy.realtime_reserve:
@@ -405,7 +472,7 @@ class Scheduler:
         latest = math.inf
         for account in self._accounts:
             if (
-                account is job.account
+                (account is job.account and not job.over_budget)
                 or account.klass != REALTIME
                 or account.budget is None
                 or account.closed
@@ -420,9 +487,35 @@ class Scheduler:
                 latest = min(latest, now + slack)
         return now + predicted <= latest
 
+    def _realtime_needs_dsp(self, job: Job, now: float) -> bool:
+        """Would a batch of ``job``'s client started now run beside realtime work? A
+        realtime call is running or queued, or one calling in rhythm is due before the
+        client's typical batch (its typical DSP time, 0 before one was measured) ends."""
+        if self._running[REALTIME] or self._queued[REALTIME]:
+            return True
+        predicted = job.account.typical_call or 0.0
+        for account in self._accounts:
+            budget = account.budget
+            if account.klass != REALTIME or budget is None or account.closed:
+                continue
+            last = account.last_realtime_arrival
+            if now - last > RHYTHM_PERIODS * budget.period:
+                continue  # quiet: it may call at any moment, as anyone may
+            # The next call expected: a period after the last, or the period after that
+            # once that one's budget is over (it came and went, or it is late).
+            periods = max(1, math.ceil((now - last - budget.budget) / budget.period))
+            if last + periods * budget.period < now + predicted:
+                return True
+        return False
+
     def _dispatch(self, now: float) -> tuple[list[Job], list[Job]]:
         started: list[Job] = []
         late: list[Job] = []
+        for held in self._all_queued():
+            if held.bound is not None and now >= held.bound:
+                self._unqueue(held)  # held to its bound: it goes now, whatever the slots
+                self._start(held, now)
+                started.append(held)
         while True:
             job = self._pick(now)
             if job is None:
@@ -497,6 +590,7 @@ class Scheduler:
         job.state = "running"
         job.dispatched = now
         job.account.running += 1
+        job.account._running_jobs.append(job)
         job.account.waits.append(now - job.arrival)
         self._running[job.klass] += 1
         self._running_total += 1

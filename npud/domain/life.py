@@ -118,6 +118,8 @@ class Domain:
         self.hung_calls = 0
         self.suspend_reopens = 0
         """Sessions reopened to free the contexts that suspends left on their fds."""
+        self._dsp_seconds = 0.0
+        """DSP time of its clients' calls and op batches (under ``_lock``)."""
         self._invokes_retired = 0
         """FastRPC calls of the sessions this domain closed (under ``_lock``)."""
         self._retiring: FastRpcSession | None = None
@@ -490,9 +492,15 @@ class Domain:
             if self._retiring is session:
                 self._retiring = None
 
+    def charge_dsp(self, seconds: float) -> None:
+        """A call or an op batch of a client of this domain used ``seconds`` of DSP."""
+        with self._lock:
+            self._dsp_seconds += seconds
+
     def row(self, clients: int) -> p.DomainRow:
         with self._lock:
             session, retiring, retired = self.session, self._retiring, self._invokes_retired
+            dsp_seconds = self._dsp_seconds
         stats = session.statistics() if session is not None else None
         before = retired + (retiring.statistics().invokes_done if retiring is not None else 0)
         registry = self.registry.statistics()
@@ -515,6 +523,7 @@ class Domain:
             lanes=self.lane_rows(),
             interrupted_contexts=stats.interrupted_contexts if stats else 0,
             suspend_reopens=self.suspend_reopens,
+            dsp_us=round(dsp_seconds * 1_000_000),
         )
 
 

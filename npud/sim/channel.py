@@ -22,12 +22,15 @@ FASTRPC_CTX_IDS: Final = FASTRPC_CTX_MAX - 1
 
 
 class Channel:
-    def __init__(self, generation: int, sessions: int, dsp_units: int = 0) -> None:
+    def __init__(
+        self, generation: int, sessions: int, dsp_units: int = 0, hmx_units: int = 0
+    ) -> None:
         self.generation = generation
         self.alive = True
         self.down = threading.Event()
-        self.compute = SharedCompute(dsp_units, self.down)
-        """The DSP's execution units, shared by every call of this boot."""
+        self.compute = SharedCompute(dsp_units, self.down, hmx_units=hmx_units)
+        """The DSP's execution units, shared by every call and every DSP process's own
+        work (dspqueue batches) of this boot."""
         self.contexts = 0
         """Context ids taken: calls in flight and interrupted calls whose fds are open."""
         self.interrupted_mmaps: list[HeapBuffer] = []

@@ -107,9 +107,13 @@ class SimConfig:
     * ``procmap_query``: ask the kernel with the ``PROCMAP_QUERY`` ioctl (Linux
       6.11+) where it has it; False always reads ``/proc/self/maps``, as on
       older kernels.
-    * ``dsp_units``: execution units the DSP's calls share (processor sharing:
-      with n calls working each runs at min(1, units / n) of full speed, see
-      :mod:`npud.sim.compute`); 0 models none (every call runs as if alone).
+    * ``dsp_units``: the HVX contexts that the DSP's calls and every DSP process's
+      own work (dspqueue packet handling, llama.cpp's op batches) share (processor
+      sharing: with n pieces working each runs at min(1, units / n) of full speed,
+      see :mod:`npud.sim.compute`); 0 models none (every piece runs as if alone).
+    * ``hmx_units``: the HMX matrix units (1 on the device) that matrix work (a
+      model's graph, an op batch with matrix products) shares besides its HVX
+      context; 0 models none. Both 0 is the emulator's behaviour before the model.
     * ``skels``: skel name -> factory, the simulated DSP's "installed" skels;
       a descriptor file names one of these.
     * ``domain_handles``: the DSP has the domain-style ``adsp_listener1``
@@ -168,6 +172,7 @@ class SimConfig:
     address_cache: bool = True
     procmap_query: bool = True
     dsp_units: int = 0
+    hmx_units: int = 0
     skels: Mapping[str, SkelFactory] = dataclasses.field(default_factory=lambda: BUILTIN_SKELS)
     domain_handles: bool = True
     absent_module_result: int = AEE_ENOSUCHMOD
@@ -199,6 +204,8 @@ class SimConfig:
             raise ValueError(f"reverse_rpc_timeout={self.reverse_rpc_timeout} must be positive")
         if self.dsp_units < 0:
             raise ValueError(f"dsp_units={self.dsp_units}: 0 (unlimited) or more")
+        if self.hmx_units < 0:
+            raise ValueError(f"hmx_units={self.hmx_units}: 0 (unlimited) or more")
         if self.max_dma_buf_size <= 0:
             raise ValueError(f"max_dma_buf_size={self.max_dma_buf_size} must be positive")
         if not 1 <= self.absent_module_result <= 0xFFFFFFFF:

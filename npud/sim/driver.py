@@ -225,7 +225,7 @@ class EmulatedDriver:
         self._live: set[_DeviceFile] = set()  # open, or closed with a release pending
         self._generation = 1
         self._channel: Channel | None = Channel(
-            self._generation, self.config.sessions, self.config.dsp_units
+            self._generation, self.config.sessions, self.config.dsp_units, self.config.hmx_units
         )
         self._down_until: float | None = None
         self._restarts = 0
@@ -516,7 +516,9 @@ class EmulatedDriver:
 
     def _boot_locked(self) -> None:
         self._generation += 1
-        self._channel = Channel(self._generation, self.config.sessions, self.config.dsp_units)
+        self._channel = Channel(
+            self._generation, self.config.sessions, self.config.dsp_units, self.config.hmx_units
+        )
         self._down_until = None
 
     def _boot(self) -> None:
@@ -816,7 +818,14 @@ class EmulatedDriver:
             except PdSpawnError as exc:
                 log.error("no process for the DSP process", extra={"error": str(exc)})
                 return AEE.EFAILED.dsp
-        process = DspProcess(info, self.config, device.channel.work, child, self._crashed)
+        process = DspProcess(
+            info,
+            self.config,
+            device.channel.work,
+            child,
+            self._crashed,
+            compute=device.channel.compute,
+        )
         with self._lock:
             if device.channel.alive and device.process is None:
                 device.process = process

@@ -82,6 +82,29 @@ class SkelRunner(Protocol):
     def child(self) -> PdChild | None: ...
 
 
+class LocalMeter:
+    """Thread isolation: a call's pieces of work (SkelCall.computing) go straight to
+    the process's shared compute; those still begun when the call ends are dropped."""
+
+    def __init__(self, services: CallServices) -> None:
+        self._services = services
+        self._jobs: dict[int, object] = {}
+        self._count = 0
+
+    def begin(self, matrix: bool) -> int:
+        self._count += 1
+        self._jobs[self._count] = self._services.work_begin(matrix)
+        return self._count
+
+    def end(self, job: int, seconds: float) -> None:
+        self._services.work_end(self._jobs.pop(job), seconds)
+
+    def close(self) -> None:
+        for job in self._jobs.values():
+            self._services.work_drop(job)
+        self._jobs.clear()
+
+
 class LocalSkel:
     def __init__(
         self,
@@ -90,18 +113,32 @@ class LocalSkel:
         work: Callable[[float], None],
         host_files: HostFiles,
         pd: PdServices,
+        services: CallServices | None = None,
     ) -> None:
         self.skel = skel
         self._method_offset = method_offset
         self._work = work
         self._host_files = host_files
         self._pd = pd
+        self._services = services
 
     def invoke(self, call: DspCall, *, crash: bool = False) -> int:
+        services = self._services
+        meter = LocalMeter(services) if services is not None and services.metered else None
         skel_call = SkelCall(
-            call.sc, call.inputs, call.outputs, self._work, self._host_files, pd=self._pd
+            call.sc,
+            call.inputs,
+            call.outputs,
+            self._work,
+            self._host_files,
+            pd=self._pd,
+            meter=meter,
         )
-        return run_method(self.skel, self._method_offset, skel_call)
+        try:
+            return run_method(self.skel, self._method_offset, skel_call)
+        finally:
+            if meter is not None:
+                meter.close()
 
     def close(self) -> None:
         self.skel.close()
@@ -112,18 +149,25 @@ class LocalRunner:
     the PD's own threads (:class:`PdServices`) in npud's process too, joined at its end."""
 
     def __init__(
-        self, work: Callable[[float], None], host_files: HostFiles, pd: PdServices
+        self,
+        work: Callable[[float], None],
+        host_files: HostFiles,
+        pd: PdServices,
+        services: CallServices | None = None,
     ) -> None:
         self._work = work
         self._host_files = host_files
         self._pd = pd
+        self._services = services
 
     @property
     def child(self) -> PdChild | None:
         return None
 
     def instantiate(self, name: str, factory: SkelFactory, method_offset: int) -> SkelInstance:
-        return LocalSkel(factory(), method_offset, self._work, self._host_files, self._pd)
+        return LocalSkel(
+            factory(), method_offset, self._work, self._host_files, self._pd, self._services
+        )
 
     def bind(self, mapping: MemMapping, fd: int) -> None:
         pass  # the DSP's code finds MEM_MAP'd buffers in the process's own records

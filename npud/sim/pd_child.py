@@ -214,7 +214,7 @@ _current = _Current()
 class _Call:
     """One call running in this child: its id and the answers the driver sent it."""
 
-    __slots__ = ("answers", "id", "memories", "runtime")
+    __slots__ = ("answers", "id", "jobs", "memories", "runtime")
 
     def __init__(self, runtime: ChildRuntime, call_id: int) -> None:
         self.id = call_id
@@ -223,6 +223,7 @@ class _Call:
         self.memories: dict[int, _Memory] | int = {}
         """An invoke's memories, acquired when it was read (in order with the table
         changes around it); or the id of one the child did not hold then."""
+        self.jobs = 0  # pieces of work begun (SkelCall.computing)
 
     def send(
         self,
@@ -234,6 +235,22 @@ class _Call:
     def work(self, seconds: float) -> None:
         """SkelCall.work: the driver spends it on the channel's shared compute."""
         self.send(wire.Work(self.id, max(0.0, seconds)))
+        answer, received, buffer = self.runtime.answer(self)
+        received.close_fds()
+        self.runtime.give_back(buffer)
+        if not isinstance(answer, wire.WorkDone):
+            raise _DriverGoneError
+
+    def begin(self, matrix: bool) -> int:
+        """ComputeMeter.begin: the driver's thread for this call joins the piece to the
+        shared compute; no answer."""
+        self.jobs += 1
+        self.send(wire.WorkBegin(self.id, self.jobs, matrix))
+        return self.jobs
+
+    def end(self, job: int, seconds: float) -> None:
+        """ComputeMeter.end: the driver waits until the model credited the piece."""
+        self.send(wire.Work(self.id, max(0.0, seconds), job))
         answer, received, buffer = self.runtime.answer(self)
         received.close_fds()
         self.runtime.give_back(buffer)
@@ -675,7 +692,15 @@ class ChildRuntime:
             if skel is None:
                 result = AEE.EINVHANDLE.dsp
             else:
-                skel_call = SkelCall(message.sc, inputs, outputs, call.work, call, pd=self.pd)
+                skel_call = SkelCall(
+                    message.sc,
+                    inputs,
+                    outputs,
+                    call.work,
+                    call,
+                    pd=self.pd,
+                    meter=call if message.metered else None,
+                )
                 result = run_method(skel, message.method_offset, skel_call)
             tail = [
                 out

@@ -74,10 +74,31 @@ class PdGoneError(Exception):
     """The child ended (killed, crashed) or broke the wire while it was needed."""
 
 
+MAX_OPEN_JOBS: Final = 64
+"""Pieces of work one call may have begun and not ended (a child asking more is broken)."""
+
+
 class CallServices(Protocol):
     """What the waiting thread does for the child while a call runs."""
 
     def work(self, seconds: float) -> None: ...
+
+    @property
+    def metered(self) -> bool:
+        """The shared compute is modelled: calls may begin and end pieces of work."""
+        ...
+
+    def work_begin(self, matrix: bool) -> object:
+        """A piece of work joins the shared compute; what :meth:`work_end` takes."""
+        ...
+
+    def work_end(self, job: object, seconds: float) -> None:
+        """The piece took ``seconds`` on the host: wait until the model credited it."""
+        ...
+
+    def work_drop(self, job: object) -> None:
+        """The call ended with the piece begun: it leaves the model."""
+        ...
 
     def read_host_file(self, name: str, *, limit: int) -> bytes: ...
 
@@ -668,20 +689,51 @@ class PdChild:
         self, call: _Call, services: CallServices | None
     ) -> tuple[wire.CallAnswer, memoryview | bytes]:
         """Serve the child for a call sent until its answer; PdGoneError when it ends."""
-        while True:
-            answer, data = self._next(call)
-            if isinstance(answer, wire.Log):
-                _emit(answer)
-            elif isinstance(answer, wire.Work) and services is not None:
-                services.work(answer.seconds)
-                self._send(wire.WorkDone(call.id), ring_above=None)
-            elif isinstance(answer, wire.ReadFile) and services is not None:
-                self._serve_file(call, answer, services)
-            elif isinstance(answer, wire.Work | wire.ReadFile):
-                self._violation(f"{type(answer).__name__} out of place")
-                raise PdGoneError("the PD child broke the wire")
-            else:
-                return answer, data
+        jobs: dict[int, object] = {}  # pieces of work the call began (WorkBegin)
+        try:
+            while True:
+                answer, data = self._next(call)
+                if isinstance(answer, wire.Log):
+                    _emit(answer)
+                elif isinstance(answer, wire.WorkBegin | wire.Work) and services is not None:
+                    self._serve_work(call, answer, services, jobs)
+                elif isinstance(answer, wire.ReadFile) and services is not None:
+                    self._serve_file(call, answer, services)
+                elif isinstance(answer, wire.Work | wire.WorkBegin | wire.ReadFile):
+                    raise self._broken_wire(f"{type(answer).__name__} out of place")
+                else:
+                    return answer, data
+        finally:
+            if services is not None:
+                for job in jobs.values():
+                    services.work_drop(job)
+
+    def _serve_work(
+        self,
+        call: _Call,
+        request: wire.WorkBegin | wire.Work,
+        services: CallServices,
+        jobs: dict[int, object],
+    ) -> None:
+        """Work the child asks for (see :class:`CallServices`); ``jobs``: the call's
+        pieces begun and not ended."""
+        if isinstance(request, wire.WorkBegin):
+            if request.job in jobs or len(jobs) >= MAX_OPEN_JOBS or not services.metered:
+                raise self._broken_wire(f"work {request.job} begun out of place")
+            jobs[request.job] = services.work_begin(request.matrix)
+            return
+        if request.job:
+            job = jobs.pop(request.job, None)
+            if job is None:
+                raise self._broken_wire(f"work {request.job} ended, never begun")
+            services.work_end(job, request.seconds)
+        else:
+            services.work(request.seconds)
+        self._send(wire.WorkDone(call.id), ring_above=None)
+
+    def _broken_wire(self, what: str) -> PdGoneError:
+        self._violation(what)
+        return PdGoneError("the PD child broke the wire")
 
     def _serve_file(self, call: _Call, request: wire.ReadFile, services: CallServices) -> None:
         try:
@@ -771,6 +823,7 @@ class PdChild:
                 spans[transfer.inbufs :],
                 transient,
                 crash,
+                services.metered,
             )
             with self._table_lock:  # no DropMemory between the memories and the call
                 self._ensure(transfer.spans)

@@ -173,6 +173,9 @@ class Invoke(msgspec.Struct, tag="invoke"):
     outputs: list[Span]
     transient: list[AddMemory]
     crash: bool = False
+    metered: bool = False
+    """The emulator models the DSP's shared compute: the call may begin and end work
+    (``WorkBegin``, ``Work`` with a job) for what it computes on the host."""
 
 
 class Destroy(msgspec.Struct, tag="destroy"):
@@ -209,10 +212,21 @@ DriverMessage = TableMessage | CallMessage | NestedReply
 
 
 class Work(msgspec.Struct, tag="work"):
-    """SkelCall.work: spend ``seconds`` of the DSP's shared compute."""
+    """SkelCall.work: spend ``seconds`` of the DSP's shared compute; with ``job`` (not 0),
+    the end of that begun piece, which took ``seconds`` on the host (SkelCall.computing)."""
 
     call: int
     seconds: Annotated[float, msgspec.Meta(ge=0, le=1e6)]
+    job: U32 = 0
+
+
+class WorkBegin(msgspec.Struct, tag="workbegin"):
+    """A piece of work ``job`` (1..) of a metered call starts (no answer); ``matrix``:
+    it needs the HMX unit. Its ``Work`` with the same ``job`` ends it."""
+
+    call: int
+    job: Annotated[int, msgspec.Meta(ge=1, le=0xFFFFFFFF)]
+    matrix: bool
 
 
 class ReadFile(msgspec.Struct, tag="read"):
@@ -251,7 +265,7 @@ class Destroyed(msgspec.Struct, tag="destroyed"):
     call: int
 
 
-CallAnswer = Work | ReadFile | Log | Result | Created | Destroyed
+CallAnswer = Work | WorkBegin | ReadFile | Log | Result | Created | Destroyed
 ChildMessage = Hello | CallAnswer
 
 

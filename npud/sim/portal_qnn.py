@@ -679,7 +679,8 @@ class PortalQnnSkel(Skel):
             model = self._model(args.integer("model_index"), args.integer("graph_index"))
             if isinstance(model, int):
                 return model
-            rc, status = model.execute()
+            with call.computing(matrix=True):
+                rc, status = model.execute()
             self._keep_error(args.integer("model_index"), model)
         if rc == 0:
             call.pack_routs(_EXECUTE, {"qnn_status": status})
@@ -733,7 +734,8 @@ class PortalQnnSkel(Skel):
             model = self._model(args.integer("model_index"), args.integer("graph_index"))
             if isinstance(model, int):
                 return model
-            rc, status = model.run(args.view("inputs"), args.view("outputs"))
+            with call.computing(matrix=True):
+                rc, status = model.run(args.view("inputs"), args.view("outputs"))
             self._keep_error(args.integer("model_index"), model)
         if rc == 0:
             call.pack_routs(_RUN, {"qnn_status": status})

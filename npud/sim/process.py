@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Final
 from npu_protocol.aee import AEE
 from npud import idl
 from npud.sim.apps_mem import DspHeap
-from npud.sim.compute import Cancellation
+from npud.sim.compute import Cancellation, Job, SharedCompute
 from npud.sim.config import SimConfig
 from npud.sim.errors import (
     ListenerInterruptedError,
@@ -191,9 +191,13 @@ class DspProcess:
         sleep: Callable[[float, Cancellation | None], None],
         child: PdChild | None = None,
         on_crash: Callable[[DspProcess], None] | None = None,
+        compute: SharedCompute | None = None,
     ) -> None:
         """``child``: the process's PD child (process isolation), None to run skels on
-        the callers' threads; ``on_crash`` hears of a crash (once)."""
+        the callers' threads; ``on_crash`` hears of a crash (once); ``compute``: the
+        channel's shared compute, for work skel code does on the host's CPUs
+        (SkelCall.computing; None: not charged)."""
+        self._compute = compute
         self.info = info
         self.memory = ProcessMemory()
         self.reverse = ReverseRpc()
@@ -206,7 +210,7 @@ class DspProcess:
         self._runner: SkelRunner
         if child is None:
             pd = PdServices(self._resolve_fd, self._crash_from_thread)
-            self._runner = LocalRunner(self._work, self._loader, pd)
+            self._runner = LocalRunner(self._work, self._loader, pd, self)
         else:
             self._runner = ProcessRunner(child, self)
         self._domain_handles = config.domain_handles
@@ -244,6 +248,25 @@ class DspProcess:
     def work(self, seconds: float) -> None:
         """SkelCall.work of skel code in the child: the channel's shared compute."""
         self._work(seconds)
+
+    @property
+    def metered(self) -> bool:
+        """The channel models its shared compute: skel code's host work is charged."""
+        return self._compute is not None and self._compute.modelled
+
+    def work_begin(self, matrix: bool) -> object:
+        assert self._compute is not None  # only asked when metered
+        return self._compute.begin(matrix=matrix)
+
+    def work_end(self, job: object, seconds: float) -> None:
+        assert self._compute is not None
+        assert isinstance(job, Job)
+        self._compute.end(job, seconds, self._ending)
+
+    def work_drop(self, job: object) -> None:
+        assert self._compute is not None
+        assert isinstance(job, Job)
+        self._compute.drop(job)
 
     def read_host_file(self, name: str, *, limit: int) -> bytes:
         """host_files.read_host_file of skel code in the child: reverse RPC, as the loader."""

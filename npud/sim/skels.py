@@ -41,11 +41,13 @@ method is AEE_EUNSUPPORTED.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import functools
 import struct
+import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar, Final, Protocol
 
 from npu_protocol.aee import AEE
@@ -91,12 +93,27 @@ class _NoHostFiles:
         raise HostFileError(f"{name}: this DSP process has no reverse-RPC channel", AEE.EFAILED)
 
 
+class ComputeMeter(Protocol):
+    """How a call reaches the DSP's shared compute for work done on the host's CPUs
+    (:meth:`npud.sim.compute.SharedCompute.begin` / ``end``), by job number."""
+
+    def begin(self, matrix: bool) -> int:
+        """A piece of work starts now (``matrix``: it needs the HMX); its number."""
+        ...
+
+    def end(self, job: int, seconds: float) -> None:
+        """Piece ``job`` took ``seconds`` on the host: wait until the model credited it."""
+        ...
+
+
 class SkelCall:
     """One invocation as a skel sees it: buffers in qaic order, a way to wait, host files,
     and ``pd``, what the DSP process offers beyond the call (memory by fd, per-process
-    state, threads: :class:`npud.sim.pd_services.PdServices`; None outside a process)."""
+    state, threads: :class:`npud.sim.pd_services.PdServices`; None outside a process).
+    ``meter``: the call's way to the DSP's shared compute (None when the emulator does
+    not model it: ``SimConfig.dsp_units`` and ``hmx_units`` both 0)."""
 
-    __slots__ = ("_sleep", "host_files", "inputs", "outputs", "pd", "sc")
+    __slots__ = ("_sleep", "host_files", "inputs", "meter", "outputs", "pd", "sc")
 
     def __init__(
         self,
@@ -107,6 +124,7 @@ class SkelCall:
         host_files: HostFiles | None = None,
         *,
         pd: PdServices | None = None,
+        meter: ComputeMeter | None = None,
     ) -> None:
         self.sc = sc
         self.inputs = inputs
@@ -114,12 +132,30 @@ class SkelCall:
         self._sleep = sleep
         self.host_files: HostFiles = host_files if host_files is not None else _NoHostFiles()
         self.pd = pd
+        self.meter = meter
 
     def work(self, seconds: float) -> None:
         """Spend ``seconds`` of DSP time: shared with the calls running beside it when the
         emulator models the DSP's units (``SimConfig.dsp_units``); a subsystem restart
         interrupts it (the invoke then fails with EPIPE)."""
         self._sleep(seconds)
+
+    @contextlib.contextmanager
+    def computing(self, *, matrix: bool = False) -> Iterator[None]:
+        """The block is DSP work done on the host's CPUs (a graph run in numpy): it joins
+        the shared compute at entry, and at exit waits until the model credited the host
+        time it took (no wait when it had the DSP alone; nothing without a meter).
+        ``matrix``: it needs the HMX unit too (``SimConfig.hmx_units``)."""
+        meter = self.meter
+        if meter is None:
+            yield
+            return
+        job = meter.begin(matrix)
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            meter.end(job, time.monotonic() - started)
 
     def prim_in(self, layout: struct.Struct) -> tuple[int, ...]:
         """Unpack primIn (input buffer 0), which must have exactly ``layout.size`` bytes."""

@@ -55,6 +55,15 @@ handle of the process; queue slots 0..63 and the signals belong to the process):
 * A DSP writer waiting for response space re-checks every 50 ms besides the CPU's
   signals: the CPU signals only when it sees the writer's ``wait_count``, which
   Python cannot order against its own read of the ring with a memory barrier.
+* DSP code's packet handling is DSP work (:meth:`QueueEndpoint.computing`): when
+  the emulator models the DSP's shared compute (``SimConfig.dsp_units`` /
+  ``hmx_units``), each piece joins the model when it starts and its answer waits
+  until the model credited the host time it took, beside the calls and the
+  other DSP processes' work. A thread of the DSP process reaches the driver only
+  through a call, so the outstanding ``wait_signal`` carries the pieces: it
+  begins and ends them on the driver's side while it waits, and does not return
+  while a piece it began runs. Without a ``wait_signal`` outstanding (or once it
+  is cancelled) a piece runs uncharged, as every piece did before the model.
 * Closing the handle that made the process state (the CPU does it after the last
   queue) cancels ``wait_signal``, destroys the queues it created and lets go of
   the state block; the PD's end does the same for everything.
@@ -62,19 +71,21 @@ handle of the process; queue slots 0..63 and the signals belong to the process):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import itertools
 import logging
 import struct
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final
 
 from npu_protocol.aee import AEE
 from npud.sim import dspqueue as dq
 from npud.sim.pd_services import FdMemory, NoSuchMapError, PdResident, PdServices
-from npud.sim.skels import Skel, SkelCall, SkelMethod
+from npud.sim.skels import ComputeMeter, Skel, SkelCall, SkelMethod
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +135,19 @@ class _Queue:
         self.memory.close()
 
 
+class _Charge:
+    """A piece of DSP work of a thread of the process, carried by a ``wait_signal``."""
+
+    __slots__ = ("carrier", "job", "matrix", "seconds", "settled")
+
+    def __init__(self, matrix: bool) -> None:
+        self.matrix = matrix
+        self.carrier: object = None  # the wait_signal that began it
+        self.job: int | None = None  # its number on that carrier's meter
+        self.seconds: float | None = None  # set when it ends
+        self.settled = False  # ended (charged, or let go uncharged)
+
+
 class DspQueueService(PdResident):
     """The dspqueue library of one DSP process (see the module docstring). Thread-safe:
     one lock guards the queues and the signals; ring accesses happen under it."""
@@ -140,6 +164,11 @@ class DspQueueService(PdResident):
         self._cancelled = False
         self._doorbell = 0  # signals from the CPU
         self._ended = False
+        self._carriers = 0  # wait_signal calls outstanding with a meter
+        self._charges: collections.deque[_Charge] = collections.deque()  # to begin or end
+        self._open: list[_Charge] = []  # begun on a carrier, not ended
+        self.charged = 0  # pieces the model credited
+        self.uncharged = 0  # pieces run with no carrier
 
     # -- the RPC methods --------------------------------------------------------------------
 
@@ -239,16 +268,98 @@ class DspQueueService(PdResident):
                 return AEE.EBADPARM.dsp, 0
             return 0, 1 if queue.imported else 0
 
-    def wait_signal(self) -> int:
-        """Block until there is something for the CPU: 0, or -1 once cancelled."""
+    def wait_signal(self, meter: ComputeMeter | None = None) -> int:
+        """Block until there is something for the CPU: 0, or -1 once cancelled. With a
+        ``meter`` (the call's), carry the process's pieces of work meanwhile (see the
+        module docstring)."""
+        me = object()
         with self._cond:
-            while not (self._pending or self._cancelled or self._ended):
+            if meter is not None:
+                self._carriers += 1
+                self._cond.notify_all()
+            try:
+                while True:
+                    if self._ended:
+                        break
+                    if self._cancelled:
+                        return SIGNAL_CANCELLED
+                    if meter is not None and self._charges:
+                        self._carry_locked(self._charges.popleft(), meter, me)
+                        continue
+                    if self._pending and not any(c.carrier is me for c in self._open):
+                        self._pending = False
+                        return 0
+                    self._cond.wait()
+                self._check_locked()
+                return SIGNAL_CANCELLED  # not reached: _check_locked raised
+            finally:
+                if meter is not None:
+                    self._carriers -= 1
+                    for charge in [c for c in self._open if c.carrier is me]:
+                        self._open.remove(charge)  # its job goes with this call
+                        charge.carrier = None
+                    self._cond.notify_all()
+
+    def _carry_locked(self, charge: _Charge, meter: ComputeMeter, me: object) -> None:
+        """Begin or end ``charge`` on the driver's side (the lock released meanwhile)."""
+        if charge.job is None:  # to begin
+            self._cond.release()
+            try:
+                job = meter.begin(charge.matrix)
+            finally:
+                self._cond.acquire()
+            charge.job, charge.carrier = job, me
+            self._open.append(charge)
+            return
+        if charge.carrier is not me:  # its carrier left: it runs uncharged
+            charge.settled = True
+            self.uncharged += 1
+            self._cond.notify_all()
+            return
+        self._open.remove(charge)
+        assert charge.seconds is not None
+        self._cond.release()
+        try:
+            meter.end(charge.job, charge.seconds)
+        finally:
+            self._cond.acquire()
+            charge.settled = True
+            self.charged += 1
+            self._cond.notify_all()
+
+    def charge_begin(self, matrix: bool) -> _Charge | None:
+        """A thread of the process starts a piece of DSP work; None when no
+        ``wait_signal`` carries (the piece runs uncharged)."""
+        with self._cond:
+            if not self._carriers or self._ended:
+                self.uncharged += 1
+                return None
+            charge = _Charge(matrix)
+            self._charges.append(charge)
+            self._cond.notify_all()
+            return charge
+
+    def charge_end(self, charge: _Charge, seconds: float) -> None:
+        """The piece took ``seconds`` on the host: wait until the model credited it (or
+        its carrier left: then at once)."""
+        with self._cond:
+            charge.seconds = seconds
+            if charge.job is None and charge.carrier is None and not self._carriers:
+                with contextlib.suppress(ValueError):
+                    self._charges.remove(charge)  # never begun
+                self.uncharged += 1
+                return
+            self._charges.append(charge)
+            self._cond.notify_all()
+            while not charge.settled:
+                if self._ended:
+                    return
+                if charge.carrier is None and not self._carriers:
+                    with contextlib.suppress(ValueError):
+                        self._charges.remove(charge)
+                    self.uncharged += 1
+                    return
                 self._cond.wait()
-            self._check_locked()
-            if self._cancelled:
-                return SIGNAL_CANCELLED
-            self._pending = False
-            return 0
 
     def cancel_wait_signal(self) -> None:
         with self._cond:
@@ -357,6 +468,19 @@ class QueueEndpoint:
                     return packet
                 while seen == service._doorbell and not self._stopped_locked():
                     service._cond.wait()
+
+    @contextlib.contextmanager
+    def computing(self, *, matrix: bool = False) -> Iterator[None]:
+        """The block is DSP work of this consumer (handling a packet, on the host's
+        CPUs): charged to the DSP's shared compute through the process's
+        ``wait_signal`` (the module docstring); ``matrix``: it needs the HMX too."""
+        charge = self._service.charge_begin(matrix)
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            if charge is not None:
+                self._service.charge_end(charge, time.monotonic() - started)
 
     def read_nowait(self) -> dq.Packet | None:
         with self._service._cond:
@@ -552,7 +676,7 @@ class DspQueueRpcSkel(Skel):
             return AEE.EBADPARM.dsp
         if service is None:
             return AEE.EUNSUPPORTED.dsp
-        call.outputs[0][:] = _I32.pack(service.wait_signal())
+        call.outputs[0][:] = _I32.pack(service.wait_signal(call.meter))
         return 0
 
     def _cancel_wait_signal(self, call: SkelCall) -> int:

@@ -459,3 +459,61 @@ def test_queue_waits_are_kept_per_client(clock: Clock) -> None:
 def test_policies_that_cannot_work_are_refused(policy: dict[str, int]) -> None:
     with pytest.raises(ValueError, match="must"):
         Policy(**policy)  # type: ignore[arg-type]
+
+
+# --- budgets as PROTOCOL.md section 8 says (issue 28, item 4) ---------------------------------
+
+VAD_BUDGET = Budget(period=0.032, budget=0.004)
+
+
+def test_a_call_past_the_budget_does_not_take_the_reserve_while_a_normal_call_waits(
+    clock: Clock,
+) -> None:
+    """Before, it took the reserve at once (answered in 1 ms while normal calls waited)."""
+    s = make(clock, dsp_slots=2, realtime_reserve=1, per_client_running=9)
+    voice = s.open_account("voice", REALTIME, VAD_BUDGET)
+    tool, other = s.open_account("tool", NORMAL), s.open_account("other", NORMAL)
+    busy = job(s, tool)
+    assert s.submit(busy) is Outcome.RUN  # the unreserved slot
+    spent = job(s, voice)
+    assert s.submit(spent) is Outcome.RUN
+    clock.now += 0.005
+    s.finish(spent, 0.005)  # its whole budget for this period, and more
+    waiting = job(s, other)
+    assert s.submit(waiting) is Outcome.QUEUED  # never measured: it does not borrow
+    over = job(s, voice)
+    assert s.submit(over) is Outcome.QUEUED  # as normal: behind the normal call
+    assert (over.klass, over.over_budget) == (NORMAL, True)
+    clock.now += 0.001
+    # The normal call first; then, with no normal call waiting, it may borrow the reserve.
+    assert s.finish(busy, 0.006)[0] == [waiting, over]
+
+
+def test_a_client_within_its_budget_keeps_the_reserve_from_one_past_it(clock: Clock) -> None:
+    s = make(clock, dsp_slots=2, realtime_reserve=1, per_client_running=9)
+    hog = s.open_account("hog", REALTIME, VAD_BUDGET, owner=1)
+    vad = s.open_account("vad", REALTIME, VAD_BUDGET, owner=2)
+    first = job(s, hog)
+    assert s.submit(first) is Outcome.RUN  # within its budget: realtime
+    second = job(s, hog)
+    # Its first call still runs: counted at its budget (never measured), it is past it.
+    assert s.submit(second) is Outcome.QUEUED  # one call at a time while past its budget
+    assert second.over_budget
+    due = job(s, vad)
+    assert s.submit(due) is Outcome.RUN  # the client within its budget finds the reserve
+    assert due.klass == REALTIME
+
+
+def test_an_over_budget_realtime_user_leaves_slots_for_a_normal_call(clock: Clock) -> None:
+    """Issue 27: a realtime-group user with 2 connections x 2 calls of 12 s kept a normal
+    user's call waiting 10.56 s. Past its budget each connection runs one call at a time,
+    so a normal call arriving later finds a slot at once."""
+    s = make(clock, realtime_utilisation_per_owner=0.25)
+    connections = [s.open_account(f"rt{n}", REALTIME, VAD_BUDGET, owner=1000) for n in range(2)]
+    calls = [job(s, account) for account in connections for _ in range(2)]
+    outcomes = [s.submit(call) for call in calls]
+    assert outcomes == [Outcome.RUN, Outcome.QUEUED, Outcome.RUN, Outcome.QUEUED]
+    clock.now += 1.44
+    victim = job(s, s.open_account("victim", NORMAL, owner=2000))
+    assert s.submit(victim) is Outcome.RUN
+    assert victim.dispatched == clock.now

@@ -31,6 +31,7 @@ SC_BY_FD: Final = 0x05010100  # in: {s32 fd}; out: the first bytes of that MEM_M
 SC_SIGNAL: Final = 0x06010100  # in: {u32 pid}; out: {s32 errno} of kill(pid, 0)
 SC_RAISE: Final = 0x07000000  # raises
 SC_THREADS: Final = 0x08000100  # out: {u32 threads of this process}
+SC_LIE_ABOUT_WORK: Final = 0x09010000  # in: {u32 0: begin unmetered, 1: end a piece never begun}
 
 IDENTITY: Final = struct.Struct("<IIIii")
 
@@ -55,6 +56,7 @@ class ProbeSkel(Skel):
             4: SkelMethod("signal", 1, 1, self._signal),
             5: SkelMethod("raise", 0, 0, self._raise),
             6: SkelMethod("threads", 0, 1, self._threads),
+            7: SkelMethod("lie_about_work", 1, 0, self._lie_about_work),
         }
 
     def methods(self) -> Mapping[int, SkelMethod]:
@@ -121,6 +123,19 @@ class ProbeSkel(Skel):
     @staticmethod
     def _raise(call: SkelCall) -> int:
         raise RuntimeError("the probe skel was asked to raise")
+
+    @staticmethod
+    def _lie_about_work(call: SkelCall) -> int:
+        """A broken child: pieces of work the driver never allowed or never saw begin
+        (through the child's own call object, which SkelCall.computing would not do)."""
+        (mode,) = struct.unpack("<I", call.inputs[0])
+        own = call.host_files  # in a PD child: the call's object, with begin and end
+        if mode == 0:
+            own.begin(True)  # type: ignore[attr-defined]
+            call.work(0.001)  # the next message: the driver reads the begin first
+        else:
+            own.end(99, 0.001)  # type: ignore[attr-defined]
+        return 0
 
     @staticmethod
     def _threads(call: SkelCall) -> int:

@@ -12,12 +12,16 @@ Methods (domain numbers, user methods from 2):
 * stop(): close the import, wait for the thread (sc 0x03000000);
 * served(rout u32): requests answered so far (sc 0x04000100);
 * crash_thread(): start a thread of the PD that raises, and wait for it (sc 0x05000000).
+
+Handling a request is DSP work (``QueueEndpoint.computing``): a message
+``work:<microseconds>`` takes that long on the host, as a batch's ops would.
 """
 
 from __future__ import annotations
 
 import struct
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -36,6 +40,7 @@ SC_STOP: Final = 0x03000000
 SC_SERVED: Final = 0x04000100
 SC_CRASH_THREAD: Final = 0x05000000
 THREAD_NAME: Final = "dsp-queue-echo"
+WORK_PREFIX: Final = b"work:"
 
 _U64: Final = struct.Struct("<Q")
 _U32: Final = struct.Struct("<I")
@@ -79,6 +84,8 @@ class QueueEchoSkel(Skel):
         while True:
             try:
                 packet = endpoint.read()
+                with endpoint.computing():
+                    _compute(packet.message)
                 endpoint.write(packet.buffers, packet.message)
             except QueueClosedError:
                 return
@@ -113,6 +120,13 @@ class QueueEchoSkel(Skel):
             endpoint.close()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+
+def _compute(message: bytes) -> None:
+    """A request ``work:<microseconds>`` stands for that much host work (a sleep: the
+    host's CPUs stay free); any other is (almost) no work. Both are charged."""
+    if message.startswith(WORK_PREFIX):
+        time.sleep(int(message[len(WORK_PREFIX) :].rstrip(b"\0") or 0) / 1e6)
 
 
 ECHO_SKELS: Final = MappingProxyType({**BUILTIN_SKELS, "queue_echo": QueueEchoSkel})

@@ -38,8 +38,21 @@ class Transfer:
 
 
 class Services:
+    """An unmetered host: no piece of work is modelled (the calls here never compute)."""
+
+    metered = False
+
     def work(self, seconds: float) -> None:
         pass
+
+    def work_begin(self, matrix: bool) -> object:
+        raise AssertionError("not metered")
+
+    def work_end(self, job: object, seconds: float) -> None:
+        raise AssertionError("not metered")
+
+    def work_drop(self, job: object) -> None:
+        raise AssertionError("not metered")
 
     def read_host_file(self, name: str, *, limit: int) -> bytes:
         raise AssertionError("not asked")

@@ -786,3 +786,17 @@ def test_nothing_outlives_the_driver_or_npud(ending: str) -> None:
         assert seen["zygotes_after"] == []
         # stdin, stdout, stderr and the listing's own fd: nothing of the emulator stays
         assert len(seen["fds"]) == 4, seen["fds"]
+
+
+@pytest.mark.parametrize("mode", [0, 1], ids=["begun-unmetered", "ended-never-begun"])
+def test_a_child_that_lies_about_its_work_is_ended(
+    driver: EmulatedDriver, session: FastRpcSession, mode: int
+) -> None:
+    """The driver keeps what a call's pieces of work are (issue 28, item 1): a piece begun
+    where the compute is not modelled, or ended without a beginning, breaks the wire."""
+    handle = session.remote_open(probe_skel.URI)
+    child = _child(driver, session)
+    with pytest.raises(RpcError) as caught:
+        session.invoke(handle, probe_skel.SC_LIE_ABOUT_WORK, [Inline(struct.pack("<I", mode))], [])
+    assert caught.value.code is ErrorCode.DSP_RESTARTED
+    assert _gone(child)

@@ -79,3 +79,79 @@ def test_no_work_returns_at_once_and_negative_units_are_refused() -> None:
     SharedCompute(1, threading.Event()).work(0)
     with pytest.raises(ValueError, match="units"):
         SharedCompute(-1, threading.Event())
+
+
+def test_matrix_work_shares_the_hmx_unit_and_vector_work_only_the_hvx_contexts() -> None:
+    clock = Clock()
+    compute = SharedCompute(4, threading.Event(), clock, hmx_units=1)
+    vector, first, second = _Work(1.0), _Work(1.0, matrix=True), _Work(1.0, matrix=True)
+    with compute._cond:
+        for job in (vector, first, second):
+            compute._join_locked(job)
+    clock.now = 0.2  # 3 pieces on 4 contexts; the two matrix ones take turns on the HMX
+    compute._advance()
+    assert (vector.remaining, first.remaining, second.remaining) == pytest.approx((0.8, 0.9, 0.9))
+
+
+def test_hvx_contexts_bound_matrix_work_too() -> None:
+    clock = Clock()
+    compute = SharedCompute(1, threading.Event(), clock, hmx_units=1)
+    vector, matrix = _Work(1.0), _Work(1.0, matrix=True)
+    with compute._cond:
+        compute._join_locked(vector)
+        compute._join_locked(matrix)
+    clock.now = 0.4  # one context for both: half each
+    compute._advance()
+    assert (vector.remaining, matrix.remaining) == pytest.approx((0.8, 0.8))
+
+
+def test_a_begun_piece_is_credited_while_it_runs_and_ends_at_once_when_it_was_alone() -> None:
+    clock = Clock()
+    compute = SharedCompute(1, threading.Event(), clock, hmx_units=1)
+    job = compute.begin(matrix=True)
+    assert compute.active == 1
+    clock.now = 0.3
+    compute.end(job, 0.3)  # it had the DSP alone: nothing left to wait for
+    assert job.done_credit == pytest.approx(0.3)
+    assert compute.active == 0
+    assert compute.busy_seconds == pytest.approx(0.3)
+
+
+def test_a_begun_piece_that_shared_the_dsp_owes_the_rest() -> None:
+    clock = Clock()
+    compute = SharedCompute(1, threading.Event(), clock)
+    other = _Work(10.0)
+    with compute._cond:
+        compute._join_locked(other)
+    job = compute.begin()
+    clock.now = 0.2  # two on one context: the piece got half of its 0.2 s
+    compute._advance()
+    assert other.remaining == pytest.approx(9.9)
+    assert job._work.done == pytest.approx(0.1)
+    compute.drop(job)
+    assert compute.active == 1
+    compute.drop(job)  # idempotent
+
+
+def test_without_a_model_a_begun_piece_is_not_joined_and_ends_when_its_time_is_up() -> None:
+    clock = Clock()
+    compute = SharedCompute(0, threading.Event(), clock)
+    job = compute.begin(matrix=True)
+    assert compute.active == 0
+    clock.now = 0.05
+    compute.end(job, 0.05)
+    assert compute.busy_seconds == 0
+    with pytest.raises(ValueError, match="hmx_units"):
+        SharedCompute(0, threading.Event(), hmx_units=-1)
+
+
+def test_a_restart_interrupts_the_end_of_a_shared_piece() -> None:
+    down = threading.Event()
+    compute = SharedCompute(1, down)
+    hog = compute.begin()
+    job = compute.begin()
+    threading.Timer(0.05, down.set).start()
+    with pytest.raises(SubsystemDownError):
+        compute.end(job, 60.0)
+    compute.drop(hog)
+    assert compute.active == 0

@@ -96,7 +96,12 @@ CLIENT_METRICS: Final = (
     Metric("npud_client_buffer_bytes", GAUGE, "bytes", "Bytes of DMA-BUFs the client holds."),
     Metric("npud_client_mappings", GAUGE, "mappings", "The client's buffers mapped into the DSP."),
     Metric("npud_client_handles", GAUGE, "handles", "Remote handles the client has open."),
-    Metric("npud_client_dsp_seconds_total", COUNTER, "dsp_us", "DSP time the client's calls used."),
+    Metric(
+        "npud_client_dsp_seconds_total",
+        COUNTER,
+        "dsp_us",
+        "DSP time the client's calls and op batches used.",
+    ),
     Metric("npud_client_queued", GAUGE, "queued", "Client calls waiting for a DSP slot."),
     Metric("npud_client_running", GAUGE, "running", "Client calls on the DSP."),
     Metric("npud_client_wait_p50_seconds", GAUGE, "wait_p50_us", "Median recent queue wait."),
@@ -134,6 +139,12 @@ DOMAIN_METRICS: Final = (
         COUNTER,
         "suspend_reopens",
         "Sessions reopened to free the contexts suspends left.",
+    ),
+    Metric(
+        "npud_domain_dsp_seconds_total",
+        COUNTER,
+        "dsp_us",
+        "DSP time its clients' calls and op batches used since it opened.",
     ),
 )
 """Per-domain metrics, labelled domain, isolated and state: fields of each domain row."""

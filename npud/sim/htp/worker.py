@@ -25,6 +25,12 @@ the same buffer reference (flags FLUSH_SENDER | INVALIDATE_RECIPIENT):
 
 With the profiler on (htp_iface ``profiler``), each op's ``htp_prof_desc`` gets its
 opcode and its time in microseconds; cycles and PMU counters are 0.
+
+Running a batch's ops is DSP work (:meth:`QueueEndpoint.computing`): when the
+emulator models the DSP's shared compute, a batch holds an HVX context, and the
+HMX unit too when it has a matrix op (MUL_MAT and its variants, FLASH_ATTN_EXT),
+beside the calls and the other DSP processes' batches; its answer waits until
+the model credited the time its ops took.
 """
 
 from __future__ import annotations
@@ -52,6 +58,17 @@ log = logging.getLogger("npud.sim.htp")
 MAX_MAPPINGS: Final = 64
 """HTP_MAX_MMAPS: the DSP keeps at most this many buffers mapped."""
 RESPONSE_BUFFER_FLAGS: Final = dspqueue.BUFFER_FLUSH_SENDER | dspqueue.BUFFER_INVALIDATE_RECIPIENT
+MATRIX_OPS: Final = frozenset(
+    {
+        Op.MUL_MAT,
+        Op.MUL_MAT_ID,
+        Op.MUL_MAT_NX,
+        Op.MUL_MAT_ID_NX,
+        Op.MUL_MAT_ADD,
+        Op.FLASH_ATTN_EXT,
+    }
+)
+"""Ops that run on the HMX unit (``SimConfig.hmx_units``)."""
 
 
 class _Mapping:
@@ -276,6 +293,17 @@ class BatchWorker:
             profile.release()
 
     def _run_ops(
+        self,
+        request: layout.BatchRequest,
+        ops: Sequence[layout.OpDesc],
+        tensors: Sequence[Tensor],
+        profile: memoryview,
+    ) -> int:
+        matrix = any(desc.opcode in MATRIX_OPS for desc in ops)
+        with self.endpoint.computing(matrix=matrix):
+            return self._run_each(request, ops, tensors, profile)
+
+    def _run_each(
         self,
         request: layout.BatchRequest,
         ops: Sequence[layout.OpDesc],

@@ -360,6 +360,9 @@ class DomainRow(_Record, frozen=True, kw_only=True):
     suspend_reopens: U32 = 0
     """Version 6 (additive): sessions reopened to free those contexts (``[domains]
     reopen_at_interrupted_contexts``); each is a restart its clients saw."""
+    dsp_us: U63 = 0
+    """DSP time of its clients' calls and op batches (doorbell to answer) since it
+    opened, in microseconds (0 from a server that does not count it)."""
 
 
 class MemoryRow(_Record, frozen=True, kw_only=True):

@@ -1,0 +1,438 @@
+"""voice_day's ``--llm`` mode: llama.cpp decoding as a third client beside realtime VAD and Kokoro.
+
+The clients: the realtime Silero VAD (``bench.voice_day.Vad``, in this process),
+Kokoro TTS as a normal client (voice_day's load child, without its busy client)
+and the peer build's ``llama-simple`` decoding the tiny q4_0 llama in a loop
+through npud's libcdsprpc (``NPUD_PRIORITY=background``; its dspqueue needs a DSP
+process of its own, so it has its own domain). The emulator models the device's
+DSP (``[emulator] dsp_units = 4, hmx_units = 1``: four HVX contexts and the one HMX
+unit, which the VAD's and Kokoro's graphs and llama.cpp's MUL_MAT batches take
+turns on; docs/emulator.md, "Concurrency"), so the three compete for a DSP, not
+only for the host's CPUs.
+
+Two daemons run side by side, one gating the batches (``[scheduler] batches =
+"gated"``, the default) and one with today's rule (``"counted"``). A round runs,
+on each, phases of ``--seconds``: ``quiet`` (VAD alone), ``all`` (VAD, TTS and
+llama.cpp) and ``llm`` (llama.cpp alone), and on the gating one also ``voice``
+(VAD and TTS); their order alternates round by round. Rows (the median of the
+per-round ratios, with their spread):
+
+* ``voice_llm.vad_misses``: VAD chunks over 30 ms late with llama.cpp decoding
+  (a count; goal 0);
+* ``voice_llm.vad_p99``: VAD p99 with llama.cpp (and TTS) / alone (goal <= 1.5);
+* ``voice_llm.vad_p99_ungated``: the same with today's rule (no goal: what
+  gating buys);
+* ``voice_llm.tts_rtf``: Kokoro's real-time factor with llama.cpp / without
+  (goal <= 1.2);
+* ``voice_llm.llm_beside_voice``: llama.cpp's tokens/s beside voice / alone
+  (goal >= 0.8);
+* ``voice_llm.llm_gate_cost``: llama.cpp's tokens/s alone, gating on / off
+  (goal >= 0.95);
+* ``voice_llm.dsp_share``: llama.cpp's DSP time in npud's status (what ``npuctl
+  top`` shows) / the emulated DSP's own count (the ``OPBATCH`` times of
+  ``GGML_HEXAGON_PROFILE``), alone (goal within 10 %);
+* ``voice_llm.added_per_batch``: the time a batch costs at the client beyond
+  the DSP's own time / one call's round trip (a 64-byte echo through the same
+  npud) (goal <= 2). It includes llama.cpp's own CPU work between two batches.
+
+Figures: the phases' VAD p50/p99 and misses, the TTS real-time factors, the
+tokens/s, the DSP times. ``--plot FILE`` draws the per-round ratios against
+their goals (needs matplotlib: ``pip install -e '.[bench]'``).
+
+Needs the peer build (``make peer-llama``; its cache is ``$NPUD_PEER_CACHE``,
+else ``~/.cache/npud-peer``) and the voice extra.
+Run: ``python -m bench.voice_day --llm [--rounds N] [--seconds S] [--plot FILE]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final, NamedTuple
+
+import npu_client
+from bench import harness, processes
+
+EMULATOR: Final = "[emulator]\ndsp_units = 4\nhmx_units = 1\n"
+GATES: Final = ("gated", "counted")
+TOKENS: Final = 128
+PROMPT: Final = "hello world"
+MODEL: Final = "tiny-llama-q4_0.gguf"
+ECHO_URI: Final = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
+
+
+class Peer(NamedTuple):
+    program: Path
+    shim: Path
+    model: Path
+
+
+def find_peer() -> Peer:
+    """The peer build's llama-simple, npud's libcdsprpc.so.1 and the tiny model."""
+    base = os.environ.get("NPUD_PEER_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "npud-peer"
+    )
+    cache = Path(base)
+    peer = Peer(cache / "build-cpu/bin/llama-simple", cache / "shim", cache / "models" / MODEL)
+    for path in peer:
+        if not path.exists():
+            raise RuntimeError(f"{path} is missing: build the peer (make peer-llama)")
+    return peer
+
+
+class LlmRun(NamedTuple):
+    tokens: int
+    decode_s: float
+    per_token_ms: float
+    opbatch_us: list[int]
+    """The DSP's own time of each batch (GGML_HEXAGON_PROFILE), the prompt's first."""
+    npud_dsp_us: int
+    """The client's DSP time in npud's status, taken as it printed its speed."""
+
+
+class Llama:
+    """llama-simple in a loop on one daemon, on a thread of its own (:meth:`start`)."""
+
+    def __init__(self, peer: Peer, socket: str) -> None:
+        self._peer = peer
+        self._socket = socket
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.runs: list[LlmRun] = []
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self.runs = []
+        self._thread = threading.Thread(target=self._loop, name="bench-llama", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[LlmRun]:
+        """Stop after the run under way; its runs (RuntimeError if one failed)."""
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"llama-simple failed: {self.error}") from self.error
+        if not self.runs:
+            raise RuntimeError("llama-simple finished no run in the phase")
+        return self.runs
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.runs.append(self._once())
+        except BaseException as exc:  # reported by stop(), on the bench's thread
+            self.error = exc
+
+    def _once(self) -> LlmRun:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_", "NPUD_"))}
+        env.update(
+            LD_LIBRARY_PATH=str(self._peer.shim),
+            NPUD_SOCKET=self._socket,
+            NPUD_PRIORITY="background",
+            NPUD_CLIENT_NAME="bench-llama",
+            GGML_HEXAGON_MBUF="256",
+            GGML_HEXAGON_PROFILE="1",
+        )
+        args = [str(self._peer.program), "-m", str(self._peer.model), "-n", str(TOKENS), PROMPT]
+        process = subprocess.Popen(
+            args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        assert process.stderr is not None
+        lines: list[str] = []
+        seen = 0
+        try:
+            for line in process.stderr:
+                lines.append(line)
+                if "decoded " in line and " t/s" in line:
+                    # Its decode is over and it is still connected: its DSP time now.
+                    seen = _dsp_us_of(self._socket, process.pid)
+        finally:
+            process.wait(60)
+        log = "".join(lines)
+        speed = re.search(r"decoded (\d+) tokens in ([\d.]+) s, speed: [\d.]+ t/s", log)
+        evaluated = re.search(r"eval time =\s+([\d.]+) ms /\s+(\d+) runs", log)
+        if process.returncode != 0 or speed is None or evaluated is None:
+            raise RuntimeError(f"exit {process.returncode}:\n{log[-2000:]}")
+        if "assigned to device HTP0" not in log:
+            raise RuntimeError("llama-simple did not offload to the NPU (HTP0)")
+        opbatch = [int(m) for m in re.findall(r"profile-op OPBATCH\|.*\|usec (\d+)", log)]
+        return LlmRun(
+            int(speed.group(1)),
+            float(speed.group(2)),
+            float(evaluated.group(1)) / int(evaluated.group(2)),
+            opbatch,
+            seen,
+        )
+
+
+def _dsp_us_of(socket: str, pid: int) -> int:
+    """Client ``pid``'s DSP time in npud's status (asked on a connection of its own)."""
+    with npu_client.connect(socket, name="bench-llm-watch") as watch:
+        return max((row.dsp_us for row in watch.status().clients if row.pid == pid), default=0)
+
+
+def tokens_per_s(runs: list[LlmRun]) -> float:
+    return sum(r.tokens for r in runs) / sum(r.decode_s for r in runs)
+
+
+class Daemon:
+    """One npud (gating or not) with its VAD, its TTS child and its llama.cpp loop."""
+
+    def __init__(
+        self, example: Any, gate: str, workdir: Path, peer: Peer, stack: contextlib.ExitStack
+    ) -> None:
+        from bench import voice_day  # noqa: PLC0415  (voice_day imports this module)
+
+        self.gate = gate
+        config = EMULATOR + f'[scheduler]\nbatches = "{gate}"\n'
+        self.socket = str(stack.enter_context(processes.npud(workdir, f"npud-{gate}", config)))
+        args = [
+            sys.executable,
+            "-c",
+            voice_day.LOAD,
+            str(voice_day.EXAMPLE),
+            self.socket,
+            str(workdir / "cache"),
+            "0",  # no busy background client: llama.cpp is the background
+        ]
+        self.tts = stack.enter_context(processes.ready_child(args, f"the TTS load ({gate})"))
+        self.vad = voice_day.Vad(example, self.socket, stack)
+        self.vad.phase(1.0)  # warm-up
+        self.llama = Llama(peer, self.socket)
+
+    def echo_rtt_ms(self, calls: int = 300) -> float:
+        """The median round trip of a 64-byte echo call through this npud."""
+        prim, data = struct.pack("<II", 64, 64), bytes(64)
+        with (
+            npu_client.connect(self.socket, name="bench-echo") as client,
+            client.open(ECHO_URI) as echo,
+        ):
+            samples = []
+            for _ in range(calls):
+                began = time.perf_counter()
+                echo.invoke(2, [prim, data], [64])
+                samples.append(time.perf_counter() - began)
+        return statistics.median(samples[calls // 4 :]) * 1000
+
+    def phase(self, kind: str, seconds: float) -> dict[str, Any]:
+        """One phase: ``quiet``, ``voice``, ``all`` or ``llm``."""
+
+        out: dict[str, Any] = {}
+        if kind in ("all", "llm"):
+            self.llama.start()
+        if kind in ("voice", "all"):
+            assert self.tts.stdin is not None
+            self.tts.stdin.write(f"{seconds}\n")
+            self.tts.stdin.flush()
+        try:
+            if kind == "llm":
+                time.sleep(seconds)
+            else:
+                out["vad"] = self.vad.phase(seconds)
+        finally:
+            if kind in ("all", "llm"):
+                out["llm"] = self.llama.stop()
+        if kind in ("voice", "all"):
+            assert self.tts.stdout is not None
+            line = self.tts.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the TTS child ended (exit {self.tts.wait(30)})")
+            tts = json.loads(line)
+            if not tts["sentences"]:
+                raise RuntimeError("the TTS synthesised no sentence in the phase")
+            out["rtf"] = tts["synthesis_s"] / tts["audio_s"]
+        return out
+
+
+def _schedule(index: int) -> Iterator[tuple[str, str]]:
+    order = [
+        ("gated", "quiet"),
+        ("gated", "voice"),
+        ("gated", "all"),
+        ("gated", "llm"),
+        ("counted", "quiet"),
+        ("counted", "all"),
+        ("counted", "llm"),
+    ]
+    yield from (order if index % 2 == 0 else reversed(order))
+
+
+def measure(
+    workdir: Path, rounds: int, seconds: float, progress: harness.Context | None = None
+) -> list[harness.Row]:
+    from bench import voice_day  # noqa: PLC0415
+
+    example = voice_day._example()
+    peer = find_peer()
+    results: list[dict[tuple[str, str], dict[str, Any]]] = []
+    rtts: list[float] = []
+    with contextlib.ExitStack() as stack:
+        daemons = {gate: Daemon(example, gate, workdir, peer, stack) for gate in GATES}
+        for index in range(rounds):
+            this: dict[tuple[str, str], dict[str, Any]] = {}
+            for gate, kind in _schedule(index):
+                if progress is not None:
+                    progress.progress(f"round {index + 1}/{rounds}: {kind} ({gate})")
+                this[gate, kind] = daemons[gate].phase(kind, seconds)
+            rtts.append(daemons["gated"].echo_rtt_ms())
+            results.append(this)
+    return _rows(results, rtts, seconds)
+
+
+def _rows(
+    results: list[dict[tuple[str, str], dict[str, Any]]], rtts: list[float], seconds: float
+) -> list[harness.Row]:
+    def vad(r: dict[tuple[str, str], dict[str, Any]], gate: str, kind: str) -> Any:
+        return r[gate, kind]["vad"]
+
+    def llm(r: dict[tuple[str, str], dict[str, Any]], gate: str, kind: str) -> list[LlmRun]:
+        result: list[LlmRun] = r[gate, kind]["llm"]
+        return result
+
+    def share(r: dict[tuple[str, str], dict[str, Any]]) -> float:
+        runs = llm(r, "gated", "llm")
+        return sum(run.npud_dsp_us for run in runs) / sum(sum(run.opbatch_us) for run in runs)
+
+    def added(r: dict[tuple[str, str], dict[str, Any]], rtt: float) -> float:
+        runs = llm(r, "gated", "llm")
+        per_token = statistics.median(run.per_token_ms for run in runs)
+        dsp = statistics.median(us / 1000 for run in runs for us in run.opbatch_us[1:])
+        return (per_token - dsp) / rtt
+
+    figures = {
+        "quiet_p99_ms": statistics.median(vad(r, "gated", "quiet").p99_ms for r in results),
+        "llm_p99_ms": statistics.median(vad(r, "gated", "all").p99_ms for r in results),
+        "llm_p99_ms_ungated": statistics.median(vad(r, "counted", "all").p99_ms for r in results),
+        "llm_p50_ms": statistics.median(vad(r, "gated", "all").p50_ms for r in results),
+        "misses_gated": float(sum(vad(r, "gated", "all").misses for r in results)),
+        "misses_ungated": float(sum(vad(r, "counted", "all").misses for r in results)),
+        "tts_rtf_voice": statistics.median(r["gated", "voice"]["rtf"] for r in results),
+        "tts_rtf_all": statistics.median(r["gated", "all"]["rtf"] for r in results),
+        "llm_tokens_per_s_alone": statistics.median(
+            tokens_per_s(llm(r, "gated", "llm")) for r in results
+        ),
+        "llm_tokens_per_s_beside_voice": statistics.median(
+            tokens_per_s(llm(r, "gated", "all")) for r in results
+        ),
+        "llm_tokens_per_s_alone_ungated": statistics.median(
+            tokens_per_s(llm(r, "counted", "llm")) for r in results
+        ),
+        "batch_dsp_ms": statistics.median(
+            us / 1000 for r in results for run in llm(r, "gated", "llm") for us in run.opbatch_us
+        ),
+        "batch_ms_at_client": statistics.median(
+            run.per_token_ms for r in results for run in llm(r, "gated", "llm")
+        ),
+        "echo_rtt_ms": statistics.median(rtts),
+    }
+    row = harness.ratio_row
+    shares = [share(r) for r in results]
+    return [
+        row(
+            "voice_llm.vad_misses",
+            f"VAD chunks over 30 ms late with llama.cpp decoding, per {seconds:g} s (a count)",
+            [float(vad(r, "gated", "all").misses) for r in results],
+            figures,
+            harness.Goal("ratio", 0),
+        ),
+        row(
+            "voice_llm.vad_p99",
+            "VAD p99 with llama.cpp and Kokoro / VAD alone (batches gated)",
+            [vad(r, "gated", "all").p99_ms / vad(r, "gated", "quiet").p99_ms for r in results],
+            figures,
+            harness.Goal("ratio", 1.5),
+        ),
+        row(
+            "voice_llm.vad_p99_ungated",
+            "the same with today's rule (batches counted, not gated)",
+            [vad(r, "counted", "all").p99_ms / vad(r, "counted", "quiet").p99_ms for r in results],
+            figures,
+        ),
+        row(
+            "voice_llm.tts_rtf",
+            "Kokoro real-time factor with llama.cpp / without",
+            [r["gated", "all"]["rtf"] / r["gated", "voice"]["rtf"] for r in results],
+            figures,
+            harness.Goal("ratio", 1.2),
+        ),
+        row(
+            "voice_llm.llm_beside_voice",
+            "llama.cpp tokens/s beside voice / alone",
+            [
+                tokens_per_s(llm(r, "gated", "all")) / tokens_per_s(llm(r, "gated", "llm"))
+                for r in results
+            ],
+            figures,
+            harness.Goal("ratio", 0.8, "at_least"),
+        ),
+        row(
+            "voice_llm.llm_gate_cost",
+            "llama.cpp tokens/s alone, gating on / off",
+            [
+                tokens_per_s(llm(r, "gated", "llm")) / tokens_per_s(llm(r, "counted", "llm"))
+                for r in results
+            ],
+            figures,
+            harness.Goal("ratio", 0.95, "at_least"),
+        ),
+        row(
+            "voice_llm.dsp_share",
+            "llama.cpp's DSP time in npud's status / the emulated DSP's own count",
+            shares,
+            {**figures, "share_error": abs(statistics.median(shares) - 1)},
+            harness.Goal("share_error", 0.10),
+        ),
+        row(
+            "voice_llm.added_per_batch",
+            "a batch's time at the client beyond its DSP time / one call's round trip",
+            [added(r, rtt) for r, rtt in zip(results, rtts, strict=True)],
+            figures,
+            harness.Goal("ratio", 2.0),
+        ),
+    ]
+
+
+def plot(rows: list[harness.Row], path: Path) -> None:
+    """The rows' ratios with their spread, against their goals (needs matplotlib)."""
+    import matplotlib  # noqa: PLC0415  (a bench-only extra)
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot  # noqa: PLC0415
+
+    counts = [row for row in rows if row.name == "voice_llm.vad_misses"]
+    ratios = [row for row in rows if row not in counts]
+    figure, (left, axes) = pyplot.subplots(
+        1, 2, figsize=(10, 4.5), gridspec_kw={"width_ratios": [1, 6]}
+    )
+    misses = counts[0].figures if counts else {}
+    left.bar(
+        ["gated", "counted"],
+        [misses.get("misses_gated", 0.0), misses.get("misses_ungated", 0.0)],
+        color=["#4477aa", "#999999"],
+    )
+    left.set_title("VAD misses (all rounds)")
+    names = [row.name.removeprefix("voice_llm.") for row in ratios]
+    spread = [[row.ratio - row.q1 for row in ratios], [row.q3 - row.ratio for row in ratios]]
+    axes.bar(names, [row.ratio for row in ratios], yerr=spread, capsize=4, color="#4477aa")
+    for index, row in enumerate(ratios):
+        if row.goal is not None:
+            limit = row.goal.limit if row.goal.figure == "ratio" else 1 + row.goal.limit
+            axes.hlines(limit, index - 0.4, index + 0.4, colors="#cc3311")
+    axes.set_ylabel("ratio (median of rounds, IQR); red: goal")
+    axes.set_title("voice beside llama.cpp on one emulated DSP (4 HVX, 1 HMX)")
+    axes.tick_params(axis="x", rotation=30)
+    figure.tight_layout()
+    figure.savefig(path)
+    pyplot.close(figure)

@@ -1,0 +1,137 @@
+"""dspqueue op batches through npud (issue 28, items 2 and 3): a client's ``signal`` on
+dspqueue's RPC handle is a batch's doorbell; with ``batches = "gated"`` the batch holds
+its scheduler slot until the client's ``wait`` call returns, and doorbell-to-answer is
+charged to the client as DSP time; with ``"counted"`` the doorbell ends as a call and
+only the time is charged. The answer here is a cancelled ``wait_signal`` (-1): what
+ends the wait does not matter to npud."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+import trio
+
+import npu_protocol as p
+from npud.holdings import is_dspqueue_uri
+from npud.server import Daemon
+from npud.sim.skels_dspqueue import URI
+from tests.daemon.test_protocol4 import connect
+from tests.daemon.wire import TEST_URI, RawPeer, busy, serve_daemon
+
+DSPQUEUE_URI = URI + "&_dom=cdsp"
+SIGNAL, WAIT_SIGNAL, CANCEL_WAIT_SIGNAL = 8, 6, 7
+
+
+def _running(daemon: Daemon) -> int:
+    return sum(daemon.broker.scheduler.statistics().running)
+
+
+def _client(daemon: Daemon) -> p.ClientRow:
+    (row,) = [c for c in daemon.broker.status().clients if c.name == "llm"]
+    return row
+
+
+async def _open(path: Path, priority: str) -> tuple[RawPeer, int]:
+    peer, welcome = await connect(path / "npud.sock", "llm", isolate=True, priority=priority)
+    assert isinstance(welcome, p.Welcome)
+    await peer.write(p.OpenRequest(id=1, uri=DSPQUEUE_URI))
+    opened = await peer.next()
+    assert isinstance(opened, p.OpenReply)
+    return peer, opened.handle
+
+
+async def _batch(daemon: Daemon, peer: RawPeer, handle: int, *, held: bool) -> None:
+    wait = p.InvokeRequest(
+        id=10, handle=handle, method=WAIT_SIGNAL, outputs=(p.InlineOutput(capacity=4),), wait=True
+    )
+    await peer.write(wait, p.InvokeRequest(id=11, handle=handle, method=SIGNAL))
+    rung = await peer.next()
+    assert rung == p.InvokeReply(id=11)
+    # The doorbell is answered; its batch holds the slot (gated) until the answer.
+    assert _running(daemon) == (1 if held else 0)
+    before = _client(daemon).dsp_us
+    await trio.sleep(0.05)
+    await peer.write(p.InvokeRequest(id=12, handle=handle, method=CANCEL_WAIT_SIGNAL))
+    answers = sorted(await peer.answers(2), key=lambda m: getattr(m, "id", 0))
+    assert isinstance(answers[0], p.InvokeReply)
+    assert answers[0].outputs == (struct.pack("<i", -1),)
+    assert answers[1] == p.InvokeReply(id=12)
+    with trio.fail_after(10):
+        while _running(daemon):
+            await trio.sleep(0.005)
+    assert _client(daemon).dsp_us - before >= 50_000  # doorbell to answer, charged
+    (domain,) = [d for d in daemon.broker.status().domains if d.isolated]
+    assert domain.dsp_us >= 50_000  # and to its domain
+
+
+@pytest.mark.parametrize("batches", ["gated", "counted"])
+async def test_a_batch_is_charged_from_its_doorbell_to_its_answer(
+    tmp_path: Path, batches: str
+) -> None:
+    config = f'[scheduler]\nbatches = "{batches}"\n'
+    async with serve_daemon(tmp_path, config) as daemon:
+        peer, handle = await _open(tmp_path, "background")
+        await _batch(daemon, peer, handle, held=batches == "gated")
+        peer.close()
+
+
+def test_dspqueue_is_known_by_its_library() -> None:
+    assert is_dspqueue_uri(URI)
+    assert is_dspqueue_uri("file:///libdspqueue_rpc_skel.so?x&_dom=cdsp&_session=0")
+    assert not is_dspqueue_uri("file:///libnpu_test_skel.so?libdspqueue_rpc_skel.so")
+    assert not is_dspqueue_uri("file:///mylibdspqueue_rpc_skel.so")
+
+
+async def test_a_batch_whose_answer_never_comes_gives_its_slot_back(tmp_path: Path) -> None:
+    config = "[scheduler]\nbatch_answer_max_s = 0.05\n"
+    async with serve_daemon(tmp_path, config) as daemon:
+        peer, handle = await _open(tmp_path, "background")
+        await peer.write(p.InvokeRequest(id=11, handle=handle, method=SIGNAL))
+        assert await peer.next() == p.InvokeReply(id=11)  # no wait call: no answer comes
+        with trio.fail_after(10):
+            while _running(daemon):
+                await trio.sleep(0.005)
+        assert _client(daemon).dsp_us >= 50_000  # charged up to the bound
+        await peer.write(p.InvokeRequest(id=12, handle=handle, method=SIGNAL))
+        assert await peer.next() == p.InvokeReply(id=12)  # the next batch goes as before
+        peer.close()
+
+
+async def test_a_signal_on_another_handle_is_an_ordinary_call(tmp_path: Path) -> None:
+    async with serve_daemon(tmp_path) as daemon:
+        peer, _ = await _open(tmp_path, "background")
+        await peer.write(p.OpenRequest(id=2, uri=TEST_URI))
+        opened = await peer.next()
+        assert isinstance(opened, p.OpenReply)
+        await peer.write(busy(3, opened.handle, 1000))
+        assert await peer.next() == p.InvokeReply(id=3)
+        assert _running(daemon) == 0  # a call ends when it returns
+        peer.close()
+
+
+async def test_a_held_doorbell_goes_at_its_bound_while_realtime_work_runs(
+    tmp_path: Path,
+) -> None:
+    """The datapath's side of the gate: the doorbell waits for the running realtime call,
+    and a timer lets it go at ``batch_hold_max_s`` though that call still runs."""
+    async with serve_daemon(tmp_path, "[scheduler]\nbatch_hold_max_s = 0.05\n") as daemon:
+        voice, welcome = await connect(tmp_path / "npud.sock", "voice", priority="realtime")
+        assert isinstance(welcome, p.Welcome)
+        await voice.write(p.OpenRequest(id=1, uri=TEST_URI))
+        opened = await voice.next()
+        assert isinstance(opened, p.OpenReply)
+        await voice.write(busy(2, opened.handle, 5_000_000))  # 5 s on the DSP, realtime
+        with trio.fail_after(10):
+            while not _running(daemon):
+                await trio.sleep(0.005)
+        llm, handle = await _open(tmp_path, "background")
+        await llm.write(p.InvokeRequest(id=11, handle=handle, method=SIGNAL))
+        assert await llm.next() == p.InvokeReply(id=11)
+        # The voice call still runs beside the batch, which waited for its bound.
+        assert daemon.broker.scheduler.statistics().running == (1, 0, 1)
+        assert _client(daemon).wait_p50_us >= 50_000
+        assert await voice.next() == p.InvokeReply(id=2)
+        voice.close()
+        llm.close()

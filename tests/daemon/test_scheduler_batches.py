@@ -1,0 +1,130 @@
+"""Op batches (dspqueue doorbells) in the scheduler, on a fake clock (issue 28, item 3):
+a background client's doorbell waits while realtime work runs or is due, goes at once
+when nothing else needs the DSP, and never waits past its bound; the batch holds its
+slot until ``finish`` (its answer), which charges doorbell-to-answer."""
+
+from __future__ import annotations
+
+import pytest
+
+from npud.scheduler import BACKGROUND, NORMAL, REALTIME, Budget, Job, Outcome, Policy, Scheduler
+from tests.daemon.test_scheduler import Clock
+
+VAD = Budget(0.032, 0.004)
+
+
+def make(clock: Clock, **policy: object) -> Scheduler:
+    return Scheduler(Policy(**policy), clock)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def doorbell(account: object) -> Job:
+    return Job(account, doorbell=True)  # type: ignore[arg-type]
+
+
+def measured_llm(s: Scheduler, clock: Clock, batch: float = 0.007) -> object:
+    """A background client whose batches typically take ``batch``."""
+    llm = s.open_account("llm", BACKGROUND)
+    first = doorbell(llm)
+    assert s.submit(first) is Outcome.RUN
+    clock.now += batch
+    s.finish(first, batch)
+    return llm
+
+
+def test_a_doorbell_goes_at_once_when_nothing_else_needs_the_dsp(clock: Clock) -> None:
+    s = make(clock)
+    llm = measured_llm(s, clock)
+    s.open_account("vad", REALTIME, VAD)  # admitted, quiet: never called
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.RUN
+    assert s.statistics().running == (0, 0, 1)  # the batch holds its slot until finish
+    clock.now += 0.007
+    s.finish(bell, 0.007)
+    assert s.statistics().running == (0, 0, 0)
+
+
+def test_a_due_realtime_call_is_not_queued_behind_a_background_doorbell(clock: Clock) -> None:
+    s = make(clock)
+    llm = measured_llm(s, clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN  # the VAD calls in rhythm from now
+    clock.now += 0.004
+    assert s.finish(call, 0.004) == ([], [])
+    clock.now += 0.022  # 26 ms after the VAD's call: it is due in 6 ms, the batch takes 7
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    clock.now += 0.006
+    due = Job(vad)
+    assert s.submit(due) is Outcome.RUN  # the due call finds the DSP free of the batch
+    clock.now += 0.004
+    started, late = s.finish(due, 0.004)
+    assert (started, late) == ([bell], [])  # and the batch goes right after it
+    assert bell.dispatched == clock.now
+
+
+def test_a_doorbell_waits_while_a_realtime_call_runs(clock: Clock) -> None:
+    s = make(clock)
+    llm = measured_llm(s, clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    clock.now += 0.004
+    assert s.finish(call, 0.004)[0] == [bell]
+
+
+def test_a_held_doorbell_goes_at_its_bound_whatever_runs(clock: Clock) -> None:
+    s = make(clock, batch_hold_max=0.05, dsp_slots=1, realtime_reserve=0)
+    llm = measured_llm(s, clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    hog = Job(vad)
+    assert s.submit(hog) is Outcome.RUN  # a long realtime call holds the only slot
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    assert bell.bound == pytest.approx(clock.now + 0.05)
+    assert s.next_bound() == bell.bound
+    clock.now += 0.049
+    assert s.tick() == ([], [])
+    clock.now += 0.001
+    assert s.tick() == ([bell], [])  # at its bound, though the DSP's slot is taken
+    assert s.next_bound() is None
+    assert s.statistics().running == (1, 0, 1)
+
+
+def test_doorbells_of_normal_and_realtime_clients_are_not_held_for_realtime(clock: Clock) -> None:
+    s = make(clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    assert s.submit(Job(vad)) is Outcome.RUN
+    tool = s.open_account("tool", NORMAL)
+    assert s.submit(doorbell(tool)) is Outcome.RUN
+    other = s.open_account("other-voice", REALTIME, VAD)
+    assert s.submit(doorbell(other)) is Outcome.RUN
+
+
+def test_a_batch_is_charged_its_doorbell_to_answer_time(clock: Clock) -> None:
+    s = make(clock)
+    llm = s.open_account("llm", BACKGROUND)
+    tool = s.open_account("tool", NORMAL)
+    bell = doorbell(llm)
+    s.submit(bell)
+    s.finish(bell, 0.25)
+    s.charge(tool, 0.1)  # a batch counted without a slot ([scheduler] batches = counted)
+    assert (llm.dsp_seconds, llm.vtime, llm.typical_call) == (0.25, 0.25, 0.25)
+    assert (tool.dsp_seconds, tool.vtime) == (0.1, 0.1)
+
+
+def test_counted_batches_count_against_a_budget(clock: Clock) -> None:
+    s = make(clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    assert s.submit(Job(vad)) is Outcome.RUN  # starts its period
+    s.charge(vad, 0.005)
+    assert vad.overruns == 1
+    with pytest.raises(ValueError, match="batch_hold_max"):
+        Policy(batch_hold_max=0)

@@ -1,0 +1,158 @@
+"""dspqueue work on the DSP's shared compute (issue 28, item 1): a DSP process's own
+packet handling joins the same model as the calls of every process, through its
+outstanding ``wait_signal``, in both PD isolations; with the model off (the default)
+nothing is charged, as before. No timing is asserted: a piece of work is seen on the
+driver's side while it runs, and the model's own busy count says what was charged."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from npud.backend import DEV_SHELL
+from npud.fastrpc.session import FastRpcSession
+from npud.sim import EmulatedDriver, SimConfig
+from npud.sim.compute import SharedCompute
+from tests.emulator import queue_echo_skel
+from tests.emulator.dspqueue_cpu import GUARD, CpuQueues
+from tests.emulator.test_sim_dspqueue import Echo, finish, library
+
+
+def _driver(isolation: str, units: int, hmx: int = 0) -> EmulatedDriver:
+    assert isolation in ("process", "thread")
+    config = SimConfig(
+        skels=queue_echo_skel.ECHO_SKELS,
+        pd_isolation="process" if isolation == "process" else "thread",
+        dsp_units=units,
+        hmx_units=hmx,
+    )
+    return EmulatedDriver(config)
+
+
+def _compute(driver: EmulatedDriver) -> SharedCompute:
+    channel = driver._channel
+    assert channel is not None
+    return channel.compute
+
+
+@pytest.fixture(params=["process", "thread"])
+def isolation(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _session(driver: EmulatedDriver, tmp_path: Path) -> FastRpcSession:
+    session = FastRpcSession.open(driver, library_path=(library(tmp_path),))
+    session.load_shell(DEV_SHELL.read_bytes())
+    return session
+
+
+@pytest.fixture
+def modelled(isolation: str, tmp_path: Path) -> Iterator[tuple[EmulatedDriver, FastRpcSession]]:
+    driver = _driver(isolation, 1, 1)
+    session = _session(driver, tmp_path)
+    yield driver, session
+    session.end_process()
+    session.close()
+    driver.shutdown()
+
+
+def _wait_for(condition: object, what: str) -> None:
+    deadline = time.monotonic() + GUARD
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.002)
+
+
+def test_a_packet_being_handled_is_work_on_the_channels_shared_compute(
+    modelled: tuple[EmulatedDriver, FastRpcSession],
+) -> None:
+    driver, session = modelled
+    compute = _compute(driver)
+    queues = CpuQueues(session)
+    queue = queues.create()
+    echo = Echo(session)
+    assert echo.start(queue.qid) == 0
+    answered = threading.Event()
+
+    def exchange() -> None:
+        queue.write((), b"work:400000")  # 0.4 s of host work in the handler
+        assert queue.read().message == b"work:400000"
+        answered.set()
+
+    writer = threading.Thread(target=exchange)
+    writer.start()
+    # The piece joins the driver's model while the DSP process's thread handles it.
+    _wait_for(lambda: compute.active == 1 or answered.is_set(), "the piece never joined")
+    assert compute.active == 1
+    assert not answered.is_set()
+    writer.join(GUARD)
+    assert answered.is_set()
+    assert compute.active == 0
+    assert compute.busy_seconds > 0.3
+    finish(queues, echo, queue)
+
+
+def test_without_the_model_packet_handling_is_not_charged(isolation: str, tmp_path: Path) -> None:
+    driver = _driver(isolation, 0)
+    session = _session(driver, tmp_path)
+    try:
+        queues = CpuQueues(session)
+        queue = queues.create()
+        echo = Echo(session)
+        assert echo.start(queue.qid) == 0
+        for _ in range(3):
+            queue.write((), b"work:20000")
+            assert queue.read().message == b"work:20000"
+        assert _compute(driver).busy_seconds == 0
+        finish(queues, echo, queue)
+    finally:
+        session.end_process()
+        session.close()
+        driver.shutdown()
+
+
+def test_two_dsp_processes_share_one_model(isolation: str, tmp_path: Path) -> None:
+    """Each DSP process's pieces go to the same channel: two handled at once are both
+    seen there (one DSP for all DSP processes)."""
+    driver = _driver(isolation, 1)
+    sessions = []
+    for n in range(2):
+        (tmp_path / str(n)).mkdir()
+        sessions.append(_session(driver, tmp_path / str(n)))
+    compute = _compute(driver)
+    try:
+        setups = []
+        for session in sessions:
+            queues = CpuQueues(session)
+            queue = queues.create()
+            echo = Echo(session)
+            assert echo.start(queue.qid) == 0
+            setups.append((queues, queue, echo))
+        seen = 0
+
+        def exchange(index: int) -> None:
+            _, queue, _ = setups[index]
+            queue.write((), b"work:600000")
+            assert queue.read().message == b"work:600000"
+
+        threads = [threading.Thread(target=exchange, args=(n,)) for n in range(2)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + GUARD
+        while any(thread.is_alive() for thread in threads) and time.monotonic() < deadline:
+            seen = max(seen, compute.active)
+            time.sleep(0.002)
+        for thread in threads:
+            thread.join(GUARD)
+        assert seen == 2
+        for queues, queue, echo in setups:
+            finish(queues, echo, queue)
+    finally:
+        for session in sessions:
+            session.end_process()
+            session.close()
+        driver.shutdown()
