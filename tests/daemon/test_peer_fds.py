@@ -36,7 +36,7 @@ async def send_with_fds(peer: RawPeer, message: p.ClientMessage, count: int) -> 
             os.close(fd)
 
 
-async def send_bytes_with_fds(peer: RawPeer, data: bytes, count: int) -> None:
+async def send_bytes_with_fds(peer: RawPeer, data: bytes | bytearray, count: int) -> None:
     """``data`` in one sendmsg with ``count`` fds of /dev/null (ours closed after)."""
     fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(count)]
     try:
