@@ -36,7 +36,7 @@ from npud import __version__
 from npud.broker import Broker
 from npud.clients import Client
 from npud.domain.life import Domain
-from npud.link import FRAME_ANCILLARY_SPACE, Link
+from npud.link import FRAME_ANCILLARY_SPACE, Link, fds_waiting_refusal
 from npud.loglimit import LogBudget
 from npud.loglimit import fields as log_fields
 from npud.requests import HANDLERS, Handler
@@ -203,6 +203,11 @@ class PeerConnection:
                             **log_fields(held),
                         )
                     if not self.broker.device.close_later(self.client.uid, event.fds):
+                        # As the data path does (Link._drop_for_fds_locked): say why, then close.
+                        self.log.warning("dropped: its user's fds pile up waiting to be closed")
+                        await self._send_final(
+                            fds_waiting_refusal(self.broker.config.uid_limits.max_fds_waiting)
+                        )
                         return False, "too many of its user's fds wait to be closed"
                     continue
                 assert isinstance(event, p.Hello)  # the protocol allows nothing else first

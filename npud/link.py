@@ -393,12 +393,7 @@ class Link:
 
     def _drop_for_fds_locked(self) -> None:
         self.log.warning("dropped: its user's fds pile up waiting to be closed")
-        refusal = p.ErrorMessage.for_code(
-            p.ErrorCode.QUOTA_EXCEEDED,
-            resource="fds this user sent that wait to be closed",
-            limit=self._fds_waiting_cap,
-        )
-        self._send_locked(refusal, [])
+        self._send_locked(fds_waiting_refusal(self._fds_waiting_cap), [])
         self._drop_locked("too many of its user's fds wait to be closed")
 
     @property
@@ -421,3 +416,14 @@ class Link:
 def _close_all(fds: list[OwnedFd]) -> None:
     for fd in fds:
         fd.close()
+
+
+def fds_waiting_refusal(cap: int) -> p.ErrorMessage:
+    """What a peer is told, before its connection is dropped, when its user has more
+    than ``cap`` fds waiting to be closed (``[uid_limits] max_fds_waiting``): the data
+    path's and the handshake's one refusal."""
+    return p.ErrorMessage.for_code(
+        p.ErrorCode.QUOTA_EXCEEDED,
+        resource="fds this user sent that wait to be closed",
+        limit=cap,
+    )

@@ -195,6 +195,13 @@ class Daemon:
         """Set when a state change waits for room in the notify socket's queue."""
         self._notify_dropped = 0
 
+    @property
+    def connections(self) -> int:
+        """Connections being served: from their admission to the handshake until the
+        connection has ended, its client's holdings let go and its socket closed (a
+        client's count in the status drops earlier, before what it held is released)."""
+        return len(self._connections)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the session, serve until SIGTERM/SIGINT, then shut down cleanly.
 

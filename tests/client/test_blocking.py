@@ -236,7 +236,12 @@ def test_close_releases_every_buffer_and_nothing_leaks(peer: Peer) -> None:
 @pytest.mark.parametrize(
     ("size", "error", "match"),
     [
-        (0, ValueError, "size must be between 1 and 268435456, got 0"),
+        (
+            0,
+            ValueError,
+            r"size must be between 1 and 268435456 \(npud's largest buffer, limits.max_buffer_size\),"
+            " got 0",
+        ),
         (-1, ValueError, "got -1"),
         (p.MAX_DMA_SIZE + 1, ValueError, "got 268435457"),
         (True, TypeError, "size must be an int, not bool"),

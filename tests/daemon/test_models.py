@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import trio
 
 import npu_client
 import npu_client._core
@@ -19,7 +18,7 @@ from npu_client import trio_client
 from npu_client.transport import fds_ancillary
 from npu_protocol import ErrorCode
 from tests.daemon.model_clients import CLIENT_KINDS, ClientKind, open_client
-from tests.daemon.wire import RawPeer, serve_daemon
+from tests.daemon.wire import RawPeer, connections_ended, serve_daemon
 from tests.emulator import onnx_models
 
 
@@ -379,7 +378,7 @@ async def test_the_model_file_fd_is_closed_once_whatever_happens(tmp_path: Path)
     daemon (in this process) ends with exactly the fds it started with."""
     good = model_file(tmp_path, onnx_models.add_one())
     bad = model_file(tmp_path, b"not a model", "bad.onnx")
-    async with serve_daemon(tmp_path):
+    async with serve_daemon(tmp_path) as daemon:
         before = open_fds()
         peer = await RawPeer.connect(tmp_path / "npud.sock")
         for request_id, path in enumerate([bad, good, bad], start=1):
@@ -396,10 +395,7 @@ async def test_the_model_file_fd_is_closed_once_whatever_happens(tmp_path: Path)
                 assert isinstance(answer, p.ErrorMessage)
                 assert answer.error_code is ErrorCode.MODEL_FORMAT
         peer.close()  # and the reply's arena fd, received here
-        for _ in range(50):  # the daemon lets go of the connection on its own time
-            if open_fds() == before:
-                break
-            await trio.sleep(0.02)
+        await connections_ended(daemon, 0)  # the model files' fds go to the closer
         assert open_fds() == before
 
 
@@ -436,7 +432,7 @@ async def test_unload_waits_for_earlier_runs_and_later_requests_find_nothing(
 async def test_a_client_that_leaves_mid_run_leaves_nothing_behind(tmp_path: Path) -> None:
     path = model_file(tmp_path, onnx_models.identity("float32", (1 << 20,)))
     async with (
-        serve_daemon(tmp_path),
+        serve_daemon(tmp_path) as daemon,
         trio_client.open_trio_client(str(tmp_path / "npud.sock"), name="observer") as observer,
     ):
         before = await totals(observer)
@@ -449,10 +445,10 @@ async def test_a_client_that_leaves_mid_run_leaves_nothing_behind(tmp_path: Path
         await sock.send(frame)
         sock.shutdown(socket.SHUT_RDWR)  # gone while the run is (about to be) on the DSP
         await leaver.close()
-        for _ in range(100):
-            if await totals(observer) == before and (await observer.status()).totals.clients == 1:
-                break
-            await trio.sleep(0.02)
+        # The totals drop with the client's row, before its model's arena is let go and
+        # its socket closed: the daemon's end of the connection is what says it is over.
+        await connections_ended(daemon, 1)  # the observer's
+        assert (await observer.status()).totals.clients == 1
         assert await totals(observer) == before
         assert open_fds() == fds_before
 

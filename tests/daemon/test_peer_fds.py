@@ -36,6 +36,17 @@ async def send_with_fds(peer: RawPeer, message: p.ClientMessage, count: int) -> 
             os.close(fd)
 
 
+async def send_bytes_with_fds(peer: RawPeer, data: bytes | bytearray, count: int) -> None:
+    """``data`` in one sendmsg with ``count`` fds of /dev/null (ours closed after)."""
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(count)]
+    try:
+        rights = array.array("i", fds).tobytes()
+        await peer.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 async def next_or_closed(peer: RawPeer) -> p.ServerMessage | None:
     """The next message, or None once the daemon closed the connection."""
     while True:
@@ -123,6 +134,57 @@ async def test_a_user_whose_fds_pile_up_is_dropped(
         release.set()
         peer.close()
         await settled_fds(daemon, before - 1)
+
+
+async def test_fds_piling_up_before_the_hello_are_refused_with_quota_exceeded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stray fds that take the user past ``max_fds_waiting`` before its Hello: the
+    handshake says why (QUOTA_EXCEEDED, as the data path does) and then closes; it used
+    to close without a word."""
+    release = threading.Event()
+    real = closer_module.close_now
+
+    def blocked(fd: int) -> None:
+        release.wait(30)
+        real(fd)
+
+    monkeypatch.setattr(closer_module, "close_now", blocked)
+    async with serve_daemon(tmp_path, "[uid_limits]\nmax_fds_waiting = 8\n") as daemon:
+        before = daemon_fds()
+        first = await connected(tmp_path)
+        for index in range(2):  # 8 of this user's fds wait: at the cap
+            await send_with_fds(first, p.PingRequest(id=index + 1), 4)
+            assert isinstance(await next_or_closed(first), p.PongReply)
+        late = RawPeer(trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        await late.sock.connect(str(tmp_path / "npud.sock"))
+        hello, _ = late.protocol.send(p.Hello(client_name="late"))
+        await late.sock.send(hello[:9])  # its header and a byte: the Hello is on its way
+        # Then its next bytes one at a time with 4 fds each: inside a frame that claims
+        # none, they are stray as they come (the first may share the header's recvmsg and
+        # be held for the frame; the kernel never joins two sends that carry fds).
+        for offset in (9, 10):
+            try:
+                await send_bytes_with_fds(late, hello[offset : offset + 1], 4)
+            except OSError:  # refused and closed already
+                break
+        refusal = await next_or_closed(late)
+        assert isinstance(refusal, p.ErrorMessage), refusal
+        assert refusal.id is None
+        assert refusal.error_code is ErrorCode.QUOTA_EXCEEDED
+        assert refusal.message == (
+            "fds this user sent that wait to be closed quota exceeded: the limit is 8"
+        )
+        assert refusal.fields == {
+            "resource": "fds this user sent that wait to be closed",
+            "limit": 8,
+        }
+        assert await next_or_closed(late) is None
+        assert daemon.broker.device.peer_fds.pending() in (12, 16)  # 8, and one or both sends
+        release.set()
+        late.close()
+        first.close()
+        await settled_fds(daemon, before)  # both connections' sockets and every fd sent
 
 
 def ping_frames(first_id: int, count: int) -> bytes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
@@ -41,6 +41,39 @@ async def serve_daemon(tmp: Path, config: str = "") -> AsyncIterator[Daemon]:
         finally:
             daemon.stop()
     bound.sock.close()
+
+
+SETTLE_SECONDS: Final = 10.0
+"""How long :func:`settle` waits for a condition before it fails the test."""
+
+
+async def settle(condition: Callable[[], bool], what: Callable[[], str]) -> None:
+    """Poll ``condition`` until it holds; the test fails with ``what()`` (the state then)
+    if it does not within :data:`SETTLE_SECONDS` (a bound for a loaded machine, not a
+    speed check)."""
+    try:
+        with trio.fail_after(SETTLE_SECONDS):
+            while not condition():
+                await trio.sleep(0.01)
+    except trio.TooSlowError:
+        raise AssertionError(f"not settled within {SETTLE_SECONDS:g} s: {what()}") from None
+
+
+async def connections_ended(daemon: Daemon, remaining: int) -> None:
+    """Wait until the daemon serves ``remaining`` connections and no peer's fd waits to be
+    closed: every other connection has ended (its client's holdings let go on the
+    domain's lane, its socket closed) and the closer threads have closed what the peers
+    sent. A client's row and the status totals go before that (npud.broker.release_client
+    drops the client first), so an fd count taken when the totals settle can still see
+    the departed client's socket and model arena."""
+    closer = daemon.broker.device.peer_fds
+    await settle(
+        lambda: daemon.connections == remaining and closer.pending() == 0,
+        lambda: (
+            f"{daemon.connections} connections (expected {remaining}),"
+            f" {closer.pending()} peer fds waiting to be closed"
+        ),
+    )
 
 
 class RawPeer:

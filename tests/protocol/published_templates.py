@@ -64,3 +64,14 @@ PUBLISHED: Final[dict[int, str]] = {
     605: "{operation} was not dispatched within its deadline of {deadline_ms} ms",  # DEADLINE_EXCEEDED
     606: "realtime budget refused: {detail}",  # ADMISSION_REFUSED
 }
+
+CORRECTED: Final[dict[int, str]] = {
+    # Version 6 raised a buffer's ceiling past 256 MiB (to the wire's 4 GiB; a client's own
+    # is its Welcome's limits.max_buffer_size): the fixed "256 MB" had become false. The
+    # text up to "maximum of " is kept for operators' greps; the ceiling is a field now.
+    202: "DMA buffer size {size} exceeds the maximum of {limit} bytes",  # DMA_EXCEEDS_MAX_SIZE
+}
+"""Templates corrected on purpose because their fixed text became false (the code's
+meaning is unchanged; a client shows the message its server rendered, so an older
+client is not affected). From the correction on, the corrected text is the one that
+may only gain detail at its end."""

@@ -56,9 +56,15 @@ def test_bad_sizes_get_their_specific_error(size: object, code: ErrorCode) -> No
     assert caught.value.code is code
 
 
-def test_exceeds_max_keeps_its_published_text() -> None:
-    with pytest.raises(RpcError, match="exceeds the maximum of 256 MB"):
+def test_exceeds_max_names_the_ceiling_it_passed() -> None:
+    """Error 202's text names the ceiling that applies (it said "256 MB" before version
+    6 raised a buffer's to 4 GiB): the published prefix stays, operators grep it."""
+    with pytest.raises(RpcError) as caught:
         checked_dma_size(MAX_BUFFER_SIZE + 1)
+    assert str(caught.value) == (
+        f"DMA buffer size {MAX_BUFFER_SIZE + 1} exceeds the maximum of {MAX_BUFFER_SIZE} bytes"
+    )
+    assert caught.value.fields == {"size": MAX_BUFFER_SIZE + 1, "limit": MAX_BUFFER_SIZE}
 
 
 def test_good_sizes_round_to_pages() -> None:

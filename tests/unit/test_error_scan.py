@@ -46,7 +46,7 @@ def test_a_number_hidden_in_free_text_is_caught() -> None:
 
 def test_numbers_of_the_template_and_of_the_limits_pass() -> None:
     alloc = p.AllocRequest(id=1, size=(256 << 20) + 1)
-    assert scan(alloc, ErrorCode.DMA_EXCEEDS_MAX_SIZE, size=(256 << 20) + 1) == []
+    assert scan(alloc, ErrorCode.DMA_EXCEEDS_MAX_SIZE, size=(256 << 20) + 1, limit=256 << 20) == []
     limits = p.ClientLimits(priority=p.Priority.NORMAL, max_timeout_ms=600_000)
     detail = "timeout_ms 700000 exceeds max_timeout_ms 600000"
     message = format_message(ErrorCode.INVALID_ARGUMENT, detail=detail)

@@ -19,7 +19,7 @@ from npu_client._errors import code_message, make_error
 from npu_client._memory import MappedBuffer, Slice
 from npu_protocol import (
     MAX_ARGS,
-    MAX_DMA_SIZE,
+    MAX_BUFFER_SIZE,
     MAX_METHOD,
     MAX_PING_PAYLOAD,
     MAX_TIMEOUT_MS,
@@ -253,10 +253,22 @@ def budget_record(budget: tuple[float, float] | None) -> Budget | None:
 _URI = re.compile(rf"[\x21-\x7e]{{1,{MAX_URI_LENGTH}}}")
 
 
-def check_size(size: object) -> int:
-    """An alloc size: an int from 1 to MAX_DMA_SIZE."""
-    _check_int("size", size, 1, MAX_DMA_SIZE)
-    assert isinstance(size, int)
+def largest_buffer(limits: ClientLimits) -> int:
+    """The largest alloc the daemon takes: the ``max_buffer_size`` its Welcome announced
+    (an npud older than protocol version 6 announces none: MAX_DMA_SIZE, 256 MiB, the
+    field's default), never more than the wire can name (MAX_BUFFER_SIZE, 4 GiB)."""
+    return min(limits.max_buffer_size, MAX_BUFFER_SIZE)
+
+
+def check_size(size: object, largest: int) -> int:
+    """An alloc size: an int from 1 to ``largest`` (:func:`largest_buffer`)."""
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise TypeError(f"size must be an int, not {type(size).__name__}")
+    if not 1 <= size <= largest:
+        raise ValueError(
+            f"size must be between 1 and {largest} (npud's largest buffer,"
+            f" limits.max_buffer_size), got {size}"
+        )
     return size
 
 

@@ -235,8 +235,9 @@ class Client(DaemonView["DmaBuffer"]):
     # --- requests ---------------------------------------------------------------------------
 
     def alloc(self, size: int) -> DmaBuffer:
-        """Allocate a DMA-BUF of at least ``size`` bytes (rounded up to whole pages)."""
-        allocation = self._run(requests.alloc(size))
+        """Allocate a DMA-BUF of at least ``size`` bytes (rounded up to whole pages), at
+        most ``limits.max_buffer_size`` (ValueError before sending)."""
+        allocation = self._run(requests.alloc(self._core, size))
         try:
             buffer = DmaBuffer(self, *allocation)
         except (OSError, ValueError):

@@ -203,7 +203,9 @@ class DmaSizeOverflow(NpuUsageError, code=ErrorCode.DMA_SIZE_OVERFLOW):
 
 
 class DmaExceedsMaxSize(NpuUsageError, code=ErrorCode.DMA_EXCEEDS_MAX_SIZE):
-    """The size is above the 256 MiB ceiling."""
+    """The size is above the ceiling the message names (``fields["limit"]``; an alloc
+    above this connection's ``limits.max_buffer_size`` is refused here, before it is
+    sent, and by the daemon as :class:`QuotaExceeded`)."""
 
 
 class InvalidFd(NpuUsageError, code=ErrorCode.INVALID_FD):

@@ -26,6 +26,7 @@ from npu_client._args import (
     check_size,
     check_uri,
     invoke_request,
+    largest_buffer,
 )
 from npu_client._core import Call, ClientCore, Pending
 from npu_client._errors import (
@@ -83,8 +84,9 @@ class Allocation(NamedTuple):
     epoch: int
 
 
-def alloc(size: object) -> Call[Allocation]:
-    size = check_size(size)
+def alloc(core: ClientCore[Any], size: object) -> Call[Allocation]:
+    """At most the largest buffer the daemon announced (ValueError before sending)."""
+    size = check_size(size, largest_buffer(core.limits))
 
     def finish(pending: Pending) -> Allocation:
         reply = pending.result(AllocReply)

@@ -173,7 +173,9 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
     # --- requests ---------------------------------------------------------------------------
 
     async def alloc(self, size: int) -> TrioDmaBuffer:
-        allocation = await self._run(requests.alloc(size))
+        """Allocate a DMA-BUF of at least ``size`` bytes (rounded up to whole pages), at
+        most ``limits.max_buffer_size`` (ValueError before sending)."""
+        allocation = await self._run(requests.alloc(self._core, size))
         try:
             buffer = TrioDmaBuffer(self, *allocation)
         except (OSError, ValueError):

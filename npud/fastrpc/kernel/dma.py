@@ -51,7 +51,7 @@ def checked_dma_size(size: int) -> int:
     if size < 0:
         raise RpcError(ErrorCode.INVALID_ARGUMENT, detail=f"negative size {size}")
     if size > MAX_BUFFER_SIZE:
-        raise RpcError(ErrorCode.DMA_EXCEEDS_MAX_SIZE, size=size)
+        raise RpcError(ErrorCode.DMA_EXCEEDS_MAX_SIZE, size=size, limit=MAX_BUFFER_SIZE)
     return page_round_up(size)
 
 

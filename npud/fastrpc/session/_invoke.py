@@ -104,7 +104,7 @@ def capacity_of(arg: InArg | OutArg) -> int:
         if arg.size < 0:
             raise RpcError(ErrorCode.INVALID_ARGUMENT, detail=f"negative capacity {arg.size}")
         if arg.size > MAX_DMA_SIZE:
-            raise RpcError(ErrorCode.DMA_EXCEEDS_MAX_SIZE, size=arg.size)
+            raise RpcError(ErrorCode.DMA_EXCEEDS_MAX_SIZE, size=arg.size, limit=MAX_DMA_SIZE)
         return arg.size
     raise TypeError(f"not an invoke argument: {arg!r}")
 

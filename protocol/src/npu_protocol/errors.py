@@ -114,7 +114,7 @@ _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.SESSION_CLOSED: "the FastRPC session is closed",
     ErrorCode.DMA_BUF_ALLOC: "DMA-BUF allocation failed: {msg}",
     ErrorCode.DMA_SIZE_OVERFLOW: "DMA buffer size {size} overflows when rounded up to a page",
-    ErrorCode.DMA_EXCEEDS_MAX_SIZE: "DMA buffer size {size} exceeds the maximum of 256 MB",
+    ErrorCode.DMA_EXCEEDS_MAX_SIZE: "DMA buffer size {size} exceeds the maximum of {limit} bytes",
     ErrorCode.INVALID_FD: "invalid file descriptor {fd}",
     ErrorCode.SLICE_OUT_OF_RANGE: (
         "slice offset {offset} length {length} is outside buffer {buffer} of {size} bytes"
