@@ -631,7 +631,9 @@ async def test_a_graph_the_model_does_not_have_is_refused_naming_its_graphs(
             p.ModelRunRequest(id=2, model=loaded.model, graph="Decode"),
             p.ModelRunRequest(id=3, model=loaded.model, graph="decode"),
         )
-        refused, ran = await peer.answers(2)
+        # Answers go out as requests end, not in the order they came: pair them by id.
+        answers = {answer.id: answer for answer in await peer.answers(2)}  # type: ignore[union-attr]
+        refused, ran = answers[2], answers[3]
         assert isinstance(refused, p.ErrorMessage)
         assert refused.error_code is ErrorCode.INVALID_TENSOR_INDEX
         assert refused.message == (
