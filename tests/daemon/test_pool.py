@@ -108,7 +108,9 @@ async def test_a_free_behind_a_call_still_writing_the_buffer_waits_for_it(
     async with serve_daemon(tmp_path, "[pool]\nshare = 'user'\n") as daemon:
         peer = await RawPeer.connect(tmp_path / "npud.sock")
         await peer.write(p.AllocRequest(id=1, size=SIZE), p.OpenRequest(id=2, uri=ECHO_URI))
-        allocated, opened = await peer.answers(2)
+        # The alloc and the open run on different lanes: pair the answers by id.
+        answers = {answer.id: answer for answer in await peer.answers(2)}  # type: ignore[union-attr]
+        allocated, opened = answers[1], answers[2]
         assert isinstance(allocated, p.AllocReply)
         assert isinstance(opened, p.OpenReply)
         freed = inode(peer.fds[-1])
