@@ -202,52 +202,95 @@ def _declared(node: Any) -> tuple[str, str, list[int | str | None]]:
     return str(node.name), str(node.type), list(node.shape)
 
 
+_Axes = list[tuple[object, object]]
+"""Each axis of a tensor as the session and as the model declare it."""
+
+
 def _resolve_shapes(
     declared: Sequence[tuple[str, str, list[int | str | None]]],
     given: Mapping[str, tuple[int, ...]],
     outputs: frozenset[str] = frozenset(),
+    original: Mapping[str, Sequence[onnx_proto.Dim]] | None = None,
 ) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape with every dimension fixed; RefusedError otherwise."""
+    """Every tensor's shape with every dimension fixed; RefusedError otherwise.
+
+    ``declared`` is what the session says (after inference, where it ran on the inputs'
+    fixed shapes, which no longer name their dimensions); ``original`` the model's own
+    declarations, whose named dimensions a given shape binds wherever they appear. An
+    empty or ``?`` dim_param names nothing (onnx_proto.dim_name)."""
+    models = original or {}
     names = {name for name, _, _ in declared}
     unknown = sorted(set(given) - names)
     if unknown:
         raise RefusedError(AEE.EBADPARM, f"the model has no tensor {unknown[0]!r}")
+
+    def axes(name: str, dims: Sequence[int | str | None]) -> _Axes:
+        model = models.get(name)
+        if model is None or len(model) != len(dims):
+            return [(dim, None) for dim in dims]
+        return list(zip(dims, model, strict=True))
+
     bound: dict[str, int] = {}  # dim_param -> size, from the given shapes
     for name, _, dims in declared:
-        if name not in given:
-            continue
-        shape = given[name]
-        if len(shape) != len(dims):
-            raise RefusedError(
-                AEE.EBADPARM, f"{name} has rank {len(dims)}; the shape given has {len(shape)}"
-            )
-        for axis, (want, have) in enumerate(zip(dims, shape, strict=True)):
-            if isinstance(want, int) and want != have:
-                raise RefusedError(
-                    AEE.EBADPARM, f"{name} dimension {axis} is {want}; the shape given says {have}"
-                )
-            if isinstance(want, str) and bound.setdefault(want, have) != have:
-                raise RefusedError(
-                    AEE.EBADPARM, f"dimension {want!r} is given as {bound[want]} and {have}"
-                )
+        if name in given:
+            _bind_given(name, axes(name, dims), given[name], bound)
     shapes: dict[str, tuple[int, ...]] = {}
     for name, _, dims in declared:
         if name in given:
             shapes[name] = given[name]
             continue
-        resolved: list[int] = []
-        for axis, dim in enumerate(dims):
-            size = bound.get(dim) if isinstance(dim, str) else dim
-            if size is None or size <= 0:
-                what = f"{dim!r}" if isinstance(dim, str) else "free"
-                why = " (it does not follow from the inputs' shapes)" if name in outputs else ""
-                raise RefusedError(
-                    AEE.EINVALIDFORMAT,
-                    f"{name} dimension {axis} is {what}{why}: give its shape",
-                )
-            resolved.append(size)
-        shapes[name] = tuple(resolved)
+        sizes: list[int | None] = []
+        for dim, model in axes(name, dims):
+            size = dim if isinstance(dim, int) and dim > 0 else None
+            for label in (_dim_name(dim), _dim_name(model)):
+                if size is None and label is not None:
+                    size = bound.get(label)
+            sizes.append(size)
+        if None in sizes:
+            raise RefusedError(AEE.EINVALIDFORMAT, _unsized(name, axes(name, dims), sizes, outputs))
+        shapes[name] = tuple(size for size in sizes if size is not None)
     return shapes
+
+
+def _bind_given(name: str, axes: _Axes, shape: tuple[int, ...], bound: dict[str, int]) -> None:
+    """Check a given shape against the tensor's axes; bind the names it fixes."""
+    if len(shape) != len(axes):
+        raise RefusedError(
+            AEE.EBADPARM, f"{name} has rank {len(axes)}; the shape given has {len(shape)}"
+        )
+    for axis, ((want, model), have) in enumerate(zip(axes, shape, strict=True)):
+        if isinstance(want, int) and want > 0 and want != have:
+            raise RefusedError(
+                AEE.EBADPARM, f"{name} dimension {axis} is {want}; the shape given says {have}"
+            )
+        for label in (_dim_name(want), _dim_name(model)):
+            if label is not None and bound.setdefault(label, have) != have:
+                raise RefusedError(
+                    AEE.EBADPARM, f"dimension {label!r} is given as {bound[label]} and {have}"
+                )
+
+
+def _dim_name(dim: object) -> str | None:
+    return onnx_proto.dim_name(dim) if isinstance(dim, str) else None
+
+
+def _unsized(
+    name: str,
+    dims: _Axes,
+    sizes: Sequence[int | None],
+    outputs: frozenset[str],
+) -> str:
+    """Why ``name`` cannot be sized: every free dimension, by its name where it has one,
+    and the shape to give with what is fixed kept."""
+    free = []
+    for axis, ((dim, model), size) in enumerate(zip(dims, sizes, strict=True)):
+        if size is None:
+            label = _dim_name(model) or _dim_name(dim)
+            free.append(f"{axis} ({label!r})" if label else str(axis))
+    what = f"dimension {free[0]} is" if len(free) == 1 else f"dimensions {', '.join(free)} are"
+    why = " (not from the inputs' shapes)" if name in outputs else ""
+    shape = ",".join("N" if size is None else str(size) for size in sizes)
+    return f"{name} {what} free{why}: give its shape, {shape}"
 
 
 def _with_input_shapes(data: bytes, given: Mapping[str, tuple[int, ...]]) -> bytes | None:
@@ -264,15 +307,19 @@ def _with_input_shapes(data: bytes, given: Mapping[str, tuple[int, ...]]) -> byt
         shape = given.get(tensor.name)
         if shape is not None and tensor.dims is not None and len(shape) == len(tensor.dims):
             for want, have in zip(tensor.dims, shape, strict=True):
-                if isinstance(want, str):
-                    bound.setdefault(want, have)
+                name = onnx_proto.dim_name(want)
+                if name is not None:
+                    bound.setdefault(name, have)
 
     def resolved(tensor: onnx_proto.GraphTensor) -> tuple[int, ...] | None:
         if tensor.name in given:
             return given[tensor.name]
         if tensor.dims is None:
             return None
-        dims = [bound.get(d) if isinstance(d, str) else d for d in tensor.dims]
+        dims = [
+            bound.get(onnx_proto.dim_name(d) or "") if isinstance(d, str) else d
+            for d in tensor.dims
+        ]
         return None if any(d is None or d <= 0 for d in dims) else tuple(dims)  # type: ignore[arg-type]
 
     if all(resolved(t) is not None for t in declared if t.kind == "output"):
@@ -285,6 +332,15 @@ def _with_input_shapes(data: bytes, given: Mapping[str, tuple[int, ...]]) -> byt
                 return None
             inputs[tensor.name] = shape
     return onnx_proto.with_input_shapes(onnx_proto.BytesSource(data), inputs)
+
+
+def _declarations(data: bytes) -> dict[str, tuple[onnx_proto.Dim, ...]]:
+    """The model's own declared dimensions by tensor name ({} when it gives none)."""
+    try:
+        tensors = onnx_proto.graph_io(onnx_proto.BytesSource(data))
+    except onnx_proto.DamagedError:
+        return {}  # onnxruntime loaded it: what it says stands
+    return {t.name: t.dims for t in tensors if t.dims is not None}
 
 
 def _spec(name: str, onnx_type: str, shape: tuple[int, ...]) -> TensorSpec:
@@ -401,7 +457,7 @@ class OnnxModel:
                 f"{len(inputs)} inputs and {len(outputs)} outputs (at most 32, at least 1 output)",
             )
         names = frozenset(name for name, _, _ in outputs)
-        resolved = _resolve_shapes([*inputs, *outputs], shapes, names)
+        resolved = _resolve_shapes([*inputs, *outputs], shapes, names, _declarations(data))
         self.inputs = [_spec(name, kind, resolved[name]) for name, kind, _ in inputs]
         self.outputs = [_spec(name, kind, resolved[name]) for name, kind, _ in outputs]
         total = sum(spec.nbytes for spec in [*self.inputs, *self.outputs])

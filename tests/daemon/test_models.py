@@ -131,6 +131,12 @@ async def test_seed_level_calls_check_before_anything_is_sent(
             r"float32\): .*for 16-bit audio samples, array.astype\('float32'\) / 32768",
         ):
             model.set_input("a", np.array([1005, -3, 7], np.int16))
+        # Other integers (Piper's length scales given as [1, 1, 1]) are no audio: the hint
+        # converts them as they are.
+        with pytest.raises(npu_client.TensorMismatch, match=r"\(int64 to float32\)") as scales:
+            model.set_input("a", np.array([1, 1, 1], np.int64))
+        assert "32768" not in str(scales.value)
+        assert "array.astype('float32'))" in str(scales.value)
         with pytest.raises(npu_client.TensorMismatch, match="a boolean array is not taken"):
             model.set_input("a", np.array([True, False, True]))
         with pytest.raises(npu_client.TensorMismatch, match=r"do not fit in int64"):
@@ -218,8 +224,8 @@ async def test_a_run_error_carries_the_runtimes_reason_bounded(
         (
             onnx_models.add_one(("n", 4)),
             npu_client.ModelRejected,
-            r"input 'x' dimension 0 is free \('n'\): .*"
-            r"shapes=\{'x': \[N, 4\]\} \(npuctl run --shape x=N,4\); output shapes follow",
+            r"input 'x' dimension 0 \('n'\) is free: .*"
+            r"shapes=\{'x': \[n, 4\]\} \(npuctl run --shape x=n,4\); output shapes follow",
         ),
         (onnx_models.unknown_op(), npu_client.QnnError, "composing the model failed"),
     ],
@@ -271,6 +277,27 @@ async def test_output_shapes_follow_from_the_input_shapes(tmp_path: Path, kind: 
 
 
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_dimension_names_follow_onnxs_rules(tmp_path: Path, kind: ClientKind) -> None:
+    """'?' names nothing (an OCR classifier runs at 48 x 192); a name an input fixes is
+    fixed in the outputs, and a refusal names every free dimension (Piper's tensors)."""
+    ocr = model_file(tmp_path, onnx_models.ocr_classifier(), "ocr.onnx")
+    tts = model_file(tmp_path, onnx_models.duration_tts(), "tts.onnx")
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+    ):
+        async with await npu.load_model(ocr, shapes={"x": (1, 3, 48, 192)}) as model:
+            out = await model.run({"x": np.full((1, 3, 48, 192), 2, np.float32)})
+            np.testing.assert_array_equal(out["y"], np.full((1, 3), 2, np.float32))
+        with pytest.raises(npu_client.ModelRejected) as free:
+            await npu.load_model(tts)
+        assert "'input' dimensions 0 ('batch_size') and 1 ('phonemes')" in str(free.value)
+        assert "follow from the inputs'" not in str(free.value)
+        with pytest.raises(npu_client.ModelRejected, match=r"shapes=\{'output': \[1, 1, N\]\}"):
+            await npu.load_model(tts, shapes={"input": (1, 4)})
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
 async def test_outputs_that_do_not_follow_are_named_in_the_refusal(
     tmp_path: Path, kind: ClientKind
 ) -> None:
@@ -286,7 +313,7 @@ async def test_outputs_that_do_not_follow_are_named_in_the_refusal(
         before = await totals(npu)
         with pytest.raises(
             npu_client.ModelRejected,
-            match=r"outputs 'output' and 'stateN' have dimensions that may not follow from the"
+            match=r"outputs 'output' dimension 0, 'stateN' dimensions 0, 1 and 2 may not follow from the"
             r" input shapes given .* shapes=\{'output': \[N, 1\], 'stateN': \[N, N, N\]\}"
             r" \(npuctl run --shape output=N,1 --shape stateN=N,N,N\)",
         ):

@@ -90,6 +90,21 @@ async def test_npuctl_run_takes_each_input_files_shape(
     assert "output   y float32 [3, 4]" in out.splitlines()
 
 
+async def test_npuctl_run_sizes_question_mark_dimensions_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An OCR classifier [?, 3, 48, ?] from a [1, 3, 48, 192] image: '?' names nothing."""
+    model = tmp_path / "ocr.onnx"
+    model.write_bytes(onnx_models.ocr_classifier())
+    np.save(tmp_path / "x.npy", np.ones((1, 3, 48, 192), np.float32))
+    async with serve_daemon(tmp_path):
+        code, out, err = await npuctl_in_thread(
+            tmp_path / "npud.sock", capsys, "run", str(model), "--input", f"x={tmp_path / 'x.npy'}"
+        )
+    assert (code, err) == (0, "")
+    assert "output   y float32 [1, 3]" in out.splitlines()
+
+
 @pytest.mark.parametrize(
     ("argv", "status", "message"),
     [

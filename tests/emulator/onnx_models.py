@@ -296,3 +296,48 @@ def two_graphs() -> bytes:
 def many_graphs(count: int) -> bytes:
     """A graph pack of ``count`` copies of :func:`add_one`, named g0, g1, ..."""
     return graph_pack.write_pack([(f"g{i}", add_one()) for i in range(count)])
+
+
+def ocr_classifier() -> bytes:
+    """An OCR text-line classifier's tensors: x float32 [?, 3, 48, ?] (two dimensions an
+    exporter could not name, each free on its own), y = the mean of each channel [?, 3]."""
+    return model(
+        [helper.make_node("ReduceMean", ["x"], ["y"], axes=[2, 3], keepdims=0)],
+        [tensor("x", "float32", ["?", 3, 48, "?"])],
+        [tensor("y", "float32", ["?", 3])],
+    )
+
+
+def duration_tts() -> bytes:
+    """A Piper voice's tensors: ``input`` int64 [batch_size, phonemes] (each phoneme's
+    duration in samples here), ``input_lengths`` int64 [batch_size], ``scales`` float32
+    [3]; ``output`` float32 [batch_size, 1, time], time the sum of the durations: the
+    data decides it. output[0, 0, t] = t * scales[0] (batch 1)."""
+    zero = helper.make_tensor("zero", TensorProto.INT64, [], [0])
+    one = helper.make_tensor("one", TensorProto.INT64, [], [1])
+    first = helper.make_tensor("first", TensorProto.INT64, [1], [0])
+    return model(
+        [
+            helper.make_node("ReduceSum", ["input"], ["total"], keepdims=0),
+            helper.make_node("Range", ["zero", "total", "one"], ["steps"]),
+            helper.make_node("Cast", ["steps"], ["ramp"], to=TensorProto.FLOAT),
+            helper.make_node("Gather", ["scales", "first"], ["scale"]),
+            helper.make_node("Mul", ["ramp", "scale"], ["scaled"]),
+            helper.make_node("Shape", ["input_lengths"], ["batch"]),
+            helper.make_node("Concat", ["batch", "one_d", "minus_one"], ["target"], axis=0),
+            helper.make_node("Reshape", ["scaled", "target"], ["output"]),
+        ],
+        [
+            tensor("input", "int64", ["batch_size", "phonemes"]),
+            tensor("input_lengths", "int64", ["batch_size"]),
+            tensor("scales", "float32", [3]),
+        ],
+        [tensor("output", "float32", ["batch_size", 1, "time"])],
+        [
+            zero,
+            one,
+            first,
+            helper.make_tensor("one_d", TensorProto.INT64, [1], [1]),
+            helper.make_tensor("minus_one", TensorProto.INT64, [1], [-1]),
+        ],
+    )

@@ -210,22 +210,57 @@ def test_an_output_that_does_not_follow_from_the_inputs_is_named(
     free = onnx_models.reshape(y_shape=(None, None))
     with pytest.raises(
         ModelError,
-        match=r"output 'y' has a dimension that does not follow from the input shapes given"
+        match=r"output 'y' dimensions 0 and 1 do not follow from the input shapes given"
         r" .* shapes=\{'y': \[N, N\]\} \(npuctl run --shape y=N,N\); otherwise",
     ) as refused:
         load(portal, tmp_path, free)
     assert failure(refused) is ModelFailure.MODEL_REJECTED
     # The DSP's own reason (last_error of the handle's load) replaces "its log says which".
     assert refused.value.detail.endswith(
-        "; the DSP says: y dimension 0 is free (it does not follow from the inputs' shapes):"
-        " give its shape"
+        "; the DSP says: y dimensions 0, 1 are free (not from the inputs' shapes):"
+        " give its shape, N,N"
     )
-    assert portal.last_error(portal_qnn.NO_MODEL).startswith("y dimension 0 is free")
+    assert portal.last_error(portal_qnn.NO_MODEL).startswith("y dimensions 0, 1 are free")
     given = load(portal, tmp_path, free, shapes={"y": (3, 2)})
     x = np.arange(6, dtype=np.float32)
     y = tensors.slot(24)
     portal.run(given.slot, {"x": tensors.put(x), "s": tensors.put(np.array([3, 2]))}, {"y": y})
     np.testing.assert_array_equal(tensors.get(y, "float32", (3, 2)), x.reshape(3, 2))
+
+
+def test_question_mark_dimensions_are_each_free_on_their_own(
+    portal: PortalQnn, tensors: Tensors, tmp_path: Path
+) -> None:
+    """An OCR classifier [?, 3, 48, ?] loads at 48 x 192; y's '?' follows from x's."""
+    model = load(portal, tmp_path, onnx_models.ocr_classifier(), shapes={"x": (1, 3, 48, 192)})
+    assert model.graphs[0].outputs[0].shape == (1, 3)
+    x = np.ones((1, 3, 48, 192), np.float32) * np.array([1, 2, 3], np.float32)[:, None, None]
+    y = tensors.slot(12)
+    data = Slice(tensors.buffer, 32 * SLOT_BYTES, x.nbytes)
+    tensors.buffer.view()[data.offset : data.offset + data.length] = x.tobytes()
+    portal.run(model.slot, {"x": data}, {"y": y})
+    np.testing.assert_array_equal(tensors.get(y, "float32", (1, 3)), [[1, 2, 3]])
+
+
+def test_a_named_dimension_fixed_by_an_input_is_fixed_in_the_outputs(
+    portal: PortalQnn, tmp_path: Path
+) -> None:
+    """Piper: input [1, 9] fixes batch_size in output too; only time is left, and both the
+    daemon and the DSP say so with the shape to give keeping what is fixed."""
+    with pytest.raises(ModelError) as refused:
+        load(portal, tmp_path, onnx_models.duration_tts(), shapes={"input": (1, 9)})
+    assert failure(refused) is ModelFailure.MODEL_REJECTED
+    detail = refused.value.detail
+    assert detail.startswith("output 'output' dimension 2 ('time') does not follow")
+    assert "shapes={'output': [1, 1, N]}" in detail
+    assert detail.endswith(
+        "the DSP says: output dimension 2 ('time') is free (not from the inputs' shapes):"
+        " give its shape, 1,1,N"
+    )
+    given = load(
+        portal, tmp_path, onnx_models.duration_tts(), shapes={"input": (1, 9), "output": (1, 1, 64)}
+    )
+    assert [s.shape for s in given.graphs[0].inputs] == [(1, 9), (1,), (3,)]
 
 
 @pytest.mark.parametrize(
@@ -614,7 +649,7 @@ def test_shapes_of_a_pack_apply_to_every_graph_that_has_the_tensor(
     ) as unknown:
         load(portal, tmp_path, onnx_models.two_graphs(), shapes={"x": (1, 4)})
     assert failure(unknown) is ModelFailure.TENSOR_MISMATCH
-    with pytest.raises(ModelError, match=r"input 'token' dimension 0 is free") as free:
+    with pytest.raises(ModelError, match=r"input 'token' dimension 0 \('batch'\) is free") as free:
         load(portal, tmp_path, onnx_models.two_graphs())
     assert failure(free) is ModelFailure.MODEL_REJECTED
     # "logits" is in both graphs: a shape for it must fit both (prefill's is [4, 4]).

@@ -159,7 +159,7 @@ def test_last_error_of_no_model_is_why_the_handles_last_load_failed(
     ):
         assert raw.load(exposed.name)[0] == AEE.EINVALIDFORMAT.dsp
     assert load_error() == (
-        b"y dimension 0 is free (it does not follow from the inputs' shapes): give its shape"
+        b"y dimension 0 is free (not from the inputs' shapes): give its shape, N,3"
     )
     assert raw.load(reshape)[0] == 0
     assert load_error() == b""  # a load that succeeds forgets it

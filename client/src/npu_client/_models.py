@@ -320,11 +320,14 @@ def _cast_refusal(numpy: Any, array: Any, want: Any) -> str:
     kind, wanted = _KINDS.get(have.kind, have.kind), _KINDS.get(want.kind, want.kind)
     if kind != wanted:
         how = f"convert it first (array.astype({str(want)!r}))"
-        if kind == "integer" and wanted == "floating point":
+        if have == numpy.dtype("int16") and wanted == "floating point":
+            # 16-bit PCM is what int16 arrays usually hold; a model takes it in [-1, 1).
             how = (
                 "scale it as the model expects and convert it first: for 16-bit audio"
                 f" samples, array.astype({str(want)!r}) / 32768"
             )
+        elif kind == "integer" and wanted == "floating point":
+            how = f"convert it first, values as they are (array.astype({str(want)!r}))"
         article = "an" if kind[0] in "aeiou" else "a"
         return f"{article} {kind} array is not taken as {wanted} ({have} to {want}): {how}"
     if kind == "integer" and not numpy.can_cast(have, want, casting="safe") and array.size:
