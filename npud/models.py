@@ -49,6 +49,7 @@ from npud.fastrpc.stubs.portal_qnn import (
     TensorSpec,
     arena_layout,
 )
+from npud.formats.onnx_values import Constant
 
 PAGE: Final = 4096
 GRAPHS_VERSION: Final = 5
@@ -140,13 +141,15 @@ def load_key(
     size: int,
     backend: Backend,
     shapes: Mapping[str, tuple[int, ...]],
+    constants: Mapping[str, Constant] | None = None,
 ) -> Hashable:
     """What makes two loads the same: the SHA-256 of the file's first ``size`` bytes (its
     size when it was checked: a file that grows meanwhile is not read forever), known to
     ``digests`` or read through ``fd`` with pread (the caller's offset stays), the backend
-    and the shapes."""
+    and the shapes and input values."""
     digest, length = digests.sha256(fd, size)
-    return ("model", backend, length, digest, tuple(sorted(shapes.items())))
+    fixed = tuple(sorted((constants or {}).items()))
+    return ("model", backend, length, digest, tuple(sorted(shapes.items())), fixed)
 
 
 class NpuModel:
@@ -214,6 +217,7 @@ class NpuModel:
         digests: FileDigests,
         name: str,
         shapes: dict[str, tuple[int, ...]],
+        constants: Mapping[str, Constant] | None = None,
         allocate: Callable[[int], DmaBuffer],
         release_arena: Callable[[DmaBuffer], None],
     ) -> NpuModel:
@@ -224,7 +228,7 @@ class NpuModel:
         # the backend takes, self-contained (npud.fastrpc.stubs.model_format).
         sniffed = PortalQnn.check_file(fd, backend)
         try:
-            key = load_key(digests, fd, sniffed.size, backend, shapes)
+            key = load_key(digests, fd, sniffed.size, backend, shapes, constants)
         except OSError as exc:
             raise CodedError(
                 ErrorCode.MODEL_FILE_UNREADABLE, detail=f"cannot read the file: {exc.strerror}"
@@ -233,7 +237,7 @@ class NpuModel:
         if shared is None:
             portal = PortalQnn.open(session, backend=backend)
             try:
-                loaded = portal.load(fd, shapes=shapes)
+                loaded = portal.load(fd, shapes=shapes, constants=constants)
             except BaseException:
                 _quietly(portal.close)
                 raise

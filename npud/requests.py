@@ -533,6 +533,7 @@ class LoadModel(Handler[p.ModelLoadRequest]):
         self.entry = self._reserve(Kind.MODEL, size)
 
     def run(self) -> Answer:
+        from npud.formats.onnx_values import Constant  # noqa: PLC0415  (as NpuModel)
         from npud.models import NpuModel  # noqa: PLC0415  (the first model load loads it)
 
         session, request, objects, domain = (
@@ -544,6 +545,10 @@ class LoadModel(Handler[p.ModelLoadRequest]):
         backend = domain.device.kind
         assert backend in ("kernel", "emulator")
         shapes = {name: tuple(dims) for name, dims in request.shapes.items()}
+        constants = {
+            name: Constant(c.dtype, tuple(c.shape), tuple(c.values))
+            for name, c in request.constants.items()
+        }
         memory = domain.device.require_memory()
         try:
             model = domain.run(
@@ -555,6 +560,7 @@ class LoadModel(Handler[p.ModelLoadRequest]):
                     self.file.fileno(),
                     name=request.name,
                     shapes=shapes,
+                    constants=constants,
                     digests=domain.digests,
                     allocate=lambda size: memory.allocate_fresh(size, self._fallback),
                     release_arena=memory.release,

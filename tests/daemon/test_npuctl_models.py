@@ -216,3 +216,41 @@ async def test_npuctl_run_graph_runs_the_graph_named(
         )
         assert code != 0
         assert "graph 'prefill' has no input 'token' (its inputs: 'tokens')" in err
+
+
+async def test_npuctl_run_fixes_constants_and_names_zero_inputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--constant folds sr's branch; without it, sr left as zeros takes the branch that
+    fails, and the failure says sr was zeros and how to give it."""
+    model = tmp_path / "rate.onnx"
+    model.write_bytes(onnx_models.rate_branch())
+    x = tmp_path / "x.npy"
+    np.save(x, np.arange(4, dtype=np.float32))
+    async with serve_daemon(tmp_path):
+        socket = tmp_path / "npud.sock"
+        code, out, err = await npuctl_in_thread(
+            socket, capsys, "run", str(model), "--input", f"x={x}", "--constant", "sr=16000"
+        )
+        assert (code, err) == (0, "")
+        assert [line for line in out.splitlines() if line.startswith(("input", "output"))] == [
+            f"input    x float32 [4] <- {x}",
+            "output   y float32 [4]",
+        ]
+        code, _, err = await npuctl_in_thread(
+            socket, capsys, "run", str(model), "--input", f"x={x}", "--shape", "y=4"
+        )
+        assert code == 1
+        assert "QNN error" in err
+        assert (
+            "the input 'sr' was zeros, which the model may not take (give each a value:"
+            " --input sr=FILE.npy, or fix it at load with --constant sr=VALUE)"
+        ) in err
+
+
+def test_npuctl_run_constant_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in (["--constant", "sr"], ["--constant", "sr=16k"]):
+        with pytest.raises(SystemExit) as exited:
+            npuctl.main(["run", "m.onnx", *bad])
+        assert exited.value.code == 64
+    assert "values are numbers separated by commas" in capsys.readouterr().err

@@ -341,3 +341,42 @@ def duration_tts() -> bytes:
             helper.make_tensor("minus_one", TensorProto.INT64, [1], [-1]),
         ],
     )
+
+
+def rate_branch() -> bytes:
+    """Silero VAD's pattern: y comes out of an If on the value of sr (int64 scalar).
+    sr == 16000: y = x * 2, shaped as x float32 [n]; otherwise y = x reshaped through
+    [-1, 3] (fails at run time unless n is a multiple of 3). The branches' shapes
+    differ, so shape inference cannot size y ['?'] from x's shape alone."""
+    rate = helper.make_tensor("rate", TensorProto.INT64, [], [16000])
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    then_branch = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["doubled"])],
+        "then",
+        [],
+        [tensor("doubled", "float32", ["n"])],
+    )
+    rows = helper.make_tensor("rows", TensorProto.INT64, [2], [-1, 3])
+    flat = helper.make_tensor("flat", TensorProto.INT64, [1], [-1])
+    else_branch = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["rows_shape"], value=rows),
+            helper.make_node("Constant", [], ["flat_shape"], value=flat),
+            helper.make_node("Reshape", ["x", "rows_shape"], ["in_rows"]),
+            helper.make_node("Reshape", ["in_rows", "flat_shape"], ["flattened"]),
+        ],
+        "else",
+        [],
+        [tensor("flattened", "float32", [None])],
+    )
+    return model(
+        [
+            helper.make_node("Equal", ["sr", "rate"], ["is_16k"]),
+            helper.make_node(
+                "If", ["is_16k"], ["y"], then_branch=then_branch, else_branch=else_branch
+            ),
+        ],
+        [tensor("x", "float32", ["n"]), tensor("sr", "int64", [])],
+        [tensor("y", "float32", ["?"])],
+        [rate, two],
+    )

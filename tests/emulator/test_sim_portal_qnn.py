@@ -222,7 +222,7 @@ def test_load_failures(raw: Raw, affine: str, session: FastRpcSession) -> None:
     ],
 )
 def test_model_uri_shapes(uri: str, expected: tuple[str, dict[str, tuple[int, ...]]]) -> None:
-    assert parse_model_uri(uri) == expected
+    assert parse_model_uri(uri)[:2] == expected
 
 
 @pytest.mark.parametrize(

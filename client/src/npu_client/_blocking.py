@@ -38,7 +38,15 @@ from npu_client._errors import ConnectFailed, NpuError
 from npu_client._llm_client import DEFAULT_N_CTX, Llm
 from npu_client._memory import MappedBuffer
 from npu_client._model_base import ModelBase
-from npu_client._models import ModelSource, ModelState, TensorValue, check_shapes, model_file
+from npu_client._models import (
+    ModelSource,
+    ModelState,
+    TensorValue,
+    check_constants,
+    check_shapes,
+    ignored_constants,
+    model_file,
+)
 from npu_client._settings import (
     SocketOrigin,
     client_name,
@@ -251,23 +259,36 @@ class Client(DaemonView["DmaBuffer"]):
         *,
         shapes: Mapping[str, Sequence[int]] | None = None,
         name: str | None = None,
+        constants: Mapping[str, object] | None = None,
     ) -> Model:
         """Load a model onto the NPU: a path (opened here, with this process's
         permissions), an open binary file or an fd; only its fd travels to npud, which
         reads the file through it. ``shapes`` gives ONNX model tensors' whole shapes
         by name (the emulator backend): every input with a free dimension, and an
         output only when its shape does not follow from the inputs'. ``name`` is what ``npuctl
-        status`` shows (default: the file's name). The model's tensors live in one
-        DMA-BUF mapped here: see :class:`Model`."""
+        status`` shows (default: the file's name). ``constants`` fixes ONNX model inputs
+        to values by name (``{"sr": 16000}``): npud folds them into the model before
+        shape inference, so outputs that hang on them (an ``If`` on the value) get their
+        shapes, and those inputs are gone from the model. The model's tensors live in
+        one DMA-BUF mapped here: see :class:`Model`."""
         checked = check_shapes(shapes)
+        fixed = check_constants(constants)
         with model_file(source) as (fd, shown):
-            loaded = self._run(requests.load_model(self._core, fd, (name or shown)[:1024], checked))
+            loaded = self._run(
+                requests.load_model(self._core, fd, (name or shown)[:1024], checked, fixed)
+            )
         try:
             state = ModelState(*loaded)
         except (OSError, ValueError):
             with contextlib.suppress(NpuError, TimeoutError):
                 self._run(requests.discard_model(loaded.model))
             raise
+        ignored = ignored_constants(state, fixed)
+        if ignored:
+            with contextlib.suppress(NpuError, TimeoutError):
+                self._run(requests.discard_model(loaded.model))
+            state.release_local("npud ignored its constants")
+            raise requests.ignored_constants_error(ignored)
         with self._lock:
             self._core.adopt_model(state)
         return Model(self, state)

@@ -11,6 +11,7 @@ import msgspec
 
 from npu_client import _models, cli
 from npu_client._blocking import Client
+from npu_client._errors import QnnError
 
 
 class RunUsageError(Exception):
@@ -54,6 +55,22 @@ class RunArgs:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     graph: str | None = None
     """The graph to run, by name (--graph); None: the first."""
+    constants: dict[str, tuple[int | float, ...] | int | float] = field(default_factory=dict)
+    """Inputs fixed to values at load (--constant): a scalar, or a flat tuple."""
+
+
+def parse_constant(text: str) -> int | float | tuple[int | float, ...]:
+    """``16000`` (a scalar) or ``0.667,1,0.8`` (a flat array): integers stay integers
+    unless a float is among them."""
+    items = text.split(",")
+    try:
+        values: list[int | float] = [int(v) for v in items]
+    except ValueError:
+        try:
+            values = [float(v) for v in items]
+        except ValueError:
+            raise ValueError(f"values are numbers separated by commas, got {text!r}") from None
+    return values[0] if len(items) == 1 else tuple(values)
 
 
 def parse_assignment(text: str) -> tuple[str, str]:
@@ -79,7 +96,9 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
     default) from its .npy file (zeros otherwise), run that graph once."""
     arrays = {name: _load_npy(path) for name, path in args.inputs.items()}
     started = time.perf_counter()
-    with client.load_model(args.model, shapes=load_shapes(client.backend, args, arrays)) as model:
+    shapes = load_shapes(client.backend, args, arrays)
+    fixed = dict(args.constants)
+    with client.load_model(args.model, shapes=shapes, constants=fixed or None) as model:
         loaded = time.perf_counter()
         graph = model.graphs[model._graph(args.graph)]
         known = {spec.name for spec in graph.inputs}
@@ -100,7 +119,10 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
                 source = "zeros"
             inputs.append(TensorLine(spec.name, spec.dtype, tuple(spec.shape), source))
         before = time.perf_counter()
-        model.execute(graph=args.graph)
+        try:
+            model.execute(graph=args.graph)
+        except QnnError as exc:
+            raise _with_zeros_hint(exc, inputs) from None
         after = time.perf_counter()
         return RunReport(
             model=model.name,
@@ -113,6 +135,27 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
             graph=graph.name,
             graphs=[g.name for g in model.graphs] if len(model.graphs) > 1 else [],
         )
+
+
+def _with_zeros_hint(exc: QnnError, inputs: list[TensorLine]) -> QnnError:
+    """The run's failure, saying which inputs were zeros: a zero where the model takes
+    a rate, a length or a scale (Silero VAD's sr) fails it deep inside, far from the
+    cause."""
+    zeros = [t.name for t in inputs if t.source == "zeros"]
+    if not zeros:
+        return exc
+    names = ", ".join(repr(n) for n in zeros)
+    first = zeros[0]
+    hint = (
+        f"; the inputs {names} were all zeros, which the model may not take"
+        if len(zeros) > 1
+        else f"; the input {names} was zeros, which the model may not take"
+    )
+    hint += (
+        f" (give each a value: --input {first}=FILE.npy, or fix it at load with"
+        f" --constant {first}=VALUE)"
+    )
+    return QnnError(f"{exc.message}{hint}", code=exc.code, fields=exc.fields)
 
 
 def load_shapes(backend: str, args: RunArgs, arrays: dict[str, Any]) -> dict[str, tuple[int, ...]]:

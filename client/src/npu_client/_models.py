@@ -36,7 +36,14 @@ from npu_client._errors import (
 )
 from npu_client._memory import _map_shared
 from npu_client.transport import OwnedFd
-from npu_protocol import ErrorCode, GraphInfo, ModelInfo, TensorInfo, format_message
+from npu_protocol import (
+    ErrorCode,
+    GraphInfo,
+    ModelConstant,
+    ModelInfo,
+    TensorInfo,
+    format_message,
+)
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -100,6 +107,78 @@ def check_shapes(shapes: object) -> dict[str, tuple[int, ...]]:
             raise ValueError(f"shapes: {name!r} needs positive integer dimensions, got {dims}")
         checked[name] = dims
     return checked
+
+
+MAX_CONSTANT_VALUES: Final = 256
+_CONSTANT_DTYPES: Final = frozenset(
+    {"bool", "float32", "float64"}
+    | {f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64)}
+)
+
+
+def check_constants(constants: object) -> dict[str, ModelConstant]:
+    """``constants`` (input name -> value) as the request carries them: a bool, int or
+    float, a (nested) sequence of them, or a numpy array or scalar; at most 256 values
+    each. Python ints travel as int64, floats as float64 (npud converts them to the
+    input's own type within their kind)."""
+    if constants is None:
+        return {}
+    if not isinstance(constants, Mapping):
+        raise TypeError("constants must map input names to values")
+    checked: dict[str, ModelConstant] = {}
+    for name, value in constants.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"constants: input names are non-empty str, not {name!r}")
+        dtype, shape, values = _constant_values(name, value)
+        if not values or len(values) > MAX_CONSTANT_VALUES:
+            raise ValueError(
+                f"constants: {name!r} has {len(values)} values (1..{MAX_CONSTANT_VALUES}:"
+                " a value the model's shapes hang on, not data)"
+            )
+        checked[name] = ModelConstant(dtype=dtype, shape=shape, values=values)
+    return checked
+
+
+def _constant_values(
+    name: str, value: object
+) -> tuple[str, tuple[int, ...], tuple[int | float, ...]]:
+    numpy = numpy_module()
+    if numpy is not None and not isinstance(value, str | bytes):
+        array = numpy.asarray(value)
+        if array.dtype == numpy.float16:
+            array = array.astype(numpy.float32)
+        if array.dtype.name not in _CONSTANT_DTYPES:
+            raise TypeError(
+                f"constants: {name!r} is {array.dtype} (integers, floats or bools are taken)"
+            )
+        flat = array.reshape(-1).tolist()
+        values = tuple(int(v) if isinstance(v, bool) else v for v in flat)
+        return array.dtype.name, tuple(int(d) for d in array.shape), values
+    items: list[object] = list(value) if isinstance(value, list | tuple) else [value]
+    bools = [v for v in items if isinstance(v, bool)]
+    ints = [v for v in items if isinstance(v, int) and not isinstance(v, bool)]
+    numbers = [v for v in items if isinstance(v, int | float) and not isinstance(v, bool)]
+    if len(bools) == len(items):
+        return "bool", _shape_of(value), tuple(int(v) for v in bools)
+    if len(ints) == len(items):
+        return "int64", _shape_of(value), tuple(ints)
+    if len(numbers) == len(items):
+        return "float64", _shape_of(value), tuple(float(v) for v in numbers)
+    raise TypeError(
+        f"constants: {name!r} must be a bool, int, float or a flat sequence of them"
+        " (nested ones and arrays need numpy)"
+    )
+
+
+def _shape_of(value: object) -> tuple[int, ...]:
+    return (len(value),) if isinstance(value, list | tuple) else ()
+
+
+def ignored_constants(state: ModelState, constants: Mapping[str, object]) -> list[str]:
+    """The inputs ``constants`` fixed that the loaded model still has: an npud that
+    predates constants ignored them (a load that fixes one takes the input away)."""
+    kept = {spec.name for graph in state.graphs for spec in graph.inputs}
+    return sorted(name for name in constants if name in kept)
 
 
 class ModelState:

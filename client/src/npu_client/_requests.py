@@ -52,6 +52,7 @@ from npu_protocol import (
     InvokeReply,
     MapReply,
     MapRequest,
+    ModelConstant,
     ModelInfo,
     ModelInfoReply,
     ModelInfoRequest,
@@ -217,7 +218,11 @@ class LoadedModel(NamedTuple):
 
 
 def load_model(
-    core: ClientCore[Any], fd: int, name: str, shapes: dict[str, tuple[int, ...]]
+    core: ClientCore[Any],
+    fd: int,
+    name: str,
+    shapes: dict[str, tuple[int, ...]],
+    constants: dict[str, ModelConstant] | None = None,
 ) -> Call[LoadedModel]:
     """Load the model file open on ``fd`` (sent with the request; it stays the caller's)."""
     if core.protocol_version < MODELS_VERSION:
@@ -228,7 +233,22 @@ def load_model(
         reply = pending.result(ModelLoadReply)
         return LoadedModel(reply.model, reply.info, pending.take_fd(), pending.epoch)
 
-    return Call(lambda rid: ModelLoadRequest(id=rid, fd=fd, name=name, shapes=shapes), finish)
+    return Call(
+        lambda rid: ModelLoadRequest(
+            id=rid, fd=fd, name=name, shapes=shapes, constants=constants or {}
+        ),
+        finish,
+    )
+
+
+def ignored_constants_error(names: list[str]) -> Unsupported:
+    """The error for a load whose constants npud ignored (it predates them)."""
+    what = (
+        f"constants: npud loaded the model with {', '.join(repr(n) for n in names)} still an"
+        " input (it predates fixing inputs to values at load; give them as inputs and the"
+        " outputs' shapes, or update npud)"
+    )
+    return Unsupported(code_message(ErrorCode.UNSUPPORTED, what=what), fields={"what": what})
 
 
 def model_info(model: ModelState) -> Call[ModelInfo]:

@@ -33,7 +33,15 @@ from npu_client._llm_client import DEFAULT_N_CTX
 from npu_client._llm_trio import TrioLlm
 from npu_client._memory import MappedBuffer
 from npu_client._model_base import ModelBase
-from npu_client._models import ModelSource, ModelState, TensorValue, check_shapes, model_file
+from npu_client._models import (
+    ModelSource,
+    ModelState,
+    TensorValue,
+    check_constants,
+    check_shapes,
+    ignored_constants,
+    model_file,
+)
 from npu_client._settings import (
     client_name,
     connect_failure_message,
@@ -186,12 +194,14 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
         *,
         shapes: Mapping[str, Sequence[int]] | None = None,
         name: str | None = None,
+        constants: Mapping[str, object] | None = None,
     ) -> TrioModel:
         """As ``Client.load_model``: the file is opened here and only its fd is sent."""
         checked = check_shapes(shapes)
+        fixed = check_constants(constants)
         with model_file(source) as (fd, shown):
             loaded = await self._run(
-                requests.load_model(self._core, fd, (name or shown)[:1024], checked)
+                requests.load_model(self._core, fd, (name or shown)[:1024], checked, fixed)
             )
         try:
             state = ModelState(*loaded)
@@ -199,6 +209,12 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
             with contextlib.suppress(NpuError):
                 await self._run(requests.discard_model(loaded.model))
             raise
+        ignored = ignored_constants(state, fixed)
+        if ignored:
+            with contextlib.suppress(NpuError):
+                await self._run(requests.discard_model(loaded.model))
+            state.release_local("npud ignored its constants")
+            raise requests.ignored_constants_error(ignored)
         self._core.adopt_model(state)
         return TrioModel(self, state)
 

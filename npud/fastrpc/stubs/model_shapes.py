@@ -43,12 +43,15 @@ class _Resolved:
 
 
 def check_shapes(
-    source: onnx_proto.Source, given: Mapping[str, Sequence[int]]
+    source: onnx_proto.Source,
+    given: Mapping[str, Sequence[int]],
+    constants: Mapping[str, Sequence[int]] | None = None,
 ) -> list[onnx_proto.GraphTensor]:
     """Raise ShapeError unless the model's inputs, with ``given``, have every dimension
     fixed; the outputs left for the DSP to infer (a dimension these rules leave free),
-    each with the dimensions these rules do fix filled in. A model that declares no
-    shapes at all is left to the runtime."""
+    each with the dimensions these rules do fix filled in. ``constants`` are the shapes
+    of the values inputs are fixed to (they size those inputs, as a given shape does).
+    A model that declares no shapes at all is left to the runtime."""
     tensors = onnx_proto.graph_io(source)
     declared = [t for t in tensors if t.dims is not None]
     names = {t.name for t in tensors}
@@ -58,6 +61,7 @@ def check_shapes(
         raise ShapeError(
             "mismatch", f"the model has no tensor {unknown[0]!r} (its tensors: {known})"
         )
+    given = _with_constants(tensors, given, constants or {})
     bound = _bind(declared, given)
     resolved = [_resolve(t, given, bound) for t in declared]
     inputs = [r for r in resolved if r.tensor.kind == "input"]
@@ -67,6 +71,31 @@ def check_shapes(
         raise ShapeError("free", _free_message(free, inputs, outputs))
     unshaped = [t for t in tensors if t.kind == "output" and t.dims is None and t.name not in given]
     return [_filled(r) for r in resolved if r.tensor.kind == "output" and None in r.dims] + unshaped
+
+
+def _with_constants(
+    tensors: Sequence[onnx_proto.GraphTensor],
+    given: Mapping[str, Sequence[int]],
+    constants: Mapping[str, Sequence[int]],
+) -> Mapping[str, Sequence[int]]:
+    """``given`` with the shapes of the values inputs are fixed to; ShapeError for a value
+    of no input, or one whose shape disagrees with a shape given for the same input."""
+    inputs = [t.name for t in tensors if t.kind == "input"]
+    merged = dict(given)
+    for name, shape in constants.items():
+        if name not in inputs:
+            listed = ", ".join(repr(n) for n in inputs) or "none"
+            raise ShapeError(
+                "mismatch", f"the model has no input {name!r} to fix (its inputs: {listed})"
+            )
+        if name in given and tuple(given[name]) != tuple(shape):
+            raise ShapeError(
+                "mismatch",
+                f"input {name!r} is given the shape {list(given[name])} and a value of shape"
+                f" {list(shape)}",
+            )
+        merged[name] = shape
+    return merged
 
 
 def unsized_outputs_refusal(outputs: Sequence[onnx_proto.GraphTensor]) -> str:

@@ -58,6 +58,8 @@ from npud.fastrpc.stubs.model_format import (
 from npud.fastrpc.stubs.model_format import members as model_members
 from npud.fastrpc.stubs.model_shapes import ShapeError, check_shapes, unsized_outputs_refusal
 from npud.formats import onnx_proto
+from npud.formats.onnx_values import DTYPES as CONSTANT_DTYPES
+from npud.formats.onnx_values import Constant
 from npud.idl import arena
 
 PORTAL_QNN_URI: Final = (
@@ -70,6 +72,7 @@ MAX_URI_BYTES: Final = 512  # model_uri with its NUL
 MAX_ERROR_BYTES: Final = 256  # last_error's capacity: the skel keeps at most 255 bytes of text
 NO_MODEL: Final = 0xFFFFFFFF  # last_error's model_index for the handle's last model_load
 QNN_SUFFIX: Final = {"kernel": ".so", "emulator": ".onnx"}
+
 
 Backend = Literal["kernel", "emulator"]
 TensorKey = int | str
@@ -270,8 +273,11 @@ def _find(specs: Sequence[TensorSpec], key: TensorKey, what: str) -> TensorSpec:
     raise ModelError(ModelFailure.BAD_TENSOR, f"{key!r} is no {what} (it has {names})")
 
 
-def model_uri_query(shapes: Mapping[str, Sequence[int]]) -> str:
-    """The query that fixes free dimensions (npud/sim/portal_qnn.py reads it)."""
+def model_uri_query(
+    shapes: Mapping[str, Sequence[int]], constants: Mapping[str, Constant] | None = None
+) -> str:
+    """The query that fixes free dimensions and inputs' values (npud/sim/portal_qnn.py
+    reads it): ``shape.<name>=<dims>`` and ``value.<name>=<dtype>:<dims>:<values>``."""
     items = []
     for name, dims in shapes.items():
         if not isinstance(name, str) or not name:
@@ -285,7 +291,34 @@ def model_uri_query(shapes: Mapping[str, Sequence[int]]) -> str:
             )
         encoded = urllib.parse.quote(name, safe="")
         items.append(f"shape.{encoded}={','.join(str(d) for d in dims)}")
+    for name, constant in (constants or {}).items():
+        items.append(f"value.{urllib.parse.quote(name, safe='')}={_constant_text(name, constant)}")
     return "?" + "&".join(items) if items else ""
+
+
+def _constant_text(name: str, constant: Constant) -> str:
+    """``<dtype>:<dims>:<values>``; ModelError when the value is not one."""
+    if not isinstance(name, str) or not name:
+        raise ModelError(ModelFailure.TENSOR_MISMATCH, f"value for {name!r}: not a name")
+    count = 1
+    for size in constant.shape:
+        count *= size
+    kinds = {"b": (int,), "f": (int, float)}.get(constant.dtype[:1], (int,))
+    if (
+        constant.dtype not in CONSTANT_DTYPES
+        or len(constant.shape) > MAX_RANK
+        or count != len(constant.values)
+        or not all(isinstance(v, kinds) and not isinstance(v, bool) for v in constant.values)
+        or (constant.dtype == "bool" and not all(v in (0, 1) for v in constant.values))
+    ):
+        raise ModelError(
+            ModelFailure.TENSOR_MISMATCH,
+            f"value of {name!r}: {len(constant.values)} {constant.dtype} values for shape"
+            f" {list(constant.shape)} (one per element of the shape, of an integer, float32,"
+            " float64 or bool type)",
+        )
+    dims = ",".join(str(d) for d in constant.shape)
+    return f"{constant.dtype}:{dims}:{','.join(repr(v) for v in constant.values)}"
 
 
 def _spec(index: int, record: idl.Values) -> TensorSpec:
@@ -354,19 +387,28 @@ class PortalQnn:
             }[exc.kind]
             raise ModelError(failure, str(exc)) from None
 
-    def load(self, fd: int, *, shapes: Mapping[str, Sequence[int]] | None = None) -> LoadedModel:
+    def load(
+        self,
+        fd: int,
+        *,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        constants: Mapping[str, Constant] | None = None,
+    ) -> LoadedModel:
         """Load the model file open on ``fd`` (the caller keeps it) into a free slot.
 
         ``shapes`` fixes free dimensions of an ONNX model's tensors by name (the
         emulator backend); a QNN model library's shapes are fixed already.
+        ``constants`` fixes ONNX model inputs to values, which the DSP folds into the
+        model before shape inference (npud.sim.onnx_fold): those inputs are gone.
         """
         sniffed = self.check_file(fd, self.backend)
-        if shapes and self.backend == "kernel":
+        if (shapes or constants) and self.backend == "kernel":
+            what = "shapes apply" if shapes else "input values (constants) apply"
             raise ModelError(
                 ModelFailure.TENSOR_MISMATCH,
-                "a QNN model library has fixed shapes: shapes apply to ONNX models only",
+                f"a QNN model library has fixed shapes and inputs: {what} to ONNX models only",
             )
-        query = model_uri_query(shapes or {})
+        query = model_uri_query(shapes or {}, constants or {})
         try:
             exposed = self._session.expose_file(fd, suffix=QNN_SUFFIX[self.backend])
         except ValueError as exc:
@@ -377,11 +419,13 @@ class PortalQnn:
             if len(uri.encode("utf-8")) + 1 > MAX_URI_BYTES:
                 raise ModelError(
                     ModelFailure.TENSOR_MISMATCH,
-                    f"the shapes make the model URI {len(uri)} bytes; at most {MAX_URI_BYTES - 1}",
+                    f"the shapes and values make the model URI {len(uri)} bytes; at most"
+                    f" {MAX_URI_BYTES - 1}",
                 )
             unsized: list[onnx_proto.GraphTensor] = []
             if sniffed.format is ModelFormat.ONNX:
-                unsized = _check_shapes(fd, sniffed.size, shapes or {})
+                fixed = {name: c.shape for name, c in (constants or {}).items()}
+                unsized = _check_shapes(fd, sniffed.size, shapes or {}, fixed)
             with self._load_lock:
                 rc, values = self._call(_LOAD, model_uri=uri)
                 failed = rc != 0 or values.integer("qnn_status") != 0
@@ -706,7 +750,10 @@ def _out_arg(item: int | idl.BufferRef) -> OutArg:
 
 
 def _check_shapes(
-    fd: int, size: int, shapes: Mapping[str, Sequence[int]]
+    fd: int,
+    size: int,
+    shapes: Mapping[str, Sequence[int]],
+    constants: Mapping[str, Sequence[int]],
 ) -> list[onnx_proto.GraphTensor]:
     """Refuse here, saying which tensor and what to give, what the DSP would refuse
     with one generic code (its log has the reason; its client would not). The outputs
@@ -714,8 +761,8 @@ def _check_shapes(
     try:
         members = model_members(fd, size)
         if len(members) == 1:
-            return check_shapes(members[0], shapes)
-        return _check_pack_shapes(members, shapes)
+            return check_shapes(members[0], shapes, constants)
+        return _check_pack_shapes(members, shapes, constants)
     except ModelFileError as exc:
         raise ModelError(ModelFailure.FILE_MALFORMED, str(exc)) from None
     except ShapeError as exc:
@@ -734,13 +781,15 @@ def _check_shapes(
 
 
 def _check_pack_shapes(
-    members: Sequence[onnx_proto.Source], shapes: Mapping[str, Sequence[int]]
+    members: Sequence[onnx_proto.Source],
+    shapes: Mapping[str, Sequence[int]],
+    constants: Mapping[str, Sequence[int]],
 ) -> list[onnx_proto.GraphTensor]:
     """check_shapes for each graph of a graph pack, with the shapes of the tensors that
     graph has (a shape applies to every graph with a tensor of its name)."""
     names = [{t.name for t in onnx_proto.graph_io(member)} for member in members]
     known = set().union(*names)
-    unknown = sorted(set(shapes) - known)
+    unknown = sorted((set(shapes) | set(constants)) - known)
     if unknown:
         listed = ", ".join(repr(n) for n in sorted(known)) or "none"
         raise ShapeError(
@@ -748,7 +797,11 @@ def _check_pack_shapes(
         )
     unsized: list[onnx_proto.GraphTensor] = []
     for member, has in zip(members, names, strict=True):
-        unsized += check_shapes(member, {k: v for k, v in shapes.items() if k in has})
+        unsized += check_shapes(
+            member,
+            {k: v for k, v in shapes.items() if k in has},
+            {k: v for k, v in constants.items() if k in has},
+        )
     return unsized
 
 
@@ -791,8 +844,8 @@ def _load_refusal(rc: int, sniffed: Sniffed, unsized: Sequence[onnx_proto.GraphT
     if rc == AEE.EBADPARM.dsp:
         return ModelError(
             ModelFailure.TENSOR_MISMATCH,
-            "the shapes given do not fit the model (an unknown tensor, a rank or a fixed"
-            " dimension that differs); the DSP's log says which",
+            "the shapes or values given do not fit the model (an unknown tensor, a rank or a"
+            " fixed dimension that differs, a value of another kind); the DSP's log says which",
         )
     if rc == AEE.ENOMEMORY.dsp:
         return ModelError(

@@ -13,10 +13,12 @@ from typing import Annotated, Any, ClassVar, Final, Literal, TypeAlias
 import msgspec
 
 from npu_protocol._records import (
+    MAX_CONSTANTS,
     Budget,
     ClientLimits,
     DaemonStatus,
     DspCapabilities,
+    ModelConstant,
     ModelInfo,
     OwnPool,
     Priority,
@@ -292,6 +294,13 @@ class ModelLoadRequest(Request, tag="model_load", frozen=True, kw_only=True):
     """Fixes free dimensions of an ONNX model's tensors, by tensor name: every input
     with one, outputs only where they do not follow from the inputs' shapes (the
     emulator backend; a QNN model library's shapes are fixed already)."""
+    constants: Annotated[
+        dict[TensorName, ModelConstant], msgspec.Meta(max_length=MAX_CONSTANTS)
+    ] = {}
+    """Version 6 (additive): fixes ONNX model inputs to values, by input name; the
+    server folds them into the model before shape inference (an ``If`` they decide
+    becomes the branch taken), and the inputs are gone from the loaded model's
+    tensors. An older server ignores the key: its model still lists them as inputs."""
 
 
 class ModelInfoRequest(Request, tag="model_info", frozen=True, kw_only=True):
