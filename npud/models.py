@@ -276,11 +276,12 @@ class NpuModel:
             index=f"graph {name!r} (the model's graphs: {graphs})",
         )
 
-    def run(self, graph: int = 0) -> None:
+    def run(self, graph: int = 0) -> tuple[tuple[int, ...], ...]:
         """One run of graph ``graph``: its inputs in the arena in, its outputs into it
-        (one invoke)."""
+        (one invoke; two when an output's size is the data's). Every output's shape as
+        the run produced it when the graph has outputs with rooms, else ()."""
         inputs, outputs = self._slices[graph]
-        self._portal.run_arena(self._slot, inputs, outputs, graph=graph)
+        return self._portal.run_arena(self._slot, inputs, outputs, graph=graph) or ()
 
     def count_run(self, dsp_seconds: float) -> None:
         with self._lock:

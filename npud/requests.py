@@ -645,12 +645,12 @@ class RunModel(CallTiming, Handler[p.ModelRunRequest]):
         graph = model.graph_index(self.request.graph)
         started = time.perf_counter()
         try:
-            self.domain.run(model.session, lambda: model.run(graph))
+            shapes = self.domain.run(model.session, lambda: model.run(graph))
         finally:
             self.dsp_seconds = time.perf_counter() - started
         model.count_run(self.dsp_seconds)
         dsp_us = round(self.dsp_seconds * 1_000_000)
-        return Answer(p.ModelRunReply(id=self.request.id, dsp_us=dsp_us))
+        return Answer(p.ModelRunReply(id=self.request.id, dsp_us=dsp_us, output_shapes=shapes))
 
     def end(self) -> None:
         self.end_call()

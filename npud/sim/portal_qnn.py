@@ -134,6 +134,8 @@ _GRAPH_INFO: Final = PORTAL_IDL.method("graph_info")
 _RUN: Final = PORTAL_IDL.method("run")
 _LAST_ERROR: Final = PORTAL_IDL.method("last_error")
 _GRAPH_NAME: Final = PORTAL_IDL.method("graph_name")
+_OUTPUT_DIMS: Final = PORTAL_IDL.method("output_dims")
+OUTPUT_DIMS_STRIDE: Final = 1 + MAX_RANK  # output_dims: rank, then 8 dimensions
 MAX_GRAPHS: Final = graph_pack.MAX_GRAPHS
 _SPEC_SIZE: Final = _GRAPH_INFO.param("inputs").element_size  # sizeof(portal_qnn_tensor_spec)
 
@@ -531,11 +533,8 @@ class OnnxModel:
             return 0, _qnn_status(exc)
         arrays = [np.ascontiguousarray(array) for array in produced]
         for spec, array in zip(self.outputs, arrays, strict=True):
-            if array.dtype != spec.dtype or array.nbytes > spec.nbytes:
-                log.error(
-                    "portal_qnn output overgrew its buffer",
-                    extra={"output": spec.name, "shape": array.shape, "bytes": spec.nbytes},
-                )
+            if not _fits(spec, array):
+                self.last_error = _overgrown(spec, array)
                 return AEE.EINVALIDFORMAT.dsp, 0
         self._produced = arrays
         return 0, 0
@@ -564,12 +563,13 @@ class OnnxModel:
             return 0, _qnn_status(exc)
         self._stage(arrays)
         target = np.frombuffer(outputs, np.uint8)
-        end = 0
-        for spec, offset, array in zip(self.outputs, self.output_offsets, produced, strict=True):
-            data = np.ascontiguousarray(array)
-            if data.dtype != spec.dtype or data.nbytes > spec.nbytes:
-                log.error("portal_qnn output overgrew its buffer", extra={"output": spec.name})
+        for spec, array in zip(self.outputs, produced, strict=True):
+            if not _fits(spec, array):  # before a byte is written: the outputs stay as they were
+                self.last_error = _overgrown(spec, array)
                 return AEE.EINVALIDFORMAT.dsp, 0
+        end = 0
+        for offset, array in zip(self.output_offsets, produced, strict=True):
+            data = np.ascontiguousarray(array)
             target[end:offset] = 0
             target[offset : offset + data.nbytes] = data.reshape(-1).view(np.uint8)
             end = offset + data.nbytes
@@ -581,6 +581,12 @@ class OnnxModel:
         for staged, array in zip(self._staged, arrays, strict=True):
             staged[...] = array
         self._set = [True] * len(self.inputs)
+
+    def output_dims(self) -> list[tuple[int, ...]] | None:
+        """Each output's shape as the last successful execute or run produced it."""
+        if self._produced is None:
+            return None
+        return [tuple(int(d) for d in array.shape) for array in self._produced]
 
     def get_output(self, tensor: int, target: memoryview) -> tuple[int, int]:
         """(AEE result, data_len)."""
@@ -594,6 +600,25 @@ class OnnxModel:
         target[: data.nbytes] = data.data
         target[data.nbytes :] = bytes(len(target) - data.nbytes)
         return 0, data.nbytes
+
+
+def _fits(spec: TensorSpec, array: npt.NDArray[Any]) -> bool:
+    """An output fits its place when it has the type graph_info gave it and at most its
+    bytes: an output whose size the data decides fills the start of its room."""
+    return array.dtype == spec.dtype and array.nbytes <= spec.nbytes
+
+
+def _overgrown(spec: TensorSpec, array: npt.NDArray[Any]) -> bytes:
+    """last_error for an output that does not fit its place: the tensor, its room, and
+    what the run needed."""
+    log.warning(
+        "portal_qnn output does not fit its room",
+        extra={"output": spec.name, "shape": array.shape, "room": spec.shape},
+    )
+    room = f"{spec.dtype} {list(spec.shape)} ({spec.nbytes} bytes)"
+    needed = f"{array.dtype} {list(array.shape)} ({array.nbytes} bytes)"
+    text = f"output {spec.name!r} needs {needed}; its room is {room}"
+    return text.encode("utf-8")[: MAX_ERROR_BYTES - 1].decode("utf-8", "ignore").encode("utf-8")
 
 
 def _graph_name(session: ort.InferenceSession) -> str:
@@ -689,6 +714,7 @@ class PortalQnnSkel(Skel):
                 "run": self._run,
                 "last_error": self._last_error,
                 "graph_name": self._graph_name,
+                "output_dims": self._output_dims,
             },
         )
 
@@ -860,6 +886,23 @@ class PortalQnnSkel(Skel):
         slot = self._models[index]
         assert slot is not None, "the handle lock is held since the graph was found"
         slot.last_error = graph.last_error
+
+    def _output_dims(self, call: SkelCall) -> int:
+        args = call.unpack(_OUTPUT_DIMS)
+        with self._lock:
+            model = self._model(args.integer("model_index"), args.integer("graph_index"))
+            if isinstance(model, int):
+                return model
+            shapes = model.output_dims()
+        if shapes is None:
+            return AEE.ENOTINITIALIZED.dsp
+        if len(args.view("dims")) < OUTPUT_DIMS_STRIDE * 4 * len(shapes):  # u32 each
+            return AEE.EBUFFERTOOSMALL.dsp
+        dims: list[int] = []
+        for shape in shapes:
+            dims += [len(shape), *shape, *[0] * (MAX_RANK - len(shape))]
+        call.pack_routs(_OUTPUT_DIMS, {"dims": dims, "num_outputs": len(shapes)})
+        return 0
 
     def _graph_name(self, call: SkelCall) -> int:
         args = call.unpack(_GRAPH_NAME)

@@ -796,3 +796,59 @@ async def test_silero_vad_loads_from_its_input_shapes_and_sr(
             {"input": np.zeros((1, 576), np.float32), "state": np.zeros((2, 1, 128), np.float32)}
         )
         assert 0 <= float(out["output"][0, 0]) < 0.5  # silence
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_an_output_sized_by_the_data_fills_its_room_and_says_its_shape(
+    tmp_path: Path, kind: ClientKind
+) -> None:
+    """A TTS voice's audio: its length is the sum of the durations. The load gives it a
+    room; each run says how long it is; an output that outgrows its room is an error of
+    its own naming the tensor, its room and what the run needed."""
+    path = model_file(tmp_path, onnx_models.duration_tts())
+    scales = np.array([0.5, 1, 1], np.float32)
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+        await npu.load_model(path, shapes={"input": (1, 3), "output": (1, 1, 64)}) as model,
+    ):
+        assert model.outputs[0].shape == (1, 1, 64)  # the room
+        lengths = np.array([3])
+        out = await model.run(
+            {"input": np.array([[2, 3, 1]]), "input_lengths": lengths, "scales": scales}
+        )
+        assert out["output"].shape == (1, 1, 6)
+        np.testing.assert_array_equal(out["output"][0, 0], np.arange(6) * 0.5)
+        assert model.output_shape("output") == (1, 1, 6)
+        # Silence at the end is the data's, not cut: a run of all-zero audio keeps it.
+        out = await model.run({"input": np.array([[4, 0, 0]]), "scales": np.zeros(3, np.float32)})
+        np.testing.assert_array_equal(out["output"], np.zeros((1, 1, 4), np.float32))
+        out = await model.run({"input": np.array([[0, 0, 0]])})
+        assert out["output"].shape == (1, 1, 0)
+        with pytest.raises(
+            npu_client.OutputTooLarge,
+            match=r"output too large: graph 0: output 'output' needs float32 \[1, 1, 90\]"
+            r" \(360 bytes\); its room is float32 \[1, 1, 64\] \(256 bytes\) \(give it a"
+            r" larger room at load",
+        ):
+            await model.run({"input": np.array([[30, 30, 30]])})
+        with pytest.raises(npu_client.NoOutputs):
+            model.get_output("output")
+        out = await model.run({"input": np.array([[1, 1, 1]])})  # it runs on
+        assert out["output"].shape == (1, 1, 3)
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_outputs_that_follow_from_the_inputs_keep_their_shape(
+    tmp_path: Path, kind: ClientKind
+) -> None:
+    """An output that follows from the inputs is no room: its shape is its TensorInfo's."""
+    path = model_file(tmp_path, onnx_models.add_one((None, 4), out_shape=(None, None)))
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+        await npu.load_model(path, shapes={"x": (2, 4)}) as model,
+    ):
+        out = await model.run({"x": np.ones((2, 4), np.float32)})
+        assert out["y"].shape == (2, 4)
+        assert model.output_shape("y") == (2, 4)

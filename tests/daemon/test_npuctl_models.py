@@ -254,3 +254,59 @@ def test_npuctl_run_constant_usage_errors(capsys: pytest.CaptureFixture[str]) ->
             npuctl.main(["run", "m.onnx", *bad])
         assert exited.value.code == 64
     assert "values are numbers separated by commas" in capsys.readouterr().err
+
+
+async def test_npuctl_run_prints_the_shape_the_data_gave_an_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "tts.onnx"
+    model.write_bytes(onnx_models.duration_tts())
+    durations = tmp_path / "durations.npy"
+    np.save(durations, np.array([[2, 3, 1]], np.int64))
+    async with serve_daemon(tmp_path):
+        socket = tmp_path / "npud.sock"
+        code, out, err = await npuctl_in_thread(
+            socket,
+            capsys,
+            "run",
+            str(model),
+            "--input",
+            f"input={durations}",
+            "--shape",
+            "output=1,1,64",
+            "--json",
+        )
+        assert (code, err) == (0, "")
+        report = json.loads(out)
+        assert report["outputs"] == [
+            {
+                "name": "output",
+                "dtype": "float32",
+                "shape": [1, 1, 6],
+                "source": "",
+                "room": [1, 1, 64],
+            }
+        ]
+        code, out, err = await npuctl_in_thread(
+            socket,
+            capsys,
+            "run",
+            str(model),
+            "--input",
+            f"input={durations}",
+            "--shape",
+            "output=1,1,64",
+        )
+        assert "output   output float32 [1, 1, 6] (room [1, 1, 64])" in out.splitlines()
+        code, out, err = await npuctl_in_thread(
+            socket,
+            capsys,
+            "run",
+            str(model),
+            "--input",
+            f"input={durations}",
+            "--shape",
+            "output=1,1,4",
+        )
+        assert code == 1
+        assert "output too large: graph 0: output 'output' needs float32 [1, 1, 6]" in err

@@ -33,6 +33,7 @@ def test_every_snippet_is_found() -> None:
         "A first call",
         "Models",
         "Models",
+        "Models",
         "LLMs",
         "Trio",
     ]
@@ -61,7 +62,8 @@ def test_the_snippets_run_as_written_from_any_directory(tmp_path: Path) -> None:
         assert daemon.stop() == 0
     for result in results:
         assert result.returncode == 0, result.stderr
-    echo, vad, graphs, trio_run = (result.stdout.splitlines() for result in results)
+    echo, vad, voice, graphs, trio_run = (result.stdout.splitlines() for result in results)
+    assert voice == ["(1, 1, 6) (1, 1, 6)"]
     assert echo == ["b'hello'"]
     assert vad[0] == "[('input', 'float32', (1, 576)), ('state', 'float32', (2, 1, 128))]"
     assert 0 <= float(vad[1]) < 0.5  # silence

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from npu_protocol import ErrorCode
+from npu_protocol import AEE, ErrorCode
 from npud import idl
 from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.dma import DmaBuffer
@@ -211,7 +211,7 @@ def test_an_output_that_does_not_follow_from_the_inputs_is_named(
     with pytest.raises(
         ModelError,
         match=r"output 'y' dimensions 0 and 1 do not follow from the input shapes given"
-        r" .* shapes=\{'y': \[N, N\]\} \(npuctl run --shape y=N,N\); otherwise",
+        r" .* shapes=\{'y': \[N, N\]\} \(npuctl run --shape y=N,N\); where the data decides",
     ) as refused:
         load(portal, tmp_path, free)
     assert failure(refused) is ModelFailure.MODEL_REJECTED
@@ -364,7 +364,7 @@ def test_a_skel_without_last_error_leaves_the_number_alone(
     """A device skel older than method 9 answers it AEE_EUNSUPPORTED (as this one answers
     a method past its last): the error says the number, as before."""
     method = idl.load("portal_qnn").method("last_error")
-    unknown = idl.Method.build(method.name, method.index + 1, method.params)
+    unknown = idl.Method.build(method.name, 12, method.params)  # a method no skel has
     monkeypatch.setattr(portal_qnn, "_LAST_ERROR", unknown)
     model = load(portal, tmp_path, onnx_models.reshape())
     x, s = tensors.put(np.arange(6, dtype=np.float32)), tensors.put(np.array([4, 2], np.int64))
@@ -710,7 +710,62 @@ def test_a_skel_without_graph_name_leaves_graphs_unnamed(
     """A device skel older than method 10 answers it AEE_EUNSUPPORTED: the graphs load
     and run, without names."""
     method = idl.load("portal_qnn").method("graph_name")
-    unknown = idl.Method.build(method.name, method.index + 1, method.params)
+    unknown = idl.Method.build(method.name, 12, method.params)  # a method no skel has
     monkeypatch.setattr(portal_qnn, "_GRAPH_NAME", unknown)
     model = load(portal, tmp_path, onnx_models.two_graphs(), shapes={"token": (1, 4)})
     assert [g.name for g in model.graphs] == ["", ""]
+
+
+def test_outputs_with_rooms_report_their_shapes_with_a_second_invoke(
+    portal: PortalQnn, session: FastRpcSession, tmp_path: Path
+) -> None:
+    """output_dims after a run of a graph with a room; none for one without."""
+    tts = load(
+        portal, tmp_path, onnx_models.duration_tts(), shapes={"input": (1, 3), "output": (1, 1, 8)}
+    )
+    (graph,) = tts.graphs
+    assert graph.rooms == frozenset({"output"})
+    buffer = session.alloc(4096)
+    with buffer.view() as view:
+        view[0:24] = np.array([[2, 3, 1]], np.int64).tobytes()
+        view[64:72] = np.array([3], np.int64).tobytes()
+        view[128:140] = np.array([1, 1, 1], np.float32).tobytes()
+    inputs, outputs = Slice(buffer, 0, graph.input_arena), Slice(buffer, 1024, graph.output_arena)
+    invokes = session.statistics().invokes_done
+    assert portal.run_arena(tts.slot, inputs, outputs) == ((1, 1, 6),)
+    assert session.statistics().invokes_done == invokes + 2
+    with buffer.view() as view:
+        produced = np.frombuffer(bytes(view[1024:1056]), np.float32)
+    np.testing.assert_array_equal(produced, [0, 1, 2, 3, 4, 5, 0, 0])  # then zeros
+    with buffer.view() as view:
+        view[0:24] = np.array([[5, 5, 5]], np.int64).tobytes()
+    with pytest.raises(ModelError) as grown:
+        portal.run_arena(tts.slot, inputs, outputs)
+    assert failure(grown) is ModelFailure.OUTPUT_TOO_LARGE
+    assert grown.value.detail.startswith(
+        "graph 0: output 'output' needs float32 [1, 1, 15] (60 bytes); its room is float32"
+        " [1, 1, 8] (32 bytes)"
+    )
+    affine = load(portal, tmp_path, onnx_models.affine())
+    assert affine.graphs[0].rooms == frozenset()
+    invokes = session.statistics().invokes_done
+    assert portal.run_arena(affine.slot, Slice(buffer, 0, 192), Slice(buffer, 1024, 128)) is None
+    assert session.statistics().invokes_done == invokes + 1
+    session.free(buffer)
+
+
+def test_a_skel_without_output_dims_leaves_the_shapes_as_described(
+    portal: PortalQnn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tts = load(
+        portal, tmp_path, onnx_models.duration_tts(), shapes={"input": (1, 3), "output": (1, 1, 8)}
+    )
+    real = portal._call
+
+    def older(method: str | idl.Method, /, **arguments: object) -> tuple[int, idl.Values]:
+        if method == "output_dims":
+            return AEE.EUNSUPPORTED.dsp, idl.Values({})
+        return real(method, **arguments)
+
+    monkeypatch.setattr(portal, "_call", older)
+    assert portal._output_dims(tts.slot, tts.graphs[0]) is None

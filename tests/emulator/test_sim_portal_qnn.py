@@ -240,7 +240,7 @@ def test_badly_marshalled_and_unknown_methods(raw: Raw) -> None:
     assert wrong_counts.rc == AEE.EBADPARM.dsp
     short = raw.session.invoke(raw.handle, execute.sc, [Inline(bytes(4))], [Capacity(4)])
     assert short.rc == AEE.EBADPARM.dsp
-    unknown = idl.make_scalars(11, 1, 0, 0, 0)
+    unknown = idl.make_scalars(12, 1, 0, 0, 0)
     assert raw.session.invoke(raw.handle, unknown, [Inline(bytes(4))], []).rc == (
         AEE.EUNSUPPORTED.dsp
     )
@@ -290,3 +290,19 @@ def test_a_pack_of_more_graphs_than_a_model_holds_is_refused(
     assert why.data("text")[: why.integer("text_len")] == (
         b"a graph pack that holds 9 graphs; a model has at most 8"
     )
+
+
+def test_output_dims_are_what_the_last_run_produced(raw: Raw, affine: str) -> None:
+    assert raw.load(affine)[0] == 0
+    graph = {"model_index": 0, "graph_index": 0}
+    assert raw.call("output_dims", **graph, dims=18)[0] == AEE.ENOTINITIALIZED.dsp
+    for tensor, data in ((0, bytes(12)), (1, bytes(12)), (2, struct.pack("<q", 1))):
+        assert raw.call("set_input", **graph, tensor_index=tensor, data=data)[0] == 0
+    assert raw.call("execute", **graph)[1].integer("qnn_status") == 0
+    assert raw.call("output_dims", **graph, dims=17)[0] == AEE.EBUFFERTOOSMALL.dsp
+    rc, dims = raw.call("output_dims", **graph, dims=18)
+    assert (rc, dims.integer("num_outputs")) == (0, 2)
+    # y float32 [3], then n int64 as onnxruntime made it ([1]): rank, then 8 dimensions.
+    assert dims.integers("dims") == [1, 3, *[0] * 7, 1, 1, *[0] * 7]
+    assert raw.call("output_dims", model_index=1, graph_index=0, dims=18)[0] == AEE.EBADSTATE.dsp
+    assert raw.call("output_dims", model_index=0, graph_index=1, dims=18)[0] == AEE.EBADPARM.dsp

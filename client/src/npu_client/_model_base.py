@@ -95,6 +95,12 @@ class ModelBase(Generic[C]):
         successful run (NoOutputs before one)."""
         return self._state.get_output(name, self._graph(graph))
 
+    def output_shape(self, name: str, *, graph: str | None = None) -> tuple[int, ...]:
+        """Output ``name``'s shape (of graph ``graph``) as its last successful run produced
+        it: smaller than ``outputs``' shape, its room, when the data decides its size
+        (``get_output`` and ``run`` return arrays of this shape)."""
+        return self._state.output_shape(name, self._graph(graph))
+
     def input_view(self, name: str, *, graph: str | None = None) -> Any:
         """Input ``name`` (of graph ``graph``) in the shared arena, writable: a numpy
         array (memoryview without numpy). Taking it counts as giving the input a value."""

@@ -30,6 +30,9 @@ class TensorLine(msgspec.Struct, frozen=True):
     shape: tuple[int, ...]
     source: str = ""
     """Inputs: the .npy file, or "zeros"."""
+    room: tuple[int, ...] | None = None
+    """Outputs whose size the data decided: the room the load gave them (``shape`` is
+    what the run produced)."""
 
 
 class RunReport(msgspec.Struct, frozen=True):
@@ -131,10 +134,17 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
             run_ms=(after - before) * 1000,
             dsp_us=model.last_dsp_us,
             inputs=inputs,
-            outputs=[TensorLine(s.name, s.dtype, tuple(s.shape)) for s in graph.outputs],
+            outputs=[_output_line(model, s, args.graph) for s in graph.outputs],
             graph=graph.name,
             graphs=[g.name for g in model.graphs] if len(model.graphs) > 1 else [],
         )
+
+
+def _output_line(model: Any, spec: Any, graph: str | None) -> TensorLine:
+    """An output as the run produced it, with its room when the data decided its size."""
+    shape = tuple(model.output_shape(spec.name, graph=graph))
+    room = tuple(spec.shape) if shape != tuple(spec.shape) else None
+    return TensorLine(spec.name, spec.dtype, shape, room=room)
 
 
 def _with_zeros_hint(exc: QnnError, inputs: list[TensorLine]) -> QnnError:
@@ -197,7 +207,11 @@ def render_run(report: RunReport) -> str:
         names = ", ".join(repr(name) for name in report.graphs)
         lines.append(f"graph    {report.graph!r} of {names}")
     lines += [f"input    {t.name} {t.dtype} {list(t.shape)} <- {t.source}" for t in report.inputs]
-    lines += [f"output   {t.name} {t.dtype} {list(t.shape)}" for t in report.outputs]
+    lines += [
+        f"output   {t.name} {t.dtype} {list(t.shape)}"
+        + (f" (room {list(t.room)})" if t.room is not None else "")
+        for t in report.outputs
+    ]
     lines.append(
         f"time     load {report.load_ms:.1f} ms, run {report.run_ms:.2f} ms"
         f" (DSP {report.dsp_us / 1000:.2f} ms)"

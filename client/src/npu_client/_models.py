@@ -22,7 +22,7 @@ import contextlib
 import functools
 import mmap
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any, Final
 
@@ -205,6 +205,8 @@ class ModelState:
         self._outputs = [{spec.name: spec for spec in g.outputs} for g in self.graphs]
         self._set: list[set[str]] = [set() for _ in self.graphs]
         self._has_outputs = [False] * len(self.graphs)
+        self._produced: list[dict[str, tuple[int, ...]]] = [{} for _ in self.graphs]
+        """Each graph's outputs whose last run filled less than their room, by name."""
         self.last_dsp_us = 0
         """The DSP time of the last run, µs, as the daemon measured it."""
         self._views: dict[int, Any] = {}  # by offset: tensors of two graphs may share a name
@@ -300,9 +302,24 @@ class ModelState:
             )
         self._has_outputs[graph] = False
 
-    def after_run(self, dsp_us: int, graph: int = 0) -> None:
+    def after_run(self, dsp_us: int, graph: int = 0, shapes: Sequence[Sequence[int]] = ()) -> None:
+        """The run succeeded; ``shapes`` is every output's shape as it produced it (empty:
+        each has its TensorInfo shape)."""
         self._has_outputs[graph] = True
         self.last_dsp_us = dsp_us
+        specs = self.graphs[graph].outputs
+        self._produced[graph] = {
+            spec.name: tuple(shape)
+            for spec, shape in zip(specs, shapes, strict=False)
+            if tuple(shape) != tuple(spec.shape)
+            and _elements(shape) * _itemsize(spec) <= spec.nbytes  # never past its room
+        }
+
+    def output_shape(self, name: str, graph: int = 0) -> tuple[int, ...]:
+        """Output ``name``'s shape as the graph's last successful run produced it: less
+        than its TensorInfo shape (its room) when the data decided its size."""
+        spec = self._tensor(self._outputs[graph], name, "output")
+        return self._produced[graph].get(spec.name, tuple(spec.shape))
 
     # --- outputs ------------------------------------------------------------------------
 
@@ -323,7 +340,15 @@ class ModelState:
             raise NoOutputs(
                 format_message(ErrorCode.NO_OUTPUTS, detail=detail), fields={"detail": detail}
             )
-        if numpy_module() is not None:
+        shape = self._produced[graph].get(spec.name)
+        numpy = numpy_module()
+        if shape is not None:  # the data filled the start of its room
+            nbytes = _elements(shape) * _itemsize(spec)
+            data = self._memory()[spec.offset : spec.offset + nbytes]
+            if numpy is None:
+                return bytes(data)
+            return numpy.frombuffer(data, numpy.dtype(spec.dtype)).reshape(shape).copy()
+        if numpy is not None:
             return self._view(spec).copy()
         return bytes(self._memory()[spec.offset : spec.offset + spec.nbytes])
 
@@ -380,6 +405,19 @@ class ModelState:
                 view = memoryview(memory)[spec.offset : spec.offset + spec.nbytes]
             self._views[spec.offset] = view
         return view
+
+
+def _elements(shape: Sequence[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _itemsize(spec: TensorInfo) -> int:
+    """Bytes per element of ``spec`` (its nbytes over its elements)."""
+    elements = _elements(spec.shape)
+    return spec.nbytes // elements if elements else 0
 
 
 _KINDS: Final = {"f": "floating point", "i": "integer", "u": "integer", "b": "boolean"}

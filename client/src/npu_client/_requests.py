@@ -287,7 +287,8 @@ def run_model(
     name = model.graphs[graph].name if graph else ""
 
     def finish(pending: Pending) -> None:
-        model.after_run(pending.result(ModelRunReply).dsp_us, graph)
+        reply = pending.result(ModelRunReply)
+        model.after_run(reply.dsp_us, graph, reply.output_shapes)
 
     return Call(
         lambda rid: ModelRunRequest(

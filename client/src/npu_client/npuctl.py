@@ -253,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="give tensor NAME's whole shape, fixing its free dimensions (ONNX models); "
         "needed for inputs without --input and for outputs whose shape does not follow "
-        "from the inputs'; repeat per tensor",
+        "from the inputs' (an output whose size the data decides: its room, the largest; "
+        "the report then gives the shape the run produced); repeat per tensor",
     )
     run.add_argument(
         "--constant",

@@ -98,6 +98,33 @@ def _with_constants(
     return merged
 
 
+def rooms(source: onnx_proto.Source, given: Mapping[str, Sequence[int]]) -> frozenset[str]:
+    """The outputs whose given shape is a room, not their shape: the model leaves a
+    dimension of theirs free that no input names, so the data decides their size (a
+    TTS voice's audio) and a run may fill less than the shape given."""
+    tensors = onnx_proto.graph_io(source)
+    named = {
+        name
+        for t in tensors
+        if t.kind == "input"
+        for name in (onnx_proto.dim_name(d) for d in t.dims or ())
+        if name is not None
+    }
+    return frozenset(
+        t.name
+        for t in tensors
+        if t.kind == "output"
+        and t.name in given
+        and (
+            t.dims is None
+            or any(
+                not (isinstance(d, int) and d > 0) and onnx_proto.dim_name(d) not in named
+                for d in t.dims
+            )
+        )
+    )
+
+
 def unsized_outputs_refusal(outputs: Sequence[onnx_proto.GraphTensor]) -> str:
     """What a client is told when the DSP could not size ``outputs`` (left to inference)."""
     described = [_free_dims(t.name, t.dims) for t in outputs]
@@ -111,7 +138,9 @@ def unsized_outputs_refusal(outputs: Sequence[onnx_proto.GraphTensor]) -> str:
     return (
         f"{which} follow from the input shapes given (the model leaves {it} free and shape"
         f" inference cannot size {it}): give {its} at load, with N the sizes your"
-        f" data produces: shapes={{{example}}} (npuctl run {flags})"
+        f" data produces: shapes={{{example}}} (npuctl run {flags}); where the data"
+        f" decides a size, give the largest: a room, which each run fills in part and"
+        f" reports the shape it produced"
     )
 
 
@@ -259,7 +288,8 @@ def _outputs_clause(inputs: list[_Resolved], outputs: list[_Resolved]) -> str:
         return "output shapes follow from the inputs'"
     return (
         f"{_several('output', left)} not fixed by the inputs' shapes: shape inference sizes"
-        " what follows from them, a size the data decides needs the output's shape given too"
+        " what follows from them; a size the data decides needs a room, the largest shape"
+        " given at load"
     )
 
 

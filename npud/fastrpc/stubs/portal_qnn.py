@@ -56,7 +56,12 @@ from npud.fastrpc.stubs.model_format import (
     check_model_file,
 )
 from npud.fastrpc.stubs.model_format import members as model_members
-from npud.fastrpc.stubs.model_shapes import ShapeError, check_shapes, unsized_outputs_refusal
+from npud.fastrpc.stubs.model_shapes import (
+    ShapeError,
+    check_shapes,
+    rooms,
+    unsized_outputs_refusal,
+)
 from npud.formats import onnx_proto
 from npud.formats.onnx_values import DTYPES as CONSTANT_DTYPES
 from npud.formats.onnx_values import Constant
@@ -89,6 +94,8 @@ _GRAPH_INFO: Final = "graph_info"
 _RUN: Final = "run"
 _LAST_ERROR: Final = "last_error"
 _GRAPH_NAME: Final = "graph_name"
+_OUTPUT_DIMS: Final = "output_dims"
+OUTPUT_DIMS_STRIDE: Final = 1 + MAX_RANK  # output_dims: each output's rank, then 8 dims
 MAX_GRAPH_NAME_BYTES: Final = 128  # graph_name's capacity: names are at most 127 bytes
 
 
@@ -198,6 +205,9 @@ class GraphSpec:
     name: str = ""
     """The name the model gives the graph (graph_name); empty when it gives none or the
     skel predates graph_name."""
+    rooms: frozenset[str] = frozenset()
+    """Outputs whose shape is a room the data fills in part (their real shape comes
+    with each run: output_dims)."""
 
     @property
     def input_arena(self) -> int:
@@ -242,6 +252,7 @@ class ModelFailure(enum.Enum):
     FILE_MALFORMED = ErrorCode.MODEL_MALFORMED  # the right kind, damaged or not loadable
     MODEL_REJECTED = ErrorCode.MODEL_REJECTED  # outside portal_qnn's limits
     NOT_EXECUTED = ErrorCode.NO_OUTPUTS  # get_output before a successful execute
+    OUTPUT_TOO_LARGE = ErrorCode.OUTPUT_TOO_LARGE  # an output outgrew its room
 
 
 class ModelError(RpcError):
@@ -423,9 +434,10 @@ class PortalQnn:
                     f" {MAX_URI_BYTES - 1}",
                 )
             unsized: list[onnx_proto.GraphTensor] = []
+            roomy: list[frozenset[str]] = []
             if sniffed.format is ModelFormat.ONNX:
                 fixed = {name: c.shape for name, c in (constants or {}).items()}
-                unsized = _check_shapes(fd, sniffed.size, shapes or {}, fixed)
+                unsized, roomy = _check_shapes(fd, sniffed.size, shapes or {}, fixed)
             with self._load_lock:
                 rc, values = self._call(_LOAD, model_uri=uri)
                 failed = rc != 0 or values.integer("qnn_status") != 0
@@ -438,7 +450,10 @@ class PortalQnn:
             raise ModelError(ModelFailure.QNN, f"{reason}: {said}" if said else reason)
         slot = values.integer("model_index")
         try:
-            graphs = tuple(self._describe(slot, g) for g in range(values.integer("num_graphs")))
+            graphs = tuple(
+                self._describe(slot, g, roomy[g] if g < len(roomy) else frozenset())
+                for g in range(values.integer("num_graphs"))
+            )
         except BaseException:
             self._call(_UNLOAD, model_index=slot)  # best effort: the slot must not leak
             raise
@@ -447,7 +462,7 @@ class PortalQnn:
             self._models[slot] = _Model(loaded)
         return loaded
 
-    def _describe(self, slot: int, graph: int) -> GraphSpec:
+    def _describe(self, slot: int, graph: int, roomy: frozenset[str]) -> GraphSpec:
         capacity = MAX_TENSORS
         rc, values = self._call(
             _GRAPH_INFO, model_index=slot, graph_index=graph, inputs=capacity, outputs=capacity
@@ -470,6 +485,7 @@ class PortalQnn:
             tuple(_spec(i, r) for i, r in enumerate(inputs)),
             tuple(_spec(i, r) for i, r in enumerate(outputs)),
             name,
+            roomy,
         )
 
     # ------------------------------------------------------------------ run
@@ -519,10 +535,16 @@ class PortalQnn:
                 for key, data in outputs.items()
             }
 
-    def run_arena(self, slot: int, inputs: Slice, outputs: Slice, *, graph: int = 0) -> None:
+    def run_arena(
+        self, slot: int, inputs: Slice, outputs: Slice, *, graph: int = 0
+    ) -> tuple[tuple[int, ...], ...] | None:
         """One whole run in one invoke: every input from the ``inputs`` arena (exactly
         :attr:`GraphSpec.input_arena` bytes), execute, every output into the ``outputs``
-        arena (at least :attr:`GraphSpec.output_arena` bytes; the rest is zero-filled)."""
+        arena (at least :attr:`GraphSpec.output_arena` bytes; the rest is zero-filled).
+        Returns every output's shape as the run produced it when the graph has outputs
+        with rooms (:attr:`GraphSpec.rooms`: a second invoke, output_dims), else None:
+        every output has graph_info's shape. An output that outgrew its room is
+        ``ModelFailure.OUTPUT_TOO_LARGE``."""
         _check_slice(inputs)
         _check_slice(outputs)
         with self._model(slot) as model:
@@ -548,16 +570,48 @@ class PortalQnn:
                 outputs=outputs,
             )
             if rc == AEE.EINVALIDFORMAT.dsp:
-                raise ModelError(
-                    ModelFailure.MODEL_REJECTED,
-                    f"graph {graph} produced an output larger than graph_info described",
-                )
+                raise self._overgrown(slot, graph)
             self._check(rc, model)
             model.inputs_set[graph] = {s.index for s in spec.inputs}
             status = values.integer("qnn_status")
             if status != 0:
                 raise self._graph_failure(slot, graph, status)
             model.executed.add(graph)
+            return self._output_dims(slot, spec) if spec.rooms else None
+
+    def _output_dims(self, slot: int, spec: GraphSpec) -> tuple[tuple[int, ...], ...] | None:
+        """Every output's shape as the graph's last run produced it; None from a skel
+        without output_dims (its outputs have graph_info's shapes)."""
+        capacity = OUTPUT_DIMS_STRIDE * len(spec.outputs)
+        rc, values = self._call(
+            _OUTPUT_DIMS, model_index=slot, graph_index=spec.index, dims=capacity
+        )
+        if rc == AEE.EUNSUPPORTED.dsp:
+            return None
+        if rc != 0:
+            raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
+        dims = values.integers("dims")
+        shapes = []
+        for i in range(min(values.integer("num_outputs"), len(spec.outputs))):
+            rank = min(dims[OUTPUT_DIMS_STRIDE * i], MAX_RANK)
+            start = OUTPUT_DIMS_STRIDE * i + 1
+            shapes.append(tuple(dims[start : start + rank]))
+        return tuple(shapes)
+
+    def _overgrown(self, slot: int, graph: int) -> ModelError:
+        """An output did not fit the place graph_info gave it: the DSP's words name the
+        tensor, its room and what the run needed (last_error)."""
+        said = self.last_error(slot)
+        detail = (
+            f"graph {graph}: {said}"
+            if said
+            else (f"graph {graph} produced an output larger than graph_info described")
+        )
+        return ModelError(
+            ModelFailure.OUTPUT_TOO_LARGE,
+            f"{detail} (give it a larger room at load: its whole shape in shapes=, or"
+            " npuctl run --shape)",
+        )
 
     def unload(self, slot: int) -> None:
         """Free the slot (the DSP releases the model). Unloading twice is NOT_LOADED."""
@@ -648,17 +702,14 @@ class PortalQnn:
         spec = self._graph(model, graph)
         model.executed.discard(graph)
         rc, values = self._call(_EXECUTE, model_index=model.loaded.slot, graph_index=graph)
+        if rc == AEE.EINVALIDFORMAT.dsp:
+            raise self._overgrown(model.loaded.slot, graph)
         if rc == AEE.ENOTINITIALIZED.dsp:
             done = model.inputs_set.get(graph, set())
             missing = [repr(s.name or s.index) for s in spec.inputs if s.index not in done]
             raise ModelError(
                 ModelFailure.INPUT_NOT_SET,
                 f"input {', '.join(missing) or '?'} of graph {graph} was never set",
-            )
-        if rc == AEE.EINVALIDFORMAT.dsp:
-            raise ModelError(
-                ModelFailure.MODEL_REJECTED,
-                f"graph {graph} produced an output larger than graph_info described",
             )
         self._check(rc, model)
         status = values.integer("qnn_status")
@@ -754,15 +805,16 @@ def _check_shapes(
     size: int,
     shapes: Mapping[str, Sequence[int]],
     constants: Mapping[str, Sequence[int]],
-) -> list[onnx_proto.GraphTensor]:
+) -> tuple[list[onnx_proto.GraphTensor], list[frozenset[str]]]:
     """Refuse here, saying which tensor and what to give, what the DSP would refuse
     with one generic code (its log has the reason; its client would not). The outputs
-    left for the DSP to infer."""
+    left for the DSP to infer, and each graph's outputs whose given shape is a room."""
     try:
         members = model_members(fd, size)
         if len(members) == 1:
-            return check_shapes(members[0], shapes, constants)
-        return _check_pack_shapes(members, shapes, constants)
+            return check_shapes(members[0], shapes, constants), [rooms(members[0], shapes)]
+        unsized = _check_pack_shapes(members, shapes, constants)
+        return unsized, [rooms(member, shapes) for member in members]
     except ModelFileError as exc:
         raise ModelError(ModelFailure.FILE_MALFORMED, str(exc)) from None
     except ShapeError as exc:

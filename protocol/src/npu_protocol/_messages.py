@@ -43,6 +43,7 @@ from npu_protocol._wire import (
     Method,
     Name,
     ObjectId,
+    ProducedShape,
     ProtocolVersion,
     RequestId,
     Shape,
@@ -423,6 +424,10 @@ class ModelRunReply(Reply, tag="model_run_reply", frozen=True, kw_only=True):
 
     dsp_us: U63 = 0
     """The run's DSP time (dispatch to return), µs."""
+    output_shapes: Annotated[tuple[ProducedShape, ...], msgspec.Meta(max_length=MAX_TENSORS)] = ()
+    """Version 6 (additive): every output's shape as the run produced it, in the graph's
+    order, when the graph has an output sized by the data (a room given at load); empty
+    otherwise: every output has its ``TensorInfo`` shape. An older client ignores it."""
 
 
 class ModelUnloadReply(Reply, tag="model_unload_reply", frozen=True, kw_only=True):
