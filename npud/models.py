@@ -142,6 +142,7 @@ def load_key(
     backend: Backend,
     shapes: Mapping[str, tuple[int, ...]],
     constants: Mapping[str, Constant] | None = None,
+    sizes: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
 ) -> Hashable:
     """What makes two loads the same: the SHA-256 of the file's first ``size`` bytes (its
     size when it was checked: a file that grows meanwhile is not read forever), known to
@@ -149,7 +150,8 @@ def load_key(
     and the shapes and input values."""
     digest, length = digests.sha256(fd, size)
     fixed = tuple(sorted((constants or {}).items()))
-    return ("model", backend, length, digest, tuple(sorted(shapes.items())), fixed)
+    sized = tuple(sorted((sizes or {}).items()))
+    return ("model", backend, length, digest, tuple(sorted(shapes.items())), fixed, sized)
 
 
 class NpuModel:
@@ -218,6 +220,7 @@ class NpuModel:
         name: str,
         shapes: dict[str, tuple[int, ...]],
         constants: Mapping[str, Constant] | None = None,
+        sizes: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
         allocate: Callable[[int], DmaBuffer],
         release_arena: Callable[[DmaBuffer], None],
     ) -> NpuModel:
@@ -228,7 +231,7 @@ class NpuModel:
         # the backend takes, self-contained (npud.fastrpc.stubs.model_format).
         sniffed = PortalQnn.check_file(fd, backend)
         try:
-            key = load_key(digests, fd, sniffed.size, backend, shapes, constants)
+            key = load_key(digests, fd, sniffed.size, backend, shapes, constants, sizes)
         except OSError as exc:
             raise CodedError(
                 ErrorCode.MODEL_FILE_UNREADABLE, detail=f"cannot read the file: {exc.strerror}"
@@ -237,7 +240,7 @@ class NpuModel:
         if shared is None:
             portal = PortalQnn.open(session, backend=backend)
             try:
-                loaded = portal.load(fd, shapes=shapes, constants=constants)
+                loaded = portal.load(fd, shapes=shapes, constants=constants, sizes=sizes)
             except BaseException:
                 _quietly(portal.close)
                 raise

@@ -561,6 +561,7 @@ class LoadModel(Handler[p.ModelLoadRequest]):
                     name=request.name,
                     shapes=shapes,
                     constants=constants,
+                    sizes={n: tuple(tuple(s) for s in v) for n, v in request.sizes.items()},
                     digests=domain.digests,
                     allocate=lambda size: memory.allocate_fresh(size, self._fallback),
                     release_arena=memory.release,

@@ -100,6 +100,7 @@ MAX_ERROR_BYTES: Final = 256  # last_error's text with room for a NUL (the C ske
 BUILTIN_PREFIX: Final = "builtin:"
 SHAPE_PREFIX: Final = "shape."
 VALUE_PREFIX: Final = "value."
+SIZES_PREFIX: Final = "sizes."
 VALUE_DTYPES: Final = onnx_values.DTYPES
 DEFAULT_INTRA_OP_THREADS: Final = 1
 ORT_QUIET: Final = 4  # onnxruntime's FATAL: the skel logs failures itself
@@ -156,37 +157,60 @@ class QnnFailureError(Exception):
         self.status = status
 
 
-def parse_model_uri(
-    uri: str,
-) -> tuple[str, dict[str, tuple[int, ...]], dict[str, Constant]]:
-    """The file name, the shapes the query fixes and the inputs it fixes to values;
-    ValueError when malformed."""
+@dataclasses.dataclass(frozen=True)
+class ModelQuery:
+    """What a model URI's query asks of the load."""
+
+    shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    constants: dict[str, Constant] = dataclasses.field(default_factory=dict)
+    sizes: dict[str, tuple[tuple[int, ...], ...]] = dataclasses.field(default_factory=dict)
+    """Inputs' several whole shapes: graph i of the model takes the i-th of each."""
+
+
+def parse_model_uri(uri: str) -> tuple[str, ModelQuery]:
+    """The file name and what the query asks; ValueError when malformed."""
     name, _, query = uri.partition("?")
     if not name:
         raise ValueError("no file name")
-    shapes: dict[str, tuple[int, ...]] = {}
-    constants: dict[str, Constant] = {}
+    asked = ModelQuery()
     if query:
         for item in query.split("&"):
             key, equals, value = item.partition("=")
-            prefix = next((p for p in (SHAPE_PREFIX, VALUE_PREFIX) if key.startswith(p)), None)
+            prefixes = (SHAPE_PREFIX, VALUE_PREFIX, SIZES_PREFIX)
+            prefix = next((p for p in prefixes if key.startswith(p)), None)
             if not equals or prefix is None:
                 raise ValueError(
-                    f"query item {item!r} is not shape.<name>=<dims> or"
-                    " value.<name>=<dtype>:<dims>:<values>"
+                    f"query item {item!r} is not shape.<name>=<dims>,"
+                    " value.<name>=<dtype>:<dims>:<values> or sizes.<name>=<dims>;<dims>..."
                 )
             tensor = urllib.parse.unquote(key[len(prefix) :], errors="strict")
-            taken = shapes if prefix == SHAPE_PREFIX else constants
+            tables: dict[str, Mapping[str, object]] = {
+                SHAPE_PREFIX: asked.shapes,
+                VALUE_PREFIX: asked.constants,
+                SIZES_PREFIX: asked.sizes,
+            }
+            taken = tables[prefix]
             if not tensor or tensor in taken:
                 raise ValueError(f"{prefix[:-1]} for {tensor!r} is empty or given twice")
             if prefix == VALUE_PREFIX:
-                constants[tensor] = _parse_value(tensor, value)
-                continue
-            dims = tuple(int(d) for d in value.split(",")) if value else ()
-            if any(d <= 0 for d in dims):
-                raise ValueError(f"shape of {tensor!r} has a dimension below 1")
-            shapes[tensor] = dims
-    return name, shapes, constants
+                asked.constants[tensor] = _parse_value(tensor, value)
+            elif prefix == SIZES_PREFIX:
+                asked.sizes[tensor] = tuple(_parse_dims(tensor, part) for part in value.split(";"))
+            else:
+                asked.shapes[tensor] = _parse_dims(tensor, value)
+    counts = {len(shapes) for shapes in asked.sizes.values()}
+    if len(counts) > 1 or any(not 1 <= n <= MAX_GRAPHS for n in counts):
+        raise ValueError(f"sizes give 1..{MAX_GRAPHS} shapes, as many for every tensor")
+    if set(asked.sizes) & set(asked.shapes):
+        raise ValueError("a tensor has both a shape and sizes")
+    return name, asked
+
+
+def _parse_dims(tensor: str, text: str) -> tuple[int, ...]:
+    dims = tuple(int(d) for d in text.split(",")) if text else ()
+    if any(d <= 0 for d in dims):
+        raise ValueError(f"shape of {tensor!r} has a dimension below 1")
+    return dims
 
 
 def _parse_value(tensor: str, text: str) -> Constant:
@@ -675,6 +699,23 @@ def compose(
     )
 
 
+def compose_sizes(data: bytes, asked: ModelQuery, threads: int) -> LoadedSlot:
+    """One graph per size asked (``asked.sizes``) of a plain ONNX model: graph i is the
+    model with every sized input at its i-th shape, named ``<input>=<d0>x<d1>...``."""
+    if graph_pack.is_pack(data):
+        raise RefusedError(AEE.EBADPARM, "sizes apply to a plain ONNX model, not a graph pack")
+    folded = _folded(data, asked.constants)
+    count = len(next(iter(asked.sizes.values())))
+    graphs = []
+    for index in range(count):
+        chosen = {name: shapes[index] for name, shapes in asked.sizes.items()}
+        label = ",".join(f"{n}={'x'.join(str(d) for d in s)}" for n, s in chosen.items())
+        if len(label.encode("utf-8")) >= MAX_NAME_BYTES:
+            raise RefusedError(AEE.EBADPARM, f"the graph name {label[:40]!r}... is too long")
+        graphs.append(OnnxModel(folded, {**asked.shapes, **chosen}, threads, label))
+    return LoadedSlot(graphs)
+
+
 def _folded(data: bytes, constants: Mapping[str, Constant]) -> bytes:
     """The model with its inputs fixed to ``constants`` (onnx_fold); RefusedError when
     one cannot be (AEE_EBADPARM: a bad model_uri, as a shape that does not fit)."""
@@ -761,7 +802,7 @@ class PortalQnnSkel(Skel):
 
     def _compose(self, call: SkelCall, uri: str) -> LoadedSlot:
         try:
-            name, shapes, constants = parse_model_uri(uri)
+            name, asked = parse_model_uri(uri)
         except ValueError as exc:
             raise RefusedError(AEE.EBADPARM, f"bad model URI: {exc}") from None
         if name.startswith(BUILTIN_PREFIX):
@@ -770,7 +811,9 @@ class PortalQnnSkel(Skel):
             data = call.host_files.read_host_file(name, limit=MAX_MODEL_FILE_BYTES)
         except HostFileError as exc:
             raise RefusedError(AEE.EUNABLETOLOAD, str(exc)) from None
-        return compose(data, shapes, self._threads, constants)
+        if asked.sizes:
+            return compose_sizes(data, asked, self._threads)
+        return compose(data, asked.shapes, self._threads, asked.constants)
 
     def _slot(self, index: int) -> LoadedSlot | int:
         """The loaded model, or the AEE code that says why not (the handle lock is held)."""

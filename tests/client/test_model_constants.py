@@ -62,3 +62,28 @@ def test_a_model_that_kept_a_fixed_input_is_an_older_npuds() -> None:
     error = ignored_constants_error(["sr"])
     assert isinstance(error, Unsupported)
     assert "npud loaded the model with 'sr' still an input" in str(error)
+
+
+def test_several_sizes_of_a_dimension_are_shapes_of_their_own() -> None:
+    from npu_client._models import check_shapes, split_shapes
+
+    assert split_shapes({"x": (2, 4), "preds": (1, [1, 2, 4])}) == (
+        {"x": (2, 4)},
+        {"preds": ((1, 1), (1, 2), (1, 4))},
+    )
+    assert split_shapes({"preds": (1, range(1, 4)), "mask": ((1, 2, 3), 1)})[1] == {
+        "preds": ((1, 1), (1, 2), (1, 3)),
+        "mask": ((1, 1), (2, 1), (3, 1)),
+    }
+    assert split_shapes({"one": (1, [5])})[1] == {"one": ((1, 5),)}
+    for bad, why in (
+        ({"p": (1, range(1, 10))}, "at most 8"),
+        ({"p": (1, [1, 2]), "q": (1, [1, 2, 3])}, "as many for every tensor"),
+        ({"p": ([1, 2], [1, 2])}, "more than one dimension"),
+        ({"p": (1, [])}, "positive integer dimensions"),
+        ({"p": (1, [0, 1])}, "positive integer dimensions"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            split_shapes(bad)
+    with pytest.raises(ValueError, match="need a load"):
+        check_shapes({"p": (1, [1, 2])})

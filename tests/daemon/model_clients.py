@@ -76,7 +76,7 @@ class AwaitedClient:
         self,
         source: ModelSource,
         *,
-        shapes: Mapping[str, Sequence[int]] | None = None,
+        shapes: Mapping[str, Sequence[int | Sequence[int]]] | None = None,
         name: str | None = None,
         constants: Mapping[str, object] | None = None,
     ) -> AwaitedModel:

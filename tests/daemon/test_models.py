@@ -852,3 +852,53 @@ async def test_outputs_that_follow_from_the_inputs_keep_their_shape(
         out = await model.run({"x": np.ones((2, 4), np.float32)})
         assert out["y"].shape == (2, 4)
         assert model.output_shape("y") == (2, 4)
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_one_load_for_a_growing_input(tmp_path: Path, kind: ClientKind) -> None:
+    """A decoder's tokens grow by one a step: one load asks for several sizes, npud makes
+    a graph of each (the weights stored once in the file), and a run takes the graph
+    whose input shape fits the data."""
+    path = model_file(tmp_path, onnx_models.growing_decoder())
+    want = await _decoder_reference()
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+    ):
+        before = await totals(npu)
+        async with await npu.load_model(path, shapes={"preds": (1, [1, 2, 4, 8])}) as decoder:
+            assert [g.name for g in decoder.graphs] == [
+                "preds=1x1",
+                "preds=1x2",
+                "preds=1x4",
+                "preds=1x8",
+            ]
+            assert [g.outputs[0].shape for g in decoder.graphs] == [(1, n, 5) for n in (1, 2, 4, 8)]
+            for n in (1, 2, 4, 8):
+                preds = np.arange(n, dtype=np.int64).reshape(1, n) % 5
+                out = await decoder.run({"preds": preds})
+                np.testing.assert_array_equal(out["logits"], want(preds))
+            with pytest.raises(
+                npu_client.TensorMismatch,
+                match=r"no graph of model \d+ takes these inputs' shapes \(preds \[1, 3\]\);"
+                r" its graphs take preds: \[1, 1\], \[1, 2\], \[1, 4\], \[1, 8\]: pad the data",
+            ):
+                await decoder.run({"preds": np.zeros((1, 3), np.int64)})
+            out = await decoder.run({"preds": np.zeros((1, 2), np.int64)}, graph="preds=1x2")
+            assert out["logits"].shape == (1, 2, 5)
+        async with await npu.load_model(path, shapes={"preds": (1, range(1, 9))}) as ranged:
+            assert len(ranged.graphs) == 8
+        with pytest.raises(ValueError, match="at most 8"):
+            await npu.load_model(path, shapes={"preds": (1, range(1, 10))})
+        with pytest.raises(ValueError, match="more than one dimension"):
+            await npu.load_model(path, shapes={"preds": ([1, 2], [1, 2])})
+        assert await totals(npu) == before
+
+
+async def _decoder_reference() -> Any:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(
+        onnx_models.growing_decoder(), providers=["CPUExecutionProvider"]
+    )
+    return lambda preds: session.run(None, {"preds": preds})[0]

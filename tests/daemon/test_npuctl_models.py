@@ -310,3 +310,34 @@ async def test_npuctl_run_prints_the_shape_the_data_gave_an_output(
         )
         assert code == 1
         assert "output too large: graph 0: output 'output' needs float32 [1, 1, 6]" in err
+
+
+async def test_npuctl_run_loads_several_sizes_and_runs_the_one_that_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "decoder.onnx"
+    model.write_bytes(onnx_models.growing_decoder())
+    preds = tmp_path / "preds.npy"
+    np.save(preds, np.array([[1, 2, 3, 4]], np.int64))
+    async with serve_daemon(tmp_path):
+        code, out, err = await npuctl_in_thread(
+            tmp_path / "npud.sock",
+            capsys,
+            "run",
+            str(model),
+            "--shape",
+            "preds=1,1|2|4|8",
+            "--input",
+            f"preds={preds}",
+        )
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[1] == "graph    'preds=1x4' of 'preds=1x1', 'preds=1x2', 'preds=1x4', 'preds=1x8'"
+    assert "output   logits float32 [1, 4, 5]" in lines
+
+
+def test_npuctl_run_shape_sizes_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        npuctl.main(["run", "m.onnx", "--shape", "preds=1,1|x"])
+    assert exited.value.code == 64
+    assert "several sizes of one by |" in capsys.readouterr().err

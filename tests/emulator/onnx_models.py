@@ -380,3 +380,30 @@ def rate_branch() -> bytes:
         [tensor("y", "float32", ["?"])],
         [rate, two],
     )
+
+
+DECODER_VOCAB: Final = 5
+
+
+def growing_decoder() -> bytes:
+    """An autoregressive decoder's shape: preds int64 [1, n] (the tokens so far, n
+    growing by one a step) -> logits float32 [1, n, 5]: each token's embedding (a 5x4
+    table) times a 4x5 projection, both weights of the model."""
+    embedding = helper.make_tensor(
+        "embedding", TensorProto.FLOAT, [DECODER_VOCAB, 4], [float(i) for i in range(20)]
+    )
+    projection = helper.make_tensor(
+        "projection",
+        TensorProto.FLOAT,
+        [4, DECODER_VOCAB],
+        [1.0 if i % 6 == 0 else 0.0 for i in range(20)],
+    )
+    return model(
+        [
+            helper.make_node("Gather", ["embedding", "preds"], ["embedded"]),
+            helper.make_node("MatMul", ["embedded", "projection"], ["logits"]),
+        ],
+        [tensor("preds", "int64", [1, "n"])],
+        [tensor("logits", "float32", [1, "n", DECODER_VOCAB])],
+        [embedding, projection],
+    )

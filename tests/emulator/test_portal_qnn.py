@@ -769,3 +769,26 @@ def test_a_skel_without_output_dims_leaves_the_shapes_as_described(
 
     monkeypatch.setattr(portal, "_call", older)
     assert portal._output_dims(tts.slot, tts.graphs[0]) is None
+
+
+def test_sizes_make_a_graph_each_and_are_checked(portal: PortalQnn, tmp_path: Path) -> None:
+    decoder = onnx_models.growing_decoder()
+    model = load(portal, tmp_path, decoder, sizes={"preds": [(1, 1), (1, 3)]})
+    assert [(g.name, g.inputs[0].shape) for g in model.graphs] == [
+        ("preds=1x1", (1, 1)),
+        ("preds=1x3", (1, 3)),
+    ]
+    for sizes, why in (
+        ({"preds": [(1, 1)] * 2}, "repeat a shape"),
+        ({"preds": [(1, n) for n in range(1, 10)]}, "1..8 shapes per tensor"),
+        ({"preds": [(1, 1)], "x": [(1,), (2,)]}, "as many for every tensor"),
+        ({"preds": [(1, 1, 1)]}, "input 'preds' has 2 dimensions"),
+    ):
+        with pytest.raises(ModelError, match=why) as refused:
+            load(portal, tmp_path, decoder, sizes=sizes)
+        assert failure(refused) is ModelFailure.TENSOR_MISMATCH
+    with pytest.raises(ModelError, match="both a shape and sizes"):
+        load(portal, tmp_path, decoder, shapes={"preds": (1, 1)}, sizes={"preds": [(1, 2)]})
+    with pytest.raises(ModelError, match="the DSP says: sizes apply to a plain ONNX model"):
+        load(portal, tmp_path, onnx_models.two_graphs(), sizes={"token": [(1, 4), (2, 4)]})
+    assert model_uri_query({}, sizes={"a b": [(1, 2), (1, 4)]}) == "?sizes.a%20b=1,2;1,4"

@@ -20,6 +20,7 @@ from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.stubs.portal_qnn import PORTAL_QNN_URI
+from npud.formats.onnx_values import Constant
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from npud.sim.portal_qnn import MAX_ERROR_BYTES, failure_text, parse_model_uri
 from tests.emulator import onnx_models
@@ -222,12 +223,33 @@ def test_load_failures(raw: Raw, affine: str, session: FastRpcSession) -> None:
     ],
 )
 def test_model_uri_shapes(uri: str, expected: tuple[str, dict[str, tuple[int, ...]]]) -> None:
-    assert parse_model_uri(uri)[:2] == expected
+    name, asked = parse_model_uri(uri)
+    assert (name, asked.shapes) == expected
+
+
+def test_model_uri_values_and_sizes() -> None:
+    name, asked = parse_model_uri("m.onnx?value.sr=int64::16000&sizes.ids=1,1;1,2;1,4")
+    assert name == "m.onnx"
+    assert asked.constants == {"sr": Constant("int64", (), (16000,))}
+    assert asked.sizes == {"ids": ((1, 1), (1, 2), (1, 4))}
 
 
 @pytest.mark.parametrize(
     "uri",
-    ["?shape.x=1", "m?shape.x=0", "m?shape.x=a", "m?x=1", "m?shape.=1", "m?shape.x=1&shape.x=2"],
+    [
+        "?shape.x=1",
+        "m?shape.x=0",
+        "m?shape.x=a",
+        "m?x=1",
+        "m?shape.=1",
+        "m?shape.x=1&shape.x=2",
+        "m?value.sr=int64:16000",
+        "m?value.sr=complex64::1",
+        "m?value.sr=int64:2:1",
+        "m?sizes.x=1;2&sizes.y=1",
+        "m?sizes.x=1&shape.x=1",
+        "m?sizes.x=" + ";".join(str(n) for n in range(1, 10)),
+    ],
 )
 def test_malformed_model_uris(uri: str) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - each case has its own wording

@@ -16,7 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from npu_client import _requests as requests
 from npu_client._core import Call, ClientCore
-from npu_client._models import ModelState, TensorValue
+from npu_client._models import ModelState, TensorValue, pick_graph
 from npu_protocol import GraphInfo, ModelInfo, TensorInfo
 
 
@@ -120,6 +120,15 @@ class ModelBase(Generic[C]):
         """The index of graph ``graph`` (Unsupported before protocol version 5,
         InvalidTensorIndex for a name the model does not have)."""
         return requests.graph_of(self._client._core, self._state, graph)
+
+    def _run_graph(self, graph: str | None, inputs: Mapping[str, TensorValue] | None) -> int:
+        """The graph ``run`` runs: ``graph`` by name; without one, on a model loaded with
+        several sizes of a dimension, the graph whose inputs take ``inputs``' shapes."""
+        if graph is None:
+            picked = pick_graph(self._state, inputs)
+            if picked is not None:
+                return picked
+        return self._graph(graph)
 
     def _set_inputs(self, inputs: Mapping[str, TensorValue] | None, graph: int = 0) -> None:
         """``run``'s first step: each of ``inputs`` into the arena."""

@@ -55,7 +55,8 @@ class RunReport(msgspec.Struct, frozen=True):
 class RunArgs:
     model: Path
     inputs: dict[str, Path] = field(default_factory=dict)
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    shapes: dict[str, tuple[int | tuple[int, ...], ...]] = field(default_factory=dict)
+    """--shape: a dimension may be several sizes (``1|2|4``), a graph each."""
     graph: str | None = None
     """The graph to run, by name (--graph); None: the first."""
     constants: dict[str, tuple[int | float, ...] | int | float] = field(default_factory=dict)
@@ -84,14 +85,17 @@ def parse_assignment(text: str) -> tuple[str, str]:
     return name, value
 
 
-def parse_dims(text: str) -> tuple[int, ...]:
+def parse_dims(text: str) -> tuple[int | tuple[int, ...], ...]:
+    """``1,576``; a dimension may be several sizes, ``1,1|2|4`` (a graph each)."""
     try:
-        dims = tuple(int(d) for d in text.split(","))
+        choices = [tuple(int(size) for size in d.split("|")) for d in text.split(",")]
     except ValueError:
-        raise ValueError(f"dimensions are integers separated by commas, got {text!r}") from None
-    if any(d < 1 for d in dims):
+        raise ValueError(
+            f"dimensions are integers separated by commas (several sizes of one by |), got {text!r}"
+        ) from None
+    if any(size < 1 for choice in choices for size in choice):
         raise ValueError(f"dimensions must be at least 1, got {text!r}")
-    return dims
+    return tuple(choice[0] if len(choice) == 1 else choice for choice in choices)
 
 
 def run_once(client: Client, args: RunArgs) -> RunReport:
@@ -103,7 +107,9 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
     fixed = dict(args.constants)
     with client.load_model(args.model, shapes=shapes, constants=fixed or None) as model:
         loaded = time.perf_counter()
-        graph = model.graphs[model._graph(args.graph)]
+        index = model._run_graph(args.graph, arrays or None)  # several sizes: by shape
+        graph = model.graphs[index]
+        chosen = graph.name if index else args.graph
         known = {spec.name for spec in graph.inputs}
         unknown = sorted(set(arrays) - known)
         if unknown:
@@ -115,15 +121,15 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
         inputs = []
         for spec in graph.inputs:
             if spec.name in arrays:
-                model.set_input(spec.name, arrays[spec.name], graph=args.graph)
+                model.set_input(spec.name, arrays[spec.name], graph=chosen)
                 source = str(args.inputs[spec.name])
             else:
-                model.input_view(spec.name, graph=args.graph)  # the arena starts zeroed
+                model.input_view(spec.name, graph=chosen)  # the arena starts zeroed
                 source = "zeros"
             inputs.append(TensorLine(spec.name, spec.dtype, tuple(spec.shape), source))
         before = time.perf_counter()
         try:
-            model.execute(graph=args.graph)
+            model.execute(graph=chosen)
         except QnnError as exc:
             raise _with_zeros_hint(exc, inputs) from None
         after = time.perf_counter()
@@ -134,7 +140,7 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
             run_ms=(after - before) * 1000,
             dsp_us=model.last_dsp_us,
             inputs=inputs,
-            outputs=[_output_line(model, s, args.graph) for s in graph.outputs],
+            outputs=[_output_line(model, s, chosen) for s in graph.outputs],
             graph=graph.name,
             graphs=[g.name for g in model.graphs] if len(model.graphs) > 1 else [],
         )
@@ -168,7 +174,9 @@ def _with_zeros_hint(exc: QnnError, inputs: list[TensorLine]) -> QnnError:
     return QnnError(f"{exc.message}{hint}", code=exc.code, fields=exc.fields)
 
 
-def load_shapes(backend: str, args: RunArgs, arrays: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+def load_shapes(
+    backend: str, args: RunArgs, arrays: dict[str, Any]
+) -> dict[str, tuple[int | tuple[int, ...], ...]]:
     """The shapes to load with: each --shape, and on the emulator (ONNX models, whose
     dimensions may be free) each --input array's own shape; a QNN model library's are
     fixed, so the kernel backend gets the --shape ones alone (none, in the usual case)."""
@@ -177,6 +185,8 @@ def load_shapes(backend: str, args: RunArgs, arrays: dict[str, Any]) -> dict[str
         return shapes
     for name, array in arrays.items():
         shape = tuple(int(d) for d in array.shape)
+        if any(isinstance(d, tuple) for d in shapes.get(name, ())):
+            continue  # several sizes: the run takes the graph the array fits
         if name in shapes and shapes[name] != shape:
             raise RunUsageError(
                 f"--shape {name}={','.join(map(str, shapes[name]))} disagrees with the shape of"

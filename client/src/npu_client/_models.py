@@ -92,21 +92,64 @@ def model_file(source: object) -> Iterator[tuple[int, str]]:
     yield fileno(), os.path.basename(name)[:1024] if isinstance(name, str) else ""
 
 
+MAX_GRAPHS: Final = 8
+"""Graphs a model holds at most: sizes asked of a dimension make one each."""
+
+
 def check_shapes(shapes: object) -> dict[str, tuple[int, ...]]:
-    """``shapes`` (tensor name -> dimensions) as the request carries them."""
+    """``shapes`` (tensor name -> dimensions) as the request carries them; a dimension
+    given as several sizes is :func:`split_shapes`'s."""
+    fixed, sizes = split_shapes(shapes)
+    if sizes:
+        raise ValueError("shapes: several sizes of a dimension need a load (load_model)")
+    return fixed
+
+
+def split_shapes(
+    shapes: object,
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[tuple[int, ...], ...]]]:
+    """``shapes`` as the request carries them: the whole shapes, and the tensors with a
+    dimension given as several sizes (a list, tuple or range of them: ``(1, [1, 2, 4])``)
+    as their shapes, one per size, each making a graph of the model. Several tensors
+    with sizes must have as many (graph i takes the i-th of each); at most 8."""
     if shapes is None:
-        return {}
+        return {}, {}
     if not isinstance(shapes, Mapping):
         raise TypeError("shapes must map tensor names to dimensions")
     checked: dict[str, tuple[int, ...]] = {}
+    sizes: dict[str, tuple[tuple[int, ...], ...]] = {}
     for name, given in shapes.items():
         if not isinstance(name, str):
             raise TypeError(f"shapes: tensor names are str, not {type(name).__name__}")
         dims = tuple(given)
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims):
+        choices = [tuple(d) if isinstance(d, list | tuple | range) else (d,) for d in dims]
+        flat = [d for choice in choices for d in choice]
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in flat) or (
+            not all(choices)
+        ):
             raise ValueError(f"shapes: {name!r} needs positive integer dimensions, got {dims}")
-        checked[name] = dims
-    return checked
+        varied = [
+            axis
+            for axis, choice in enumerate(choices)
+            if len(choice) > 1 or (isinstance(dims[axis], list | tuple | range))
+        ]
+        if not varied:
+            checked[name] = tuple(flat)
+            continue
+        if len(varied) > 1:
+            raise ValueError(f"shapes: {name!r} gives several sizes in more than one dimension")
+        axis = varied[0]
+        sizes[name] = tuple(
+            tuple(size if i == axis else choices[i][0] for i in range(len(dims)))
+            for size in choices[axis]
+        )
+    counts = {len(variants) for variants in sizes.values()}
+    if len(counts) > 1 or any(n > MAX_GRAPHS for n in counts):
+        raise ValueError(
+            f"shapes: several sizes make a graph each, at most {MAX_GRAPHS}, and as many for"
+            f" every tensor given them; got {sorted(counts)}"
+        )
+    return checked, sizes
 
 
 MAX_CONSTANT_VALUES: Final = 256
@@ -174,6 +217,67 @@ def _shape_of(value: object) -> tuple[int, ...]:
     return (len(value),) if isinstance(value, list | tuple) else ()
 
 
+def pick_graph(state: ModelState, inputs: Mapping[str, object] | None) -> int | None:
+    """The graph of a model loaded with several sizes whose inputs take ``inputs``'
+    shapes (the first such), or None when the model was not (TensorMismatch when no
+    graph takes them)."""
+    if not state.sized or not inputs:
+        return None
+    numpy = numpy_module()
+
+    def shape_of(value: object) -> tuple[int, ...] | int:
+        if numpy is not None:
+            return tuple(int(d) for d in numpy.shape(value))
+        if isinstance(value, bytes | bytearray | memoryview):
+            return memoryview(value).nbytes  # without numpy: bytes of exactly the size
+        return -1
+
+    given = {name: shape_of(value) for name, value in inputs.items()}
+    for index, graph in enumerate(state.graphs):
+        specs = {spec.name: spec for spec in graph.inputs}
+        if all(
+            name in specs
+            and (
+                shape == tuple(specs[name].shape)
+                if isinstance(shape, tuple)
+                else shape == specs[name].nbytes
+            )
+            for name, shape in given.items()
+        ):
+            return index
+    sized = sorted({name for name in given if name in state.sized})
+    taken = "; ".join(
+        f"{name}: "
+        + ", ".join(
+            str(list(spec.shape))
+            for graph in state.graphs
+            for spec in graph.inputs
+            if spec.name == name
+        )
+        for name in sized
+    )
+    shown = ", ".join(
+        f"{n} {list(s)}" if isinstance(s, tuple) else f"{n} of {s} bytes" for n, s in given.items()
+    )
+    detail = (
+        f"no graph of model {state.id} takes these inputs' shapes ({shown});"
+        f" its graphs take {taken or 'others'}: pad the data to the next size loaded"
+    )
+    return _raise_mismatch(detail)
+
+
+def _raise_mismatch(detail: str) -> int:
+    raise TensorMismatch(
+        format_message(ErrorCode.TENSOR_MISMATCH, detail=detail), fields={"detail": detail}
+    )
+
+
+def ignored_sizes(state: ModelState, sizes: Mapping[str, tuple[tuple[int, ...], ...]]) -> bool:
+    """An npud that predates several sizes ignored them: the model has fewer graphs."""
+    count = len(next(iter(sizes.values()))) if sizes else 0
+    return count > len(state.graphs)
+
+
 def ignored_constants(state: ModelState, constants: Mapping[str, object]) -> list[str]:
     """The inputs ``constants`` fixed that the loaded model still has: an npud that
     predates constants ignored them (a load that fixes one takes the input away)."""
@@ -205,6 +309,8 @@ class ModelState:
         self._outputs = [{spec.name: spec for spec in g.outputs} for g in self.graphs]
         self._set: list[set[str]] = [set() for _ in self.graphs]
         self._has_outputs = [False] * len(self.graphs)
+        self.sized: frozenset[str] = frozenset()
+        """The inputs the load gave several sizes (a graph each): run picks by shape."""
         self._produced: list[dict[str, tuple[int, ...]]] = [{} for _ in self.graphs]
         """Each graph's outputs whose last run filled less than their room, by name."""
         self.last_dsp_us = 0

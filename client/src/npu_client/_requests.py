@@ -223,6 +223,7 @@ def load_model(
     name: str,
     shapes: dict[str, tuple[int, ...]],
     constants: dict[str, ModelConstant] | None = None,
+    sizes: dict[str, tuple[tuple[int, ...], ...]] | None = None,
 ) -> Call[LoadedModel]:
     """Load the model file open on ``fd`` (sent with the request; it stays the caller's)."""
     if core.protocol_version < MODELS_VERSION:
@@ -235,10 +236,19 @@ def load_model(
 
     return Call(
         lambda rid: ModelLoadRequest(
-            id=rid, fd=fd, name=name, shapes=shapes, constants=constants or {}
+            id=rid, fd=fd, name=name, shapes=shapes, constants=constants or {}, sizes=sizes or {}
         ),
         finish,
     )
+
+
+def ignored_sizes_error() -> Unsupported:
+    """The error for a load whose several sizes npud ignored (it predates them)."""
+    what = (
+        "several sizes of a dimension: npud loaded the model as one graph (it predates"
+        " them; load one model per size, or update npud)"
+    )
+    return Unsupported(code_message(ErrorCode.UNSUPPORTED, what=what), fields={"what": what})
 
 
 def ignored_constants_error(names: list[str]) -> Unsupported:

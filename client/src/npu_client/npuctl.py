@@ -254,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="give tensor NAME's whole shape, fixing its free dimensions (ONNX models); "
         "needed for inputs without --input and for outputs whose shape does not follow "
         "from the inputs' (an output whose size the data decides: its room, the largest; "
-        "the report then gives the shape the run produced); repeat per tensor",
+        "the report then gives the shape the run produced); a dimension given as several "
+        "sizes, 1,1|2|4, makes a graph of each and the run takes the one its --input fits; "
+        "repeat per tensor",
     )
     run.add_argument(
         "--constant",
@@ -393,7 +395,7 @@ def _constant(text: str) -> tuple[str, int | float | tuple[int | float, ...]]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _shape(text: str) -> tuple[str, tuple[int, ...]]:
+def _shape(text: str) -> tuple[str, tuple[int | tuple[int, ...], ...]]:
     try:
         name, dims = parse_assignment(text)
         return name, parse_dims(dims)

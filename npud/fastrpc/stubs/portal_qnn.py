@@ -97,6 +97,7 @@ _GRAPH_NAME: Final = "graph_name"
 _OUTPUT_DIMS: Final = "output_dims"
 OUTPUT_DIMS_STRIDE: Final = 1 + MAX_RANK  # output_dims: each output's rank, then 8 dims
 MAX_GRAPH_NAME_BYTES: Final = 128  # graph_name's capacity: names are at most 127 bytes
+MAX_GRAPHS: Final = 8  # graphs per model (idl/portal_qnn.idl)
 
 
 @functools.cache
@@ -285,7 +286,9 @@ def _find(specs: Sequence[TensorSpec], key: TensorKey, what: str) -> TensorSpec:
 
 
 def model_uri_query(
-    shapes: Mapping[str, Sequence[int]], constants: Mapping[str, Constant] | None = None
+    shapes: Mapping[str, Sequence[int]],
+    constants: Mapping[str, Constant] | None = None,
+    sizes: Mapping[str, Sequence[Sequence[int]]] | None = None,
 ) -> str:
     """The query that fixes free dimensions and inputs' values (npud/sim/portal_qnn.py
     reads it): ``shape.<name>=<dims>`` and ``value.<name>=<dtype>:<dims>:<values>``."""
@@ -302,9 +305,45 @@ def model_uri_query(
             )
         encoded = urllib.parse.quote(name, safe="")
         items.append(f"shape.{encoded}={','.join(str(d) for d in dims)}")
+    for name, variants in (sizes or {}).items():
+        encoded = urllib.parse.quote(name, safe="")
+        items.append(f"sizes.{encoded}=" + ";".join(",".join(map(str, s)) for s in variants))
     for name, constant in (constants or {}).items():
         items.append(f"value.{urllib.parse.quote(name, safe='')}={_constant_text(name, constant)}")
     return "?" + "&".join(items) if items else ""
+
+
+def _check_sizes(
+    sizes: Mapping[str, Sequence[Sequence[int]]], shapes: Mapping[str, Sequence[int]]
+) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """``sizes`` as the URI carries them; ModelError when they cannot make graphs."""
+    checked = {name: tuple(tuple(s) for s in variants) for name, variants in sizes.items()}
+    counts = {len(variants) for variants in checked.values()}
+    if len(counts) > 1 or any(not 1 <= n <= MAX_GRAPHS for n in counts):
+        raise ModelError(
+            ModelFailure.TENSOR_MISMATCH,
+            f"sizes: 1..{MAX_GRAPHS} shapes per tensor (a model holds at most {MAX_GRAPHS}"
+            f" graphs), as many for every tensor; got {sorted(counts)}",
+        )
+    both = sorted(set(checked) & set(shapes))
+    if both:
+        raise ModelError(
+            ModelFailure.TENSOR_MISMATCH, f"{both[0]!r} is given both a shape and sizes"
+        )
+    for name, variants in checked.items():
+        if len(set(variants)) != len(variants):
+            raise ModelError(ModelFailure.TENSOR_MISMATCH, f"sizes of {name!r} repeat a shape")
+    return checked
+
+
+def _variants(
+    shapes: Mapping[str, Sequence[int]], sizes: Mapping[str, Sequence[Sequence[int]]]
+) -> list[dict[str, Sequence[int]]]:
+    """The shapes of each graph a load with ``sizes`` makes (one: ``shapes`` alone)."""
+    if not sizes:
+        return [dict(shapes)]
+    count = len(next(iter(sizes.values())))
+    return [{**shapes, **{n: v[i] for n, v in sizes.items()}} for i in range(count)]
 
 
 def _constant_text(name: str, constant: Constant) -> str:
@@ -404,6 +443,7 @@ class PortalQnn:
         *,
         shapes: Mapping[str, Sequence[int]] | None = None,
         constants: Mapping[str, Constant] | None = None,
+        sizes: Mapping[str, Sequence[Sequence[int]]] | None = None,
     ) -> LoadedModel:
         """Load the model file open on ``fd`` (the caller keeps it) into a free slot.
 
@@ -411,15 +451,18 @@ class PortalQnn:
         emulator backend); a QNN model library's shapes are fixed already.
         ``constants`` fixes ONNX model inputs to values, which the DSP folds into the
         model before shape inference (npud.sim.onnx_fold): those inputs are gone.
+        ``sizes`` gives inputs several whole shapes: the DSP makes one graph of the
+        model per shape (graph i takes the i-th of each), named ``<input>=<d0>x<d1>``.
         """
         sniffed = self.check_file(fd, self.backend)
-        if (shapes or constants) and self.backend == "kernel":
+        sizes = _check_sizes(sizes or {}, shapes or {})
+        if (shapes or constants or sizes) and self.backend == "kernel":
             what = "shapes apply" if shapes else "input values (constants) apply"
             raise ModelError(
                 ModelFailure.TENSOR_MISMATCH,
                 f"a QNN model library has fixed shapes and inputs: {what} to ONNX models only",
             )
-        query = model_uri_query(shapes or {}, constants or {})
+        query = model_uri_query(shapes or {}, constants or {}, sizes)
         try:
             exposed = self._session.expose_file(fd, suffix=QNN_SUFFIX[self.backend])
         except ValueError as exc:
@@ -437,7 +480,11 @@ class PortalQnn:
             roomy: list[frozenset[str]] = []
             if sniffed.format is ModelFormat.ONNX:
                 fixed = {name: c.shape for name, c in (constants or {}).items()}
-                unsized, roomy = _check_shapes(fd, sniffed.size, shapes or {}, fixed)
+                unsized, roomy = [], []
+                for variant in _variants(shapes or {}, sizes):
+                    left, graph_rooms = _check_shapes(fd, sniffed.size, variant, fixed)
+                    unsized += left
+                    roomy += graph_rooms
             with self._load_lock:
                 rc, values = self._call(_LOAD, model_uri=uri)
                 failed = rc != 0 or values.integer("qnn_status") != 0

@@ -27,6 +27,7 @@ from npu_protocol._scalars import make_scalars, split_scalars
 from npu_protocol._wire import (
     MAX_ARGS,
     MAX_ERROR_FIELDS,
+    MAX_GRAPHS,
     MAX_PING_PAYLOAD,
     MAX_TENSORS,
     U16,
@@ -295,6 +296,17 @@ class ModelLoadRequest(Request, tag="model_load", frozen=True, kw_only=True):
     """Fixes free dimensions of an ONNX model's tensors, by tensor name: every input
     with one, outputs only where they do not follow from the inputs' shapes (the
     emulator backend; a QNN model library's shapes are fixed already)."""
+    sizes: Annotated[
+        dict[
+            TensorName,
+            Annotated[tuple[Shape, ...], msgspec.Meta(min_length=1, max_length=MAX_GRAPHS)],
+        ],
+        msgspec.Meta(max_length=MAX_GRAPHS),
+    ] = {}
+    """Version 6 (additive): several whole shapes of an ONNX model's input, by name; the
+    server makes one graph of the model per shape (the i-th shape of every entry makes
+    graph i; entries hold as many shapes each), its weights stored once, and a client
+    runs the graph whose input shapes fit its data. An older server ignores the key."""
     constants: Annotated[
         dict[TensorName, ModelConstant], msgspec.Meta(max_length=MAX_CONSTANTS)
     ] = {}
