@@ -35,6 +35,7 @@ MODULES: dict[str, str] = {
     "emulator": "bench.emulator",
     "portal_qnn_vad": "bench.portal_qnn_vad",
     "model_vad": "bench.model_vad",
+    "voice_models": "bench.voice_models",
     "daemon": "bench.daemon",
     "domains": "bench.domains",
     "confinement": "bench.confinement",

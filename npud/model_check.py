@@ -15,8 +15,9 @@ whatever it holds, is walked on the thread itself). The child
   bounded in memory by construction, npud.formats.onnx_proto, this is the backstop)
   and lowers its priority (:data:`CHILD_NICENESS`),
 * walks within ``[daemon] model_check_s`` (:class:`npud.formats.onnx_proto.Budget`),
-* prints one JSON line: what the file is and the outputs left for the DSP to size,
-  or the walk's refusal, which npud reports as the same walk in npud would.
+* prints one JSON line: what the file is, the outputs left for the DSP to size and
+  each graph's outputs with rooms (npud.fastrpc.stubs.model_walks.CheckedFile), or the
+  walk's refusal, which npud reports as the same walk in npud would.
 
 npud kills a child still running :data:`START_GRACE` seconds past ``model_check_s``
 (the load is refused as not checked in time) and reports a child that died as a
@@ -41,9 +42,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from npu_protocol import CodedError, ErrorCode
 
 if TYPE_CHECKING:  # loaded with the first model load, not at start-up
-    from npud.fastrpc.stubs.model_format import Sniffed
-    from npud.fastrpc.stubs.portal_qnn import CheckedFile
-    from npud.formats.onnx_proto import Budget, GraphTensor
+    from npud.fastrpc.stubs.model_walks import CheckedFile
+    from npud.formats.onnx_proto import Budget
+    from npud.formats.onnx_values import Constant
 
 IN_PROCESS_MAX: Final = 256 << 10
 """A file of at most this many bytes is walked on the check's thread in npud: at most
@@ -70,12 +71,16 @@ class FileCheck:
         backend: Literal["kernel", "emulator"],
         shapes: Mapping[str, Sequence[int]],
         seconds: float | None,
+        constants: Mapping[str, Constant] | None = None,
+        sizes: Mapping[str, Sequence[Sequence[int]]] | None = None,
     ) -> None:
         from npud.clients import Gate  # noqa: PLC0415  (not in the child)
 
         self.done = Gate()
         self._backend: Literal["kernel", "emulator"] = backend
         self._shapes = shapes
+        self._constants = constants or {}
+        self._sizes = sizes or {}
         self._seconds = seconds
         self._result: CheckedFile | None = None
         self._error: CodedError | None = None
@@ -109,6 +114,8 @@ class FileCheck:
                 self._shapes,
                 Budget(self._seconds),
                 walks=walk_model_file if small else walk_in_child,
+                constants=self._constants,
+                sizes=self._sizes,
             )
         except CodedError as exc:
             self._error = exc
@@ -129,8 +136,13 @@ class FileCheck:
 
 
 def walk_in_child(
-    fd: int, backend: str, shapes: Mapping[str, Sequence[int]], budget: Budget | None
-) -> tuple[Sniffed, list[GraphTensor]]:
+    fd: int,
+    backend: str,
+    shapes: Mapping[str, Sequence[int]],
+    budget: Budget | None,
+    constants: Mapping[str, Sequence[int]] | None = None,
+    sizes: Mapping[str, Sequence[Sequence[int]]] | None = None,
+) -> CheckedFile:
     """:func:`npud.fastrpc.stubs.model_walks.walk_model_file` in a child process (see
     the module docstring): its answer, or its refusal raised here."""
     from npud.formats.onnx_proto import CheckTimeoutError, LimitError  # noqa: PLC0415
@@ -140,6 +152,8 @@ def walk_in_child(
         sys.executable, "-s", "-B", "-m", "npud.model_check",
         "--fd", str(fd), "--backend", backend,
         "--shapes", json.dumps({name: list(dims) for name, dims in shapes.items()}),
+        "--constants", json.dumps({name: list(dims) for name, dims in (constants or {}).items()}),
+        "--sizes", json.dumps({name: [list(s) for s in v] for name, v in (sizes or {}).items()}),
     ]  # fmt: skip
     if seconds is not None:
         argv += ["--seconds", repr(seconds)]
@@ -170,7 +184,7 @@ def _environment() -> dict[str, str]:
     return {name: os.environ[name] for name in keep if name in os.environ}
 
 
-def _answer(answer: dict[str, Any]) -> tuple[Sniffed, list[GraphTensor]]:
+def _answer(answer: dict[str, Any]) -> CheckedFile:
     """The child's answer as walk_model_file's result, or its refusal raised."""
     from npud.fastrpc.stubs.model_format import (  # noqa: PLC0415
         ModelFileError,
@@ -178,6 +192,7 @@ def _answer(answer: dict[str, Any]) -> tuple[Sniffed, list[GraphTensor]]:
         Sniffed,
     )
     from npud.fastrpc.stubs.model_shapes import ShapeError  # noqa: PLC0415
+    from npud.fastrpc.stubs.model_walks import CheckedFile  # noqa: PLC0415
     from npud.formats.onnx_proto import (  # noqa: PLC0415
         CheckTimeoutError,
         DamagedError,
@@ -202,15 +217,21 @@ def _answer(answer: dict[str, Any]) -> tuple[Sniffed, list[GraphTensor]]:
     file = answer["file"]
     model_format = ModelFormat[file["format"]] if file["format"] else None
     sniffed = Sniffed(model_format, file["description"], int(file["size"]), tuple(file["graphs"]))
-    unsized = [
+    unsized = tuple(
         GraphTensor(kind, name, None if dims is None else tuple(dims))
         for kind, name, dims in answer["unsized"]
-    ]
-    return sniffed, unsized
+    )
+    rooms = tuple(frozenset(str(name) for name in graph) for graph in answer["rooms"])
+    return CheckedFile(sniffed, unsized, rooms)
 
 
 def _child_answer(
-    fd: int, backend: str, shapes: Mapping[str, Sequence[int]], seconds: float | None
+    fd: int,
+    backend: str,
+    shapes: Mapping[str, Sequence[int]],
+    seconds: float | None,
+    constants: Mapping[str, Sequence[int]] | None = None,
+    sizes: Mapping[str, Sequence[Sequence[int]]] | None = None,
 ) -> dict[str, Any]:
     """In the child: the walks' result or refusal, as :func:`_answer` reads it."""
     from npud.fastrpc.stubs.model_format import ModelFileError  # noqa: PLC0415
@@ -219,7 +240,9 @@ def _child_answer(
     from npud.formats import onnx_proto  # noqa: PLC0415
 
     try:
-        sniffed, unsized = walk_model_file(fd, backend, shapes, onnx_proto.Budget(seconds))
+        checked = walk_model_file(
+            fd, backend, shapes, onnx_proto.Budget(seconds), constants or {}, sizes or {}
+        )
     except ModelFileError as exc:
         return {"error": "file", "kind": exc.kind, "message": str(exc)}
     except ShapeError as exc:
@@ -232,6 +255,7 @@ def _child_answer(
         return {"error": "limit", "message": str(exc)}
     except OSError as exc:
         return {"error": "os", "message": str(exc)}
+    sniffed = checked.file
     return {
         "file": {
             "format": sniffed.format.name if sniffed.format is not None else None,
@@ -239,7 +263,8 @@ def _child_answer(
             "size": sniffed.size,
             "graphs": list(sniffed.graphs),
         },
-        "unsized": [[t.kind, t.name, t.dims] for t in unsized],
+        "unsized": [[t.kind, t.name, t.dims] for t in checked.unsized],
+        "rooms": [sorted(graph) for graph in checked.rooms],
     }
 
 
@@ -251,12 +276,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--backend", choices=("kernel", "emulator"), required=True)
     parser.add_argument("--shapes", default="{}", help="JSON: tensor name -> dimensions")
+    parser.add_argument(
+        "--constants", default="{}", help="JSON: input name -> dimensions of its value"
+    )
+    parser.add_argument("--sizes", default="{}", help="JSON: tensor name -> list of dimensions")
     parser.add_argument("--seconds", type=float, default=None)
     args = parser.parse_args(argv)
     resource.setrlimit(resource.RLIMIT_DATA, (CHILD_MEMORY, CHILD_MEMORY))
     os.nice(CHILD_NICENESS)  # the loading user's walk yields the CPU to everyone's calls
     shapes = {str(k): tuple(int(d) for d in v) for k, v in json.loads(args.shapes).items()}
-    answer = _child_answer(args.fd, args.backend, shapes, args.seconds)
+    constants = {str(k): tuple(int(d) for d in v) for k, v in json.loads(args.constants).items()}
+    sizes = {
+        str(k): tuple(tuple(int(d) for d in s) for s in v)
+        for k, v in json.loads(args.sizes).items()
+    }
+    answer = _child_answer(args.fd, args.backend, shapes, args.seconds, constants, sizes)
     sys.stdout.write(json.dumps(answer) + "\n")
     return 0
 

@@ -40,9 +40,9 @@ from npud.domain.registry import Registry, Shared
 from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.kernel.invoke_args import Slice
 from npud.fastrpc.session import FastRpcSession
+from npud.fastrpc.stubs.model_walks import CheckedFile
 from npud.fastrpc.stubs.portal_qnn import (
     Backend,
-    CheckedFile,
     DataType,
     GraphSpec,
     LoadedModel,
@@ -50,6 +50,7 @@ from npud.fastrpc.stubs.portal_qnn import (
     TensorSpec,
     arena_layout,
 )
+from npud.formats.onnx_values import Constant
 
 PAGE: Final = 4096
 GRAPHS_VERSION: Final = 5
@@ -141,13 +142,17 @@ def load_key(
     size: int,
     backend: Backend,
     shapes: Mapping[str, tuple[int, ...]],
+    constants: Mapping[str, Constant] | None = None,
+    sizes: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
 ) -> Hashable:
     """What makes two loads the same: the SHA-256 of the file's first ``size`` bytes (its
     size when it was checked: a file that grows meanwhile is not read forever), known to
     ``digests`` or read through ``fd`` with pread (the caller's offset stays), the backend
-    and the shapes."""
+    and the shapes and input values."""
     digest, length = digests.sha256(fd, size)
-    return ("model", backend, length, digest, tuple(sorted(shapes.items())))
+    fixed = tuple(sorted((constants or {}).items()))
+    sized = tuple(sorted((sizes or {}).items()))
+    return ("model", backend, length, digest, tuple(sorted(shapes.items())), fixed, sized)
 
 
 class NpuModel:
@@ -215,6 +220,8 @@ class NpuModel:
         digests: FileDigests,
         name: str,
         shapes: dict[str, tuple[int, ...]],
+        constants: Mapping[str, Constant] | None = None,
+        sizes: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
         allocate: Callable[[int], DmaBuffer],
         release_arena: Callable[[DmaBuffer], None],
         checked: CheckedFile | None = None,
@@ -222,15 +229,16 @@ class NpuModel:
         """The model open on ``fd`` (the caller keeps it), loaded or shared in the domain
         (its ``registry`` and ``digests``), with an arena from ``allocate(size)``. On any
         failure what was made is released again before raising. ``checked``: what
-        :meth:`PortalQnn.check` found for the file and ``shapes`` (made here when None;
-        the daemon makes it on a thread of the loading client's own, npud.model_check)."""
+        :meth:`PortalQnn.check` found for the file, ``shapes``, ``constants`` and
+        ``sizes`` (made here when None; the daemon makes it on a thread of the loading
+        client's own, npud.model_check)."""
         # The file is checked before a byte of it is hashed: a regular file, of the format
         # the backend takes, self-contained (npud.fastrpc.stubs.model_format).
         if checked is None:
-            checked = PortalQnn.check(fd, backend, shapes)
+            checked = PortalQnn.check(fd, backend, shapes, constants=constants, sizes=sizes)
         sniffed = checked.file
         try:
-            key = load_key(digests, fd, sniffed.size, backend, shapes)
+            key = load_key(digests, fd, sniffed.size, backend, shapes, constants, sizes)
         except OSError as exc:
             raise CodedError(
                 ErrorCode.MODEL_FILE_UNREADABLE, detail=f"cannot read the file: {exc.strerror}"
@@ -239,7 +247,9 @@ class NpuModel:
         if shared is None:
             portal = PortalQnn.open(session, backend=backend)
             try:
-                loaded = portal.load(fd, shapes=shapes, checked=checked)
+                loaded = portal.load(
+                    fd, shapes=shapes, constants=constants, sizes=sizes, checked=checked
+                )
             except BaseException:
                 _quietly(portal.close)
                 raise
@@ -278,11 +288,12 @@ class NpuModel:
             index=f"graph {name!r} (the model's graphs: {graphs})",
         )
 
-    def run(self, graph: int = 0) -> None:
+    def run(self, graph: int = 0) -> tuple[tuple[int, ...], ...]:
         """One run of graph ``graph``: its inputs in the arena in, its outputs into it
-        (one invoke)."""
+        (one invoke; two when an output's size is the data's). Every output's shape as
+        the run produced it when the graph has outputs with rooms, else ()."""
         inputs, outputs = self._slices[graph]
-        self._portal.run_arena(self._slot, inputs, outputs, graph=graph)
+        return self._portal.run_arena(self._slot, inputs, outputs, graph=graph) or ()
 
     def count_run(self, dsp_seconds: float) -> None:
         with self._lock:

@@ -608,17 +608,28 @@ class LoadModel(Handler[p.ModelLoadRequest]):
             self.quotas.begin_load(self.client)
             self._loading = True
             self.entry = self._reserve(Kind.MODEL, size)
+        from npud.formats.onnx_values import Constant  # noqa: PLC0415  (as NpuModel)
         from npud.model_check import FileCheck  # noqa: PLC0415  (the first model load loads it)
 
         # The file's checks run on a thread of this load's own, not on the domain's loader
-        # lane (npud/model_check.py); the load goes there once they have ended.
+        # lane (npud/model_check.py); the load goes there once they have ended, with
+        # what they found (the rooms and the outputs left to the DSP, for each size).
+        request = self.request
         backend = self.domain.device.kind
         assert backend in ("kernel", "emulator")
+        self.shapes = {name: tuple(dims) for name, dims in request.shapes.items()}
+        self.constants = {
+            name: Constant(c.dtype, tuple(c.shape), tuple(c.values))
+            for name, c in request.constants.items()
+        }
+        self.sizes = {n: tuple(tuple(s) for s in v) for n, v in request.sizes.items()}
         self.check = FileCheck(
             self.file.fileno(),
             backend,  # type: ignore[arg-type]
-            {name: tuple(dims) for name, dims in self.request.shapes.items()},
+            self.shapes,
             self.domain.device.model_check_seconds,
+            self.constants,
+            self.sizes,
         )
         self._waits.append(self.check.done)
 
@@ -633,7 +644,6 @@ class LoadModel(Handler[p.ModelLoadRequest]):
         )
         backend = domain.device.kind
         assert backend in ("kernel", "emulator")
-        shapes = {name: tuple(dims) for name, dims in request.shapes.items()}
         memory = domain.device.require_memory()
         try:
             checked = self.check.outcome()
@@ -645,7 +655,9 @@ class LoadModel(Handler[p.ModelLoadRequest]):
                     backend,  # type: ignore[arg-type]
                     self.file.fileno(),
                     name=request.name,
-                    shapes=shapes,
+                    shapes=self.shapes,
+                    constants=self.constants,
+                    sizes=self.sizes,
                     digests=domain.digests,
                     allocate=lambda size: memory.allocate_fresh(size, self._fallback),
                     release_arena=memory.release,
@@ -731,12 +743,12 @@ class RunModel(CallTiming, Handler[p.ModelRunRequest]):
         graph = model.graph_index(self.request.graph)
         started = time.perf_counter()
         try:
-            self.domain.run(model.session, lambda: model.run(graph))
+            shapes = self.domain.run(model.session, lambda: model.run(graph))
         finally:
             self.dsp_seconds = time.perf_counter() - started
         model.count_run(self.dsp_seconds)
         dsp_us = round(self.dsp_seconds * 1_000_000)
-        return Answer(p.ModelRunReply(id=self.request.id, dsp_us=dsp_us))
+        return Answer(p.ModelRunReply(id=self.request.id, dsp_us=dsp_us, output_shapes=shapes))
 
     def end(self) -> None:
         self.end_call()

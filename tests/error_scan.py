@@ -36,6 +36,7 @@ MODEL_CODES: Final = frozenset(
         ErrorCode.MODEL_MALFORMED,
         ErrorCode.MODEL_REJECTED,
         ErrorCode.NO_OUTPUTS,
+        ErrorCode.OUTPUT_TOO_LARGE,
     }
 )
 """Codes whose detail describes the client's own model or file (its graph, its tensors'

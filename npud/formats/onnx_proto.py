@@ -568,6 +568,16 @@ DIM_VALUE, DIM_PARAM = 1, 2
 Dim = int | str | None
 """A dimension: its size, the name of a symbolic one (dim_param), or None (unknown)."""
 
+UNNAMED_DIMS: Final = frozenset({"", "?"})
+"""dim_params that name nothing: each such dimension is free on its own (ONNX's rule;
+exporters write ``?`` for a dimension they could not name)."""
+
+
+def dim_name(dim: Dim) -> str | None:
+    """The name that ties ``dim`` to every other dimension of that name, or None: a size,
+    an unknown dimension, or a ``?`` / empty dim_param, which ties it to none."""
+    return dim if isinstance(dim, str) and dim not in UNNAMED_DIMS else None
+
 
 @dataclasses.dataclass(frozen=True)
 class GraphTensor:

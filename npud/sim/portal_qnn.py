@@ -78,8 +78,10 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 from npu_protocol.aee import AEE
 from npud import idl
-from npud.formats import graph_pack, onnx_proto
+from npud.formats import graph_pack, onnx_proto, onnx_values
+from npud.formats.onnx_values import Constant
 from npud.idl import arena
+from npud.sim import onnx_fold
 from npud.sim.skels import HostFileError, Skel, SkelCall, SkelMethod, idl_methods
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,9 @@ NO_MODEL: Final = 0xFFFFFFFF
 MAX_ERROR_BYTES: Final = 256  # last_error's text with room for a NUL (the C skel's buffer)
 BUILTIN_PREFIX: Final = "builtin:"
 SHAPE_PREFIX: Final = "shape."
+VALUE_PREFIX: Final = "value."
+SIZES_PREFIX: Final = "sizes."
+VALUE_DTYPES: Final = onnx_values.DTYPES
 DEFAULT_INTRA_OP_THREADS: Final = 1
 ORT_QUIET: Final = 4  # onnxruntime's FATAL: the skel logs failures itself
 ORT_MODEL_FORMAT: Final = "session.load_model_format"  # "ONNX": no ORT-format sniffing
@@ -130,6 +135,8 @@ _GRAPH_INFO: Final = PORTAL_IDL.method("graph_info")
 _RUN: Final = PORTAL_IDL.method("run")
 _LAST_ERROR: Final = PORTAL_IDL.method("last_error")
 _GRAPH_NAME: Final = PORTAL_IDL.method("graph_name")
+_OUTPUT_DIMS: Final = PORTAL_IDL.method("output_dims")
+OUTPUT_DIMS_STRIDE: Final = 1 + MAX_RANK  # output_dims: rank, then 8 dimensions
 MAX_GRAPHS: Final = graph_pack.MAX_GRAPHS
 _SPEC_SIZE: Final = _GRAPH_INFO.param("inputs").element_size  # sizeof(portal_qnn_tensor_spec)
 
@@ -150,25 +157,76 @@ class QnnFailureError(Exception):
         self.status = status
 
 
-def parse_model_uri(uri: str) -> tuple[str, dict[str, tuple[int, ...]]]:
-    """The file name and the shapes the query fixes; ValueError when malformed."""
+@dataclasses.dataclass(frozen=True)
+class ModelQuery:
+    """What a model URI's query asks of the load."""
+
+    shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    constants: dict[str, Constant] = dataclasses.field(default_factory=dict)
+    sizes: dict[str, tuple[tuple[int, ...], ...]] = dataclasses.field(default_factory=dict)
+    """Inputs' several whole shapes: graph i of the model takes the i-th of each."""
+
+
+def parse_model_uri(uri: str) -> tuple[str, ModelQuery]:
+    """The file name and what the query asks; ValueError when malformed."""
     name, _, query = uri.partition("?")
     if not name:
         raise ValueError("no file name")
-    shapes: dict[str, tuple[int, ...]] = {}
+    asked = ModelQuery()
     if query:
         for item in query.split("&"):
             key, equals, value = item.partition("=")
-            if not equals or not key.startswith(SHAPE_PREFIX):
-                raise ValueError(f"query item {item!r} is not shape.<name>=<dims>")
-            tensor = urllib.parse.unquote(key[len(SHAPE_PREFIX) :], errors="strict")
-            if not tensor or tensor in shapes:
-                raise ValueError(f"shape for {tensor!r} is empty or given twice")
-            dims = tuple(int(d) for d in value.split(",")) if value else ()
-            if any(d <= 0 for d in dims):
-                raise ValueError(f"shape of {tensor!r} has a dimension below 1")
-            shapes[tensor] = dims
-    return name, shapes
+            prefixes = (SHAPE_PREFIX, VALUE_PREFIX, SIZES_PREFIX)
+            prefix = next((p for p in prefixes if key.startswith(p)), None)
+            if not equals or prefix is None:
+                raise ValueError(
+                    f"query item {item!r} is not shape.<name>=<dims>,"
+                    " value.<name>=<dtype>:<dims>:<values> or sizes.<name>=<dims>;<dims>..."
+                )
+            tensor = urllib.parse.unquote(key[len(prefix) :], errors="strict")
+            tables: dict[str, Mapping[str, object]] = {
+                SHAPE_PREFIX: asked.shapes,
+                VALUE_PREFIX: asked.constants,
+                SIZES_PREFIX: asked.sizes,
+            }
+            taken = tables[prefix]
+            if not tensor or tensor in taken:
+                raise ValueError(f"{prefix[:-1]} for {tensor!r} is empty or given twice")
+            if prefix == VALUE_PREFIX:
+                asked.constants[tensor] = _parse_value(tensor, value)
+            elif prefix == SIZES_PREFIX:
+                asked.sizes[tensor] = tuple(_parse_dims(tensor, part) for part in value.split(";"))
+            else:
+                asked.shapes[tensor] = _parse_dims(tensor, value)
+    counts = {len(shapes) for shapes in asked.sizes.values()}
+    if len(counts) > 1 or any(not 1 <= n <= MAX_GRAPHS for n in counts):
+        raise ValueError(f"sizes give 1..{MAX_GRAPHS} shapes, as many for every tensor")
+    if set(asked.sizes) & set(asked.shapes):
+        raise ValueError("a tensor has both a shape and sizes")
+    return name, asked
+
+
+def _parse_dims(tensor: str, text: str) -> tuple[int, ...]:
+    dims = tuple(int(d) for d in text.split(",")) if text else ()
+    if any(d <= 0 for d in dims):
+        raise ValueError(f"shape of {tensor!r} has a dimension below 1")
+    return dims
+
+
+def _parse_value(tensor: str, text: str) -> Constant:
+    """``<dtype>:<d0>,<d1>...:<v0>,<v1>...`` (no dims: a scalar)."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in VALUE_DTYPES or not parts[2]:
+        raise ValueError(f"value of {tensor!r} is not <dtype>:<dims>:<values>")
+    dtype, dims_text, values_text = parts
+    dims = tuple(int(d) for d in dims_text.split(",")) if dims_text else ()
+    if any(d <= 0 for d in dims):
+        raise ValueError(f"value of {tensor!r} has a dimension below 1")
+    parse = float if dtype.startswith("float") else int
+    values = tuple(parse(v) for v in values_text.split(","))
+    if len(values) != int(np.prod(dims, dtype=np.int64)):
+        raise ValueError(f"value of {tensor!r} has {len(values)} values for shape {list(dims)}")
+    return Constant(dtype, dims, values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,52 +260,95 @@ def _declared(node: Any) -> tuple[str, str, list[int | str | None]]:
     return str(node.name), str(node.type), list(node.shape)
 
 
+_Axes = list[tuple[object, object]]
+"""Each axis of a tensor as the session and as the model declare it."""
+
+
 def _resolve_shapes(
     declared: Sequence[tuple[str, str, list[int | str | None]]],
     given: Mapping[str, tuple[int, ...]],
     outputs: frozenset[str] = frozenset(),
+    original: Mapping[str, Sequence[onnx_proto.Dim]] | None = None,
 ) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape with every dimension fixed; RefusedError otherwise."""
+    """Every tensor's shape with every dimension fixed; RefusedError otherwise.
+
+    ``declared`` is what the session says (after inference, where it ran on the inputs'
+    fixed shapes, which no longer name their dimensions); ``original`` the model's own
+    declarations, whose named dimensions a given shape binds wherever they appear. An
+    empty or ``?`` dim_param names nothing (onnx_proto.dim_name)."""
+    models = original or {}
     names = {name for name, _, _ in declared}
     unknown = sorted(set(given) - names)
     if unknown:
         raise RefusedError(AEE.EBADPARM, f"the model has no tensor {unknown[0]!r}")
+
+    def axes(name: str, dims: Sequence[int | str | None]) -> _Axes:
+        model = models.get(name)
+        if model is None or len(model) != len(dims):
+            return [(dim, None) for dim in dims]
+        return list(zip(dims, model, strict=True))
+
     bound: dict[str, int] = {}  # dim_param -> size, from the given shapes
     for name, _, dims in declared:
-        if name not in given:
-            continue
-        shape = given[name]
-        if len(shape) != len(dims):
-            raise RefusedError(
-                AEE.EBADPARM, f"{name} has rank {len(dims)}; the shape given has {len(shape)}"
-            )
-        for axis, (want, have) in enumerate(zip(dims, shape, strict=True)):
-            if isinstance(want, int) and want != have:
-                raise RefusedError(
-                    AEE.EBADPARM, f"{name} dimension {axis} is {want}; the shape given says {have}"
-                )
-            if isinstance(want, str) and bound.setdefault(want, have) != have:
-                raise RefusedError(
-                    AEE.EBADPARM, f"dimension {want!r} is given as {bound[want]} and {have}"
-                )
+        if name in given:
+            _bind_given(name, axes(name, dims), given[name], bound)
     shapes: dict[str, tuple[int, ...]] = {}
     for name, _, dims in declared:
         if name in given:
             shapes[name] = given[name]
             continue
-        resolved: list[int] = []
-        for axis, dim in enumerate(dims):
-            size = bound.get(dim) if isinstance(dim, str) else dim
-            if size is None or size <= 0:
-                what = f"{dim!r}" if isinstance(dim, str) else "free"
-                why = " (it does not follow from the inputs' shapes)" if name in outputs else ""
-                raise RefusedError(
-                    AEE.EINVALIDFORMAT,
-                    f"{name} dimension {axis} is {what}{why}: give its shape",
-                )
-            resolved.append(size)
-        shapes[name] = tuple(resolved)
+        sizes: list[int | None] = []
+        for dim, model in axes(name, dims):
+            size = dim if isinstance(dim, int) and dim > 0 else None
+            for label in (_dim_name(dim), _dim_name(model)):
+                if size is None and label is not None:
+                    size = bound.get(label)
+            sizes.append(size)
+        if None in sizes:
+            raise RefusedError(AEE.EINVALIDFORMAT, _unsized(name, axes(name, dims), sizes, outputs))
+        shapes[name] = tuple(size for size in sizes if size is not None)
     return shapes
+
+
+def _bind_given(name: str, axes: _Axes, shape: tuple[int, ...], bound: dict[str, int]) -> None:
+    """Check a given shape against the tensor's axes; bind the names it fixes."""
+    if len(shape) != len(axes):
+        raise RefusedError(
+            AEE.EBADPARM, f"{name} has rank {len(axes)}; the shape given has {len(shape)}"
+        )
+    for axis, ((want, model), have) in enumerate(zip(axes, shape, strict=True)):
+        if isinstance(want, int) and want > 0 and want != have:
+            raise RefusedError(
+                AEE.EBADPARM, f"{name} dimension {axis} is {want}; the shape given says {have}"
+            )
+        for label in (_dim_name(want), _dim_name(model)):
+            if label is not None and bound.setdefault(label, have) != have:
+                raise RefusedError(
+                    AEE.EBADPARM, f"dimension {label!r} is given as {bound[label]} and {have}"
+                )
+
+
+def _dim_name(dim: object) -> str | None:
+    return onnx_proto.dim_name(dim) if isinstance(dim, str) else None
+
+
+def _unsized(
+    name: str,
+    dims: _Axes,
+    sizes: Sequence[int | None],
+    outputs: frozenset[str],
+) -> str:
+    """Why ``name`` cannot be sized: every free dimension, by its name where it has one,
+    and the shape to give with what is fixed kept."""
+    free = []
+    for axis, ((dim, model), size) in enumerate(zip(dims, sizes, strict=True)):
+        if size is None:
+            label = _dim_name(model) or _dim_name(dim)
+            free.append(f"{axis} ({label!r})" if label else str(axis))
+    what = f"dimension {free[0]} is" if len(free) == 1 else f"dimensions {', '.join(free)} are"
+    why = " (not from the inputs' shapes)" if name in outputs else ""
+    shape = ",".join("N" if size is None else str(size) for size in sizes)
+    return f"{name} {what} free{why}: give its shape, {shape}"
 
 
 def _with_input_shapes(data: bytes, given: Mapping[str, tuple[int, ...]]) -> bytes | None:
@@ -264,15 +365,19 @@ def _with_input_shapes(data: bytes, given: Mapping[str, tuple[int, ...]]) -> byt
         shape = given.get(tensor.name)
         if shape is not None and tensor.dims is not None and len(shape) == len(tensor.dims):
             for want, have in zip(tensor.dims, shape, strict=True):
-                if isinstance(want, str):
-                    bound.setdefault(want, have)
+                name = onnx_proto.dim_name(want)
+                if name is not None:
+                    bound.setdefault(name, have)
 
     def resolved(tensor: onnx_proto.GraphTensor) -> tuple[int, ...] | None:
         if tensor.name in given:
             return given[tensor.name]
         if tensor.dims is None:
             return None
-        dims = [bound.get(d) if isinstance(d, str) else d for d in tensor.dims]
+        dims = [
+            bound.get(onnx_proto.dim_name(d) or "") if isinstance(d, str) else d
+            for d in tensor.dims
+        ]
         return None if any(d is None or d <= 0 for d in dims) else tuple(dims)  # type: ignore[arg-type]
 
     if all(resolved(t) is not None for t in declared if t.kind == "output"):
@@ -285,6 +390,15 @@ def _with_input_shapes(data: bytes, given: Mapping[str, tuple[int, ...]]) -> byt
                 return None
             inputs[tensor.name] = shape
     return onnx_proto.with_input_shapes(onnx_proto.BytesSource(data), inputs)
+
+
+def _declarations(data: bytes) -> dict[str, tuple[onnx_proto.Dim, ...]]:
+    """The model's own declared dimensions by tensor name ({} when it gives none)."""
+    try:
+        tensors = onnx_proto.graph_io(onnx_proto.BytesSource(data))
+    except onnx_proto.DamagedError:
+        return {}  # onnxruntime loaded it: what it says stands
+    return {t.name: t.dims for t in tensors if t.dims is not None}
 
 
 def _spec(name: str, onnx_type: str, shape: tuple[int, ...]) -> TensorSpec:
@@ -408,7 +522,7 @@ class OnnxModel:
                 f"{len(inputs)} inputs and {len(outputs)} outputs (at most 32, at least 1 output)",
             )
         names = frozenset(name for name, _, _ in outputs)
-        resolved = _resolve_shapes([*inputs, *outputs], shapes, names)
+        resolved = _resolve_shapes([*inputs, *outputs], shapes, names, _declarations(data))
         self.inputs = [_spec(name, kind, resolved[name]) for name, kind, _ in inputs]
         self.outputs = [_spec(name, kind, resolved[name]) for name, kind, _ in outputs]
         total = sum(spec.nbytes for spec in [*self.inputs, *self.outputs])
@@ -452,11 +566,8 @@ class OnnxModel:
             return 0, _qnn_status(exc)
         arrays = [np.ascontiguousarray(array) for array in produced]
         for spec, array in zip(self.outputs, arrays, strict=True):
-            if array.dtype != spec.dtype or array.nbytes > spec.nbytes:
-                log.error(
-                    "portal_qnn output overgrew its buffer",
-                    extra={"output": spec.name, "shape": array.shape, "bytes": spec.nbytes},
-                )
+            if not _fits(spec, array):
+                self.last_error = _overgrown(spec, array)
                 return AEE.EINVALIDFORMAT.dsp, 0
         self._produced = arrays
         return 0, 0
@@ -487,12 +598,13 @@ class OnnxModel:
             return 0, _qnn_status(exc)
         self._stage(arrays)
         target = np.frombuffer(outputs, np.uint8)
-        end = 0
-        for spec, offset, array in zip(self.outputs, self.output_offsets, produced, strict=True):
-            data = np.ascontiguousarray(array)
-            if data.dtype != spec.dtype or data.nbytes > spec.nbytes:
-                log.error("portal_qnn output overgrew its buffer", extra={"output": spec.name})
+        for spec, array in zip(self.outputs, produced, strict=True):
+            if not _fits(spec, array):  # before a byte is written: the outputs stay as they were
+                self.last_error = _overgrown(spec, array)
                 return AEE.EINVALIDFORMAT.dsp, 0
+        end = 0
+        for offset, array in zip(self.output_offsets, produced, strict=True):
+            data = np.ascontiguousarray(array)
             target[end:offset] = 0
             target[offset : offset + data.nbytes] = data.reshape(-1).view(np.uint8)
             end = offset + data.nbytes
@@ -504,6 +616,12 @@ class OnnxModel:
         for staged, array in zip(self._staged, arrays, strict=True):
             staged[...] = array
         self._set = [True] * len(self.inputs)
+
+    def output_dims(self) -> list[tuple[int, ...]] | None:
+        """Each output's shape as the last successful execute or run produced it."""
+        if self._produced is None:
+            return None
+        return [tuple(int(d) for d in array.shape) for array in self._produced]
 
     def get_output(self, tensor: int, target: memoryview) -> tuple[int, int]:
         """(AEE result, data_len)."""
@@ -517,6 +635,25 @@ class OnnxModel:
         target[: data.nbytes] = data.data
         target[data.nbytes :] = bytes(len(target) - data.nbytes)
         return 0, data.nbytes
+
+
+def _fits(spec: TensorSpec, array: npt.NDArray[Any]) -> bool:
+    """An output fits its place when it has the type graph_info gave it and at most its
+    bytes: an output whose size the data decides fills the start of its room."""
+    return array.dtype == spec.dtype and array.nbytes <= spec.nbytes
+
+
+def _overgrown(spec: TensorSpec, array: npt.NDArray[Any]) -> bytes:
+    """last_error for an output that does not fit its place: the tensor, its room, and
+    what the run needed."""
+    log.warning(
+        "portal_qnn output does not fit its room",
+        extra={"output": spec.name, "shape": array.shape, "room": spec.shape},
+    )
+    room = f"{spec.dtype} {list(spec.shape)} ({spec.nbytes} bytes)"
+    needed = f"{array.dtype} {list(array.shape)} ({array.nbytes} bytes)"
+    text = f"output {spec.name!r} needs {needed}; its room is {room}"
+    return text.encode("utf-8")[: MAX_ERROR_BYTES - 1].decode("utf-8", "ignore").encode("utf-8")
 
 
 def _graph_name(session: ort.InferenceSession) -> str:
@@ -533,10 +670,17 @@ class LoadedSlot:
     last_error: bytes = b""
 
 
-def compose(data: bytes, shapes: Mapping[str, tuple[int, ...]], threads: int) -> LoadedSlot:
-    """The graphs of a model file's bytes: an ONNX model (one graph) or a graph pack."""
+def compose(
+    data: bytes,
+    shapes: Mapping[str, tuple[int, ...]],
+    threads: int,
+    constants: Mapping[str, Constant] | None = None,
+) -> LoadedSlot:
+    """The graphs of a model file's bytes: an ONNX model (one graph) or a graph pack.
+    ``constants`` fix inputs to values, folded into each graph with such an input."""
+    constants = constants or {}
     if not graph_pack.is_pack(data):
-        return LoadedSlot([OnnxModel(data, shapes, threads)])
+        return LoadedSlot([OnnxModel(_folded(data, constants), shapes, threads)])
     source = onnx_proto.BytesSource(data)
     try:
         pack = graph_pack.read_pack(source)
@@ -555,8 +699,9 @@ def compose(data: bytes, shapes: Mapping[str, tuple[int, ...]], threads: int) ->
         except onnx_proto.LimitError as exc:
             raise RefusedError(AEE.EINVALIDFORMAT, f"outside portal_qnn's limits: {exc}") from None
         known |= names
-        members.append((member, {k: v for k, v in shapes.items() if k in names}))
-    unknown = sorted(set(shapes) - known)
+        fixed = {k: v for k, v in constants.items() if k in names}
+        members.append((_folded(member, fixed), {k: v for k, v in shapes.items() if k in names}))
+    unknown = sorted((set(shapes) | set(constants)) - known)
     if unknown:
         raise RefusedError(AEE.EBADPARM, f"no graph has a tensor {unknown[0]!r}")
     return LoadedSlot(
@@ -565,6 +710,40 @@ def compose(data: bytes, shapes: Mapping[str, tuple[int, ...]], threads: int) ->
             for graph, (member, given) in zip(pack.graphs, members, strict=True)
         ]
     )
+
+
+def compose_sizes(data: bytes, asked: ModelQuery, threads: int) -> LoadedSlot:
+    """One graph per size asked (``asked.sizes``) of a plain ONNX model: graph i is the
+    model with every sized input at its i-th shape, named ``<input>=<d0>x<d1>...``."""
+    if graph_pack.is_pack(data):
+        raise RefusedError(AEE.EBADPARM, "sizes apply to a plain ONNX model, not a graph pack")
+    folded = _folded(data, asked.constants)
+    count = len(next(iter(asked.sizes.values())))
+    graphs = []
+    for index in range(count):
+        chosen = {name: shapes[index] for name, shapes in asked.sizes.items()}
+        label = ",".join(f"{n}={'x'.join(str(d) for d in s)}" for n, s in chosen.items())
+        if len(label.encode("utf-8")) >= MAX_NAME_BYTES:
+            raise RefusedError(AEE.EBADPARM, f"the graph name {label[:40]!r}... is too long")
+        graphs.append(OnnxModel(folded, {**asked.shapes, **chosen}, threads, label))
+    return LoadedSlot(graphs)
+
+
+def _folded(data: bytes, constants: Mapping[str, Constant]) -> bytes:
+    """The model with its inputs fixed to ``constants`` (onnx_fold); RefusedError when
+    one cannot be (AEE_EBADPARM: a bad model_uri, as a shape that does not fit)."""
+    if not constants:
+        return data
+    _check_self_contained(data)  # before onnxruntime computes a condition of it
+    try:
+        return onnx_fold.fold_constants(data, constants)
+    except onnx_fold.FoldError as exc:
+        raise RefusedError(AEE.EBADPARM, str(exc)) from None
+    except onnx_proto.DamagedError as exc:
+        raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
+    except Exception as exc:  # onnxruntime could not compute a condition the values decide
+        reason = f"onnxruntime refused the model with its inputs fixed: {exc}"
+        raise QnnFailureError(_qnn_status(exc), reason) from None
 
 
 class PortalQnnSkel(Skel):
@@ -589,6 +768,7 @@ class PortalQnnSkel(Skel):
                 "run": self._run,
                 "last_error": self._last_error,
                 "graph_name": self._graph_name,
+                "output_dims": self._output_dims,
             },
         )
 
@@ -635,7 +815,7 @@ class PortalQnnSkel(Skel):
 
     def _compose(self, call: SkelCall, uri: str) -> LoadedSlot:
         try:
-            name, shapes = parse_model_uri(uri)
+            name, asked = parse_model_uri(uri)
         except ValueError as exc:
             raise RefusedError(AEE.EBADPARM, f"bad model URI: {exc}") from None
         if name.startswith(BUILTIN_PREFIX):
@@ -644,7 +824,9 @@ class PortalQnnSkel(Skel):
             data = call.host_files.read_host_file(name, limit=MAX_MODEL_FILE_BYTES)
         except HostFileError as exc:
             raise RefusedError(AEE.EUNABLETOLOAD, str(exc)) from None
-        return compose(data, shapes, self._threads)
+        if asked.sizes:
+            return compose_sizes(data, asked, self._threads)
+        return compose(data, asked.shapes, self._threads, asked.constants)
 
     def _slot(self, index: int) -> LoadedSlot | int:
         """The loaded model, or the AEE code that says why not (the handle lock is held)."""
@@ -762,6 +944,23 @@ class PortalQnnSkel(Skel):
         slot = self._models[index]
         assert slot is not None, "the handle lock is held since the graph was found"
         slot.last_error = graph.last_error
+
+    def _output_dims(self, call: SkelCall) -> int:
+        args = call.unpack(_OUTPUT_DIMS)
+        with self._lock:
+            model = self._model(args.integer("model_index"), args.integer("graph_index"))
+            if isinstance(model, int):
+                return model
+            shapes = model.output_dims()
+        if shapes is None:
+            return AEE.ENOTINITIALIZED.dsp
+        if len(args.view("dims")) < OUTPUT_DIMS_STRIDE * 4 * len(shapes):  # u32 each
+            return AEE.EBUFFERTOOSMALL.dsp
+        dims: list[int] = []
+        for shape in shapes:
+            dims += [len(shape), *shape, *[0] * (MAX_RANK - len(shape))]
+        call.pack_routs(_OUTPUT_DIMS, {"dims": dims, "num_outputs": len(shapes)})
+        return 0
 
     def _graph_name(self, call: SkelCall) -> int:
         args = call.unpack(_GRAPH_NAME)

@@ -76,11 +76,14 @@ class AwaitedClient:
         self,
         source: ModelSource,
         *,
-        shapes: Mapping[str, Sequence[int]] | None = None,
+        shapes: Mapping[str, Sequence[int | Sequence[int]]] | None = None,
         name: str | None = None,
+        constants: Mapping[str, object] | None = None,
     ) -> AwaitedModel:
         return AwaitedModel(
-            await _in_thread(self.client.load_model, source, shapes=shapes, name=name)
+            await _in_thread(
+                self.client.load_model, source, shapes=shapes, name=name, constants=constants
+            )
         )
 
     async def status(self) -> DaemonStatus:

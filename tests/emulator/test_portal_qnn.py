@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from npu_protocol import ErrorCode
+from npu_protocol import AEE, ErrorCode
 from npud import idl
 from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.dma import DmaBuffer
@@ -210,22 +210,57 @@ def test_an_output_that_does_not_follow_from_the_inputs_is_named(
     free = onnx_models.reshape(y_shape=(None, None))
     with pytest.raises(
         ModelError,
-        match=r"output 'y' has a dimension that does not follow from the input shapes given"
-        r" .* shapes=\{'y': \[N, N\]\} \(npuctl run --shape y=N,N\); otherwise",
+        match=r"output 'y' dimensions 0 and 1 do not follow from the input shapes given"
+        r" .* shapes=\{'y': \[N, N\]\} \(npuctl run --shape y=N,N\); where the data decides",
     ) as refused:
         load(portal, tmp_path, free)
     assert failure(refused) is ModelFailure.MODEL_REJECTED
     # The DSP's own reason (last_error of the handle's load) replaces "its log says which".
     assert refused.value.detail.endswith(
-        "; the DSP says: y dimension 0 is free (it does not follow from the inputs' shapes):"
-        " give its shape"
+        "; the DSP says: y dimensions 0, 1 are free (not from the inputs' shapes):"
+        " give its shape, N,N"
     )
-    assert portal.last_error(portal_qnn.NO_MODEL).startswith("y dimension 0 is free")
+    assert portal.last_error(portal_qnn.NO_MODEL).startswith("y dimensions 0, 1 are free")
     given = load(portal, tmp_path, free, shapes={"y": (3, 2)})
     x = np.arange(6, dtype=np.float32)
     y = tensors.slot(24)
     portal.run(given.slot, {"x": tensors.put(x), "s": tensors.put(np.array([3, 2]))}, {"y": y})
     np.testing.assert_array_equal(tensors.get(y, "float32", (3, 2)), x.reshape(3, 2))
+
+
+def test_question_mark_dimensions_are_each_free_on_their_own(
+    portal: PortalQnn, tensors: Tensors, tmp_path: Path
+) -> None:
+    """An OCR classifier [?, 3, 48, ?] loads at 48 x 192; y's '?' follows from x's."""
+    model = load(portal, tmp_path, onnx_models.ocr_classifier(), shapes={"x": (1, 3, 48, 192)})
+    assert model.graphs[0].outputs[0].shape == (1, 3)
+    x = np.ones((1, 3, 48, 192), np.float32) * np.array([1, 2, 3], np.float32)[:, None, None]
+    y = tensors.slot(12)
+    data = Slice(tensors.buffer, 32 * SLOT_BYTES, x.nbytes)
+    tensors.buffer.view()[data.offset : data.offset + data.length] = x.tobytes()
+    portal.run(model.slot, {"x": data}, {"y": y})
+    np.testing.assert_array_equal(tensors.get(y, "float32", (1, 3)), [[1, 2, 3]])
+
+
+def test_a_named_dimension_fixed_by_an_input_is_fixed_in_the_outputs(
+    portal: PortalQnn, tmp_path: Path
+) -> None:
+    """Piper: input [1, 9] fixes batch_size in output too; only time is left, and both the
+    daemon and the DSP say so with the shape to give keeping what is fixed."""
+    with pytest.raises(ModelError) as refused:
+        load(portal, tmp_path, onnx_models.duration_tts(), shapes={"input": (1, 9)})
+    assert failure(refused) is ModelFailure.MODEL_REJECTED
+    detail = refused.value.detail
+    assert detail.startswith("output 'output' dimension 2 ('time') does not follow")
+    assert "shapes={'output': [1, 1, N]}" in detail
+    assert detail.endswith(
+        "the DSP says: output dimension 2 ('time') is free (not from the inputs' shapes):"
+        " give its shape, 1,1,N"
+    )
+    given = load(
+        portal, tmp_path, onnx_models.duration_tts(), shapes={"input": (1, 9), "output": (1, 1, 64)}
+    )
+    assert [s.shape for s in given.graphs[0].inputs] == [(1, 9), (1,), (3,)]
 
 
 @pytest.mark.parametrize(
@@ -329,7 +364,7 @@ def test_a_skel_without_last_error_leaves_the_number_alone(
     """A device skel older than method 9 answers it AEE_EUNSUPPORTED (as this one answers
     a method past its last): the error says the number, as before."""
     method = idl.load("portal_qnn").method("last_error")
-    unknown = idl.Method.build(method.name, method.index + 1, method.params)
+    unknown = idl.Method.build(method.name, 12, method.params)  # a method no skel has
     monkeypatch.setattr(portal_qnn, "_LAST_ERROR", unknown)
     model = load(portal, tmp_path, onnx_models.reshape())
     x, s = tensors.put(np.arange(6, dtype=np.float32)), tensors.put(np.array([4, 2], np.int64))
@@ -614,7 +649,7 @@ def test_shapes_of_a_pack_apply_to_every_graph_that_has_the_tensor(
     ) as unknown:
         load(portal, tmp_path, onnx_models.two_graphs(), shapes={"x": (1, 4)})
     assert failure(unknown) is ModelFailure.TENSOR_MISMATCH
-    with pytest.raises(ModelError, match=r"input 'token' dimension 0 is free") as free:
+    with pytest.raises(ModelError, match=r"input 'token' dimension 0 \('batch'\) is free") as free:
         load(portal, tmp_path, onnx_models.two_graphs())
     assert failure(free) is ModelFailure.MODEL_REJECTED
     # "logits" is in both graphs: a shape for it must fit both (prefill's is [4, 4]).
@@ -675,7 +710,85 @@ def test_a_skel_without_graph_name_leaves_graphs_unnamed(
     """A device skel older than method 10 answers it AEE_EUNSUPPORTED: the graphs load
     and run, without names."""
     method = idl.load("portal_qnn").method("graph_name")
-    unknown = idl.Method.build(method.name, method.index + 1, method.params)
+    unknown = idl.Method.build(method.name, 12, method.params)  # a method no skel has
     monkeypatch.setattr(portal_qnn, "_GRAPH_NAME", unknown)
     model = load(portal, tmp_path, onnx_models.two_graphs(), shapes={"token": (1, 4)})
     assert [g.name for g in model.graphs] == ["", ""]
+
+
+def test_outputs_with_rooms_report_their_shapes_with_a_second_invoke(
+    portal: PortalQnn, session: FastRpcSession, tmp_path: Path
+) -> None:
+    """output_dims after a run of a graph with a room; none for one without."""
+    tts = load(
+        portal, tmp_path, onnx_models.duration_tts(), shapes={"input": (1, 3), "output": (1, 1, 8)}
+    )
+    (graph,) = tts.graphs
+    assert graph.rooms == frozenset({"output"})
+    buffer = session.alloc(4096)
+    with buffer.view() as view:
+        view[0:24] = np.array([[2, 3, 1]], np.int64).tobytes()
+        view[64:72] = np.array([3], np.int64).tobytes()
+        view[128:140] = np.array([1, 1, 1], np.float32).tobytes()
+    inputs, outputs = Slice(buffer, 0, graph.input_arena), Slice(buffer, 1024, graph.output_arena)
+    invokes = session.statistics().invokes_done
+    assert portal.run_arena(tts.slot, inputs, outputs) == ((1, 1, 6),)
+    assert session.statistics().invokes_done == invokes + 2
+    with buffer.view() as view:
+        produced = np.frombuffer(bytes(view[1024:1056]), np.float32)
+    np.testing.assert_array_equal(produced, [0, 1, 2, 3, 4, 5, 0, 0])  # then zeros
+    with buffer.view() as view:
+        view[0:24] = np.array([[5, 5, 5]], np.int64).tobytes()
+    with pytest.raises(ModelError) as grown:
+        portal.run_arena(tts.slot, inputs, outputs)
+    assert failure(grown) is ModelFailure.OUTPUT_TOO_LARGE
+    assert grown.value.detail.startswith(
+        "graph 0: output 'output' needs float32 [1, 1, 15] (60 bytes); its room is float32"
+        " [1, 1, 8] (32 bytes)"
+    )
+    affine = load(portal, tmp_path, onnx_models.affine())
+    assert affine.graphs[0].rooms == frozenset()
+    invokes = session.statistics().invokes_done
+    assert portal.run_arena(affine.slot, Slice(buffer, 0, 192), Slice(buffer, 1024, 128)) is None
+    assert session.statistics().invokes_done == invokes + 1
+    session.free(buffer)
+
+
+def test_a_skel_without_output_dims_leaves_the_shapes_as_described(
+    portal: PortalQnn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tts = load(
+        portal, tmp_path, onnx_models.duration_tts(), shapes={"input": (1, 3), "output": (1, 1, 8)}
+    )
+    real = portal._call
+
+    def older(method: str | idl.Method, /, **arguments: object) -> tuple[int, idl.Values]:
+        if method == "output_dims":
+            return AEE.EUNSUPPORTED.dsp, idl.Values({})
+        return real(method, **arguments)
+
+    monkeypatch.setattr(portal, "_call", older)
+    assert portal._output_dims(tts.slot, tts.graphs[0]) is None
+
+
+def test_sizes_make_a_graph_each_and_are_checked(portal: PortalQnn, tmp_path: Path) -> None:
+    decoder = onnx_models.growing_decoder()
+    model = load(portal, tmp_path, decoder, sizes={"preds": [(1, 1), (1, 3)]})
+    assert [(g.name, g.inputs[0].shape) for g in model.graphs] == [
+        ("preds=1x1", (1, 1)),
+        ("preds=1x3", (1, 3)),
+    ]
+    for sizes, why in (
+        ({"preds": [(1, 1)] * 2}, "repeat a shape"),
+        ({"preds": [(1, n) for n in range(1, 10)]}, "1..8 shapes per tensor"),
+        ({"preds": [(1, 1)], "x": [(1,), (2,)]}, "as many for every tensor"),
+        ({"preds": [(1, 1, 1)]}, "input 'preds' has 2 dimensions"),
+    ):
+        with pytest.raises(ModelError, match=why) as refused:
+            load(portal, tmp_path, decoder, sizes=sizes)
+        assert failure(refused) is ModelFailure.TENSOR_MISMATCH
+    with pytest.raises(ModelError, match="both a shape and sizes"):
+        load(portal, tmp_path, decoder, shapes={"preds": (1, 1)}, sizes={"preds": [(1, 2)]})
+    with pytest.raises(ModelError, match="the DSP says: sizes apply to a plain ONNX model"):
+        load(portal, tmp_path, onnx_models.two_graphs(), sizes={"token": [(1, 4), (2, 4)]})
+    assert model_uri_query({}, sizes={"a b": [(1, 2), (1, 4)]}) == "?sizes.a%20b=1,2;1,4"

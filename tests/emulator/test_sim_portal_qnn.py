@@ -20,6 +20,7 @@ from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.stubs.portal_qnn import PORTAL_QNN_URI
+from npud.formats.onnx_values import Constant
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from npud.sim.portal_qnn import MAX_ERROR_BYTES, failure_text, parse_model_uri
 from tests.emulator import onnx_models
@@ -159,7 +160,7 @@ def test_last_error_of_no_model_is_why_the_handles_last_load_failed(
     ):
         assert raw.load(exposed.name)[0] == AEE.EINVALIDFORMAT.dsp
     assert load_error() == (
-        b"y dimension 0 is free (it does not follow from the inputs' shapes): give its shape"
+        b"y dimension 0 is free (not from the inputs' shapes): give its shape, N,3"
     )
     assert raw.load(reshape)[0] == 0
     assert load_error() == b""  # a load that succeeds forgets it
@@ -222,12 +223,33 @@ def test_load_failures(raw: Raw, affine: str, session: FastRpcSession) -> None:
     ],
 )
 def test_model_uri_shapes(uri: str, expected: tuple[str, dict[str, tuple[int, ...]]]) -> None:
-    assert parse_model_uri(uri) == expected
+    name, asked = parse_model_uri(uri)
+    assert (name, asked.shapes) == expected
+
+
+def test_model_uri_values_and_sizes() -> None:
+    name, asked = parse_model_uri("m.onnx?value.sr=int64::16000&sizes.ids=1,1;1,2;1,4")
+    assert name == "m.onnx"
+    assert asked.constants == {"sr": Constant("int64", (), (16000,))}
+    assert asked.sizes == {"ids": ((1, 1), (1, 2), (1, 4))}
 
 
 @pytest.mark.parametrize(
     "uri",
-    ["?shape.x=1", "m?shape.x=0", "m?shape.x=a", "m?x=1", "m?shape.=1", "m?shape.x=1&shape.x=2"],
+    [
+        "?shape.x=1",
+        "m?shape.x=0",
+        "m?shape.x=a",
+        "m?x=1",
+        "m?shape.=1",
+        "m?shape.x=1&shape.x=2",
+        "m?value.sr=int64:16000",
+        "m?value.sr=complex64::1",
+        "m?value.sr=int64:2:1",
+        "m?sizes.x=1;2&sizes.y=1",
+        "m?sizes.x=1&shape.x=1",
+        "m?sizes.x=" + ";".join(str(n) for n in range(1, 10)),
+    ],
 )
 def test_malformed_model_uris(uri: str) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - each case has its own wording
@@ -240,7 +262,7 @@ def test_badly_marshalled_and_unknown_methods(raw: Raw) -> None:
     assert wrong_counts.rc == AEE.EBADPARM.dsp
     short = raw.session.invoke(raw.handle, execute.sc, [Inline(bytes(4))], [Capacity(4)])
     assert short.rc == AEE.EBADPARM.dsp
-    unknown = idl.make_scalars(11, 1, 0, 0, 0)
+    unknown = idl.make_scalars(12, 1, 0, 0, 0)
     assert raw.session.invoke(raw.handle, unknown, [Inline(bytes(4))], []).rc == (
         AEE.EUNSUPPORTED.dsp
     )
@@ -290,3 +312,19 @@ def test_a_pack_of_more_graphs_than_a_model_holds_is_refused(
     assert why.data("text")[: why.integer("text_len")] == (
         b"a graph pack that holds 9 graphs; a model has at most 8"
     )
+
+
+def test_output_dims_are_what_the_last_run_produced(raw: Raw, affine: str) -> None:
+    assert raw.load(affine)[0] == 0
+    graph = {"model_index": 0, "graph_index": 0}
+    assert raw.call("output_dims", **graph, dims=18)[0] == AEE.ENOTINITIALIZED.dsp
+    for tensor, data in ((0, bytes(12)), (1, bytes(12)), (2, struct.pack("<q", 1))):
+        assert raw.call("set_input", **graph, tensor_index=tensor, data=data)[0] == 0
+    assert raw.call("execute", **graph)[1].integer("qnn_status") == 0
+    assert raw.call("output_dims", **graph, dims=17)[0] == AEE.EBUFFERTOOSMALL.dsp
+    rc, dims = raw.call("output_dims", **graph, dims=18)
+    assert (rc, dims.integer("num_outputs")) == (0, 2)
+    # y float32 [3], then n int64 as onnxruntime made it ([1]): rank, then 8 dimensions.
+    assert dims.integers("dims") == [1, 3, *[0] * 7, 1, 1, *[0] * 7]
+    assert raw.call("output_dims", model_index=1, graph_index=0, dims=18)[0] == AEE.EBADSTATE.dsp
+    assert raw.call("output_dims", model_index=0, graph_index=1, dims=18)[0] == AEE.EBADPARM.dsp

@@ -49,8 +49,8 @@ def describe_type(info: mi.Type) -> str:
             return f"str ≤ {max_length} chars" if max_length is not None else "str"
         case mi.BytesType(max_length=max_length):
             return f"bin ≤ {max_length} bytes" if max_length is not None else "bin"
-        case mi.BoolType():
-            return "bool"
+        case mi.BoolType() | mi.FloatType():
+            return "bool" if isinstance(info, mi.BoolType) else "float"
         case mi.NoneType():
             return "nil"
         case mi.EnumType() | mi.LiteralType():
@@ -143,6 +143,7 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.BufferSlice,
     p.InvokeReply,
     p.ModelLoadRequest,
+    p.ModelConstant,
     p.ModelLoadReply,
     p.ModelInfo,
     p.GraphInfo,

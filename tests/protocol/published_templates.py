@@ -40,6 +40,7 @@ PUBLISHED: Final[dict[int, str]] = {
     308: "malformed model: {detail}",  # MODEL_MALFORMED
     309: "model rejected: {detail}",  # MODEL_REJECTED
     310: "no outputs: {detail}",  # NO_OUTPUTS
+    311: "output too large: {detail}",  # OUTPUT_TOO_LARGE
     400: "the NPU session is busy",  # SESSION_BUSY
     401: "DSP shell verification failed: {reason}",  # SHELL_VERIFY
     500: "frame of {size} bytes exceeds the limit of {limit} bytes",  # FRAME_TOO_LARGE

@@ -34,8 +34,8 @@ def for_type(info: mi.Type) -> st.SearchStrategy[Any]:
             return st.text(max_size=min(max_length or _SMALL, _SMALL))
         case mi.BytesType(max_length=max_length):
             return st.binary(max_size=min(max_length or _SMALL, _SMALL))
-        case mi.BoolType():
-            return st.booleans()
+        case mi.BoolType() | mi.FloatType():
+            return st.booleans() if isinstance(info, mi.BoolType) else st.floats(allow_nan=False)
         case mi.NoneType():
             return st.none()
         case mi.EnumType(cls=cls):
@@ -46,8 +46,10 @@ def for_type(info: mi.Type) -> st.SearchStrategy[Any]:
             return of(cls)
         case mi.UnionType(types=types):
             return st.one_of(*(for_type(t) for t in types))
-        case mi.VarTupleType(item_type=item, max_length=max_length):
-            return st.lists(for_type(item), max_size=min(max_length or _SMALL, 4)).map(tuple)
+        case mi.VarTupleType(item_type=item, min_length=min_length, max_length=max_length):
+            least = min_length or 0
+            most = max(least, min(max_length or _SMALL, 4))
+            return st.lists(for_type(item), min_size=least, max_size=most).map(tuple)
         case mi.DictType(key_type=key, value_type=value, max_length=max_length):
             return st.dictionaries(for_type(key), for_type(value), max_size=min(max_length or 4, 4))
     raise TypeError(f"no strategy for {info!r}")

@@ -229,6 +229,7 @@ ERROR_TABLE: Final = {
     ErrorCode.MODEL_MALFORMED: ERPC,
     ErrorCode.MODEL_REJECTED: ERPC,
     ErrorCode.NO_OUTPUTS: ERPC,
+    ErrorCode.OUTPUT_TOO_LARGE: ERPC,  # the default for the models' 3xx
     ErrorCode.SESSION_BUSY: 0x20,
     ErrorCode.SHELL_VERIFY: 0x06,
     ErrorCode.FRAME_TOO_LARGE: ERPC,

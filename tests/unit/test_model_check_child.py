@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from onnx import TensorProto, helper
@@ -50,9 +51,10 @@ def test_the_child_answers_as_npud_would(tmp_path: Path, open_file: list[int]) -
     assert walk_in_child(fd, "emulator", shapes, onnx_proto.Budget(60)) == walk_model_file(
         fd, "emulator", shapes, onnx_proto.Budget(60)
     )
-    sniffed, unsized = walk_in_child(fd, "emulator", shapes, None)
-    assert sniffed.format is ModelFormat.ONNX
-    assert unsized == []
+    checked = walk_in_child(fd, "emulator", shapes, None)
+    assert checked.file.format is ModelFormat.ONNX
+    assert checked.unsized == ()
+    assert checked.rooms == (frozenset(),)
 
 
 def test_the_childs_refusals_are_npuds(tmp_path: Path, open_file: list[int]) -> None:
@@ -78,3 +80,32 @@ def test_the_child_stops_at_its_budget(tmp_path: Path, open_file: list[int]) -> 
     with pytest.raises(ModelFileError, match="not checked in time") as caught:
         walk_in_child(fd, "emulator", {}, onnx_proto.Budget(1e-9))
     assert caught.value.kind == "refused"
+
+
+def test_the_childs_answer_has_rooms_sizes_and_values(tmp_path: Path, open_file: list[int]) -> None:
+    """What a load of a room, of several sizes or with input values needs from the
+    walks (the rooms of each graph, the outputs left to the DSP) comes back from the
+    child as from the walk in npud."""
+    cases: list[tuple[bytes, dict[str, Any]]] = [
+        (onnx_models.duration_tts(), {"shapes": {"input": (1, 3), "output": (1, 1, 64)}}),
+        (onnx_models.growing_decoder(), {"shapes": {}, "sizes": {"preds": [(1, 1), (1, 4)]}}),
+        (onnx_models.rate_branch(), {"shapes": {"x": (4,)}, "constants": {"sr": ()}}),
+    ]
+    answers = []
+    for data, load in cases:
+        fd = _fd(tmp_path, open_file, data)
+        args = (load["shapes"], None, load.get("constants", {}), load.get("sizes", {}))
+        answers.append(walk_in_child(fd, "emulator", *args))
+        assert answers[-1] == walk_model_file(fd, "emulator", *args)
+    room, sizes, values = answers
+    assert room.rooms == (frozenset({"output"}),)
+    assert sizes.rooms == (frozenset(), frozenset())
+    assert [t.name for t in values.unsized] == ["y"]  # the DSP folds the If: not here
+
+
+def test_the_child_refuses_values_as_npud_does(tmp_path: Path, open_file: list[int]) -> None:
+    fd = _fd(tmp_path, open_file, onnx_models.rate_branch())
+    with pytest.raises(ShapeError, match="the model has no input 'nope' to fix"):
+        walk_in_child(fd, "emulator", {"x": (4,)}, None, {"nope": ()})
+    with pytest.raises(ShapeError, match=r"given the shape \[1\] and a value of shape \[\]"):
+        walk_in_child(fd, "emulator", {"x": (4,), "sr": (1,)}, None, {"sr": ()})

@@ -38,7 +38,16 @@ from npu_client._errors import ConnectFailed, NpuError
 from npu_client._llm_client import DEFAULT_N_CTX, Llm
 from npu_client._memory import MappedBuffer
 from npu_client._model_base import ModelBase
-from npu_client._models import ModelSource, ModelState, TensorValue, check_shapes, model_file
+from npu_client._models import (
+    ModelSource,
+    ModelState,
+    TensorValue,
+    check_constants,
+    ignored_constants,
+    ignored_sizes,
+    model_file,
+    split_shapes,
+)
 from npu_client._settings import (
     SocketOrigin,
     client_name,
@@ -255,25 +264,47 @@ class Client(DaemonView["DmaBuffer"]):
         self,
         source: ModelSource,
         *,
-        shapes: Mapping[str, Sequence[int]] | None = None,
+        shapes: Mapping[str, Sequence[int | Sequence[int]]] | None = None,
         name: str | None = None,
+        constants: Mapping[str, object] | None = None,
     ) -> Model:
         """Load a model onto the NPU: a path (opened here, with this process's
         permissions), an open binary file or an fd; only its fd travels to npud, which
         reads the file through it. ``shapes`` gives ONNX model tensors' whole shapes
         by name (the emulator backend): every input with a free dimension, and an
-        output only when its shape does not follow from the inputs'. ``name`` is what ``npuctl
-        status`` shows (default: the file's name). The model's tensors live in one
-        DMA-BUF mapped here: see :class:`Model`."""
-        checked = check_shapes(shapes)
+        output only when its shape does not follow from the inputs'; a dimension given
+        as several sizes (a list, tuple or range: ``{"preds": (1, [1, 2, 4])}``, at most
+        8) makes a graph of each, and ``run`` without ``graph`` runs the one whose inputs
+        take the data's shapes. ``name`` is what ``npuctl
+        status`` shows (default: the file's name). ``constants`` fixes ONNX model inputs
+        to values by name (``{"sr": 16000}``): npud folds them into the model before
+        shape inference, so outputs that hang on them (an ``If`` on the value) get their
+        shapes, and those inputs are gone from the model. The model's tensors live in
+        one DMA-BUF mapped here: see :class:`Model`."""
+        checked, sizes = split_shapes(shapes)
+        fixed = check_constants(constants)
         with model_file(source) as (fd, shown):
-            loaded = self._run(requests.load_model(self._core, fd, (name or shown)[:1024], checked))
+            loaded = self._run(
+                requests.load_model(self._core, fd, (name or shown)[:1024], checked, fixed, sizes)
+            )
         try:
             state = ModelState(*loaded)
         except (OSError, ValueError):
             with contextlib.suppress(NpuError, TimeoutError):
                 self._run(requests.discard_model(loaded.model))
             raise
+        state.sized = frozenset(sizes)
+        ignored = ignored_constants(state, fixed)
+        if ignored_sizes(state, sizes):
+            with contextlib.suppress(NpuError, TimeoutError):
+                self._run(requests.discard_model(loaded.model))
+            state.release_local("npud ignored its sizes")
+            raise requests.ignored_sizes_error()
+        if ignored:
+            with contextlib.suppress(NpuError, TimeoutError):
+                self._run(requests.discard_model(loaded.model))
+            state.release_local("npud ignored its constants")
+            raise requests.ignored_constants_error(ignored)
         with self._lock:
             self._core.adopt_model(state)
         return Model(self, state)
@@ -729,7 +760,7 @@ class Model(ModelBase["Client"]):
         """Set ``inputs`` (by name), run graph ``graph`` (by name; the first when None)
         once, return every output of it by name (copies). ``timeout`` and ``deadline``
         (seconds) as for ``RemoteHandle.invoke``."""
-        index = self._graph(graph)
+        index = self._run_graph(graph, inputs)
         self._set_inputs(inputs, index)
         self._client._run(self._execute_call(timeout, deadline, index))
         return self._outputs(index)

@@ -274,6 +274,11 @@ class NoOutputs(NpuModelError, code=ErrorCode.NO_OUTPUTS):
     """An output was read before a successful run or execute."""
 
 
+class OutputTooLarge(NpuModelError, code=ErrorCode.OUTPUT_TOO_LARGE):
+    """A run produced an output larger than the room its load gave it; the message
+    names the tensor, its room and the size the run needed."""
+
+
 # --- session and shell (4xx) -----------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from npu_client import _requests as requests
 from npu_client._core import Call, ClientCore
-from npu_client._models import ModelState, TensorValue
+from npu_client._models import ModelState, TensorValue, pick_graph
 from npu_protocol import GraphInfo, ModelInfo, TensorInfo
 
 
@@ -95,6 +95,12 @@ class ModelBase(Generic[C]):
         successful run (NoOutputs before one)."""
         return self._state.get_output(name, self._graph(graph))
 
+    def output_shape(self, name: str, *, graph: str | None = None) -> tuple[int, ...]:
+        """Output ``name``'s shape (of graph ``graph``) as its last successful run produced
+        it: smaller than ``outputs``' shape, its room, when the data decides its size
+        (``get_output`` and ``run`` return arrays of this shape)."""
+        return self._state.output_shape(name, self._graph(graph))
+
     def input_view(self, name: str, *, graph: str | None = None) -> Any:
         """Input ``name`` (of graph ``graph``) in the shared arena, writable: a numpy
         array (memoryview without numpy). Taking it counts as giving the input a value."""
@@ -114,6 +120,15 @@ class ModelBase(Generic[C]):
         """The index of graph ``graph`` (Unsupported before protocol version 5,
         InvalidTensorIndex for a name the model does not have)."""
         return requests.graph_of(self._client._core, self._state, graph)
+
+    def _run_graph(self, graph: str | None, inputs: Mapping[str, TensorValue] | None) -> int:
+        """The graph ``run`` runs: ``graph`` by name; without one, on a model loaded with
+        several sizes of a dimension, the graph whose inputs take ``inputs``' shapes."""
+        if graph is None:
+            picked = pick_graph(self._state, inputs)
+            if picked is not None:
+                return picked
+        return self._graph(graph)
 
     def _set_inputs(self, inputs: Mapping[str, TensorValue] | None, graph: int = 0) -> None:
         """``run``'s first step: each of ``inputs`` into the arena."""

@@ -11,6 +11,7 @@ import msgspec
 
 from npu_client import _models, cli
 from npu_client._blocking import Client
+from npu_client._errors import QnnError
 
 
 class RunUsageError(Exception):
@@ -29,6 +30,9 @@ class TensorLine(msgspec.Struct, frozen=True):
     shape: tuple[int, ...]
     source: str = ""
     """Inputs: the .npy file, or "zeros"."""
+    room: tuple[int, ...] | None = None
+    """Outputs whose size the data decided: the room the load gave them (``shape`` is
+    what the run produced)."""
 
 
 class RunReport(msgspec.Struct, frozen=True):
@@ -51,9 +55,26 @@ class RunReport(msgspec.Struct, frozen=True):
 class RunArgs:
     model: Path
     inputs: dict[str, Path] = field(default_factory=dict)
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    shapes: dict[str, tuple[int | tuple[int, ...], ...]] = field(default_factory=dict)
+    """--shape: a dimension may be several sizes (``1|2|4``), a graph each."""
     graph: str | None = None
     """The graph to run, by name (--graph); None: the first."""
+    constants: dict[str, tuple[int | float, ...] | int | float] = field(default_factory=dict)
+    """Inputs fixed to values at load (--constant): a scalar, or a flat tuple."""
+
+
+def parse_constant(text: str) -> int | float | tuple[int | float, ...]:
+    """``16000`` (a scalar) or ``0.667,1,0.8`` (a flat array): integers stay integers
+    unless a float is among them."""
+    items = text.split(",")
+    try:
+        values: list[int | float] = [int(v) for v in items]
+    except ValueError:
+        try:
+            values = [float(v) for v in items]
+        except ValueError:
+            raise ValueError(f"values are numbers separated by commas, got {text!r}") from None
+    return values[0] if len(items) == 1 else tuple(values)
 
 
 def parse_assignment(text: str) -> tuple[str, str]:
@@ -64,14 +85,17 @@ def parse_assignment(text: str) -> tuple[str, str]:
     return name, value
 
 
-def parse_dims(text: str) -> tuple[int, ...]:
+def parse_dims(text: str) -> tuple[int | tuple[int, ...], ...]:
+    """``1,576``; a dimension may be several sizes, ``1,1|2|4`` (a graph each)."""
     try:
-        dims = tuple(int(d) for d in text.split(","))
+        choices = [tuple(int(size) for size in d.split("|")) for d in text.split(",")]
     except ValueError:
-        raise ValueError(f"dimensions are integers separated by commas, got {text!r}") from None
-    if any(d < 1 for d in dims):
+        raise ValueError(
+            f"dimensions are integers separated by commas (several sizes of one by |), got {text!r}"
+        ) from None
+    if any(size < 1 for choice in choices for size in choice):
         raise ValueError(f"dimensions must be at least 1, got {text!r}")
-    return dims
+    return tuple(choice[0] if len(choice) == 1 else choice for choice in choices)
 
 
 def run_once(client: Client, args: RunArgs) -> RunReport:
@@ -79,9 +103,13 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
     default) from its .npy file (zeros otherwise), run that graph once."""
     arrays = {name: _load_npy(path) for name, path in args.inputs.items()}
     started = time.perf_counter()
-    with client.load_model(args.model, shapes=load_shapes(client.backend, args, arrays)) as model:
+    shapes = load_shapes(client.backend, args, arrays)
+    fixed = dict(args.constants)
+    with client.load_model(args.model, shapes=shapes, constants=fixed or None) as model:
         loaded = time.perf_counter()
-        graph = model.graphs[model._graph(args.graph)]
+        index = model._run_graph(args.graph, arrays or None)  # several sizes: by shape
+        graph = model.graphs[index]
+        chosen = graph.name if index else args.graph
         known = {spec.name for spec in graph.inputs}
         unknown = sorted(set(arrays) - known)
         if unknown:
@@ -93,14 +121,17 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
         inputs = []
         for spec in graph.inputs:
             if spec.name in arrays:
-                model.set_input(spec.name, arrays[spec.name], graph=args.graph)
+                model.set_input(spec.name, arrays[spec.name], graph=chosen)
                 source = str(args.inputs[spec.name])
             else:
-                model.input_view(spec.name, graph=args.graph)  # the arena starts zeroed
+                model.input_view(spec.name, graph=chosen)  # the arena starts zeroed
                 source = "zeros"
             inputs.append(TensorLine(spec.name, spec.dtype, tuple(spec.shape), source))
         before = time.perf_counter()
-        model.execute(graph=args.graph)
+        try:
+            model.execute(graph=chosen)
+        except QnnError as exc:
+            raise _with_zeros_hint(exc, inputs) from None
         after = time.perf_counter()
         return RunReport(
             model=model.name,
@@ -109,13 +140,43 @@ def run_once(client: Client, args: RunArgs) -> RunReport:
             run_ms=(after - before) * 1000,
             dsp_us=model.last_dsp_us,
             inputs=inputs,
-            outputs=[TensorLine(s.name, s.dtype, tuple(s.shape)) for s in graph.outputs],
+            outputs=[_output_line(model, s, chosen) for s in graph.outputs],
             graph=graph.name,
             graphs=[g.name for g in model.graphs] if len(model.graphs) > 1 else [],
         )
 
 
-def load_shapes(backend: str, args: RunArgs, arrays: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+def _output_line(model: Any, spec: Any, graph: str | None) -> TensorLine:
+    """An output as the run produced it, with its room when the data decided its size."""
+    shape = tuple(model.output_shape(spec.name, graph=graph))
+    room = tuple(spec.shape) if shape != tuple(spec.shape) else None
+    return TensorLine(spec.name, spec.dtype, shape, room=room)
+
+
+def _with_zeros_hint(exc: QnnError, inputs: list[TensorLine]) -> QnnError:
+    """The run's failure, saying which inputs were zeros: a zero where the model takes
+    a rate, a length or a scale (Silero VAD's sr) fails it deep inside, far from the
+    cause."""
+    zeros = [t.name for t in inputs if t.source == "zeros"]
+    if not zeros:
+        return exc
+    names = ", ".join(repr(n) for n in zeros)
+    first = zeros[0]
+    hint = (
+        f"; the inputs {names} were all zeros, which the model may not take"
+        if len(zeros) > 1
+        else f"; the input {names} was zeros, which the model may not take"
+    )
+    hint += (
+        f" (give each a value: --input {first}=FILE.npy, or fix it at load with"
+        f" --constant {first}=VALUE)"
+    )
+    return QnnError(f"{exc.message}{hint}", code=exc.code, fields=exc.fields)
+
+
+def load_shapes(
+    backend: str, args: RunArgs, arrays: dict[str, Any]
+) -> dict[str, tuple[int | tuple[int, ...], ...]]:
     """The shapes to load with: each --shape, and on the emulator (ONNX models, whose
     dimensions may be free) each --input array's own shape; a QNN model library's are
     fixed, so the kernel backend gets the --shape ones alone (none, in the usual case)."""
@@ -124,6 +185,8 @@ def load_shapes(backend: str, args: RunArgs, arrays: dict[str, Any]) -> dict[str
         return shapes
     for name, array in arrays.items():
         shape = tuple(int(d) for d in array.shape)
+        if any(isinstance(d, tuple) for d in shapes.get(name, ())):
+            continue  # several sizes: the run takes the graph the array fits
         if name in shapes and shapes[name] != shape:
             raise RunUsageError(
                 f"--shape {name}={','.join(map(str, shapes[name]))} disagrees with the shape of"
@@ -154,7 +217,11 @@ def render_run(report: RunReport) -> str:
         names = ", ".join(repr(name) for name in report.graphs)
         lines.append(f"graph    {report.graph!r} of {names}")
     lines += [f"input    {t.name} {t.dtype} {list(t.shape)} <- {t.source}" for t in report.inputs]
-    lines += [f"output   {t.name} {t.dtype} {list(t.shape)}" for t in report.outputs]
+    lines += [
+        f"output   {t.name} {t.dtype} {list(t.shape)}"
+        + (f" (room {list(t.room)})" if t.room is not None else "")
+        for t in report.outputs
+    ]
     lines.append(
         f"time     load {report.load_ms:.1f} ms, run {report.run_ms:.2f} ms"
         f" (DSP {report.dsp_us / 1000:.2f} ms)"

@@ -22,7 +22,7 @@ import contextlib
 import functools
 import mmap
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any, Final
 
@@ -36,7 +36,14 @@ from npu_client._errors import (
 )
 from npu_client._memory import _map_shared
 from npu_client.transport import OwnedFd
-from npu_protocol import ErrorCode, GraphInfo, ModelInfo, TensorInfo, format_message
+from npu_protocol import (
+    ErrorCode,
+    GraphInfo,
+    ModelConstant,
+    ModelInfo,
+    TensorInfo,
+    format_message,
+)
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -85,21 +92,197 @@ def model_file(source: object) -> Iterator[tuple[int, str]]:
     yield fileno(), os.path.basename(name)[:1024] if isinstance(name, str) else ""
 
 
+MAX_GRAPHS: Final = 8
+"""Graphs a model holds at most: sizes asked of a dimension make one each."""
+
+
 def check_shapes(shapes: object) -> dict[str, tuple[int, ...]]:
-    """``shapes`` (tensor name -> dimensions) as the request carries them."""
+    """``shapes`` (tensor name -> dimensions) as the request carries them; a dimension
+    given as several sizes is :func:`split_shapes`'s."""
+    fixed, sizes = split_shapes(shapes)
+    if sizes:
+        raise ValueError("shapes: several sizes of a dimension need a load (load_model)")
+    return fixed
+
+
+def split_shapes(
+    shapes: object,
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[tuple[int, ...], ...]]]:
+    """``shapes`` as the request carries them: the whole shapes, and the tensors with a
+    dimension given as several sizes (a list, tuple or range of them: ``(1, [1, 2, 4])``)
+    as their shapes, one per size, each making a graph of the model. Several tensors
+    with sizes must have as many (graph i takes the i-th of each); at most 8."""
     if shapes is None:
-        return {}
+        return {}, {}
     if not isinstance(shapes, Mapping):
         raise TypeError("shapes must map tensor names to dimensions")
     checked: dict[str, tuple[int, ...]] = {}
+    sizes: dict[str, tuple[tuple[int, ...], ...]] = {}
     for name, given in shapes.items():
         if not isinstance(name, str):
             raise TypeError(f"shapes: tensor names are str, not {type(name).__name__}")
         dims = tuple(given)
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims):
+        choices = [tuple(d) if isinstance(d, list | tuple | range) else (d,) for d in dims]
+        flat = [d for choice in choices for d in choice]
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in flat) or (
+            not all(choices)
+        ):
             raise ValueError(f"shapes: {name!r} needs positive integer dimensions, got {dims}")
-        checked[name] = dims
+        varied = [
+            axis
+            for axis, choice in enumerate(choices)
+            if len(choice) > 1 or (isinstance(dims[axis], list | tuple | range))
+        ]
+        if not varied:
+            checked[name] = tuple(flat)
+            continue
+        if len(varied) > 1:
+            raise ValueError(f"shapes: {name!r} gives several sizes in more than one dimension")
+        axis = varied[0]
+        sizes[name] = tuple(
+            tuple(size if i == axis else choices[i][0] for i in range(len(dims)))
+            for size in choices[axis]
+        )
+    counts = {len(variants) for variants in sizes.values()}
+    if len(counts) > 1 or any(n > MAX_GRAPHS for n in counts):
+        raise ValueError(
+            f"shapes: several sizes make a graph each, at most {MAX_GRAPHS}, and as many for"
+            f" every tensor given them; got {sorted(counts)}"
+        )
+    return checked, sizes
+
+
+MAX_CONSTANT_VALUES: Final = 256
+_CONSTANT_DTYPES: Final = frozenset(
+    {"bool", "float32", "float64"}
+    | {f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64)}
+)
+
+
+def check_constants(constants: object) -> dict[str, ModelConstant]:
+    """``constants`` (input name -> value) as the request carries them: a bool, int or
+    float, a (nested) sequence of them, or a numpy array or scalar; at most 256 values
+    each. Python ints travel as int64, floats as float64 (npud converts them to the
+    input's own type within their kind)."""
+    if constants is None:
+        return {}
+    if not isinstance(constants, Mapping):
+        raise TypeError("constants must map input names to values")
+    checked: dict[str, ModelConstant] = {}
+    for name, value in constants.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"constants: input names are non-empty str, not {name!r}")
+        dtype, shape, values = _constant_values(name, value)
+        if not values or len(values) > MAX_CONSTANT_VALUES:
+            raise ValueError(
+                f"constants: {name!r} has {len(values)} values (1..{MAX_CONSTANT_VALUES}:"
+                " a value the model's shapes hang on, not data)"
+            )
+        checked[name] = ModelConstant(dtype=dtype, shape=shape, values=values)
     return checked
+
+
+def _constant_values(
+    name: str, value: object
+) -> tuple[str, tuple[int, ...], tuple[int | float, ...]]:
+    numpy = numpy_module()
+    if numpy is not None and not isinstance(value, str | bytes):
+        array = numpy.asarray(value)
+        if array.dtype == numpy.float16:
+            array = array.astype(numpy.float32)
+        if array.dtype.name not in _CONSTANT_DTYPES:
+            raise TypeError(
+                f"constants: {name!r} is {array.dtype} (integers, floats or bools are taken)"
+            )
+        flat = array.reshape(-1).tolist()
+        values = tuple(int(v) if isinstance(v, bool) else v for v in flat)
+        return array.dtype.name, tuple(int(d) for d in array.shape), values
+    items: list[object] = list(value) if isinstance(value, list | tuple) else [value]
+    bools = [v for v in items if isinstance(v, bool)]
+    ints = [v for v in items if isinstance(v, int) and not isinstance(v, bool)]
+    numbers = [v for v in items if isinstance(v, int | float) and not isinstance(v, bool)]
+    if len(bools) == len(items):
+        return "bool", _shape_of(value), tuple(int(v) for v in bools)
+    if len(ints) == len(items):
+        return "int64", _shape_of(value), tuple(ints)
+    if len(numbers) == len(items):
+        return "float64", _shape_of(value), tuple(float(v) for v in numbers)
+    raise TypeError(
+        f"constants: {name!r} must be a bool, int, float or a flat sequence of them"
+        " (nested ones and arrays need numpy)"
+    )
+
+
+def _shape_of(value: object) -> tuple[int, ...]:
+    return (len(value),) if isinstance(value, list | tuple) else ()
+
+
+def pick_graph(state: ModelState, inputs: Mapping[str, object] | None) -> int | None:
+    """The graph of a model loaded with several sizes whose inputs take ``inputs``'
+    shapes (the first such), or None when the model was not (TensorMismatch when no
+    graph takes them)."""
+    if not state.sized or not inputs:
+        return None
+    numpy = numpy_module()
+
+    def shape_of(value: object) -> tuple[int, ...] | int:
+        if numpy is not None:
+            return tuple(int(d) for d in numpy.shape(value))
+        if isinstance(value, bytes | bytearray | memoryview):
+            return memoryview(value).nbytes  # without numpy: bytes of exactly the size
+        return -1
+
+    given = {name: shape_of(value) for name, value in inputs.items()}
+    for index, graph in enumerate(state.graphs):
+        specs = {spec.name: spec for spec in graph.inputs}
+        if all(
+            name in specs
+            and (
+                shape == tuple(specs[name].shape)
+                if isinstance(shape, tuple)
+                else shape == specs[name].nbytes
+            )
+            for name, shape in given.items()
+        ):
+            return index
+    sized = sorted({name for name in given if name in state.sized})
+    taken = "; ".join(
+        f"{name}: "
+        + ", ".join(
+            str(list(spec.shape))
+            for graph in state.graphs
+            for spec in graph.inputs
+            if spec.name == name
+        )
+        for name in sized
+    )
+    shown = ", ".join(
+        f"{n} {list(s)}" if isinstance(s, tuple) else f"{n} of {s} bytes" for n, s in given.items()
+    )
+    detail = (
+        f"no graph of model {state.id} takes these inputs' shapes ({shown});"
+        f" its graphs take {taken or 'others'}: pad the data to the next size loaded"
+    )
+    return _raise_mismatch(detail)
+
+
+def _raise_mismatch(detail: str) -> int:
+    raise TensorMismatch(
+        format_message(ErrorCode.TENSOR_MISMATCH, detail=detail), fields={"detail": detail}
+    )
+
+
+def ignored_sizes(state: ModelState, sizes: Mapping[str, tuple[tuple[int, ...], ...]]) -> bool:
+    """An npud that predates several sizes ignored them: the model has fewer graphs."""
+    count = len(next(iter(sizes.values()))) if sizes else 0
+    return count > len(state.graphs)
+
+
+def ignored_constants(state: ModelState, constants: Mapping[str, object]) -> list[str]:
+    """The inputs ``constants`` fixed that the loaded model still has: an npud that
+    predates constants ignored them (a load that fixes one takes the input away)."""
+    kept = {spec.name for graph in state.graphs for spec in graph.inputs}
+    return sorted(name for name in constants if name in kept)
 
 
 class ModelState:
@@ -126,6 +309,10 @@ class ModelState:
         self._outputs = [{spec.name: spec for spec in g.outputs} for g in self.graphs]
         self._set: list[set[str]] = [set() for _ in self.graphs]
         self._has_outputs = [False] * len(self.graphs)
+        self.sized: frozenset[str] = frozenset()
+        """The inputs the load gave several sizes (a graph each): run picks by shape."""
+        self._produced: list[dict[str, tuple[int, ...]]] = [{} for _ in self.graphs]
+        """Each graph's outputs whose last run filled less than their room, by name."""
         self.last_dsp_us = 0
         """The DSP time of the last run, µs, as the daemon measured it."""
         self._views: dict[int, Any] = {}  # by offset: tensors of two graphs may share a name
@@ -221,9 +408,24 @@ class ModelState:
             )
         self._has_outputs[graph] = False
 
-    def after_run(self, dsp_us: int, graph: int = 0) -> None:
+    def after_run(self, dsp_us: int, graph: int = 0, shapes: Sequence[Sequence[int]] = ()) -> None:
+        """The run succeeded; ``shapes`` is every output's shape as it produced it (empty:
+        each has its TensorInfo shape)."""
         self._has_outputs[graph] = True
         self.last_dsp_us = dsp_us
+        specs = self.graphs[graph].outputs
+        self._produced[graph] = {
+            spec.name: tuple(shape)
+            for spec, shape in zip(specs, shapes, strict=False)
+            if tuple(shape) != tuple(spec.shape)
+            and _elements(shape) * _itemsize(spec) <= spec.nbytes  # never past its room
+        }
+
+    def output_shape(self, name: str, graph: int = 0) -> tuple[int, ...]:
+        """Output ``name``'s shape as the graph's last successful run produced it: less
+        than its TensorInfo shape (its room) when the data decided its size."""
+        spec = self._tensor(self._outputs[graph], name, "output")
+        return self._produced[graph].get(spec.name, tuple(spec.shape))
 
     # --- outputs ------------------------------------------------------------------------
 
@@ -244,7 +446,15 @@ class ModelState:
             raise NoOutputs(
                 format_message(ErrorCode.NO_OUTPUTS, detail=detail), fields={"detail": detail}
             )
-        if numpy_module() is not None:
+        shape = self._produced[graph].get(spec.name)
+        numpy = numpy_module()
+        if shape is not None:  # the data filled the start of its room
+            nbytes = _elements(shape) * _itemsize(spec)
+            data = self._memory()[spec.offset : spec.offset + nbytes]
+            if numpy is None:
+                return bytes(data)
+            return numpy.frombuffer(data, numpy.dtype(spec.dtype)).reshape(shape).copy()
+        if numpy is not None:
             return self._view(spec).copy()
         return bytes(self._memory()[spec.offset : spec.offset + spec.nbytes])
 
@@ -303,6 +513,19 @@ class ModelState:
         return view
 
 
+def _elements(shape: Sequence[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _itemsize(spec: TensorInfo) -> int:
+    """Bytes per element of ``spec`` (its nbytes over its elements)."""
+    elements = _elements(spec.shape)
+    return spec.nbytes // elements if elements else 0
+
+
 _KINDS: Final = {"f": "floating point", "i": "integer", "u": "integer", "b": "boolean"}
 
 
@@ -320,11 +543,14 @@ def _cast_refusal(numpy: Any, array: Any, want: Any) -> str:
     kind, wanted = _KINDS.get(have.kind, have.kind), _KINDS.get(want.kind, want.kind)
     if kind != wanted:
         how = f"convert it first (array.astype({str(want)!r}))"
-        if kind == "integer" and wanted == "floating point":
+        if have == numpy.dtype("int16") and wanted == "floating point":
+            # 16-bit PCM is what int16 arrays usually hold; a model takes it in [-1, 1).
             how = (
                 "scale it as the model expects and convert it first: for 16-bit audio"
                 f" samples, array.astype({str(want)!r}) / 32768"
             )
+        elif kind == "integer" and wanted == "floating point":
+            how = f"convert it first, values as they are (array.astype({str(want)!r}))"
         article = "an" if kind[0] in "aeiou" else "a"
         return f"{article} {kind} array is not taken as {wanted} ({have} to {want}): {how}"
     if kind == "integer" and not numpy.can_cast(have, want, casting="safe") and array.size:

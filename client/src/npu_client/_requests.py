@@ -53,6 +53,7 @@ from npu_protocol import (
     InvokeReply,
     MapReply,
     MapRequest,
+    ModelConstant,
     ModelInfo,
     ModelInfoReply,
     ModelInfoRequest,
@@ -219,7 +220,12 @@ class LoadedModel(NamedTuple):
 
 
 def load_model(
-    core: ClientCore[Any], fd: int, name: str, shapes: dict[str, tuple[int, ...]]
+    core: ClientCore[Any],
+    fd: int,
+    name: str,
+    shapes: dict[str, tuple[int, ...]],
+    constants: dict[str, ModelConstant] | None = None,
+    sizes: dict[str, tuple[tuple[int, ...], ...]] | None = None,
 ) -> Call[LoadedModel]:
     """Load the model file open on ``fd`` (sent with the request; it stays the caller's)."""
     if core.protocol_version < MODELS_VERSION:
@@ -230,7 +236,31 @@ def load_model(
         reply = pending.result(ModelLoadReply)
         return LoadedModel(reply.model, reply.info, pending.take_fd(), pending.epoch)
 
-    return Call(lambda rid: ModelLoadRequest(id=rid, fd=fd, name=name, shapes=shapes), finish)
+    return Call(
+        lambda rid: ModelLoadRequest(
+            id=rid, fd=fd, name=name, shapes=shapes, constants=constants or {}, sizes=sizes or {}
+        ),
+        finish,
+    )
+
+
+def ignored_sizes_error() -> Unsupported:
+    """The error for a load whose several sizes npud ignored (it predates them)."""
+    what = (
+        "several sizes of a dimension: npud loaded the model as one graph (it predates"
+        " them; load one model per size, or update npud)"
+    )
+    return Unsupported(code_message(ErrorCode.UNSUPPORTED, what=what), fields={"what": what})
+
+
+def ignored_constants_error(names: list[str]) -> Unsupported:
+    """The error for a load whose constants npud ignored (it predates them)."""
+    what = (
+        f"constants: npud loaded the model with {', '.join(repr(n) for n in names)} still an"
+        " input (it predates fixing inputs to values at load; give them as inputs and the"
+        " outputs' shapes, or update npud)"
+    )
+    return Unsupported(code_message(ErrorCode.UNSUPPORTED, what=what), fields={"what": what})
 
 
 def model_info(model: ModelState) -> Call[ModelInfo]:
@@ -269,7 +299,8 @@ def run_model(
     name = model.graphs[graph].name if graph else ""
 
     def finish(pending: Pending) -> None:
-        model.after_run(pending.result(ModelRunReply).dsp_us, graph)
+        reply = pending.result(ModelRunReply)
+        model.after_run(reply.dsp_us, graph, reply.output_shapes)
 
     return Call(
         lambda rid: ModelRunRequest(

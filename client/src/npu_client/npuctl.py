@@ -45,6 +45,7 @@ from npu_client._model_run import (
     RunArgs,
     RunUsageError,
     parse_assignment,
+    parse_constant,
     parse_dims,
     render_run,
     run_once,
@@ -229,11 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "example (Silero VAD: on the emulator an --input file's array gives that "
             "input's shape, --shape the others'; Silero's outputs come out of a branch on "
-            "sr's value, which shape inference cannot follow, so they are given too; sr.npy "
-            "holds numpy.array(16000), the sample rate): "
-            "npuctl run silero_vad.onnx --shape state=2,1,128 "
-            "--shape output=1,1 --shape stateN=2,1,128 --input input=chunk.npy "
-            "--input sr=sr.npy"
+            "sr's value, so the sample rate is fixed at load and the branch folded): "
+            "npuctl run silero_vad.onnx --shape state=2,1,128 --constant sr=16000 "
+            "--input input=chunk.npy"
         ),
     )
     run.add_argument("model", metavar="MODEL", type=Path, help="the model file")
@@ -254,7 +253,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="give tensor NAME's whole shape, fixing its free dimensions (ONNX models); "
         "needed for inputs without --input and for outputs whose shape does not follow "
-        "from the inputs'; repeat per tensor",
+        "from the inputs' (an output whose size the data decides: its room, the largest; "
+        "the report then gives the shape the run produced); a dimension given as several "
+        "sizes, 1,1|2|4, makes a graph of each and the run takes the one its --input fits; "
+        "repeat per tensor",
+    )
+    run.add_argument(
+        "--constant",
+        metavar="NAME=V[,V...]",
+        type=_constant,
+        action="append",
+        default=[],
+        help="fix input NAME to a value at load (ONNX models on the emulator): npud folds it "
+        "into the model before shape inference, so outputs that hang on it get their shapes, "
+        "and NAME is no longer an input; one number is a scalar, several a 1-D array; "
+        "repeat per input",
     )
     run.add_argument(
         "--graph",
@@ -374,7 +387,15 @@ def _assignment(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _shape(text: str) -> tuple[str, tuple[int, ...]]:
+def _constant(text: str) -> tuple[str, int | float | tuple[int | float, ...]]:
+    try:
+        name, values = parse_assignment(text)
+        return name, parse_constant(values)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _shape(text: str) -> tuple[str, tuple[int | tuple[int, ...], ...]]:
     try:
         name, dims = parse_assignment(text)
         return name, parse_dims(dims)
@@ -558,6 +579,7 @@ def _run(client: Client, args: argparse.Namespace) -> int:
         inputs={name: Path(path) for name, path in args.input},
         shapes=dict(args.shape),
         graph=args.graph,
+        constants=dict(args.constant),
     )
     try:
         report = run_once(client, run_args)

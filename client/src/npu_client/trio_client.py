@@ -33,7 +33,16 @@ from npu_client._llm_client import DEFAULT_N_CTX
 from npu_client._llm_trio import TrioLlm
 from npu_client._memory import MappedBuffer
 from npu_client._model_base import ModelBase
-from npu_client._models import ModelSource, ModelState, TensorValue, check_shapes, model_file
+from npu_client._models import (
+    ModelSource,
+    ModelState,
+    TensorValue,
+    check_constants,
+    ignored_constants,
+    ignored_sizes,
+    model_file,
+    split_shapes,
+)
 from npu_client._settings import (
     client_name,
     connect_failure_message,
@@ -190,14 +199,16 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
         self,
         source: ModelSource,
         *,
-        shapes: Mapping[str, Sequence[int]] | None = None,
+        shapes: Mapping[str, Sequence[int | Sequence[int]]] | None = None,
         name: str | None = None,
+        constants: Mapping[str, object] | None = None,
     ) -> TrioModel:
         """As ``Client.load_model``: the file is opened here and only its fd is sent."""
-        checked = check_shapes(shapes)
+        checked, sizes = split_shapes(shapes)
+        fixed = check_constants(constants)
         with model_file(source) as (fd, shown):
             loaded = await self._run(
-                requests.load_model(self._core, fd, (name or shown)[:1024], checked)
+                requests.load_model(self._core, fd, (name or shown)[:1024], checked, fixed, sizes)
             )
         try:
             state = ModelState(*loaded)
@@ -205,6 +216,18 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
             with contextlib.suppress(NpuError):
                 await self._run(requests.discard_model(loaded.model))
             raise
+        state.sized = frozenset(sizes)
+        ignored = ignored_constants(state, fixed)
+        if ignored_sizes(state, sizes):
+            with contextlib.suppress(NpuError):
+                await self._run(requests.discard_model(loaded.model))
+            state.release_local("npud ignored its sizes")
+            raise requests.ignored_sizes_error()
+        if ignored:
+            with contextlib.suppress(NpuError):
+                await self._run(requests.discard_model(loaded.model))
+            state.release_local("npud ignored its constants")
+            raise requests.ignored_constants_error(ignored)
         self._core.adopt_model(state)
         return TrioModel(self, state)
 
@@ -483,7 +506,7 @@ class TrioModel(ModelBase["TrioClient"]):
         deadline: float | None = None,
     ) -> dict[str, Any]:
         """As ``Model.run``."""
-        index = self._graph(graph)
+        index = self._run_graph(graph, inputs)
         self._set_inputs(inputs, index)
         await self._client._run(self._execute_call(timeout, deadline, index))
         return self._outputs(index)

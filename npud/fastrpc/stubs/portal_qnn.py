@@ -56,8 +56,10 @@ from npud.fastrpc.stubs.model_format import (
     check_model_file,
 )
 from npud.fastrpc.stubs.model_shapes import ShapeError, unsized_outputs_refusal
-from npud.fastrpc.stubs.model_walks import walk_model_file
+from npud.fastrpc.stubs.model_walks import CheckedFile, walk_model_file
 from npud.formats import onnx_proto
+from npud.formats.onnx_values import DTYPES as CONSTANT_DTYPES
+from npud.formats.onnx_values import Constant
 from npud.idl import arena
 
 PORTAL_QNN_URI: Final = (
@@ -70,6 +72,7 @@ MAX_URI_BYTES: Final = 512  # model_uri with its NUL
 MAX_ERROR_BYTES: Final = 256  # last_error's capacity: the skel keeps at most 255 bytes of text
 NO_MODEL: Final = 0xFFFFFFFF  # last_error's model_index for the handle's last model_load
 QNN_SUFFIX: Final = {"kernel": ".so", "emulator": ".onnx"}
+
 
 Backend = Literal["kernel", "emulator"]
 TensorKey = int | str
@@ -86,7 +89,10 @@ _GRAPH_INFO: Final = "graph_info"
 _RUN: Final = "run"
 _LAST_ERROR: Final = "last_error"
 _GRAPH_NAME: Final = "graph_name"
+_OUTPUT_DIMS: Final = "output_dims"
+OUTPUT_DIMS_STRIDE: Final = 1 + MAX_RANK  # output_dims: each output's rank, then 8 dims
 MAX_GRAPH_NAME_BYTES: Final = 128  # graph_name's capacity: names are at most 127 bytes
+MAX_GRAPHS: Final = 8  # graphs per model (idl/portal_qnn.idl)
 
 
 @functools.cache
@@ -195,6 +201,9 @@ class GraphSpec:
     name: str = ""
     """The name the model gives the graph (graph_name); empty when it gives none or the
     skel predates graph_name."""
+    rooms: frozenset[str] = frozenset()
+    """Outputs whose shape is a room the data fills in part (their real shape comes
+    with each run: output_dims)."""
 
     @property
     def input_arena(self) -> int:
@@ -239,6 +248,7 @@ class ModelFailure(enum.Enum):
     FILE_MALFORMED = ErrorCode.MODEL_MALFORMED  # the right kind, damaged or not loadable
     MODEL_REJECTED = ErrorCode.MODEL_REJECTED  # outside portal_qnn's limits
     NOT_EXECUTED = ErrorCode.NO_OUTPUTS  # get_output before a successful execute
+    OUTPUT_TOO_LARGE = ErrorCode.OUTPUT_TOO_LARGE  # an output outgrew its room
 
 
 _FILE_FAILURES: Final = {
@@ -250,10 +260,18 @@ _FILE_FAILURES: Final = {
 """How each way a file fails (ModelFileError.kind) is reported."""
 
 Walks = Callable[
-    [int, str, Mapping[str, Sequence[int]], "onnx_proto.Budget | None"],
-    tuple[Sniffed, list[onnx_proto.GraphTensor]],
+    [
+        int,
+        str,
+        Mapping[str, Sequence[int]],
+        "onnx_proto.Budget | None",
+        Mapping[str, Sequence[int]],
+        Mapping[str, Sequence[Sequence[int]]],
+    ],
+    CheckedFile,
 ]
-"""What walks a model file: npud.fastrpc.stubs.model_walks.walk_model_file's signature."""
+"""What walks a model file (fd, backend, shapes, budget, the shapes of the constants'
+values, sizes): npud.fastrpc.stubs.model_walks.walk_model_file's signature."""
 
 
 class ModelError(RpcError):
@@ -285,8 +303,13 @@ def _find(specs: Sequence[TensorSpec], key: TensorKey, what: str) -> TensorSpec:
     raise ModelError(ModelFailure.BAD_TENSOR, f"{key!r} is no {what} (it has {names})")
 
 
-def model_uri_query(shapes: Mapping[str, Sequence[int]]) -> str:
-    """The query that fixes free dimensions (npud/sim/portal_qnn.py reads it)."""
+def model_uri_query(
+    shapes: Mapping[str, Sequence[int]],
+    constants: Mapping[str, Constant] | None = None,
+    sizes: Mapping[str, Sequence[Sequence[int]]] | None = None,
+) -> str:
+    """The query that fixes free dimensions and inputs' values (npud/sim/portal_qnn.py
+    reads it): ``shape.<name>=<dims>`` and ``value.<name>=<dtype>:<dims>:<values>``."""
     items = []
     for name, dims in shapes.items():
         if not isinstance(name, str) or not name:
@@ -300,6 +323,11 @@ def model_uri_query(shapes: Mapping[str, Sequence[int]]) -> str:
             )
         encoded = urllib.parse.quote(name, safe="")
         items.append(f"shape.{encoded}={','.join(str(d) for d in dims)}")
+    for name, variants in (sizes or {}).items():
+        encoded = urllib.parse.quote(name, safe="")
+        items.append(f"sizes.{encoded}=" + ";".join(",".join(map(str, s)) for s in variants))
+    for name, constant in (constants or {}).items():
+        items.append(f"value.{urllib.parse.quote(name, safe='')}={_constant_text(name, constant)}")
     return "?" + "&".join(items) if items else ""
 
 
@@ -308,8 +336,57 @@ def _check_uri_length(uri: str) -> None:
     if len(uri.encode("utf-8")) + 1 > MAX_URI_BYTES:
         raise ModelError(
             ModelFailure.TENSOR_MISMATCH,
-            f"the shapes make the model URI {len(uri)} bytes; at most {MAX_URI_BYTES - 1}",
+            f"the shapes and values make the model URI {len(uri)} bytes; at most"
+            f" {MAX_URI_BYTES - 1}",
         )
+
+
+def _check_sizes(
+    sizes: Mapping[str, Sequence[Sequence[int]]], shapes: Mapping[str, Sequence[int]]
+) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """``sizes`` as the URI carries them; ModelError when they cannot make graphs."""
+    checked = {name: tuple(tuple(s) for s in variants) for name, variants in sizes.items()}
+    counts = {len(variants) for variants in checked.values()}
+    if len(counts) > 1 or any(not 1 <= n <= MAX_GRAPHS for n in counts):
+        raise ModelError(
+            ModelFailure.TENSOR_MISMATCH,
+            f"sizes: 1..{MAX_GRAPHS} shapes per tensor (a model holds at most {MAX_GRAPHS}"
+            f" graphs), as many for every tensor; got {sorted(counts)}",
+        )
+    both = sorted(set(checked) & set(shapes))
+    if both:
+        raise ModelError(
+            ModelFailure.TENSOR_MISMATCH, f"{both[0]!r} is given both a shape and sizes"
+        )
+    for name, variants in checked.items():
+        if len(set(variants)) != len(variants):
+            raise ModelError(ModelFailure.TENSOR_MISMATCH, f"sizes of {name!r} repeat a shape")
+    return checked
+
+
+def _constant_text(name: str, constant: Constant) -> str:
+    """``<dtype>:<dims>:<values>``; ModelError when the value is not one."""
+    if not isinstance(name, str) or not name:
+        raise ModelError(ModelFailure.TENSOR_MISMATCH, f"value for {name!r}: not a name")
+    count = 1
+    for size in constant.shape:
+        count *= size
+    kinds = {"b": (int,), "f": (int, float)}.get(constant.dtype[:1], (int,))
+    if (
+        constant.dtype not in CONSTANT_DTYPES
+        or len(constant.shape) > MAX_RANK
+        or count != len(constant.values)
+        or not all(isinstance(v, kinds) and not isinstance(v, bool) for v in constant.values)
+        or (constant.dtype == "bool" and not all(v in (0, 1) for v in constant.values))
+    ):
+        raise ModelError(
+            ModelFailure.TENSOR_MISMATCH,
+            f"value of {name!r}: {len(constant.values)} {constant.dtype} values for shape"
+            f" {list(constant.shape)} (one per element of the shape, of an integer, float32,"
+            " float64 or bool type)",
+        )
+    dims = ",".join(str(d) for d in constant.shape)
+    return f"{constant.dtype}:{dims}:{','.join(repr(v) for v in constant.values)}"
 
 
 def _spec(index: int, record: idl.Values) -> TensorSpec:
@@ -323,15 +400,6 @@ def _spec(index: int, record: idl.Values) -> TensorSpec:
         shape=tuple(record.integers("dims")[:rank]),
         nbytes=record.integer("bytes"),
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckedFile:
-    """What :meth:`PortalQnn.check` found: the file, and the outputs left for the DSP to
-    size (their shapes follow only from inference)."""
-
-    file: Sniffed
-    unsized: tuple[onnx_proto.GraphTensor, ...] = ()
 
 
 @dataclasses.dataclass
@@ -390,21 +458,29 @@ class PortalQnn:
         shapes: Mapping[str, Sequence[int]] | None = None,
         budget: onnx_proto.Budget | None = None,
         walks: Walks = walk_model_file,
+        *,
+        constants: Mapping[str, Constant] | None = None,
+        sizes: Mapping[str, Sequence[Sequence[int]]] | None = None,
     ) -> CheckedFile:
         """Every check :meth:`load` makes on the file before it reaches the DSP (the
-        file's kind, contents and shapes), within ``budget``; ModelError when one fails.
-        ``walks`` walks the file (npud.model_check gives one that runs in a child
-        process); a caller may check on a thread of its choice and give :meth:`load`
-        the result."""
-        if shapes and backend == "kernel":
+        file's kind, contents and shapes: those of each graph ``sizes`` makes, with the
+        inputs ``constants`` fixes, and which outputs have rooms), within ``budget``;
+        ModelError when one fails. ``walks`` walks the file (npud.model_check gives one
+        that runs in a child process); a caller may check on a thread of its choice and
+        give :meth:`load` the result."""
+        checked_sizes = _check_sizes(sizes or {}, shapes or {})
+        if (shapes or constants or checked_sizes) and backend == "kernel":
+            what = "shapes apply" if shapes or checked_sizes else "input values (constants) apply"
             raise ModelError(
                 ModelFailure.TENSOR_MISMATCH,
-                "a QNN model library has fixed shapes: shapes apply to ONNX models only",
+                f"a QNN model library has fixed shapes and inputs: {what} to ONNX models only",
             )
-        query = model_uri_query(shapes or {})  # refuses bad names and dimensions
-        _check_uri_length(query)  # the query alone (load checks it with the file's name)
+        # Refuses bad names, dimensions and values; the query alone (load checks the
+        # length again with the file's name).
+        _check_uri_length(model_uri_query(shapes or {}, constants or {}, checked_sizes))
+        fixed = {name: tuple(c.shape) for name, c in (constants or {}).items()}
         try:
-            sniffed, unsized = walks(fd, backend, shapes or {}, budget)
+            return walks(fd, backend, shapes or {}, budget, fixed, checked_sizes)
         except ModelFileError as exc:
             raise ModelError(_FILE_FAILURES[exc.kind], str(exc)) from None
         except ShapeError as exc:
@@ -430,25 +506,31 @@ class PortalQnn:
             raise ModelError(
                 ModelFailure.FILE_UNREADABLE, f"cannot read the model file: {exc}"
             ) from None
-        return CheckedFile(sniffed, tuple(unsized))
 
     def load(
         self,
         fd: int,
         *,
         shapes: Mapping[str, Sequence[int]] | None = None,
+        constants: Mapping[str, Constant] | None = None,
+        sizes: Mapping[str, Sequence[Sequence[int]]] | None = None,
         checked: CheckedFile | None = None,
     ) -> LoadedModel:
         """Load the model file open on ``fd`` (the caller keeps it) into a free slot.
 
         ``shapes`` fixes free dimensions of an ONNX model's tensors by name (the
-        emulator backend); a QNN model library's shapes are fixed already. ``checked``:
-        what :meth:`check` found for this file and these shapes (made now when None).
+        emulator backend); a QNN model library's shapes are fixed already.
+        ``constants`` fixes ONNX model inputs to values, which the DSP folds into the
+        model before shape inference (npud.sim.onnx_fold): those inputs are gone.
+        ``sizes`` gives inputs several whole shapes: the DSP makes one graph of the
+        model per shape (graph i takes the i-th of each), named ``<input>=<d0>x<d1>``.
+        ``checked``: what :meth:`check` found for this file with these shapes, values
+        and sizes (made now when None).
         """
         if checked is None:
-            checked = self.check(fd, self.backend, shapes)
-        sniffed, unsized = checked.file, list(checked.unsized)
-        query = model_uri_query(shapes or {})
+            checked = self.check(fd, self.backend, shapes, constants=constants, sizes=sizes)
+        sniffed, unsized, roomy = checked.file, list(checked.unsized), checked.rooms
+        query = model_uri_query(shapes or {}, constants or {}, sizes or {})
         try:
             exposed = self._session.expose_file(fd, suffix=QNN_SUFFIX[self.backend])
         except ValueError as exc:
@@ -469,7 +551,10 @@ class PortalQnn:
             raise ModelError(ModelFailure.QNN, f"{reason}: {said}" if said else reason)
         slot = values.integer("model_index")
         try:
-            graphs = tuple(self._describe(slot, g) for g in range(values.integer("num_graphs")))
+            graphs = tuple(
+                self._describe(slot, g, roomy[g] if g < len(roomy) else frozenset())
+                for g in range(values.integer("num_graphs"))
+            )
         except BaseException:
             self._call(_UNLOAD, model_index=slot)  # best effort: the slot must not leak
             raise
@@ -478,7 +563,7 @@ class PortalQnn:
             self._models[slot] = _Model(loaded)
         return loaded
 
-    def _describe(self, slot: int, graph: int) -> GraphSpec:
+    def _describe(self, slot: int, graph: int, roomy: frozenset[str]) -> GraphSpec:
         capacity = MAX_TENSORS
         rc, values = self._call(
             _GRAPH_INFO, model_index=slot, graph_index=graph, inputs=capacity, outputs=capacity
@@ -501,6 +586,7 @@ class PortalQnn:
             tuple(_spec(i, r) for i, r in enumerate(inputs)),
             tuple(_spec(i, r) for i, r in enumerate(outputs)),
             name,
+            roomy,
         )
 
     # ------------------------------------------------------------------ run
@@ -550,10 +636,16 @@ class PortalQnn:
                 for key, data in outputs.items()
             }
 
-    def run_arena(self, slot: int, inputs: Slice, outputs: Slice, *, graph: int = 0) -> None:
+    def run_arena(
+        self, slot: int, inputs: Slice, outputs: Slice, *, graph: int = 0
+    ) -> tuple[tuple[int, ...], ...] | None:
         """One whole run in one invoke: every input from the ``inputs`` arena (exactly
         :attr:`GraphSpec.input_arena` bytes), execute, every output into the ``outputs``
-        arena (at least :attr:`GraphSpec.output_arena` bytes; the rest is zero-filled)."""
+        arena (at least :attr:`GraphSpec.output_arena` bytes; the rest is zero-filled).
+        Returns every output's shape as the run produced it when the graph has outputs
+        with rooms (:attr:`GraphSpec.rooms`: a second invoke, output_dims), else None:
+        every output has graph_info's shape. An output that outgrew its room is
+        ``ModelFailure.OUTPUT_TOO_LARGE``."""
         _check_slice(inputs)
         _check_slice(outputs)
         with self._model(slot) as model:
@@ -579,16 +671,48 @@ class PortalQnn:
                 outputs=outputs,
             )
             if rc == AEE.EINVALIDFORMAT.dsp:
-                raise ModelError(
-                    ModelFailure.MODEL_REJECTED,
-                    f"graph {graph} produced an output larger than graph_info described",
-                )
+                raise self._overgrown(slot, graph)
             self._check(rc, model)
             model.inputs_set[graph] = {s.index for s in spec.inputs}
             status = values.integer("qnn_status")
             if status != 0:
                 raise self._graph_failure(slot, graph, status)
             model.executed.add(graph)
+            return self._output_dims(slot, spec) if spec.rooms else None
+
+    def _output_dims(self, slot: int, spec: GraphSpec) -> tuple[tuple[int, ...], ...] | None:
+        """Every output's shape as the graph's last run produced it; None from a skel
+        without output_dims (its outputs have graph_info's shapes)."""
+        capacity = OUTPUT_DIMS_STRIDE * len(spec.outputs)
+        rc, values = self._call(
+            _OUTPUT_DIMS, model_index=slot, graph_index=spec.index, dims=capacity
+        )
+        if rc == AEE.EUNSUPPORTED.dsp:
+            return None
+        if rc != 0:
+            raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
+        dims = values.integers("dims")
+        shapes = []
+        for i in range(min(values.integer("num_outputs"), len(spec.outputs))):
+            rank = min(dims[OUTPUT_DIMS_STRIDE * i], MAX_RANK)
+            start = OUTPUT_DIMS_STRIDE * i + 1
+            shapes.append(tuple(dims[start : start + rank]))
+        return tuple(shapes)
+
+    def _overgrown(self, slot: int, graph: int) -> ModelError:
+        """An output did not fit the place graph_info gave it: the DSP's words name the
+        tensor, its room and what the run needed (last_error)."""
+        said = self.last_error(slot)
+        detail = (
+            f"graph {graph}: {said}"
+            if said
+            else (f"graph {graph} produced an output larger than graph_info described")
+        )
+        return ModelError(
+            ModelFailure.OUTPUT_TOO_LARGE,
+            f"{detail} (give it a larger room at load: its whole shape in shapes=, or"
+            " npuctl run --shape)",
+        )
 
     def unload(self, slot: int) -> None:
         """Free the slot (the DSP releases the model). Unloading twice is NOT_LOADED."""
@@ -679,17 +803,14 @@ class PortalQnn:
         spec = self._graph(model, graph)
         model.executed.discard(graph)
         rc, values = self._call(_EXECUTE, model_index=model.loaded.slot, graph_index=graph)
+        if rc == AEE.EINVALIDFORMAT.dsp:
+            raise self._overgrown(model.loaded.slot, graph)
         if rc == AEE.ENOTINITIALIZED.dsp:
             done = model.inputs_set.get(graph, set())
             missing = [repr(s.name or s.index) for s in spec.inputs if s.index not in done]
             raise ModelError(
                 ModelFailure.INPUT_NOT_SET,
                 f"input {', '.join(missing) or '?'} of graph {graph} was never set",
-            )
-        if rc == AEE.EINVALIDFORMAT.dsp:
-            raise ModelError(
-                ModelFailure.MODEL_REJECTED,
-                f"graph {graph} produced an output larger than graph_info described",
             )
         self._check(rc, model)
         status = values.integer("qnn_status")
@@ -819,8 +940,8 @@ def _load_refusal(rc: int, sniffed: Sniffed, unsized: Sequence[onnx_proto.GraphT
     if rc == AEE.EBADPARM.dsp:
         return ModelError(
             ModelFailure.TENSOR_MISMATCH,
-            "the shapes given do not fit the model (an unknown tensor, a rank or a fixed"
-            " dimension that differs); the DSP's log says which",
+            "the shapes or values given do not fit the model (an unknown tensor, a rank or a"
+            " fixed dimension that differs, a value of another kind); the DSP's log says which",
         )
     if rc == AEE.ENOMEMORY.dsp:
         return ModelError(

@@ -13,10 +13,12 @@ from typing import Annotated, Any, ClassVar, Final, Literal, TypeAlias
 import msgspec
 
 from npu_protocol._records import (
+    MAX_CONSTANTS,
     Budget,
     ClientLimits,
     DaemonStatus,
     DspCapabilities,
+    ModelConstant,
     ModelInfo,
     OwnPool,
     Priority,
@@ -25,6 +27,7 @@ from npu_protocol._scalars import make_scalars, split_scalars
 from npu_protocol._wire import (
     MAX_ARGS,
     MAX_ERROR_FIELDS,
+    MAX_GRAPHS,
     MAX_PING_PAYLOAD,
     MAX_TENSORS,
     U16,
@@ -41,6 +44,7 @@ from npu_protocol._wire import (
     Method,
     Name,
     ObjectId,
+    ProducedShape,
     ProtocolVersion,
     RequestId,
     Shape,
@@ -297,6 +301,24 @@ class ModelLoadRequest(Request, tag="model_load", frozen=True, kw_only=True):
     """Fixes free dimensions of an ONNX model's tensors, by tensor name: every input
     with one, outputs only where they do not follow from the inputs' shapes (the
     emulator backend; a QNN model library's shapes are fixed already)."""
+    sizes: Annotated[
+        dict[
+            TensorName,
+            Annotated[tuple[Shape, ...], msgspec.Meta(min_length=1, max_length=MAX_GRAPHS)],
+        ],
+        msgspec.Meta(max_length=MAX_GRAPHS),
+    ] = {}
+    """Version 6 (additive): several whole shapes of an ONNX model's input, by name; the
+    server makes one graph of the model per shape (the i-th shape of every entry makes
+    graph i; entries hold as many shapes each), its weights stored once, and a client
+    runs the graph whose input shapes fit its data. An older server ignores the key."""
+    constants: Annotated[
+        dict[TensorName, ModelConstant], msgspec.Meta(max_length=MAX_CONSTANTS)
+    ] = {}
+    """Version 6 (additive): fixes ONNX model inputs to values, by input name; the
+    server folds them into the model before shape inference (an ``If`` they decide
+    becomes the branch taken), and the inputs are gone from the loaded model's
+    tensors. An older server ignores the key: its model still lists them as inputs."""
 
 
 class ModelInfoRequest(Request, tag="model_info", frozen=True, kw_only=True):
@@ -419,6 +441,10 @@ class ModelRunReply(Reply, tag="model_run_reply", frozen=True, kw_only=True):
 
     dsp_us: U63 = 0
     """The run's DSP time (dispatch to return), µs."""
+    output_shapes: Annotated[tuple[ProducedShape, ...], msgspec.Meta(max_length=MAX_TENSORS)] = ()
+    """Version 6 (additive): every output's shape as the run produced it, in the graph's
+    order, when the graph has an output sized by the data (a room given at load); empty
+    otherwise: every output has its ``TensorInfo`` shape. An older client ignores it."""
 
 
 class ModelUnloadReply(Reply, tag="model_unload_reply", frozen=True, kw_only=True):

@@ -145,6 +145,30 @@ class TensorInfo(_Record, frozen=True, kw_only=True):
     """Where the tensor starts in the model's arena (the DMA-BUF of the load reply)."""
 
 
+MAX_CONSTANT_VALUES = 256
+"""Values in one ``ModelConstant``, at most (a sample rate, a few scales: not data)."""
+MAX_CONSTANTS = 16
+"""``ModelLoadRequest.constants`` entries, at most."""
+
+
+class ModelConstant(_Record, frozen=True, kw_only=True):
+    """A value an ONNX model's input is fixed to at load (``model_load.constants``)."""
+
+    dtype: Name
+    """The values' numpy type name: an integer type (``int64``...), ``float32`` /
+    ``float64``, or ``bool``; the server converts them to the input's own type within
+    their kind (an integer into a float input too), never across it."""
+    shape: Annotated[
+        tuple[Annotated[int, msgspec.Meta(ge=1, le=MAX_CONSTANT_VALUES)], ...],
+        msgspec.Meta(max_length=8),
+    ] = ()
+    """Its dimensions (empty: a scalar); the input's, where the model fixes them."""
+    values: Annotated[
+        tuple[int | float, ...], msgspec.Meta(min_length=1, max_length=MAX_CONSTANT_VALUES)
+    ]
+    """Row-major, as many as the shape holds; a bool is 0 or 1."""
+
+
 class GraphInfo(_Record, frozen=True, kw_only=True):
     """Version 5: one graph of a model, its own tensors and where they live in the arena."""
 

@@ -114,6 +114,10 @@ Name = Annotated[str, Meta(max_length=64)]
 TensorName = Annotated[str, Meta(max_length=127)]
 Shape = Annotated[tuple[Annotated[int, Meta(ge=1, le=_U32_MAX)], ...], Meta(max_length=MAX_RANK)]
 """A tensor's dimensions (rank 0..8; rank 0 is a scalar)."""
+ProducedShape = Annotated[
+    tuple[Annotated[int, Meta(ge=0, le=_U32_MAX)], ...], Meta(max_length=MAX_RANK)
+]
+"""The dimensions a run produced: as Shape, and a dimension may be 0 (no data)."""
 Text = Annotated[str, Meta(max_length=1024)]
 LongText = Annotated[str, Meta(max_length=4096)]
 

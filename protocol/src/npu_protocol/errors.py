@@ -64,6 +64,7 @@ class ErrorCode(enum.IntEnum):
     MODEL_MALFORMED = 308
     MODEL_REJECTED = 309
     NO_OUTPUTS = 310
+    OUTPUT_TOO_LARGE = 311
     # --- session and shell -------------------------------------------------
     SESSION_BUSY = 400
     SHELL_VERIFY = 401
@@ -132,6 +133,7 @@ _TEMPLATES: Final[dict[ErrorCode, str]] = {
     ErrorCode.MODEL_MALFORMED: "malformed model: {detail}",
     ErrorCode.MODEL_REJECTED: "model rejected: {detail}",
     ErrorCode.NO_OUTPUTS: "no outputs: {detail}",
+    ErrorCode.OUTPUT_TOO_LARGE: "output too large: {detail}",
     ErrorCode.SESSION_BUSY: "the NPU session is busy",
     ErrorCode.SHELL_VERIFY: "DSP shell verification failed: {reason}",
     ErrorCode.FRAME_TOO_LARGE: "frame of {size} bytes exceeds the limit of {limit} bytes",
