@@ -53,7 +53,6 @@ from npud.fastrpc.stubs.model_format import (
     ModelFileError,
     ModelFormat,
     Sniffed,
-    check_model_file,
 )
 from npud.fastrpc.stubs.model_shapes import ShapeError, unsized_outputs_refusal
 from npud.fastrpc.stubs.model_walks import CheckedFile, walk_model_file
@@ -440,16 +439,6 @@ class PortalQnn:
             return {slot: model.loaded for slot, model in self._models.items()}
 
     # ----------------------------------------------------------------- load
-    @staticmethod
-    def check_file(fd: int, backend: Backend, budget: onnx_proto.Budget | None = None) -> Sniffed:
-        """What the model file open on ``fd`` is; ModelError when ``backend`` cannot load
-        it (unreadable, another format, damaged, refers to external data, may loop, or
-        was not checked within ``budget``)."""
-        try:
-            return check_model_file(fd, backend, budget)
-        except ModelFileError as exc:
-            raise ModelError(_FILE_FAILURES[exc.kind], str(exc)) from None
-
     @classmethod
     def check(
         cls,
