@@ -260,9 +260,9 @@ def test_a_call_that_timed_out_before_its_request_went_out_frees_its_slot(
         Peer(socket_path, limits=limits) as peer,
         npu_client.connect(peer.path, name="withdrawn", timeout=0.2) as client,
     ):
-        with client._send_lock:  # another thread's request holds the socket
-            with pytest.raises(TimeoutError, match="did not take our request"):
-                client.status()
+        # Another thread's request holds the socket.
+        with client._send_lock, pytest.raises(TimeoutError, match="did not take our request"):
+            client.status()
         assert client.statistics().requests_in_flight == 0
         assert client.ping(b"after") == b"after"  # the one slot is free again
         assert [type(r) for r in peer.connection().requests] == [p.PingRequest]
@@ -275,8 +275,12 @@ def test_threads_whose_requests_never_went_out_leave_no_slot_taken(socket_path: 
         Peer(socket_path, limits=limits) as peer,
         npu_client.connect(peer.path, name="withdrawn", timeout=0.2) as client,
     ):
+
+        def ping(index: int) -> None:
+            client.ping(bytes([index]))
+
         with client._send_lock:
-            errors = _run_threads(THREADS, lambda i: client.ping(bytes([i])), peer)
+            errors = _run_threads(THREADS, ping, peer)
         assert [type(error) for error in errors] == [TimeoutError] * THREADS
         assert client.statistics().requests_in_flight == 0
         results: list[bytes] = []

@@ -308,12 +308,12 @@ async def test_a_call_cancelled_before_its_request_went_out_frees_its_slot(
     limits = p.ClientLimits(priority=p.Priority.NORMAL, max_in_flight=1)
     with Peer(socket_path, limits=limits) as peer:
         async with npu_client.open_trio_client(peer.path, name="withdrawn") as npu:
-            async with trio.open_nursery() as nursery:
-                async with npu._send_lock:  # another task's request holds the socket
-                    for _ in range(3):
-                        nursery.start_soon(npu.status)
-                    await trio.testing.wait_all_tasks_blocked()
-                    nursery.cancel_scope.cancel()
+            # Another task's request holds the socket.
+            async with trio.open_nursery() as nursery, npu._send_lock:
+                for _ in range(3):
+                    nursery.start_soon(npu.status)
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()
             assert npu.statistics().requests_in_flight == 0
             with trio.fail_after(30):  # a hang guard: the slot was taken for ever
                 assert await npu.ping(b"after") == b"after"
