@@ -5,7 +5,9 @@ only for its own answer. There is no reader thread. Whichever waiting caller
 finds nobody reading becomes the reader: it reads one chunk from the socket
 with the lock released, dispatches every complete answer under the lock, and
 wakes the callers whose answers came; when its own answer is in, it hands
-the reading over to a caller still waiting. Writes go through a separate
+the reading over to a caller still waiting. A caller that gives up (its
+timeout) before a byte of its request was written withdraws the request, so
+its in-flight slot is not held for ever. Writes go through a separate
 lock, so a caller that is sending never stops another from receiving (and
 never deadlocks against a server that is busy writing to us).
 

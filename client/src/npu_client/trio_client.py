@@ -11,7 +11,9 @@ background task: whichever waiting task finds nobody reading reads for
 everyone, into one buffer the client keeps. Tasks may call concurrently;
 each waits only for its own answer. Cancelling a call abandons its answer
 (the request itself has already gone to the daemon and runs to its end; an
-abandoned alloc's fd is closed, its buffer lives until the connection ends).
+abandoned alloc's fd is closed, its buffer lives until the connection ends);
+a call cancelled before a byte of its request was written withdraws it (it is
+never sent and frees its in-flight slot).
 """
 
 from __future__ import annotations
