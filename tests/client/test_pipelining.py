@@ -247,3 +247,42 @@ def test_answers_larger_than_the_receive_buffer_arrive_whole(
         for size in (65_536 - 100, 65_536, 300_000):
             [out] = echo.invoke(2, [struct.pack("<II", size, size), data[:size]], [size])
             assert out == data[:size]
+
+
+def test_a_call_that_timed_out_before_its_request_went_out_frees_its_slot(
+    socket_path: str,
+) -> None:
+    # A request framed but never written is never answered: kept in flight, it held
+    # one of the daemon's max_in_flight slots for ever, and once they were all taken
+    # every call of the connection waited for a slot while npud sat idle.
+    limits = p.ClientLimits(priority=p.Priority.NORMAL, max_in_flight=1)
+    with (
+        Peer(socket_path, limits=limits) as peer,
+        npu_client.connect(peer.path, name="withdrawn", timeout=0.2) as client,
+    ):
+        # Another thread's request holds the socket.
+        with client._send_lock, pytest.raises(TimeoutError, match="did not take our request"):
+            client.status()
+        assert client.statistics().requests_in_flight == 0
+        assert client.ping(b"after") == b"after"  # the one slot is free again
+        assert [type(r) for r in peer.connection().requests] == [p.PingRequest]
+
+
+def test_threads_whose_requests_never_went_out_leave_no_slot_taken(socket_path: str) -> None:
+    # Every thread gives up before its request is written; then each slot is used again.
+    limits = p.ClientLimits(priority=p.Priority.NORMAL, max_in_flight=2)
+    with (
+        Peer(socket_path, limits=limits) as peer,
+        npu_client.connect(peer.path, name="withdrawn", timeout=0.2) as client,
+    ):
+
+        def ping(index: int) -> None:
+            client.ping(bytes([index]))
+
+        with client._send_lock:
+            errors = _run_threads(THREADS, ping, peer)
+        assert [type(error) for error in errors] == [TimeoutError] * THREADS
+        assert client.statistics().requests_in_flight == 0
+        results: list[bytes] = []
+        assert _run_threads(THREADS, lambda i: results.append(client.ping(bytes([i]))), peer) == []
+        assert sorted(results) == [bytes([i]) for i in range(THREADS)]

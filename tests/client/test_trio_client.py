@@ -8,6 +8,7 @@ import zlib
 
 import pytest
 import trio
+import trio.testing
 
 import npu_client
 import npu_protocol as p
@@ -296,3 +297,24 @@ async def test_tasks_beyond_the_in_flight_limit_wait_for_a_free_slot(socket_path
                         nursery.start_soon(ping, index)
         assert sorted(results) == [bytes([i]) for i in range(6)]
         assert holder.most_held == 2  # the peer refuses a third in flight (fatal)
+
+
+async def test_a_call_cancelled_before_its_request_went_out_frees_its_slot(
+    socket_path: str,
+) -> None:
+    # A request framed but never written is never answered: kept in flight, it held
+    # one of the daemon's max_in_flight slots for ever, and once they were all taken
+    # every call of the connection waited for a slot while npud sat idle.
+    limits = p.ClientLimits(priority=p.Priority.NORMAL, max_in_flight=1)
+    with Peer(socket_path, limits=limits) as peer:
+        async with npu_client.open_trio_client(peer.path, name="withdrawn") as npu:
+            # Another task's request holds the socket.
+            async with trio.open_nursery() as nursery, npu._send_lock:
+                for _ in range(3):
+                    nursery.start_soon(npu.status)
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()
+            assert npu.statistics().requests_in_flight == 0
+            with trio.fail_after(30):  # a hang guard: the slot was taken for ever
+                assert await npu.ping(b"after") == b"after"
+        assert [type(r) for r in peer.connection().requests] == [p.PingRequest]

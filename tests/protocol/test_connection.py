@@ -120,6 +120,25 @@ def test_next_request_id_skips_ids_in_flight() -> None:
     assert [client.next_request_id() for _ in range(3)] == [0, 2, 3]
 
 
+def test_a_withdrawn_request_frees_its_slot_and_its_id() -> None:
+    limits = p.ClientLimits(priority=p.Priority.NORMAL, max_in_flight=1)
+    client, _ = connected_pair(msgspec.structs.replace(WELCOME, limits=limits))
+    request_id = client.next_request_id()
+    client.send(p.PingRequest(id=request_id))  # framed, never written
+    with pytest.raises(p.LocalProtocolError, match="in flight"):
+        client.send(p.PingRequest(id=client.next_request_id()))
+    client.withdraw(request_id)
+    assert client.in_flight == frozenset()
+    client.send(p.PingRequest(id=request_id))  # its slot and its id are free again
+    assert client.in_flight == {request_id}
+
+
+def test_withdrawing_a_request_not_in_flight_is_refused() -> None:
+    client, _ = connected_pair()
+    with pytest.raises(ValueError, match="request 7 is not in flight"):
+        client.withdraw(7)
+
+
 def test_statistics_snapshot_counts_bytes() -> None:
     client, server = connected_pair()
     data, _ = client.send(p.PingRequest(id=1))

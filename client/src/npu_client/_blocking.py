@@ -5,7 +5,9 @@ only for its own answer. There is no reader thread. Whichever waiting caller
 finds nobody reading becomes the reader: it reads one chunk from the socket
 with the lock released, dispatches every complete answer under the lock, and
 wakes the callers whose answers came; when its own answer is in, it hands
-the reading over to a caller still waiting. Writes go through a separate
+the reading over to a caller still waiting. A caller that gives up (its
+timeout) before a byte of its request was written withdraws the request, so
+its in-flight slot is not held for ever. Writes go through a separate
 lock, so a caller that is sending never stops another from receiving (and
 never deadlocks against a server that is busy writing to us).
 
@@ -33,7 +35,14 @@ from typing import Any, Final, Self, TypeVar
 from npu_client import _llm
 from npu_client import _requests as requests
 from npu_client._args import InvokeInput, InvokeOutput, budget_record
-from npu_client._core import Call, ClientCore, ClientStatistics, EventCallback, deliver_events
+from npu_client._core import (
+    Call,
+    ClientCore,
+    ClientStatistics,
+    EventCallback,
+    Pending,
+    deliver_events,
+)
 from npu_client._errors import ConnectFailed, NpuError
 from npu_client._llm_client import DEFAULT_N_CTX, Llm
 from npu_client._memory import MappedBuffer
@@ -431,12 +440,14 @@ class Client(DaemonView["DmaBuffer"]):
                 try:
                     lock.release()
                     try:
-                        self._write(data, fds, deadline)
+                        self._write(data, fds, deadline, pending)
                     finally:
                         lock.acquire()
                     self._wait_until(lambda: pending.done, deadline)
                 except BaseException:
                     core.abandon(pending)
+                    if self._parked:  # a withdrawn request freed its slot
+                        self._wake(handoff=False)
                     raise
             return call.finish(pending)
         finally:
@@ -456,12 +467,20 @@ class Client(DaemonView["DmaBuffer"]):
 
     # --- internals: writing ------------------------------------------------------------------
 
-    def _write(self, data: bytes | bytearray, fds: Sequence[int], deadline: float | None) -> None:
+    def _write(
+        self,
+        data: bytes | bytearray,
+        fds: Sequence[int],
+        deadline: float | None,
+        pending: Pending | None = None,
+    ) -> None:
         """Send one frame (fds with its first byte) within the caller's deadline.
 
         A daemon that stops reading must not hang the caller (nor the callers
         queued behind it): the send waits at most until ``deadline``. A frame
         cut off part-way garbles the stream, so the connection dies with it.
+        ``pending.sent`` is set once a byte of the frame went out: a caller whose
+        frame did not start withdraws its request (``ClientCore.abandon``).
         """
         send_lock = self._send_lock
         if not send_lock.acquire(False):
@@ -477,8 +496,10 @@ class Client(DaemonView["DmaBuffer"]):
                     sent = sock.send(data, _DONTWAIT)
             except BlockingIOError:
                 sent = 0
+            if sent and pending is not None:
+                pending.sent = True
             if sent < len(data):
-                sent = self._send_rest(data, fds, sent, deadline)
+                sent = self._send_rest(data, fds, sent, deadline, pending)
         except OSError as exc:
             with self._lock:
                 self._after_send_failed(exc)
@@ -495,7 +516,12 @@ class Client(DaemonView["DmaBuffer"]):
             raise TimeoutError("npud did not take our request in time (the send is blocked)")
 
     def _send_rest(
-        self, data: bytes | bytearray, fds: Sequence[int], sent: int, deadline: float | None
+        self,
+        data: bytes | bytearray,
+        fds: Sequence[int],
+        sent: int,
+        deadline: float | None,
+        pending: Pending | None,
     ) -> int:
         """Under the send lock, the socket's buffer full: send the rest of ``data`` as
         room appears, until ``deadline``. Returns how many bytes went out in all."""
@@ -509,6 +535,8 @@ class Client(DaemonView["DmaBuffer"]):
             try:
                 if sent == 0:  # nothing went yet: the fds still go with the first byte
                     sent = sock.sendmsg([view], fds_ancillary(fds), _DONTWAIT)
+                    if sent and pending is not None:
+                        pending.sent = True
                 else:
                     sent += sock.send(view[sent:], _DONTWAIT)
             except BlockingIOError:

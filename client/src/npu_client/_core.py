@@ -80,6 +80,11 @@ class Pending:
     """The reply's fds (an AllocReply's DMA-BUF), owned here until :meth:`take_fd`."""
     abandoned: bool = False
     """The caller stopped waiting (timeout, cancellation): drop the answer."""
+    request_id: int = -1
+    """The id of its request (-1: none was framed, the connection was over)."""
+    sent: bool = False
+    """Some byte of its request reached the socket (set by the driver that writes it):
+    the server will answer it. A request given up before that is withdrawn."""
     epoch: int = 0
     """The session epoch when the answer arrived: a buffer allocated in an epoch
     that has since ended is gone (the restart event came after its reply)."""
@@ -248,13 +253,26 @@ class ClientCore(Generic[B]):
             data, fds = self._conn.send(request)
         except LocalProtocolError as exc:
             raise ValueError(exc.message) from exc
+        pending.request_id = request.id
         self._pending[request.id] = pending
         return pending, data, fds
 
     def abandon(self, pending: Pending) -> None:
-        """The caller gives up on ``pending``; its answer, fds included, is dropped."""
+        """The caller gives up on ``pending`` (a timeout, a cancellation).
+
+        A request that went out (``pending.sent``) will be answered: its answer,
+        fds included, is dropped when it comes. One not a byte of which went out
+        never will be: it is withdrawn, here and in the protocol, so it does not
+        hold one of the server's ``max_in_flight`` slots for ever (once every slot
+        was held so, every later call of the connection waited for one while the
+        daemon sat idle).
+        """
         pending.abandoned = True
         pending.close_fds()
+        if pending.sent or pending.done:
+            return
+        if self._pending.pop(pending.request_id, None) is pending:
+            self._conn.withdraw(pending.request_id)
 
     # --- input ----------------------------------------------------------------------------
 

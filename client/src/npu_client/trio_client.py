@@ -11,7 +11,9 @@ background task: whichever waiting task finds nobody reading reads for
 everyone, into one buffer the client keeps. Tasks may call concurrently;
 each waits only for its own answer. Cancelling a call abandons its answer
 (the request itself has already gone to the daemon and runs to its end; an
-abandoned alloc's fd is closed, its buffer lives until the connection ends).
+abandoned alloc's fd is closed, its buffer lives until the connection ends);
+a call cancelled before a byte of its request was written withdraws it (it is
+never sent and frees its in-flight slot).
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ import trio
 from npu_client import _llm
 from npu_client import _requests as requests
 from npu_client._args import InvokeInput, InvokeOutput, budget_record
-from npu_client._core import Call, ClientCore, ClientStatistics, EventCallback, deliver_events
+from npu_client._core import (
+    Call,
+    ClientCore,
+    ClientStatistics,
+    EventCallback,
+    Pending,
+    deliver_events,
+)
 from npu_client._errors import ConnectFailed, NpuError
 from npu_client._llm_client import DEFAULT_N_CTX
 from npu_client._llm_trio import TrioLlm
@@ -325,10 +334,11 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
         pending, data, fds = begun
         if data:  # empty when the connection is over: the Pending says why
             try:
-                await self._write(data, fds)
+                await self._write(data, fds, pending)
                 await self._wait_until(lambda: pending.done)
             except BaseException:
                 core.abandon(pending)
+                self._notify()  # a withdrawn request freed its slot
                 raise
         else:
             await trio.lowlevel.cancel_shielded_checkpoint()
@@ -343,10 +353,13 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
         await self._wait_until(self._core.welcomed_or_dead)
         self._core.check_alive()
 
-    async def _write(self, data: bytes | bytearray, fds: Sequence[int]) -> None:
+    async def _write(
+        self, data: bytes | bytearray, fds: Sequence[int], pending: Pending | None = None
+    ) -> None:
         """Send one frame. Cancellable: a caller whose frame has not started
-        leaves nothing behind; one cut off part-way garbles the stream for every
-        task, so the connection dies with it (never an unkillable wait)."""
+        leaves nothing behind (its request is withdrawn: ``pending.sent`` is set
+        only once a byte went out); one cut off part-way garbles the stream for
+        every task, so the connection dies with it (never an unkillable wait)."""
         async with self._send_lock:
             view = memoryview(data)
             sent = 0
@@ -355,6 +368,8 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
                     sent = await self._sock.sendmsg([view], fds_ancillary(fds))
                 else:
                     sent = await self._sock.send(view)
+                if pending is not None:
+                    pending.sent = True  # a send returns once it took a byte at least
                 while sent < len(view):
                     sent += await self._sock.send(view[sent:])
             except trio.Cancelled:

@@ -58,6 +58,19 @@ class ClientConnection(Connection[ServerMessage, ClientMessage]):
         self._next_id = (self._next_id + 1) % _REQUEST_ID_SPACE
         return request_id
 
+    def withdraw(self, request_id: int) -> None:
+        """Forget request ``request_id``, framed by ``send()`` but never written (not
+        one byte of it reached the socket): it is no longer in flight, so it takes
+        none of the server's ``max_in_flight`` slots, and its id may be used again.
+
+        Only for a request the server cannot have seen: one any byte of which was
+        written will be answered, and its answer would then name an unknown id
+        (fatal). The statistics keep counting its frame as sent. Raises
+        ValueError if ``request_id`` is not in flight.
+        """
+        if self._in_flight.pop(request_id, None) is None:
+            raise ValueError(f"request {request_id} is not in flight")
+
     # --- sending -------------------------------------------------------------------
 
     def _check_send(self, message: ClientMessage) -> None:
