@@ -36,9 +36,9 @@ from npud.domain.domains import Domains
 from npud.domain.life import Domain
 from npud.server import Daemon, bind_socket
 from npud.sim import EmulatedDriver
+from npud.sim.host.dspqueue_cpu import CpuQueues
+from npud.sim.host.htp_host import F32, STATUS_INVAL_PARAMS, STATUS_OK, Arena, HtpHost, OpSpec
 from tests.e2e.daemon import RawPeer
-from tests.emulator.dspqueue_cpu import CpuQueues
-from tests.emulator.htp_host import F32, STATUS_INVAL_PARAMS, STATUS_OK, Arena, HtpHost, OpSpec
 from tests.users import ATTACKER, VICTIM, as_user, notes
 
 SHIPPED = Path(__file__).parents[2] / "config" / "npud.toml"

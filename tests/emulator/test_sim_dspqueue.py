@@ -1,5 +1,5 @@
 """dspqueue on the emulated DSP: the dspqueue_rpc skel (methods 2-8) and the DSP's side of
-the rings, driven by a Python port of the CPU library (tests/emulator/dspqueue_cpu.py)
+the rings, driven by a Python port of the CPU library (npud/sim/host/dspqueue_cpu.py)
 through a real FastRpcSession, with a DSP-side consumer that echoes every request
 (tests/emulator/queue_echo_skel.py). Each test runs in both PD isolations.
 
@@ -23,8 +23,7 @@ from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
-from tests.emulator import queue_echo_skel
-from tests.emulator.dspqueue_cpu import (
+from npud.sim.host.dspqueue_cpu import (
     BUFFERS,
     GUARD,
     MESSAGE,
@@ -35,6 +34,7 @@ from tests.emulator.dspqueue_cpu import (
     QueueError,
     WouldBlockError,
 )
+from tests.emulator import queue_echo_skel
 
 UINT32_MAX: Final = 0xFFFFFFFF
 _U64: Final = struct.Struct("<Q")

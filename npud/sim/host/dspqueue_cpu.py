@@ -1,4 +1,4 @@
-"""The CPU side of dspqueue, in Python, for the emulator's tests.
+"""The CPU side of dspqueue, in Python, for the emulator's tests and benches.
 
 A port of what qualcomm/fastrpc's ``src/dspqueue/dspqueue_cpu.c`` does on the CPU
 (the library llama.cpp's Hexagon backend calls), over a :class:`FastRpcSession`:
