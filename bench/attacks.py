@@ -1,34 +1,35 @@
 """Attacks: a hostile user beside a victim user running VAD, npud as shipped (issue 27).
 
-npud runs on the emulator with config/npud.toml as shipped (the two users allowed,
-the call watchdog at 0.5 s so a hung call ends within the run). The victim, uid
-65534 (nobody), runs the Silero VAD model every 32 ms and holds a buffer of its own
-with a secret in it, mapped into its DSP process. The attacker, uid 65533, runs each
-scenario of :data:`SCENARIOS` in turn, each for the same time; before each, a quiet
-window of that length is the baseline. Both are processes forked from the bench that
-drop to their uid (so no interpreter start is timed, and the model file is opened
-before the victim drops its privileges).
+The review's five high findings and its critical one, each repeated as an attacker
+beside a victim, in one table. npud runs on the emulator with config/npud.toml as
+shipped (the two users allowed, the call watchdog at 0.5 s so a hung call ends within
+the run). The victim, uid 65534 (nobody), runs the Silero VAD model every 32 ms and
+holds a buffer of its own with a secret in it, mapped into its DSP process. The
+attacker, uid 65533, runs each scenario in turn, each for the same time (10 s; 3 s with
+--quick); before each, a quiet window of that length, the attacker's user connected and
+idle (its own DSP process open, as any user's may be), is the baseline. Both are
+processes forked from the bench that drop to their uid. Needs root (the two users).
 
-Each scenario gives four rows, ``attacks.<scenario>.<what>``:
+Each scenario gives four rows, ``attacks.<scenario>.<what>``, with issue 27's goals:
 
-* ``errors``: the victim's failed runs during the attack (and, for ``isolate_hog``, its
-  own isolated Hello if refused). Goal 0.
-* ``worst``: the victim's worst run during the attack, in ms (its quiet worst is a
-  figure). Goal at most 100 ms.
-* ``rss``, ``fds``: npud's peak resident memory and open fds during the attack over
-  their peaks in the quiet window before, in which the attacker's user is connected
-  and idle (its own DSP process open, as any user's may be). Goal at most 1.1 each.
-  The isolated Hellos of ``isolate_hog`` are DSP processes npud grants, up to
-  ``max_domains_per_uid``: their fds are the bounded cost of that bound.
+* ``errors``: the victim's failed runs during the attack (and, for isolate_hog, its own
+  isolated Hello if refused). Goal 0. The attack's own figures (``attacker_*``) are
+  beside it.
+* ``worst``: the victim's worst run during the attack, in ms (``quiet_worst_ms``: in the
+  quiet window). Goal at most 100 ms.
+* ``rss``: npud's peak resident memory attacked / quiet. Goal at most 1.1.
+* ``fds``: npud's peak open fds attacked / quiet. Goal at most 1.1. Where the attack
+  holds what npud grants any user within a bound, that is the attacker's own and is
+  taken off the peak first (``attacker_own_fds``): for isolate_hog the fds npud held
+  with its 4 DSP processes and connections up, measured; for stray_fds its
+  ``max_fds_waiting`` + 4 fds waiting to be closed. ``npud_fds_left``: npud's fds once
+  the attack ended and settled, over those with the victim alone (goal 0: it returned).
 
-The ``errors`` row also holds what the attack got (the figures ``attacker_*``):
+The scenarios, in order:
 
-* ``cross_user``: the review's critical finding. DSP code reaches every buffer mapped
-  into its process by fd number: the attacker's DSP code (the dspqueue skel's
-  ``init_process_state``, which maps the memory an fd names) tries every fd number up to
-  512. ``attacker_reached``: fds of other users' buffers it mapped (must be 0: the
-  victim's buffers are in another DSP process). Before issue 27 every user shared one;
-  with ``share_default = true`` it maps the victim's secret buffer (1).
+* ``cross_user`` (critical): the attacker's DSP code (the dspqueue skel's
+  ``init_process_state``, which maps the memory an fd names) tries every fd number up
+  to 512. ``attacker_reached``: other users' buffers it mapped (must be 0).
 * ``isolate_hog``: 11 isolated Hellos held at once; ``attacker_processes``: DSP
   processes it got (``max_domains_per_uid``, 4); the victim's isolated Hello meanwhile
   counts as an error if refused.
@@ -37,10 +38,24 @@ The ``errors`` row also holds what the attack got (the figures ``attacker_*``):
 * ``hung_calls``: 45 s calls, each on a fresh connection; ``attacker_hung``: calls the
   watchdog ended, ``attacker_refused``: Hellos refused (its user is revoked after
   ``hung_calls_before_revoke``, 2).
+* ``crafted_onnx_4mib``, ``crafted_onnx_8mib`` (``crafted_onnx_16mib`` with
+  --crafted-16mib): the review's ONNX file of 2-byte empty nodes, loaded once
+  (``attacker_load_s``: its wait for the answer; ``attacker_refused``: 1 if refused).
+* ``stray_fds``: after its Hello, a frame header, then one byte at a time with 4 fds
+  on each, on one connection after another for the window; ``attacker_dropped``:
+  connections npud dropped (at ``max_fds_waiting``), ``attacker_fds_sent``.
+* ``zero_stride``: an htp CPY batch of 2^29 f32 elements of stride 0 over 4 bytes in
+  one emulated DSP process, beside a victim htp session (a SCALE batch every 32 ms) in
+  another. It runs in the bench's own process on the emulator (npud's clients have no
+  dspqueue API), so "npud" there is the driver's side; ``attacker_status`` (4:
+  INVAL_PARAMS), ``attacker_dsp_alive``, ``attacker_dsp_peak_rss_mib``.
 
-Another scenario (stray fds, a zero-stride htp batch, a crafted ONNX file) is one more
-function ``(socket path, seconds) -> figures`` run as the attacker, and one more entry
-in :data:`SCENARIOS`. Needs root (the two users); says so otherwise.
+Another attack through npud is one more function ``(socket path, seconds) -> figures``
+run as the attacker, and one more entry in :data:`SCENARIOS`.
+
+Run: ``python -m bench --only attacks`` (every scenario but the 16 MiB file), or
+``python -m bench.attacks [--only SCENARIO,...] [--crafted-16mib] [--seconds S]
+[--quick]``.
 """
 
 from __future__ import annotations
