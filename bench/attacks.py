@@ -35,15 +35,15 @@ The scenarios, in order:
   counts as an error if refused.
 * ``fault_loop``: ``npu_test.fault`` in a loop; ``attacker_crashes``: DSP processes it
   crashed (0: faults are root's), ``attacker_refused``: calls refused.
-* ``hung_calls``: 45 s calls, each on a fresh connection; ``attacker_hung``: calls the
-  watchdog ended, ``attacker_refused``: Hellos refused (its user is revoked after
-  ``hung_calls_before_revoke``, 2).
 * ``crafted_onnx_4mib``, ``crafted_onnx_8mib`` (``crafted_onnx_16mib`` with
   --crafted-16mib): the review's ONNX file of 2-byte empty nodes, loaded once
   (``attacker_load_s``: its wait for the answer; ``attacker_refused``: 1 if refused).
 * ``stray_fds``: after its Hello, a frame header, then one byte at a time with 4 fds
   on each, on one connection after another for the window; ``attacker_dropped``:
   connections npud dropped (at ``max_fds_waiting``), ``attacker_fds_sent``.
+* ``hung_calls`` (last: its user is refused for a minute after): 45 s calls, each on a
+  fresh connection; ``attacker_hung``: calls the watchdog ended, ``attacker_refused``:
+  Hellos refused (its user is revoked after ``hung_calls_before_revoke``, 2).
 * ``zero_stride``: an htp CPY batch of 2^29 f32 elements of stride 0 over 4 bytes in
   one emulated DSP process, beside a victim htp session (a SCALE batch every 32 ms) in
   another. It runs in the bench's own process on the emulator (npud's clients have no
@@ -449,15 +449,22 @@ SCENARIOS: Final[dict[str, Scenario]] = {
     "cross_user": cross_user,
     "isolate_hog": isolate_hog,
     "fault_loop": fault_loop,
-    "hung_calls": hung_calls,
     "crafted_onnx_4mib": crafted_onnx(4),
     "crafted_onnx_8mib": crafted_onnx(8),
     "stray_fds": stray_fds,
+    "hung_calls": hung_calls,
 }
-"""Every attack through npud, by name, in the order they run: add yours here."""
+"""Every attack through npud, by name, in the order they run: add yours here, before
+hung_calls (which gets the attacker's user refused for a minute: it runs last)."""
 OPTIONAL: Final[dict[str, Scenario]] = {"crafted_onnx_16mib": crafted_onnx(16)}
-"""Attacks run only when asked (``--crafted-16mib``): longer, and the 8 MiB one shows
-the same."""
+"""Attacks run only when asked (``--crafted-16mib``), before stray_fds: longer, and the
+8 MiB one shows the same."""
+ORDER: Final = [
+    *[n for n in SCENARIOS if n not in ("stray_fds", "hung_calls")],
+    *OPTIONAL,
+    "stray_fds",
+    "hung_calls",
+]
 LOCAL: Final = ("zero_stride",)
 """Attacks on the emulated DSP in the bench's own process (no daemon: npud's clients
 have no dspqueue API), after the others: bench/attacks_parse.py's :func:`zero_stride`."""
@@ -541,7 +548,8 @@ def run(ctx: Context, names: list[str], seconds: float | None = None) -> list[Ro
     if seconds is None:
         seconds = 3.0 if ctx.quick else 10.0
     through_npud = {**SCENARIOS, **OPTIONAL}
-    found = _through_npud(ctx, {n: through_npud[n] for n in names if n in through_npud}, seconds)
+    chosen = {n: through_npud[n] for n in ORDER if n in names}
+    found = _through_npud(ctx, chosen, seconds)
     if "zero_stride" in names:
         ctx.progress("attacks: zero_stride, on the emulator in this process")
         found += _zero_stride_rows(zero_stride(settle_s=seconds / 2))
@@ -731,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    every = [*SCENARIOS, *OPTIONAL, *LOCAL]
+    every = [*ORDER, *LOCAL]
     parser.add_argument(
         "--only",
         action="append",
@@ -750,9 +758,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="3 s windows: a smoke run")
     args = parser.parse_args(argv)
     names = [n for item in args.only for n in item.split(",") if n] or [*SCENARIOS, *LOCAL]
-    if args.crafted_16mib and "crafted_onnx_16mib" not in names:
-        at = names.index("stray_fds") if "stray_fds" in names else len(names)
-        names.insert(at, "crafted_onnx_16mib")
+    if args.crafted_16mib:
+        names.append("crafted_onnx_16mib")
     unknown = [n for n in names if n not in every]
     if unknown:
         parser.error(f"unknown scenario {', '.join(unknown)}; choose from {', '.join(every)}")
