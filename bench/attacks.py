@@ -21,9 +21,10 @@ Each scenario gives four rows, ``attacks.<scenario>.<what>``, with issue 27's go
 * ``fds``: npud's peak open fds attacked / quiet. Goal at most 1.1. Where the attack
   holds what npud grants any user within a bound, that is the attacker's own and is
   taken off the peak first (``attacker_own_fds``): for isolate_hog the fds npud held
-  with its 4 DSP processes and connections up, measured; for stray_fds its
-  ``max_fds_waiting`` + 4 fds waiting to be closed. ``npud_fds_left``: npud's fds once
-  the attack ended and settled, over those with the victim alone (goal 0: it returned).
+  with its 4 DSP processes and connections up, measured; for stray_fds and
+  stray_fds_loop its ``max_fds_waiting`` + 4 fds waiting to be closed.
+  ``npud_fds_left``: npud's fds once the attack ended and settled, over those with the
+  victim alone (goal 0: it returned).
 
 The scenarios, in order:
 
@@ -39,8 +40,10 @@ The scenarios, in order:
   --crafted-16mib): the review's ONNX file of 2-byte empty nodes, loaded once
   (``attacker_load_s``: its wait for the answer; ``attacker_refused``: 1 if refused).
 * ``stray_fds``: after its Hello, a frame header, then one byte at a time with 4 fds
-  on each, on one connection after another for the window; ``attacker_dropped``:
-  connections npud dropped (at ``max_fds_waiting``), ``attacker_fds_sent``.
+  on each, on one connection, as the review did; ``attacker_dropped``: 1 when npud
+  dropped it (at ``max_fds_waiting``), ``attacker_fds_sent``; then idle.
+* ``stray_fds_loop``: the same on a new connection each time npud drops one, for the
+  whole window (``attacker_connections``).
 * ``hung_calls`` (last: its user is refused for a minute after): 45 s calls, each on a
   fresh connection; ``attacker_hung``: calls the watchdog ended, ``attacker_refused``:
   Hellos refused (its user is revoked after ``hung_calls_before_revoke``, 2).
@@ -398,11 +401,18 @@ STRAY_FRAME: Final = 1 << 16
 
 
 def stray_fds(path: Path, seconds: float) -> dict[str, float]:
-    """The review's fd flood, on one connection after another for the window: after its
-    Hello, a frame header, then one byte of that frame at a time with
-    ``MAX_FDS_PER_FRAME`` (4) fds on each, until npud drops the connection (its user's
-    ``max_fds_waiting`` fds waiting to be closed, or the frame's ``frame_timeout_s``) or
-    the frame would end."""
+    """The review's fd flood on one connection: after its Hello, a frame header, then one
+    byte of that frame at a time with ``MAX_FDS_PER_FRAME`` (4) fds on each, until npud
+    drops the connection (its user's ``max_fds_waiting`` fds waiting to be closed, or the
+    frame's ``frame_timeout_s``) or the frame would end; then the window's rest idle."""
+    end = time.monotonic() + seconds
+    sent, dropped = _stray_fds_once(path, end)
+    time.sleep(max(0.0, end - time.monotonic()))
+    return {"attacker_dropped": dropped, "attacker_fds_sent": sent}
+
+
+def stray_fds_loop(path: Path, seconds: float) -> dict[str, float]:
+    """stray_fds again on a new connection each time npud drops one, for the window."""
     sent = dropped = connections = 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -452,6 +462,7 @@ SCENARIOS: Final[dict[str, Scenario]] = {
     "crafted_onnx_4mib": crafted_onnx(4),
     "crafted_onnx_8mib": crafted_onnx(8),
     "stray_fds": stray_fds,
+    "stray_fds_loop": stray_fds_loop,
     "hung_calls": hung_calls,
 }
 """Every attack through npud, by name, in the order they run: add yours here, before
@@ -460,9 +471,10 @@ OPTIONAL: Final[dict[str, Scenario]] = {"crafted_onnx_16mib": crafted_onnx(16)}
 """Attacks run only when asked (``--crafted-16mib``), before stray_fds: longer, and the
 8 MiB one shows the same."""
 ORDER: Final = [
-    *[n for n in SCENARIOS if n not in ("stray_fds", "hung_calls")],
+    *[n for n in SCENARIOS if n not in ("stray_fds", "stray_fds_loop", "hung_calls")],
     *OPTIONAL,
     "stray_fds",
+    "stray_fds_loop",
     "hung_calls",
 ]
 LOCAL: Final = ("zero_stride",)
@@ -623,7 +635,7 @@ def _through_npud(  # noqa: PLR0915 - the windows, step by step
                 )
                 if own:
                     figures["attacker_own_fds"] = own - after
-                if name == "stray_fds":  # what npud may hold for it: its waiting fds' bound
+                if name.startswith("stray_fds"):  # what npud may hold for it: its fds' bound
                     figures["attacker_own_fds"] = _max_fds_waiting() + p.MAX_FDS_PER_FRAME
                 windows.append((name, quiet_start, attack_start, attack_end, figures))
             victim.say("stop")
