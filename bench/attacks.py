@@ -22,7 +22,8 @@ Each scenario gives four rows, ``attacks.<scenario>.<what>``, with issue 27's go
   holds what npud grants any user within a bound, that is the attacker's own and is
   taken off the peak first (``attacker_own_fds``): for isolate_hog the fds npud held
   with its 4 DSP processes and connections up, measured; for stray_fds and
-  stray_fds_loop its ``max_fds_waiting`` + 4 fds waiting to be closed.
+  stray_fds_loop the peak's excess over quiet up to ``attacker_fds_bound``, its
+  ``max_fds_waiting`` + 4 fds waiting to be closed.
   ``npud_fds_left``: npud's fds once the attack ended and settled, over those with the
   victim alone (goal 0: it returned).
 
@@ -635,8 +636,12 @@ def _through_npud(  # noqa: PLR0915 - the windows, step by step
                 )
                 if own:
                     figures["attacker_own_fds"] = own - after
-                if name.startswith("stray_fds"):  # what npud may hold for it: its fds' bound
-                    figures["attacker_own_fds"] = _max_fds_waiting() + p.MAX_FDS_PER_FRAME
+                if name.startswith("stray_fds"):
+                    # What npud may hold for it: its fds waiting to be closed, up to their
+                    # bound (the peak over quiet, if less: the sampler may miss a spike).
+                    bound = _max_fds_waiting() + p.MAX_FDS_PER_FRAME
+                    figures["attacker_fds_bound"] = bound
+                    figures["attacker_own_fds"] = min(bound, max(0, attacked.fds - quiet.fds))
                 windows.append((name, quiet_start, attack_start, attack_end, figures))
             victim.say("stop")
             runs: list[list[Any]] = victim.hear()
@@ -658,17 +663,15 @@ def _scenario_rows(
     errors = sum(not ok for _, _, ok in attacked) + figures.pop("victim_isolate_refused", 0.0)
     worst_ms = max((seconds * 1000 for _, seconds, _ in attacked), default=float("nan"))
     quiet_worst_ms = max((seconds * 1000 for _, seconds, _ in quiet), default=float("nan"))
-    attack = {
-        k: v for k, v in figures.items() if k.startswith("attacker_") and k != "attacker_own_fds"
-    }
+    apart = ("attacker_own_fds", "attacker_fds_bound")  # the fds row's
+    attack = {k: v for k, v in figures.items() if k.startswith("attacker_") and k not in apart}
     own = figures.get("attacker_own_fds", 0.0)
     fds_figures = {
         "npud_fds": figures["npud_fds"],
         "quiet_fds": figures["quiet_fds"],
         "npud_fds_left": figures["npud_fds_left"],
     }
-    if "attacker_own_fds" in figures:
-        fds_figures["attacker_own_fds"] = own
+    fds_figures.update({k: figures[k] for k in apart if k in figures})
     return _rows(
         f"attacks.{name}",
         errors=errors,

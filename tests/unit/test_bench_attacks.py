@@ -62,3 +62,10 @@ def test_an_unknown_scenario_is_refused_naming_the_choices(
     err = capsys.readouterr().err
     assert "unknown scenario nosuch" in err
     assert "zero_stride" in err
+
+
+def test_a_bound_shows_beside_the_fds_it_excuses() -> None:
+    rows = _rows({**FIGURES, "attacker_own_fds": 31.0, "attacker_fds_bound": 68.0})
+    assert rows["fds"].ratio == pytest.approx(1.0)
+    assert rows["fds"].figures["attacker_fds_bound"] == 68
+    assert "attacker_fds_bound" not in rows["errors"].figures
