@@ -34,10 +34,10 @@ from npud.broker import Broker
 from npud.config import parse_config
 from npud.domain.domains import Domains
 from npud.domain.life import Domain
+from npud.fastrpc.host.dspqueue_cpu import CpuQueues
+from npud.fastrpc.host.htp_host import F32, STATUS_INVAL_PARAMS, STATUS_OK, Arena, HtpHost, OpSpec
 from npud.server import Daemon, bind_socket
 from npud.sim import EmulatedDriver
-from npud.sim.host.dspqueue_cpu import CpuQueues
-from npud.sim.host.htp_host import F32, STATUS_INVAL_PARAMS, STATUS_OK, Arena, HtpHost, OpSpec
 from tests.e2e.daemon import RawPeer
 from tests.users import ATTACKER, VICTIM, as_user, notes
 

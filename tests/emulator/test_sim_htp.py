@@ -1,6 +1,6 @@
 """llama.cpp's Hexagon backend on the emulated DSP: the htp_iface skel
 (``libggml-htp-v73.so``) and its batch worker, driven as ggml-hexagon drives them
-(npud/sim/host/htp_host.py) over the dspqueue port (npud/sim/host/dspqueue_cpu.py),
+(npud/fastrpc/host/htp_host.py) over the dspqueue port (npud/fastrpc/host/dspqueue_cpu.py),
 with results checked against plain references written from ggml's definitions
 (tests/emulator/ggml_reference.py).
 """
@@ -22,10 +22,8 @@ import numpy.typing as npt
 import pytest
 
 from npud.backend import DEV_SHELL
-from npud.fastrpc.session import FastRpcSession
-from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
-from npud.sim.host.dspqueue_cpu import GUARD, CpuQueues
-from npud.sim.host.htp_host import (
+from npud.fastrpc.host.dspqueue_cpu import GUARD, CpuQueues
+from npud.fastrpc.host.htp_host import (
     F16,
     F32,
     I32,
@@ -49,6 +47,8 @@ from npud.sim.host.htp_host import (
     T,
     f32_bits,
 )
+from npud.fastrpc.session import FastRpcSession
+from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from tests.emulator import ggml_reference as ref
 
 AEE_EBADPARM: Final = 0x8000040E
