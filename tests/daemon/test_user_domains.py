@@ -34,11 +34,11 @@ from npud.broker import Broker
 from npud.config import parse_config
 from npud.domain.domains import Domains
 from npud.domain.life import Domain
+from npud.fastrpc.host.dspqueue_cpu import CpuQueues
+from npud.fastrpc.host.htp_host import F32, STATUS_INVAL_PARAMS, STATUS_OK, Arena, HtpHost, OpSpec
 from npud.server import Daemon, bind_socket
 from npud.sim import EmulatedDriver
 from tests.e2e.daemon import RawPeer
-from tests.emulator.dspqueue_cpu import CpuQueues
-from tests.emulator.htp_host import F32, STATUS_INVAL_PARAMS, STATUS_OK, Arena, HtpHost, OpSpec
 from tests.users import ATTACKER, VICTIM, as_user, notes
 
 SHIPPED = Path(__file__).parents[2] / "config" / "npud.toml"
@@ -254,6 +254,66 @@ async def test_a_users_domain_closes_when_its_last_connection_goes(tmp_path: Pat
         await settle(lambda: daemon.broker.domains.get(f"default@{VICTIM}") is None)
         driver = daemon.broker.device.driver
         assert isinstance(driver, EmulatedDriver)
+        await settle(lambda: driver.statistics().sessions_in_use == 1)  # root's default only
+
+
+async def test_a_users_domain_lingers_for_its_next_connection(tmp_path: Path) -> None:
+    """A connect/disconnect loop made npud start and stop a DSP process each time: the
+    domain closed the moment its last connection left. Now it lingers
+    ``user_domain_linger_s``: a connection of that user meanwhile joins the same
+    domain, its session not reopened; the linger's end closes it."""
+    socket_path = tmp_path / "npud.sock"
+    linger = {"user_domain_linger_s = 2.0": "user_domain_linger_s = 600.0"}
+    async with shipped_daemon(tmp_path, **linger) as daemon:
+        driver = daemon.broker.device.driver
+        assert isinstance(driver, EmulatedDriver)
+        name = f"default@{VICTIM}"
+
+        def hello(peer: RawPeer) -> bytes:
+            return str(peer.hello("vad-loop").domain).encode()
+
+        first = await trio.to_thread.run_sync(lambda: as_user(VICTIM, socket_path, hello))
+        assert first.decode() == name
+        domain = daemon.broker.domains.get(name)
+        assert domain is not None
+        await settle(lambda: not domain.members)  # the first connection has left
+        assert daemon.broker.domains.get(name) is domain  # before the fix: closed, None
+        session = domain.session
+        seen: dict[str, object] = {}
+
+        def look() -> None:
+            seen["domain"] = daemon.broker.domains.get(name)
+            seen["members"] = len(domain.members)
+
+        def hello_and_wait(peer: RawPeer) -> bytes:
+            welcome = peer.hello("vad-loop")
+            peer.pause(b"")  # type: ignore[attr-defined]
+            return str(welcome.domain).encode()
+
+        second = await trio.to_thread.run_sync(
+            lambda: as_user(VICTIM, socket_path, hello_and_wait, look)
+        )
+        assert second.decode() == name
+        assert seen == {"domain": domain, "members": 1}
+        assert domain.session is session  # the same DSP process: none started again
+        await settle(lambda: not domain.members)
+        await settle(lambda: len(daemon.broker.domains) == 2)  # default and the lingering one
+
+
+async def test_a_lingering_domain_closes_when_its_linger_ends(tmp_path: Path) -> None:
+    """Nobody came back: the domain closes, its DSP process (context bank) freed."""
+    socket_path = tmp_path / "npud.sock"
+    linger = {"user_domain_linger_s = 2.0": "user_domain_linger_s = 0.2"}
+    async with shipped_daemon(tmp_path, **linger) as daemon:
+        driver = daemon.broker.device.driver
+        assert isinstance(driver, EmulatedDriver)
+
+        def hello(peer: RawPeer) -> bytes:
+            return str(peer.hello("vad-once").domain).encode()
+
+        told = await trio.to_thread.run_sync(lambda: as_user(VICTIM, socket_path, hello))
+        assert told.decode() == f"default@{VICTIM}"
+        await settle(lambda: daemon.broker.domains.get(f"default@{VICTIM}") is None)
         await settle(lambda: driver.statistics().sessions_in_use == 1)  # root's default only
 
 

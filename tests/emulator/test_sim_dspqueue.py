@@ -1,5 +1,5 @@
 """dspqueue on the emulated DSP: the dspqueue_rpc skel (methods 2-8) and the DSP's side of
-the rings, driven by a Python port of the CPU library (tests/emulator/dspqueue_cpu.py)
+the rings, driven by a Python port of the CPU library (npud/fastrpc/host/dspqueue_cpu.py)
 through a real FastRpcSession, with a DSP-side consumer that echoes every request
 (tests/emulator/queue_echo_skel.py). Each test runs in both PD isolations.
 
@@ -19,22 +19,22 @@ import pytest
 
 from npu_protocol import AEE, ErrorCode
 from npud.backend import DEV_SHELL
-from npud.fastrpc.kernel.errors import RpcError
-from npud.fastrpc.kernel.invoke_args import Capacity, Inline
-from npud.fastrpc.session import FastRpcSession
-from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
-from tests.emulator import queue_echo_skel
-from tests.emulator.dspqueue_cpu import (
+from npud.fastrpc.host.dspqueue_cpu import (
     BUFFERS,
     GUARD,
     MESSAGE,
     USER_READY,
     Buffer,
     CpuQueue,
+    CpuQueueError,
     CpuQueues,
-    QueueError,
     WouldBlockError,
 )
+from npud.fastrpc.kernel.errors import RpcError
+from npud.fastrpc.kernel.invoke_args import Capacity, Inline
+from npud.fastrpc.session import FastRpcSession
+from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
+from tests.emulator import queue_echo_skel
 
 UINT32_MAX: Final = 0xFFFFFFFF
 _U64: Final = struct.Struct("<Q")
@@ -334,7 +334,7 @@ def test_a_packet_with_64_buffers(session: FastRpcSession, queues: CpuQueues) ->
         assert (got.fd, got.offset, got.flags) == (sent.fd, sent.offset, 0x90)
         assert got.size == (sent.size or owner.size)  # the reader fills a size of 0
         assert got.ptr == owner.host_address + sent.offset  # the CPU's own address
-    with pytest.raises(QueueError) as refused:
+    with pytest.raises(CpuQueueError) as refused:
         queue.write([*refs, refs[0]], b"")
     assert refused.value.code == AEE.EBADPARM
     finish(queues, echo, queue)

@@ -1,6 +1,6 @@
 """llama.cpp's Hexagon backend on the emulated DSP: the htp_iface skel
 (``libggml-htp-v73.so``) and its batch worker, driven as ggml-hexagon drives them
-(tests/emulator/htp_host.py) over the dspqueue port (tests/emulator/dspqueue_cpu.py),
+(npud/fastrpc/host/htp_host.py) over the dspqueue port (npud/fastrpc/host/dspqueue_cpu.py),
 with results checked against plain references written from ggml's definitions
 (tests/emulator/ggml_reference.py).
 """
@@ -22,11 +22,8 @@ import numpy.typing as npt
 import pytest
 
 from npud.backend import DEV_SHELL
-from npud.fastrpc.session import FastRpcSession
-from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
-from tests.emulator import ggml_reference as ref
-from tests.emulator.dspqueue_cpu import GUARD, CpuQueues
-from tests.emulator.htp_host import (
+from npud.fastrpc.host.dspqueue_cpu import GUARD, CpuQueues
+from npud.fastrpc.host.htp_host import (
     F16,
     F32,
     I32,
@@ -50,6 +47,9 @@ from tests.emulator.htp_host import (
     T,
     f32_bits,
 )
+from npud.fastrpc.session import FastRpcSession
+from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
+from tests.emulator import ggml_reference as ref
 
 AEE_EBADPARM: Final = 0x8000040E
 AEE_EBADSTATE: Final = 0x8000040D

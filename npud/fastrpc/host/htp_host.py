@@ -1,7 +1,8 @@
-"""The host side of ggml-hexagon's op batches, in Python, for the emulator's tests.
+"""The host side of ggml-hexagon's op batches, in Python, for the emulator's tests
+and benches.
 
 What ``ggml-hexagon.cpp`` does around ``htp_iface`` (NOTES section 3 and 6): open the
-skel, ``hwinfo``, create and export a dspqueue (:mod:`tests.emulator.dspqueue_cpu`),
+skel, ``hwinfo``, create and export a dspqueue (:mod:`npud.fastrpc.host.dspqueue_cpu`),
 allocate and map the op-queue buffer, ``start``; then, per batch, fill a slot of the
 op-queue buffer with ``htp_buf_desc[]``, ``htp_tensor[]`` and ``htp_op_desc[]``, write
 one packet (one buffer reference to the slot, flags 0x90, a 24-byte
@@ -21,10 +22,10 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from npud.fastrpc.host.dspqueue_cpu import Buffer, CpuQueue, CpuQueues
 from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
-from tests.emulator.dspqueue_cpu import Buffer, CpuQueue, CpuQueues
 
 URI: Final = (
     "file:///libggml-htp-v73.so?htp_iface_skel_handle_invoke&_modver=1.0&_dom=cdsp&_session=0"

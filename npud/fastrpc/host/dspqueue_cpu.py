@@ -1,4 +1,4 @@
-"""The CPU side of dspqueue, in Python, for the emulator's tests.
+"""The CPU side of dspqueue, in Python, for the emulator's tests and benches.
 
 A port of what qualcomm/fastrpc's ``src/dspqueue/dspqueue_cpu.c`` does on the CPU
 (the library llama.cpp's Hexagon backend calls), over a :class:`FastRpcSession`:
@@ -76,7 +76,7 @@ _STATE_BLOCK: Final = 4 * MAX_QUEUES * 4
 _REQ_PACKET, _REQ_SPACE, _RESP_PACKET, _RESP_SPACE = 0, 1, 2, 3
 
 
-class QueueError(Exception):
+class CpuQueueError(Exception):
     """A dspqueue call failed with ``code`` (an AEE result)."""
 
     def __init__(self, what: str, code: int) -> None:
@@ -84,7 +84,7 @@ class QueueError(Exception):
         self.code = code
 
 
-class WouldBlockError(QueueError):
+class WouldBlockError(CpuQueueError):
     def __init__(self, what: str) -> None:
         super().__init__(what, AEE.EWOULDBLOCK)
 
@@ -137,7 +137,7 @@ class CpuQueues:
         self.state[:_STATE_BLOCK] = bytes(_STATE_BLOCK)
         rc = self._invoke(SC_INIT_PROCESS_STATE, [_I32.pack(self._state_buffer.fd)])[0]
         if rc:
-            raise QueueError("init_process_state", rc)
+            raise CpuQueueError("init_process_state", rc)
         self._lock = threading.Lock()
         self.queues: dict[int, CpuQueue] = {}
         self._count = 0
@@ -188,7 +188,7 @@ class CpuQueues:
     def is_imported(self, qid: int) -> int:
         rc, data = self._invoke(SC_IS_IMPORTED, [_U64.pack(qid)], 4)
         if rc:
-            raise QueueError("is_imported", rc)
+            raise CpuQueueError("is_imported", rc)
         return int(_I32.unpack(data)[0])
 
     # -- the state block -------------------------------------------------------------------
@@ -262,7 +262,7 @@ class CpuQueues:
             if not self.wakeup.wait_for(lambda: condition() or bool(self.error), GUARD):
                 raise AssertionError(f"never happened: {what}")
         if not condition():
-            raise QueueError(f"signal thread failed while waiting for {what}", self.error)
+            raise CpuQueueError(f"signal thread failed while waiting for {what}", self.error)
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -299,7 +299,7 @@ class CpuQueues:
         self._sender.join(GUARD)
         self.abandon()
         if rc:
-            raise QueueError("cancel_wait_signal", rc)
+            raise CpuQueueError("cancel_wait_signal", rc)
 
     def let_go(self) -> None:
         """Let go of the CPU's own views and threads only (the session's close then
@@ -404,12 +404,12 @@ class CpuQueue:
         rc, qid = self.domain.create_queue_raw(self.slot, self.buffer.fd, self.count)
         self.first_create = rc
         if rc not in (AEE.EUNSUPPORTED, AEE.EUNSUPPORTED.dsp):
-            raise QueueError("create_queue with version UINT32_MAX did not fail as expected", rc)
+            raise CpuQueueError("create_queue with version UINT32_MAX did not fail as expected", rc)
         _U32.pack_into(self.memory, 0, HEADER_VERSION)
         _U32.pack_into(self.memory, 8, WAIT_COUNTS)
         rc, qid = self.domain.create_queue_raw(self.slot, self.buffer.fd, self.count)
         if rc:
-            raise QueueError("create_queue", rc)
+            raise CpuQueueError("create_queue", rc)
         self.qid = qid
 
     @property
@@ -460,13 +460,13 @@ class CpuQueue:
         self, buffers: Sequence[Buffer] = (), message: bytes = b"", flags: int = 0
     ) -> None:
         if len(buffers) > MAX_BUFFERS or len(message) > MAX_MESSAGE:
-            raise QueueError("write", AEE.EBADPARM)
+            raise CpuQueueError("write", AEE.EBADPARM)
         flags = flags | BUFFERS if buffers else flags & ~BUFFERS
         flags = flags | MESSAGE if message else flags & ~MESSAGE
         length = 8 + 24 * len(buffers) + len(message)
         size = _pad8(length)
         if size > self.req_size - 8:
-            raise QueueError("write: packet too large for the queue", AEE.EBADPARM)
+            raise CpuQueueError("write: packet too large for the queue", AEE.EBADPARM)
         with self._write_lock:
             read, write = self.state(self.req_read)[0], self.state(self.req_write)[0]
             if read == write:
@@ -483,11 +483,11 @@ class CpuQueue:
             for buffer in buffers:
                 found = self._find(buffer.fd)
                 if found is None:
-                    raise QueueError(f"write: buffer fd {buffer.fd} not mapped", AEE.ENOSUCHMAP)
+                    raise CpuQueueError(f"write: buffer fd {buffer.fd} not mapped", AEE.ENOSUCHMAP)
                 if buffer.size and buffer.offset + buffer.size > found.size:
-                    raise QueueError("write: buffer range", AEE.EBADPARM)
+                    raise CpuQueueError("write: buffer range", AEE.EBADPARM)
                 if not buffer.size and buffer.offset:
-                    raise QueueError("write: buffer offset without a size", AEE.EBADPARM)
+                    raise CpuQueueError("write: buffer offset without a size", AEE.EBADPARM)
             flags |= USER_READY
             raw = length | (flags & 0xFFFF) << 32 | (len(buffers) & 0xFF) << 48
             raw |= (self.seq & 0xFF) << 56
@@ -561,7 +561,7 @@ class CpuQueue:
                     if not self._space.wait_for(self._space_changed(seen), GUARD):
                         raise AssertionError("a blocking write never got space")
                     if self.domain.error:
-                        raise QueueError("write", self.domain.error)
+                        raise CpuQueueError("write", self.domain.error)
                     seen = self.req_space_count
             finally:
                 self._add_wait(self.req_write, -1)
@@ -581,7 +581,7 @@ class CpuQueue:
                 flags = (raw >> 32) & 0xFFFF
                 count = (raw >> 48) & 0xFF if flags & BUFFERS else 0
                 if length < 8 + 24 * count:
-                    raise QueueError("read: bad packet length", AEE.EBADITEM)
+                    raise CpuQueueError("read: bad packet length", AEE.EBADITEM)
                 message_length = length - 8 - 24 * count if flags & MESSAGE else 0
                 if self.resp_size - read < length:
                     assert available - (self.resp_size - read) >= length
@@ -589,7 +589,7 @@ class CpuQueue:
                 else:
                     position = read + 8
                 if not flags & USER_READY:
-                    raise QueueError("read: packet not ready", AEE.EBADITEM)
+                    raise CpuQueueError("read: packet not ready", AEE.EBADITEM)
                 buffers = []
                 for index in range(count):
                     fd, size, offset, bflags, _ = _BUFFER.unpack_from(
@@ -597,7 +597,7 @@ class CpuQueue:
                     )
                     found = self._find(fd)
                     if found is None:
-                        raise QueueError(f"read: buffer fd {fd} not mapped", AEE.ENOSUCHMAP)
+                        raise CpuQueueError(f"read: buffer fd {fd} not mapped", AEE.ENOSUCHMAP)
                     size = size or found.size
                     buffers.append(Buffer(fd, size, offset, bflags, found.host_address + offset))
                 position += 24 * count
@@ -633,7 +633,7 @@ class CpuQueue:
                     if not self._packets.wait_for(self._packets_changed(seen), GUARD):
                         raise AssertionError("a blocking read never got a packet")
                     if self.domain.error:
-                        raise QueueError("read", self.domain.error)
+                        raise CpuQueueError("read", self.domain.error)
                     seen = self.resp_packet_count
             finally:
                 self._add_wait(self.resp_read, -1)
@@ -644,10 +644,10 @@ class CpuQueue:
         """dspqueue_close: refused while the DSP still has it imported."""
         domain = self.domain
         if domain.is_imported(self.qid):
-            raise QueueError("close: still imported on the DSP", AEE.EBADPARM)
+            raise CpuQueueError("close: still imported on the DSP", AEE.EBADPARM)
         rc = domain.destroy_queue_raw(self.qid)
         if rc:
-            raise QueueError("destroy_queue", rc)
+            raise CpuQueueError("destroy_queue", rc)
         domain.forget(self)
         self.free()
 
