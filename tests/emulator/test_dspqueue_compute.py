@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from npud.backend import DEV_SHELL
+from npud.fastrpc.host.dspqueue_cpu import GUARD, CpuQueues
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import EmulatedDriver, SimConfig
 from npud.sim.compute import SharedCompute
 from tests.emulator import queue_echo_skel
-from tests.emulator.dspqueue_cpu import GUARD, CpuQueues
 from tests.emulator.test_sim_dspqueue import Echo, finish, library
 
 
