@@ -84,7 +84,9 @@ def decode(peer: Peer, socket: Path, tokens: int) -> Decode:
     evaluated = re.search(r"eval time =\s+([\d.]+) ms /\s+(\d+) runs", log)
     opbatch = [int(m) for m in re.findall(r"profile-op OPBATCH\|.*\|usec (\d+)", log)]
     if result.returncode != 0 or evaluated is None or len(opbatch) < 2:
-        raise RuntimeError(f"llama-simple exited {result.returncode}:\n{log[-2000:]}")
+        raise RuntimeError(
+            f"llama-simple on {socket.name} exited {result.returncode}:\n{log[-2000:]}"
+        )
     if "assigned to device HTP0" not in log:
         raise RuntimeError("llama-simple did not offload to the NPU (HTP0)")
     return Decode(

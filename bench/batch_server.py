@@ -19,6 +19,7 @@ answered with the session's error code and nothing else.)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -33,7 +34,9 @@ from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, OutArg, Slice
 from npud.fastrpc.session import FastRpcSession
+from npud.holdings import is_dspqueue_uri
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
+from npud.sim.skels_dspqueue import SC_CANCEL_WAIT_SIGNAL
 
 
 class _Connection:
@@ -46,6 +49,7 @@ class _Connection:
         self.session.load_shell(DEV_SHELL.read_bytes())
         self.buffers: dict[int, DmaBuffer] = {}
         self.handles: dict[int, int] = {}
+        self.queue_handles: list[int] = []  # dspqueue_rpc's
         self.send_lock = threading.Lock()
         self.waits: queue.SimpleQueue[p.InvokeRequest | None] = queue.SimpleQueue()
         self.waiter = threading.Thread(target=self._wait_loop, daemon=True)
@@ -56,7 +60,7 @@ class _Connection:
             self.answer(request)
 
     def send(self, reply: p.ServerMessage) -> None:
-        with self.send_lock:
+        with self.send_lock, contextlib.suppress(OSError):  # OSError: the client is gone
             out, fds = self.conn.send(reply)
             self.sock.sendmsg([out], fds_ancillary(fds))
 
@@ -79,6 +83,11 @@ class _Connection:
                     return
         finally:
             self.waits.put(None)
+            # The client is gone with a wait_signal outstanding (the shim keeps one),
+            # which would hold the session open: cancel it (npud ends the process).
+            for handle in self.queue_handles:
+                with contextlib.suppress(RpcError):
+                    self.session.invoke(handle, SC_CANCEL_WAIT_SIGNAL, [], [])
             self.session.close()
             self.waiter.join()
             self.sock.close()
@@ -141,6 +150,8 @@ class _Connection:
         if isinstance(event, p.OpenRequest):
             handle_id = len(self.handles) + 1
             self.handles[handle_id] = session.remote_open(event.uri)
+            if is_dspqueue_uri(event.uri):
+                self.queue_handles.append(self.handles[handle_id])
             return p.OpenReply(id=event.id, handle=handle_id)
         if isinstance(event, p.CloseRequest):
             session.remote_close(self.handles.pop(event.handle))
