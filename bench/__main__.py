@@ -41,6 +41,7 @@ MODULES: dict[str, str] = {
     "confinement": "bench.confinement",
     "voice_day": "bench.voice_day",
     "llm": "bench.llm",
+    "batch_rtt": "bench.batch_rtt",
     "attacks": "bench.attacks",
 }
 """Every benchmark module by its NAME, in the order they run. Add yours here."""

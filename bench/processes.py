@@ -154,6 +154,27 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
+def batch_server(workdir: Path, dsp_units: int = 0, hmx_units: int = 0) -> Iterator[Path]:
+    """bench/batch_server.py (llama.cpp's batches with the least machinery), serving;
+    yields its socket path."""
+    socket_path = workdir / "batch-floor.sock"
+    args = [
+        sys.executable,
+        "-m",
+        "bench.batch_server",
+        str(socket_path),
+        str(dsp_units),
+        str(hmx_units),
+    ]
+    try:
+        with running(args) as process:
+            wait_for_hello(process, socket_path)
+            yield socket_path
+    finally:
+        socket_path.unlink(missing_ok=True)
+
+
+@contextmanager
 def floor_server(workdir: Path) -> Iterator[Path]:
     """The bare trio server of bench/floor_server.py, serving; yields its socket path."""
     socket_path = workdir / "floor.sock"

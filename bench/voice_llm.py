@@ -33,7 +33,9 @@ per-round ratios, with their spread):
   ``GGML_HEXAGON_PROFILE``), alone (goal within 10 %);
 * ``voice_llm.added_per_batch``: the time a batch costs at the client beyond
   the DSP's own time / one call's round trip (a 64-byte echo through the same
-  npud) (goal <= 2). It includes llama.cpp's own CPU work between two batches.
+  npud) (goal <= 2). It includes llama.cpp's own CPU work between two batches
+  and the emulated DSP process's thread hand-offs: ``python -m bench.batch_rtt``
+  gives the fair figure, against a minimal server making the same emulator calls.
 
 Figures: the phases' VAD p50/p99 and misses, the TTS real-time factors, the
 tokens/s, the DSP times. ``--plot FILE`` draws the per-round ratios against

@@ -43,6 +43,8 @@ from typing import Protocol
 from npud.sim.errors import ProcessExitedError, SubsystemDownError
 
 POLL: float = 0.05
+BACKDATE_MAX: float = 0.25
+"""Seconds a piece's start may lie before :meth:`SharedCompute.begin` is told of it."""
 """Seconds between a waiting piece's looks at a restart or its process's end."""
 
 
@@ -125,12 +127,19 @@ class SharedCompute:
             self._join_locked(job)
             self._wait_locked(job, cancelled)
 
-    def begin(self, *, matrix: bool = False) -> Job:
-        """A piece of work starts now, its demand told at :meth:`end`."""
+    def begin(self, *, matrix: bool = False, started: float | None = None) -> Job:
+        """A piece of work starts now, its demand told at :meth:`end`. ``started``: when
+        it really started (a time of this clock, at most :data:`BACKDATE_MAX` ago): a
+        DSP process's piece is told through a call's thread, and the time that took is
+        credited at once, at the piece's rate now, rather than waited for again at its
+        end (the piece ran meanwhile)."""
         with self._cond:
-            work = _Work(math.inf, matrix, self._clock())
+            now = self._clock()
+            lag = 0.0 if started is None else min(max(0.0, now - started), BACKDATE_MAX)
+            work = _Work(math.inf, matrix, now - lag)
             if self.modelled:
                 self._join_locked(work)
+                work.done = lag * self._rate(work)
             return Job(work)
 
     def end(self, job: Job, seconds: float, cancelled: Cancellation | None = None) -> None:

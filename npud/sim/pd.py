@@ -91,9 +91,9 @@ class LocalMeter:
         self._jobs: dict[int, object] = {}
         self._count = 0
 
-    def begin(self, matrix: bool) -> int:
+    def begin(self, matrix: bool, started: float | None = None) -> int:
         self._count += 1
-        self._jobs[self._count] = self._services.work_begin(matrix)
+        self._jobs[self._count] = self._services.work_begin(matrix, started)
         return self._count
 
     def end(self, job: int, seconds: float) -> None:

@@ -241,11 +241,11 @@ class _Call:
         if not isinstance(answer, wire.WorkDone):
             raise _DriverGoneError
 
-    def begin(self, matrix: bool) -> int:
+    def begin(self, matrix: bool, started: float | None = None) -> int:
         """ComputeMeter.begin: the driver's thread for this call joins the piece to the
-        shared compute; no answer."""
+        shared compute (from ``started`` on, when given); no answer."""
         self.jobs += 1
-        self.send(wire.WorkBegin(self.id, self.jobs, matrix))
+        self.send(wire.WorkBegin(self.id, self.jobs, matrix, started or 0.0))
         return self.jobs
 
     def end(self, job: int, seconds: float) -> None:

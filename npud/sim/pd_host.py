@@ -88,8 +88,9 @@ class CallServices(Protocol):
         """The shared compute is modelled: calls may begin and end pieces of work."""
         ...
 
-    def work_begin(self, matrix: bool) -> object:
-        """A piece of work joins the shared compute; what :meth:`work_end` takes."""
+    def work_begin(self, matrix: bool, started: float | None = None) -> object:
+        """A piece of work joins the shared compute (begun at ``started``, a
+        ``time.monotonic()``, when given); what :meth:`work_end` takes."""
         ...
 
     def work_end(self, job: object, seconds: float) -> None:
@@ -720,7 +721,7 @@ class PdChild:
         if isinstance(request, wire.WorkBegin):
             if request.job in jobs or len(jobs) >= MAX_OPEN_JOBS or not services.metered:
                 raise self._broken_wire(f"work {request.job} begun out of place")
-            jobs[request.job] = services.work_begin(request.matrix)
+            jobs[request.job] = services.work_begin(request.matrix, request.started or None)
             return
         if request.job:
             job = jobs.pop(request.job, None)

@@ -227,6 +227,9 @@ class WorkBegin(msgspec.Struct, tag="workbegin"):
     call: int
     job: Annotated[int, msgspec.Meta(ge=1, le=0xFFFFFFFF)]
     matrix: bool
+    started: float = 0.0
+    """The child's ``time.monotonic()`` (the host's CLOCK_MONOTONIC, one clock for
+    every process) when the piece began; 0: when this message is read."""
 
 
 class ReadFile(msgspec.Struct, tag="read"):

@@ -254,9 +254,9 @@ class DspProcess:
         """The channel models its shared compute: skel code's host work is charged."""
         return self._compute is not None and self._compute.modelled
 
-    def work_begin(self, matrix: bool) -> object:
+    def work_begin(self, matrix: bool, started: float | None = None) -> object:
         assert self._compute is not None  # only asked when metered
-        return self._compute.begin(matrix=matrix)
+        return self._compute.begin(matrix=matrix, started=started)
 
     def work_end(self, job: object, seconds: float) -> None:
         assert self._compute is not None

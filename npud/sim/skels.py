@@ -97,8 +97,9 @@ class ComputeMeter(Protocol):
     """How a call reaches the DSP's shared compute for work done on the host's CPUs
     (:meth:`npud.sim.compute.SharedCompute.begin` / ``end``), by job number."""
 
-    def begin(self, matrix: bool) -> int:
-        """A piece of work starts now (``matrix``: it needs the HMX); its number."""
+    def begin(self, matrix: bool, started: float | None = None) -> int:
+        """A piece of work starts (``matrix``: it needs the HMX); its number.
+        ``started``: its ``time.monotonic()`` when it began before this call (None: now)."""
         ...
 
     def end(self, job: int, seconds: float) -> None:
@@ -150,8 +151,8 @@ class SkelCall:
         if meter is None:
             yield
             return
-        job = meter.begin(matrix)
         started = time.monotonic()
+        job = meter.begin(matrix, started)
         try:
             yield
         finally:

@@ -138,10 +138,11 @@ class _Queue:
 class _Charge:
     """A piece of DSP work of a thread of the process, carried by a ``wait_signal``."""
 
-    __slots__ = ("carrier", "job", "matrix", "seconds", "settled")
+    __slots__ = ("carrier", "job", "matrix", "seconds", "settled", "started")
 
     def __init__(self, matrix: bool) -> None:
         self.matrix = matrix
+        self.started = time.monotonic()  # the model counts it from here, not the begin
         self.carrier: object = None  # the wait_signal that began it
         self.job: int | None = None  # its number on that carrier's meter
         self.seconds: float | None = None  # set when it ends
@@ -305,7 +306,7 @@ class DspQueueService(PdResident):
         if charge.job is None:  # to begin
             self._cond.release()
             try:
-                job = meter.begin(charge.matrix)
+                job = meter.begin(charge.matrix, charge.started)
             finally:
                 self._cond.acquire()
             charge.job, charge.carrier = job, me

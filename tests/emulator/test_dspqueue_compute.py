@@ -17,7 +17,7 @@ from npud.backend import DEV_SHELL
 from npud.fastrpc.host.dspqueue_cpu import GUARD, CpuQueues
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import EmulatedDriver, SimConfig
-from npud.sim.compute import SharedCompute
+from npud.sim.compute import Job, SharedCompute
 from tests.emulator import queue_echo_skel
 from tests.emulator.test_sim_dspqueue import Echo, finish, library
 
@@ -156,3 +156,34 @@ def test_two_dsp_processes_share_one_model(isolation: str, tmp_path: Path) -> No
             session.end_process()
             session.close()
         driver.shutdown()
+
+
+def test_a_piece_reaches_the_model_with_the_time_it_started(
+    modelled: tuple[EmulatedDriver, FastRpcSession], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28, item 5: the model counts a DSP process's piece from when it started in
+    that process, not from when its begin came through ``wait_signal``'s thread (that
+    lag was owed again at the piece's end, on every op batch's critical path)."""
+    _, session = modelled
+    seen: list[tuple[float | None, float]] = []
+    begin = SharedCompute.begin
+
+    def recording(
+        self: SharedCompute, *, matrix: bool = False, started: float | None = None
+    ) -> Job:
+        seen.append((started, time.monotonic()))
+        return begin(self, matrix=matrix, started=started)
+
+    monkeypatch.setattr(SharedCompute, "begin", recording)
+    queues = CpuQueues(session)
+    queue = queues.create()
+    echo = Echo(session)
+    assert echo.start(queue.qid) == 0
+    before = time.monotonic()
+    queue.write((), b"work:1000")
+    assert queue.read().message == b"work:1000"
+    pieces = [(started, told) for started, told in seen if started is not None]
+    assert pieces, f"no piece came with its start: {seen}"
+    for started, told in pieces:
+        assert before <= started <= told
+    finish(queues, echo, queue)

@@ -45,7 +45,7 @@ class Services:
     def work(self, seconds: float) -> None:
         pass
 
-    def work_begin(self, matrix: bool) -> object:
+    def work_begin(self, matrix: bool, started: float | None = None) -> object:
         raise AssertionError("not metered")
 
     def work_end(self, job: object, seconds: float) -> None:

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from npud.sim.compute import SharedCompute, _Work
+from npud.sim.compute import BACKDATE_MAX, SharedCompute, _Work
 from npud.sim.errors import SubsystemDownError
 
 
@@ -131,6 +131,55 @@ def test_a_begun_piece_that_shared_the_dsp_owes_the_rest() -> None:
     compute.drop(job)
     assert compute.active == 1
     compute.drop(job)  # idempotent
+
+
+def test_a_piece_told_late_is_credited_from_its_start_at_its_rate() -> None:
+    """Issue 28, item 5: a DSP process's piece reaches the model through a call's thread;
+    the time that took is credited at once (the piece ran meanwhile), not owed again
+    at its end. Before, the piece joined at the begin and owed those 3 ms."""
+    clock = Clock()
+    clock.now = 1.0
+    compute = SharedCompute(4, threading.Event(), clock, hmx_units=1)
+    job = compute.begin(matrix=True, started=0.997)
+    assert job._work.done == pytest.approx(0.003)
+    clock.now = 1.007
+    compute.end(job, 0.010)  # 10 ms since its start, alone: nothing owed
+    assert job.done_credit == pytest.approx(0.010)
+    assert compute.active == 0
+
+
+def test_a_late_piece_beside_another_matrix_piece_gets_its_share_of_the_lag() -> None:
+    clock = Clock()
+    clock.now = 1.0
+    compute = SharedCompute(4, threading.Event(), clock, hmx_units=1)
+    other = _Work(10.0, matrix=True)
+    with compute._cond:
+        compute._join_locked(other)
+    job = compute.begin(matrix=True, started=0.996)  # two on the one HMX: half
+    assert job._work.done == pytest.approx(0.002)
+    compute.drop(job)
+
+
+def test_a_start_in_the_future_or_long_ago_is_bounded() -> None:
+    clock = Clock()
+    clock.now = 100.0
+    compute = SharedCompute(1, threading.Event(), clock)
+    future = compute.begin(started=101.0)
+    assert future._work.done == 0.0
+    ancient = compute.begin(started=0.0)
+    assert ancient._work.done == pytest.approx(BACKDATE_MAX * 0.5)  # at its share of 1
+    compute.drop(future)
+    compute.drop(ancient)
+
+
+def test_without_a_model_a_late_piece_ends_its_time_after_its_start() -> None:
+    clock = Clock()
+    clock.now = 1.0
+    compute = SharedCompute(0, threading.Event(), clock)
+    job = compute.begin(started=0.99)
+    clock.now = 1.02
+    compute.end(job, 0.03)  # its 30 ms are up at 1.02: no sleep
+    assert job.done_credit == pytest.approx(0.03)
 
 
 def test_without_a_model_a_begun_piece_is_not_joined_and_ends_when_its_time_is_up() -> None:
