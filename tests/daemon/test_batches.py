@@ -58,10 +58,11 @@ async def _batch(daemon: Daemon, peer: RawPeer, handle: int, *, held: bool) -> N
     assert isinstance(answers[0], p.InvokeReply)
     assert answers[0].outputs == (struct.pack("<i", -1),)
     assert answers[1] == p.InvokeReply(id=12)
+    # The answer goes out before the batch is accounted (npud.datapath): the slot and the
+    # charge follow it, so wait for both (a bound for a loaded machine, not a speed check).
     with trio.fail_after(10):
-        while _running(daemon):
+        while _running(daemon) or _client(daemon).dsp_us - before < 50_000:
             await trio.sleep(0.005)
-    assert _client(daemon).dsp_us - before >= 50_000  # doorbell to answer, charged
     (domain,) = [d for d in daemon.broker.status().domains if d.isolated]
     assert domain.dsp_us >= 50_000  # and to its domain
 
