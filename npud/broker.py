@@ -409,7 +409,7 @@ class Broker:
                 token.run_sync_soon(self._revoke_client, client, detail)
 
     def charge_dropped(self, client: Client, reason: str) -> None:
-        """``client``'s connection was dropped for breaking the protocol (trio thread):
+        """``client``'s connection was dropped for breaking the protocol (any thread):
         its user pays, past ``dropped_connections_before_refusal`` drops, with its new
         connections refused for ``dropped_connection_penalty_s`` (:mod:`npud.penalties`)."""
         if client.uid in self.privileged:

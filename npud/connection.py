@@ -65,8 +65,6 @@ class PeerConnection:
         """The domain the client's calls run in (from its Hello on)."""
         self._link: Link | None = None
         self._revoked: str | None = None
-        self._violation = False
-        """The handshake ended for breaking the protocol (its user pays, as a link's)."""
         self._handshake_scope: trio.CancelScope | None = None
 
     # ------------------------------------------------------------------ run
@@ -110,7 +108,8 @@ class PeerConnection:
                 await finished.wait()
                 reason = "closed by the client"
         finally:
-            reason = self._settle(link, reason)
+            if link is not None:
+                reason = link.reason or reason
             held_back = self.log_budget.held_back
             with trio.CancelScope(shield=True):
                 # Fds of a frame the peer began and never finished are closed here,
@@ -131,15 +130,6 @@ class PeerConnection:
                 calls_done=self.client.calls_done,
                 **log_fields(held_back),
             )
-
-    def _settle(self, link: Link | None, reason: str) -> str:
-        """Why the connection ended; one dropped for breaking the protocol is charged
-        to its user (``[daemon] dropped_connections_before_refusal``)."""
-        if link is not None:
-            reason = link.reason or reason
-        if self._violation or (link is not None and link.violation):
-            self.broker.charge_dropped(self.client, reason)
-        return reason
 
     def revoke(self, detail: str) -> None:
         """The client may no longer use npud (a reload took it off the allow-list): tell
@@ -162,7 +152,7 @@ class PeerConnection:
             handler.start()
             return handler
 
-        return Link(
+        link = Link(
             self.sock,
             self.protocol,
             log_context=self.log,
@@ -173,6 +163,8 @@ class PeerConnection:
             log_budget=self.log_budget,
             refusals_cap=broker.config.daemon.refused_requests_before_drop,
         )
+        link.on_violation = lambda reason: broker.charge_dropped(client, reason)
+        return link
 
     # ----------------------------------------------------------- handshake
     async def _handshake(self) -> tuple[bool, str]:
@@ -199,7 +191,8 @@ class PeerConnection:
                         self.client.uid, self.protocol.take_pending_fds()
                     )
                     self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
-                    self._violation = True
+                    # Charged before it is told: its next connection sees this drop.
+                    self.broker.charge_dropped(self.client, f"protocol violation: {exc}")
                     await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
                     return False, f"protocol violation: {exc}"
                 if event is p.NEED_DATA:
@@ -217,7 +210,7 @@ class PeerConnection:
                     if not self.broker.device.close_later(self.client.uid, event.fds):
                         # As the data path does (Link._drop_for_fds_locked): say why, then close.
                         self.log.warning("dropped: its user's fds pile up waiting to be closed")
-                        self._violation = True
+                        self.broker.charge_dropped(self.client, "too many fds waiting")
                         await self._send_final(
                             fds_waiting_refusal(self.broker.config.uid_limits.max_fds_waiting)
                         )

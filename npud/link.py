@@ -111,6 +111,10 @@ class Link:
         """Requests of the client refused NOT_PERMITTED."""
         self._refusals_cap = refusals_cap
         """Past this many of them (0: never) the link is dropped as a violation."""
+        self.on_violation: Callable[[str], None] = lambda reason: None
+        """Called once, with the link's lock held, when it is dropped for breaking the
+        protocol; before the client is told, so that its next connection is judged
+        with this drop counted."""
         self.pending: set[object] = set()
         """Requests that arrived and have not ended (their handlers)."""
         self._outbox: deque[tuple[memoryview, list[OwnedFd]]] = deque()
@@ -164,8 +168,8 @@ class Link:
                 except p.RemoteProtocolError as exc:
                     self._close_later(self.protocol.take_pending_fds())
                     self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
+                    self._violated(f"protocol violation: {exc}")
                     self._send_locked(p.ErrorMessage.for_code(exc.code, **exc.fields), [])
-                    self.violation = True
                     self._drop_locked(f"protocol violation: {exc}")
                     messages.append(p.ConnectionClosed())
                     return messages
@@ -402,9 +406,14 @@ class Link:
 
     def _drop_for_fds_locked(self) -> None:
         self.log.warning("dropped: its user's fds pile up waiting to be closed")
+        self._violated("too many of its user's fds wait to be closed")
         self._send_locked(fds_waiting_refusal(self._fds_waiting_cap), [])
-        self.violation = True
         self._drop_locked("too many of its user's fds wait to be closed")
+
+    def _violated(self, reason: str) -> None:
+        if not self.violation and not self.closing:
+            self.violation = True
+            self.on_violation(reason)
 
     def note_not_permitted(self) -> None:
         """A request of the client was refused NOT_PERMITTED (its answer sent): past
@@ -419,6 +428,7 @@ class Link:
             self.log.warning(
                 "dropped: too many requests refused NOT_PERMITTED", refused=self.not_permitted
             )
+            self._violated("too many requests refused NOT_PERMITTED")
             self._send_locked(
                 p.ErrorMessage.for_code(
                     p.ErrorCode.NOT_PERMITTED,
@@ -427,7 +437,6 @@ class Link:
                 ),
                 [],
             )
-            self.violation = True
             self._drop_locked("too many requests refused NOT_PERMITTED")
         self.tell_hangup()
         self.check_finished()
