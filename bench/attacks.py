@@ -348,10 +348,16 @@ def fault_loop(path: Path, seconds: float) -> dict[str, float]:
             handle = _open(npu, TEST_URI)
         try:
             handle.invoke(5)
-        except npu_client.NotPermitted:
-            refused += 1
+        except npu_client.NotPermitted as exc:
+            if "refused_requests_before_drop" not in exc.message:
+                refused += 1
+                continue
+            # npud dropped it (too many refused requests); the client says so from then on
+            dropped += 1
+            npu.close()
+            npu = None
         except npu_client.NpuConnectionError:
-            dropped += 1  # npud dropped it: too many refused requests
+            dropped += 1
             npu.close()
             npu = None
         except npu_client.NpuError:
