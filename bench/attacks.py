@@ -331,20 +331,46 @@ def isolate_hog(path: Path, seconds: float) -> dict[str, float]:
 
 
 def fault_loop(path: Path, seconds: float) -> dict[str, float]:
-    npu = npu_client.connect(str(path), name="attacker")
-    handle = _open(npu, TEST_URI)
-    crashes = refused = 0
+    """npu_test.fault in a loop; a new connection whenever npud drops one (and a pause
+    while its Hellos are refused, as hung_calls does)."""
+    crashes = refused = dropped = hellos_refused = 0
+    npu: npu_client.Client | None = None
+    handle: Any = None
     end = time.monotonic() + seconds
     while time.monotonic() < end:
+        if npu is None:
+            try:
+                npu = npu_client.connect(str(path), name="attacker")
+            except npu_client.NotPermitted:
+                hellos_refused += 1
+                time.sleep(0.1)
+                continue
+            handle = _open(npu, TEST_URI)
         try:
             handle.invoke(5)
-        except npu_client.NotPermitted:
-            refused += 1
+        except npu_client.NotPermitted as exc:
+            if "refused_requests_before_drop" not in exc.message:
+                refused += 1
+                continue
+            # npud dropped it (too many refused requests); the client says so from then on
+            dropped += 1
+            npu.close()
+            npu = None
+        except npu_client.NpuConnectionError:
+            dropped += 1
+            npu.close()
+            npu = None
         except npu_client.NpuError:
             crashes += 1  # its DSP process died: open the skel in the new one
             handle = _open(npu, TEST_URI)
-    npu.close()
-    return {"attacker_crashes": crashes, "attacker_refused": refused}
+    if npu is not None:
+        npu.close()
+    return {
+        "attacker_crashes": crashes,
+        "attacker_refused": refused,
+        "attacker_dropped": dropped,
+        "attacker_hellos_refused": hellos_refused,
+    }
 
 
 def hung_calls(path: Path, seconds: float) -> dict[str, float]:
@@ -413,23 +439,29 @@ def stray_fds(path: Path, seconds: float) -> dict[str, float]:
 
 
 def stray_fds_loop(path: Path, seconds: float) -> dict[str, float]:
-    """stray_fds again on a new connection each time npud drops one, for the window."""
-    sent = dropped = connections = 0
+    """stray_fds again on a new connection each time npud drops one, for the window
+    (a pause after a refused Hello, as hung_calls does)."""
+    sent = dropped = connections = refused = 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         connections += 1
         fds_sent, was_dropped = _stray_fds_once(path, end)
         sent += fds_sent
-        dropped += was_dropped
+        dropped += max(was_dropped, 0)
+        if was_dropped < 0:
+            refused += 1
+            time.sleep(0.1)
     return {
         "attacker_connections": connections,
         "attacker_dropped": dropped,
         "attacker_fds_sent": sent,
+        "attacker_refused": refused,
     }
 
 
 def _stray_fds_once(path: Path, end: float) -> tuple[int, int]:
-    """One flooding connection: (fds sent, 1 when npud dropped it)."""
+    """One flooding connection: (fds sent, 1 when npud dropped it, -1 when it refused
+    the Hello)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(START_TIMEOUT)
     sent = 0
@@ -438,8 +470,12 @@ def _stray_fds_once(path: Path, end: float) -> tuple[int, int]:
         conn = p.ClientConnection()
         hello, _ = conn.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="strayfds"))
         sock.sendall(hello)
-        if not sock.recv(65536):
+        answer = sock.recv(65536)
+        if not answer:
             raise RuntimeError("npud closed the stray-fds connection before its Welcome")
+        conn.receive_data(answer, [])
+        if isinstance(conn.next_event(), p.ErrorMessage):
+            return 0, -1  # its user was dropped too often: refused for a while
         sock.sendall(b"NP\x00\x00" + struct.pack("<I", STRAY_FRAME))
         while time.monotonic() < end and sent < STRAY_FRAME - 1:
             fds = [os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) for _ in range(4)]

@@ -103,6 +103,8 @@ class Broker:
         """How to close each welcomed client's connection (the connection's revoke)."""
         self.hung = HungCalls()
         """Each user's hung calls (the watchdog's catches), counted across connections."""
+        self.dropped = HungCalls()
+        """Each user's connections dropped for breaking the protocol (npud.penalties)."""
         self.privileged = frozenset({0, os.getuid()})
         """Root and npud's own user: they share the plain-named domains (placement)."""
         self._token: trio.lowlevel.TrioToken | None = None
@@ -405,6 +407,43 @@ class Broker:
             )
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(self._revoke_client, client, detail)
+
+    def charge_dropped(self, client: Client, reason: str) -> None:
+        """``client``'s connection was dropped for breaking the protocol (any thread):
+        its user pays, past ``dropped_connections_before_refusal`` drops, with its new
+        connections refused for ``dropped_connection_penalty_s`` (:mod:`npud.penalties`)."""
+        if client.uid in self.privileged:
+            return
+        daemon = self.config.daemon
+        charge = self.dropped.charge(
+            client.uid,
+            remember=daemon.dropped_connection_penalty_s,
+            revoke_at=daemon.dropped_connections_before_refusal,
+            revoke_always=False,
+        )
+        if charge.revoke:
+            log.warning(
+                "dropped connection charged to its user: its new connections are refused",
+                pid=client.pid,
+                uid=client.uid,
+                reason=reason,
+                dropped_of_uid=charge.calls,
+                seconds=daemon.dropped_connection_penalty_s,
+            )
+
+    def refused_for_drops(self, uid: int) -> str | None:
+        """Why ``uid``'s new connection is refused now (its connections were dropped too
+        often), or None."""
+        if uid in self.privileged:
+            return None
+        refused = self.dropped.refused(uid, self.config.daemon.dropped_connections_before_refusal)
+        if refused is None:
+            return None
+        drops, left = refused
+        return (
+            f"{drops} connections of uid {uid} were dropped for breaking the protocol; its "
+            f"new connections are refused for {max(1, round(left))} s more"
+        )
 
     def _revoke_client(self, client: Client, detail: str) -> None:
         revoke = self._revoke.get(client)

@@ -131,6 +131,29 @@ class DaemonConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
             "with NOT_PERMITTED), whatever hung_call_penalty says; 0 never revokes."
         ),
     ] = 2
+    dropped_connections_before_refusal: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=1000),
+        _doc(
+            "A user whose connections npud dropped for breaking the protocol (a fatal frame, "
+            "too many stray fds, too many requests refused NOT_PERMITTED) this many times "
+            "has its new connections refused (NOT_PERMITTED) for dropped_connection_penalty_s "
+            "after the last drop; root and npud's own user are exempt; 0 never refuses."
+        ),
+    ] = 3
+    dropped_connection_penalty_s: Annotated[
+        float,
+        msgspec.Meta(ge=0, le=86_400),
+        _doc("Seconds a dropped connection counts against its user."),
+    ] = 60.0
+    refused_requests_before_drop: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=1_000_000),
+        _doc(
+            "A connection whose requests were refused NOT_PERMITTED this many times is "
+            "dropped for breaking the protocol (and counts against its user); 0 never drops."
+        ),
+    ] = 64
     log_burst: Annotated[
         int,
         msgspec.Meta(ge=1, le=1_000_000),

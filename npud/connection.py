@@ -152,7 +152,7 @@ class PeerConnection:
             handler.start()
             return handler
 
-        return Link(
+        link = Link(
             self.sock,
             self.protocol,
             log_context=self.log,
@@ -161,7 +161,10 @@ class PeerConnection:
             close_later=lambda fds: broker.device.close_later(client.uid, fds),
             fds_waiting_cap=broker.config.uid_limits.max_fds_waiting,
             log_budget=self.log_budget,
+            refusals_cap=broker.config.daemon.refused_requests_before_drop,
         )
+        link.on_violation = lambda reason: broker.charge_dropped(client, reason)
+        return link
 
     # ----------------------------------------------------------- handshake
     async def _handshake(self) -> tuple[bool, str]:
@@ -188,6 +191,8 @@ class PeerConnection:
                         self.client.uid, self.protocol.take_pending_fds()
                     )
                     self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
+                    # Charged before it is told: its next connection sees this drop.
+                    self.broker.charge_dropped(self.client, f"protocol violation: {exc}")
                     await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
                     return False, f"protocol violation: {exc}"
                 if event is p.NEED_DATA:
@@ -205,6 +210,7 @@ class PeerConnection:
                     if not self.broker.device.close_later(self.client.uid, event.fds):
                         # As the data path does (Link._drop_for_fds_locked): say why, then close.
                         self.log.warning("dropped: its user's fds pile up waiting to be closed")
+                        self.broker.charge_dropped(self.client, "too many fds waiting")
                         await self._send_final(
                             fds_waiting_refusal(self.broker.config.uid_limits.max_fds_waiting)
                         )

@@ -729,6 +729,8 @@ class DataPath:
                 **log_fields(held),
             )
         link.send(p.ErrorMessage.for_code(error.code, id=request.id, **error.fields))
+        if error.code is ErrorCode.NOT_PERMITTED:
+            link.note_not_permitted()
 
     def fail_unanswered(self, link: Link, error: CodedError) -> None:
         """Shutdown past its grace: answer every request still without one."""

@@ -81,6 +81,7 @@ class Link:
         close_later: Callable[[Sequence[int]], bool],
         fds_waiting_cap: int = MAX_PENDING_PER_UID,
         log_budget: LogBudget | None = None,
+        refusals_cap: int = 0,
     ) -> None:
         self.sock = sock
         self.fd = sock.fileno()
@@ -103,6 +104,17 @@ class Link:
         self.closing = False
         """Dropped: nothing more is sent; requests that run finish on their own."""
         self.reason = ""
+        self.violation = False
+        """Dropped for breaking the protocol (a fatal frame, too many stray fds, too many
+        requests refused NOT_PERMITTED): its owner charges the user (npud.penalties)."""
+        self.not_permitted = 0
+        """Requests of the client refused NOT_PERMITTED."""
+        self._refusals_cap = refusals_cap
+        """Past this many of them (0: never) the link is dropped as a violation."""
+        self.on_violation: Callable[[str], None] = lambda reason: None
+        """Called once, with the link's lock held, when it is dropped for breaking the
+        protocol; before the client is told, so that its next connection is judged
+        with this drop counted."""
         self.pending: set[object] = set()
         """Requests that arrived and have not ended (their handlers)."""
         self._outbox: deque[tuple[memoryview, list[OwnedFd]]] = deque()
@@ -156,6 +168,7 @@ class Link:
                 except p.RemoteProtocolError as exc:
                     self._close_later(self.protocol.take_pending_fds())
                     self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
+                    self._violated(f"protocol violation: {exc}")
                     self._send_locked(p.ErrorMessage.for_code(exc.code, **exc.fields), [])
                     self._drop_locked(f"protocol violation: {exc}")
                     messages.append(p.ConnectionClosed())
@@ -393,8 +406,40 @@ class Link:
 
     def _drop_for_fds_locked(self) -> None:
         self.log.warning("dropped: its user's fds pile up waiting to be closed")
+        self._violated("too many of its user's fds wait to be closed")
         self._send_locked(fds_waiting_refusal(self._fds_waiting_cap), [])
         self._drop_locked("too many of its user's fds wait to be closed")
+
+    def _violated(self, reason: str) -> None:
+        if not self.violation and not self.closing:
+            self.violation = True
+            self.on_violation(reason)
+
+    def note_not_permitted(self) -> None:
+        """A request of the client was refused NOT_PERMITTED (its answer sent): past
+        ``refusals_cap`` of them the client keeps asking for what it may not have, and
+        is dropped as a violation (its user pays: npud.penalties)."""
+        with self.lock:
+            self.not_permitted += 1
+            if not self._refusals_cap or self.not_permitted < self._refusals_cap:
+                return
+            if self.closing:
+                return
+            self.log.warning(
+                "dropped: too many requests refused NOT_PERMITTED", refused=self.not_permitted
+            )
+            self._violated("too many requests refused NOT_PERMITTED")
+            self._send_locked(
+                p.ErrorMessage.for_code(
+                    p.ErrorCode.NOT_PERMITTED,
+                    detail=f"{self.not_permitted} requests of this connection were refused "
+                    "NOT_PERMITTED ([daemon] refused_requests_before_drop); closing",
+                ),
+                [],
+            )
+            self._drop_locked("too many requests refused NOT_PERMITTED")
+        self.tell_hangup()
+        self.check_finished()
 
     @property
     def finished(self) -> bool:

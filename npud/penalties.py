@@ -9,6 +9,12 @@ reaches ``hung_calls_before_revoke`` the connection whose call hung is closed
 and the user's new Hellos are refused until the count expires (except root's
 and npud's own user's: an operator can always connect and look).
 
+Connections npud drops for breaking the protocol (a fatal frame, too many stray fds,
+too many requests refused NOT_PERMITTED) are counted the same way, in a count of their
+own (``dropped_connection_penalty_s``, ``dropped_connections_before_refusal``): a user
+that reconnects after each drop has its new connections refused, so the cost of a
+connection (its accept, its Hello, the fds it floods) stops at a few per period.
+
 Thread-safe: the watchdog charges from its timer thread, Hellos ask on the trio
 thread.
 """
@@ -38,7 +44,7 @@ class Charge:
 
 
 class HungCalls:
-    """Every user's hung calls still counted."""
+    """Every user's hung calls (or dropped connections) still counted."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock

@@ -381,6 +381,13 @@ class Daemon:
         if self.broker.device.stopping:
             await _refuse_code(sock, p.ErrorMessage.for_code(ErrorCode.SHUTTING_DOWN))
             return
+        # Before anything of it is read: a user that gets dropped over and over (for
+        # stray fds, fatal frames) costs one accept per try while its penalty runs.
+        penalty = self.broker.refused_for_drops(uid)
+        if penalty is not None:
+            self._refusals.note(uid, "connection refused: dropped too often", pid=pid)
+            await _refuse(sock, penalty)
+            return
         # Connections that have not said Hello are counted apart from clients
         # (admitted at their Hello): sockets that connect and say nothing hold
         # only these slots, a few per user, and only until hello_timeout_s.
