@@ -81,7 +81,7 @@ from npud import idl
 from npud.formats import graph_pack, onnx_proto, onnx_values
 from npud.formats.onnx_values import Constant
 from npud.idl import arena
-from npud.sim import onnx_fold
+from npud.sim import onnx_fold, portal_chain
 from npud.sim.skels import HostFileError, Skel, SkelCall, SkelMethod, idl_methods
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,8 @@ _RUN: Final = PORTAL_IDL.method("run")
 _LAST_ERROR: Final = PORTAL_IDL.method("last_error")
 _GRAPH_NAME: Final = PORTAL_IDL.method("graph_name")
 _OUTPUT_DIMS: Final = PORTAL_IDL.method("output_dims")
+_MODEL_REF: Final = PORTAL_IDL.method("model_ref")
+_CHAIN: Final = PORTAL_IDL.method("chain")
 OUTPUT_DIMS_STRIDE: Final = 1 + MAX_RANK  # output_dims: rank, then 8 dimensions
 MAX_GRAPHS: Final = graph_pack.MAX_GRAPHS
 _SPEC_SIZE: Final = _GRAPH_INFO.param("inputs").element_size  # sizeof(portal_qnn_tensor_spec)
@@ -612,6 +614,29 @@ class OnnxModel:
         self._produced = [np.ascontiguousarray(array) for array in produced]
         return 0, 0
 
+    def run_arrays(
+        self, feeds: Sequence[npt.NDArray[Any]]
+    ) -> tuple[int, int, list[npt.NDArray[Any]]]:
+        """A chain's step: the graph on ``feeds`` (one array per input, in order), nothing
+        staged or kept but last_error: (AEE result, qnn_status, the outputs)."""
+        self.last_error = b""
+        try:
+            produced = self._session.run(
+                None, dict(zip(self._names, feeds, strict=True)), self._run_options
+            )
+        except MemoryError:
+            raise  # past the PD's memory limit: the PD ends (npud.sim.pd_child)
+        except Exception as exc:  # the runtime failed the graph: a QNN error, like graphExecute
+            log.warning("portal_qnn chain step failed", extra={"error": str(exc)})
+            self.last_error = failure_text(exc)
+            return 0, _qnn_status(exc), []
+        arrays = [np.ascontiguousarray(array) for array in produced]
+        for spec, array in zip(self.outputs, arrays, strict=True):
+            if not _fits(spec, array):
+                self.last_error = _overgrown(spec, array)
+                return AEE.EINVALIDFORMAT.dsp, 0, []
+        return 0, 0, arrays
+
     def _stage(self, arrays: Sequence[npt.NDArray[Any]]) -> None:
         for staged, array in zip(self._staged, arrays, strict=True):
             staged[...] = array
@@ -769,8 +794,12 @@ class PortalQnnSkel(Skel):
                 "last_error": self._last_error,
                 "graph_name": self._graph_name,
                 "output_dims": self._output_dims,
+                "model_ref": self._model_ref,
+                "chain": self._chain,
             },
         )
+        self._refs: portal_chain.ModelRefs | None = None  # the process's, at the first ref
+        self._slot_refs: dict[int, int] = {}
 
     def methods(self) -> Mapping[int, SkelMethod]:
         return self._methods
@@ -778,6 +807,26 @@ class PortalQnnSkel(Skel):
     def close(self) -> None:
         with self._lock:
             self._models = [None] * MAX_MODELS
+            self._forget_refs(list(self._slot_refs))
+
+    @property
+    def lock(self) -> threading.Lock:
+        """The handle's lock (a chain holds the locks of every model it runs)."""
+        return self._lock
+
+    def loaded_slot(self, index: int) -> LoadedSlot | None:
+        """The model in slot ``index`` (the handle lock is held)."""
+        return self._models[index] if index < MAX_MODELS else None
+
+    def keep_error(self, index: int, graph: OnnxModel) -> None:
+        """A chain's step ran ``graph`` of slot ``index`` (the handle lock is held)."""
+        self._keep_error(index, graph)
+
+    def _forget_refs(self, slots: list[int]) -> None:
+        for slot in slots:
+            ref = self._slot_refs.pop(slot, None)
+            if ref is not None and self._refs is not None:
+                self._refs.drop(ref)
 
     @property
     def loaded(self) -> int:
@@ -887,6 +936,73 @@ class PortalQnnSkel(Skel):
             if isinstance(slot, int):
                 return slot
             self._models[index] = None
+            self._forget_refs([index])
+        return 0
+
+    def _model_ref(self, call: SkelCall) -> int:
+        args = call.unpack(_MODEL_REF)
+        index = args.integer("model_index")
+        with self._lock:
+            slot = self._slot(index)
+            if isinstance(slot, int):
+                return slot
+            if self._refs is None:
+                self._refs = (
+                    call.pd.resident(portal_chain.ModelRefs)
+                    if call.pd is not None
+                    else portal_chain.LOCAL_REFS
+                )
+            ref = self._slot_refs.get(index)
+            if ref is None:
+                ref = self._slot_refs[index] = self._refs.ref(self, index)
+        call.pack_routs(_MODEL_REF, {"ref": ref})
+        return 0
+
+    def _chain(self, call: SkelCall) -> int:
+        """Several graphs in one call (npud.sim.portal_chain)."""
+        args = call.unpack(_CHAIN)
+        refs = self._refs or (
+            call.pd.resident(portal_chain.ModelRefs) if call.pd is not None else portal_chain.LOCAL_REFS
+        )
+        plan_view = args.view("plan")
+        try:
+            graphs, sources, asked = portal_chain.parse_plan(
+                np.frombuffer(plan_view, "<u4").tolist()
+            )
+            found = {}
+            for ref, _ in graphs:
+                hit = refs.find(ref)
+                if hit is None:
+                    raise portal_chain.PlanError(AEE.EBADPARM, f"no model has ref {ref}")
+                found[ref] = hit
+        except portal_chain.PlanError as exc:
+            log.warning("portal_qnn chain refused", extra={"reason": str(exc)})
+            return exc.code.dsp
+        run = portal_chain.ChainRun(refs)
+        with portal_chain.locked([skel for skel, _ in found.values()]):
+            try:
+                plan = portal_chain.check_plan(graphs, sources, asked, found)
+            except portal_chain.PlanError as exc:
+                log.warning("portal_qnn chain refused", extra={"reason": str(exc)})
+                return exc.code.dsp
+            inputs, outputs = args.view("inputs"), args.view("outputs")
+            if len(inputs) != plan.given_bytes:
+                return AEE.EBADSIZE.dsp
+            wanted = portal_chain.DIMS_STRIDE * 4 * len(plan.outputs)  # u32 each
+            if len(outputs) < plan.output_bytes or len(args.view("dims")) < wanted:
+                return AEE.EBUFFERTOOSMALL.dsp
+            try:
+                with call.computing(matrix=True):
+                    arrays = portal_chain.run_plan(plan, inputs, run)
+                dims = portal_chain.write_outputs(plan, arrays, outputs)
+            except portal_chain.StepFailure as exc:
+                failed = {"failed_step": exc.step, "step_status": exc.status}
+                call.pack_routs(_CHAIN, {**failed, "qnn_status": exc.qnn})
+                return 0
+            finally:
+                run.close()
+        done = {"failed_step": portal_chain.NO_STEP, "step_status": 0, "qnn_status": 0}
+        call.pack_routs(_CHAIN, {"dims": dims, **done})
         return 0
 
     def _graph_info(self, call: SkelCall) -> int:

@@ -26,6 +26,7 @@ from npu_protocol._records import (
 from npu_protocol._scalars import make_scalars, split_scalars
 from npu_protocol._wire import (
     MAX_ARGS,
+    MAX_CHAIN_STEPS,
     MAX_ERROR_FIELDS,
     MAX_GRAPHS,
     MAX_PING_PAYLOAD,
@@ -341,6 +342,50 @@ class ModelRunRequest(Request, tag="model_run", frozen=True, kw_only=True, omit_
     first graph."""
 
 
+class ChainSource(msgspec.Struct, frozen=True, kw_only=True):
+    """Version 7: where a chain step's input comes from: output ``output`` of the
+    chain's step ``step`` (an earlier one)."""
+
+    step: Annotated[int, msgspec.Meta(ge=0, le=4 * MAX_CHAIN_STEPS)]
+    output: TensorName
+
+
+class ChainStep(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Version 7: one step of a model_chain: a graph of a loaded model."""
+
+    model: ObjectId
+    graph: TensorName = ""
+    """The graph to run, by its name in ``ModelInfo.graphs``; empty: the first."""
+    inputs: Annotated[dict[TensorName, ChainSource], msgspec.Meta(max_length=MAX_TENSORS)] = {}
+    """The graph's inputs that an earlier step's outputs feed, by input name. Every
+    other input is the caller's: its value is what the model's arena holds."""
+
+
+class ChainOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """Version 7: an output a model_chain answers with: output ``output`` of step
+    ``step``, written into that step's model's arena where model_run writes it."""
+
+    step: Annotated[int, msgspec.Meta(ge=0, le=4 * MAX_CHAIN_STEPS)]
+    output: TensorName
+
+
+class ModelChainRequest(
+    Request, tag="model_chain", frozen=True, kw_only=True, omit_defaults=True
+):
+    """Version 7: run graphs of several loaded models in order, in one request, the
+    outputs of one step feeding inputs of later ones (PROTOCOL.md section 7.12). No
+    tensor bytes travel in the frame: the caller's inputs and the outputs asked for
+    are in the models' arenas."""
+
+    steps: Annotated[tuple[ChainStep, ...], msgspec.Meta(min_length=1, max_length=4 * MAX_CHAIN_STEPS)]
+    """At most MAX_CHAIN_STEPS (more is INVALID_ARGUMENT)."""
+    outputs: Annotated[tuple[ChainOutput, ...], msgspec.Meta(min_length=1, max_length=MAX_TENSORS)]
+    timeout_ms: TimeoutMs | None = None
+    """As for invoke: None applies the connection's default_timeout_ms."""
+    deadline_ms: TimeoutMs | None = None
+    """As for invoke: the chain must be dispatched within this many ms."""
+
+
 class ModelUnloadRequest(Request, tag="model_unload", frozen=True, kw_only=True):
     """Version 2: unload a model and free its arena."""
 
@@ -447,6 +492,16 @@ class ModelRunReply(Reply, tag="model_run_reply", frozen=True, kw_only=True):
     otherwise: every output has its ``TensorInfo`` shape. An older client ignores it."""
 
 
+class ModelChainReply(Reply, tag="model_chain_reply", frozen=True, kw_only=True):
+    """Version 7: every step succeeded; the outputs asked for are in their models'
+    arenas."""
+
+    dsp_us: U63 = 0
+    """The chain's DSP time (dispatch to return), µs."""
+    output_shapes: Annotated[tuple[ProducedShape, ...], msgspec.Meta(max_length=MAX_TENSORS)] = ()
+    """The shape each output asked for was produced with, in the request's order."""
+
+
 class ModelUnloadReply(Reply, tag="model_unload_reply", frozen=True, kw_only=True):
     pass
 
@@ -501,6 +556,7 @@ AnyRequest: TypeAlias = (
     | ModelInfoRequest
     | ModelRunRequest
     | ModelUnloadRequest
+    | ModelChainRequest
     | StatusRequest
     | PingRequest
     | DebugRequest
@@ -517,6 +573,7 @@ AnyReply: TypeAlias = (
     | ModelInfoReply
     | ModelRunReply
     | ModelUnloadReply
+    | ModelChainReply
     | StatusReply
     | PongReply
     | DebugReply
@@ -541,6 +598,7 @@ REPLY_TYPES: Final[dict[type[Request], type[Reply]]] = {
     ModelInfoRequest: ModelInfoReply,
     ModelRunRequest: ModelRunReply,
     ModelUnloadRequest: ModelUnloadReply,
+    ModelChainRequest: ModelChainReply,
     StatusRequest: StatusReply,
     PingRequest: PongReply,
     DebugRequest: DebugReply,
