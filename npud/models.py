@@ -187,6 +187,9 @@ class NpuModel:
         """What the model counts against ``max_model_bytes``."""
         self.name = name
         self.graph_names = tuple(graph.name for graph in loaded.graphs)
+        self.graph_specs = loaded.graphs
+        self.layouts = layouts
+        """Where each graph's tensors are in the arena (a chain gathers and scatters)."""
         graphs = tuple(
             _graph_info(graph, layout) for graph, layout in zip(loaded.graphs, layouts, strict=True)
         )
@@ -203,6 +206,15 @@ class NpuModel:
         self.runs = 0
         self.dsp_seconds = 0.0
         self._released = False
+
+    @property
+    def portal(self) -> PortalQnn:
+        """The handle the model's load is in (shared with the clients sharing the load)."""
+        return self._portal
+
+    @property
+    def slot(self) -> int:
+        return self._slot
 
     @property
     def shared_by(self) -> int:

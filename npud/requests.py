@@ -755,6 +755,52 @@ class RunModel(CallTiming, Handler[p.ModelRunRequest]):
         super().end()
 
 
+class RunChain(CallTiming, Handler[p.ModelChainRequest]):
+    """Several loaded models in one request (npud/chains.py), scheduled like one run;
+    every model it names is held from arrival to the end."""
+
+    since = p.CHAIN_VERSION
+    route = Route.DSP
+
+    def arrive(self) -> None:
+        from npud.chains import MAX_STEPS  # noqa: PLC0415  (loaded: a model was loaded)
+
+        steps = self.request.steps
+        if len(steps) > MAX_STEPS:
+            raise CodedError(
+                ErrorCode.INVALID_ARGUMENT,
+                detail=f"a chain has at most {MAX_STEPS} steps; this one has {len(steps)}"
+                " (split it into several requests)",
+            )
+        self.session = self.domain.current()
+        self.arrive_as_call(self.request.timeout_ms, self.request.deadline_ms)
+        self.entries: dict[int, Entry] = {}
+        for step in steps:
+            if step.model not in self.entries:
+                self.entries[step.model] = self._use(step.model, Kind.MODEL)
+        self.begin_call()
+
+    def run(self) -> Answer:
+        from npud import chains  # noqa: PLC0415  (loaded with the first chain)
+
+        models = [self._model(self.entries[step.model]) for step in self.request.steps]
+        session = models[0].session
+        plan = chains.plan_chain(self.request, models, session)
+        started = time.perf_counter()
+        try:
+            shapes = self.domain.run(session, lambda: chains.run_chain(plan))
+        finally:
+            self.dsp_seconds = time.perf_counter() - started
+        for model in plan.models:
+            model.count_run(self.dsp_seconds / len(plan.models))
+        dsp_us = round(self.dsp_seconds * 1_000_000)
+        return Answer(p.ModelChainReply(id=self.request.id, dsp_us=dsp_us, output_shapes=shapes))
+
+    def end(self) -> None:
+        self.end_call()
+        super().end()
+
+
 class UnloadModel(Handler[p.ModelUnloadRequest]):
     since = 2
     route = Route.LOADER
@@ -886,6 +932,7 @@ HANDLERS: Final[dict[type[p.Request], type[Handler[Any]]]] = {
     p.ModelInfoRequest: ModelInfo,
     p.ModelRunRequest: RunModel,
     p.ModelUnloadRequest: UnloadModel,
+    p.ModelChainRequest: RunChain,
     p.StatusRequest: Status,
     p.PingRequest: Ping,
     p.DebugRequest: Debug,

@@ -407,3 +407,56 @@ def growing_decoder() -> bytes:
         [tensor("logits", "float32", [1, "n", DECODER_VOCAB])],
         [embedding, projection],
     )
+
+
+def _weights(name: str, shape: Sequence[int], seed: int) -> onnx.TensorProto:
+    """Small deterministic weights (no numpy needed: a linear congruence in [-1, 1))."""
+    count = 1
+    for size in shape:
+        count *= size
+    values = [((seed * 7919 + i * 104729) % 2000) / 1000.0 - 1.0 for i in range(count)]
+    return helper.make_tensor(name, TensorProto.FLOAT, list(shape), values)
+
+
+def wake_word_models() -> dict[str, bytes]:
+    """openWakeWord's three models per chunk, small: ``mel`` audio float32 [1, 1280] ->
+    frames float32 [1, 5, 32] (an 80 ms chunk in 5 frames of 32 bands); ``embedding``
+    input_1 float32 [1, 5, 32] -> features float32 [1, 96]; ``head`` x float32 [1, 96]
+    -> score float32 [1, 1] in (0, 1). Each a product with weights and a
+    non-linearity; their tensor names differ, so a chain must bind them."""
+    mel = model(
+        [
+            helper.make_node("Reshape", ["audio", "frames_shape"], ["framed"]),
+            helper.make_node("MatMul", ["framed", "bands"], ["power"]),
+            helper.make_node("Abs", ["power"], ["frames"]),
+        ],
+        [tensor("audio", "float32", [1, 1280])],
+        [tensor("frames", "float32", [1, 5, 32])],
+        [
+            helper.make_tensor("frames_shape", TensorProto.INT64, [3], [1, 5, 256]),
+            _weights("bands", (256, 32), 1),
+        ],
+    )
+    embedding = model(
+        [
+            helper.make_node("Reshape", ["input_1", "flat_shape"], ["flat"]),
+            helper.make_node("MatMul", ["flat", "project"], ["projected"]),
+            helper.make_node("Tanh", ["projected"], ["features"]),
+        ],
+        [tensor("input_1", "float32", [1, 5, 32])],
+        [tensor("features", "float32", [1, 96])],
+        [
+            helper.make_tensor("flat_shape", TensorProto.INT64, [2], [1, 160]),
+            _weights("project", (160, 96), 2),
+        ],
+    )
+    head = model(
+        [
+            helper.make_node("MatMul", ["x", "weigh"], ["logit"]),
+            helper.make_node("Sigmoid", ["logit"], ["score"]),
+        ],
+        [tensor("x", "float32", [1, 96])],
+        [tensor("score", "float32", [1, 1])],
+        [_weights("weigh", (96, 1), 3)],
+    )
+    return {"mel": mel, "embedding": embedding, "head": head}

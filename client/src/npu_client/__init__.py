@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from npu_client._args import InvokeInput, InvokeOutput
 from npu_client._blocking import Client, DmaBuffer, Model, RemoteHandle, connect, is_available
+from npu_client._chain import Chain, Step
 from npu_client._core import ClientStatistics, EventCallback
 from npu_client._errors import (
     ERROR_CLASSES,
@@ -128,6 +129,7 @@ __all__ = [
     "AdmissionRefused",
     "BadFrameHeader",
     "BadMessage",
+    "Chain",
     "Client",
     "ClientStatistics",
     "ConnectFailed",
@@ -189,6 +191,7 @@ __all__ = [
     "ShuttingDownError",
     "Slice",
     "SliceOutOfRange",
+    "Step",
     "TensorInfo",
     "TensorMismatch",
     "Timeout",

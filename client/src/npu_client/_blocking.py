@@ -35,6 +35,7 @@ from typing import Any, Final, Self, TypeVar
 from npu_client import _llm
 from npu_client import _requests as requests
 from npu_client._args import InvokeInput, InvokeOutput, budget_record
+from npu_client._chain import Chain, Ref, Step
 from npu_client._core import (
     Call,
     ClientCore,
@@ -268,6 +269,16 @@ class Client(DaemonView["DmaBuffer"]):
         """Open a skel on the DSP (remotectl), e.g.
         ``file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp``."""
         return RemoteHandle(self, *self._run(requests.open_skel(self._core, uri)))
+
+    def chain(self, steps: Sequence[Step], outputs: Sequence[Ref]) -> Chain:
+        """Several of this client's loaded models run as one request, built once and run
+        per chunk (``chain.run(inputs)``): each :class:`npu_client.Step` a graph of a
+        model, its inputs fed by earlier steps' outputs (``"<step>:<output>"``) or given
+        to ``run``; ``outputs`` the ``"<step>:<output>"`` a run returns. Checked here
+        (InvalidArgument, InvalidTensorIndex, TensorMismatch naming the step);
+        Unsupported against an npud before protocol version 7, which has no chains.
+        See client/README.md (Several models per chunk)."""
+        return Chain(self, steps, outputs)
 
     def load_model(
         self,

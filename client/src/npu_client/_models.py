@@ -458,6 +458,16 @@ class ModelState:
             return self._view(spec).copy()
         return bytes(self._memory()[spec.offset : spec.offset + spec.nbytes])
 
+    def inputs_set(self, graph: int = 0) -> frozenset[str]:
+        """The inputs of graph ``graph`` given a value so far (a chain checks its own)."""
+        return frozenset(self._set[graph])
+
+    def read(self, spec: TensorInfo, shape: Sequence[int]) -> bytes:
+        """A copy of the bytes of tensor ``spec`` at ``shape`` (as a chain produced it:
+        never past its room) from the arena."""
+        nbytes = min(_elements(shape) * _itemsize(spec), spec.nbytes)
+        return bytes(self._memory()[spec.offset : spec.offset + nbytes])
+
     def all_outputs(self, graph: int = 0) -> dict[str, Any]:
         return {s.name: self.get_output(s.name, graph) for s in self.graphs[graph].outputs}
 

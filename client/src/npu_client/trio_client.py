@@ -29,6 +29,7 @@ import trio
 from npu_client import _llm
 from npu_client import _requests as requests
 from npu_client._args import InvokeInput, InvokeOutput, budget_record
+from npu_client._chain import TrioChain, Ref, Step
 from npu_client._core import (
     Call,
     ClientCore,
@@ -203,6 +204,16 @@ class TrioClient(DaemonView["TrioDmaBuffer"]):
 
     async def open(self, uri: str) -> TrioRemoteHandle:
         return TrioRemoteHandle(self, *await self._run(requests.open_skel(self._core, uri)))
+
+    def chain(self, steps: Sequence[Step], outputs: Sequence[Ref]) -> TrioChain:
+        """Several of this client's loaded models run as one request, built once and run
+        per chunk (``chain.run(inputs)``): each :class:`npu_client.Step` a graph of a
+        model, its inputs fed by earlier steps' outputs (``"<step>:<output>"``) or given
+        to ``run``; ``outputs`` the ``"<step>:<output>"`` a run returns. Checked here
+        (InvalidArgument, InvalidTensorIndex, TensorMismatch naming the step);
+        Unsupported against an npud before protocol version 7, which has no chains.
+        See client/README.md (Several models per chunk)."""
+        return TrioChain(self, steps, outputs)
 
     async def load_model(
         self,

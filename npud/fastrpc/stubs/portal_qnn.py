@@ -89,6 +89,7 @@ _RUN: Final = "run"
 _LAST_ERROR: Final = "last_error"
 _GRAPH_NAME: Final = "graph_name"
 _OUTPUT_DIMS: Final = "output_dims"
+_MODEL_REF: Final = "model_ref"
 OUTPUT_DIMS_STRIDE: Final = 1 + MAX_RANK  # output_dims: each output's rank, then 8 dims
 MAX_GRAPH_NAME_BYTES: Final = 128  # graph_name's capacity: names are at most 127 bytes
 MAX_GRAPHS: Final = 8  # graphs per model (idl/portal_qnn.idl)
@@ -408,6 +409,9 @@ class _Model:
     inputs_set: dict[int, set[int]] = dataclasses.field(default_factory=dict)
     executed: set[int] = dataclasses.field(default_factory=set)
     unloaded: bool = False
+    ref: int | None = None
+    """The model's number in its DSP process (model_ref), once asked; 0: the skel has
+    no chains."""
 
 
 class PortalQnn:
@@ -702,6 +706,30 @@ class PortalQnn:
             f"{detail} (give it a larger room at load: its whole shape in shapes=, or"
             " npuctl run --shape)",
         )
+
+    def model_ref(self, slot: int) -> int | None:
+        """The model's number in its DSP process, for a chain's plan (asked once, then
+        kept); None when the skel has no chains (AEE_EUNSUPPORTED: the C skel today)."""
+        with self._model(slot) as model:
+            if model.ref is None:
+                rc, values = self._call(_MODEL_REF, model_index=slot)
+                if rc == AEE.EUNSUPPORTED.dsp:
+                    model.ref = 0
+                else:
+                    self._check(rc, model)
+                    model.ref = values.integer("ref")
+            return model.ref or None
+
+    @contextmanager
+    def hold(self, slot: int) -> Iterator[None]:
+        """No other call on the model while the block runs (a chain holds every model it
+        runs: npud.fastrpc.stubs.portal_chain)."""
+        with self._model(slot):
+            yield
+
+    def call(self, method: str, /, **arguments: object) -> tuple[int, idl.Values]:
+        """Invoke one of the IDL's methods on this handle: (AEE result, rout values)."""
+        return self._call(method, **arguments)
 
     def unload(self, slot: int) -> None:
         """Free the slot (the DSP releases the model). Unloading twice is NOT_LOADED."""
