@@ -109,6 +109,14 @@ class ChainPlan:
         return words
 
 
+def too_many_steps(count: int) -> CodedError:
+    return CodedError(
+        ErrorCode.INVALID_ARGUMENT,
+        detail=f"a chain has at most {MAX_STEPS} steps; this one has {count} (split it into"
+        " several requests)",
+    )
+
+
 def _label(index: int, model_id: int, model: NpuModel, graph: int) -> str:
     of = f", graph {model.graph_names[graph]!r}" if graph else ""
     return f"step {index} (model {model_id} {model.name!r}{of})"
@@ -127,11 +135,7 @@ def plan_chain(
     fit. ``models`` are the steps' models in order (resolved by the handler, which
     refuses an unknown id as model_run does)."""
     if len(request.steps) > MAX_STEPS:
-        raise CodedError(
-            ErrorCode.INVALID_ARGUMENT,
-            detail=f"a chain has at most {MAX_STEPS} steps; this one has {len(request.steps)}"
-            " (split it into several requests)",
-        )
+        raise too_many_steps(len(request.steps))
     steps: list[PlannedStep] = []
     seen: dict[tuple[int, int], int] = {}
     intermediate = 0
@@ -174,8 +178,8 @@ def plan_chain(
     if intermediate > MAX_INTERMEDIATE_BYTES:
         raise CodedError(
             ErrorCode.QUOTA_EXCEEDED,
-            resource="chain intermediate tensors",
-            limit=f"{MAX_INTERMEDIATE_BYTES} bytes (this chain's outputs take {intermediate})",
+            resource="chain intermediate tensor bytes",
+            limit=MAX_INTERMEDIATE_BYTES,
         )
     asked: list[tuple[int, int]] = []
     regions: list[Region] = []
@@ -184,7 +188,7 @@ def plan_chain(
             raise CodedError(
                 ErrorCode.INVALID_ARGUMENT,
                 detail=f"an output asked for names step {wanted.step}; the chain has"
-                f" {len(steps)} (0..{len(steps) - 1})",
+                f" {len(steps)} steps",
             )
         step = steps[wanted.step]
         tensor = _output_index(step, wanted.output)

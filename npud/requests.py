@@ -763,15 +763,11 @@ class RunChain(CallTiming, Handler[p.ModelChainRequest]):
     route = Route.DSP
 
     def arrive(self) -> None:
-        from npud.chains import MAX_STEPS  # noqa: PLC0415  (loaded: a model was loaded)
+        from npud.chains import MAX_STEPS, too_many_steps  # noqa: PLC0415  (as RunModel)
 
         steps = self.request.steps
         if len(steps) > MAX_STEPS:
-            raise CodedError(
-                ErrorCode.INVALID_ARGUMENT,
-                detail=f"a chain has at most {MAX_STEPS} steps; this one has {len(steps)}"
-                " (split it into several requests)",
-            )
+            raise too_many_steps(len(steps))
         self.session = self.domain.current()
         self.arrive_as_call(self.request.timeout_ms, self.request.deadline_ms)
         self.entries: dict[int, Entry] = {}

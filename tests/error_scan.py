@@ -69,6 +69,8 @@ def request_numbers(request: object) -> set[int]:
     walk(request)
     if isinstance(request, p.InvokeRequest):
         found.add(request.scalars)
+    if isinstance(request, p.ModelChainRequest):  # its steps' positions and count
+        found.update(range(len(request.steps) + 1))
     return found
 
 
