@@ -5,10 +5,11 @@ refusal naming the step; nothing left behind on any path."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import onnxruntime as ort
@@ -21,10 +22,14 @@ import npu_protocol as p
 from npu_client import Step, trio_client
 from npu_client._core import Call
 from npu_client.transport import fds_ancillary
-from npu_protocol import ErrorCode
+from npu_protocol import AEE, CodedError, ErrorCode
 from npud import chains
+from npud.fastrpc.stubs.portal_qnn import DataType, GraphSpec, TensorSpec
+from npud.models import ArenaLayout
+from npud.sim import portal_chain
+from npud.sim.portal_qnn import PortalQnnSkel
 from tests.daemon.model_clients import CLIENT_KINDS, ClientKind, open_client
-from tests.daemon.wire import RawPeer, serve_daemon
+from tests.daemon.wire import RawPeer, connections_ended, serve_daemon, settle
 from tests.emulator import onnx_models
 
 
@@ -290,3 +295,176 @@ async def test_a_client_refuses_a_chain_against_a_protocol_6_server(
         with pytest.raises(npu_client.Unsupported, match="protocol version 6; running several"):
             _client(npu).chain(_wake_steps(mel, embedding, head), outputs=["wake:score"])
         await mel.run({"audio": _audio(1)})  # the connection goes on
+
+
+# --- a step that fails, and what is left behind -----------------------------------------
+
+THREADS: Final = "[emulator]\npd_isolation = 'thread'\n"
+"""The DSP process in npud's own process: the test sees the skel's chains."""
+
+
+@pytest.fixture
+def chain_runs(monkeypatch: pytest.MonkeyPatch) -> list[portal_chain.ChainRun]:
+    """Every chain call's intermediate tensors (the DSP side, thread isolation)."""
+    made: list[portal_chain.ChainRun] = []
+
+    class Recorded(portal_chain.ChainRun):
+        def __init__(self, refs: portal_chain.ModelRefs) -> None:
+            super().__init__(refs)
+            self.refs = refs
+            made.append(self)
+
+    monkeypatch.setattr(portal_chain, "ChainRun", Recorded)
+    return made
+
+
+def _all_freed(runs: list[portal_chain.ChainRun]) -> bool:
+    return all(not run.produced and run.refs.live_bytes == 0 for run in runs)  # type: ignore[attr-defined]
+
+
+async def test_a_step_failing_mid_chain_names_the_step_and_frees_everything(
+    tmp_path: Path, chain_runs: list[portal_chain.ChainRun]
+) -> None:
+    picky = tmp_path / "picky.onnx"
+    picky.write_bytes(onnx_models.picky_reshape())
+    async with _wake(tmp_path, THREADS) as (npu, mel, embedding, head):
+        reshape = await npu.load_model(picky)
+        chain = npu.chain(
+            [
+                Step("mel", mel),
+                Step("embed", embedding, inputs={"input_1": "mel:frames"}),
+                Step("reshape", reshape, inputs={"x": "embed:features"}),
+            ],
+            outputs=["reshape:y"],
+        )
+        good = await chain.run({"reshape:target": np.array([1, 96], np.int64)})
+        assert good["reshape:y"].shape == (1, 96)
+        with pytest.raises(npu_client.QnnError) as caught:
+            await chain.run({"reshape:target": np.array([7, 7], np.int64)})
+        message = str(caught.value)
+        assert "step 2 (model 4 'picky.onnx'): failed with QNN error" in message
+        assert "Reshape" in message  # onnxruntime's reason, from the step's model
+        assert len(chain_runs) == 2
+        assert _all_freed(chain_runs)
+        # The chain and each model still run.
+        again = await chain.run({"reshape:target": np.array([1, 96], np.int64)})
+        np.testing.assert_array_equal(again["reshape:y"], good["reshape:y"])
+        assert _all_freed(chain_runs)
+
+
+async def test_outputs_sized_by_the_data_in_a_chain(tmp_path: Path) -> None:
+    """An output with a room comes back at the size the run produced; one that outgrows
+    its room, or is smaller than the input it feeds takes, fails naming the step."""
+    tts = tmp_path / "tts.onnx"
+    tts.write_bytes(onnx_models.duration_tts())
+    add = tmp_path / "add.onnx"
+    add.write_bytes(onnx_models.add_one((1, 1, 16)))
+    async with (
+        serve_daemon(tmp_path),
+        trio_client.open_trio_client(str(tmp_path / "npud.sock")) as npu,
+    ):
+        voice = await npu.load_model(
+            tts, shapes={"input": (1, 4), "input_lengths": (1,), "output": (1, 1, 16)}
+        )
+        plus = await npu.load_model(add)
+        alone = npu.chain([Step("tts", voice)], outputs=["tts:output"])
+        scales = np.array([0.5, 1, 1], np.float32)
+        out = await alone.run(
+            {
+                "tts:input": np.array([[2, 3, 4, 1]], np.int64),
+                "tts:input_lengths": np.array([1], np.int64),
+                "tts:scales": scales,
+            }
+        )
+        np.testing.assert_array_equal(out["tts:output"], np.arange(10, dtype=np.float32)[None, None] * 0.5)
+        with pytest.raises(npu_client.OutputTooLarge, match=r"step 0 \(model 1 'tts.onnx'\).*'output'"):
+            await alone.run({"tts:input": np.array([[9, 9, 9, 9]], np.int64)})
+        fed = npu.chain(
+            [Step("tts", voice), Step("add", plus, inputs={"x": "tts:output"})],
+            outputs=["add:y"],
+        )
+        full = await fed.run({"tts:input": np.array([[4, 4, 4, 4]], np.int64)})
+        np.testing.assert_array_equal(full["add:y"], np.arange(16, dtype=np.float32)[None, None] * 0.5 + 1)
+        with pytest.raises(npu_client.TensorMismatch, match=r"step 1 \(model 2 'add.onnx'\).*produced \[1, 1, 10\]"):
+            await fed.run({"tts:input": np.array([[2, 3, 4, 1]], np.int64)})
+
+
+async def test_a_client_gone_mid_chain_leaves_nothing(
+    tmp_path: Path, chain_runs: list[portal_chain.ChainRun]
+) -> None:
+    files = _files(tmp_path)
+    async with serve_daemon(tmp_path, THREADS) as daemon:
+        peer = await RawPeer.connect(tmp_path / "npud.sock")
+        ids = []
+        for request_id, name in enumerate(("mel", "embedding", "head"), start=1):
+            fd = os.open(files[name], os.O_RDONLY | os.O_CLOEXEC)
+            frame, numbers = peer.protocol.send(p.ModelLoadRequest(id=request_id, fd=fd))
+            await peer.sock.sendmsg([frame], fds_ancillary(numbers))
+            os.close(fd)
+            loaded = await peer.next()
+            assert isinstance(loaded, p.ModelLoadReply)
+            ids.append(loaded.model)
+        steps = [
+            p.ChainStep(model=ids[0]),
+            p.ChainStep(model=ids[1], inputs={"input_1": _source(0, "frames")}),
+            p.ChainStep(model=ids[2], inputs={"x": _source(1, "features")}),
+        ]
+        await peer.write(*(p.ModelChainRequest(id=10 + i, steps=tuple(steps), outputs=(SCORE,)) for i in range(4)))
+        peer.close()  # gone with its chains in flight
+        await connections_ended(daemon, 0)
+        assert daemon.broker.status().domains[0].models == 0
+        await settle(lambda: _all_freed(chain_runs), lambda: f"{len(chain_runs)} chain runs")
+
+
+# --- a DSP without chains (the C skel today): one run per step --------------------------
+
+
+@pytest.mark.parametrize("missing", ["_model_ref", "_chain"])
+async def test_without_chains_on_the_dsp_the_steps_run_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
+    monkeypatch.setattr(PortalQnnSkel, missing, lambda self, call: AEE.EUNSUPPORTED.dsp)
+    files = _files(tmp_path)
+    picky = tmp_path / "picky.onnx"
+    picky.write_bytes(onnx_models.picky_reshape())
+    async with _wake(tmp_path, THREADS) as (npu, mel, embedding, head):
+        chain = npu.chain(_wake_steps(mel, embedding, head), outputs=["wake:score", "embed:features"])
+        audio = _audio(4)
+        await chain.run({"mel:audio": audio})
+        before = (await npu.status()).session.invokes_done
+        got = await chain.run({"mel:audio": audio})
+        calls = (await npu.status()).session.invokes_done - before
+        assert calls == (3 if missing == "_model_ref" else 4)  # a run per step (+ the refused chain)
+        want = _reference(files, audio)
+        np.testing.assert_allclose(got["wake:score"], want["score"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got["embed:features"], want["features"], rtol=1e-5, atol=1e-6)
+        reshape = await npu.load_model(picky)
+        failing = npu.chain(
+            [Step("mel", mel), Step("embed", embedding, inputs={"input_1": "mel:frames"}),
+             Step("reshape", reshape, inputs={"x": "embed:features"})],
+            outputs=["reshape:y"],
+        )
+        with pytest.raises(npu_client.QnnError, match=r"step 2 \(model 4 'picky.onnx'\): graph 0 failed"):
+            await failing.run({"reshape:target": np.array([7, 7], np.int64)})
+
+
+def test_models_of_another_dsp_process_are_refused() -> None:
+    """A chain runs in one domain: a model of another session is refused, naming it."""
+    spec = GraphSpec(0, (), (TensorSpec(0, "y", DataType.FLOAT32, (1,), 4),))
+
+    def model(name: str, session: object) -> Any:
+        return SimpleNamespace(
+            name=name, session=session, graph_names=("",), graph_specs=(spec,),
+            layouts=(ArenaLayout.of(spec),), graph_index=lambda graph: 0,
+        )
+
+    here, there = object(), object()
+    request = p.ModelChainRequest(
+        id=1,
+        steps=(p.ChainStep(model=1), p.ChainStep(model=2)),
+        outputs=(p.ChainOutput(step=1, output="y"),),
+    )
+    with pytest.raises(CodedError) as caught:
+        chains.plan_chain(request, [model("a", here), model("b", there)], here)
+    assert caught.value.code is ErrorCode.INVALID_ARGUMENT
+    assert "step 1 (model 2 'b'): the model was loaded in another DSP process" in str(caught.value)

@@ -460,3 +460,13 @@ def wake_word_models() -> dict[str, bytes]:
         [_weights("weigh", (96, 1), 3)],
     )
     return {"mel": mel, "embedding": embedding, "head": head}
+
+
+def picky_reshape() -> bytes:
+    """y = x reshaped to ``target`` (int64 [2], the caller's): x float32 [1, 96] -> y
+    float32 [1, 96]; a target of another size fails the run inside onnxruntime."""
+    return model(
+        [helper.make_node("Reshape", ["x", "target"], ["y"])],
+        [tensor("x", "float32", [1, 96]), tensor("target", "int64", [2])],
+        [tensor("y", "float32", [1, 96])],
+    )
