@@ -1,4 +1,4 @@
-"""Several loaded models in one request (``model_chain``, PROTOCOL.md section 7.12).
+"""Several loaded models in one request (``model_chain``, PROTOCOL.md section 7.10).
 
 A chain is a list of steps, each a graph of one of the connection's loaded
 models, whose inputs are either the caller's (their values are in the

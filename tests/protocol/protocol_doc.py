@@ -154,6 +154,11 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.ModelRunReply,
     p.ModelUnloadRequest,
     p.ModelUnloadReply,
+    p.ModelChainRequest,
+    p.ChainStep,
+    p.ChainSource,
+    p.ChainOutput,
+    p.ModelChainReply,
     p.ModelRow,
     p.StatusRequest,
     p.StatusReply,
@@ -216,6 +221,7 @@ _CONSTANTS: Final = (
     ("MAX_BUFFER_SIZE", "version 6: largest buffer the wire can name (bytes)"),
     ("MAX_TENSORS", "inputs (and outputs) of one model"),
     ("MAX_RANK", "dimensions of one tensor"),
+    ("MAX_CHAIN_STEPS", "version 7: steps of one `model_chain` (section 7.10)"),
     ("MAX_REQUEST_ITEMS", "msgpack items in one request payload (section 4)"),
 )
 
@@ -444,6 +450,24 @@ def _conversation() -> Iterator[tuple[str, Callable[[], p.Message], str]]:
         "c",
     )
     yield "`model_run_reply`", lambda: p.ModelRunReply(id=13, dsp_us=412), "s"
+    yield (
+        "`model_chain`: three models, step 1 fed by step 0's output, step 2 by step 1's",
+        lambda: p.ModelChainRequest(
+            id=15,
+            steps=(
+                p.ChainStep(model=3),
+                p.ChainStep(model=4, inputs={"input_1": p.ChainSource(step=0, output="mel")}),
+                p.ChainStep(model=5, inputs={"x": p.ChainSource(step=1, output="embedding")}),
+            ),
+            outputs=(p.ChainOutput(step=2, output="score"),),
+        ),
+        "c",
+    )
+    yield (
+        "`model_chain_reply`",
+        lambda: p.ModelChainReply(id=15, dsp_us=1130, output_shapes=((1, 1),)),
+        "s",
+    )
     yield "`model_unload`", lambda: p.ModelUnloadRequest(id=14, model=3), "c"
     yield "`model_unload_reply`", lambda: p.ModelUnloadReply(id=14), "s"
     yield "`ping`", lambda: p.PingRequest(id=6), "c"

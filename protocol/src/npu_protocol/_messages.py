@@ -373,7 +373,7 @@ class ModelChainRequest(
     Request, tag="model_chain", frozen=True, kw_only=True, omit_defaults=True
 ):
     """Version 7: run graphs of several loaded models in order, in one request, the
-    outputs of one step feeding inputs of later ones (PROTOCOL.md section 7.12). No
+    outputs of one step feeding inputs of later ones (PROTOCOL.md section 7.10). No
     tensor bytes travel in the frame: the caller's inputs and the outputs asked for
     are in the models' arenas."""
 

@@ -24,7 +24,7 @@ daemon's own (PROTOCOL.md section 7.5, Lanes); before it, the default domain's w
 
 CHAIN_VERSION: Final = 7
 """The ``model_chain`` request (several loaded models run in one request, PROTOCOL.md
-section 7.12): a client must not send it on a connection below this version (an older
+section 7.10): a client must not send it on a connection below this version (an older
 server does not know the message; it would end the connection with BAD_MESSAGE)."""
 
 MIN_PROTOCOL_VERSION: Final = 1
