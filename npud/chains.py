@@ -170,9 +170,7 @@ def plan_chain(
         sources: list[tuple[int, int] | None] = []
         for tensor in spec.inputs:
             source = wire.inputs.get(tensor.name)
-            sources.append(
-                None if source is None else _source(steps, index, label, tensor, source)
-            )
+            sources.append(None if source is None else _source(steps, index, label, tensor, source))
         intermediate += sum(s.nbytes for s in spec.outputs)
         steps.append(PlannedStep(wire.model, model, graph, spec, tuple(sources), label))
     if intermediate > MAX_INTERMEDIATE_BYTES:
@@ -191,14 +189,14 @@ def plan_chain(
                 f" {len(steps)} steps",
             )
         step = steps[wanted.step]
-        tensor = _output_index(step, wanted.output)
-        if (wanted.step, tensor) in asked:
+        made = _output_index(step, wanted.output)
+        if (wanted.step, made) in asked:
             raise CodedError(
                 ErrorCode.INVALID_ARGUMENT,
                 detail=f"{step.label}: output {wanted.output!r} is asked for twice",
             )
-        asked.append((wanted.step, tensor))
-        regions.append(_region(step, tensor, output=True))
+        asked.append((wanted.step, made))
+        regions.append(_region(step, made, output=True))
     given = [
         _region(step, i, output=False)
         for step in steps

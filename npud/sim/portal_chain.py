@@ -180,24 +180,7 @@ def check_plan(
                 AEE.EBADPARM,
                 f"step {index}: {len(wanted)} sources for {len(graph.inputs)} inputs",
             )
-        for spec, source in zip(graph.inputs, wanted, strict=True):
-            if source.step == GIVEN:
-                if source.tensor != len(given):
-                    raise PlanError(AEE.EBADPARM, "given tensors are not taken once each, in order")
-                given.append(spec)
-                continue
-            if source.step >= index:
-                raise PlanError(AEE.EBADPARM, f"step {index} takes from step {source.step}")
-            producer = steps[source.step].graph
-            if source.tensor >= len(producer.outputs):
-                raise PlanError(AEE.EBADPARM, f"step {source.step} has no output {source.tensor}")
-            out = producer.outputs[source.tensor]
-            if out.dtype != spec.dtype or out.nbytes != spec.nbytes:
-                raise PlanError(
-                    AEE.EBADPARM,
-                    f"step {index}: {spec.name} is {spec.dtype} {list(spec.shape)}; step"
-                    f" {source.step}'s {out.name} is {out.dtype} {list(out.shape)}",
-                )
+        _check_sources(index, graph, wanted, steps, given)
         intermediate += sum(spec.nbytes for spec in graph.outputs)
         steps.append(Step(ref, skel, slot, graph, tuple(wanted)))
     if intermediate > MAX_INTERMEDIATE_BYTES:
@@ -212,7 +195,38 @@ def check_plan(
         outputs.append(steps[step].graph.outputs[tensor])
     given_offsets, given_bytes = arena.arena_layout(spec.nbytes for spec in given)
     output_offsets, output_bytes = arena.arena_layout(spec.nbytes for spec in outputs)
-    return Plan(tuple(steps), tuple(pairs), given_offsets, given_bytes, output_offsets, output_bytes)
+    return Plan(
+        tuple(steps), tuple(pairs), given_offsets, given_bytes, output_offsets, output_bytes
+    )
+
+
+def _check_sources(
+    index: int,
+    graph: OnnxModel,
+    wanted: Sequence[Source],
+    steps: Sequence[Step],
+    given: list[Any],
+) -> None:
+    """Each input of step ``index`` has a source that fits it; the given ones are
+    appended to ``given`` in plan order."""
+    for spec, source in zip(graph.inputs, wanted, strict=True):
+        if source.step == GIVEN:
+            if source.tensor != len(given):
+                raise PlanError(AEE.EBADPARM, "given tensors are not taken once each, in order")
+            given.append(spec)
+            continue
+        if source.step >= index:
+            raise PlanError(AEE.EBADPARM, f"step {index} takes from step {source.step}")
+        producer = steps[source.step].graph
+        if source.tensor >= len(producer.outputs):
+            raise PlanError(AEE.EBADPARM, f"step {source.step} has no output {source.tensor}")
+        out = producer.outputs[source.tensor]
+        if out.dtype != spec.dtype or out.nbytes != spec.nbytes:
+            raise PlanError(
+                AEE.EBADPARM,
+                f"step {index}: {spec.name} is {spec.dtype} {list(spec.shape)}; step"
+                f" {source.step}'s {out.name} is {out.dtype} {list(out.shape)}",
+            )
 
 
 @contextlib.contextmanager
@@ -225,7 +239,7 @@ def locked(skels: Sequence[PortalQnnSkel]) -> Iterator[None]:
         yield
 
 
-class StepFailure(Exception):
+class StepFailedError(Exception):
     """Step ``step`` failed: an AEE code (``status``) or a QNN error (``qnn``)."""
 
     def __init__(self, step: int, status: int, qnn: int) -> None:
@@ -256,7 +270,7 @@ class ChainRun:
 
 
 def run_plan(plan: Plan, inputs: memoryview, run: ChainRun) -> list[npt.NDArray[Any]]:
-    """Every step in order; the asked outputs. StepFailure for the first that fails."""
+    """Every step in order; the asked outputs. StepFailedError for the first that fails."""
     given = 0
     for index, step in enumerate(plan.steps):
         feeds: list[npt.NDArray[Any]] = []
@@ -274,19 +288,17 @@ def run_plan(plan: Plan, inputs: memoryview, run: ChainRun) -> list[npt.NDArray[
                     f" produced {list(array.shape)}"
                 ).encode()[:255]
                 step.skel.keep_error(step.slot, step.graph)
-                raise StepFailure(index, AEE.EBADSIZE.dsp, 0)
+                raise StepFailedError(index, AEE.EBADSIZE.dsp, 0)
             feeds.append(array)
         rc, status, produced = step.graph.run_arrays(feeds)
         step.skel.keep_error(step.slot, step.graph)
         if rc != 0 or status != 0:
-            raise StepFailure(index, rc, status)
+            raise StepFailedError(index, rc, status)
         run.keep(produced)
     return [run.produced[step][tensor] for step, tensor in plan.outputs]
 
 
-def write_outputs(
-    plan: Plan, arrays: Sequence[npt.NDArray[Any]], outputs: memoryview
-) -> list[int]:
+def write_outputs(plan: Plan, arrays: Sequence[npt.NDArray[Any]], outputs: memoryview) -> list[int]:
     """The asked outputs into the outputs arena (each at its offset, the rest zero); the
     dims words."""
     target = np.frombuffer(outputs, np.uint8)

@@ -962,7 +962,9 @@ class PortalQnnSkel(Skel):
         """Several graphs in one call (npud.sim.portal_chain)."""
         args = call.unpack(_CHAIN)
         refs = self._refs or (
-            call.pd.resident(portal_chain.ModelRefs) if call.pd is not None else portal_chain.LOCAL_REFS
+            call.pd.resident(portal_chain.ModelRefs)
+            if call.pd is not None
+            else portal_chain.LOCAL_REFS
         )
         plan_view = args.view("plan")
         try:
@@ -995,7 +997,7 @@ class PortalQnnSkel(Skel):
                 with call.computing(matrix=True):
                     arrays = portal_chain.run_plan(plan, inputs, run)
                 dims = portal_chain.write_outputs(plan, arrays, outputs)
-            except portal_chain.StepFailure as exc:
+            except portal_chain.StepFailedError as exc:
                 failed = {"failed_step": exc.step, "step_status": exc.status}
                 call.pack_routs(_CHAIN, {**failed, "qnn_status": exc.qnn})
                 return 0

@@ -5,10 +5,10 @@ refusal naming the step; nothing left behind on any path."""
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Final
 
 import numpy as np
@@ -89,7 +89,9 @@ async def _run(chain: Any, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
-async def test_wake_word_chain_equals_the_models_one_by_one(tmp_path: Path, kind: ClientKind) -> None:
+async def test_wake_word_chain_equals_the_models_one_by_one(
+    tmp_path: Path, kind: ClientKind
+) -> None:
     files = _files(tmp_path)
     async with serve_daemon(tmp_path), open_client(kind, tmp_path / "npud.sock") as npu:
         mel, embedding, head = await _load(npu, files)
@@ -181,7 +183,12 @@ async def test_an_unknown_model_is_refused(tmp_path: Path) -> None:
         (  # an output the step feeding it does not have
             {"x": _source(1, "nope")},
             npu_client.InvalidTensorIndex,
-            ["step 2 (model 3 'head.onnx')", "input 'x' is fed from step 1", "'nope'", "'features'"],
+            [
+                "step 2 (model 3 'head.onnx')",
+                "input 'x' is fed from step 1",
+                "'nope'",
+                "'features'",
+            ],
         ),
         (  # an input the graph does not have
             {"y": _source(1, "features")},
@@ -222,8 +229,13 @@ async def test_a_step_fed_by_a_later_one_is_a_cycle(tmp_path: Path) -> None:
 
 async def test_a_graph_twice_and_an_output_twice_are_refused(tmp_path: Path) -> None:
     async with _wake(tmp_path) as (npu, mel, embedding, head):
-        steps = [*_good(mel, embedding, head), p.ChainStep(model=head.id, inputs={"x": _source(1, "features")})]
-        with pytest.raises(npu_client.InvalidArgument, match="step 3 .* runs the graph step 2 runs"):
+        steps = [
+            *_good(mel, embedding, head),
+            p.ChainStep(model=head.id, inputs={"x": _source(1, "features")}),
+        ]
+        with pytest.raises(
+            npu_client.InvalidArgument, match=r"step 3 .* runs the graph step 2 runs"
+        ):
             await _raw(npu, steps, [SCORE])
         with pytest.raises(npu_client.InvalidArgument, match="'score' is asked for twice"):
             await _raw(npu, _good(mel, embedding, head), [SCORE, SCORE])
@@ -231,7 +243,9 @@ async def test_a_graph_twice_and_an_output_twice_are_refused(tmp_path: Path) -> 
 
 async def test_an_output_no_step_produces_is_refused(tmp_path: Path) -> None:
     async with _wake(tmp_path) as (npu, mel, embedding, head):
-        with pytest.raises(npu_client.InvalidTensorIndex, match=r"step 2 \(model 3 'head.onnx'\): output 'nope'"):
+        with pytest.raises(
+            npu_client.InvalidTensorIndex, match=r"step 2 \(model 3 'head.onnx'\): output 'nope'"
+        ):
             await _raw(npu, _good(mel, embedding, head), [p.ChainOutput(step=2, output="nope")])
         with pytest.raises(npu_client.InvalidArgument, match="names step 3; the chain has 3 steps"):
             await _raw(npu, _good(mel, embedding, head), [p.ChainOutput(step=3, output="score")])
@@ -250,7 +264,10 @@ async def test_intermediate_tensors_past_the_limit_are_refused(
 ) -> None:
     monkeypatch.setattr(chains, "MAX_INTERMEDIATE_BYTES", 1024)
     async with _wake(tmp_path) as (npu, mel, embedding, head):
-        with pytest.raises(npu_client.QuotaExceeded, match="chain intermediate tensor bytes quota exceeded: the limit is 1024"):
+        with pytest.raises(
+            npu_client.QuotaExceeded,
+            match="chain intermediate tensor bytes quota exceeded: the limit is 1024",
+        ):
             await _raw(npu, _good(mel, embedding, head), [SCORE])
 
 
@@ -327,7 +344,7 @@ async def test_a_step_failing_mid_chain_names_the_step_and_frees_everything(
 ) -> None:
     picky = tmp_path / "picky.onnx"
     picky.write_bytes(onnx_models.picky_reshape())
-    async with _wake(tmp_path, THREADS) as (npu, mel, embedding, head):
+    async with _wake(tmp_path, THREADS) as (npu, mel, embedding, _head):
         reshape = await npu.load_model(picky)
         chain = npu.chain(
             [
@@ -376,16 +393,24 @@ async def test_outputs_sized_by_the_data_in_a_chain(tmp_path: Path) -> None:
                 "tts:scales": scales,
             }
         )
-        np.testing.assert_array_equal(out["tts:output"], np.arange(10, dtype=np.float32)[None, None] * 0.5)
-        with pytest.raises(npu_client.OutputTooLarge, match=r"step 0 \(model 1 'tts.onnx'\).*'output'"):
+        np.testing.assert_array_equal(
+            out["tts:output"], np.arange(10, dtype=np.float32)[None, None] * 0.5
+        )
+        with pytest.raises(
+            npu_client.OutputTooLarge, match=r"step 0 \(model 1 'tts.onnx'\).*'output'"
+        ):
             await alone.run({"tts:input": np.array([[9, 9, 9, 9]], np.int64)})
         fed = npu.chain(
             [Step("tts", voice), Step("add", plus, inputs={"x": "tts:output"})],
             outputs=["add:y"],
         )
         full = await fed.run({"tts:input": np.array([[4, 4, 4, 4]], np.int64)})
-        np.testing.assert_array_equal(full["add:y"], np.arange(16, dtype=np.float32)[None, None] * 0.5 + 1)
-        with pytest.raises(npu_client.TensorMismatch, match=r"step 1 \(model 2 'add.onnx'\).*produced \[1, 1, 10\]"):
+        np.testing.assert_array_equal(
+            full["add:y"], np.arange(16, dtype=np.float32)[None, None] * 0.5 + 1
+        )
+        with pytest.raises(
+            npu_client.TensorMismatch, match=r"step 1 \(model 2 'add.onnx'\).*produced \[1, 1, 10\]"
+        ):
             await fed.run({"tts:input": np.array([[2, 3, 4, 1]], np.int64)})
 
 
@@ -409,7 +434,12 @@ async def test_a_client_gone_mid_chain_leaves_nothing(
             p.ChainStep(model=ids[1], inputs={"input_1": _source(0, "frames")}),
             p.ChainStep(model=ids[2], inputs={"x": _source(1, "features")}),
         ]
-        await peer.write(*(p.ModelChainRequest(id=10 + i, steps=tuple(steps), outputs=(SCORE,)) for i in range(4)))
+        await peer.write(
+            *(
+                p.ModelChainRequest(id=10 + i, steps=tuple(steps), outputs=(SCORE,))
+                for i in range(4)
+            )
+        )
         peer.close()  # gone with its chains in flight
         await connections_ended(daemon, 0)
         assert daemon.broker.status().domains[0].models == 0
@@ -428,23 +458,32 @@ async def test_without_chains_on_the_dsp_the_steps_run_one_by_one(
     picky = tmp_path / "picky.onnx"
     picky.write_bytes(onnx_models.picky_reshape())
     async with _wake(tmp_path, THREADS) as (npu, mel, embedding, head):
-        chain = npu.chain(_wake_steps(mel, embedding, head), outputs=["wake:score", "embed:features"])
+        chain = npu.chain(
+            _wake_steps(mel, embedding, head), outputs=["wake:score", "embed:features"]
+        )
         audio = _audio(4)
         await chain.run({"mel:audio": audio})
         before = (await npu.status()).session.invokes_done
         got = await chain.run({"mel:audio": audio})
         calls = (await npu.status()).session.invokes_done - before
-        assert calls == (3 if missing == "_model_ref" else 4)  # a run per step (+ the refused chain)
+        assert calls == (
+            3 if missing == "_model_ref" else 4
+        )  # a run per step (+ the refused chain)
         want = _reference(files, audio)
         np.testing.assert_allclose(got["wake:score"], want["score"], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(got["embed:features"], want["features"], rtol=1e-5, atol=1e-6)
         reshape = await npu.load_model(picky)
         failing = npu.chain(
-            [Step("mel", mel), Step("embed", embedding, inputs={"input_1": "mel:frames"}),
-             Step("reshape", reshape, inputs={"x": "embed:features"})],
+            [
+                Step("mel", mel),
+                Step("embed", embedding, inputs={"input_1": "mel:frames"}),
+                Step("reshape", reshape, inputs={"x": "embed:features"}),
+            ],
             outputs=["reshape:y"],
         )
-        with pytest.raises(npu_client.QnnError, match=r"step 2 \(model 4 'picky.onnx'\): graph 0 failed"):
+        with pytest.raises(
+            npu_client.QnnError, match=r"step 2 \(model 4 'picky.onnx'\): graph 0 failed"
+        ):
             await failing.run({"reshape:target": np.array([7, 7], np.int64)})
 
 
@@ -454,11 +493,16 @@ def test_models_of_another_dsp_process_are_refused() -> None:
 
     def model(name: str, session: object) -> Any:
         return SimpleNamespace(
-            name=name, session=session, graph_names=("",), graph_specs=(spec,),
-            layouts=(ArenaLayout.of(spec),), graph_index=lambda graph: 0,
+            name=name,
+            session=session,
+            graph_names=("",),
+            graph_specs=(spec,),
+            layouts=(ArenaLayout.of(spec),),
+            graph_index=lambda graph: 0,
         )
 
-    here, there = object(), object()
+    here: Any = object()
+    there: Any = object()
     request = p.ModelChainRequest(
         id=1,
         steps=(p.ChainStep(model=1), p.ChainStep(model=2)),
@@ -468,3 +512,92 @@ def test_models_of_another_dsp_process_are_refused() -> None:
         chains.plan_chain(request, [model("a", here), model("b", there)], here)
     assert caught.value.code is ErrorCode.INVALID_ARGUMENT
     assert "step 1 (model 2 'b'): the model was loaded in another DSP process" in str(caught.value)
+
+
+# --- what the clients refuse before sending --------------------------------------------
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_the_clients_check_a_chain_when_it_is_built(tmp_path: Path, kind: ClientKind) -> None:
+    files = _files(tmp_path)
+    async with serve_daemon(tmp_path), open_client(kind, tmp_path / "npud.sock") as npu:
+        mel, embedding, head = (_model(m) for m in await _load(npu, files))
+        client = _client(npu)
+        refusals: list[tuple[Any, Any, type[Exception], str]] = [
+            ([], ["a:b"], npu_client.InvalidArgument, "1 to 16 steps; got 0"),
+            ([Step("m:x", mel)], ["m:x:frames"], npu_client.InvalidArgument, "has a colon"),
+            (
+                [Step("m", mel), Step("m", embedding)],
+                ["m:frames"],
+                npu_client.InvalidArgument,
+                "is taken",
+            ),
+            (
+                [Step("m", object())],
+                ["m:frames"],
+                npu_client.InvalidArgument,
+                "not one this client loaded",
+            ),
+            ([Step("m", mel)], ["frames"], npu_client.InvalidArgument, "is not '<step>:<tensor>'"),
+            (
+                [Step("m", mel)],
+                ["e:frames"],
+                npu_client.InvalidArgument,
+                "names step 'e', which is not an earlier step",
+            ),
+            (
+                [Step("m", mel)],
+                ["m:nope"],
+                npu_client.InvalidTensorIndex,
+                "output 'nope' (its outputs: 'frames')",
+            ),
+            (
+                [Step("m", mel)],
+                ["m:frames", "m:frames"],
+                npu_client.InvalidArgument,
+                "asked for twice",
+            ),
+            (
+                [Step("m", mel), Step("w", head, inputs={"x": "m:frames"})],
+                ["w:score"],
+                npu_client.TensorMismatch,
+                "input 'x' takes float32 [1, 96]; step 'm' (model 1 'mel.onnx')'s output 'frames' is float32 [1, 5, 32]",
+            ),
+            (
+                [Step("e", embedding, inputs={"input_1": "e:features"})],
+                ["e:features"],
+                npu_client.InvalidArgument,
+                "names step 'e', which is not an earlier step",
+            ),
+            (
+                [Step("m", mel), Step("w", head, inputs={"nope": "m:frames"})],
+                ["w:score"],
+                npu_client.InvalidTensorIndex,
+                "input 'nope' (its inputs: 'x')",
+            ),
+            (
+                [Step("m", mel, graph="other")],
+                ["m:frames"],
+                npu_client.InvalidTensorIndex,
+                "graph 'other'",
+            ),
+        ]
+        for steps, outputs, error, words in refusals:
+            with pytest.raises(error) as caught:
+                client.chain(steps, outputs)
+            assert words in str(caught.value), (words, str(caught.value))
+        too_many = [
+            Step(str(i), mel if i == 0 else embedding) for i in range(p.MAX_CHAIN_STEPS + 1)
+        ]
+        with pytest.raises(npu_client.InvalidArgument, match="1 to 16 steps; got 17"):
+            client.chain(too_many, ["0:frames"])
+        chain = client.chain(_wake_steps(mel, embedding, head), ["wake:score"])
+        with pytest.raises(npu_client.InputNotSet, match="chain input 'mel:audio' has no value"):
+            await _run(chain, {})
+        with pytest.raises(
+            npu_client.InvalidArgument, match="embed:input_1 is fed by an earlier step"
+        ):
+            await _run(chain, {"embed:input_1": np.zeros((1, 5, 32), np.float32)})
+        with pytest.raises(npu_client.TensorMismatch):
+            await _run(chain, {"mel:audio": np.zeros((1, 5), np.float32)})
+        assert "mel -> embed -> wake" in repr(chain)

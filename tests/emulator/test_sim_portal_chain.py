@@ -81,7 +81,8 @@ def test_a_chain_runs_every_step_in_one_call(wake: dict[str, Any]) -> None:
 
 def test_refs_name_a_model_in_the_whole_process_until_it_goes(wake: dict[str, Any]) -> None:
     refs = [wake[n][1] for n in MODELS]
-    assert len(set(refs)) == 3 and GIVEN not in refs
+    assert len(set(refs)) == 3
+    assert GIVEN not in refs
     raw = wake["mel"][0]
     assert raw.call("model_ref", model_index=0)[1].integer("ref") == wake["mel"][1]
     assert raw.call("model_ref", model_index=4)[0] == AEE.EBADPARM.dsp

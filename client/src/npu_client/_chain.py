@@ -196,7 +196,9 @@ class ChainBase:
     def inputs(self) -> dict[str, TensorInfo]:
         """The caller's inputs by ``"<step>:<input>"``: every input no step feeds."""
         return {
-            f"{s.name}:{spec.name}": spec for s in self._steps for spec in s.inputs
+            f"{s.name}:{spec.name}": spec
+            for s in self._steps
+            for spec in s.inputs
             if spec.name not in s.fed
         }
 
@@ -235,7 +237,9 @@ class ChainBase:
     ) -> ChainSource:
         target = next((s for s in this.inputs if s.name == input_name), None)
         if target is None:
-            raise _no_tensor(f"{this.label}: input {input_name!r} (its inputs: {_names(this.inputs)})")
+            raise _no_tensor(
+                f"{this.label}: input {input_name!r} (its inputs: {_names(this.inputs)})"
+            )
         step_name, tensor = _split(ref, f"{this.label}: input {input_name!r}'s source")
         at = self._step(step_name, f"{this.label}: input {input_name!r}", index)
         made = self._output(planned[at], tensor)
@@ -278,9 +282,7 @@ class ChainBase:
                     fields={"detail": detail},
                 )
 
-    def _run_call(
-        self, timeout: float | None, deadline: float | None
-    ) -> Call[dict[str, Any]]:
+    def _run_call(self, timeout: float | None, deadline: float | None) -> Call[dict[str, Any]]:
         core: ClientCore[Any] = self._client._core
         timeout_ms, deadline_ms = call_timing(timeout, deadline, core.limits, core.protocol_version)
         steps, outputs = self._wire_steps, self._wire_outputs

@@ -29,7 +29,7 @@ import trio
 from npu_client import _llm
 from npu_client import _requests as requests
 from npu_client._args import InvokeInput, InvokeOutput, budget_record
-from npu_client._chain import TrioChain, Ref, Step
+from npu_client._chain import Ref, Step, TrioChain
 from npu_client._core import (
     Call,
     ClientCore,

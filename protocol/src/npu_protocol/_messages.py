@@ -369,15 +369,15 @@ class ChainOutput(msgspec.Struct, frozen=True, kw_only=True):
     output: TensorName
 
 
-class ModelChainRequest(
-    Request, tag="model_chain", frozen=True, kw_only=True, omit_defaults=True
-):
+class ModelChainRequest(Request, tag="model_chain", frozen=True, kw_only=True, omit_defaults=True):
     """Version 7: run graphs of several loaded models in order, in one request, the
     outputs of one step feeding inputs of later ones (PROTOCOL.md section 7.10). No
     tensor bytes travel in the frame: the caller's inputs and the outputs asked for
     are in the models' arenas."""
 
-    steps: Annotated[tuple[ChainStep, ...], msgspec.Meta(min_length=1, max_length=4 * MAX_CHAIN_STEPS)]
+    steps: Annotated[
+        tuple[ChainStep, ...], msgspec.Meta(min_length=1, max_length=4 * MAX_CHAIN_STEPS)
+    ]
     """At most MAX_CHAIN_STEPS (more is INVALID_ARGUMENT)."""
     outputs: Annotated[tuple[ChainOutput, ...], msgspec.Meta(min_length=1, max_length=MAX_TENSORS)]
     timeout_ms: TimeoutMs | None = None
