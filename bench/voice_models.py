@@ -253,5 +253,10 @@ def measure(socket: str, workdir: Path, rounds: int, calls: int) -> list[harness
 
 
 def rows(ctx: harness.Context) -> list[harness.Row]:
+    from bench import voice_chain  # noqa: PLC0415  (it imports this module's helpers)
+
     with running_npud(ctx.workdir) as socket:
-        return measure(socket, ctx.workdir, ctx.rounds(7, 3), ctx.rounds(40, 12))
+        found = measure(socket, ctx.workdir, ctx.rounds(7, 3), ctx.rounds(40, 12))
+        with npu_client.connect(socket, name="bench-wake") as npu:
+            found += voice_chain.measure(npu, ctx.workdir, ctx.rounds(7, 3), ctx.rounds(60, 20))
+        return found

@@ -28,8 +28,10 @@ the DSP path; their regions keep what they held.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import dataclasses
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Final
 
@@ -304,7 +306,7 @@ def _run_on_dsp(plan: ChainPlan, refs: Sequence[int]) -> tuple[tuple[int, ...], 
     with _holding(plan.models):
         rc, values = portal.call(
             "chain",
-            plan=plan.words(refs),
+            plan=_u32(plan.words(refs)),
             inputs=bytes(gathered),
             outputs=asked_bytes,
             dims=DIMS_STRIDE * len(plan.asked),
@@ -330,6 +332,15 @@ def _run_on_dsp(plan: ChainPlan, refs: Sequence[int]) -> tuple[tuple[int, ...], 
         rank = min(dims[DIMS_STRIDE * i], 8)
         shapes.append(tuple(dims[DIMS_STRIDE * i + 1 : DIMS_STRIDE * i + 1 + rank]))
     return tuple(shapes)
+
+
+def _u32(words: Sequence[int]) -> bytes:
+    """``words`` as little-endian u32s (the IDL's), packed at once rather than word by word."""
+    packed = array.array("I", words)
+    assert packed.itemsize == 4, "u32 is a C unsigned int on the hosts npud runs on"
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def _step_failure(plan: ChainPlan, index: int, status: int, qnn: int) -> CodedError:

@@ -57,6 +57,7 @@ run one at a time, as on the C skel.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -238,8 +239,8 @@ class TensorSpec:
     dtype: np.dtype[Any]
     shape: tuple[int, ...]
 
-    @property
-    def nbytes(self) -> int:
+    @functools.cached_property
+    def nbytes(self) -> int:  # cached: a chain's checks ask for it per step and tensor
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     def record(self) -> dict[str, object]:

@@ -364,7 +364,7 @@ def test_a_skel_without_last_error_leaves_the_number_alone(
     """A device skel older than method 9 answers it AEE_EUNSUPPORTED (as this one answers
     a method past its last): the error says the number, as before."""
     method = idl.load("portal_qnn").method("last_error")
-    unknown = idl.Method.build(method.name, 12, method.params)  # a method no skel has
+    unknown = idl.Method.build(method.name, 14, method.params)  # a method no skel has
     monkeypatch.setattr(portal_qnn, "_LAST_ERROR", unknown)
     model = load(portal, tmp_path, onnx_models.reshape())
     x, s = tensors.put(np.arange(6, dtype=np.float32)), tensors.put(np.array([4, 2], np.int64))
@@ -710,7 +710,7 @@ def test_a_skel_without_graph_name_leaves_graphs_unnamed(
     """A device skel older than method 10 answers it AEE_EUNSUPPORTED: the graphs load
     and run, without names."""
     method = idl.load("portal_qnn").method("graph_name")
-    unknown = idl.Method.build(method.name, 12, method.params)  # a method no skel has
+    unknown = idl.Method.build(method.name, 14, method.params)  # a method no skel has
     monkeypatch.setattr(portal_qnn, "_GRAPH_NAME", unknown)
     model = load(portal, tmp_path, onnx_models.two_graphs(), shapes={"token": (1, 4)})
     assert [g.name for g in model.graphs] == ["", ""]
