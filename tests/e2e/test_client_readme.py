@@ -35,6 +35,7 @@ def test_every_snippet_is_found() -> None:
         "Models",
         "Models",
         "Models",
+        "Models",
         "LLMs",
         "Trio",
     ]
@@ -63,7 +64,10 @@ def test_the_snippets_run_as_written_from_any_directory(tmp_path: Path) -> None:
         assert daemon.stop() == 0
     for result in results:
         assert result.returncode == 0, result.stderr
-    echo, vad, voice, decoder, graphs, trio_run = (result.stdout.splitlines() for result in results)
+    echo, vad, voice, decoder, graphs, chain, trio_run = (
+        result.stdout.splitlines() for result in results
+    )
+    assert chain == ["['mel:audio'] ('wake:score',)", "True"]
     assert decoder == ["[0, 1, 2, 3, 4, 5, 6, 7]"]
     assert voice == ["(1, 1, 6) (1, 1, 6)"]
     assert echo == ["b'hello'"]
