@@ -116,9 +116,7 @@ def head_model() -> bytes:
     )
 
 
-def measure(
-    npu: npu_client.Client, workdir: Path, rounds: int, calls: int
-) -> list[harness.Row]:
+def measure(npu: npu_client.Client, workdir: Path, rounds: int, calls: int) -> list[harness.Row]:
     paths = {}
     for name, build in (("mel", mel_model), ("embedding", embedding_model), ("head", head_model)):
         paths[name] = workdir / f"wake_{name}.onnx"

@@ -20,7 +20,8 @@ the model on the DSP. Runs of a shared load take turns on the DSP (the skel
 runs one call per handle at a time).
 
 The requests that load, describe, run and unload a model are handlers in
-:mod:`npud.requests` (LoadModel, ModelInfo, RunModel, UnloadModel).
+:mod:`npud.requests` (LoadModel, ModelInfo, RunModel, UnloadModel); several models in
+one request are :mod:`npud.chains` (RunChain).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from npu_client import _requests as requests
 from npu_client._args import call_timing
@@ -60,15 +60,6 @@ from npu_protocol import (
 
 Ref = str | tuple[str, str]
 """``"<step>:<tensor>"`` or ``(step, tensor)``."""
-
-
-class _Model(Protocol):
-    """What a chain needs of a model facade (``Model`` or ``TrioModel``)."""
-
-    _state: ModelState
-
-    @property
-    def _client(self) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
