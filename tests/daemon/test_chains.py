@@ -4,6 +4,7 @@ refusal naming the step; nothing left behind on any path."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,6 +30,7 @@ from npud.models import ArenaLayout
 from npud.sim import portal_chain
 from npud.sim.portal_qnn import PortalQnnSkel
 from tests.daemon.model_clients import CLIENT_KINDS, ClientKind, open_client
+from tests.daemon.test_npuctl_models import npuctl_in_thread
 from tests.daemon.wire import RawPeer, connections_ended, serve_daemon, settle
 from tests.emulator import onnx_models
 
@@ -601,3 +603,58 @@ async def test_the_clients_check_a_chain_when_it_is_built(tmp_path: Path, kind: 
         with pytest.raises(npu_client.TensorMismatch):
             await _run(chain, {"mel:audio": np.zeros((1, 5), np.float32)})
         assert "mel -> embed -> wake" in repr(chain)
+
+
+# --- npuctl chain -----------------------------------------------------------------------
+
+
+async def test_npuctl_chain_runs_the_wake_word_models_as_one_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = _files(tmp_path)
+    audio = _audio(2)
+    np.save(tmp_path / "chunk.npy", audio)
+    feeds = ["--feed", "embedding:input_1=mel:frames", "--feed", "head:x=embedding:features"]
+    models = [str(files[name]) for name in ("mel", "embedding", "head")]
+    async with serve_daemon(tmp_path):
+        socket = tmp_path / "npud.sock"
+        code, out, err = await npuctl_in_thread(
+            socket,
+            capsys,
+            "chain",
+            *models,
+            *feeds,
+            "--input",
+            f"mel:audio={tmp_path / 'chunk.npy'}",
+        )
+        assert (code, err) == (0, "")
+        lines = out.splitlines()
+        assert (
+            lines[0] == "chain    mel (mel.onnx) -> embedding (embedding.onnx) -> head (head.onnx)"
+        )
+        assert f"input    mel:audio float32 [1, 1280] <- {tmp_path / 'chunk.npy'}" in lines
+        assert "input    embedding:input_1 float32 [1, 5, 32] <- mel:frames" in lines
+        assert "output   head:score float32 [1, 1]" in lines
+        assert lines[-1].startswith("time     load ")
+        code, out, _ = await npuctl_in_thread(
+            socket, capsys, "chain", *models, *feeds, "--output", "embedding:features", "--json"
+        )
+        report = json.loads(out)
+        assert code == 0
+        assert [t["name"] for t in report["outputs"]] == ["embedding:features"]
+        assert report["inputs"][0]["source"] == "zeros"
+        assert report["dsp_us"] > 0
+        # Mistakes are told, with what there is.
+        code, _, err = await npuctl_in_thread(
+            socket, capsys, "chain", *models, "--feed", "head:x=mel:frames"
+        )
+        assert code == 1
+        assert "input 'x' takes float32 [1, 96]" in err
+        code, _, err = await npuctl_in_thread(
+            socket, capsys, "chain", *models, "--input", "nope:x=a.npy"
+        )
+        assert code == 64
+        assert "names step 'nope'; the steps are 'mel', 'embedding', 'head'" in err
+        code, _, err = await npuctl_in_thread(socket, capsys, "chain", models[0], models[0])
+        assert code == 64
+        assert "step name 'mel' is taken twice" in err

@@ -126,7 +126,7 @@ def complete(command: str, *words: str) -> list[str]:
 
 def test_npuctl_completes_its_commands_and_their_options() -> None:
     assert complete("npuctl", "") == [
-        "status", "selftest", "metrics", "top", "run", "llm", "debug"
+        "status", "selftest", "metrics", "top", "run", "chain", "llm", "debug"
     ]  # fmt: skip
     assert complete("npuctl", "llm", "--max") == ["--max-tokens"]
     assert complete("npuctl", "me") == ["metrics"]

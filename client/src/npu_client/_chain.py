@@ -180,6 +180,8 @@ class ChainBase:
             self._asked.append((key, planned[step_at], spec))
         self._wire_steps = tuple(wire)
         self._wire_outputs = tuple(asked)
+        self.last_dsp_us = 0
+        """The DSP time of the last run (µs), as npud measured it."""
 
     # --- what it is ----------------------------------------------------------------------
 
@@ -280,6 +282,7 @@ class ChainBase:
 
         def finish(pending: Pending) -> dict[str, Any]:
             reply = pending.result(ModelChainReply)
+            self.last_dsp_us = reply.dsp_us
             return self._outputs(reply.output_shapes)
 
         return Call(

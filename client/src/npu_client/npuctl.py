@@ -22,13 +22,14 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
 import npu_protocol
 from npu_client import cli
 from npu_client._blocking import Client, connect
+from npu_client._chain_run import ChainArgs, render_chain, run_chain_once
 from npu_client._errors import (
     ConnectFailed,
     DeviceNotFound,
@@ -278,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print the report as JSON")
     run.set_defaults(run=_run)
+    _add_chain_command(commands)
     llm = commands.add_parser(
         "llm",
         help="load an LLM (a GGUF file) onto the NPU and write what it answers to a prompt",
@@ -595,6 +597,94 @@ def _run(client: Client, args: argparse.Namespace) -> int:
         print(msgspec.json.encode(report).decode())
     else:
         print(render_run(report))
+    return EXIT_OK
+
+
+def _add_chain_command(commands: Any) -> None:
+    """``npuctl chain`` (its own function: build_parser is long enough)."""
+    chain = commands.add_parser(
+        "chain",
+        help="load several models, run them once as one chain, print the output shapes and times",
+        description=(
+            "Load each MODEL (npuctl opens each file and passes its fd to npud), run them "
+            "once as one chain, in the order given, in one request (several models per "
+            "chunk, as a wake-word pipeline runs them): each model is a step named by its "
+            "file name without the suffix, --feed feeds a step's input from an earlier "
+            "step's output, and every other input is the array of its --input file or "
+            "zeros. Prints each input's source, the outputs' data types and shapes (the last "
+            "step's, or --output's), and the times of the loads, the chain's round trip and "
+            "its DSP time; the models are unloaded at the end. Needs npud with protocol "
+            "version 7."
+        ),
+        epilog=(
+            "example (openWakeWord's three models per chunk): npuctl chain melspectrogram.onnx "
+            "embedding_model.onnx hey_jarvis.onnx --feed embedding_model:input_1="
+            "melspectrogram:output --feed hey_jarvis:x.1=embedding_model:conv2d_19 --input "
+            "melspectrogram:input=chunk.npy"
+        ),
+    )
+    chain.add_argument(
+        "models", metavar="MODEL", type=Path, nargs="+", help="the model files, in step order"
+    )
+    chain.add_argument(
+        "--feed",
+        metavar="STEP:INPUT=STEP:OUTPUT",
+        type=_assignment,
+        action="append",
+        default=[],
+        help="feed a step's input from an earlier step's output; repeat per input",
+    )
+    chain.add_argument(
+        "--input",
+        metavar="STEP:INPUT=FILE.npy",
+        type=_assignment,
+        action="append",
+        default=[],
+        help="set a step's input from a .npy file (needs numpy), whose shape is the input's "
+        "shape at load (ONNX models on the emulator); repeat per input",
+    )
+    chain.add_argument(
+        "--shape",
+        metavar="STEP:NAME=D0,D1,...",
+        type=_shape,
+        action="append",
+        default=[],
+        help="give a step's tensor NAME's whole shape at load, as npuctl run --shape does; "
+        "repeat per tensor",
+    )
+    chain.add_argument(
+        "--output",
+        metavar="STEP:OUTPUT",
+        action="append",
+        default=[],
+        help="print this output (default: every output of the last step); repeat per output",
+    )
+    chain.add_argument("--json", action="store_true", help="print the report as JSON")
+    chain.set_defaults(run=_chain)
+
+
+def _chain(client: Client, args: argparse.Namespace) -> int:
+    chain_args = ChainArgs(
+        args.models,
+        feeds=list(args.feed),
+        inputs={name: Path(path) for name, path in args.input},
+        shapes=dict(args.shape),
+        outputs=list(args.output),
+    )
+    try:
+        report = run_chain_once(client, chain_args)
+    except RunUsageError as exc:
+        _error(str(exc))
+        return exc.exit_status
+    except (NpuError, TimeoutError):
+        raise  # npud's answer, or none in time (both OSErrors too): said by the caller
+    except OSError as exc:
+        _error(f"cannot open {exc.filename}: {exc.strerror}")
+        return EXIT_NOINPUT
+    if args.json:
+        print(msgspec.json.encode(report).decode())
+    else:
+        print(render_chain(report))
     return EXIT_OK
 
 
