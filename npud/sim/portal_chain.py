@@ -28,7 +28,7 @@ import dataclasses
 import itertools
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -37,8 +37,49 @@ from npu_protocol.aee import AEE
 from npud.idl import arena
 from npud.sim.pd_services import PdResident, PdServices
 
-if TYPE_CHECKING:
-    from npud.sim.portal_qnn import OnnxModel, PortalQnnSkel
+
+class Tensor(Protocol):
+    """A graph's tensor as the skel describes it (npud.sim.portal_qnn.TensorSpec)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def nbytes(self) -> int: ...
+
+
+class Graph(Protocol):
+    """One graph of a loaded model (npud.sim.portal_qnn.Graph)."""
+
+    last_error: bytes
+
+    @property
+    def inputs(self) -> Sequence[Tensor]: ...
+    @property
+    def outputs(self) -> Sequence[Tensor]: ...
+
+    def run_arrays(
+        self, feeds: Sequence[npt.NDArray[Any]]
+    ) -> tuple[int, int, list[npt.NDArray[Any]]]: ...
+
+
+class Loaded(Protocol):
+    @property
+    def graphs(self) -> Sequence[Graph]: ...
+
+
+class Skel(Protocol):
+    """One open handle of the skel (npud.sim.portal_qnn.Skel): the module that
+    defines it imports this one, so it is named by what a chain uses of it."""
+
+    @property
+    def lock(self) -> threading.Lock: ...
+    def loaded_slot(self, index: int) -> Loaded | None: ...
+    def keep_error(self, index: int, graph: Any) -> None: ...  # Any: a Graph of its own kind
+
 
 MAX_STEPS: Final = 16
 MAX_OUTPUTS: Final = 32
@@ -59,11 +100,11 @@ class ModelRefs(PdResident):
             super().__init__(pd)
         self._lock = threading.Lock()
         self._refs = itertools.count(1)
-        self._models: dict[int, tuple[PortalQnnSkel, int]] = {}
+        self._models: dict[int, tuple[Skel, int]] = {}
         self.live_bytes = 0
         """Bytes of intermediate tensors held by chains in flight (0 between calls)."""
 
-    def ref(self, skel: PortalQnnSkel, slot: int) -> int:
+    def ref(self, skel: Skel, slot: int) -> int:
         ref = next(self._refs)
         with self._lock:
             self._models[ref] = (skel, slot)
@@ -73,7 +114,7 @@ class ModelRefs(PdResident):
         with self._lock:
             self._models.pop(ref, None)
 
-    def find(self, ref: int) -> tuple[PortalQnnSkel, int] | None:
+    def find(self, ref: int) -> tuple[Skel, int] | None:
         with self._lock:
             return self._models.get(ref)
 
@@ -108,9 +149,9 @@ class Source:
 @dataclasses.dataclass(frozen=True)
 class Step:
     ref: int
-    skel: PortalQnnSkel
+    skel: Skel
     slot: int
-    graph: OnnxModel
+    graph: Graph
     sources: tuple[Source, ...]
 
 
@@ -161,7 +202,7 @@ def check_plan(
     graphs: Sequence[tuple[int, int]],
     sources: Sequence[Sequence[Source]],
     asked: Sequence[int],
-    found: dict[int, tuple[PortalQnnSkel, int]],
+    found: dict[int, tuple[Skel, int]],
 ) -> Plan:
     """The checked plan (the skels' locks are held); PlanError otherwise."""
     steps: list[Step] = []
@@ -202,7 +243,7 @@ def check_plan(
 
 def _check_sources(
     index: int,
-    graph: OnnxModel,
+    graph: Graph,
     wanted: Sequence[Source],
     steps: Sequence[Step],
     given: list[Any],
@@ -230,7 +271,7 @@ def _check_sources(
 
 
 @contextlib.contextmanager
-def locked(skels: Sequence[PortalQnnSkel]) -> Iterator[None]:
+def locked(skels: Sequence[Skel]) -> Iterator[None]:
     """Every distinct skel's lock, in one order for every chain."""
     unique = sorted({id(s): s for s in skels}.values(), key=id)
     with contextlib.ExitStack() as stack:
