@@ -32,6 +32,7 @@ import array
 import contextlib
 import dataclasses
 import sys
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Final
 
@@ -43,6 +44,7 @@ from npud.fastrpc.stubs.portal_qnn import (
     GraphSpec,
     ModelError,
     ModelFailure,
+    PortalQnn,
     TensorSpec,
     arena_layout,
 )
@@ -273,12 +275,19 @@ def _in_step(exc: CodedError, label: str) -> CodedError:
 def run_chain(plan: ChainPlan) -> tuple[tuple[int, ...], ...]:
     """Run the chain (one invoke where the skel has chains, else one per step); the shape
     of each output asked for, as the run produced it."""
-    refs = [step.model.portal.model_ref(step.model.slot) for step in plan.steps]
-    if all(ref is not None for ref in refs):
-        shapes = _run_on_dsp(plan, [ref for ref in refs if ref is not None])
-        if shapes is not None:
-            return shapes
+    portal = plan.steps[0].model.portal
+    if portal not in _WITHOUT_CHAIN:
+        refs = [step.model.portal.model_ref(step.model.slot) for step in plan.steps]
+        if all(ref is not None for ref in refs):
+            shapes = _run_on_dsp(plan, [ref for ref in refs if ref is not None])
+            if shapes is not None:
+                return shapes
+            _WITHOUT_CHAIN.add(portal)  # asked once per handle: a skel does not grow methods
     return _run_steps(plan)
+
+
+_WITHOUT_CHAIN: Final[weakref.WeakSet[PortalQnn]] = weakref.WeakSet()
+"""Handles whose skel has model_ref but answered chain AEE_EUNSUPPORTED."""
 
 
 @contextlib.contextmanager
