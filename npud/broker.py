@@ -534,7 +534,7 @@ class Broker:
         each domain's are in its row: PROTOCOL.md section 7.5, Lanes)."""
         rows = []
         default = self.domains.default
-        if default is not None and protocol_version < p.DOMAIN_LANES_VERSION:
+        if default is not None and not p.speaks(protocol_version, p.Feature.DOMAIN_LANES):
             rows += list(default.lane_rows())
         rows += [
             p.LaneRow(

@@ -346,12 +346,12 @@ class Client:
     def pools_freed_buffers(self) -> bool:
         """What it frees may go to the pool and to its next holder (protocol version 2:
         a client closes its fd and mapping once ``free`` is answered)."""
-        return self.protocol_version >= 2
+        return p.speaks(self.protocol_version, p.Feature.FREED_MEMORY_REUSED)
 
     @property
     def keeps_buffers(self) -> bool:
         """A restart of its domain leaves its buffers alone (protocol version 3)."""
-        return self.protocol_version >= 3
+        return p.speaks(self.protocol_version, p.Feature.BUFFERS_OUTLIVE_RESTARTS)
 
     def row(self) -> p.ClientRow:
         buffers = list(self.objects.entries(Kind.BUFFER))

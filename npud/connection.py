@@ -277,7 +277,11 @@ class PeerConnection:
         """What the Welcome says of the pool: only when what this client frees comes
         back to it alone (share = client), which lets it keep its mappings."""
         memory = self.broker.device.memory
-        if version < 4 or memory is None or not self.client.pools_freed_buffers:
+        if (
+            not p.speaks(version, p.Feature.LIBCDSPRPC)
+            or memory is None
+            or not self.client.pools_freed_buffers
+        ):
             return None
         settings = memory.pool.settings
         if not settings.enabled or settings.share != "client":

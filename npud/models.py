@@ -54,8 +54,6 @@ from npud.fastrpc.stubs.portal_qnn import (
 from npud.formats.onnx_values import Constant
 
 PAGE: Final = 4096
-GRAPHS_VERSION: Final = 5
-"""The protocol version that brought ``ModelInfo.graphs`` and ``model_run.graph``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +282,7 @@ class NpuModel:
     def info(self, protocol_version: int) -> p.ModelInfo:
         """What the load reply and model_info tell the client, with the runs so far;
         ``graphs`` from protocol version 5 on (an older client knows only graph 0)."""
-        if protocol_version < GRAPHS_VERSION:
+        if not p.speaks(protocol_version, p.Feature.GRAPHS):
             return msgspec.structs.replace(self._info, runs=self.runs, graphs=())
         return msgspec.structs.replace(self._info, runs=self.runs)
 

@@ -85,9 +85,9 @@ class Handler(abc.ABC, Generic[R]):
     acquires: ClassVar[bool] = True
     """Takes DSP resources: refused with SHUTTING_DOWN once the daemon stops.
     Releases (free, unmap, close), status and ping are still served then."""
-    since: ClassVar[int] = 1
-    """The protocol version that brought this request: on a connection that speaks an
-    older one it is answered UNSUPPORTED (PROTOCOL.md section 12)."""
+    since: ClassVar[p.Feature | None] = None
+    """The protocol feature that brought this request (None: version 1): on a connection
+    that does not speak it, it is answered UNSUPPORTED (PROTOCOL.md section 12)."""
     creates: ClassVar[bool] = False
     """Creates an object (alloc, open, model_load): takes the connection's next id at
     arrival whatever its answer, so a pipelining client can predict every id
@@ -113,7 +113,7 @@ class Handler(abc.ABC, Generic[R]):
     def start(self) -> None:
         """The arrival step; on a refusal, what it took is given back and it raises."""
         try:
-            if self.client.protocol_version < self.since:
+            if self.since is not None and not p.speaks(self.client.protocol_version, self.since):
                 # No version numbers in the text: an error names only the request's.
                 raise CodedError(
                     ErrorCode.UNSUPPORTED,
@@ -585,7 +585,7 @@ def _check_slice(arg: p.BufferSlice, entry: Entry) -> None:
 
 
 class LoadModel(Handler[p.ModelLoadRequest]):
-    since = 2
+    since = p.Feature.MODELS
     route = Route.LOADER
     creates = True
     check: FileCheck
@@ -704,7 +704,7 @@ class LoadModel(Handler[p.ModelLoadRequest]):
 
 
 class ModelInfo(Handler[p.ModelInfoRequest]):
-    since = 2
+    since = p.Feature.MODELS
     route = Route.HERE
     acquires = False
 
@@ -719,14 +719,12 @@ class ModelInfo(Handler[p.ModelInfoRequest]):
 class RunModel(CallTiming, Handler[p.ModelRunRequest]):
     """One run, scheduled like an invoke; the model is held from arrival to the end."""
 
-    since = 2
+    since = p.Feature.MODELS
 
     route = Route.DSP
 
     def arrive(self) -> None:
-        from npud.models import GRAPHS_VERSION  # noqa: PLC0415  (loaded: a model was loaded)
-
-        if self.request.graph and self.client.protocol_version < GRAPHS_VERSION:
+        if self.request.graph and not p.speaks(self.client.protocol_version, p.Feature.GRAPHS):
             # Served as the connection's version knows it: no graph but the first.
             raise CodedError(
                 ErrorCode.UNSUPPORTED,
@@ -759,7 +757,7 @@ class RunChain(CallTiming, Handler[p.ModelChainRequest]):
     """Several loaded models in one request (npud/chains.py), scheduled like one run;
     every model it names is held from arrival to the end."""
 
-    since = p.CHAIN_VERSION
+    since = p.Feature.CHAIN
     route = Route.DSP
 
     def arrive(self) -> None:
@@ -798,7 +796,7 @@ class RunChain(CallTiming, Handler[p.ModelChainRequest]):
 
 
 class UnloadModel(Handler[p.ModelUnloadRequest]):
-    since = 2
+    since = p.Feature.MODELS
     route = Route.LOADER
     acquires = False
 
@@ -837,7 +835,7 @@ class Ping(Handler[p.PingRequest]):
 class Debug(Handler[p.DebugRequest]):
     """Fault injection on the emulator, for exercising recovery on a running daemon."""
 
-    since = 2
+    since = p.Feature.MODELS
 
     route = Route.HERE
     acquires = False

@@ -78,5 +78,5 @@ def test_the_decoder_bounds_a_chain(payload: bytes, accepted: bool) -> None:
 
 @pytest.mark.parametrize(("offered", "spoken"), [(6, 6), (7, 7), (8, 7), (1, 1)])
 def test_a_server_speaks_the_version_both_know(offered: int, spoken: int) -> None:
-    assert p.CHAIN_VERSION == p.PROTOCOL_VERSION == 7
+    assert p.SINCE[p.Feature.CHAIN] == p.PROTOCOL_VERSION == 7
     assert p.choose_protocol_version(offered) == spoken

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Final, TypeAlias
+from typing import TypeAlias
 
 from npu_client._errors import code_message, make_error
 from npu_client._memory import MappedBuffer, Slice
@@ -25,17 +25,17 @@ from npu_protocol import (
     MAX_TIMEOUT_MS,
     MAX_URI_LENGTH,
     PROTOCOL_VERSION,
+    SINCE,
     Budget,
     BufferSlice,
     ClientLimits,
     ErrorCode,
+    Feature,
     InlineInput,
     InlineOutput,
     InvokeRequest,
+    speaks,
 )
-
-DEADLINES_VERSION: Final = 2
-"""The protocol version that brought deadlines and budgets."""
 
 InvokeInput: TypeAlias = bytes | bytearray | memoryview | Slice
 """An invoke input: bytes sent inline, or a slice the DSP reads in place."""
@@ -218,13 +218,14 @@ def _deadline_ms(deadline: object, protocol_version: int) -> int:
     milliseconds = math.ceil(deadline * 1000)
     if milliseconds > MAX_TIMEOUT_MS:
         raise ValueError(f"deadline {deadline} s is above {MAX_TIMEOUT_MS / 1000:g} s")
-    if protocol_version < DEADLINES_VERSION:
+    if not speaks(protocol_version, Feature.DEADLINES):
         # An older npud would ignore the key and run the call whenever.
         raise make_error(
             ErrorCode.UNSUPPORTED,
             code_message(
                 ErrorCode.UNSUPPORTED,
-                what=f"deadlines (npud speaks protocol version {protocol_version}; they need 2)",
+                what=f"deadlines (npud speaks protocol version {protocol_version};"
+                f" they need {SINCE[Feature.DEADLINES]})",
             ),
         )
     return milliseconds

@@ -45,17 +45,19 @@ from npu_client._errors import (
 )
 from npu_client._models import ModelState, TensorValue, numpy_module
 from npu_protocol import (
-    CHAIN_VERSION,
     MAX_CHAIN_STEPS,
     MAX_TENSORS,
+    SINCE,
     ChainOutput,
     ChainSource,
     ChainStep,
     ErrorCode,
+    Feature,
     ModelChainReply,
     ModelChainRequest,
     TensorInfo,
     format_message,
+    speaks,
 )
 
 Ref = str | tuple[str, str]
@@ -122,10 +124,10 @@ class ChainBase:
     def __init__(self, client: Any, steps: Sequence[Step], outputs: Sequence[Ref]) -> None:
         """Internal: use the client's ``chain``."""
         core: ClientCore[Any] = client._core
-        if core.protocol_version < CHAIN_VERSION:
+        if not speaks(core.protocol_version, Feature.CHAIN):
             what = (
                 f"chains (npud speaks protocol version {core.protocol_version}; running"
-                f" several models in one request needs {CHAIN_VERSION}): run the models one"
+                f" several models in one request needs {SINCE[Feature.CHAIN]}): run the models one"
                 " by one, or update npud"
             )
             raise Unsupported(code_message(ErrorCode.UNSUPPORTED, what=what), fields={"what": what})

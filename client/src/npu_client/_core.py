@@ -42,6 +42,7 @@ from npu_protocol import (
     ConnectionStatistics,
     ErrorCode,
     ErrorMessage,
+    Feature,
     Hello,
     LocalProtocolError,
     OwnPool,
@@ -53,6 +54,7 @@ from npu_protocol import (
     ShuttingDown,
     StrayFds,
     Welcome,
+    speaks,
 )
 
 _log: Final = logging.getLogger("npu_client")
@@ -366,7 +368,7 @@ class ClientCore(Generic[B]):
     def buffers_outlive_restarts(self) -> bool:
         """Protocol version 3: a restart of the DSP process leaves the buffers (the
         daemon keeps them; only their DSP mappings end)."""
-        return self.protocol_version >= 3
+        return speaks(self.protocol_version, Feature.BUFFERS_OUTLIVE_RESTARTS)
 
     def owns(self, buffer: MappedBuffer) -> bool:
         """Whether ``buffer`` is a live buffer of this connection."""

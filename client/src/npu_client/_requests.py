@@ -41,6 +41,7 @@ from npu_client._models import ModelState
 from npu_client._views import HandleIdentity
 from npu_client.transport import OwnedFd
 from npu_protocol import (
+    SINCE,
     AllocReply,
     AllocRequest,
     CloseRequest,
@@ -48,6 +49,7 @@ from npu_protocol import (
     DebugReply,
     DebugRequest,
     ErrorCode,
+    Feature,
     FreeReply,
     FreeRequest,
     InvokeReply,
@@ -71,6 +73,7 @@ from npu_protocol import (
     StatusRequest,
     UnmapReply,
     UnmapRequest,
+    speaks,
 )
 
 # --- buffers ----------------------------------------------------------------------------------
@@ -204,11 +207,6 @@ def _invoke_outputs(pending: Pending) -> list[bytes | None]:
 
 # --- models -----------------------------------------------------------------------------------
 
-MODELS_VERSION = 2
-GRAPHS_VERSION = 5
-"""The protocol version that brought named graphs (ModelInfo.graphs, model_run.graph)."""
-"""The protocol version that has models."""
-
 
 class LoadedModel(NamedTuple):
     """An answered model_load: the caller maps ``fd`` (which it now owns) as the arena."""
@@ -228,8 +226,11 @@ def load_model(
     sizes: dict[str, tuple[tuple[int, ...], ...]] | None = None,
 ) -> Call[LoadedModel]:
     """Load the model file open on ``fd`` (sent with the request; it stays the caller's)."""
-    if core.protocol_version < MODELS_VERSION:
-        what = f"models (npud speaks protocol version {core.protocol_version}; they need 2)"
+    if not speaks(core.protocol_version, Feature.MODELS):
+        what = (
+            f"models (npud speaks protocol version {core.protocol_version};"
+            f" they need {SINCE[Feature.MODELS]})"
+        )
         raise Unsupported(code_message(ErrorCode.UNSUPPORTED, what=what), fields={"what": what})
 
     def finish(pending: Pending) -> LoadedModel:
@@ -276,10 +277,10 @@ def graph_of(core: ClientCore[Any], model: ModelState, graph: str | None) -> int
     """The index of the graph named ``graph`` (None or "": the first). Unsupported
     against a daemon below protocol version 5, which would run the first graph whatever
     the request named; InvalidTensorIndex for a name the model does not have."""
-    if graph and core.protocol_version < GRAPHS_VERSION:
+    if graph and not speaks(core.protocol_version, Feature.GRAPHS):
         what = (
             f"graph= (npud speaks protocol version {core.protocol_version}; naming a graph"
-            f" needs {GRAPHS_VERSION}): it runs the first graph only"
+            f" needs {SINCE[Feature.GRAPHS]}): it runs the first graph only"
         )
         raise Unsupported(code_message(ErrorCode.UNSUPPORTED, what=what), fields={"what": what})
     return model.graph_index(graph)

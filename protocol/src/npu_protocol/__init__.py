@@ -17,6 +17,7 @@ from npu_protocol._events import (
     StrayFds,
 )
 from npu_protocol._exceptions import LocalProtocolError, ProtocolError, RemoteProtocolError
+from npu_protocol._features import SINCE, Feature, speaks
 from npu_protocol._messages import (
     REPLY_TYPES,
     AllocReply,
@@ -97,9 +98,7 @@ from npu_protocol._records import (
 from npu_protocol._server import ServerConnection, choose_protocol_version
 from npu_protocol._version import __version__ as __version__
 from npu_protocol._wire import (
-    CHAIN_VERSION,
     DEFAULT_MAX_FRAME_SIZE,
-    DOMAIN_LANES_VERSION,
     FRAME_HEADER_SIZE,
     FRAME_MAGIC,
     HANDSHAKE_MAX_FRAME_SIZE,
@@ -131,9 +130,7 @@ from npu_protocol.errors import (
 
 __all__ = [
     "AEE",
-    "CHAIN_VERSION",
     "DEFAULT_MAX_FRAME_SIZE",
-    "DOMAIN_LANES_VERSION",
     "DSP_AEE_EOFFSET",
     "FRAME_HEADER_SIZE",
     "FRAME_MAGIC",
@@ -158,6 +155,7 @@ __all__ = [
     "NEED_DATA",
     "PROTOCOL_VERSION",
     "REPLY_TYPES",
+    "SINCE",
     "AllocReply",
     "AllocRequest",
     "AnyReply",
@@ -185,6 +183,7 @@ __all__ = [
     "DspCapabilities",
     "ErrorCode",
     "ErrorMessage",
+    "Feature",
     "FreeReply",
     "FreeRequest",
     "GraphInfo",
@@ -246,5 +245,6 @@ __all__ = [
     "choose_protocol_version",
     "describe_result",
     "format_message",
+    "speaks",
     "tag_of",
 ]

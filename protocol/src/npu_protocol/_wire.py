@@ -18,15 +18,6 @@ from npu_protocol.errors import MAX_BUFFER_SIZE
 PROTOCOL_VERSION: Final = 7
 """The newest protocol version this package speaks (PROTOCOL.md section 12)."""
 
-DOMAIN_LANES_VERSION: Final = 6
-"""Each domain's lanes are in its ``DomainRow.lanes``, the status's ``lanes`` holds the
-daemon's own (PROTOCOL.md section 7.5, Lanes); before it, the default domain's were there."""
-
-CHAIN_VERSION: Final = 7
-"""The ``model_chain`` request (several loaded models run in one request, PROTOCOL.md
-section 7.10): a client must not send it on a connection below this version (an older
-server does not know the message; it would end the connection with BAD_MESSAGE)."""
-
 MIN_PROTOCOL_VERSION: Final = 1
 """The oldest protocol version this package still speaks."""
 
@@ -69,9 +60,9 @@ MAX_URI_LENGTH: Final = 1023
 
 MAX_ERROR_FIELDS: Final = 16
 MAX_TENSORS: Final = 32
+"""Inputs (and outputs) of one model graph (portal_qnn's limit)."""
 MAX_GRAPHS: Final = 8
 """Graphs of one model (portal_qnn's limit)."""
-"""Inputs (and outputs) of one model graph (portal_qnn's limit)."""
 MAX_RANK: Final = 8
 MAX_CHAIN_STEPS: Final = 16
 """Steps of one model_chain (npud refuses more with INVALID_ARGUMENT; the decoder takes
