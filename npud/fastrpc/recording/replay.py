@@ -50,16 +50,19 @@ from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.kernel.dma_heap import DmaHeap
 from npud.fastrpc.kernel.driver import IoctlArg
 from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, OutArg, Slice
-from npud.fastrpc.recording.trace import NULL_SCOPE, OpScope
-from npud.fastrpc.recording.trace_format import (
+from npud.fastrpc.kernel.trace_hooks import (
     DEFAULT_CAPTURE_LIMIT,
+    NULL_SCOPE,
+    JsonValue,
+    OpScope,
+    Record,
+)
+from npud.fastrpc.recording.trace_format import (
     FD_FIELDS,
     OUTPUT_FIELDS,
     TRACE_FORMAT,
     TRACE_VERSION,
-    JsonValue,
     Mappings,
-    Record,
     Symbols,
     decode_data,
     describe_invoke_args,
