@@ -1,9 +1,9 @@
 /*
- * conn.c -- the process's one connection to npud: which one is current, its life and
- * end, and the requests it carries (its other parts: conn_internal.h).
+ * conn.c -- a connection to npud: its references, its end, and the requests it
+ * carries (its other parts: conn_internal.h).
  *
- * Locks: g_lock (which connection is current; held while one is made, so
- * threads that need one wait for it), then conn.mu (state, waiters, epoch),
+ * Locks: g_lock (conn_current.c: which connection is current; held while one is
+ * made, so threads that need one wait for it), then conn.mu (state, waiters, epoch),
  * conn.send_mu (one frame at a time on the socket). A thread never holds
  * conn.mu while it sends or waits for the socket.
  *
@@ -32,9 +32,6 @@
 #include "shim.h"
 #include "wire.h"
 
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct conn *g_conn;
-static uint64_t g_next_gen = 1;
 /* generation << 32 | epoch of the live connection, 0 when there is none. */
 static _Atomic uint64_t g_live;
 
@@ -45,6 +42,10 @@ static _Atomic uint64_t g_live;
 
 static uint64_t live_token(uint64_t gen, uint64_t epoch) {
     return gen << 32 | (epoch & 0x7fffffffu);
+}
+
+void conn_clear_live(void) {
+    atomic_store(&g_live, 0);
 }
 
 void conn_mark_live(const struct conn *c, uint64_t epoch, int restart_seen) {
@@ -158,95 +159,6 @@ int conn_send(struct conn *c, const char *data, size_t len) {
         return rc;
     }
     return 0;
-}
-
-/* ---- the current connection ------------------------------------------------------------- */
-
-int conn_get(struct conn **out) {
-    pthread_mutex_lock(&g_lock);
-    struct conn *c = g_conn;
-    if (c != NULL) {
-        pthread_mutex_lock(&c->mu);
-        int live = c->state == ST_READY;
-        if (live) {
-            c->refs++;
-        }
-        pthread_mutex_unlock(&c->mu);
-        if (live) {
-            pthread_mutex_unlock(&g_lock);
-            *out = c;
-            return 0;
-        }
-        g_conn = NULL;
-        conn_put(c);
-    }
-    int rc = conn_open(g_next_gen, &c);
-    if (rc == 0) {
-        g_next_gen++;
-        pthread_mutex_lock(&c->mu);
-        c->refs++; /* g_conn's */
-        pthread_mutex_unlock(&c->mu);
-        g_conn = c;
-        *out = c;
-    }
-    pthread_mutex_unlock(&g_lock);
-    return rc;
-}
-
-int conn_end_if_idle(struct conn *c, int (*idle)(uint64_t gen)) {
-    int ended = 0;
-    pthread_mutex_lock(&g_lock); /* no other thread gets the connection meanwhile */
-    pthread_mutex_lock(&c->mu);
-    /* the caller's reference, g_conn's and the reader's: nobody else holds it, and
-     * nothing is in flight */
-    int alone = g_conn == c && c->state == ST_READY && c->refs == 3 && c->used == 0;
-    pthread_mutex_unlock(&c->mu);
-    if (alone && idle(c->gen)) {
-        shim_log("the last handle is closed and nothing is held: the DSP process ends");
-        g_conn = NULL;
-        conn_kill(c, AEE_ECONNRESET); /* the reader ends, and npud lets the process go */
-        conn_put(c);                  /* g_conn's reference */
-        ended = 1;
-    }
-    pthread_mutex_unlock(&g_lock);
-    return ended;
-}
-
-void conn_fork_child(void) {
-    pthread_mutex_init(&g_lock, NULL);
-    struct conn *c = g_conn;
-    g_conn = NULL;
-    atomic_store(&g_live, 0);
-    if (c == NULL) {
-        return;
-    }
-    /* The child's copies only: its socket fd (no shutdown: the parent's connection
-     * is the same socket), the fds the reader had kept, its memory. Its mutexes
-     * may have been held by a thread the child does not have: freed, not
-     * destroyed. Objects of its generation are of an ended connection now. */
-    if (c->fd >= 0) {
-        close(c->fd);
-    }
-    conn_close_records(c);
-    free(c->rbuf);
-    free(c);
-}
-
-int conn_get_gen(uint64_t gen, struct conn **out) {
-    int rc = AEE_ECONNRESET;
-    pthread_mutex_lock(&g_lock);
-    struct conn *c = g_conn;
-    if (c != NULL && c->gen == gen) {
-        pthread_mutex_lock(&c->mu);
-        if (c->state == ST_READY) {
-            c->refs++;
-            *out = c;
-            rc = 0;
-        }
-        pthread_mutex_unlock(&c->mu);
-    }
-    pthread_mutex_unlock(&g_lock);
-    return rc;
 }
 
 /* ---- requests ------------------------------------------------------------------------------ */

@@ -2,9 +2,10 @@
  * conn_internal.h -- the connection's state, shared by its parts (not exported).
  *
  * The parts, each one job:
- *   conn.c          the current connection and its life (references, its end, fork),
- *                   and requests: a slot, an id, the frame sent, the wait for the answer
- *   conn_connect.c  a new connection: the socket, the reader thread, Hello -> Welcome
+ *   conn.c          a connection's life (references, its end) and its requests: a
+ *                   slot, an id, the frame sent, the wait for the answer
+ *   conn_current.c  the current connection: made on first use (the socket, the reader
+ *                   thread, Hello -> Welcome), ended when idle, forgotten in a fork
  *   conn_stream.c   the reader thread: frames and the fds that came with them
  *   conn_answers.c  what a frame means: the Welcome, events, an answer to its waiter
  *
@@ -80,10 +81,8 @@ void conn_close_records(struct conn *c);
 /* c's generation and epoch are the live ones (restart_seen: a restart was seen and its
  * session_restarted has not come yet). Called under c->mu. */
 void conn_mark_live(const struct conn *c, uint64_t epoch, int restart_seen);
-
-/* conn_connect.c */
-/* A new connection through its Welcome, with one reference for the caller. */
-int conn_open(uint64_t gen, struct conn **out);
+/* No connection is live (a fork's child forgets its parent's). */
+void conn_clear_live(void);
 
 /* conn_stream.c */
 /* The reader thread: frames until the stream ends, then the connection's end. */

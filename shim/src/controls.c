@@ -20,17 +20,6 @@
 static const char *const DOMAIN_NAMES[] = {"adsp", "mdsp", "sdsp", "cdsp", "cdsp1", "gdsp0",
                                            "gdsp1"};
 
-int shim_domain_by_name(const char *name) {
-    static const char *const order[] = {"adsp", "mdsp", "sdsp", "cdsp1", "cdsp", "gdsp0", "gdsp1"};
-    static const int ids[] = {0, 1, 2, 4, 3, 5, 6};
-    for (unsigned i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
-        if (strncmp(name, order[i], strlen(order[i])) == 0) {
-            return ids[i];
-        }
-    }
-    return -1;
-}
-
 static int dsp_info(struct remote_dsp_capability *cap, uint32_t len) {
     if (cap == NULL || len < sizeof(*cap)) {
         return AEE_EBADPARM;

@@ -91,6 +91,18 @@ static void encode_close(void *ctx, msgpack_packer *pk, uint32_t id) {
     mp_kv_uint(pk, "handle", cl->handle);
 }
 
+/* The domain id libcdsprpc gives the domain name starts with (cdsp1 before cdsp); -1. */
+int shim_domain_by_name(const char *name) {
+    static const char *const order[] = {"adsp", "mdsp", "sdsp", "cdsp1", "cdsp", "gdsp0", "gdsp1"};
+    static const int ids[] = {0, 1, 2, 4, 3, 5, 6};
+    for (unsigned i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        if (strncmp(name, order[i], strlen(order[i])) == 0) {
+            return ids[i];
+        }
+    }
+    return -1;
+}
+
 /* The domain and session a module URI names: npud serves the CDSP, session 0.
  * A 64-bit open must name its domain (libcdsprpc's get_domain_from_name finds
  * none in a URI without "&_dom=" and answers AEE_EBADPARM); a 32-bit open runs

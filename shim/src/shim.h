@@ -7,8 +7,8 @@
  *   log.c      NPUD_SHIM_LOG diagnostics
  *   errors.c   npud error codes -> AEE codes, in one table
  *   wire.c     frames and msgpack helpers (no I/O)
- *   conn.c     the one connection of the process and its requests; conn_connect.c
- *              (Hello), conn_stream.c (the reader thread: frames, fds),
+ *   conn.c     a connection to npud and its requests; conn_current.c (the one
+ *              current, made through Hello), conn_stream.c (the reader: frames, fds),
  *              conn_answers.c (the Welcome, events, answers to their waiters)
  *   mem.c      rpcmem, fastrpc_mmap/munmap, remote_register_buf*
  *   handles.c  remote_handle*_open/close; invoke.c remote_handle*_invoke;

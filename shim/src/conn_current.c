@@ -1,8 +1,9 @@
 /*
- * conn_connect.c -- a new connection to npud: the socket (NPUD_SOCKET), the
- * reader thread (which takes no signals), the Hello (the program's name made to
- * fit the protocol, NPUD_PRIORITY, an isolated domain) and the wait for the
- * Welcome, at most HANDSHAKE_TIMEOUT_S.
+ * conn_current.c -- the process's current connection to npud: made on first use
+ * (the socket, NPUD_SOCKET; the reader thread, which takes no signals; the Hello,
+ * with the program's name made to fit the protocol, NPUD_PRIORITY and an isolated
+ * domain; the wait for the Welcome, at most HANDSHAKE_TIMEOUT_S), handed out by
+ * reference, ended when nothing is held, forgotten in a fork's child.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -21,6 +22,10 @@
 #include "conn_internal.h"
 #include "shim.h"
 #include "wire.h"
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct conn *g_conn;
+static uint64_t g_next_gen = 1;
 
 static void client_name(char *out, size_t size) {
     const char *name = getenv("NPUD_CLIENT_NAME");
@@ -143,7 +148,7 @@ static int start_reader(struct conn *c) {
 }
 
 /* A new connection through its Welcome, with one reference for the caller. */
-int conn_open(uint64_t gen, struct conn **out) {
+static int conn_open(uint64_t gen, struct conn **out) {
     struct conn *c = x_calloc(1, sizeof(*c));
     if (c == NULL) {
         return AEE_ENOMEMORY;
@@ -198,4 +203,91 @@ int conn_open(uint64_t gen, struct conn **out) {
     }
     *out = c;
     return 0;
+}
+
+int conn_get(struct conn **out) {
+    pthread_mutex_lock(&g_lock);
+    struct conn *c = g_conn;
+    if (c != NULL) {
+        pthread_mutex_lock(&c->mu);
+        int live = c->state == ST_READY;
+        if (live) {
+            c->refs++;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (live) {
+            pthread_mutex_unlock(&g_lock);
+            *out = c;
+            return 0;
+        }
+        g_conn = NULL;
+        conn_put(c);
+    }
+    int rc = conn_open(g_next_gen, &c);
+    if (rc == 0) {
+        g_next_gen++;
+        pthread_mutex_lock(&c->mu);
+        c->refs++; /* g_conn's */
+        pthread_mutex_unlock(&c->mu);
+        g_conn = c;
+        *out = c;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+int conn_end_if_idle(struct conn *c, int (*idle)(uint64_t gen)) {
+    int ended = 0;
+    pthread_mutex_lock(&g_lock); /* no other thread gets the connection meanwhile */
+    pthread_mutex_lock(&c->mu);
+    /* the caller's reference, g_conn's and the reader's: nobody else holds it, and
+     * nothing is in flight */
+    int alone = g_conn == c && c->state == ST_READY && c->refs == 3 && c->used == 0;
+    pthread_mutex_unlock(&c->mu);
+    if (alone && idle(c->gen)) {
+        shim_log("the last handle is closed and nothing is held: the DSP process ends");
+        g_conn = NULL;
+        conn_kill(c, AEE_ECONNRESET); /* the reader ends, and npud lets the process go */
+        conn_put(c);                  /* g_conn's reference */
+        ended = 1;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return ended;
+}
+
+void conn_fork_child(void) {
+    pthread_mutex_init(&g_lock, NULL);
+    struct conn *c = g_conn;
+    g_conn = NULL;
+    conn_clear_live();
+    if (c == NULL) {
+        return;
+    }
+    /* The child's copies only: its socket fd (no shutdown: the parent's connection
+     * is the same socket), the fds the reader had kept, its memory. Its mutexes
+     * may have been held by a thread the child does not have: freed, not
+     * destroyed. Objects of its generation are of an ended connection now. */
+    if (c->fd >= 0) {
+        close(c->fd);
+    }
+    conn_close_records(c);
+    free(c->rbuf);
+    free(c);
+}
+
+int conn_get_gen(uint64_t gen, struct conn **out) {
+    int rc = AEE_ECONNRESET;
+    pthread_mutex_lock(&g_lock);
+    struct conn *c = g_conn;
+    if (c != NULL && c->gen == gen) {
+        pthread_mutex_lock(&c->mu);
+        if (c->state == ST_READY) {
+            c->refs++;
+            *out = c;
+            rc = 0;
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
 }
