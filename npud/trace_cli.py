@@ -37,9 +37,9 @@ from npud.backend import select_profile
 from npud.config import ConfigError, load_config
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline, Slice
+from npud.fastrpc.kernel.trace_hooks import DEFAULT_CAPTURE_LIMIT
 from npud.fastrpc.recording.replay import DEFAULT_TIMEOUT, TraceFormatError, replay
 from npud.fastrpc.recording.trace import TraceWriter, TracingDriver
-from npud.fastrpc.recording.trace_format import DEFAULT_CAPTURE_LIMIT
 from npud.fastrpc.session import PROBED_STATIC_HANDLES, FastRpcSession
 from npud.fastrpc.stubs.portal_qnn import PortalQnn
 from npud.logs import print_error

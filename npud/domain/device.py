@@ -18,7 +18,7 @@ Lives on the trio thread; its lanes run the blocking parts.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 import structlog
@@ -142,7 +142,3 @@ class Device:
 
     def lanes(self) -> tuple[LanePool, ...]:
         return (self.closer,)
-
-    def run_later(self, job: Callable[[], None]) -> None:
-        """Run ``job`` on the closer lane (work no request waits for)."""
-        self.closer.submit(job)

@@ -63,9 +63,9 @@ RECOVERY_LOG_EVERY: Final = 2.0
 RETIRE_TIMEOUT: Final = 2.0
 """Seconds a dead or hung session gets to close before it is abandoned to the kernel."""
 CONTROL_STUCK_SECONDS: Final = 60.0
+"""Allocation, mapping and remotectl calls never take this long on a healthy DSP."""
 WAIT_THREADS: Final = 4
 """Threads of a domain's waits lane: two waiting calls for each of two clients."""
-"""Allocation, mapping and remotectl calls never take this long on a healthy DSP."""
 
 _SESSION_INTERNAL: Final = frozenset({ErrorCode.UNKNOWN_HANDLE, ErrorCode.UNKNOWN_BUFFER})
 """Session errors that name the session's own objects (a DSP handle, a session
@@ -85,8 +85,6 @@ class Domain:
     """See the module docstring. Lives on the trio thread; ``current``, ``run``,
     ``translate`` and the ``notice_*`` methods may be called from any thread."""
 
-    _serials = itertools.count(1)
-
     def __init__(
         self,
         device: Device,
@@ -103,7 +101,6 @@ class Domain:
         self.owner = owner
         """The user this DSP process is counted against (``max_domains_per_uid``) and
         closed for when it leaves; None: shared, or the privileged users'."""
-        self.serial = next(self._serials)
         self.control = LanePool(f"control:{name}", 1)
         self.loader = LanePool(f"loader:{name}", 1)
         self.waits = LanePool(f"waits:{name}", WAIT_THREADS)

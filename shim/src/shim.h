@@ -7,13 +7,16 @@
  *   log.c      NPUD_SHIM_LOG diagnostics
  *   errors.c   npud error codes -> AEE codes, in one table
  *   wire.c     frames and msgpack helpers (no I/O)
- *   conn.c     the one connection of the process: Hello, the reader thread,
- *              pipelined requests and their waiters, events
+ *   conn.c     a connection to npud and its requests; conn_current.c (the one
+ *              current, made through Hello), conn_stream.c (the reader: frames, fds),
+ *              conn_answers.c (the Welcome, events, answers to their waiters)
  *   mem.c      rpcmem, fastrpc_mmap/munmap, remote_register_buf*
- *   handles.c  remote_handle*_open/invoke/close and the controls
+ *   handles.c  remote_handle*_open/close; invoke.c remote_handle*_invoke;
+ *              controls.c remote_handle*_control, remote_session_control
  *   port.c     what dspqueue.c needs, on top of mem.c and handles.c
  *   fork.c     the child of a fork starts clean
- *   dspq_ring.c, dspq_rpc.c, dspqueue.c   dspqueue, CPU side
+ *   dspqueue.c, dspq_domain.c, dspq_packets.c, dspq_ring.c, dspq_rpc.c
+ *              dspqueue, CPU side (dspq_queue.h)
  */
 #ifndef NPUD_SHIM_H
 #define NPUD_SHIM_H

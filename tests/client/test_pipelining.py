@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import struct
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
@@ -14,6 +13,7 @@ import npu_client
 import npu_protocol as p
 from tests.client.conftest import open_fds
 from tests.client.peer import ECHO_URI, Hold, HoldThenReverse, Peer
+from tests.polling import wait_until
 
 THREADS = 8
 
@@ -189,7 +189,8 @@ def test_when_the_reader_is_answered_first_a_waiting_thread_reads_on(
     threads = [threading.Thread(target=ping, args=(i,)) for i in range(4)]
     threads[0].start()
     hold.wait_held()
-    _wait_for(lambda: client._reading)  # the first caller is the one reading
+    # the first caller is the one reading
+    wait_until(lambda: client._reading, "a reader", timeout=30)
     for thread in threads[1:]:
         thread.start()
     hold.wait_held(3)
@@ -203,13 +204,6 @@ def test_when_the_reader_is_answered_first_a_waiting_thread_reads_on(
     for thread in threads:
         thread.join(timeout=30)
     assert results == {i: bytes([i]) for i in range(4)}
-
-
-def _wait_for(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 30
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never came true"
-        time.sleep(0.001)
 
 
 def test_close_fails_the_callers_that_wait_and_returns(peer: Peer) -> None:

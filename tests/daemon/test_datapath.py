@@ -201,10 +201,10 @@ async def test_realtime_is_not_queued_behind_background_work(tmp_path: Path) -> 
         stats = daemon.broker.scheduler.statistics()
         assert stats.running == (0, 0, 1)  # background holds one slot, at most
         assert stats.queued == (0, 0, 2)
-        started = trio.current_time()
         await voice.write(busy(2, voice_handle, 1_000))
         assert await voice.next() == p.InvokeReply(id=2)
-        assert trio.current_time() - started < 0.2  # not behind 600 ms of background
+        # Not behind the background: its calls still wait their turn, one at a time.
+        assert daemon.broker.scheduler.statistics().queued[2] >= 1
         for _ in range(3):
             assert isinstance(await llm.next(), p.InvokeReply)
         llm.close()
@@ -299,11 +299,10 @@ async def test_control_requests_are_read_and_answered_during_a_long_call(tmp_pat
         handle = await opened(peer, 1, TEST_URI)
         await peer.write(busy(2, handle, 400_000))
         await trio.sleep(0.05)  # the long call is on the DSP now
-        started = trio.current_time()
         await peer.write(p.AllocRequest(id=3, size=4096), p.PingRequest(id=4))
+        # Both answered before the long call's reply, which comes last.
         first, second = await peer.answers(2)
         assert {first.id, second.id} == {3, 4}  # type: ignore[union-attr]
-        assert trio.current_time() - started < 0.3
         assert await peer.next() == p.InvokeReply(id=2)
         peer.close()
 

@@ -170,17 +170,16 @@ def test_shutdown_past_the_grace_answers_shutting_down_and_exits_in_time(tmp_pat
     peer = RawPeer.connect(daemon.socket_path)
     peer.hello("patient")
     handle = opened(peer)
-    peer.send(busy(7, handle, 8_000_000))  # an 8 s call
+    peer.send(busy(7, handle, 120_000_000))  # a call of two minutes
     time.sleep(0.2)
-    started = time.monotonic()
     daemon.process.send_signal(signal.SIGTERM)
     assert isinstance(peer.receive(), p.ShuttingDown)
     answer = peer.receive()
     assert isinstance(answer, p.ErrorMessage), answer
     assert (answer.id, answer.error_code) == (7, p.ErrorCode.SHUTTING_DOWN)
+    # npud is gone while the call still runs: past the grace it does not wait for the
+    # call (the bound only stops a hang; the call would run for minutes).
     assert daemon.process.wait(20) == 0
-    # Well before the 8 s call could have ended: the grace is not waited twice.
-    assert time.monotonic() - started < 6
     peer.close()
 
 

@@ -20,6 +20,7 @@ from npud.sim import EmulatedDriver, SimConfig
 from npud.sim.compute import Job, SharedCompute
 from tests.emulator import queue_echo_skel
 from tests.emulator.test_sim_dspqueue import Echo, finish, library
+from tests.polling import wait_until
 
 
 def _driver(isolation: str, units: int, hmx: int = 0) -> EmulatedDriver:
@@ -60,13 +61,6 @@ def modelled(isolation: str, tmp_path: Path) -> Iterator[tuple[EmulatedDriver, F
     driver.shutdown()
 
 
-def _wait_for(condition: object, what: str) -> None:
-    deadline = time.monotonic() + GUARD
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.002)
-
-
 def test_a_packet_being_handled_is_work_on_the_channels_shared_compute(
     modelled: tuple[EmulatedDriver, FastRpcSession],
 ) -> None:
@@ -86,7 +80,9 @@ def test_a_packet_being_handled_is_work_on_the_channels_shared_compute(
     writer = threading.Thread(target=exchange)
     writer.start()
     # The piece joins the driver's model while the DSP process's thread handles it.
-    _wait_for(lambda: compute.active == 1 or answered.is_set(), "the piece never joined")
+    wait_until(
+        lambda: compute.active == 1 or answered.is_set(), "the piece never joined", timeout=GUARD
+    )
     assert compute.active == 1
     assert not answered.is_set()
     writer.join(GUARD)

@@ -46,6 +46,7 @@ from tests.emulator.sim_helpers import (
     init_create,
     open_skel,
 )
+from tests.polling import wait_until
 
 SC_ECHO: Final = 0x02020100
 SC_BUSY: Final = 0x04010000
@@ -133,13 +134,6 @@ def _exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + HANG_GUARD
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.01)
 
 
 def _echo(session: FastRpcSession, handle: int, data: bytes) -> bytes:
@@ -354,10 +348,18 @@ def test_calls_on_one_pd_run_at_once(driver: EmulatedDriver, session: FastRpcSes
     handle = session.remote_open(TEST_URI)
     calls = [_busy_forever(session, handle) for _ in range(3)]
     # Three calls on the DSP together (the listener's next2 is the fourth).
-    _wait_for(lambda: driver.statistics().invokes_in_flight >= 4, "three busy calls at once")
+    wait_until(
+        lambda: driver.statistics().invokes_in_flight >= 4,
+        "three busy calls at once",
+        timeout=HANG_GUARD,
+    )
     pid = driver.pd_pid(_fd(session))
     if pid is not None:
-        _wait_for(lambda: int(_status(pid)["Threads"]) >= 4, "three threads in the child")
+        wait_until(
+            lambda: int(_status(pid)["Threads"]) >= 4,
+            "three threads in the child",
+            timeout=HANG_GUARD,
+        )
     session.end_process()  # the busy calls end with their process
     for busy in calls:
         busy.join()
@@ -438,7 +440,9 @@ def test_a_looping_model_burns_only_its_child(driver: EmulatedDriver, tmp_path: 
         run = Background(
             lambda: _portal_call(looping, portal, "execute", model_index=0, graph_index=0)
         )
-        _wait_for(lambda: _cpu_ticks(child) > 20, "the loop burning its child's CPU")
+        wait_until(
+            lambda: _cpu_ticks(child) > 20, "the loop burning its child's CPU", timeout=HANG_GUARD
+        )
         npud_cpu = time.process_time()
         handle = other.remote_open(ECHO_URI)
         for index in range(50):  # another PD serves meanwhile
@@ -470,7 +474,7 @@ def test_a_hung_skel_burns_only_its_child(
     handle = session.remote_open(probe_skel.URI)
     child = _child(driver, session)
     hung = _spin_forever(session, handle)
-    _wait_for(lambda: _cpu_ticks(child) > 20, "the skel spinning")
+    wait_until(lambda: _cpu_ticks(child) > 20, "the skel spinning", timeout=HANG_GUARD)
     other = _open(driver, tmp_path)
     try:
         assert _echo(other, other.remote_open(ECHO_URI), b"served") == b"served"
@@ -504,7 +508,7 @@ def test_exit_then_close_of_a_pd_whose_call_hangs(driver: EmulatedDriver, tmp_pa
         child = driver.pd_pid(fd)
         assert child is not None
         spin = _raw_spin(driver, fd, handle)
-        _wait_for(lambda: _cpu_ticks(child) > 20, "the skel spinning")
+        wait_until(lambda: _cpu_ticks(child) > 20, "the skel spinning", timeout=HANG_GUARD)
         assert exit_process(driver, fd) == 0
         spin.join()
         assert spin.result == AEE_EBADSTATE
@@ -526,7 +530,7 @@ def test_close_with_a_call_in_flight_defers_the_release_like_the_kernel(
     child = driver.pd_pid(fd)
     assert child is not None
     spin = _raw_spin(driver, fd, handle)
-    _wait_for(lambda: _cpu_ticks(child) > 20, "the skel spinning")
+    wait_until(lambda: _cpu_ticks(child) > 20, "the skel spinning", timeout=HANG_GUARD)
     driver.close(fd)
     assert driver.statistics().releases_pending == 1
     assert _exists(child)
@@ -546,7 +550,11 @@ def test_a_restart_ends_the_calls_in_the_child_with_epipe(
 ) -> None:
     handle = session.remote_open(TEST_URI)
     busy = _busy_forever(session, handle)
-    _wait_for(lambda: driver.statistics().invokes_in_flight >= 2, "the busy call on the DSP")
+    wait_until(
+        lambda: driver.statistics().invokes_in_flight >= 2,
+        "the busy call on the DSP",
+        timeout=HANG_GUARD,
+    )
     child = driver.pd_pid(_fd(session))
     driver.faults.subsystem_restart(down_for=0)
     busy.join()
@@ -568,7 +576,7 @@ def test_a_crash_mid_call_ends_the_pd(driver: EmulatedDriver, session: FastRpcSe
     _invoke_restarted(session, handle, SC_ECHO, [prim, Inline(b"x")])
     assert session.dead
     _invoke_restarted(session, handle, SC_ECHO, [prim, Inline(b"x")])
-    _wait_for(lambda: not session.listener_running, "the listener stopping")
+    wait_until(lambda: not session.listener_running, "the listener stopping", timeout=HANG_GUARD)
     stats = driver.statistics()
     assert (stats.pd_crashes, stats.dsp_processes, stats.pd_children) == (1, 0, 0)
     if child is not None:
@@ -581,7 +589,11 @@ def test_crash_process_answers_waiting_calls(
 ) -> None:
     handle = session.remote_open(TEST_URI)
     busy = _busy_forever(session, handle)
-    _wait_for(lambda: driver.statistics().invokes_in_flight >= 2, "the busy call on the DSP")
+    wait_until(
+        lambda: driver.statistics().invokes_in_flight >= 2,
+        "the busy call on the DSP",
+        timeout=HANG_GUARD,
+    )
     assert driver.crash_process(_fd(session))
     busy.join()
     _restarted(busy)
@@ -610,7 +622,11 @@ def test_a_child_killed_under_a_working_call(
     handle = session.remote_open(TEST_URI)
     child = _child(driver, session)
     busy = _busy_forever(session, handle)
-    _wait_for(lambda: driver.statistics().invokes_in_flight >= 2, "the busy call on the DSP")
+    wait_until(
+        lambda: driver.statistics().invokes_in_flight >= 2,
+        "the busy call on the DSP",
+        timeout=HANG_GUARD,
+    )
     os.kill(child, 9)
     busy.join()
     _restarted(busy)
@@ -682,7 +698,11 @@ def test_a_dma_buf_reaches_the_child_once_and_goes_with_its_mapping(
     assert bytes(buffer.view()[4096:4100]) == b"data"  # written in place by the child
     assert _maps_of(child, "fastrpc-dmabuf") == 1  # mapped once, kept for later calls
     session.free(buffer)  # the caller's mapping goes: so does the child's
-    _wait_for(lambda: _maps_of(child, "fastrpc-dmabuf") == 0, "the child dropping the buffer")
+    wait_until(
+        lambda: _maps_of(child, "fastrpc-dmabuf") == 0,
+        "the child dropping the buffer",
+        timeout=HANG_GUARD,
+    )
 
 
 def test_a_mem_mapped_buffer_is_found_in_the_child_by_fd(

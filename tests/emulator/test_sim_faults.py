@@ -8,7 +8,6 @@ import math
 import os
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -35,6 +34,7 @@ from tests.emulator.sim_helpers import (
     remotectl_open,
     running_process,
 )
+from tests.polling import wait_until
 
 
 @pytest.fixture
@@ -43,13 +43,6 @@ def driver() -> Iterator[EmulatedDriver]:
     yield driver
     stats = driver.statistics()
     assert (stats.device_fds_open, stats.releases_pending, stats.invokes_in_flight) == (0, 0, 0)
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.001)
 
 
 class _Background:
@@ -88,7 +81,7 @@ def test_ssr_fails_an_in_flight_invoke_and_the_listener_with_epipe(driver: Emula
         responder = ReverseResponder(driver, fd).start()
         handle = open_skel(driver, fd, NPU_TEST_URI)
         worker = _Background(lambda: busy(driver, fd, handle, 60_000_000))  # a minute
-        _wait_for(lambda: driver.statistics().invokes_in_flight == 2)  # listener + busy
+        wait_until(lambda: driver.statistics().invokes_in_flight == 2)  # listener + busy
         driver.faults.subsystem_restart()
         worker.join()
         responder.join()
@@ -112,7 +105,7 @@ def test_the_256th_outstanding_call_is_enospc(driver: EmulatedDriver) -> None:
         responder = ReverseResponder(driver, fd).start()  # holds one context
         handle = open_skel(driver, fd, NPU_TEST_URI)
         workers = [_Background(lambda: busy(driver, fd, handle, 60_000_000)) for _ in range(254)]
-        _wait_for(lambda: driver.statistics().invokes_in_flight == 255)
+        wait_until(lambda: driver.statistics().invokes_in_flight == 255)
         assert errno_of(busy, driver, fd, handle, 0) == errno.ENOSPC
         driver.faults.subsystem_restart()
         for worker in workers:
@@ -129,7 +122,7 @@ def test_ssr_fails_a_pending_skel_load() -> None:
     try:
         assert init_create(driver, fd) == 0
         opener = _Background(lambda: remotectl_open(driver, fd, NPU_TEST_URI))
-        _wait_for(lambda: driver.statistics().reverse_requests_pending == 1)
+        wait_until(lambda: driver.statistics().reverse_requests_pending == 1)
         driver.faults.subsystem_restart()
         opener.join()
         assert _errno_of_error(opener.error) == errno.EPIPE
@@ -283,7 +276,7 @@ def test_latency_delays_remote_handles_and_ssr_cuts_it_short(driver: EmulatedDri
         driver.faults.set_latency(60)
         handle = open_skel(driver, fd)  # static handles are not delayed
         worker = _Background(lambda: echo(driver, fd, handle, b"x", 1))
-        _wait_for(lambda: driver.statistics().invokes_in_flight == 2)
+        wait_until(lambda: driver.statistics().invokes_in_flight == 2)
         driver.faults.subsystem_restart()
         worker.join()
         responder.join()

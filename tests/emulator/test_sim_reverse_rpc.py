@@ -6,8 +6,7 @@ import os
 import pathlib
 import struct
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -38,6 +37,7 @@ from tests.emulator.sim_helpers import (
     remotectl_open,
     running_process,
 )
+from tests.polling import wait_until
 
 LOAD_SEQUENCE = [
     (0, SC_REMOTECTL_OPEN),  # apps_remotectl open "apps_std"
@@ -304,7 +304,7 @@ def test_exit_wakes_a_listener_blocked_in_next2(driver: EmulatedDriver) -> None:
     try:
         assert init_create(driver, fd) == 0
         responder = ReverseResponder(driver, fd).start()
-        _wait_for(lambda: driver.statistics().invokes_in_flight == 1)
+        wait_until(lambda: driver.statistics().invokes_in_flight == 1)
         assert exit_process(driver, fd) == 0
         responder.join()
         assert responder.exit_result == AEE_EBADSTATE
@@ -321,7 +321,7 @@ def test_exit_fails_a_pending_open(driver: EmulatedDriver) -> None:
             target=lambda: results.append(remotectl_open(driver, fd, ECHO_URI))
         )
         opener.start()
-        _wait_for(lambda: driver.statistics().reverse_requests_pending == 1)
+        wait_until(lambda: driver.statistics().reverse_requests_pending == 1)
         assert exit_process(driver, fd) == 0
         opener.join(10)
         assert results[0].result == AEE_EBADSTATE
@@ -371,9 +371,9 @@ def test_interrupted_listeners_retry_and_requests_are_resent(driver: EmulatedDri
         return None
 
     with running_process(driver, hook=hold_first_fopen) as (fd, responder):
-        _wait_for(lambda: driver.statistics().invokes_in_flight == 1)
+        wait_until(lambda: driver.statistics().invokes_in_flight == 1)
         driver.faults.interrupt_listeners()  # idle listener: EINTERRUPTED, retry
-        _wait_for(lambda: responder.interruptions == 1)
+        wait_until(lambda: responder.interruptions == 1)
         results: list[OpenResult] = []
         opener = threading.Thread(
             target=lambda: results.append(remotectl_open(driver, fd, ECHO_URI))
@@ -385,10 +385,3 @@ def test_interrupted_listeners_retry_and_requests_are_resent(driver: EmulatedDri
         opener.join(10)
         assert (results[0].result, results[0].dl_error) == (0, 0)
         assert responder.requests.count((APPS_STD_HANDLE, 0x13050100)) == 2
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.001)

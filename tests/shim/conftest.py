@@ -41,12 +41,21 @@ def fault_run(tmp_path_factory: pytest.TempPathFactory, shim_faults: Path) -> Pa
 
 @pytest.fixture(scope="session")
 def dspq_test(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """dspqueue.c and the ring code linked with the fake DSP (and the fault hook)."""
+    """dspqueue.c, its parts and the ring code linked with the fake DSP (and the fault hook)."""
     src = SHIM / "src"
     out = tmp_path_factory.mktemp("dspq-test") / "dspq_test"
     sources = [C_DIR / "dspq_test.c", C_DIR / "fake_dsp.c"] + [
         src / name
-        for name in ("dspqueue.c", "dspq_ring.c", "dspq_rpc.c", "fault.c", "log.c", "errors.c")
+        for name in (
+            "dspqueue.c",
+            "dspq_domain.c",
+            "dspq_packets.c",
+            "dspq_ring.c",
+            "dspq_rpc.c",
+            "fault.c",
+            "log.c",
+            "errors.c",
+        )
     ]
     return compile_program(out, sources, extra=(f"-I{src}", "-DSHIM_FAULTS"))
 

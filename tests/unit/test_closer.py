@@ -7,13 +7,13 @@ import os
 import socket
 import struct
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from npud import closer as closer_module
 from npud.closer import Closer, close_now
+from tests.polling import wait_until
 
 
 def pipe_fds(count: int) -> tuple[list[int], list[int]]:
@@ -49,13 +49,6 @@ def blocking(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[set[int], thread
     monkeypatch.setattr(closer_module, "close_now", slow)
     yield stuck, release
     release.set()
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
 
 
 def test_fds_are_closed_and_the_thread_goes_when_idle() -> None:

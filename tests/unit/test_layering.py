@@ -7,6 +7,9 @@
 * ``npud.idl`` and ``npud.formats`` are pure and shared by both of the above.
 * ``npud.domain`` (sessions, their registries, memory) sits below the daemon's
   clients, requests and connections, and never imports them.
+* Inside ``npud.fastrpc`` the folders stand in floors (``FASTRPC_FLOORS``): a folder
+  imports its own modules and those of folders on lower floors, never one beside or
+  above it (the trace hooks live in ``kernel`` for this; remotectl in ``session``).
 * No import cycle among npud's modules (imports outside functions, those only for
   type checking included; a function that imports lazily, as the emulator's skel
   table does, is not a cycle at load).
@@ -109,6 +112,65 @@ def test_importing_the_package_loads_nothing_forbidden(package: str) -> None:
     )
     loaded = json.loads(result.stdout)
     assert [name for name in loaded if _forbidden(name, RULES[package])] == []
+
+
+FASTRPC_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("kernel",),
+    ("reverse", "trust"),
+    ("session",),
+    ("stubs", "recording"),
+    ("host",),
+)
+"""``npud.fastrpc``'s folders from the ground up: the uapi and the Driver seam; what a
+session serves the DSP and what it verifies before a load; the session; what drives a
+session (stubs, a replay); the CPU side of the DSP's host libraries."""
+
+
+def _fastrpc_floor(module: str) -> int | None:
+    """The floor of ``module``'s fastrpc folder; None outside one (``npud.fastrpc`` itself)."""
+    parts = module.split(".")
+    if parts[:2] != ["npud", "fastrpc"] or len(parts) < 3:
+        return None
+    for floor, folders in enumerate(FASTRPC_FLOORS):
+        if parts[2] in folders:
+            return floor
+    raise AssertionError(f"{module}: a fastrpc folder with no floor in FASTRPC_FLOORS")
+
+
+def _fastrpc_runs_back_up(importer: str, imported: str) -> bool:
+    """Whether ``importer`` (a fastrpc module) imports ``imported`` from a folder on its
+    own floor or above: only the same folder, or a lower floor, may be imported."""
+    here, there = _fastrpc_floor(importer), _fastrpc_floor(imported)
+    if here is None or there is None:
+        return False
+    return importer.split(".")[2] != imported.split(".")[2] and there >= here
+
+
+def test_every_fastrpc_folder_has_a_floor() -> None:
+    folders = {
+        path.name for path in (NPUD / "fastrpc").iterdir() if (path / "__init__.py").exists()
+    }
+    assert folders == {folder for floor in FASTRPC_FLOORS for folder in floor}
+
+
+def test_fastrpc_folders_import_only_lower_floors() -> None:
+    # Every import counts, lazy and type-checking ones included: a type is an arrow too.
+    offenders = sorted(
+        f"{_module_name(path)} -> {name}"
+        for path in _sources("npud.fastrpc")
+        for name in _imports(path)
+        if _fastrpc_runs_back_up(_module_name(path), name)
+    )
+    assert offenders == []
+
+
+def test_the_floor_rule_can_fail() -> None:
+    assert _fastrpc_runs_back_up("npud.fastrpc.kernel.dma", "npud.fastrpc.recording.trace")
+    assert _fastrpc_runs_back_up("npud.fastrpc.session._state", "npud.fastrpc.stubs")
+    assert _fastrpc_runs_back_up("npud.fastrpc.stubs.model_format", "npud.fastrpc.recording")
+    assert not _fastrpc_runs_back_up("npud.fastrpc.session._state", "npud.fastrpc.session._device")
+    assert not _fastrpc_runs_back_up("npud.fastrpc.recording.replay", "npud.fastrpc.session")
+    assert not _fastrpc_runs_back_up("npud.fastrpc.host.htp_host", "numpy")
 
 
 def test_subpackages_are_checked() -> None:

@@ -17,7 +17,7 @@ from npud.fastrpc.kernel.marshal import (
     pack_buffers,
     pack_lengths,
 )
-from npud.fastrpc.stubs import remotectl
+from npud.fastrpc.session import _remotectl as remotectl
 
 
 def test_pack_buffers_aligns_data_to_eight_from_the_blob_start() -> None:

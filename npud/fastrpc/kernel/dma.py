@@ -19,7 +19,7 @@ from npu_protocol import MAX_BUFFER_SIZE, ErrorCode
 from npud.fastrpc.kernel.errors import RpcError
 
 if TYPE_CHECKING:
-    from npud.fastrpc.recording.trace import TraceHooks
+    from npud.fastrpc.kernel.trace_hooks import TraceHooks
 
 PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
 _U64_MAX: Final = (1 << 64) - 1

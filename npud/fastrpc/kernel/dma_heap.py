@@ -31,7 +31,7 @@ from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.dma import DeviceFd, DmaBuffer, checked_dma_size
 from npud.fastrpc.kernel.driver import Driver
 from npud.fastrpc.kernel.errors import DriverCall, RpcError, translate_os_error
-from npud.fastrpc.recording.trace import TraceHooks, trace_hooks_of
+from npud.fastrpc.kernel.trace_hooks import TraceHooks, trace_hooks_of
 
 log = logging.getLogger(__name__)
 

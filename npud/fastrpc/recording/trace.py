@@ -4,9 +4,10 @@
 tests) and writes one JSON line per event to a :class:`TraceWriter`: the
 format is specified in docs/trace-format.md (``npud-trace`` version 1). The
 session reports its operations (alloc, invoke, remotectl open...) and the
-reverse calls its listener served through :class:`TraceHooks`, which it finds
-on the driver (``trace_hooks``); ``npud.fastrpc.recording.replay`` plays a trace back
-against a FastRpcSession and reports the first divergence.
+reverse calls its listener served through the trace hooks
+(:mod:`npud.fastrpc.kernel.trace_hooks`), which it finds on the driver
+(``trace_hooks``); ``npud.fastrpc.recording.replay`` plays a trace back against a
+FastRpcSession and reports the first divergence.
 
 What a trace holds: request numbers and struct bytes in and out, decoded
 fields with fds and pointers made stable across runs, return values, errnos,
@@ -33,7 +34,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Final, Protocol, runtime_checkable
+from typing import IO, Final
 
 import msgspec
 
@@ -41,17 +42,21 @@ from npu_protocol import CodedError
 from npud import __version__
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.driver import Driver, IoctlArg
-from npud.fastrpc.recording.trace_format import (
+from npud.fastrpc.kernel.trace_hooks import (
     DEFAULT_CAPTURE_LIMIT,
+    NULL_SCOPE,
+    JsonValue,
+    OpScope,
+    Record,
+    encode_data,
+)
+from npud.fastrpc.recording.trace_format import (
     OUTPUT_FIELDS,
     TRACE_FORMAT,
     TRACE_VERSION,
-    JsonValue,
     Mappings,
-    Record,
     Symbols,
     describe_invoke_args,
-    encode_data,
     mapping_address,
     normalized_fields,
     request_name,
@@ -59,56 +64,6 @@ from npud.fastrpc.recording.trace_format import (
 )
 
 LISTENER_SIDE: Final = "listener"
-
-
-class OpScope(Protocol):
-    """One session operation, open while the session runs it."""
-
-    def result(self, **values: JsonValue) -> None: ...
-
-    def __enter__(self) -> OpScope: ...
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None: ...
-
-
-@runtime_checkable
-class TraceHooks(Protocol):
-    """What FastRpcSession tells a trace (recording or replaying) about itself."""
-
-    def new_session(self) -> int: ...
-
-    def operation(self, name: str, session: int, /, **args: JsonValue) -> OpScope: ...
-
-    def listener_thread(self, session: int) -> None:
-        """The calling thread is ``session``'s reverse-RPC listener."""
-        ...
-
-    def reverse_call(self, session: int, call: Mapping[str, JsonValue]) -> None: ...
-
-    def file_served(self, session: int, name: str, data: bytes) -> None: ...
-
-    @property
-    def capture_limit(self) -> int: ...
-
-
-class _NullScope:
-    def result(self, **values: JsonValue) -> None:
-        """Nothing is recorded."""
-
-    def __enter__(self) -> _NullScope:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-
-NULL_SCOPE: Final = _NullScope()
-
 
 TRACE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -386,12 +341,6 @@ class TracingDriver:
             record["dur"] = round(writer.now() - record["t"], 6)
             record.setdefault("errno", None)
             writer.write(record)
-
-
-def trace_hooks_of(driver: Driver) -> TraceHooks | None:
-    """The hooks a driver offers for tracing (a TracingDriver, a replay), else None."""
-    hooks = getattr(driver, "trace_hooks", None)
-    return hooks if isinstance(hooks, TraceHooks) else None
 
 
 def _signed32(value: int) -> int:

@@ -17,17 +17,13 @@ import hashlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.trace_hooks import JsonValue, Record, encode_data
 
 TRACE_FORMAT: Final = "npud-trace"
 TRACE_VERSION: Final = 1
-DEFAULT_CAPTURE_LIMIT: Final = 1 << 20
-"""Bytes of one buffer recorded in full; longer ones are recorded as length + SHA-256."""
-
-JsonValue = Any
-Record = dict[str, JsonValue]
 
 STRUCTS: Final[Mapping[int, type[ctypes.Structure]]] = {
     abi.FASTRPC_IOCTL_ALLOC_DMA_BUFF: abi.fastrpc_alloc_dma_buf,
@@ -73,15 +69,9 @@ def request_name(request: int) -> str:
 # --- data -------------------------------------------------------------------------------
 
 
-def encode_data(data: bytes, limit: int = DEFAULT_CAPTURE_LIMIT) -> Record:
-    """``{"len", "b64"}`` (trailing zeros trimmed), or ``{"len", "sha256"}`` past ``limit``."""
-    if len(data) > limit:
-        return {"len": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    return {"len": len(data), "b64": base64.b64encode(data.rstrip(b"\0")).decode("ascii")}
-
-
 def decode_data(record: Record) -> bytes | None:
-    """The bytes of an :func:`encode_data` record; None when only a digest was kept."""
+    """The bytes of an ``encode_data`` record (:mod:`npud.fastrpc.kernel.trace_hooks`);
+    None when only a digest was kept."""
     if "b64" not in record:
         return None
     data = base64.b64decode(record["b64"])

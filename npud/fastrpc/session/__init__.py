@@ -75,6 +75,8 @@ the ones it uses):
 * ``_exposed``: descriptors lent to the DSP's loader;
 * ``_reverse_host``: heap growth and shared files for the reverse modules;
 * ``_process``: the shell (INIT_CREATE, the listener) and the process's end;
+* ``_remotectl``: remotectl's calls packed and unpacked (the session's own interface
+  to the DSP's loader, so it lives here rather than among the stubs above);
 * ``_handles``: remotectl open / close and the invokes on remote handles;
 * ``_lifecycle``: statistics and close;
 * ``_session``: opening a session, and the FastRpcSession facade.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
-from npud.fastrpc.recording.trace_format import Record
+from npud.fastrpc.kernel.trace_hooks import Record
 from npud.fastrpc.reverse.exposed_files import ExposedFile
 from npud.fastrpc.session._trace import Tracing, file_record
 

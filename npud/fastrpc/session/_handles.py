@@ -10,11 +10,11 @@ from npu_protocol import ErrorCode, describe_result
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg
-from npud.fastrpc.recording.trace_format import encode_data
+from npud.fastrpc.kernel.trace_hooks import encode_data
+from npud.fastrpc.session import _remotectl as remotectl
 from npud.fastrpc.session._process import Process
 from npud.fastrpc.session._state import log
 from npud.fastrpc.session._trace import traced_arg
-from npud.fastrpc.stubs import remotectl
 
 PROBED_STATIC_HANDLES: Final = frozenset({9, 10})
 """Static handles (libcdsprpc treats 0..10 as static) that no interface is known for."""

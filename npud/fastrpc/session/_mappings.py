@@ -9,7 +9,7 @@ from npu_protocol import ErrorCode
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.kernel.errors import RpcError
-from npud.fastrpc.recording.trace_format import Record
+from npud.fastrpc.kernel.trace_hooks import Record
 from npud.fastrpc.session._state import SessionState, log
 
 FASTRPC_MAP_FD_EXTENDED: Final = 17

@@ -11,7 +11,7 @@ from npud.fastrpc.kernel.capabilities import query_capabilities
 from npud.fastrpc.kernel.dma import DeviceFd
 from npud.fastrpc.kernel.driver import Driver
 from npud.fastrpc.kernel.errors import translate_os_error
-from npud.fastrpc.recording.trace import trace_hooks_of
+from npud.fastrpc.kernel.trace_hooks import trace_hooks_of
 from npud.fastrpc.session._device import open_first
 from npud.fastrpc.session._lifecycle import Lifecycle
 from npud.fastrpc.session._state import log

@@ -16,14 +16,13 @@ from npud.fastrpc.kernel.capabilities import DspInfo
 from npud.fastrpc.kernel.dma import ComputeBank, DeviceFd, DmaBuffer
 from npud.fastrpc.kernel.driver import Driver, IoctlArg
 from npud.fastrpc.kernel.errors import RpcError
-from npud.fastrpc.recording.trace import TraceHooks, trace_hooks_of
-from npud.fastrpc.recording.trace_format import Record
+from npud.fastrpc.kernel.trace_hooks import Record, TraceHooks, trace_hooks_of
 from npud.fastrpc.reverse.apps_std import AppsStdServer
 from npud.fastrpc.reverse.exposed_files import ExposedFiles
 from npud.fastrpc.reverse.listener import ReverseRpcListener
 from npud.fastrpc.reverse.reverse_modules import ReverseObserver
+from npud.fastrpc.session import _remotectl as remotectl
 from npud.fastrpc.session._device import checked_ioctl
-from npud.fastrpc.stubs import remotectl
 
 log = logging.getLogger("npud.fastrpc.session")
 """One logger for the whole session package (its records keep the module's old name)."""

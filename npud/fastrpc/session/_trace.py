@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from npud.fastrpc.kernel.invoke_args import InArg, Inline, InvokeResult, OutArg, Slice
-from npud.fastrpc.recording.trace_format import Record, encode_data
+from npud.fastrpc.kernel.trace_hooks import Record, encode_data
 from npud.fastrpc.reverse.apps_std import AppsStdServer
 from npud.fastrpc.reverse.reverse_modules import CallDescription, ReverseObserver
 from npud.fastrpc.session._invoke import Invoking
