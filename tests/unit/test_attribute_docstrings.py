@@ -32,9 +32,6 @@ KNOWN: frozenset[tuple[str, str]] = frozenset(
         # with the fix (the last test fails when an entry is no longer needed).
         ("npud/sim/compute.py", "Seconds between a waiting piece's looks"),
         ("npud/sim/pd_host.py", "The (uid, gid) children run as"),
-        ("npu_client/_requests.py", "The protocol version that has models."),
-        ("npu_protocol/_wire.py", "Inputs (and outputs) of one model graph"),
-        ("npu_protocol/_wire.py", "Dimensions of one tensor."),
     }
 )
 """Misplaced docstrings known and not yet moved: (file, the docstring's first words)."""

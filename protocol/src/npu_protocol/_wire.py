@@ -64,6 +64,7 @@ MAX_TENSORS: Final = 32
 MAX_GRAPHS: Final = 8
 """Graphs of one model (portal_qnn's limit)."""
 MAX_RANK: Final = 8
+"""Dimensions of one tensor."""
 MAX_CHAIN_STEPS: Final = 16
 """Steps of one model_chain (npud refuses more with INVALID_ARGUMENT; the decoder takes
 up to four times as many, so that a longer chain is an error reply, not a broken
@@ -71,7 +72,6 @@ connection)."""
 MAX_REQUEST_ITEMS: Final = 16384
 """Msgpack items (each scalar, string, array and map counts once) in one payload a
 client sends; more is BAD_MESSAGE (the server walks every item for repeated keys)."""
-"""Dimensions of one tensor."""
 MAX_STATUS_CLIENTS: Final = 1024
 
 _U16_MAX: Final = 0xFFFF
