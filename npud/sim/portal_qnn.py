@@ -136,6 +136,7 @@ _RUN: Final = PORTAL_IDL.method("run")
 _LAST_ERROR: Final = PORTAL_IDL.method("last_error")
 _GRAPH_NAME: Final = PORTAL_IDL.method("graph_name")
 _OUTPUT_DIMS: Final = PORTAL_IDL.method("output_dims")
+_RUN_DIMS: Final = PORTAL_IDL.method("run_dims")
 OUTPUT_DIMS_STRIDE: Final = 1 + MAX_RANK  # output_dims: rank, then 8 dimensions
 MAX_GRAPHS: Final = graph_pack.MAX_GRAPHS
 _SPEC_SIZE: Final = _GRAPH_INFO.param("inputs").element_size  # sizeof(portal_qnn_tensor_spec)
@@ -656,6 +657,14 @@ def _overgrown(spec: TensorSpec, array: npt.NDArray[Any]) -> bytes:
     return text.encode("utf-8")[: MAX_ERROR_BYTES - 1].decode("utf-8", "ignore").encode("utf-8")
 
 
+def _dims_entries(shapes: Sequence[tuple[int, ...]]) -> list[int]:
+    """output_dims' entries: each shape's rank, then its dimensions padded to MAX_RANK."""
+    dims: list[int] = []
+    for shape in shapes:
+        dims += [len(shape), *shape, *[0] * (MAX_RANK - len(shape))]
+    return dims
+
+
 def _graph_name(session: ort.InferenceSession) -> str:
     """The ONNX graph's own name, or "" when it has none the DSP can report."""
     name = str(session.get_modelmeta().graph_name)
@@ -769,6 +778,7 @@ class PortalQnnSkel(Skel):
                 "last_error": self._last_error,
                 "graph_name": self._graph_name,
                 "output_dims": self._output_dims,
+                "run_dims": self._run_dims,
             },
         )
 
@@ -956,11 +966,29 @@ class PortalQnnSkel(Skel):
             return AEE.ENOTINITIALIZED.dsp
         if len(args.view("dims")) < OUTPUT_DIMS_STRIDE * 4 * len(shapes):  # u32 each
             return AEE.EBUFFERTOOSMALL.dsp
-        dims: list[int] = []
-        for shape in shapes:
-            dims += [len(shape), *shape, *[0] * (MAX_RANK - len(shape))]
-        call.pack_routs(_OUTPUT_DIMS, {"dims": dims, "num_outputs": len(shapes)})
+        call.pack_routs(_OUTPUT_DIMS, {"dims": _dims_entries(shapes), "num_outputs": len(shapes)})
         return 0
+
+    def _run_dims(self, call: SkelCall) -> int:
+        """run, then output_dims' answer in the same call (one round trip per run)."""
+        args = call.unpack(_RUN_DIMS)
+        with self._lock:
+            model = self._model(args.integer("model_index"), args.integer("graph_index"))
+            if isinstance(model, int):
+                return model
+            if len(args.view("dims")) < OUTPUT_DIMS_STRIDE * 4 * len(model.outputs):
+                return AEE.EBUFFERTOOSMALL.dsp  # before the graph runs: nothing changed
+            with call.computing(matrix=True):
+                rc, status = model.run(args.view("inputs"), args.view("outputs"))
+            self._keep_error(args.integer("model_index"), model)
+            shapes = model.output_dims() if rc == 0 and status == 0 else None
+        if rc == 0:
+            dims = _dims_entries(shapes or [])
+            call.pack_routs(
+                _RUN_DIMS,
+                {"qnn_status": status, "dims": dims, "num_outputs": len(shapes or [])},
+            )
+        return rc
 
     def _graph_name(self, call: SkelCall) -> int:
         args = call.unpack(_GRAPH_NAME)

@@ -48,6 +48,7 @@ PINNED_WORDS: Final = {
     ("portal_qnn", "last_error"): 0x09010200,
     ("portal_qnn", "graph_name"): 0x0A010200,
     ("portal_qnn", "output_dims"): 0x0B010200,
+    ("portal_qnn", "run_dims"): 0x0C020300,
 }
 
 

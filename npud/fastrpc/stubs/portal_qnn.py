@@ -89,6 +89,7 @@ _RUN: Final = "run"
 _LAST_ERROR: Final = "last_error"
 _GRAPH_NAME: Final = "graph_name"
 _OUTPUT_DIMS: Final = "output_dims"
+_RUN_DIMS: Final = "run_dims"
 OUTPUT_DIMS_STRIDE: Final = 1 + MAX_RANK  # output_dims: each output's rank, then 8 dims
 MAX_GRAPH_NAME_BYTES: Final = 128  # graph_name's capacity: names are at most 127 bytes
 MAX_GRAPHS: Final = 8  # graphs per model (idl/portal_qnn.idl)
@@ -421,6 +422,9 @@ class PortalQnn:
         self._load_lock = threading.Lock()  # a load and the reason it failed, together
         self._models: dict[int, _Model] = {}
         self._closed = False
+        self._run_dims = True
+        """Whether the skel has run_dims (method 12); False once it answered
+        AEE_EUNSUPPORTED (runs then take run and output_dims: two invokes)."""
 
     @classmethod
     def open(cls, session: FastRpcSession, *, backend: Backend) -> PortalQnn:
@@ -632,9 +636,9 @@ class PortalQnn:
         :attr:`GraphSpec.input_arena` bytes), execute, every output into the ``outputs``
         arena (at least :attr:`GraphSpec.output_arena` bytes; the rest is zero-filled).
         Returns every output's shape as the run produced it when the graph has outputs
-        with rooms (:attr:`GraphSpec.rooms`: a second invoke, output_dims), else None:
-        every output has graph_info's shape. An output that outgrew its room is
-        ``ModelFailure.OUTPUT_TOO_LARGE``."""
+        with rooms (:attr:`GraphSpec.rooms`; the same invoke, run_dims, or on a skel
+        without it a second one, output_dims), else None: every output has graph_info's
+        shape. An output that outgrew its room is ``ModelFailure.OUTPUT_TOO_LARGE``."""
         _check_slice(inputs)
         _check_slice(outputs)
         with self._model(slot) as model:
@@ -652,13 +656,20 @@ class PortalQnn:
                     f" the slice holds {outputs.length}",
                 )
             model.executed.discard(graph)
-            rc, values = self._call(
-                _RUN,
-                model_index=slot,
-                graph_index=graph,
-                inputs=inputs if inputs.length else b"",
-                outputs=outputs,
-            )
+            arguments = {
+                "model_index": slot,
+                "graph_index": graph,
+                "inputs": inputs if inputs.length else b"",
+                "outputs": outputs,
+            }
+            shaped = bool(spec.rooms) and self._run_dims
+            if shaped:
+                dims = OUTPUT_DIMS_STRIDE * len(spec.outputs)
+                rc, values = self._call(_RUN_DIMS, **arguments, dims=dims)
+                if rc == AEE.EUNSUPPORTED.dsp:  # a skel before run_dims: nothing ran
+                    self._run_dims = shaped = False
+            if not shaped:
+                rc, values = self._call(_RUN, **arguments)
             if rc == AEE.EINVALIDFORMAT.dsp:
                 raise self._overgrown(slot, graph)
             self._check(rc, model)
@@ -667,6 +678,8 @@ class PortalQnn:
             if status != 0:
                 raise self._graph_failure(slot, graph, status)
             model.executed.add(graph)
+            if shaped:
+                return _produced_shapes(values, spec)
             return self._output_dims(slot, spec) if spec.rooms else None
 
     def _output_dims(self, slot: int, spec: GraphSpec) -> tuple[tuple[int, ...], ...] | None:
@@ -680,13 +693,7 @@ class PortalQnn:
             return None
         if rc != 0:
             raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
-        dims = values.integers("dims")
-        shapes = []
-        for i in range(min(values.integer("num_outputs"), len(spec.outputs))):
-            rank = min(dims[OUTPUT_DIMS_STRIDE * i], MAX_RANK)
-            start = OUTPUT_DIMS_STRIDE * i + 1
-            shapes.append(tuple(dims[start : start + rank]))
-        return tuple(shapes)
+        return _produced_shapes(values, spec)
 
     def _overgrown(self, slot: int, graph: int) -> ModelError:
         """An output did not fit the place graph_info gave it: the DSP's words name the
@@ -869,6 +876,18 @@ class PortalQnn:
         if result.rc != 0:
             return result.rc, idl.Values({})
         return 0, method.decode(result.outputs)
+
+
+def _produced_shapes(values: idl.Values, spec: GraphSpec) -> tuple[tuple[int, ...], ...]:
+    """The outputs' shapes in output_dims' (and run_dims') ``dims``: each output's rank,
+    then its dimensions, 9 entries apiece."""
+    dims = values.integers("dims")
+    shapes = []
+    for i in range(min(values.integer("num_outputs"), len(spec.outputs))):
+        rank = min(dims[OUTPUT_DIMS_STRIDE * i], MAX_RANK)
+        start = OUTPUT_DIMS_STRIDE * i + 1
+        shapes.append(tuple(dims[start : start + rank]))
+    return tuple(shapes)
 
 
 def _check_slice(data: object) -> None:
