@@ -537,6 +537,11 @@ class OnnxModel:
         self.input_offsets, self.input_arena = arena_offsets(self.inputs)
         self.output_offsets, self.output_arena = arena_offsets(self.outputs)
         self._names = [spec.name for spec in self.inputs]
+        # What each run reads the inputs arena as, computed once (a run is per chunk).
+        self._views = [
+            (spec.dtype, int(np.prod(spec.shape, dtype=np.int64)), offset, spec.shape)
+            for spec, offset in zip(self.inputs, self.input_offsets, strict=True)
+        ]
         self.last_error = b""
         """Why the last execute or run failed (empty: it succeeded), for last_error."""
 
@@ -583,8 +588,8 @@ class OnnxModel:
         # Views of the caller's arena: onnxruntime reads them in place. The staged copies
         # are filled afterwards only so that a later execute sees these inputs too.
         arrays = [
-            np.frombuffer(inputs, spec.dtype, int(np.prod(spec.shape)), offset).reshape(spec.shape)
-            for spec, offset in zip(self.inputs, self.input_offsets, strict=True)
+            np.frombuffer(inputs, dtype, count, offset).reshape(shape)
+            for dtype, count, offset, shape in self._views
         ]
         self._produced = None
         self.last_error = b""
@@ -599,18 +604,18 @@ class OnnxModel:
             return 0, _qnn_status(exc)
         self._stage(arrays)
         target = np.frombuffer(outputs, np.uint8)
-        for spec, array in zip(self.outputs, produced, strict=True):
+        contiguous = [np.ascontiguousarray(array) for array in produced]
+        for spec, array in zip(self.outputs, contiguous, strict=True):
             if not _fits(spec, array):  # before a byte is written: the outputs stay as they were
                 self.last_error = _overgrown(spec, array)
                 return AEE.EINVALIDFORMAT.dsp, 0
         end = 0
-        for offset, array in zip(self.output_offsets, produced, strict=True):
-            data = np.ascontiguousarray(array)
+        for offset, data in zip(self.output_offsets, contiguous, strict=True):
             target[end:offset] = 0
             target[offset : offset + data.nbytes] = data.reshape(-1).view(np.uint8)
             end = offset + data.nbytes
         target[end:] = 0
-        self._produced = [np.ascontiguousarray(array) for array in produced]
+        self._produced = contiguous
         return 0, 0
 
     def _stage(self, arrays: Sequence[npt.NDArray[Any]]) -> None:
