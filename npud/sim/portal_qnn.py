@@ -30,9 +30,12 @@ the model runtime itself refuses. What differs is the model:
   model. Where onnxruntime cannot load the model so (shape inference fails in
   a branch of an ``If`` that these shapes cannot take, as Silero VAD's 8 kHz
   branch with 16 kHz chunks), the model loads as it is and its outputs need
-  their shapes given. An unknown name, a rank or a fixed dimension that
-  disagrees with the model is AEE_EBADPARM (a bad model_uri); a dimension
-  left free is AEE_EINVALIDFORMAT ("a tensor that cannot be sized").
+  their shapes given. An output dimension still free takes the model's own
+  bound where the graph shows one (:mod:`npud.sim.onnx_bounds`: durations it
+  clips, a ``NonZero``...): the output's room, as a given shape would be.
+  An unknown name, a rank or a fixed dimension that disagrees with the model
+  is AEE_EBADPARM (a bad model_uri); a dimension left free is
+  AEE_EINVALIDFORMAT ("a tensor that cannot be sized").
 * ``run`` takes the inputs and gives the outputs as tensor arenas (the
   IDL's layout: tensor i at the sum of the previous sizes, each rounded up
   to 64 bytes): the inputs are fed to onnxruntime as numpy views of the
@@ -58,11 +61,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import re
 import threading
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 # onnxruntime's Linux wheels (1.32) carry a telemetry client that, at import,
@@ -81,7 +85,7 @@ from npud import idl
 from npud.formats import graph_pack, onnx_proto, onnx_values
 from npud.formats.onnx_values import Constant
 from npud.idl import arena
-from npud.sim import onnx_fold
+from npud.sim import onnx_bounds, onnx_fold
 from npud.sim.skels import HostFileError, Skel, SkelCall, SkelMethod, idl_methods
 
 log = logging.getLogger(__name__)
@@ -265,18 +269,26 @@ _Axes = list[tuple[object, object]]
 """Each axis of a tensor as the session and as the model declare it."""
 
 
+Bounds = Callable[[Mapping[str, tuple[int, ...]]], Mapping[str, tuple[int | None, ...]]]
+"""The model's own bounds of its tensors' dimensions, from the inputs' shapes
+(npud.sim.onnx_bounds.output_bounds)."""
+
+
 def _resolve_shapes(
     declared: Sequence[tuple[str, str, list[int | str | None]]],
     given: Mapping[str, tuple[int, ...]],
     outputs: frozenset[str] = frozenset(),
     original: Mapping[str, Sequence[onnx_proto.Dim]] | None = None,
+    bounds: Bounds | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape with every dimension fixed; RefusedError otherwise.
 
     ``declared`` is what the session says (after inference, where it ran on the inputs'
     fixed shapes, which no longer name their dimensions); ``original`` the model's own
     declarations, whose named dimensions a given shape binds wherever they appear. An
-    empty or ``?`` dim_param names nothing (onnx_proto.dim_name)."""
+    empty or ``?`` dim_param names nothing (onnx_proto.dim_name). An output dimension
+    these leave free takes the model's own bound where ``bounds`` finds one (asked once,
+    with the inputs' shapes): the output's room."""
     models = original or {}
     names = {name for name, _, _ in declared}
     unknown = sorted(set(given) - names)
@@ -294,6 +306,7 @@ def _resolve_shapes(
         if name in given:
             _bind_given(name, axes(name, dims), given[name], bound)
     shapes: dict[str, tuple[int, ...]] = {}
+    found: list[Mapping[str, tuple[int | None, ...]]] = []  # the bounds, once asked
     for name, _, dims in declared:
         if name in given:
             shapes[name] = given[name]
@@ -305,10 +318,30 @@ def _resolve_shapes(
                 if size is None and label is not None:
                     size = bound.get(label)
             sizes.append(size)
+        if None in sizes and name in outputs and bounds is not None:
+            if not found:
+                found.append(bounds({n: s for n, s in shapes.items() if n not in outputs}))
+            sizes = _bounded(sizes, found[0].get(name))
+            if None not in sizes:
+                log.info(
+                    "portal_qnn: an output sized by the model's own bound",
+                    extra={"output": name, "room": sizes},
+                )
         if None in sizes:
             raise RefusedError(AEE.EINVALIDFORMAT, _unsized(name, axes(name, dims), sizes, outputs))
         shapes[name] = tuple(size for size in sizes if size is not None)
     return shapes
+
+
+def _bounded(sizes: list[int | None], limits: tuple[int | None, ...] | None) -> list[int | None]:
+    """``sizes`` with each free dimension the model's bound of it (at least 1: a room
+    holds something), where the bound is known and of the same rank."""
+    if limits is None or len(limits) != len(sizes):
+        return sizes
+    return [
+        size if size is not None else (None if limit is None else max(1, limit))
+        for size, limit in zip(sizes, limits, strict=True)
+    ]
 
 
 def _bind_given(name: str, axes: _Axes, shape: tuple[int, ...], bound: dict[str, int]) -> None:
@@ -391,6 +424,18 @@ def _with_input_shapes(data: bytes, given: Mapping[str, tuple[int, ...]]) -> byt
                 return None
             inputs[tensor.name] = shape
     return onnx_proto.with_input_shapes(onnx_proto.BytesSource(data), inputs)
+
+
+def _model_bounds(
+    data: bytes, inputs: Mapping[str, tuple[int, ...]]
+) -> dict[str, tuple[int | None, ...]]:
+    """The model's own bounds of its tensors' dimensions (npud.sim.onnx_bounds), none
+    that would make a tensor larger than a QNN tensor may be (its room must be given)."""
+    bounds = onnx_bounds.output_bounds(data, inputs)
+    for name, dims in list(bounds.items()):
+        if None not in dims and math.prod(d for d in dims if d is not None) > MAX_TENSOR_BYTES:
+            del bounds[name]
+    return bounds
 
 
 def _declarations(data: bytes) -> dict[str, tuple[onnx_proto.Dim, ...]]:
@@ -523,7 +568,13 @@ class OnnxModel:
                 f"{len(inputs)} inputs and {len(outputs)} outputs (at most 32, at least 1 output)",
             )
         names = frozenset(name for name, _, _ in outputs)
-        resolved = _resolve_shapes([*inputs, *outputs], shapes, names, _declarations(data))
+        resolved = _resolve_shapes(
+            [*inputs, *outputs],
+            shapes,
+            names,
+            _declarations(data),
+            lambda fixed: _model_bounds(data, fixed),
+        )
         self.inputs = [_spec(name, kind, resolved[name]) for name, kind, _ in inputs]
         self.outputs = [_spec(name, kind, resolved[name]) for name, kind, _ in outputs]
         total = sum(spec.nbytes for spec in [*self.inputs, *self.outputs])

@@ -755,6 +755,49 @@ def test_outputs_with_rooms_report_their_shapes_in_the_runs_invoke(
     session.free(buffer)
 
 
+def test_an_output_the_model_bounds_gets_its_bound_as_its_room(
+    portal: PortalQnn, session: FastRpcSession, tmp_path: Path
+) -> None:
+    """Durations the model clips to 8 samples: 3 phonemes make at most 24 samples of
+    audio, the room the load gives it without a shape; each run reports its length. A
+    shape given still decides the room."""
+    tts = load(portal, tmp_path, onnx_models.clipped_tts(), shapes={"durations": (1, 3)})
+    (graph,) = tts.graphs
+    assert graph.output("audio").shape == (1, 1, 24)
+    assert "audio" in graph.rooms
+    buffer = session.alloc(4096)
+    inputs, outputs = Slice(buffer, 0, graph.input_arena), Slice(buffer, 1024, graph.output_arena)
+    for durations, length in (([2, 3, 1], 6), ([50, 50, 50], 24)):
+        with buffer.view() as view:
+            view[0:24] = np.array([durations], np.int64).tobytes()
+        assert portal.run_arena(tts.slot, inputs, outputs) == ((1, 1, length),)
+    with buffer.view() as view:
+        produced = np.frombuffer(bytes(view[1024 : 1024 + 96]), np.float32)
+    np.testing.assert_array_equal(produced, np.arange(24))
+    session.free(buffer)
+    given = load(
+        portal,
+        tmp_path,
+        onnx_models.clipped_tts(),
+        shapes={"durations": (1, 3), "audio": (1, 1, 10)},
+    )
+    assert given.graphs[0].output("audio").shape == (1, 1, 10)
+
+
+def test_an_output_with_no_bound_and_no_room_is_refused_saying_how_to_give_one(
+    portal: PortalQnn, tmp_path: Path
+) -> None:
+    with pytest.raises(ModelError) as refused:
+        load(portal, tmp_path, onnx_models.clipped_tts(limit=None), shapes={"durations": (1, 3)})
+    assert failure(refused) is ModelFailure.MODEL_REJECTED
+    assert (
+        "output 'audio' dimension 2 ('time') does not follow from the input shapes given"
+        in refused.value.detail
+    )
+    assert "shapes={'audio': [1, 1, N]} (npuctl run --shape audio=1,1,N)" in refused.value.detail
+    assert "give the largest: a room" in refused.value.detail
+
+
 def test_a_skel_without_run_dims_runs_then_asks_output_dims(
     portal: PortalQnn, session: FastRpcSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -202,8 +202,9 @@ class GraphSpec:
     """The name the model gives the graph (graph_name); empty when it gives none or the
     skel predates graph_name."""
     rooms: frozenset[str] = frozenset()
-    """Outputs whose shape is a room the data fills in part (their real shape comes
-    with each run: output_dims)."""
+    """Outputs whose shape may be a room the data fills in part (their real shape comes
+    with each run: run_dims): those given a shape the model leaves free, and those the
+    DSP sized (from the inputs' shapes, or from the model's own bound)."""
 
     @property
     def input_arena(self) -> int:
@@ -523,6 +524,9 @@ class PortalQnn:
         if checked is None:
             checked = self.check(fd, self.backend, shapes, constants=constants, sizes=sizes)
         sniffed, unsized, roomy = checked.file, list(checked.unsized), checked.rooms
+        # What the check left for the DSP to size may be a room the model bounds itself
+        # (npud.sim.onnx_bounds): its runs report their shapes (run_dims) as a room's do.
+        left = frozenset(t.name for t in unsized)
         query = model_uri_query(shapes or {}, constants or {}, sizes or {})
         try:
             exposed = self._session.expose_file(fd, suffix=QNN_SUFFIX[self.backend])
@@ -545,7 +549,7 @@ class PortalQnn:
         slot = values.integer("model_index")
         try:
             graphs = tuple(
-                self._describe(slot, g, roomy[g] if g < len(roomy) else frozenset())
+                self._describe(slot, g, (roomy[g] if g < len(roomy) else frozenset()) | left)
                 for g in range(values.integer("num_graphs"))
             )
         except BaseException:
