@@ -109,6 +109,7 @@ VALUE_DTYPES: Final = onnx_values.DTYPES
 DEFAULT_INTRA_OP_THREADS: Final = 1
 ORT_QUIET: Final = 4  # onnxruntime's FATAL: the skel logs failures itself
 ORT_MODEL_FORMAT: Final = "session.load_model_format"  # "ONNX": no ORT-format sniffing
+SHARED_SESSION: Final = "model"  # OnnxModel's shared: the session of the model as it is
 
 # QNN error numbers (skel/include/qnn_min.h) for what onnxruntime refuses.
 QNN_COMMON_ERROR_NOT_SUPPORTED: Final = 1000
@@ -529,9 +530,15 @@ class OnnxModel:
         threads: int,
         name: str = "",
         weights: bytes = b"",
+        shared: dict[str, ort.InferenceSession] | None = None,
     ) -> None:
         """``data`` is the ONNX model; ``weights`` what a graph pack appends to it (its
-        shared weights as a second graph field, which protobuf merges into the first)."""
+        shared weights as a second graph field, which protobuf merges into the first).
+        ``shared``: the session of ``data`` as it is, made by another graph of the same
+        model (several sizes), which this graph runs too when it needs no session of its
+        own (one whose inputs' shapes are fixed, for inference): the model's weights
+        are then held once, as a QNN context's graphs share theirs, and not thrashed
+        through the cache a copy per size."""
         _check_self_contained(data + weights)
         options = ort.SessionOptions()
         options.add_session_config_entry(ORT_MODEL_FORMAT, "ONNX")
@@ -544,6 +551,8 @@ class OnnxModel:
             fixed += weights
         if fixed is not None:
             session = _inferred_session(fixed, options)
+        if session is None and shared is not None:
+            session = shared.get(SHARED_SESSION)
         try:
             self._session = (
                 session
@@ -552,6 +561,8 @@ class OnnxModel:
                     data + weights, sess_options=options, providers=["CPUExecutionProvider"]
                 )
             )
+            if shared is not None and fixed is None:
+                shared.setdefault(SHARED_SESSION, self._session)
         except ort_errors.InvalidProtobuf as exc:
             raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
         except MemoryError:
@@ -785,12 +796,13 @@ def compose_sizes(data: bytes, asked: ModelQuery, threads: int) -> LoadedSlot:
     folded = _folded(data, asked.constants)
     count = len(next(iter(asked.sizes.values())))
     graphs = []
+    shared: dict[str, ort.InferenceSession] = {}  # one session for the sizes that need none
     for index in range(count):
         chosen = {name: shapes[index] for name, shapes in asked.sizes.items()}
         label = ",".join(f"{n}={'x'.join(str(d) for d in s)}" for n, s in chosen.items())
         if len(label.encode("utf-8")) >= MAX_NAME_BYTES:
             raise RefusedError(AEE.EBADPARM, f"the graph name {label[:40]!r}... is too long")
-        graphs.append(OnnxModel(folded, {**asked.shapes, **chosen}, threads, label))
+        graphs.append(OnnxModel(folded, {**asked.shapes, **chosen}, threads, label, shared=shared))
     return LoadedSlot(graphs)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+import numpy as np
 import pytest
 
 from npu_protocol import AEE
@@ -25,6 +26,8 @@ from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from npud.sim.portal_qnn import (
     MAX_ERROR_BYTES,
     QNN_COMMON_ERROR_GENERAL,
+    ModelQuery,
+    compose_sizes,
     failure_text,
     parse_model_uri,
 )
@@ -381,3 +384,23 @@ def test_output_dims_are_what_the_last_run_produced(raw: Raw, affine: str) -> No
     assert dims.integers("dims") == [1, 3, *[0] * 7, 1, 1, *[0] * 7]
     assert raw.call("output_dims", model_index=1, graph_index=0, dims=18)[0] == AEE.EBADSTATE.dsp
     assert raw.call("output_dims", model_index=0, graph_index=1, dims=18)[0] == AEE.EBADPARM.dsp
+
+
+def test_sizes_share_one_session_when_no_size_needs_its_own() -> None:
+    """A decoder's sizes run on one session of the model (its weights held once, as a QNN
+    context's graphs share theirs); a model whose outputs each size infers keeps a
+    session per size, each on its own input shapes. Each graph still runs at its size."""
+    sizes = {"preds": ((1, 1), (1, 3))}
+    decoder = compose_sizes(onnx_models.growing_decoder(), ModelQuery(sizes=sizes), 1)
+    first, second = decoder.graphs
+    assert first._session is second._session
+    for graph, n in ((first, 1), (second, 3)):
+        inputs = bytearray(graph.input_arena)
+        inputs[: 8 * n] = np.arange(n, dtype=np.int64).tobytes()
+        outputs = bytearray(graph.output_arena)
+        assert graph.run(memoryview(inputs), memoryview(outputs)) == (0, 0)
+        assert graph.output_dims() == [(1, n, onnx_models.DECODER_VOCAB)]
+    inferred = onnx_models.add_one((None, 4), out_shape=(None, None))
+    each = compose_sizes(inferred, ModelQuery(sizes={"x": ((1, 4), (2, 4))}), 1)
+    assert each.graphs[0]._session is not each.graphs[1]._session
+    assert [g.outputs[0].shape for g in each.graphs] == [(1, 4), (2, 4)]
