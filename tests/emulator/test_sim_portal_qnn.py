@@ -390,7 +390,7 @@ def test_sizes_share_one_session_when_no_size_needs_its_own() -> None:
     """A decoder's sizes run on one session of the model (its weights held once, as a QNN
     context's graphs share theirs); a model whose outputs each size infers keeps a
     session per size, each on its own input shapes. Each graph still runs at its size."""
-    sizes = {"preds": ((1, 1), (1, 3))}
+    sizes: dict[str, tuple[tuple[int, ...], ...]] = {"preds": ((1, 1), (1, 3))}
     decoder = compose_sizes(onnx_models.growing_decoder(), ModelQuery(sizes=sizes), 1)
     first, second = decoder.graphs
     assert first._session is second._session
