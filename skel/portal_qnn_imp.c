@@ -469,3 +469,65 @@ SKEL_EXPORT int portal_qnn_run(remote_handle64 _h, unsigned int model_index,
     release(context);
     return rc;
 }
+
+SKEL_EXPORT int portal_qnn_output_dims(remote_handle64 _h, unsigned int model_index,
+                                       unsigned int graph_index, unsigned int *dims,
+                                       int dimsLen, unsigned int *num_outputs) {
+    if (dimsLen < 0 || (dimsLen != 0 && dims == NULL) || num_outputs == NULL) {
+        return AEE_EBADPARM;
+    }
+    portal_context *context = acquire(_h);
+    if (context == NULL) {
+        return AEE_EINVHANDLE;
+    }
+    int rc = AEE_SUCCESS;
+    const qnn_model *model = loaded_model(context, model_index, &rc);
+    if (model != NULL) {
+        uint32_t count = 0;
+        rc = qnn_model_output_dims(model, graph_index, dims, (size_t)dimsLen, &count);
+        if (rc == AEE_SUCCESS) {
+            *num_outputs = count;
+        }
+    }
+    release(context);
+    return rc;
+}
+
+SKEL_EXPORT int portal_qnn_run_dims(remote_handle64 _h, unsigned int model_index,
+                                    unsigned int graph_index, const unsigned char *inputs,
+                                    int inputsLen, unsigned char *outputs, int outputsLen,
+                                    unsigned int *dims, int dimsLen, unsigned int *qnn_status,
+                                    unsigned int *num_outputs) {
+    if (inputsLen < 0 || outputsLen < 0 || dimsLen < 0 || (dimsLen != 0 && dims == NULL) ||
+        qnn_status == NULL || num_outputs == NULL) {
+        return AEE_EBADPARM;
+    }
+    portal_context *context = acquire(_h);
+    if (context == NULL) {
+        return AEE_EINVHANDLE;
+    }
+    int rc = AEE_SUCCESS;
+    qnn_model *model = loaded_model(context, model_index, &rc);
+    if (model != NULL) {
+        uint32_t outputs_count = qnn_model_num_outputs(model, graph_index);
+        /* Every check before the graph runs: a dims buffer too small changes nothing. */
+        if (outputs_count != 0 &&
+            (size_t)dimsLen < (size_t)outputs_count * QNN_MODEL_DIMS_STRIDE) {
+            rc = AEE_EBUFFERTOOSMALL;
+        } else {
+            uint32_t status = QNN_SUCCESS;
+            uint32_t count = 0;
+            rc = qnn_model_run(model, graph_index, inputs, (size_t)inputsLen, outputs,
+                               (size_t)outputsLen, &status);
+            if (rc == AEE_SUCCESS && status == QNN_SUCCESS) {
+                rc = qnn_model_output_dims(model, graph_index, dims, (size_t)dimsLen, &count);
+            } else if (rc == AEE_SUCCESS && dimsLen != 0) {
+                memset(dims, 0, (size_t)dimsLen * sizeof(*dims));
+            }
+            *qnn_status = status;
+            *num_outputs = count;
+        }
+    }
+    release(context);
+    return rc;
+}

@@ -21,6 +21,13 @@
  *   9 last_error    0x09010200  primIn {model_index, capacity(text)}, primROut {text_len}, text
  *  10 graph_name    0x0A010200  primIn {model_index, graph_index, capacity(name)},
  *                               primROut {name_len}, name
+ *  11 output_dims   0x0B010200  primIn {model_index, graph_index, capacity(dims)} (in u32s),
+ *                               primROut {num_outputs}, dims
+ *  12 model_ref, 13 chain: not in this skel (AEE_EUNSUPPORTED: npud runs a chain's steps
+ *                   one by one)
+ *  14 run_dims      0x0E020300  primIn {model_index, graph_index, len(inputs), capacity(outputs),
+ *                               capacity(dims)}, inputs, primROut {qnn_status, num_outputs},
+ *                               outputs, dims
  *
  * Every buffer is checked before the implementation runs, so a badly
  * marshalled call never has a side effect. Wrong counts or lengths:
@@ -246,6 +253,65 @@ static int invoke_graph_name(remote_handle64 h, uint32_t sc, remote_arg *pra) {
     return rc;
 }
 
+static int invoke_output_dims(remote_handle64 h, uint32_t sc, remote_arg *pra) {
+    uint32_t prim_in[3] = {0, 0, 0};
+    int rc = skel_check_counts(sc, pra, 1, 2, 0, 0);
+    if (rc == AEE_SUCCESS) {
+        rc = skel_read_u32s(&pra[0], prim_in, 3);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_u32s_room(&pra[1], 1);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_records(&pra[2], prim_in[2], sizeof(uint32_t));
+    }
+    if (rc != AEE_SUCCESS) {
+        return rc;
+    }
+    unsigned int num_outputs = 0;
+    rc = portal_qnn_output_dims(h, prim_in[0], prim_in[1], (unsigned int *)pra[2].buf.pv,
+                                (int)prim_in[2], &num_outputs);
+    if (rc == AEE_SUCCESS) {
+        const uint32_t prim_rout[1] = {num_outputs};
+        rc = skel_write_u32s(&pra[1], prim_rout, 1);
+    }
+    return rc;
+}
+
+static int invoke_run_dims(remote_handle64 h, uint32_t sc, remote_arg *pra) {
+    uint32_t prim_in[5] = {0, 0, 0, 0, 0};
+    int rc = skel_check_counts(sc, pra, 2, 3, 0, 0);
+    if (rc == AEE_SUCCESS) {
+        rc = skel_read_u32s(&pra[0], prim_in, 5);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_sequence(&pra[1], prim_in[2]);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_u32s_room(&pra[2], 2);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_sequence(&pra[3], prim_in[3]);
+    }
+    if (rc == AEE_SUCCESS) {
+        rc = skel_check_records(&pra[4], prim_in[4], sizeof(uint32_t));
+    }
+    if (rc != AEE_SUCCESS) {
+        return rc;
+    }
+    unsigned int qnn_status = 0;
+    unsigned int num_outputs = 0;
+    rc = portal_qnn_run_dims(h, prim_in[0], prim_in[1], (const unsigned char *)pra[1].buf.pv,
+                             (int)prim_in[2], (unsigned char *)pra[3].buf.pv, (int)prim_in[3],
+                             (unsigned int *)pra[4].buf.pv, (int)prim_in[4], &qnn_status,
+                             &num_outputs);
+    if (rc == AEE_SUCCESS) {
+        const uint32_t prim_rout[2] = {qnn_status, num_outputs};
+        rc = skel_write_u32s(&pra[2], prim_rout, 2);
+    }
+    return rc;
+}
+
 int portal_qnn_skel_handle_invoke(remote_handle64 h, uint32_t sc, remote_arg *pra) {
     switch (REMOTE_SCALARS_METHOD(sc)) {
     case 0:
@@ -270,6 +336,10 @@ int portal_qnn_skel_handle_invoke(remote_handle64 h, uint32_t sc, remote_arg *pr
         return invoke_last_error(h, sc, pra);
     case 10:
         return invoke_graph_name(h, sc, pra);
+    case 11:
+        return invoke_output_dims(h, sc, pra);
+    case 14:
+        return invoke_run_dims(h, sc, pra);
     default:
         return AEE_EUNSUPPORTED;
     }

@@ -172,6 +172,8 @@ static int stage_tensors(const Qnn_Tensor_t *source, uint32_t count, Qnn_Tensor_
         }
         (*buffers)[i].data = data;
         (*buffers)[i].bytes = bytes;
+        (*buffers)[i].declared_rank = source[i].rank;
+        (*buffers)[i].declared_dims = source[i].dimensions;
         (*tensors)[i] = source[i];
         (*tensors)[i].clientBuf.data = data;
         (*tensors)[i].clientBuf.dataSize = bytes;
@@ -314,6 +316,32 @@ int qnn_model_set_input(qnn_model *model, uint32_t graph_index, uint32_t tensor,
     return AEE_SUCCESS;
 }
 
+/*
+ * Keep the shape graphExecute left in an output's record (QNN writes a dynamic
+ * output's produced dimensions there; a fixed one's stay as composed), or
+ * AEE_EINVALIDFORMAT when it is no shape of that buffer: a rank over the
+ * maximum, no dimensions, or more elements than the buffer holds.
+ */
+static int keep_produced_dims(const Qnn_Tensor_t *record, qnn_buffer *buffer) {
+    uint32_t rank = record->rank;
+    if (rank > PORTAL_QNN_MAX_RANK || (rank != 0 && record->dimensions == NULL)) {
+        return AEE_EINVALIDFORMAT;
+    }
+    uint64_t bytes = element_bytes(buffer->spec.data_type);
+    for (uint32_t d = 0; d < rank && bytes <= buffer->bytes; d++) {
+        bytes *= record->dimensions[d];
+    }
+    if (bytes > buffer->bytes) {
+        return AEE_EINVALIDFORMAT;
+    }
+    buffer->produced_rank = rank;
+    memset(buffer->produced_dims, 0, sizeof(buffer->produced_dims));
+    if (rank != 0) {
+        memcpy(buffer->produced_dims, record->dimensions, rank * sizeof(*record->dimensions));
+    }
+    return AEE_SUCCESS;
+}
+
 int qnn_model_execute(qnn_model *model, uint32_t graph_index, uint32_t *qnn_status) {
     qnn_graph *graph = graph_at(model, graph_index);
     if (graph == NULL) {
@@ -330,6 +358,8 @@ int qnn_model_execute(qnn_model *model, uint32_t graph_index, uint32_t *qnn_stat
     for (uint32_t i = 0; i < graph->num_outputs; i++) {
         graph->output_tensors[i].clientBuf.data = graph->outputs[i].data;
         graph->output_tensors[i].clientBuf.dataSize = graph->outputs[i].bytes;
+        graph->output_tensors[i].rank = graph->outputs[i].declared_rank;
+        graph->output_tensors[i].dimensions = graph->outputs[i].declared_dims;
         graph->outputs[i].produced = 0;
     }
     graph->outputs_valid = false;
@@ -355,10 +385,43 @@ int qnn_model_execute(qnn_model *model, uint32_t graph_index, uint32_t *qnn_stat
                  (unsigned)i);
             return AEE_EINVALIDFORMAT;
         }
+        int rc = keep_produced_dims(&graph->output_tensors[i], &graph->outputs[i]);
+        if (rc != AEE_SUCCESS) {
+            FARF(ERROR, "portal_qnn: graph %u left output %u with dimensions past its buffer",
+                 (unsigned)graph_index, (unsigned)i);
+            return rc;
+        }
         graph->outputs[i].produced = written->dataSize;
     }
     graph->outputs_valid = true;
     return AEE_SUCCESS;
+}
+
+int qnn_model_output_dims(const qnn_model *model, uint32_t graph_index, uint32_t *dims,
+                          size_t capacity, uint32_t *num_outputs) {
+    if (graph_index >= model->num_graphs || (capacity != 0 && dims == NULL)) {
+        return AEE_EBADPARM;
+    }
+    const qnn_graph *graph = &model->graphs[graph_index];
+    if (!graph->outputs_valid) {
+        return AEE_ENOTINITIALIZED;
+    }
+    if (capacity < (size_t)graph->num_outputs * QNN_MODEL_DIMS_STRIDE) {
+        return AEE_EBUFFERTOOSMALL;
+    }
+    memset(dims, 0, capacity * sizeof(*dims));
+    for (uint32_t i = 0; i < graph->num_outputs; i++) {
+        const qnn_buffer *buffer = &graph->outputs[i];
+        uint32_t *entry = dims + (size_t)i * QNN_MODEL_DIMS_STRIDE;
+        entry[0] = buffer->produced_rank;
+        memcpy(entry + 1, buffer->produced_dims, buffer->produced_rank * sizeof(*entry));
+    }
+    *num_outputs = graph->num_outputs;
+    return AEE_SUCCESS;
+}
+
+uint32_t qnn_model_num_outputs(const qnn_model *model, uint32_t graph_index) {
+    return graph_index < model->num_graphs ? model->graphs[graph_index].num_outputs : 0;
 }
 
 int qnn_model_get_output(qnn_model *model, uint32_t graph_index, uint32_t tensor, uint8_t *out,

@@ -30,9 +30,12 @@ the model runtime itself refuses. What differs is the model:
   model. Where onnxruntime cannot load the model so (shape inference fails in
   a branch of an ``If`` that these shapes cannot take, as Silero VAD's 8 kHz
   branch with 16 kHz chunks), the model loads as it is and its outputs need
-  their shapes given. An unknown name, a rank or a fixed dimension that
-  disagrees with the model is AEE_EBADPARM (a bad model_uri); a dimension
-  left free is AEE_EINVALIDFORMAT ("a tensor that cannot be sized").
+  their shapes given. An output dimension still free takes the model's own
+  bound where the graph shows one (:mod:`npud.sim.onnx_bounds`: durations it
+  clips, a ``NonZero``...): the output's room, as a given shape would be.
+  An unknown name, a rank or a fixed dimension that disagrees with the model
+  is AEE_EBADPARM (a bad model_uri); a dimension left free is
+  AEE_EINVALIDFORMAT ("a tensor that cannot be sized").
 * ``run`` takes the inputs and gives the outputs as tensor arenas (the
   IDL's layout: tensor i at the sum of the previous sizes, each rounded up
   to 64 bytes): the inputs are fed to onnxruntime as numpy views of the
@@ -59,11 +62,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import re
 import threading
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 # onnxruntime's Linux wheels (1.32) carry a telemetry client that, at import,
@@ -82,7 +86,7 @@ from npud import idl
 from npud.formats import graph_pack, onnx_proto, onnx_values
 from npud.formats.onnx_values import Constant
 from npud.idl import arena
-from npud.sim import onnx_fold, portal_chain
+from npud.sim import onnx_bounds, onnx_fold, portal_chain
 from npud.sim.skels import HostFileError, Skel, SkelCall, SkelMethod, idl_methods
 
 log = logging.getLogger(__name__)
@@ -106,6 +110,7 @@ VALUE_DTYPES: Final = onnx_values.DTYPES
 DEFAULT_INTRA_OP_THREADS: Final = 1
 ORT_QUIET: Final = 4  # onnxruntime's FATAL: the skel logs failures itself
 ORT_MODEL_FORMAT: Final = "session.load_model_format"  # "ONNX": no ORT-format sniffing
+SHARED_SESSION: Final = "model"  # OnnxModel's shared: the session of the model as it is
 
 # QNN error numbers (skel/include/qnn_min.h) for what onnxruntime refuses.
 QNN_COMMON_ERROR_NOT_SUPPORTED: Final = 1000
@@ -139,6 +144,7 @@ _GRAPH_NAME: Final = PORTAL_IDL.method("graph_name")
 _OUTPUT_DIMS: Final = PORTAL_IDL.method("output_dims")
 _MODEL_REF: Final = PORTAL_IDL.method("model_ref")
 _CHAIN: Final = PORTAL_IDL.method("chain")
+_RUN_DIMS: Final = PORTAL_IDL.method("run_dims")
 OUTPUT_DIMS_STRIDE: Final = 1 + MAX_RANK  # output_dims: rank, then 8 dimensions
 MAX_GRAPHS: Final = graph_pack.MAX_GRAPHS
 _SPEC_SIZE: Final = _GRAPH_INFO.param("inputs").element_size  # sizeof(portal_qnn_tensor_spec)
@@ -267,18 +273,26 @@ _Axes = list[tuple[object, object]]
 """Each axis of a tensor as the session and as the model declare it."""
 
 
+Bounds = Callable[[Mapping[str, tuple[int, ...]]], Mapping[str, tuple[int | None, ...]]]
+"""The model's own bounds of its tensors' dimensions, from the inputs' shapes
+(npud.sim.onnx_bounds.output_bounds)."""
+
+
 def _resolve_shapes(
     declared: Sequence[tuple[str, str, list[int | str | None]]],
     given: Mapping[str, tuple[int, ...]],
     outputs: frozenset[str] = frozenset(),
     original: Mapping[str, Sequence[onnx_proto.Dim]] | None = None,
+    bounds: Bounds | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape with every dimension fixed; RefusedError otherwise.
 
     ``declared`` is what the session says (after inference, where it ran on the inputs'
     fixed shapes, which no longer name their dimensions); ``original`` the model's own
     declarations, whose named dimensions a given shape binds wherever they appear. An
-    empty or ``?`` dim_param names nothing (onnx_proto.dim_name)."""
+    empty or ``?`` dim_param names nothing (onnx_proto.dim_name). An output dimension
+    these leave free takes the model's own bound where ``bounds`` finds one (asked once,
+    with the inputs' shapes): the output's room."""
     models = original or {}
     names = {name for name, _, _ in declared}
     unknown = sorted(set(given) - names)
@@ -296,6 +310,7 @@ def _resolve_shapes(
         if name in given:
             _bind_given(name, axes(name, dims), given[name], bound)
     shapes: dict[str, tuple[int, ...]] = {}
+    found: list[Mapping[str, tuple[int | None, ...]]] = []  # the bounds, once asked
     for name, _, dims in declared:
         if name in given:
             shapes[name] = given[name]
@@ -307,10 +322,30 @@ def _resolve_shapes(
                 if size is None and label is not None:
                     size = bound.get(label)
             sizes.append(size)
+        if None in sizes and name in outputs and bounds is not None:
+            if not found:
+                found.append(bounds({n: s for n, s in shapes.items() if n not in outputs}))
+            sizes = _bounded(sizes, found[0].get(name))
+            if None not in sizes:
+                log.info(
+                    "portal_qnn: an output sized by the model's own bound",
+                    extra={"output": name, "room": sizes},
+                )
         if None in sizes:
             raise RefusedError(AEE.EINVALIDFORMAT, _unsized(name, axes(name, dims), sizes, outputs))
         shapes[name] = tuple(size for size in sizes if size is not None)
     return shapes
+
+
+def _bounded(sizes: list[int | None], limits: tuple[int | None, ...] | None) -> list[int | None]:
+    """``sizes`` with each free dimension the model's bound of it (at least 1: a room
+    holds something), where the bound is known and of the same rank."""
+    if limits is None or len(limits) != len(sizes):
+        return sizes
+    return [
+        size if size is not None else (None if limit is None else max(1, limit))
+        for size, limit in zip(sizes, limits, strict=True)
+    ]
 
 
 def _bind_given(name: str, axes: _Axes, shape: tuple[int, ...], bound: dict[str, int]) -> None:
@@ -393,6 +428,18 @@ def _with_input_shapes(data: bytes, given: Mapping[str, tuple[int, ...]]) -> byt
                 return None
             inputs[tensor.name] = shape
     return onnx_proto.with_input_shapes(onnx_proto.BytesSource(data), inputs)
+
+
+def _model_bounds(
+    data: bytes, inputs: Mapping[str, tuple[int, ...]]
+) -> dict[str, tuple[int | None, ...]]:
+    """The model's own bounds of its tensors' dimensions (npud.sim.onnx_bounds), none
+    that would make a tensor larger than a QNN tensor may be (its room must be given)."""
+    bounds = onnx_bounds.output_bounds(data, inputs)
+    for name, dims in list(bounds.items()):
+        if None not in dims and math.prod(d for d in dims if d is not None) > MAX_TENSOR_BYTES:
+            del bounds[name]
+    return bounds
 
 
 def _declarations(data: bytes) -> dict[str, tuple[onnx_proto.Dim, ...]]:
@@ -486,9 +533,15 @@ class OnnxModel:
         threads: int,
         name: str = "",
         weights: bytes = b"",
+        shared: dict[str, ort.InferenceSession] | None = None,
     ) -> None:
         """``data`` is the ONNX model; ``weights`` what a graph pack appends to it (its
-        shared weights as a second graph field, which protobuf merges into the first)."""
+        shared weights as a second graph field, which protobuf merges into the first).
+        ``shared``: the session of ``data`` as it is, made by another graph of the same
+        model (several sizes), which this graph runs too when it needs no session of its
+        own (one whose inputs' shapes are fixed, for inference): the model's weights
+        are then held once, as a QNN context's graphs share theirs, and not thrashed
+        through the cache a copy per size."""
         _check_self_contained(data + weights)
         options = ort.SessionOptions()
         options.add_session_config_entry(ORT_MODEL_FORMAT, "ONNX")
@@ -501,6 +554,8 @@ class OnnxModel:
             fixed += weights
         if fixed is not None:
             session = _inferred_session(fixed, options)
+        if session is None and shared is not None:
+            session = shared.get(SHARED_SESSION)
         try:
             self._session = (
                 session
@@ -509,6 +564,8 @@ class OnnxModel:
                     data + weights, sess_options=options, providers=["CPUExecutionProvider"]
                 )
             )
+            if shared is not None and fixed is None:
+                shared.setdefault(SHARED_SESSION, self._session)
         except ort_errors.InvalidProtobuf as exc:
             raise RefusedError(AEE.EUNABLETOLOAD, f"not an ONNX model: {exc}") from None
         except MemoryError:
@@ -525,7 +582,13 @@ class OnnxModel:
                 f"{len(inputs)} inputs and {len(outputs)} outputs (at most 32, at least 1 output)",
             )
         names = frozenset(name for name, _, _ in outputs)
-        resolved = _resolve_shapes([*inputs, *outputs], shapes, names, _declarations(data))
+        resolved = _resolve_shapes(
+            [*inputs, *outputs],
+            shapes,
+            names,
+            _declarations(data),
+            lambda fixed: _model_bounds(data, fixed),
+        )
         self.inputs = [_spec(name, kind, resolved[name]) for name, kind, _ in inputs]
         self.outputs = [_spec(name, kind, resolved[name]) for name, kind, _ in outputs]
         total = sum(spec.nbytes for spec in [*self.inputs, *self.outputs])
@@ -539,6 +602,11 @@ class OnnxModel:
         self.input_offsets, self.input_arena = arena_offsets(self.inputs)
         self.output_offsets, self.output_arena = arena_offsets(self.outputs)
         self._names = [spec.name for spec in self.inputs]
+        # What each run reads the inputs arena as, computed once (a run is per chunk).
+        self._views = [
+            (spec.dtype, int(np.prod(spec.shape, dtype=np.int64)), offset, spec.shape)
+            for spec, offset in zip(self.inputs, self.input_offsets, strict=True)
+        ]
         self.last_error = b""
         """Why the last execute or run failed (empty: it succeeded), for last_error."""
 
@@ -585,8 +653,8 @@ class OnnxModel:
         # Views of the caller's arena: onnxruntime reads them in place. The staged copies
         # are filled afterwards only so that a later execute sees these inputs too.
         arrays = [
-            np.frombuffer(inputs, spec.dtype, int(np.prod(spec.shape)), offset).reshape(spec.shape)
-            for spec, offset in zip(self.inputs, self.input_offsets, strict=True)
+            np.frombuffer(inputs, dtype, count, offset).reshape(shape)
+            for dtype, count, offset, shape in self._views
         ]
         self._produced = None
         self.last_error = b""
@@ -601,18 +669,18 @@ class OnnxModel:
             return 0, _qnn_status(exc)
         self._stage(arrays)
         target = np.frombuffer(outputs, np.uint8)
-        for spec, array in zip(self.outputs, produced, strict=True):
+        contiguous = [np.ascontiguousarray(array) for array in produced]
+        for spec, array in zip(self.outputs, contiguous, strict=True):
             if not _fits(spec, array):  # before a byte is written: the outputs stay as they were
                 self.last_error = _overgrown(spec, array)
                 return AEE.EINVALIDFORMAT.dsp, 0
         end = 0
-        for offset, array in zip(self.output_offsets, produced, strict=True):
-            data = np.ascontiguousarray(array)
+        for offset, data in zip(self.output_offsets, contiguous, strict=True):
             target[end:offset] = 0
             target[offset : offset + data.nbytes] = data.reshape(-1).view(np.uint8)
             end = offset + data.nbytes
         target[end:] = 0
-        self._produced = [np.ascontiguousarray(array) for array in produced]
+        self._produced = contiguous
         return 0, 0
 
     def run_arrays(
@@ -682,6 +750,14 @@ def _overgrown(spec: TensorSpec, array: npt.NDArray[Any]) -> bytes:
     return text.encode("utf-8")[: MAX_ERROR_BYTES - 1].decode("utf-8", "ignore").encode("utf-8")
 
 
+def _dims_entries(shapes: Sequence[tuple[int, ...]]) -> list[int]:
+    """output_dims' entries: each shape's rank, then its dimensions padded to MAX_RANK."""
+    dims: list[int] = []
+    for shape in shapes:
+        dims += [len(shape), *shape, *[0] * (MAX_RANK - len(shape))]
+    return dims
+
+
 def _graph_name(session: ort.InferenceSession) -> str:
     """The ONNX graph's own name, or "" when it has none the DSP can report."""
     name = str(session.get_modelmeta().graph_name)
@@ -746,12 +822,13 @@ def compose_sizes(data: bytes, asked: ModelQuery, threads: int) -> LoadedSlot:
     folded = _folded(data, asked.constants)
     count = len(next(iter(asked.sizes.values())))
     graphs = []
+    shared: dict[str, ort.InferenceSession] = {}  # one session for the sizes that need none
     for index in range(count):
         chosen = {name: shapes[index] for name, shapes in asked.sizes.items()}
         label = ",".join(f"{n}={'x'.join(str(d) for d in s)}" for n, s in chosen.items())
         if len(label.encode("utf-8")) >= MAX_NAME_BYTES:
             raise RefusedError(AEE.EBADPARM, f"the graph name {label[:40]!r}... is too long")
-        graphs.append(OnnxModel(folded, {**asked.shapes, **chosen}, threads, label))
+        graphs.append(OnnxModel(folded, {**asked.shapes, **chosen}, threads, label, shared=shared))
     return LoadedSlot(graphs)
 
 
@@ -797,6 +874,7 @@ class PortalQnnSkel(Skel):
                 "output_dims": self._output_dims,
                 "model_ref": self._model_ref,
                 "chain": self._chain,
+                "run_dims": self._run_dims,
             },
         )
         self._refs: portal_chain.ModelRefs | None = None  # the process's, at the first ref
@@ -1075,11 +1153,29 @@ class PortalQnnSkel(Skel):
             return AEE.ENOTINITIALIZED.dsp
         if len(args.view("dims")) < OUTPUT_DIMS_STRIDE * 4 * len(shapes):  # u32 each
             return AEE.EBUFFERTOOSMALL.dsp
-        dims: list[int] = []
-        for shape in shapes:
-            dims += [len(shape), *shape, *[0] * (MAX_RANK - len(shape))]
-        call.pack_routs(_OUTPUT_DIMS, {"dims": dims, "num_outputs": len(shapes)})
+        call.pack_routs(_OUTPUT_DIMS, {"dims": _dims_entries(shapes), "num_outputs": len(shapes)})
         return 0
+
+    def _run_dims(self, call: SkelCall) -> int:
+        """run, then output_dims' answer in the same call (one round trip per run)."""
+        args = call.unpack(_RUN_DIMS)
+        with self._lock:
+            model = self._model(args.integer("model_index"), args.integer("graph_index"))
+            if isinstance(model, int):
+                return model
+            if len(args.view("dims")) < OUTPUT_DIMS_STRIDE * 4 * len(model.outputs):
+                return AEE.EBUFFERTOOSMALL.dsp  # before the graph runs: nothing changed
+            with call.computing(matrix=True):
+                rc, status = model.run(args.view("inputs"), args.view("outputs"))
+            self._keep_error(args.integer("model_index"), model)
+            shapes = model.output_dims() if rc == 0 and status == 0 else None
+        if rc == 0:
+            dims = _dims_entries(shapes or [])
+            call.pack_routs(
+                _RUN_DIMS,
+                {"qnn_status": status, "dims": dims, "num_outputs": len(shapes or [])},
+            )
+        return rc
 
     def _graph_name(self, call: SkelCall) -> int:
         args = call.unpack(_GRAPH_NAME)

@@ -28,6 +28,12 @@ typedef struct {
     uint8_t *data;
     uint32_t bytes;    /* size of data: the tensor's full size */
     uint32_t produced; /* outputs: bytes the last execute produced */
+    /* outputs: the record's rank and dimensions as composed (restored before each
+     * execute) and as the last successful execute left them (output_dims). */
+    uint32_t declared_rank;
+    const uint32_t *declared_dims;
+    uint32_t produced_rank;
+    uint32_t produced_dims[PORTAL_QNN_MAX_RANK];
     portal_qnn_tensor_spec spec; /* what graph_info reports (copied: the library may change its records) */
 } qnn_buffer;
 
@@ -114,6 +120,25 @@ int qnn_model_get_output(qnn_model *model, uint32_t graph, uint32_t tensor, uint
  */
 int qnn_model_run(qnn_model *model, uint32_t graph, const uint8_t *inputs, size_t input_length,
                   uint8_t *outputs, size_t output_capacity, uint32_t *qnn_status);
+
+/* Entries of output_dims per output: the rank, then PORTAL_QNN_MAX_RANK dimensions. */
+#define QNN_MODEL_DIMS_STRIDE (1u + PORTAL_QNN_MAX_RANK)
+
+/*
+ * Every output's shape as the graph's last successful execute produced it
+ * (the dimensions graphExecute left in its output records: a graph with
+ * dynamic output dimensions writes the produced ones there), into dims
+ * (capacity u32s, the rest zero-filled), QNN_MODEL_DIMS_STRIDE entries per
+ * output, and the output count in *num_outputs. AEE_EBADPARM: graph index
+ * out of range or NULL dims; AEE_ENOTINITIALIZED: no successful execute since
+ * the load or the last failure; AEE_EBUFFERTOOSMALL: capacity below
+ * QNN_MODEL_DIMS_STRIDE entries per output.
+ */
+int qnn_model_output_dims(const qnn_model *model, uint32_t graph, uint32_t *dims,
+                          size_t capacity, uint32_t *num_outputs);
+
+/* The number of outputs of graph, or 0 when there is no such graph. */
+uint32_t qnn_model_num_outputs(const qnn_model *model, uint32_t graph);
 
 /*
  * Describe graph's tensors: inputs[0..num_inputs-1] and outputs[0..num_outputs-1]

@@ -842,6 +842,35 @@ async def test_an_output_sized_by_the_data_fills_its_room_and_says_its_shape(
         assert out["output"].shape == (1, 1, 3)
 
 
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+async def test_an_output_the_model_bounds_needs_no_room_given(
+    tmp_path: Path, kind: ClientKind
+) -> None:
+    """Durations the model clips (at most 8 samples a phoneme): the load sizes the audio
+    from the model's own bound, 3 phonemes * 8, and each run returns its real length; a
+    model with no bound is refused, saying how to give the room."""
+    clipped = model_file(tmp_path, onnx_models.clipped_tts(), "clipped.onnx")
+    unbounded = model_file(tmp_path, onnx_models.clipped_tts(limit=None), "unbounded.onnx")
+    async with (
+        serve_daemon(tmp_path),
+        open_client(kind, tmp_path / "npud.sock") as npu,
+    ):
+        async with await npu.load_model(clipped, shapes={"durations": (1, 3)}) as model:
+            assert model.outputs[0].shape == (1, 1, 24)  # the model's bound: its room
+            out = await model.run({"durations": np.array([[2, 3, 1]])})
+            np.testing.assert_array_equal(out["audio"], np.arange(6, dtype=np.float32)[None, None])
+            assert model.output_shape("audio") == (1, 1, 6)
+            out = await model.run({"durations": np.array([[40, 40, 40]])})  # clipped: 8 each
+            assert out["audio"].shape == (1, 1, 24)
+        with pytest.raises(
+            npu_client.ModelRejected,
+            match=r"output 'audio' dimension 2 \('time'\) does not follow from the input shapes"
+            r" given .* shapes=\{'audio': \[1, 1, N\]\} \(npuctl run --shape audio=1,1,N\);"
+            r" where the data decides a size, give the largest: a room",
+        ):
+            await npu.load_model(unbounded, shapes={"durations": (1, 3)})
+
+
 def _walked_in_a_child(data: bytes) -> bytes:
     """The model with an unused initializer that takes it past npud.model_check's
     IN_PROCESS_MAX: its checks run in a child process."""

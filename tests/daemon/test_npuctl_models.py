@@ -312,6 +312,33 @@ async def test_npuctl_run_prints_the_shape_the_data_gave_an_output(
         assert "output too large: graph 0: output 'output' needs float32 [1, 1, 6]" in err
 
 
+async def test_npuctl_run_sizes_an_output_the_model_bounds_without_a_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Durations clipped to 8 by the model: no --shape for the audio; the report gives the
+    shape the run produced and the model's bound as its room. Without a bound, the
+    refusal says how to give one."""
+    model = tmp_path / "clipped.onnx"
+    model.write_bytes(onnx_models.clipped_tts())
+    unbounded = tmp_path / "unbounded.onnx"
+    unbounded.write_bytes(onnx_models.clipped_tts(limit=None))
+    durations = tmp_path / "durations.npy"
+    np.save(durations, np.array([[2, 3, 1]], np.int64))
+    async with serve_daemon(tmp_path):
+        socket = tmp_path / "npud.sock"
+        code, out, err = await npuctl_in_thread(
+            socket, capsys, "run", str(model), "--input", f"durations={durations}", "--json"
+        )
+        assert (code, err) == (0, "")
+        (audio,) = json.loads(out)["outputs"]
+        assert (audio["shape"], audio["room"]) == ([1, 1, 6], [1, 1, 24])
+        code, out, err = await npuctl_in_thread(
+            socket, capsys, "run", str(unbounded), "--input", f"durations={durations}"
+        )
+        assert code == 1
+        assert "(npuctl run --shape audio=1,1,N); where the data decides a size" in err
+
+
 async def test_npuctl_run_loads_several_sizes_and_runs_the_one_that_fits(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

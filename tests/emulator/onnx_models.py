@@ -470,3 +470,53 @@ def picky_reshape() -> bytes:
         [tensor("x", "float32", [1, 96]), tensor("target", "int64", [2])],
         [tensor("y", "float32", [1, 96])],
     )
+
+
+CLIPPED_DURATION: Final = 8
+
+
+def clipped_tts(*, limit: int | None = CLIPPED_DURATION, max_len: int | None = None) -> bytes:
+    """A duration model whose durations the model clips (``durations`` int64 [1,
+    phonemes] -> ``audio`` float32 [1, 1, time], time the sum of the clipped durations,
+    audio[0, 0, t] = t): each phoneme lasts at most ``limit`` samples, and the audio at
+    most ``max_len`` (a Min with a constant) when given, so the model bounds its own
+    audio. Without either it is a duration model with no bound."""
+    total = "total"
+    nodes = []
+    weights = [
+        helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+        helper.make_tensor("one", TensorProto.INT64, [], [1]),
+        helper.make_tensor("shape", TensorProto.INT64, [3], [1, 1, -1]),
+    ]
+    source = "durations"
+    if limit is not None:
+        nodes.append(helper.make_node("Clip", ["durations", "zero", "limit"], ["clipped"]))
+        weights.append(helper.make_tensor("limit", TensorProto.INT64, [], [limit]))
+        source = "clipped"
+    nodes.append(helper.make_node("ReduceSum", [source], ["sum"], keepdims=0))
+    if max_len is not None:
+        nodes.append(helper.make_node("Constant", [], ["max_len"], value_int=max_len))
+        nodes.append(helper.make_node("Min", ["sum", "max_len"], [total]))
+    else:
+        nodes.append(helper.make_node("Identity", ["sum"], [total]))
+    nodes += [
+        helper.make_node("Range", ["zero", total, "one"], ["steps"]),
+        helper.make_node("Cast", ["steps"], ["ramp"], to=TensorProto.FLOAT),
+        helper.make_node("Reshape", ["ramp", "shape"], ["audio"]),
+    ]
+    return model(
+        nodes,
+        [tensor("durations", "int64", [1, "phonemes"])],
+        [tensor("audio", "float32", [1, 1, "time"])],
+        weights,
+    )
+
+
+def nonzero() -> bytes:
+    """``x`` float32 [4, 5] -> ``where`` int64 [2, n]: the indices of its non-zero
+    elements, at most all 20 of them."""
+    return model(
+        [helper.make_node("NonZero", ["x"], ["where"])],
+        [tensor("x", "float32", [4, 5])],
+        [tensor("where", "int64", [2, "n"])],
+    )

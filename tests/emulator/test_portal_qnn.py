@@ -364,7 +364,7 @@ def test_a_skel_without_last_error_leaves_the_number_alone(
     """A device skel older than method 9 answers it AEE_EUNSUPPORTED (as this one answers
     a method past its last): the error says the number, as before."""
     method = idl.load("portal_qnn").method("last_error")
-    unknown = idl.Method.build(method.name, 14, method.params)  # a method no skel has
+    unknown = idl.Method.build(method.name, 31, method.params)  # a method no skel has
     monkeypatch.setattr(portal_qnn, "_LAST_ERROR", unknown)
     model = load(portal, tmp_path, onnx_models.reshape())
     x, s = tensors.put(np.arange(6, dtype=np.float32)), tensors.put(np.array([4, 2], np.int64))
@@ -710,16 +710,17 @@ def test_a_skel_without_graph_name_leaves_graphs_unnamed(
     """A device skel older than method 10 answers it AEE_EUNSUPPORTED: the graphs load
     and run, without names."""
     method = idl.load("portal_qnn").method("graph_name")
-    unknown = idl.Method.build(method.name, 14, method.params)  # a method no skel has
+    unknown = idl.Method.build(method.name, 31, method.params)  # a method no skel has
     monkeypatch.setattr(portal_qnn, "_GRAPH_NAME", unknown)
     model = load(portal, tmp_path, onnx_models.two_graphs(), shapes={"token": (1, 4)})
     assert [g.name for g in model.graphs] == ["", ""]
 
 
-def test_outputs_with_rooms_report_their_shapes_with_a_second_invoke(
+def test_outputs_with_rooms_report_their_shapes_in_the_runs_invoke(
     portal: PortalQnn, session: FastRpcSession, tmp_path: Path
 ) -> None:
-    """output_dims after a run of a graph with a room; none for one without."""
+    """A graph with a room runs with run_dims: its shapes come in the run's own invoke;
+    one without runs with run, which reports none."""
     tts = load(
         portal, tmp_path, onnx_models.duration_tts(), shapes={"input": (1, 3), "output": (1, 1, 8)}
     )
@@ -733,7 +734,7 @@ def test_outputs_with_rooms_report_their_shapes_with_a_second_invoke(
     inputs, outputs = Slice(buffer, 0, graph.input_arena), Slice(buffer, 1024, graph.output_arena)
     invokes = session.statistics().invokes_done
     assert portal.run_arena(tts.slot, inputs, outputs) == ((1, 1, 6),)
-    assert session.statistics().invokes_done == invokes + 2
+    assert session.statistics().invokes_done == invokes + 1
     with buffer.view() as view:
         produced = np.frombuffer(bytes(view[1024:1056]), np.float32)
     np.testing.assert_array_equal(produced, [0, 1, 2, 3, 4, 5, 0, 0])  # then zeros
@@ -751,6 +752,79 @@ def test_outputs_with_rooms_report_their_shapes_with_a_second_invoke(
     invokes = session.statistics().invokes_done
     assert portal.run_arena(affine.slot, Slice(buffer, 0, 192), Slice(buffer, 1024, 128)) is None
     assert session.statistics().invokes_done == invokes + 1
+    session.free(buffer)
+
+
+def test_an_output_the_model_bounds_gets_its_bound_as_its_room(
+    portal: PortalQnn, session: FastRpcSession, tmp_path: Path
+) -> None:
+    """Durations the model clips to 8 samples: 3 phonemes make at most 24 samples of
+    audio, the room the load gives it without a shape; each run reports its length. A
+    shape given still decides the room."""
+    tts = load(portal, tmp_path, onnx_models.clipped_tts(), shapes={"durations": (1, 3)})
+    (graph,) = tts.graphs
+    assert graph.output("audio").shape == (1, 1, 24)
+    assert "audio" in graph.rooms
+    buffer = session.alloc(4096)
+    inputs, outputs = Slice(buffer, 0, graph.input_arena), Slice(buffer, 1024, graph.output_arena)
+    for durations, length in (([2, 3, 1], 6), ([50, 50, 50], 24)):
+        with buffer.view() as view:
+            view[0:24] = np.array([durations], np.int64).tobytes()
+        assert portal.run_arena(tts.slot, inputs, outputs) == ((1, 1, length),)
+    with buffer.view() as view:
+        produced = np.frombuffer(bytes(view[1024 : 1024 + 96]), np.float32)
+    np.testing.assert_array_equal(produced, np.arange(24))
+    session.free(buffer)
+    given = load(
+        portal,
+        tmp_path,
+        onnx_models.clipped_tts(),
+        shapes={"durations": (1, 3), "audio": (1, 1, 10)},
+    )
+    assert given.graphs[0].output("audio").shape == (1, 1, 10)
+
+
+def test_an_output_with_no_bound_and_no_room_is_refused_saying_how_to_give_one(
+    portal: PortalQnn, tmp_path: Path
+) -> None:
+    with pytest.raises(ModelError) as refused:
+        load(portal, tmp_path, onnx_models.clipped_tts(limit=None), shapes={"durations": (1, 3)})
+    assert failure(refused) is ModelFailure.MODEL_REJECTED
+    assert (
+        "output 'audio' dimension 2 ('time') does not follow from the input shapes given"
+        in refused.value.detail
+    )
+    assert "shapes={'audio': [1, 1, N]} (npuctl run --shape audio=1,1,N)" in refused.value.detail
+    assert "give the largest: a room" in refused.value.detail
+
+
+def test_a_skel_without_run_dims_runs_then_asks_output_dims(
+    portal: PortalQnn, session: FastRpcSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A skel older than method 12 answers it AEE_EUNSUPPORTED, having run nothing: the
+    run goes as run, then output_dims (two invokes), and later runs skip run_dims."""
+    tts = load(
+        portal, tmp_path, onnx_models.duration_tts(), shapes={"input": (1, 3), "output": (1, 1, 8)}
+    )
+    (graph,) = tts.graphs
+    method = idl.load("portal_qnn").method("run_dims")
+    monkeypatch.setattr(portal_qnn, "_RUN_DIMS", idl.Method.build(method.name, 31, method.params))
+    buffer = session.alloc(4096)
+    with buffer.view() as view:
+        view[0:24] = np.array([[2, 3, 1]], np.int64).tobytes()
+        view[64:72] = np.array([3], np.int64).tobytes()
+        view[128:140] = np.array([1, 1, 1], np.float32).tobytes()
+    inputs, outputs = Slice(buffer, 0, graph.input_arena), Slice(buffer, 1024, graph.output_arena)
+    invokes = session.statistics().invokes_done
+    assert portal.run_arena(tts.slot, inputs, outputs) == ((1, 1, 6),)
+    assert session.statistics().invokes_done == invokes + 3  # run_dims refused, run, dims
+    with buffer.view() as view:
+        view[0:24] = np.array([[1, 1, 1]], np.int64).tobytes()
+    assert portal.run_arena(tts.slot, inputs, outputs) == ((1, 1, 3),)
+    assert session.statistics().invokes_done == invokes + 5
+    with buffer.view() as view:
+        produced = np.frombuffer(bytes(view[1024:1056]), np.float32)
+    np.testing.assert_array_equal(produced, [0, 1, 2, 0, 0, 0, 0, 0])
     session.free(buffer)
 
 

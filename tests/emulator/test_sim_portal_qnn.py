@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+import numpy as np
 import pytest
 
 from npu_protocol import AEE
@@ -22,7 +23,14 @@ from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.stubs.portal_qnn import PORTAL_QNN_URI
 from npud.formats.onnx_values import Constant
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
-from npud.sim.portal_qnn import MAX_ERROR_BYTES, failure_text, parse_model_uri
+from npud.sim.portal_qnn import (
+    MAX_ERROR_BYTES,
+    QNN_COMMON_ERROR_GENERAL,
+    ModelQuery,
+    compose_sizes,
+    failure_text,
+    parse_model_uri,
+)
 from tests.emulator import onnx_models
 
 PORTAL: Final = idl.load("portal_qnn")
@@ -262,7 +270,7 @@ def test_badly_marshalled_and_unknown_methods(raw: Raw) -> None:
     assert wrong_counts.rc == AEE.EBADPARM.dsp
     short = raw.session.invoke(raw.handle, execute.sc, [Inline(bytes(4))], [Capacity(4)])
     assert short.rc == AEE.EBADPARM.dsp
-    unknown = idl.make_scalars(14, 1, 0, 0, 0)  # after chain (13)
+    unknown = idl.make_scalars(31, 1, 0, 0, 0)  # a method no skel has
     assert raw.session.invoke(raw.handle, unknown, [Inline(bytes(4))], []).rc == (
         AEE.EUNSUPPORTED.dsp
     )
@@ -314,6 +322,54 @@ def test_a_pack_of_more_graphs_than_a_model_holds_is_refused(
     )
 
 
+def test_run_dims_runs_and_reports_the_shapes_in_one_call(
+    raw: Raw, session: FastRpcSession, tmp_path: Path
+) -> None:
+    """run_dims is run with output_dims' answer: checks before the graph runs, the
+    produced shape of an output with a room, none after a QNN failure."""
+    with (
+        onnx_models.opened(tmp_path, "tts.onnx", onnx_models.duration_tts()) as fd,
+        session.expose_file(fd, suffix=".onnx") as exposed,
+    ):
+        uri = exposed.name + "?shape.input=1,3&shape.output=1,1,8"
+        assert raw.load(uri)[0] == 0
+    graph = {"model_index": 0, "graph_index": 0}
+    arena = bytearray(192)  # input [1, 3] i64 @0, input_lengths [1] i64 @64, scales @128
+    arena[0:24] = struct.pack("<3q", 2, 3, 1)
+    arena[64:72] = struct.pack("<q", 3)
+    arena[128:140] = struct.pack("<3f", 0.5, 1, 1)
+    run = {**graph, "inputs": bytes(arena), "outputs": 64}
+    assert raw.call("run_dims", **run, dims=8)[0] == AEE.EBUFFERTOOSMALL.dsp
+    assert raw.call("output_dims", **graph, dims=9)[0] == AEE.ENOTINITIALIZED.dsp  # nothing ran
+    assert raw.call("run_dims", **{**run, "outputs": 16}, dims=9)[0] == AEE.EBUFFERTOOSMALL.dsp
+    assert raw.call("run_dims", **{**run, "inputs": bytes(8)}, dims=9)[0] == AEE.EBADSIZE.dsp
+    rc, values = raw.call("run_dims", **run, dims=18)
+    assert (rc, values.integer("qnn_status"), values.integer("num_outputs")) == (0, 0, 1)
+    assert values.integers("dims") == [3, 1, 1, 6, *[0] * 5, *[0] * 9]
+    produced = struct.unpack("<8f", values.data("outputs")[:32])
+    assert produced == (0, 0.5, 1, 1.5, 2, 2.5, 0, 0)
+    assert raw.call("output_dims", **graph, dims=9)[1].integers("dims")[:4] == [3, 1, 1, 6]
+    arena[0:24] = struct.pack("<3q", 5, 5, 5)  # 15 samples: past the room of 8
+    assert raw.call("run_dims", **{**run, "inputs": bytes(arena)}, dims=9)[0] == (
+        AEE.EINVALIDFORMAT.dsp
+    )
+    assert raw.call("run_dims", model_index=1, graph_index=0, inputs=b"", outputs=64, dims=9)[
+        0
+    ] == (AEE.EBADSTATE.dsp)
+    with (
+        onnx_models.opened(tmp_path, "reshape.onnx", onnx_models.reshape()) as fd,
+        session.expose_file(fd, suffix=".onnx") as exposed,
+    ):
+        assert raw.load(exposed.name)[0] == 0  # slot 1: y = reshape(x [6], s)
+    bad_shape = bytes(64) + struct.pack("<2q", 4, 4) + bytes(48)  # 16 elements of 6: fails
+    rc, values = raw.call(
+        "run_dims", model_index=1, graph_index=0, inputs=bad_shape, outputs=64, dims=9
+    )
+    assert rc == 0
+    assert values.integer("qnn_status") == QNN_COMMON_ERROR_GENERAL
+    assert (values.integer("num_outputs"), values.integers("dims")) == (0, [0] * 9)
+
+
 def test_output_dims_are_what_the_last_run_produced(raw: Raw, affine: str) -> None:
     assert raw.load(affine)[0] == 0
     graph = {"model_index": 0, "graph_index": 0}
@@ -328,3 +384,23 @@ def test_output_dims_are_what_the_last_run_produced(raw: Raw, affine: str) -> No
     assert dims.integers("dims") == [1, 3, *[0] * 7, 1, 1, *[0] * 7]
     assert raw.call("output_dims", model_index=1, graph_index=0, dims=18)[0] == AEE.EBADSTATE.dsp
     assert raw.call("output_dims", model_index=0, graph_index=1, dims=18)[0] == AEE.EBADPARM.dsp
+
+
+def test_sizes_share_one_session_when_no_size_needs_its_own() -> None:
+    """A decoder's sizes run on one session of the model (its weights held once, as a QNN
+    context's graphs share theirs); a model whose outputs each size infers keeps a
+    session per size, each on its own input shapes. Each graph still runs at its size."""
+    sizes: dict[str, tuple[tuple[int, ...], ...]] = {"preds": ((1, 1), (1, 3))}
+    decoder = compose_sizes(onnx_models.growing_decoder(), ModelQuery(sizes=sizes), 1)
+    first, second = decoder.graphs
+    assert first._session is second._session
+    for graph, n in ((first, 1), (second, 3)):
+        inputs = bytearray(graph.input_arena)
+        inputs[: 8 * n] = np.arange(n, dtype=np.int64).tobytes()
+        outputs = bytearray(graph.output_arena)
+        assert graph.run(memoryview(inputs), memoryview(outputs)) == (0, 0)
+        assert graph.output_dims() == [(1, n, onnx_models.DECODER_VOCAB)]
+    inferred = onnx_models.add_one((None, 4), out_shape=(None, None))
+    each = compose_sizes(inferred, ModelQuery(sizes={"x": ((1, 4), (2, 4))}), 1)
+    assert each.graphs[0]._session is not each.graphs[1]._session
+    assert [g.outputs[0].shape for g in each.graphs] == [(1, 4), (2, 4)]

@@ -52,6 +52,7 @@ FAKE_MODEL_VARIANTS: Final[dict[str, tuple[str, ...]]] = {
     "unnamed_graph": ("-DFAKE_MODEL_GRAPH_NAME=NULL",),
     "no_free": ("-DFAKE_MODEL_NO_FREE",),
     "gated": ("-DFAKE_MODEL_GATED",),
+    "dynamic": ("-DFAKE_MODEL_DYNAMIC",),
 }
 
 

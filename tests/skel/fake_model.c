@@ -14,6 +14,9 @@
  *   FAKE_MODEL_INPUT_TYPE=t       data type of graph 0's input
  *   FAKE_MODEL_INPUT_NAME="s"     name of graph 0's input ("in" by default)
  *   FAKE_MODEL_NO_FREE            no QnnModel_freeGraphsInfo export
+ *   FAKE_MODEL_DYNAMIC            graph 0's output is dynamic: an input starting 0xEE
+ *                                 produces [2, 4] (8 bytes), 0xED [8, 4] (past its
+ *                                 buffer), 0xEC rank 9; others the whole [4, 4]
  *   FAKE_MODEL_GATED              execute waits until fake_model_open_gate();
  *                                 fake_model_waiting() counts callers held there
  *
@@ -157,6 +160,21 @@ static Qnn_ErrorHandle_t execute_add(const fake_graph *graph, const Qnn_Tensor_t
     for (int i = 0; i < 16; i++) {
         out[i] = (uint8_t)(in[i] + graph->addend);
     }
+#ifdef FAKE_MODEL_DYNAMIC
+    /* QNN writes a dynamic output's produced dimensions into its record. */
+    static const uint32_t dims_2x4[2] = {2, 4};
+    static const uint32_t dims_8x4[2] = {8, 4};
+    static const uint32_t dims_rank9[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+    if (in[0] == 0xEE) {
+        outputs[0].dimensions = dims_2x4;
+        outputs[0].clientBuf.dataSize = 8;
+    } else if (in[0] == 0xED) {
+        outputs[0].dimensions = dims_8x4;
+    } else if (in[0] == 0xEC) {
+        outputs[0].rank = 9;
+        outputs[0].dimensions = dims_rank9;
+    }
+#endif
     return QNN_SUCCESS;
 }
 

@@ -18,6 +18,9 @@ GRAPH_INFO: Final = 7
 RUN: Final = 8
 LAST_ERROR: Final = 9
 GRAPH_NAME: Final = 10
+OUTPUT_DIMS: Final = 11
+RUN_DIMS: Final = 14
+DIMS_STRIDE: Final = 9
 
 TENSOR_SPEC: Final = struct.Struct("<II8II128s")
 """portal_qnn_tensor_spec: data_type, rank, dims[8], bytes, name[128] (172 bytes)."""
@@ -159,6 +162,34 @@ class PortalQnn:
         assert length <= capacity
         assert name[length:] == bytes(capacity - length)
         return 0, name[:length]
+
+    def output_dims(self, model: int, graph: int, capacity: int = 18) -> tuple[int, int, list[int]]:
+        """(rc, num_outputs, dims): capacity counts u32s."""
+        result = self.invoke(
+            sc(OUTPUT_DIMS, 1, 2), [u32s(model, graph, capacity), Out(4), Out(4 * capacity)]
+        )
+        if result.rc != 0:
+            return result.rc, 0, []
+        (count,) = unpack_u32s(result.buffers[1])
+        return 0, count, list(unpack_u32s(result.buffers[2]))
+
+    def run_dims(
+        self, model: int, graph: int, inputs: bytes, capacity: int, dims: int = 18
+    ) -> tuple[Ran, int, list[int]]:
+        """(what run reports, num_outputs, dims): dims counts u32s."""
+        slots: list[bytes | Out] = [
+            u32s(model, graph, len(inputs), capacity, dims),
+            inputs,
+            Out(8),
+            Out(capacity),
+            Out(4 * dims),
+        ]
+        result = self.invoke(sc(RUN_DIMS, 2, 3), slots)
+        status, count = unpack_u32s(result.buffers[2])
+        outputs = result.buffers[3]
+        assert outputs is not None
+        shapes = list(unpack_u32s(result.buffers[4])) if result.rc == 0 else []
+        return Ran(result.rc, status, outputs), count, shapes
 
     def model_unload(self, model: int) -> int:
         return self.invoke(sc(MODEL_UNLOAD, 1, 0), [u32s(model)]).rc

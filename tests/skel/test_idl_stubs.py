@@ -50,6 +50,7 @@ PINNED_WORDS: Final = {
     ("portal_qnn", "output_dims"): 0x0B010200,
     ("portal_qnn", "model_ref"): 0x0C010100,
     ("portal_qnn", "chain"): 0x0D030300,
+    ("portal_qnn", "run_dims"): 0x0E020300,
 }
 
 

@@ -28,7 +28,9 @@ from tests.skel.portal_qnn_calls import (
     MODEL_LOAD,
     MODEL_UNLOAD,
     NO_MODEL,
+    OUTPUT_DIMS,
     RUN,
+    RUN_DIMS,
     SET_INPUT,
     UNTOUCHED_U32,
     Executed,
@@ -75,6 +77,9 @@ def test_sc_words_match_the_idl() -> None:
     assert sc(GRAPH_INFO, 1, 3) == 0x07010300
     assert sc(RUN, 2, 2) == 0x08020200
     assert sc(LAST_ERROR, 1, 2) == 0x09010200
+    assert sc(GRAPH_NAME, 1, 2) == 0x0A010200
+    assert sc(OUTPUT_DIMS, 1, 2) == 0x0B010200
+    assert sc(RUN_DIMS, 2, 3) == 0x0E020300
     assert sc(0, 2, 0, 0, 1) == 0x00020001
     assert sc(1, 0, 0, 1, 0) == 0x01000010
 
@@ -208,6 +213,65 @@ def test_run_is_set_inputs_execute_get_outputs_in_one_call(
     assert portal.execute(index, 0).rc == 0
     assert portal.get_output(index, 0, 0, 16).data == ADD_ONE
     assert portal.model_unload(index) == 0
+
+
+def test_output_dims_and_run_dims_report_the_shapes_graph_execute_left(
+    portal: PortalQnn, fake_models: dict[str, Path]
+) -> None:
+    """Methods 11 and 12: each output's rank and dimensions as graphExecute left them in
+    its record (a dynamic output's produced ones); a record past its buffer is refused."""
+    index = load(portal, fake_models["dynamic"])
+    assert portal.output_dims(index, 0)[0] == AEE.ENOTINITIALIZED  # no run yet
+    whole = [2, 4, 4, *[0] * 6]
+    assert portal.set_input(index, 0, 0, ADD_INPUT) == 0
+    assert portal.execute(index, 0).rc == 0
+    assert portal.output_dims(index, 0) == (0, 1, whole + [0] * 9)  # the rest zero-filled
+    assert portal.output_dims(index, 0, capacity=8)[0] == AEE.EBUFFERTOOSMALL
+    assert portal.output_dims(index, 2)[0] == AEE.EBADPARM
+    assert portal.output_dims(1, 0)[0] == AEE.EBADSTATE
+    shrunk = bytes([0xEE]) + ADD_INPUT[1:]
+    ran, count, dims = portal.run_dims(index, 0, arena(shrunk), 64)
+    assert (ran.rc, ran.qnn_status, count) == (0, 0, 1)
+    assert dims == [2, 2, 4, *[0] * 6] + [0] * 9
+    assert ran.outputs == arena(bytes(x + 1 for x in shrunk[:8]))  # 8 bytes produced
+    assert portal.output_dims(index, 0)[2][:3] == [2, 2, 4]
+    ran, count, dims = portal.run_dims(index, 0, arena(ADD_INPUT), 64, dims=9)
+    assert (ran.rc, count, dims) == (0, 1, whole)  # restored to the composed record
+    # Checks before the graph runs: the shapes of the last run stay.
+    refused, _, _ = portal.run_dims(index, 0, arena(shrunk), 64, dims=8)
+    assert refused.rc == AEE.EBUFFERTOOSMALL
+    assert portal.run_dims(index, 0, bytes(16), 64)[0].rc == AEE.EBADSIZE
+    assert portal.output_dims(index, 0)[2][:3] == [2, 4, 4]
+    for past in (0xED, 0xEC):  # [8, 4] of 16 bytes; rank 9
+        grown, _, _ = portal.run_dims(index, 0, arena(bytes([past]) + ADD_INPUT[1:]), 64)
+        assert grown.rc == AEE.EINVALIDFORMAT
+        assert portal.output_dims(index, 0)[0] == AEE.ENOTINITIALIZED
+    aborted, count, dims = portal.run_dims(index, 0, arena(bytes([0xFF] * 16)), 64)
+    assert (aborted.rc, aborted.qnn_status) == (0, QNN_GRAPH_ERROR_ABORTED)
+    assert (count, dims) == (0, [0] * 18)
+    assert portal.run_dims(index, 2, arena(ADD_INPUT), 64)[0].rc == AEE.EBADPARM
+    # Badly marshalled: dims' capacity (u32s) says more than its buffer holds, wrong counts.
+    short = portal.invoke(sc(OUTPUT_DIMS, 1, 2), [u32s(index, 0, 9), Out(4), Out(32)])
+    assert short.rc == AEE.EBADPARM
+    slots: list[bytes | Out] = [u32s(index, 0, 64, 64, 9), arena(ADD_INPUT), Out(8), Out(64)]
+    assert portal.invoke(sc(RUN_DIMS, 2, 2), slots).rc == AEE.EBADPARM
+    slots = [u32s(index, 0, 64, 64, 9), arena(ADD_INPUT), Out(4), Out(64), Out(36)]
+    assert portal.invoke(sc(RUN_DIMS, 2, 3), slots).rc == AEE.EBADPARM  # primROut of 1
+    assert portal.model_unload(index) == 0
+
+
+def test_a_fixed_graphs_output_dims_are_graph_infos(
+    portal: PortalQnn, fake_models: dict[str, Path]
+) -> None:
+    index = load(portal, fake_models["default"])
+    a, b = bytes(range(8)), bytes([10] * 8)
+    ran, count, dims = portal.run_dims(index, 1, arena(a, b), 128)
+    assert (ran.rc, ran.qnn_status, count) == (0, 0, 2)
+    infos = portal.graph_info(index, 1)
+    expected = []
+    for spec in infos.outputs[:2]:
+        expected += [len(spec.dims), *spec.dims, *[0] * (8 - len(spec.dims))]
+    assert dims == expected
 
 
 def test_run_checks_its_arenas(portal: PortalQnn, fake_models: dict[str, Path]) -> None:
@@ -587,7 +651,7 @@ def test_badly_marshalled_calls_have_no_effect(
     assert portal.model_unload(0) == 0
 
 
-@pytest.mark.parametrize("method", [11, 12, 30, 31])
+@pytest.mark.parametrize("method", [13, 30, 31])
 def test_unknown_method(portal: PortalQnn, method: int) -> None:
     assert portal.skel.invoke(portal.handle, sc(method, 1, 0), [u32s(0)]).rc == AEE.EUNSUPPORTED
 

@@ -90,6 +90,7 @@ _LAST_ERROR: Final = "last_error"
 _GRAPH_NAME: Final = "graph_name"
 _OUTPUT_DIMS: Final = "output_dims"
 _MODEL_REF: Final = "model_ref"
+_RUN_DIMS: Final = "run_dims"
 OUTPUT_DIMS_STRIDE: Final = 1 + MAX_RANK  # output_dims: each output's rank, then 8 dims
 MAX_GRAPH_NAME_BYTES: Final = 128  # graph_name's capacity: names are at most 127 bytes
 MAX_GRAPHS: Final = 8  # graphs per model (idl/portal_qnn.idl)
@@ -202,8 +203,9 @@ class GraphSpec:
     """The name the model gives the graph (graph_name); empty when it gives none or the
     skel predates graph_name."""
     rooms: frozenset[str] = frozenset()
-    """Outputs whose shape is a room the data fills in part (their real shape comes
-    with each run: output_dims)."""
+    """Outputs whose shape may be a room the data fills in part (their real shape comes
+    with each run: run_dims): those given a shape the model leaves free, and those the
+    DSP sized (from the inputs' shapes, or from the model's own bound)."""
 
     @property
     def input_arena(self) -> int:
@@ -425,6 +427,9 @@ class PortalQnn:
         self._load_lock = threading.Lock()  # a load and the reason it failed, together
         self._models: dict[int, _Model] = {}
         self._closed = False
+        self._run_dims = True
+        """Whether the skel has run_dims (method 14); False once it answered
+        AEE_EUNSUPPORTED (runs then take run and output_dims: two invokes)."""
 
     @classmethod
     def open(cls, session: FastRpcSession, *, backend: Backend) -> PortalQnn:
@@ -523,6 +528,9 @@ class PortalQnn:
         if checked is None:
             checked = self.check(fd, self.backend, shapes, constants=constants, sizes=sizes)
         sniffed, unsized, roomy = checked.file, list(checked.unsized), checked.rooms
+        # What the check left for the DSP to size may be a room the model bounds itself
+        # (npud.sim.onnx_bounds): its runs report their shapes (run_dims) as a room's do.
+        left = frozenset(t.name for t in unsized)
         query = model_uri_query(shapes or {}, constants or {}, sizes or {})
         try:
             exposed = self._session.expose_file(fd, suffix=QNN_SUFFIX[self.backend])
@@ -545,7 +553,7 @@ class PortalQnn:
         slot = values.integer("model_index")
         try:
             graphs = tuple(
-                self._describe(slot, g, roomy[g] if g < len(roomy) else frozenset())
+                self._describe(slot, g, (roomy[g] if g < len(roomy) else frozenset()) | left)
                 for g in range(values.integer("num_graphs"))
             )
         except BaseException:
@@ -636,9 +644,9 @@ class PortalQnn:
         :attr:`GraphSpec.input_arena` bytes), execute, every output into the ``outputs``
         arena (at least :attr:`GraphSpec.output_arena` bytes; the rest is zero-filled).
         Returns every output's shape as the run produced it when the graph has outputs
-        with rooms (:attr:`GraphSpec.rooms`: a second invoke, output_dims), else None:
-        every output has graph_info's shape. An output that outgrew its room is
-        ``ModelFailure.OUTPUT_TOO_LARGE``."""
+        with rooms (:attr:`GraphSpec.rooms`; the same invoke, run_dims, or on a skel
+        without it a second one, output_dims), else None: every output has graph_info's
+        shape. An output that outgrew its room is ``ModelFailure.OUTPUT_TOO_LARGE``."""
         _check_slice(inputs)
         _check_slice(outputs)
         with self._model(slot) as model:
@@ -656,13 +664,20 @@ class PortalQnn:
                     f" the slice holds {outputs.length}",
                 )
             model.executed.discard(graph)
-            rc, values = self._call(
-                _RUN,
-                model_index=slot,
-                graph_index=graph,
-                inputs=inputs if inputs.length else b"",
-                outputs=outputs,
-            )
+            arguments = {
+                "model_index": slot,
+                "graph_index": graph,
+                "inputs": inputs if inputs.length else b"",
+                "outputs": outputs,
+            }
+            shaped = bool(spec.rooms) and self._run_dims
+            if shaped:
+                dims = OUTPUT_DIMS_STRIDE * len(spec.outputs)
+                rc, values = self._call(_RUN_DIMS, **arguments, dims=dims)
+                if rc == AEE.EUNSUPPORTED.dsp:  # a skel before run_dims: nothing ran
+                    self._run_dims = shaped = False
+            if not shaped:
+                rc, values = self._call(_RUN, **arguments)
             if rc == AEE.EINVALIDFORMAT.dsp:
                 raise self._overgrown(slot, graph)
             self._check(rc, model)
@@ -671,6 +686,8 @@ class PortalQnn:
             if status != 0:
                 raise self._graph_failure(slot, graph, status)
             model.executed.add(graph)
+            if shaped:
+                return _produced_shapes(values, spec)
             return self._output_dims(slot, spec) if spec.rooms else None
 
     def _output_dims(self, slot: int, spec: GraphSpec) -> tuple[tuple[int, ...], ...] | None:
@@ -684,13 +701,7 @@ class PortalQnn:
             return None
         if rc != 0:
             raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
-        dims = values.integers("dims")
-        shapes = []
-        for i in range(min(values.integer("num_outputs"), len(spec.outputs))):
-            rank = min(dims[OUTPUT_DIMS_STRIDE * i], MAX_RANK)
-            start = OUTPUT_DIMS_STRIDE * i + 1
-            shapes.append(tuple(dims[start : start + rank]))
-        return tuple(shapes)
+        return _produced_shapes(values, spec)
 
     def _overgrown(self, slot: int, graph: int) -> ModelError:
         """An output did not fit the place graph_info gave it: the DSP's words name the
@@ -897,6 +908,18 @@ class PortalQnn:
         if result.rc != 0:
             return result.rc, idl.Values({})
         return 0, method.decode(result.outputs)
+
+
+def _produced_shapes(values: idl.Values, spec: GraphSpec) -> tuple[tuple[int, ...], ...]:
+    """The outputs' shapes in output_dims' (and run_dims') ``dims``: each output's rank,
+    then its dimensions, 9 entries apiece."""
+    dims = values.integers("dims")
+    shapes = []
+    for i in range(min(values.integer("num_outputs"), len(spec.outputs))):
+        rank = min(dims[OUTPUT_DIMS_STRIDE * i], MAX_RANK)
+        start = OUTPUT_DIMS_STRIDE * i + 1
+        shapes.append(tuple(dims[start : start + rank]))
+    return tuple(shapes)
 
 
 def _check_slice(data: object) -> None:

@@ -61,6 +61,14 @@ int portal_qnn_last_error(remote_handle64 _h, unsigned int model_index, unsigned
 /* method 10 */
 int portal_qnn_graph_name(remote_handle64 _h, unsigned int model_index, unsigned int graph_index,
                           unsigned char *name, int nameLen, unsigned int *name_len);
+/* method 11; dimsLen counts u32s */
+int portal_qnn_output_dims(remote_handle64 _h, unsigned int model_index, unsigned int graph_index,
+                           unsigned int *dims, int dimsLen, unsigned int *num_outputs);
+/* method 12; dimsLen counts u32s */
+int portal_qnn_run_dims(remote_handle64 _h, unsigned int model_index, unsigned int graph_index,
+                        const unsigned char *inputs, int inputsLen, unsigned char *outputs,
+                        int outputsLen, unsigned int *dims, int dimsLen, unsigned int *qnn_status,
+                        unsigned int *num_outputs);
 
 #ifndef portal_qnn_URI
 #define portal_qnn_URI "file:///libportal_qnn_skel.so?portal_qnn_skel_handle_invoke&_modver=1.0"
