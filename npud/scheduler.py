@@ -31,7 +31,7 @@ much may run at once. The policy (docs/scheduling.md):
   like a call, but the batch it starts holds its slot until its answer comes
   (``finish`` then charges doorbell-to-answer as its DSP time). A background
   client's doorbell also waits while a realtime call is running or queued, or
-  due (calling in rhythm) before the batch would typically end; it goes at
+  due (calling in rhythm) before the batch would typically end, or overdue; it goes at
   once otherwise, and never waits longer than ``batch_hold_max``
   (:meth:`Scheduler.tick` starts it then, whatever the slots).
 * **FIFO mode** turns all of it off: arrival order, ``dsp_slots`` at once, so
