@@ -36,6 +36,8 @@ per-round ratios, with their spread):
 * ``voice_llm.vad_p99``: VAD p99 with llama.cpp (and TTS) / alone (goal <= 1.5);
 * ``voice_llm.vad_p99_ungated``: the same with today's rule (no goal: what
   gating buys);
+* ``voice_llm.vad_p99_beside_tts``: VAD p99 with llama.cpp (and TTS) / with the TTS
+  alone (no goal: what llama.cpp adds to what Kokoro does, the HMX being one);
 * ``voice_llm.tts_rtf``: Kokoro's real-time factor with llama.cpp / without
   (goal <= 1.2);
 * ``voice_llm.llm_beside_voice``: llama.cpp's tokens/s beside voice / alone
@@ -366,6 +368,15 @@ def _rows(
         "llm_p99_ms": statistics.median(vad(r, "gated", "all").p99_ms for r in results),
         "llm_p99_ms_ungated": statistics.median(vad(r, "counted", "all").p99_ms for r in results),
         "llm_p50_ms": statistics.median(vad(r, "gated", "all").p50_ms for r in results),
+        "voice_p99_ms": statistics.median(vad(r, "gated", "voice").p99_ms for r in results),
+        # The VAD's time in npud's DSP call (its reply's dsp_us): the rest of its latency
+        # is npud's queue and the round trip.
+        "quiet_dsp_p99_ms": statistics.median(vad(r, "gated", "quiet").dsp_p99_ms for r in results),
+        "voice_dsp_p99_ms": statistics.median(vad(r, "gated", "voice").dsp_p99_ms for r in results),
+        "llm_dsp_p99_ms": statistics.median(vad(r, "gated", "all").dsp_p99_ms for r in results),
+        "llm_dsp_p99_ms_ungated": statistics.median(
+            vad(r, "counted", "all").dsp_p99_ms for r in results
+        ),
         "misses_gated": float(sum(vad(r, "gated", "all").misses for r in results)),
         "misses_ungated": float(sum(vad(r, "counted", "all").misses for r in results)),
         "tts_rtf_voice": statistics.median(r["gated", "voice"]["rtf"] for r in results),
@@ -409,6 +420,12 @@ def _rows(
             "voice_llm.vad_p99_ungated",
             "the same with today's rule (batches counted, not gated)",
             [vad(r, "counted", "all").p99_ms / vad(r, "counted", "quiet").p99_ms for r in results],
+            figures,
+        ),
+        row(
+            "voice_llm.vad_p99_beside_tts",
+            "VAD p99 with llama.cpp and Kokoro / with Kokoro alone (what llama.cpp adds)",
+            [vad(r, "gated", "all").p99_ms / vad(r, "gated", "voice").p99_ms for r in results],
             figures,
         ),
         row(
