@@ -191,11 +191,8 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"/proc/{pid}/status has no VmRSS")
 
 
-def raise_priority(pid: int, nice: int) -> int:
-    """Give every thread of ``pid`` and of its descendants the host priority ``nice``
-    (negative: before the host's other work); processes they start later inherit it
-    from the thread that starts them. Returns the threads changed (0 where the host
-    does not allow it: a negative nice needs CAP_SYS_NICE)."""
+def descendants(pid: int) -> set[int]:
+    """The processes below ``pid`` now (its children, theirs, ...)."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -209,8 +206,16 @@ def raise_priority(pid: int, nice: int) -> int:
         more = {child for child, parent in parents.items() if parent in tree} - tree
         tree |= more
         grew = bool(more)
+    return tree - {pid}
+
+
+def raise_priority(pid: int, nice: int) -> int:
+    """Give every thread of ``pid`` and of its descendants the host priority ``nice``
+    (negative: before the host's other work); processes they start later inherit it
+    from the thread that starts them. Returns the threads changed (0 where the host
+    does not allow it: a negative nice needs CAP_SYS_NICE)."""
     changed = 0
-    for process in tree:
+    for process in {pid} | descendants(pid):
         try:
             threads = [int(tid) for tid in os.listdir(f"/proc/{process}/task")]
         except OSError:
