@@ -31,7 +31,7 @@ much may run at once. The policy (docs/scheduling.md):
   like a call, but the batch it starts holds its slot until its answer comes
   (``finish`` then charges doorbell-to-answer as its DSP time). A background
   client's doorbell also waits while a realtime call is running or queued, or
-  due (calling in rhythm) before the batch would typically end; it goes at
+  due (calling in rhythm) before the batch would typically end, or overdue; it goes at
   once otherwise, and never waits longer than ``batch_hold_max``
   (:meth:`Scheduler.tick` starts it then, whatever the slots).
 * **FIFO mode** turns all of it off: arrival order, ``dsp_slots`` at once, so
@@ -501,10 +501,11 @@ class Scheduler:
             last = account.last_realtime_arrival
             if now - last > RHYTHM_PERIODS * budget.period:
                 continue  # quiet: it may call at any moment, as anyone may
-            # The next call expected: a period after the last, or the period after that
-            # once that one's budget is over (it came and went, or it is late).
-            periods = max(1, math.ceil((now - last - budget.budget) / budget.period))
-            if last + periods * budget.period < now + predicted:
+            # The next call is expected a period after the last. Once that is past, the
+            # call is overdue, not skipped (``last`` is its client's latest arrival: a
+            # call that came would have moved it): the host delayed it, and it is due
+            # now. A batch let go then would be on the DSP when it comes.
+            if last + budget.period < now + predicted:
                 return True
         return False
 

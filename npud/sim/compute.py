@@ -26,7 +26,7 @@ Work is asked for in two ways: :meth:`SharedCompute.work` (``seconds`` of
 work, returns when done: the busy skel's calls) and :meth:`SharedCompute.begin`
 / :meth:`SharedCompute.end`, for code that computes on the host's CPUs and
 is charged what it took: a piece joins the model at ``begin`` (others slow
-down from then on), its demand is told at ``end`` (the host time it took),
+down from then on), its demand is told at ``end`` (the host CPU time it took),
 and ``end`` returns once the model has credited that much, at once when it
 had the DSP alone. A subsystem restart interrupts every wait, and the end of
 the calling process interrupts its own (as ending a hung DSP process does).

@@ -144,19 +144,23 @@ class SkelCall:
     @contextlib.contextmanager
     def computing(self, *, matrix: bool = False) -> Iterator[None]:
         """The block is DSP work done on the host's CPUs (a graph run in numpy): it joins
-        the shared compute at entry, and at exit waits until the model credited the host
-        time it took (no wait when it had the DSP alone; nothing without a meter).
-        ``matrix``: it needs the HMX unit too (``SimConfig.hmx_units``)."""
+        the shared compute at entry, and at exit waits until the model credited the CPU
+        time its thread spent in it (no wait when it had the DSP alone; nothing without a
+        meter). CPU time, not wall time: the time the host's scheduler kept the thread
+        off a CPU (other processes, the GIL) is the host's, not work the DSP did
+        (docs/emulator.md, "Concurrency"). ``matrix``: it needs the HMX unit too
+        (``SimConfig.hmx_units``)."""
         meter = self.meter
         if meter is None:
             yield
             return
         started = time.monotonic()
+        cpu = time.thread_time()
         job = meter.begin(matrix, started)
         try:
             yield
         finally:
-            meter.end(job, time.monotonic() - started)
+            meter.end(job, time.thread_time() - cpu)
 
     def prim_in(self, layout: struct.Struct) -> tuple[int, ...]:
         """Unpack primIn (input buffer 0), which must have exactly ``layout.size`` bytes."""

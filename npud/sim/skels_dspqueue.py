@@ -58,7 +58,7 @@ handle of the process; queue slots 0..63 and the signals belong to the process):
 * DSP code's packet handling is DSP work (:meth:`QueueEndpoint.computing`): when
   the emulator models the DSP's shared compute (``SimConfig.dsp_units`` /
   ``hmx_units``), each piece joins the model when it starts and its answer waits
-  until the model credited the host time it took, beside the calls and the
+  until the model credited the CPU time it took on the host, beside the calls and the
   other DSP processes' work. A thread of the DSP process reaches the driver only
   through a call, so the outstanding ``wait_signal`` carries the pieces: it
   begins and ends them on the driver's side while it waits, and does not return
@@ -474,14 +474,15 @@ class QueueEndpoint:
     def computing(self, *, matrix: bool = False) -> Iterator[None]:
         """The block is DSP work of this consumer (handling a packet, on the host's
         CPUs): charged to the DSP's shared compute through the process's
-        ``wait_signal`` (the module docstring); ``matrix``: it needs the HMX too."""
+        ``wait_signal`` (the module docstring), at the CPU time its thread spent in the
+        block (as ``SkelCall.computing``); ``matrix``: it needs the HMX too."""
         charge = self._service.charge_begin(matrix)
-        started = time.monotonic()
+        cpu = time.thread_time()
         try:
             yield
         finally:
             if charge is not None:
-                self._service.charge_end(charge, time.monotonic() - started)
+                self._service.charge_end(charge, time.thread_time() - cpu)
 
     def read_nowait(self) -> dq.Packet | None:
         with self._service._cond:

@@ -68,6 +68,41 @@ def test_a_due_realtime_call_is_not_queued_behind_a_background_doorbell(clock: C
     assert bell.dispatched == clock.now
 
 
+def test_an_overdue_realtime_call_holds_a_doorbell_as_a_due_one_does(clock: Clock) -> None:
+    """The host delays a VAD call past its period and its budget (its previous answer
+    came late, the client's thread woke late): it is due now, not skipped. A doorbell
+    let go then was on the DSP when the call came (the gate took the call for the next
+    period's once it was more than a budget late)."""
+    s = make(clock)
+    llm = measured_llm(s, clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN
+    clock.now += 0.004
+    assert s.finish(call, 0.004) == ([], [])
+    clock.now += 0.034  # 38 ms after its last call: the next, due at 32, is 6 ms late
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    clock.now += 0.003
+    late = Job(vad)
+    assert s.submit(late) is Outcome.RUN  # the late call finds the DSP free of the batch
+    clock.now += 0.004
+    assert s.finish(late, 0.004) == ([bell], [])  # and the batch goes right after it
+
+
+def test_a_doorbell_goes_at_once_once_the_realtime_client_stopped_calling(clock: Clock) -> None:
+    """Two periods without a call: the client is quiet, and a batch goes at once."""
+    s = make(clock)
+    llm = measured_llm(s, clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN
+    clock.now += 0.004
+    s.finish(call, 0.004)
+    clock.now += 2 * VAD.period
+    assert s.submit(doorbell(llm)) is Outcome.RUN
+
+
 def test_a_doorbell_waits_while_a_realtime_call_runs(clock: Clock) -> None:
     s = make(clock)
     llm = measured_llm(s, clock)

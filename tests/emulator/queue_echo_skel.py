@@ -14,7 +14,7 @@ Methods (domain numbers, user methods from 2):
 * crash_thread(): start a thread of the PD that raises, and wait for it (sc 0x05000000).
 
 Handling a request is DSP work (``QueueEndpoint.computing``): a message
-``work:<microseconds>`` takes that long on the host, as a batch's ops would.
+``work:<microseconds>`` takes that much CPU time on the host, as a batch's ops would.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ SC_SERVED: Final = 0x04000100
 SC_CRASH_THREAD: Final = 0x05000000
 THREAD_NAME: Final = "dsp-queue-echo"
 WORK_PREFIX: Final = b"work:"
+WAIT_PREFIX: Final = b"wait:"
 
 _U64: Final = struct.Struct("<Q")
 _U32: Final = struct.Struct("<I")
@@ -123,10 +124,16 @@ class QueueEchoSkel(Skel):
 
 
 def _compute(message: bytes) -> None:
-    """A request ``work:<microseconds>`` stands for that much host work (a sleep: the
-    host's CPUs stay free); any other is (almost) no work. Both are charged."""
+    """A request ``work:<microseconds>`` is that much CPU time of the handling thread
+    (what the model charges, not the wall time: docs/emulator.md, "Concurrency"); any
+    other is (almost) no work. Both are charged. ``wait:<microseconds>`` is that long
+    off the CPU (a sleep: the host's scheduler keeping the thread waiting)."""
+    if message.startswith(WAIT_PREFIX):
+        time.sleep(int(message[len(WAIT_PREFIX) :].rstrip(b"\0") or 0) / 1e6)
     if message.startswith(WORK_PREFIX):
-        time.sleep(int(message[len(WORK_PREFIX) :].rstrip(b"\0") or 0) / 1e6)
+        end = time.thread_time() + int(message[len(WORK_PREFIX) :].rstrip(b"\0") or 0) / 1e6
+        while time.thread_time() < end:
+            pass
 
 
 ECHO_SKELS: Final = MappingProxyType({**BUILTIN_SKELS, "queue_echo": QueueEchoSkel})
