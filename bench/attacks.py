@@ -619,7 +619,7 @@ def _through_npud(  # noqa: PLR0915 - the windows, step by step
     config.write_text(_shipped_config())
     socket_path = workdir / "npud.sock"
     args = [
-        sys.executable, "-m", "npud.main", "--config", str(config),
+        sys.executable, "-m", "npud.daemon.main", "--config", str(config),
         "--socket", str(socket_path), "--log-format", "json",
     ]  # fmt: skip
     found: list[Row] = []

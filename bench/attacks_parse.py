@@ -132,10 +132,10 @@ def zero_stride(  # noqa: PLR0915 - one scenario, step by step
     bytes, in one DSP process, beside a victim htp session in another."""
     import numpy as np  # noqa: PLC0415
 
-    from npud.backend import DEV_SHELL  # noqa: PLC0415
     from npud.fastrpc.host.dspqueue_cpu import CpuQueues  # noqa: PLC0415
     from npud.fastrpc.host.htp_host import F32, Arena, HtpHost, OpSpec, f32_bits  # noqa: PLC0415
     from npud.fastrpc.session import FastRpcSession  # noqa: PLC0415
+    from npud.ops.backend import DEV_SHELL  # noqa: PLC0415
     from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig  # noqa: PLC0415
 
     outcome = Outcome(f"zero_stride_{elements}")

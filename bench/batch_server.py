@@ -28,13 +28,13 @@ import threading
 
 import npu_protocol as p
 from npu_client.transport import ANCILLARY_SPACE, RECV_BUFFER, fds_ancillary
-from npud.backend import DEV_SHELL
 from npud.domain.life import capabilities_record
 from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, OutArg, Slice
 from npud.fastrpc.session import FastRpcSession
-from npud.holdings import is_dspqueue_uri
+from npud.ops.backend import DEV_SHELL
+from npud.requests.holdings import is_dspqueue_uri
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.skels_dspqueue import SC_CANCEL_WAIT_SIGNAL
 

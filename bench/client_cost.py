@@ -235,7 +235,15 @@ def running_npud(directory: Path) -> Iterator[str]:
     path = directory / "npud.sock"
     config = directory / "npud.toml"
     config.write_text("[backend]\nkind = 'emulator'\n[daemon]\nlog_level = 'warning'\n")
-    args = [sys.executable, "-m", "npud.main", "--config", str(config), "--socket", str(path)]
+    args = [
+        sys.executable,
+        "-m",
+        "npud.daemon.main",
+        "--config",
+        str(config),
+        "--socket",
+        str(path),
+    ]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_until_serving(process, str(path))

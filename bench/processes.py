@@ -37,7 +37,7 @@ def npud_command(workdir: Path, socket_path: Path, extra_config: str = "") -> li
         "[backend]\nkind = 'emulator'\n[daemon]\nlog_level = 'warning'\n" + extra_config
     )
     return [
-        sys.executable, "-m", "npud.main", "--config", str(config),
+        sys.executable, "-m", "npud.daemon.main", "--config", str(config),
         "--socket", str(socket_path), "--log-format", "json",
     ]  # fmt: skip
 

@@ -20,9 +20,9 @@ import threading
 
 import npu_protocol as p
 from npu_client.transport import ANCILLARY_SPACE, RECV_BUFFER, fds_ancillary
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, OutArg
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 
 CAPABILITIES = p.DspCapabilities(arch_ver=0x73)

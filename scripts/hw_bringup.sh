@@ -173,7 +173,7 @@ stop_daemon() {
 }
 trap stop_daemon EXIT
 
-npud() { "$python" -m npud.main "$@"; }
+npud() { "$python" -m npud.daemon.main "$@"; }
 npuctl() { "$python" -m npu_client.npuctl "$@"; }
 
 # step NAME LOG COMMAND...: run COMMAND with its output in LOG; note the outcome.
@@ -259,7 +259,7 @@ wait_for_socket() {
 daemon_run() {
     local socket=$out/npud.sock pid
     # Python itself in the background (not a function): $! is the daemon's pid.
-    "$python" -m npud.main --backend "$backend" "${config_args[@]}" --socket "$socket" \
+    "$python" -m npud.daemon.main --backend "$backend" "${config_args[@]}" --socket "$socket" \
         --log-format json --trace "$out/daemon.jsonl" 2>"$out/daemon.log" &
     pid=$!
     daemon_pid=$pid
@@ -313,7 +313,7 @@ fi
 # sets socket and daemon_pid. daemon_stop: SIGTERM, and its exit status.
 daemon_start() {
     socket=$out/npud-$1.sock
-    "$python" -m npud.main --backend "$backend" "${config_args[@]}" --socket "$socket" \
+    "$python" -m npud.daemon.main --backend "$backend" "${config_args[@]}" --socket "$socket" \
         --log-format json 2>"$out/$1-daemon.log" &
     daemon_pid=$!
     wait_for_socket "$socket" "$daemon_pid"

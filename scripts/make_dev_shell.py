@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from npud.fastrpc.trust.shell import is_development_key
-from npud.sign_shell import SignError, load_private_key_file, sign_shell_file, write_file_atomic
+from npud.ops.sign_shell import SignError, load_private_key_file, sign_shell_file, write_file_atomic
 
 DEV_DIR: Final = Path(__file__).resolve().parent.parent / "npud" / "devshell"
 SHELL_NAME: Final = "fastrpc_shell_unsigned_3"

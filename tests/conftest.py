@@ -74,7 +74,7 @@ _LEAKS: list[str] = []
 @pytest.fixture(autouse=True, scope="session")
 def _scan_refusals() -> Iterator[None]:
     """Wrap the daemon's one refusal point; :func:`pytest_sessionfinish` reports leaks."""
-    from npud.datapath import DataPath
+    from npud.datapath.workers import DataPath
     from tests.error_scan import leaked_numbers
 
     original = DataPath._send_refusal

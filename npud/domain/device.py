@@ -24,14 +24,14 @@ from typing import Final
 import structlog
 import trio
 
-from npud.backend import Profile
-from npud.closer import Closer
-from npud.config import PoolConfig
 from npud.domain.memory import Memory
 from npud.fastrpc.kernel.dma_heap import DmaHeap
 from npud.fastrpc.kernel.driver import Driver
 from npud.fastrpc.trust.shell import VerifiedShell
-from npud.lanes import LanePool
+from npud.ops.backend import Profile
+from npud.ops.config import PoolConfig
+from npud.runtime.closer import Closer
+from npud.runtime.lanes import LanePool
 
 log = structlog.get_logger("npud.device")
 
@@ -47,7 +47,7 @@ class Device:
         self.driver: Driver = profile.make_driver()
         self.closer = LanePool("closer", 1)
         self.peer_fds = Closer()
-        """Closes what peers sent, one thread per uid (npud/closer.py)."""
+        """Closes what peers sent, one thread per uid (npud/runtime/closer.py)."""
         self.shell: VerifiedShell | None = None
         self.memory: Memory | None = None
         self._pool_settings = pool
@@ -98,7 +98,7 @@ class Device:
 
     def close_later(self, uid: int, fds: Sequence[int]) -> bool:
         """Close fds a peer of ``uid`` sent (owned from here) on that uid's closing thread
-        (npud/closer.py): a close can block (SO_LINGER, FUSE). False when the uid has
+        (npud/runtime/closer.py): a close can block (SO_LINGER, FUSE). False when the uid has
         more waiting to be closed than the cap: drop the connection that sent them."""
         return self.peer_fds.submit(uid, fds)
 

@@ -1,6 +1,6 @@
 """The SHA-256 of model files, remembered by what the file is.
 
-A shared model load is found by the digest of the model's bytes (``npud.models``), and
+A shared model load is found by the digest of the model's bytes (``npud.requests.models``), and
 hashing them is most of what a shared load costs: about 40 ms of a 48 MiB model. The
 second client of a model nearly always loads the very file the first one did (the same
 wheel, the same path), so the digest is remembered under the file's identity: device,

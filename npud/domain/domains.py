@@ -38,10 +38,10 @@ import trio
 
 import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
-from npud.config import DEFAULT_DOMAIN, DomainsConfig
 from npud.domain.device import Device
 from npud.domain.life import Domain
 from npud.domain.placement import Placement, place
+from npud.ops.config import DEFAULT_DOMAIN, DomainsConfig
 
 log = structlog.get_logger("npud.domains")
 

@@ -46,7 +46,7 @@ from npud.fastrpc.kernel.capabilities import (
 )
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.session import FastRpcSession
-from npud.lanes import LanePool, LaneTimeoutError
+from npud.runtime.lanes import LanePool, LaneTimeoutError
 
 log = structlog.get_logger("npud.domain")
 

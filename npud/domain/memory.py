@@ -26,11 +26,11 @@ from collections.abc import Callable
 import structlog
 
 from npu_protocol import CodedError, ErrorCode
-from npud.config import PoolConfig
 from npud.domain.pool import BufferPool, Job, Scope
 from npud.domain.registry import MappingLease
 from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.kernel.dma_heap import DmaHeap
+from npud.ops.config import PoolConfig
 
 log = structlog.get_logger("npud.memory")
 

@@ -21,7 +21,7 @@ import dataclasses
 import fnmatch
 from collections.abc import Iterable
 
-from npud.config import DEFAULT_DOMAIN, DomainRuleConfig, DomainsConfig
+from npud.ops.config import DEFAULT_DOMAIN, DomainRuleConfig, DomainsConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,9 +54,9 @@ from typing import Final
 import structlog
 
 import npu_protocol as p
-from npud.config import PoolConfig
 from npud.domain.registry import MappingLease
 from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.ops.config import PoolConfig
 
 log = structlog.get_logger("npud.pool")
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 import struct
 from typing import Final, NamedTuple
 
-from npud import idl
+from npud import idl  # --------------------------------------------------------------------------
 
-# --------------------------------------------------------------------------
 # Command words. The kernel switches on the full 32-bit value: the right nr
 # with another direction or size is ENOTTY like any unknown word.
 

@@ -80,7 +80,15 @@ def npud(repo: Path, workdir: Path) -> Iterator[Path]:
     socket_path = workdir / "npud.sock"
     log = (workdir / "npud.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "npud.main", "--config", str(config), "--socket", str(socket_path)],
+        [
+            sys.executable,
+            "-m",
+            "npud.daemon.main",
+            "--config",
+            str(config),
+            "--socket",
+            str(socket_path),
+        ],
         cwd=repo,
         stdout=log,
         stderr=subprocess.STDOUT,

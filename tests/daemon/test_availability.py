@@ -12,7 +12,7 @@ import trio
 
 import npu_client
 from npu_client import trio_client
-from npud import server
+from npud.daemon import server
 from tests.daemon.wire import serve_daemon
 
 

@@ -14,8 +14,8 @@ import pytest
 import trio
 
 import npu_protocol as p
-from npud.holdings import is_dspqueue_uri
-from npud.server import Daemon
+from npud.daemon.server import Daemon
+from npud.requests.holdings import is_dspqueue_uri
 from npud.sim.skels_dspqueue import URI
 from tests.daemon.test_protocol4 import connect
 from tests.daemon.wire import TEST_URI, RawPeer, busy, serve_daemon
@@ -58,7 +58,7 @@ async def _batch(daemon: Daemon, peer: RawPeer, handle: int, *, held: bool) -> N
     assert isinstance(answers[0], p.InvokeReply)
     assert answers[0].outputs == (struct.pack("<i", -1),)
     assert answers[1] == p.InvokeReply(id=12)
-    # The answer goes out before the batch is accounted (npud.datapath): the slot and the
+    # The answer goes out before the batch is accounted (npud.datapath.workers): the slot and the
     # charge follow it, so wait for both (a bound for a loaded machine, not a speed check).
     with trio.fail_after(10):
         while _running(daemon) or _client(daemon).dsp_us - before < 50_000:

@@ -15,15 +15,15 @@ import trio
 
 import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode, format_message
-from npud.backend import select_profile
-from npud.broker import Broker
-from npud.clients import Client, Gate, Kind
-from npud.config import ConfigError, parse_config
+from npud.daemon.broker import Broker
 from npud.domain.life import Domain
 from npud.fastrpc.kernel.dma import DmaBuffer
-from npud.holdings import HeldBuffer
-from npud.requests import HANDLERS, Answer
-from npud.scheduler import NORMAL
+from npud.ops.backend import select_profile
+from npud.ops.config import ConfigError, parse_config
+from npud.requests.clients import Client, Gate, Kind
+from npud.requests.handlers import HANDLERS, Answer
+from npud.requests.holdings import HeldBuffer
+from npud.runtime.scheduler import NORMAL
 from npud.sim import EmulatedDriver
 from tests.error_scan import leaked_numbers
 

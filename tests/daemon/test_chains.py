@@ -24,9 +24,9 @@ from npu_client import Step, trio_client
 from npu_client._core import Call
 from npu_client.transport import fds_ancillary
 from npu_protocol import AEE, CodedError, ErrorCode
-from npud import chains
 from npud.fastrpc.stubs.portal_qnn import DataType, GraphSpec, TensorSpec
-from npud.models import ArenaLayout
+from npud.requests import chains
+from npud.requests.models import ArenaLayout
 from npud.sim import portal_chain
 from npud.sim.portal_qnn import PortalQnnSkel
 from tests.daemon.model_clients import CLIENT_KINDS, ClientKind, open_client

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from npud.clients import Client, Clients
-from npud.config import Config
+from npud.ops.config import Config
+from npud.requests.clients import Client, Clients
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ import pytest
 import trio
 
 import npu_protocol as p
-from npud.backend import select_profile
-from npud.broker import Broker
-from npud.clients import Client
-from npud.config import parse_config
-from npud.connection import PeerConnection
+from npud.daemon.broker import Broker
+from npud.daemon.connection import PeerConnection
+from npud.ops.backend import select_profile
+from npud.ops.config import parse_config
+from npud.requests.clients import Client
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ import npu_client
 import npu_protocol as p
 from npu_client import _args, trio_client
 from npu_protocol import ErrorCode
-from npud import datapath as datapath_module
-from npud.datapath import Call
+from npud.datapath import workers as datapath_module
+from npud.datapath.workers import Call
 from tests.daemon.wire import ECHO_URI, TEST_URI, RawPeer, busy, serve_daemon
 
 

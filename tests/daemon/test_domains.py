@@ -16,7 +16,7 @@ import npu_client
 import npu_protocol as p
 from npu_client import trio_client
 from npu_protocol import ErrorCode
-from npud.server import Daemon
+from npud.daemon.server import Daemon
 from npud.sim import EmulatedDriver
 from tests.daemon.wire import ECHO_URI, TEST_URI, RawPeer, busy, serve_daemon
 from tests.emulator import onnx_models
@@ -242,8 +242,8 @@ async def test_an_endless_model_burns_only_its_own_domain(
     after the check would be) runs in its client's DSP process: the watchdog ends that
     process, the offender pays, and another client's model runs all along, every one of
     them answered, the daemon healthy throughout (issue 16, item 3)."""
-    from npud import model_check
     from npud.fastrpc.stubs import model_format, model_walks
+    from npud.requests import model_check
 
     monkeypatch.setattr(model_format, "check_contents", lambda fd, size, budget=None: None)
     # in npud's process, where the patch holds (a large file is walked in a child)

@@ -10,7 +10,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from npud.lanes import LanePool, LaneTimeoutError
+from npud.runtime.lanes import LanePool, LaneTimeoutError
 
 
 @pytest.fixture

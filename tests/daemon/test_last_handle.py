@@ -13,9 +13,9 @@ from pathlib import Path
 import trio
 
 from npu_client import trio_client
+from npud.daemon.server import Daemon
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.driver import IoctlArg
-from npud.server import Daemon
 from npud.sim import EmulatedDriver
 from tests.daemon.wire import TEST_URI, serve_daemon
 

@@ -11,7 +11,7 @@ import structlog
 
 import npu_protocol as p
 from npu_client.transport import fds_ancillary
-from npud.link import Link
+from npud.datapath.link import Link
 
 
 class Closer:

@@ -19,7 +19,7 @@ import npu_protocol as p
 from npu_client import trio_client
 from npu_client.transport import fds_ancillary
 from npu_protocol import ErrorCode
-from npud.model_check import IN_PROCESS_MAX
+from npud.requests.model_check import IN_PROCESS_MAX
 from tests.daemon.model_clients import CLIENT_KINDS, ClientKind, open_client
 from tests.daemon.wire import RawPeer, connections_ended, serve_daemon
 from tests.emulator import onnx_models
@@ -535,8 +535,8 @@ async def test_the_dsp_refuses_external_data_even_past_the_daemons_check(
 ) -> None:
     """The client may rewrite its file between the daemon's check and the DSP's read:
     the emulated DSP checks the very bytes it would parse, and refuses them too."""
-    from npud import model_check
     from npud.fastrpc.stubs import model_format, model_walks
+    from npud.requests import model_check
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "secret.bin").write_bytes(b"TOPSECRETBYTES!!")
@@ -872,7 +872,7 @@ async def test_an_output_the_model_bounds_needs_no_room_given(
 
 
 def _walked_in_a_child(data: bytes) -> bytes:
-    """The model with an unused initializer that takes it past npud.model_check's
+    """The model with an unused initializer that takes it past npud.requests.model_check's
     IN_PROCESS_MAX: its checks run in a child process."""
     model = onnx.load_from_string(data)
     pad = IN_PROCESS_MAX + 4096

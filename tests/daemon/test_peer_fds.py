@@ -17,9 +17,9 @@ import trio
 import npu_protocol as p
 from npu_protocol import ErrorCode
 from npu_protocol._framing import encode_frame_header
-from npud import closer as closer_module
-from npud.link import Link
-from npud.server import Daemon
+from npud.daemon.server import Daemon
+from npud.datapath.link import Link
+from npud.runtime import closer as closer_module
 from tests.daemon.wire import RawPeer, serve_daemon
 
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from npud.config import parse_config
+from npud.daemon.peers import identify
+from npud.daemon.server import peer_allowed
 from npud.domain.placement import Placement, place
-from npud.peers import identify
-from npud.server import peer_allowed
+from npud.ops.config import parse_config
 
 NOBODY = 65534
 

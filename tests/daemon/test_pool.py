@@ -15,8 +15,8 @@ import trio
 import npu_protocol as p
 from npu_client.trio_client import open_trio_client
 from npu_protocol import ErrorCode
-from npud.config import PoolConfig
-from npud.server import Daemon
+from npud.daemon.server import Daemon
+from npud.ops.config import PoolConfig
 from npud.sim import EmulatedDriver
 from tests.daemon.test_broker import alloc, call, client, running
 from tests.daemon.wire import ECHO_URI, RawPeer, serve_daemon

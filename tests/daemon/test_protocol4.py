@@ -12,8 +12,8 @@ import trio
 
 import npu_protocol as p
 from npu_protocol import ErrorCode
+from npud.daemon.server import Daemon
 from npud.fastrpc.kernel import abi
-from npud.server import Daemon
 from npud.sim import EmulatedDriver
 from npud.sim.skels_dspqueue import URI as DSPQUEUE_SKEL_URI
 from tests.daemon.wire import TEST_URI, RawPeer, busy, serve_daemon

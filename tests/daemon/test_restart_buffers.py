@@ -19,9 +19,9 @@ import trio
 
 from npu_client import DspRestarted
 from npu_client.trio_client import open_trio_client
+from npud.daemon.server import Daemon
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.driver import IoctlArg
-from npud.server import Daemon
 from npud.sim import EmulatedDriver
 from tests.daemon.wire import serve_daemon
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from npud.scheduler import (
+from npud.runtime.scheduler import (
     BACKGROUND,
     NORMAL,
     REALTIME,

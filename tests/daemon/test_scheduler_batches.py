@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from npud.scheduler import BACKGROUND, NORMAL, REALTIME, Budget, Job, Outcome, Policy, Scheduler
+from npud.runtime.scheduler import (
+    BACKGROUND,
+    NORMAL,
+    REALTIME,
+    Budget,
+    Job,
+    Outcome,
+    Policy,
+    Scheduler,
+)
 from tests.daemon.test_scheduler import Clock
 
 VAD = Budget(0.032, 0.004)

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 import npu_protocol as p
-from npud.broker import Broker
+from npud.daemon.broker import Broker
 from tests.daemon.test_broker import (
     DOMAINS,
     ECHO_URI,

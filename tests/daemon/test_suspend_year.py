@@ -19,8 +19,8 @@ from structlog.testing import capture_logs
 
 import npu_protocol as p
 from npu_protocol import ErrorCode
-from npud import server
-from npud.config import ConfigError, parse_config
+from npud.daemon import server
+from npud.ops.config import ConfigError, parse_config
 from npud.sim.channel import FASTRPC_CTX_IDS
 from npud.sim.skels_dspqueue import URI as DSPQUEUE_URI
 from tests.daemon.test_protocol4 import connect, sim_of

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 import npu_protocol as p
-from npud.clients import ObjectTable
+from npud.requests.clients import ObjectTable
 from tests.daemon.wire import RawPeer, serve_daemon
 
 CONNECTIONS = 4

@@ -29,14 +29,14 @@ import npu_protocol as p
 from npu_client import npuctl
 from npu_client._status_text import domain_kind
 from npu_protocol import ErrorCode
-from npud.backend import select_profile
-from npud.broker import Broker
-from npud.config import parse_config
+from npud.daemon.broker import Broker
+from npud.daemon.server import Daemon, bind_socket
 from npud.domain.domains import Domains
 from npud.domain.life import Domain
 from npud.fastrpc.host.dspqueue_cpu import CpuQueues
 from npud.fastrpc.host.htp_host import F32, STATUS_INVAL_PARAMS, STATUS_OK, Arena, HtpHost, OpSpec
-from npud.server import Daemon, bind_socket
+from npud.ops.backend import select_profile
+from npud.ops.config import parse_config
 from npud.sim import EmulatedDriver
 from tests.e2e.daemon import RawPeer
 from tests.users import ATTACKER, VICTIM, as_user, notes

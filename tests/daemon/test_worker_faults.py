@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 import npu_protocol as p
 from npu_protocol import ErrorCode
-from npud import requests
+from npud.requests import handlers as requests
 from tests.daemon.wire import RawPeer, serve_daemon
 
 

@@ -1,6 +1,6 @@
 """A real daemon in this process and a raw protocol peer for it, for tests of the wire.
 
-``serve_daemon`` runs ``npud.server.Daemon`` on the emulator inside the test's
+``serve_daemon`` runs ``npud.daemon.server.Daemon`` on the emulator inside the test's
 trio run, bound to a temporary socket. ``RawPeer`` speaks the protocol through
 ``npu_protocol.ClientConnection`` and lets a test put several frames into one
 write, which the client library never does on purpose.
@@ -19,10 +19,10 @@ import trio
 
 import npu_protocol as p
 from npu_client.transport import ANCILLARY_SPACE, parse_ancillary
-from npud.backend import select_profile
-from npud.broker import Broker
-from npud.config import parse_config
-from npud.server import Daemon, bind_socket
+from npud.daemon.broker import Broker
+from npud.daemon.server import Daemon, bind_socket
+from npud.ops.backend import select_profile
+from npud.ops.config import parse_config
 
 ECHO_URI: Final = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
 TEST_URI: Final = "file:///libnpu_test_skel.so?npu_test_skel_handle_invoke&_modver=1.0&_dom=cdsp"
@@ -63,7 +63,7 @@ async def connections_ended(daemon: Daemon, remaining: int) -> None:
     """Wait until the daemon serves ``remaining`` connections and no peer's fd waits to be
     closed: every other connection has ended (its client's holdings let go on the
     domain's lane, its socket closed) and the closer threads have closed what the peers
-    sent. A client's row and the status totals go before that (npud.broker.release_client
+    sent. A client's row and the status totals go before that (npud.daemon.broker.release_client
     drops the client first), so an fd count taken when the totals settle can still see
     the departed client's socket and model arena."""
     closer = daemon.broker.device.peer_fds

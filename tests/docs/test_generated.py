@@ -18,8 +18,9 @@ import msgspec
 import pytest
 
 from npu_client import npuctl
-from npud import doctor, main
-from npud.config import Config
+from npud.daemon import main
+from npud.ops import doctor
+from npud.ops.config import Config
 from tests.tools import require_tool
 
 REPO: Final = Path(__file__).resolve().parents[2]

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from npud.doctor import Report, diagnose
-from npud.doctor_checks import KNOWN_GOOD_FIRMWARE, Finding, Status
 from npud.fastrpc.trust.shell import public_key_hex
-from npud.sign_shell import sign_shell_file
+from npud.ops.doctor import Report, diagnose
+from npud.ops.doctor_checks import KNOWN_GOOD_FIRMWARE, Finding, Status
+from npud.ops.sign_shell import sign_shell_file
 
 FIRMWARE_NAME = "qcom/x1e80100/LENOVO/21N1/qccdsp8380.mbn"
 SHELL = "/usr/lib/dsp/cdsp/fastrpc_shell_unsigned_3"

@@ -14,9 +14,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import npu_protocol as p
-from npud.doctor_checks import KNOWN_GOOD_FIRMWARE, Status, check_unsigned_pd, connect_fix
 from npud.fastrpc.trust.shell import DEVELOPMENT_PUBLIC_KEY_HEX
-from npud.sign_shell import sign_shell_file
+from npud.ops.doctor_checks import KNOWN_GOOD_FIRMWARE, Status, check_unsigned_pd, connect_fix
+from npud.ops.sign_shell import sign_shell_file
 from tests.doctor.fake_tree import (
     CDSP,
     CONFIG,

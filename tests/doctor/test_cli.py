@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from npud.config import Config
-from npud.doctor import main
-from npud.doctor_checks import Target, npu_present
+from npud.ops.config import Config
+from npud.ops.doctor import main
+from npud.ops.doctor_checks import Target, npu_present
 from tests.doctor.fake_tree import FakeTree, healthy_tree
 from tests.e2e.daemon import Npud, start_npud
 
@@ -25,7 +25,7 @@ THIS_MACHINE_HAS_AN_NPU = npu_present(Target(root=Path("/"), config=Config(), so
 def run_doctor(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("NPUD_SOCKET", "QAIRT_ROOT")}
     return subprocess.run(
-        [sys.executable, "-m", "npud.main", "doctor", *args],
+        [sys.executable, "-m", "npud.daemon.main", "doctor", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -109,7 +109,7 @@ def test_help_and_the_daemon_command_line_still_work() -> None:
     for needle in ("--root", "--json", "exit status", "emulator"):
         assert needle in result.stdout
     daemon_help = subprocess.run(
-        [sys.executable, "-m", "npud.main", "--help"],
+        [sys.executable, "-m", "npud.daemon.main", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

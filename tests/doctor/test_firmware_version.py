@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from npud.doctor_checks import (
+from npud.ops.doctor_checks import (
     DEFAULT_QAIRT_ROOT,
     DSP_SKEL_LIBRARY,
     KNOWN_BAD_FIRMWARE,

@@ -63,7 +63,7 @@ def start_npud(
     config_path.write_text("[backend]\nkind = 'emulator'\n" + config)
     log_path = tmp / "npud.log"
     args = [
-        sys.executable, "-m", "npud.main", "--config", str(config_path),
+        sys.executable, "-m", "npud.daemon.main", "--config", str(config_path),
         "--socket", str(socket_path), "--log-format", "json", *extra_args,
     ]  # fmt: skip
     with open(log_path, "wb") as log:

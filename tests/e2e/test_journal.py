@@ -87,7 +87,7 @@ def test_a_start_up_failure_is_one_error_line(tmp_path: Path) -> None:
     config.write_text("[daemon]\nsockt = 1\n")
     with open(log, "wb") as out:
         result = subprocess.run(
-            [sys.executable, "-m", "npud.main", "--config", str(config)],
+            [sys.executable, "-m", "npud.daemon.main", "--config", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, **journal_env(log)},

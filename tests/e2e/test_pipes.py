@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from npud.backend import DEV_PUBLIC_KEY, DEV_SHELL
+from npud.ops.backend import DEV_PUBLIC_KEY, DEV_SHELL
 from tests.e2e.daemon import Npud, start_npud
 from tests.emulator import onnx_models
 
 NPUCTL = [sys.executable, "-m", "npu_client.npuctl"]
-NPUD = [sys.executable, "-m", "npud.main"]
-SIGN = [sys.executable, "-m", "npud.sign_shell"]
+NPUD = [sys.executable, "-m", "npud.daemon.main"]
+SIGN = [sys.executable, "-m", "npud.ops.sign_shell"]
 
 
 @pytest.fixture(scope="module")

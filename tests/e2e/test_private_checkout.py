@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import npu_client
-from npud.backend import DEV_SHELL
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.builtin_skels import BUILTIN_SKELS
 from npud.sim.driver import skel_modules
@@ -67,7 +67,7 @@ def test_a_model_loads_and_runs_from_a_checkout_only_root_can_read(tmp_path: Pat
     socket_path = run / "npud.sock"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "npud.main", "--config", str(config),
+            [sys.executable, "-m", "npud.daemon.main", "--config", str(config),
              "--socket", str(socket_path), "--log-format", "json"],
             env=env,
             cwd=checkout,

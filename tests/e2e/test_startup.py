@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from npud.backend import DEV_PUBLIC_KEY, DEV_SHELL
+from npud.ops.backend import DEV_PUBLIC_KEY, DEV_SHELL
 from tests.e2e.daemon import RawPeer, start_npud
 
 
 def run_npud(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "npud.main", *args],
+        [sys.executable, "-m", "npud.daemon.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -133,9 +133,9 @@ def one_line_after_logs(result: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_the_development_key_is_refused_by_the_kernel_profile(tmp_path: Path) -> None:
-    from npud.backend import select_profile
-    from npud.config import parse_config
     from npud.fastrpc.kernel.errors import ShellVerifyError
+    from npud.ops.backend import select_profile
+    from npud.ops.config import parse_config
 
     key = tmp_path / "key.pub"
     shutil.copyfile(DEV_PUBLIC_KEY, key)
@@ -259,7 +259,7 @@ def test_help_into_a_closed_pipe_is_quiet() -> None:
     os.close(read)  # the reader is gone before npud writes
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "npud.main", "--help"],
+            [sys.executable, "-m", "npud.daemon.main", "--help"],
             stdout=write,
             stderr=subprocess.PIPE,
             text=True,

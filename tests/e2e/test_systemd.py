@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import npu_protocol as p
-from npud.sd import ANNOUNCE_PATIENCE, Notifier, activated_socket, watchdog_interval
+from npud.daemon.sd import ANNOUNCE_PATIENCE, Notifier, activated_socket, watchdog_interval
 from tests.e2e.daemon import RawPeer
 
 # Runs in the child: put the listening socket at fd 3 and claim LISTEN_PID, as
@@ -28,7 +28,7 @@ os.dup2(fd, 3)
 os.environ["LISTEN_PID"] = str(os.getpid())
 os.environ["LISTEN_FDS"] = "1"
 os.environ["LISTEN_FDNAMES"] = "npud.socket"
-os.execv(sys.executable, [sys.executable, "-m", "npud.main", *sys.argv[1:]])
+os.execv(sys.executable, [sys.executable, "-m", "npud.daemon.main", *sys.argv[1:]])
 """
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.driver import Driver, KernelDriver
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 
 ECHO_URI = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"

@@ -19,13 +19,13 @@ import pytest
 
 from npu_protocol import AEE, ErrorCode
 from npud import idl
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.reverse.apps_mem import AppsMemServer
 from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.stubs.portal_qnn import PortalQnn
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.apps_mem import DspHeap, HeapExhaustedError
 from npud.sim.reverse import ReverseReply

@@ -11,11 +11,11 @@ import errno
 
 import pytest
 
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.reverse.apps_std import ENORPCMEMORY, SharingError
 from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.session._reverse_host import ReverseHost
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.invoke_args import Slice
 from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.stubs.portal_qnn import ModelError, ModelFailure, PortalQnn
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from tests.emulator import onnx_models
 

@@ -18,12 +18,12 @@ from collections.abc import Iterator
 import pytest
 
 from npu_protocol import ErrorCode
-from npud.backend import DEV_SHELL
 from npud.domain.life import capabilities_record
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.errors import InterruptedCallError, RpcError
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.config import HVX_SUPPORT_128B, STATUS_NOTIFICATION_SUPPORT
 from tests.emulator.conftest import ECHO_URI, fastrpc_threads, open_fds

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from npud.backend import DEV_SHELL
 from npud.fastrpc.host.dspqueue_cpu import GUARD, CpuQueues
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import EmulatedDriver, SimConfig
 from npud.sim.compute import Job, SharedCompute
 from tests.emulator import queue_echo_skel

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from npu_protocol import ErrorCode
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.recording.replay import replay
 from npud.fastrpc.recording.trace import TraceWriter, TracingDriver
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
+from npud.ops.trace_cli import apps_std_calls, fidelity_scenario, suspend_scenario
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.config import AEE_ERPC
-from npud.trace_cli import apps_std_calls, fidelity_scenario, suspend_scenario
 
 OLD_FIRMWARE = SimConfig(
     domain_handles=False, absent_module_result=AEE_ERPC, loader_probes=("oemconfig.so",)

@@ -17,13 +17,13 @@ from collections.abc import Sequence
 import pytest
 
 from npu_protocol import AEE
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.driver import IoctlArg
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.reverse.listener import THREAD_NAME
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.config import AEE_ENOSUCHMOD, AEE_ERPC
 from tests.emulator.conftest import ECHO_URI, fastrpc_threads

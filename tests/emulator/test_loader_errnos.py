@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.driver import IoctlArg
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.config import LOADER_PATHS, LoaderPath
 from tests.emulator import sim_helpers

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from npu_protocol import ErrorCode
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline, Slice
 from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.stubs.portal_qnn import PortalQnn
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.config import LOADER_PATHS, LoaderPath
 from tests.emulator import onnx_models, sim_helpers

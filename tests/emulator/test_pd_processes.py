@@ -28,12 +28,12 @@ import pytest
 
 from npu_protocol import AEE, ErrorCode
 from npud import idl
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline, Slice
 from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.stubs.portal_qnn import PORTAL_QNN_URI
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.pd_host import live_zygotes
 from tests.emulator import onnx_models, probe_skel
@@ -755,7 +755,7 @@ def test_skel_logs_reach_npuds_logger(
 
 _LIFE: Final = """
 import gc, json, os, sys
-from npud.backend import DEV_SHELL
+from npud.ops.backend import DEV_SHELL
 from npud.fastrpc.session import FastRpcSession
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from npud.sim.pd_host import _POOL, live_zygotes

@@ -13,8 +13,6 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from npu_protocol import ErrorCode
-from npud.backend import DEV_SHELL
-from npud.config import PoolConfig
 from npud.domain.memory import Memory
 from npud.domain.pool import BufferPool
 from npud.domain.registry import Registry
@@ -22,6 +20,8 @@ from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Inline, Slice
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
+from npud.ops.config import PoolConfig
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from tests.emulator.conftest import ECHO_URI, fastrpc_threads, open_fds
 

@@ -18,7 +18,6 @@ import pytest
 
 from npu_protocol import AEE, ErrorCode
 from npud import idl
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Slice
@@ -35,6 +34,7 @@ from npud.fastrpc.stubs.portal_qnn import (
     model_uri_query,
 )
 from npud.formats import graph_pack
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from tests.emulator import onnx_models
 from tests.emulator.conftest import open_fds

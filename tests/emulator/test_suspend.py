@@ -19,11 +19,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.driver import IoctlArg
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from tests.emulator.conftest import ECHO_URI, open_fds
 

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.kernel.invoke_args import Capacity, InvokeResult
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.channel import FASTRPC_CTX_IDS
 from npud.sim.skels_dspqueue import URI as DSPQUEUE_URI

@@ -24,15 +24,15 @@ from typing import Any
 
 import pytest
 
-from npud.backend import DEV_SHELL
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.driver import Driver, KernelDriver
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.recording.replay import TraceFormatError, load_trace, replay
 from npud.fastrpc.recording.trace import TraceWriter, TracingDriver
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL
+from npud.ops.trace_cli import echo_scenario, model_scenario
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
-from npud.trace_cli import echo_scenario, model_scenario
 from tests.emulator import onnx_models
 from tests.emulator.conftest import fastrpc_threads, library_path, open_fds
 
@@ -281,7 +281,7 @@ def test_files_that_are_not_traces(tmp_path: Path, content: str, message: str) -
 def test_the_command_line(tmp_path: Path) -> None:
     def npud(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "npud.main", "trace", *args],
+            [sys.executable, "-m", "npud.daemon.main", "trace", *args],
             capture_output=True,
             text=True,
             timeout=120,

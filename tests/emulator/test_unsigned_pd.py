@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from npu_protocol import AEE, ErrorCode
-from npud.backend import DEV_SHELL, select_profile
-from npud.config import ConfigError, parse_config
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.session import FastRpcSession
+from npud.ops.backend import DEV_SHELL, select_profile
+from npud.ops.config import ConfigError, parse_config
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from tests.emulator.conftest import fastrpc_threads
 
@@ -131,7 +131,7 @@ def test_the_emulator_section_sets_the_device_behaviours(tmp_path: Path) -> None
 def test_npud_stops_with_the_reason_on_a_firmware_without_unsigned_pds(tmp_path: Path) -> None:
     config = tmp_path / "npud.toml"
     config.write_text("[emulator]\nunsigned_pd_support = false\n")
-    command = [sys.executable, "-m", "npud.main", "--backend", "emulator"]
+    command = [sys.executable, "-m", "npud.daemon.main", "--backend", "emulator"]
     command += ["--config", str(config), "--socket", str(tmp_path / "npud.sock")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 69  # EX_UNAVAILABLE: no NPU npud can use

@@ -113,7 +113,9 @@ def test_a_rehearsal_on_the_emulator_packs_every_step(tmp_path: Path) -> None:
     assert "selftest passed" in (out / "daemon.txt").read_text()
     assert "no divergence" in (out / "daemon.txt").read_text()
     # The daemons it started are gone.
-    assert not [cmd for cmd in command_lines() if str(out / "npud") in cmd and "npud.main" in cmd]
+    assert not [
+        cmd for cmd in command_lines() if str(out / "npud") in cmd and "npud.daemon.main" in cmd
+    ]
     assert not (out / "npud.sock").exists()
     assert not (out / "npud-library.sock").exists()
 

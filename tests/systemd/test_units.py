@@ -15,8 +15,8 @@ import textwrap
 
 import pytest
 
-from npud import config
 from npud.fastrpc.kernel import abi
+from npud.ops import config
 from tests.systemd.units import (
     REPO,
     SERVICE,

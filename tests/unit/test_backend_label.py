@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from npud.backend import select_profile
-from npud.config import Config
+from npud.ops.backend import select_profile
+from npud.ops.config import Config
 
 
 def test_the_emulators_node_is_named_as_emulated() -> None:

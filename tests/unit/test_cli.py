@@ -1,4 +1,4 @@
-"""The command-line conventions npuctl (npu_client.cli) and npud's commands (npud.cli)
+"""The command-line conventions npuctl (npu_client.cli) and npud's commands (npud.ops.cli)
 share: sysexits statuses, usage errors exiting 64, a closed stdout ending quietly."""
 
 from __future__ import annotations
@@ -12,21 +12,21 @@ from types import ModuleType
 
 import pytest
 
-import npud.cli
+import npud.ops.cli
 from npu_client import cli as client_cli
 
-MODULES = [client_cli, npud.cli]
-IDS = ["npu_client.cli", "npud.cli"]
+MODULES = [client_cli, npud.ops.cli]
+IDS = ["npu_client.cli", "npud.ops.cli"]
 
 
 def test_the_two_agree_and_are_sysexits() -> None:
-    names = [name for name in dir(npud.cli) if name.startswith(("EX_", "EXIT_"))]
+    names = [name for name in dir(npud.ops.cli) if name.startswith(("EX_", "EXIT_"))]
     assert len(names) >= 12
     for name in names:
-        assert getattr(client_cli, name) == getattr(npud.cli, name), name
+        assert getattr(client_cli, name) == getattr(npud.ops.cli, name), name
         if name.startswith("EX_"):
-            assert getattr(npud.cli, name) == getattr(os, name), name
-    assert (npud.cli.EXIT_PIPE, npud.cli.EXIT_INTERRUPTED) == (141, 130)
+            assert getattr(npud.ops.cli, name) == getattr(os, name), name
+    assert (npud.ops.cli.EXIT_PIPE, npud.ops.cli.EXIT_INTERRUPTED) == (141, 130)
 
 
 @pytest.mark.parametrize("cli", MODULES, ids=IDS)

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from npud import closer as closer_module
-from npud.closer import Closer, close_now
+from npud.runtime import closer as closer_module
+from npud.runtime.closer import Closer, close_now
 from tests.polling import wait_until
 
 

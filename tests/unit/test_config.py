@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 import npu_protocol as p
-from npud import config as npud_config
-from npud.config import Config, ConfigError, load_config, parse_config
+from npud.ops import config as npud_config
+from npud.ops.config import Config, ConfigError, load_config, parse_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "npud.toml"
 

@@ -7,6 +7,11 @@
 * ``npud.idl`` and ``npud.formats`` are pure and shared by both of the above.
 * ``npud.domain`` (sessions, their registries, memory) sits below the daemon's
   clients, requests and connections, and never imports them.
+* The daemon's folders run one way: ``npud.daemon`` (main, server, connections,
+  broker) over ``npud.datapath`` (workers, links) over ``npud.requests`` (handlers,
+  clients, what they hold, models) over ``npud.domain``, over ``npud.ops``
+  (configuration, backend, logs, the tools) and ``npud.runtime`` (scheduler, lanes,
+  timers, closer), which import none of the others.
 * Inside ``npud.fastrpc`` the folders stand in floors (``FASTRPC_FLOORS``): a folder
   imports its own modules and those of folders on lower floors, never one beside or
   above it (the trace hooks live in ``kernel`` for this; remotectl in ``session``).
@@ -34,21 +39,33 @@ import npud
 NPUD = pathlib.Path(npud.__file__).parent
 
 RULES = {
+    # The daemon's folders run one way: daemon -> datapath -> requests -> domain -> ops,
+    # runtime (docs/architecture.md, "Where things live").
+    "npud.runtime": (
+        "npud.daemon",
+        "npud.datapath",
+        "npud.requests",
+        "npud.domain",
+        "npud.ops",
+    ),
+    "npud.ops": ("npud.daemon", "npud.datapath", "npud.requests", "npud.domain", "npud.runtime"),
+    "npud.requests": ("npud.datapath", "npud.daemon"),
+    "npud.datapath": ("npud.daemon",),
     "npud.fastrpc": ("trio", "npu_client", "npud.sim"),
     "npud.sim": ("trio", "npu_client", "npud.fastrpc"),
     # Shared by both of the above: the IDL stubs are pure, standard library only.
     "npud.idl": ("trio", "npu_client", "npud.fastrpc", "npud.sim", "npu_protocol"),
     # Domains sit below the daemon's clients and requests: they know sessions, not clients.
     "npud.domain": (
-        "npud.broker",
-        "npud.requests",
-        "npud.clients",
-        "npud.holdings",
-        "npud.models",
-        "npud.datapath",
-        "npud.link",
-        "npud.connection",
-        "npud.server",
+        "npud.daemon.broker",
+        "npud.requests.handlers",
+        "npud.requests.clients",
+        "npud.requests.holdings",
+        "npud.requests.models",
+        "npud.datapath.workers",
+        "npud.datapath.link",
+        "npud.daemon.connection",
+        "npud.daemon.server",
         "npud.sim",
     ),
     # File formats read for clients: pure, standard library only, shared by both sides.

@@ -18,8 +18,13 @@ def modules_after(program: str) -> set[str]:
 
 
 def test_importing_the_daemon_loads_no_tool_and_no_cryptography() -> None:
-    loaded = modules_after("import npud.main")
-    unwanted = {"npud.doctor", "npud.doctor_checks", "npud.sign_shell", "npud.sim.driver"}
+    loaded = modules_after("import npud.daemon.main")
+    unwanted = {
+        "npud.ops.doctor",
+        "npud.ops.doctor_checks",
+        "npud.ops.sign_shell",
+        "npud.sim.driver",
+    }
     assert not loaded & unwanted
     assert not {name for name in loaded if name.startswith("cryptography")}
 
@@ -27,8 +32,8 @@ def test_importing_the_daemon_loads_no_tool_and_no_cryptography() -> None:
 def test_the_kernel_profile_never_loads_the_emulator() -> None:
     loaded = modules_after(
         """
-        from npud.backend import select_profile
-        from npud.config import parse_config
+        from npud.ops.backend import select_profile
+        from npud.ops.config import parse_config
         from npud.fastrpc.kernel.driver import KernelDriver
         profile = select_profile(parse_config(""), "kernel")
         assert isinstance(profile.make_driver(), KernelDriver)
@@ -40,8 +45,8 @@ def test_the_kernel_profile_never_loads_the_emulator() -> None:
 def test_the_emulator_loads_when_the_emulator_profile_makes_its_driver() -> None:
     program = textwrap.dedent(
         """
-        from npud.backend import select_profile
-        from npud.config import parse_config
+        from npud.ops.backend import select_profile
+        from npud.ops.config import parse_config
         profile = select_profile(parse_config(""), "emulator")
         assert profile.library_path[0].name == "dsp_libs"
         """
@@ -52,7 +57,7 @@ def test_the_emulator_loads_when_the_emulator_profile_makes_its_driver() -> None
 
 def test_the_doctor_still_runs_from_the_daemons_command() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "npud.main", "doctor", "--help"],
+        [sys.executable, "-m", "npud.daemon.main", "doctor", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -65,7 +70,9 @@ def test_the_doctor_still_runs_from_the_daemons_command() -> None:
 def test_the_serving_daemon_loads_no_numpy_and_no_onnxruntime() -> None:
     # npud imports npu_client for its transport; the client's numpy support (an
     # optional extra) and the emulator's onnxruntime load only when a model runs.
-    loaded = modules_after("import npud.server, npud.broker, npud.datapath, npud.backend")
+    loaded = modules_after(
+        "import npud.daemon.server, npud.daemon.broker, npud.datapath.workers, npud.ops.backend"
+    )
     heavy = {"numpy", "onnxruntime", "onnx"}
     assert not {name for name in loaded if name.split(".")[0] in heavy}
 
@@ -73,12 +80,12 @@ def test_the_serving_daemon_loads_no_numpy_and_no_onnxruntime() -> None:
 def test_the_serving_daemon_parses_no_model_idl_and_loads_no_model_code() -> None:
     # The reverse-RPC services' IDL (remotectl, the listener, apps_std) comes with the
     # modules every session needs; apps_mem's, portal_qnn's and the emulator's skels'
-    # is parsed at its first use, the model code (npud.models, portal_qnn, the ONNX
+    # is parsed at its first use, the model code (npud.requests.models, portal_qnn, the ONNX
     # reader) loaded at the first load.
     loaded = modules_after(
         """
-        import npud.main, npud.server, npud.broker, npud.datapath, npud.backend
-        import npud.requests, npud.sim.driver, npud.sim.pd_host, npud.sim.process
+        import npud.daemon.main, npud.daemon.server, npud.daemon.broker, npud.datapath.workers, npud.ops.backend
+        import npud.requests.handlers, npud.sim.driver, npud.sim.pd_host, npud.sim.process
         from npud.fastrpc.reverse.apps_mem import apps_mem_idl
         from npud.sim.skels import load_idl
         assert apps_mem_idl.cache_info().currsize == 0
@@ -86,7 +93,7 @@ def test_the_serving_daemon_parses_no_model_idl_and_loads_no_model_code() -> Non
         """
     )
     deferred = {
-        "npud.models",
+        "npud.requests.models",
         "npud.fastrpc.stubs.portal_qnn",
         "npud.fastrpc.stubs.model_format",
         "npud.formats.onnx_proto",
@@ -114,8 +121,8 @@ def test_an_idl_is_parsed_at_its_first_use_and_once() -> None:
 def test_the_emulators_zygote_starts_with_the_profile_and_the_driver_shares_it() -> None:
     modules_after(
         """
-        from npud.backend import select_profile
-        from npud.config import parse_config
+        from npud.ops.backend import select_profile
+        from npud.ops.config import parse_config
         from npud.sim.pd_host import live_zygotes
         profile = select_profile(parse_config(""), "emulator")
         with profile.zygote_started():
@@ -133,8 +140,8 @@ def test_the_emulators_zygote_starts_with_the_profile_and_the_driver_shares_it()
 def test_no_zygote_starts_on_a_device_or_with_pd_threads() -> None:
     loaded = modules_after(
         """
-        from npud.backend import select_profile
-        from npud.config import parse_config
+        from npud.ops.backend import select_profile
+        from npud.ops.config import parse_config
         for text, kind in (("", "kernel"), ("[emulator]\\npd_isolation = 'thread'\\n", "emulator")):
             with select_profile(parse_config(text), kind).zygote_started():
                 pass
@@ -147,8 +154,8 @@ def test_choosing_a_profile_loads_no_driver_and_no_shell_code() -> None:
     # npud chooses its profile first and starts the emulator's zygote with it: cheap.
     loaded = modules_after(
         """
-        from npud.backend import select_profile
-        from npud.config import parse_config
+        from npud.ops.backend import select_profile
+        from npud.ops.config import parse_config
         for kind in ("kernel", "emulator", "auto"):
             select_profile(parse_config(""), kind)
         """

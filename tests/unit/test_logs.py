@@ -13,7 +13,7 @@ from typing import TextIO
 import pytest
 import structlog
 
-from npud import logs
+from npud.ops import logs
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The model walks in a child process (npud.model_check): the same answers and refusals
+"""The model walks in a child process (npud.requests.model_check): the same answers and refusals
 as in npud's process, within the budget."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from npud.fastrpc.stubs.model_format import ModelFileError, ModelFormat
 from npud.fastrpc.stubs.model_shapes import ShapeError
 from npud.fastrpc.stubs.model_walks import walk_model_file
 from npud.formats import onnx_proto
-from npud.model_check import walk_in_child
+from npud.requests.model_check import walk_in_child
 from tests.emulator import onnx_models
 
 

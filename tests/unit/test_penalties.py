@@ -1,9 +1,9 @@
-"""The hung-call penalty is the user's (issue 27): npud.penalties.HungCalls on a clock
+"""The hung-call penalty is the user's (issue 27): npud.daemon.penalties.HungCalls on a clock
 the test turns."""
 
 from __future__ import annotations
 
-from npud.penalties import Charge, HungCalls
+from npud.daemon.penalties import Charge, HungCalls
 
 
 class Clock:

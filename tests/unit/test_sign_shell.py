@@ -21,7 +21,7 @@ from npud.fastrpc.trust.shell import (
     public_key_hex,
     verify_shell_binary,
 )
-from npud.sign_shell import SignError, digest_line, main
+from npud.ops.sign_shell import SignError, digest_line, main
 
 REPO = Path(__file__).resolve().parents[2]
 DEV_DIR = REPO / "npud" / "devshell"
@@ -345,7 +345,7 @@ def test_module_entry_point_exit_status(shell: Path) -> None:
         [
             sys.executable,
             "-m",
-            "npud.sign_shell",
+            "npud.ops.sign_shell",
             "verify",
             "--public-key",
             "/nonexistent",

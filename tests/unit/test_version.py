@@ -105,6 +105,6 @@ def test_npuctl_and_npud_report_the_same_version() -> None:
         return result.stdout.strip()
 
     version = written_version()
-    assert run("-m", "npud.main", "--version") == f"npud {version}"
+    assert run("-m", "npud.daemon.main", "--version") == f"npud {version}"
     npuctl = run("-m", "npu_client.npuctl", "--version")
     assert npuctl.startswith(f"npuctl {version} (npu-protocol {version}, wire protocol ")

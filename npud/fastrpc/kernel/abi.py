@@ -14,9 +14,8 @@ import ctypes
 import enum
 from typing import Final
 
-from npud import idl
+from npud import idl  # --------------------------------------------------------------------------
 
-# --------------------------------------------------------------------------
 # _IOC encoding (include/uapi/asm-generic/ioctl.h; identical on x86_64 and
 # aarch64): dir in bits 30-31, size in 16-29, type in 8-15, nr in 0-7.
 

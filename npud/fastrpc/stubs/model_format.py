@@ -27,7 +27,7 @@ read as protobuf reads them, linear in the file, bounded in memory) and
 resolves nothing. Every walk here takes an optional
 :class:`~npud.formats.onnx_proto.Budget` (``refused`` when it runs out; the
 daemon gives ``[daemon] model_check_s`` and walks on a thread or in a process
-of the load's own, npud/model_check.py). The emulated DSP checks the bytes it
+of the load's own, npud/requests/model_check.py). The emulated DSP checks the bytes it
 parses again for external data, because the client may rewrite its file
 between this check and the DSP's read.
 """

@@ -8,7 +8,7 @@ outputs' given shapes are rooms; all within one :class:`~npud.formats.onnx_proto
 It raises what the walks raise (ModelFileError, ShapeError, DamagedError,
 CheckTimeoutError, LimitError, OSError);
 :meth:`npud.fastrpc.stubs.portal_qnn.PortalQnn.check` turns them into ModelErrors.
-The module imports little, so that npud.model_check's child process starts fast.
+The module imports little, so that npud.requests.model_check's child process starts fast.
 """
 
 from __future__ import annotations

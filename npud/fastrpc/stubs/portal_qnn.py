@@ -463,7 +463,7 @@ class PortalQnn:
         """Every check :meth:`load` makes on the file before it reaches the DSP (the
         file's kind, contents and shapes: those of each graph ``sizes`` makes, with the
         inputs ``constants`` fixes, and which outputs have rooms), within ``budget``;
-        ModelError when one fails. ``walks`` walks the file (npud.model_check gives one
+        ModelError when one fails. ``walks`` walks the file (npud.requests.model_check gives one
         that runs in a child process); a caller may check on a thread of its choice and
         give :meth:`load` the result."""
         checked_sizes = _check_sizes(sizes or {}, shapes or {})

@@ -1,0 +1,1 @@
+"""The hot path: worker threads over one epoll, and each welcomed connection's link."""

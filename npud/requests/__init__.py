@@ -1,0 +1,1 @@
+"""What npud does for each request, and the client state and objects requests create."""
