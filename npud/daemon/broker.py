@@ -7,7 +7,7 @@ clients and their quotas (:mod:`npud.requests.clients`), the scheduler
 (:mod:`npud.datapath.workers`). It admits a client at its Hello (quotas, scheduler
 account, domain), releases what it held when it goes, hears of a domain's
 restart and tells its clients, charges a hung call to its client, and
-assembles the status. The work of each request is in :mod:`npud.requests.handlers`,
+assembles the status. The work of each request is in :mod:`npud.requests`,
 whose handlers are given their client and its domain and never see the broker.
 
 Lives on the trio thread; ``status``, ``domain_named`` and the watchdog's
@@ -37,8 +37,8 @@ from npud.domain.life import Domain
 from npud.fastrpc.session import FastRpcSession
 from npud.ops.backend import Profile
 from npud.ops.config import MAX_TIMEOUT_MS, Config
+from npud.requests import Handler
 from npud.requests.clients import Client, Clients, Kind
-from npud.requests.handlers import Handler
 from npud.requests.holdings import HeldBuffer, OpenHandle, let_go
 from npud.runtime.scheduler import (
     BACKGROUND,

@@ -38,8 +38,8 @@ from npud.datapath.link import FRAME_ANCILLARY_SPACE, Link, fds_waiting_refusal
 from npud.domain.life import Domain
 from npud.ops.loglimit import LogBudget
 from npud.ops.loglimit import fields as log_fields
+from npud.requests import HANDLERS, Handler
 from npud.requests.clients import Client
-from npud.requests.handlers import HANDLERS, Handler
 
 HANDSHAKE_READ: Final = 64 * 1024
 

@@ -48,7 +48,7 @@ from npud.ops.loglimit import fields as log_fields
 from npud.runtime.closer import MAX_PENDING_PER_UID
 
 if TYPE_CHECKING:
-    from npud.requests.handlers import Handler
+    from npud.requests import Handler
 
 log = structlog.get_logger("npud.datapath.link")
 

@@ -2,7 +2,7 @@
 
 Every welcomed connection's socket is registered in one epoll, one-shot. A
 worker thread that wakes for a socket reads what is there, runs each request's
-arrival step in order (``npud.requests.handlers``), re-arms the socket (so another
+arrival step in order (``npud.requests``), re-arms the socket (so another
 worker reads the connection's next requests), and then carries the requests:
 
 * a DSP-bound call (``Route.DSP``) goes to the :class:`Scheduler`; when it may
@@ -53,8 +53,8 @@ import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
 from npud.datapath.link import RECV_CHUNK, Link
 from npud.ops.loglimit import fields as log_fields
+from npud.requests import Answer, Handler, Route
 from npud.requests.clients import Gate
-from npud.requests.handlers import Answer, Handler, Route
 from npud.runtime.scheduler import Account, Job, Outcome, Scheduler
 from npud.runtime.timers import Timer, Timers
 

@@ -27,7 +27,9 @@ from npud.domain.registry import MappingLease
 from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.session import FastRpcSession
 
-if TYPE_CHECKING:  # loaded with the first model load (npud.requests.handlers), not at start-up
+if (
+    TYPE_CHECKING
+):  # loaded with the first model load (npud.requests.model_requests), not at start-up
     from npud.requests.models import NpuModel
 
 log = structlog.get_logger("npud.requests.holdings")
@@ -65,7 +67,7 @@ class OpenHandle:
     generation: int
     waits: frozenset[int] = frozenset()
     """Its methods that wait for the DSP rather than compute: the only ones an invoke
-    may send with ``wait`` (:data:`npud.requests.handlers.WAITING_METHODS`)."""
+    may send with ``wait`` (:func:`npud.requests.skel_requests.waiting_methods`)."""
     faults: frozenset[int] = frozenset()
     """Its methods that crash the DSP process on purpose (the emulator's fault
     injection): only root and ``[emulator] fault_uids`` may call them."""

@@ -20,7 +20,7 @@ the model on the DSP. Runs of a shared load take turns on the DSP (the skel
 runs one call per handle at a time).
 
 The requests that load, describe, run and unload a model are handlers in
-:mod:`npud.requests.handlers` (LoadModel, ModelInfo, RunModel, UnloadModel); several models in
+:mod:`npud.requests.model_requests` (LoadModel, ModelInfo, RunModel, UnloadModel); several models in
 one request are :mod:`npud.requests.chains` (RunChain).
 """
 

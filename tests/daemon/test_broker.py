@@ -20,8 +20,8 @@ from npud.domain.life import Domain
 from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.ops.backend import select_profile
 from npud.ops.config import ConfigError, parse_config
+from npud.requests import HANDLERS, Answer
 from npud.requests.clients import Client, Gate, Kind
-from npud.requests.handlers import HANDLERS, Answer
 from npud.requests.holdings import HeldBuffer
 from npud.runtime.scheduler import NORMAL
 from npud.sim import EmulatedDriver

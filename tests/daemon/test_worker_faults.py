@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 import npu_protocol as p
 from npu_protocol import ErrorCode
-from npud.requests import handlers as requests
+from npud.requests import daemon_requests, skel_requests
 from tests.daemon.wire import RawPeer, serve_daemon
 
 
@@ -26,7 +26,11 @@ def _explode(*args: object) -> None:
 
 @pytest.mark.parametrize(
     ("handler", "step"),
-    [(requests.Ping, "arrive"), (requests.Ping, "run"), (requests.Invoke, "arrive")],
+    [
+        (daemon_requests.Ping, "arrive"),
+        (daemon_requests.Ping, "run"),
+        (skel_requests.Invoke, "arrive"),
+    ],
 )
 async def test_a_bug_answers_internal_error_and_the_workers_live_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handler: type, step: str
@@ -40,7 +44,7 @@ async def test_a_bug_answers_internal_error_and_the_workers_live_on(
             # More faulty requests than there are workers: a dead worker would show.
             faulty = [
                 p.PingRequest(id=i)
-                if handler is requests.Ping
+                if handler is daemon_requests.Ping
                 else p.InvokeRequest(id=i, handle=1, method=2)
                 for i in range(1, workers + 3)
             ]

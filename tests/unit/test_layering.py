@@ -56,18 +56,7 @@ RULES = {
     # Shared by both of the above: the IDL stubs are pure, standard library only.
     "npud.idl": ("trio", "npu_client", "npud.fastrpc", "npud.sim", "npu_protocol"),
     # Domains sit below the daemon's clients and requests: they know sessions, not clients.
-    "npud.domain": (
-        "npud.daemon.broker",
-        "npud.requests.handlers",
-        "npud.requests.clients",
-        "npud.requests.holdings",
-        "npud.requests.models",
-        "npud.datapath.workers",
-        "npud.datapath.link",
-        "npud.daemon.connection",
-        "npud.daemon.server",
-        "npud.sim",
-    ),
+    "npud.domain": ("npud.daemon", "npud.datapath", "npud.requests", "npud.sim"),
     # File formats read for clients: pure, standard library only, shared by both sides.
     "npud.formats": (
         "trio",

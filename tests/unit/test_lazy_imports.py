@@ -85,7 +85,7 @@ def test_the_serving_daemon_parses_no_model_idl_and_loads_no_model_code() -> Non
     loaded = modules_after(
         """
         import npud.daemon.main, npud.daemon.server, npud.daemon.broker, npud.datapath.workers, npud.ops.backend
-        import npud.requests.handlers, npud.sim.driver, npud.sim.pd_host, npud.sim.process
+        import npud.requests, npud.sim.driver, npud.sim.pd_host, npud.sim.process
         from npud.fastrpc.reverse.apps_mem import apps_mem_idl
         from npud.sim.skels import load_idl
         assert apps_mem_idl.cache_info().currsize == 0
