@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
 import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
 from npud.domain.life import Domain
+from npud.fastrpc.kernel.driver import FaultControl
 from npud.requests.handler import Answer, Handler, Route
 
 if TYPE_CHECKING:  # loaded with the first model load (ModelLoad), not at start-up
@@ -49,11 +50,13 @@ class Debug(Handler[p.DebugRequest]):
                 ErrorCode.NOT_PERMITTED,
                 detail=f"debug faults need root (this client is uid {self.client.uid})",
             )
-        if self.domain.device.kind != "emulator":
+        faults = self.domain.device.driver.fault_control()
+        if faults is None:
             raise CodedError(
                 ErrorCode.UNSUPPORTED,
                 what="debug faults on the kernel backend: they are the emulator's",
             )
+        self.faults: FaultControl = faults
         self.target: Domain | None = None
         if self.request.domain:
             daemon = self.client.daemon
@@ -70,12 +73,11 @@ class Debug(Handler[p.DebugRequest]):
             self.target = target
 
     def run(self) -> Answer:
-        driver: Any = self.domain.device.driver
-        faults = driver.faults
+        faults = self.faults
         request = self.request
         seconds = request.duration_ms / 1000
         if request.action == "ssr" and self.target is not None:
-            detail = _crash_domain(driver, self.target)
+            detail = _crash_domain(faults, self.target)
         elif request.action == "ssr":
             faults.subsystem_restart(down_for=seconds)
             detail = f"subsystem restart: the DSP is away for {seconds:g} s"
@@ -98,12 +100,12 @@ class Debug(Handler[p.DebugRequest]):
         return Answer(p.DebugReply(id=request.id, detail=detail))
 
 
-def _crash_domain(driver: Any, domain: Domain) -> str:
+def _crash_domain(faults: FaultControl, domain: Domain) -> str:
     """The domain's DSP process crashes (the emulator kills it): the domain recovers alone."""
     session = domain.session
     if session is None:
         raise CodedError(ErrorCode.DSP_RESTARTED)
-    if not driver.crash_process(session.fileno()):
+    if not faults.crash_process(session.fileno()):
         raise CodedError(
             ErrorCode.INVALID_ARGUMENT, detail=f"domain {domain.name!r} has no DSP process"
         )

@@ -200,6 +200,22 @@ class _PdHost:
             lease.release()
 
 
+class _FaultControl:
+    """The driver's faults as ``debug`` uses them: the injector's, and a crash of one
+    DSP process (which needs the driver's table of device fds)."""
+
+    def __init__(self, driver: EmulatedDriver) -> None:
+        self._driver = driver
+        faults = driver.faults
+        self.subsystem_restart = faults.subsystem_restart
+        self.set_latency = faults.set_latency
+        self.fail_next_invoke = faults.fail_next_invoke
+        self.clear = faults.clear
+
+    def crash_process(self, fd: int) -> bool:
+        return self._driver.crash_process(fd)
+
+
 class EmulatedDriver:
     """The emulated kernel driver and DSP; see the module docstring and docs/emulator.md."""
 
@@ -420,6 +436,11 @@ class EmulatedDriver:
         if process is None or child is None or process.exited or not child.alive:
             return None
         return child.pid
+
+    def fault_control(self) -> _FaultControl:
+        """The emulated DSP's failures on demand (``debug``; the Driver seam's
+        ``FaultControl``, which npud.sim describes with its own types)."""
+        return _FaultControl(self)
 
     def crash_process(self, fd: int) -> bool:
         """The DSP process bound to device ``fd`` crashes now (its child dies): calls

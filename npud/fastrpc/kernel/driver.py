@@ -33,6 +33,31 @@ from npud.fastrpc.kernel.suspends import SuspendCounter
 IoctlArg = ctypes.Structure | ctypes.Array[ctypes.c_char] | None
 
 
+class FaultControl(Protocol):
+    """The DSP's failures, on demand: what ``debug`` injects on a driver that can fake
+    them (the emulator's). The kernel's driver has none: a real DSP fails on its own."""
+
+    def subsystem_restart(self, down_for: float | None = None) -> None:
+        """The whole DSP restarts (SSR); it is away for ``down_for`` seconds."""
+        ...
+
+    def set_latency(self, seconds: float) -> None:
+        """Every later invoke takes ``seconds`` longer."""
+        ...
+
+    def fail_next_invoke(self, aee: int, handle: int | None = None) -> None:
+        """The next invoke (of ``handle``, or any) answers ``aee``."""
+        ...
+
+    def clear(self) -> None:
+        """No latency and no pending failure."""
+        ...
+
+    def crash_process(self, fd: int) -> bool:
+        """The DSP process bound to device ``fd`` crashes now; False when there is none."""
+        ...
+
+
 class Driver(Protocol):
     """What FastRpcSession needs from the operating system."""
 
@@ -54,6 +79,11 @@ class Driver(Protocol):
         """System suspends since the driver was made (only its growth matters). Each
         interrupted every INVOKE then waiting for the DSP, and mainline keeps such a
         call's context until its fd closes (:mod:`npud.fastrpc.kernel.suspends`)."""
+        ...
+
+    def fault_control(self) -> FaultControl | None:
+        """The DSP's failures on demand, where the driver can fake them; None on the
+        kernel's driver."""
         ...
 
 
@@ -105,6 +135,10 @@ class KernelDriver:
     def suspends(self) -> int:
         """Counted from the clocks and ``/sys/power/suspend_stats``."""
         return self._suspends.count()
+
+    def fault_control(self) -> FaultControl | None:
+        """None: a real DSP's failures are its own."""
+        return None
 
 
 def errno_name(err: int) -> str:

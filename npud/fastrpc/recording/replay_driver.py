@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Final
 
 from npud.fastrpc.kernel import abi
-from npud.fastrpc.kernel.driver import IoctlArg
+from npud.fastrpc.kernel.driver import FaultControl, IoctlArg
 from npud.fastrpc.kernel.trace_hooks import (
     DEFAULT_CAPTURE_LIMIT,
     NULL_SCOPE,
@@ -311,6 +311,10 @@ class ReplayDriver:
     def suspends(self) -> int:
         """A replay runs through no suspend (a trace does not record them)."""
         return 0
+
+    def fault_control(self) -> FaultControl | None:
+        """None: a replay answers what was recorded, nothing else."""
+        return None
 
     def ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:
         with self._guard():

@@ -41,7 +41,7 @@ import msgspec
 from npu_protocol import CodedError
 from npud import __version__
 from npud.fastrpc.kernel import abi
-from npud.fastrpc.kernel.driver import Driver, IoctlArg
+from npud.fastrpc.kernel.driver import Driver, FaultControl, IoctlArg
 from npud.fastrpc.kernel.trace_hooks import (
     DEFAULT_CAPTURE_LIMIT,
     NULL_SCOPE,
@@ -280,6 +280,10 @@ class TracingDriver:
     def suspends(self) -> int:
         """Passed on, not recorded: clock reads, not a call to the driver."""
         return self.inner.suspends()
+
+    def fault_control(self) -> FaultControl | None:
+        """Passed on, not recorded: a fault is the emulator's, not a call to the driver."""
+        return self.inner.fault_control()
 
     def ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:
         raw_in = struct_bytes(arg)
