@@ -34,7 +34,6 @@ from npud.datapath.workers import DataPath
 from npud.domain.device import Device
 from npud.domain.domains import Domains
 from npud.domain.life import Domain
-from npud.fastrpc.session import FastRpcSession
 from npud.ops.backend import Profile
 from npud.ops.config import MAX_TIMEOUT_MS, Config
 from npud.requests import Handler
@@ -373,10 +372,7 @@ class Broker:
         is ended and restarted, and its user pays (``daemon.hung_call_penalty``; counted
         per uid, :mod:`npud.daemon.penalties`): every connection of the user is throttled, and
         the one whose call hung is revoked past ``hung_calls_before_revoke``."""
-        # The session the call ran on (handlers that call the DSP keep it): a watchdog
-        # firing after the domain restarted already must not restart the new session.
-        session = getattr(handler, "session", None)
-        handler.domain.notice_hung(reason, session if isinstance(session, FastRpcSession) else None)
+        handler.domain.notice_hung(reason, handler.session)
         client = handler.client
         client.hung_calls += 1
         daemon = self.config.daemon

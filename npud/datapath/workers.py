@@ -416,7 +416,7 @@ class DataPath:
             payload=call,
             deadline=handler.deadline,
             explicit_deadline=handler.deadline is not None,
-            doorbell=self.batches == "gated" and bool(getattr(handler, "doorbell", False)),
+            doorbell=self.batches == "gated" and handler.doorbell,
         )
         call.job = job
         timeout = handler.timeout
@@ -490,7 +490,7 @@ class DataPath:
     def _batch_begin(self, call: Call, job: Job) -> _Batch | None:
         """A doorbell goes on: its batch is open from now until the client's next answer."""
         handler = call.handler
-        if not getattr(handler, "doorbell", False):
+        if not handler.doorbell:
             return None
         assert handler.account is not None
         batch = _Batch(

@@ -9,6 +9,7 @@ import npu_protocol as p
 from npu_client.transport import OwnedFd
 from npu_protocol import CodedError, ErrorCode
 from npud.fastrpc.kernel.dma import checked_dma_size
+from npud.fastrpc.session import FastRpcSession
 from npud.requests.clients import Kind
 from npud.requests.handler import Answer, Handler, Route, destroyable
 from npud.requests.holdings import (
@@ -101,6 +102,7 @@ class Free(Handler[p.FreeRequest]):
 
 
 class Map(Handler[p.MapRequest]):
+    session: FastRpcSession
     route = Route.CONTROL
 
     def arrive(self) -> None:

@@ -30,6 +30,7 @@ from npu_client.transport import OwnedFd
 from npu_protocol import CodedError, ErrorCode
 from npud.domain.life import Domain
 from npud.fastrpc.kernel.dma import DmaBuffer
+from npud.fastrpc.session import FastRpcSession
 from npud.requests.clients import Client, Clients, Entry, Gate, Kind, unknown
 from npud.requests.holdings import (
     HeldBuffer,
@@ -96,6 +97,15 @@ class Handler(abc.ABC, Generic[R]):
     """Absolute, on time.monotonic(); None: no deadline."""
     deadline_ms: int | None = None
     dsp_seconds: float = 0.0
+    session: FastRpcSession | None = None
+    """The session its DSP work runs on, taken at arrival by the handlers that call the
+    DSP: a watchdog that fires after the domain restarted must not end the new one."""
+
+    @property
+    def doorbell(self) -> bool:
+        """Is it an op batch's doorbell (docs/scheduling.md, "The LLM's batches")? Only
+        an invoke can be."""
+        return False
 
     def __init__(self, client: Client, domain: Domain, request: R) -> None:
         self.client = client

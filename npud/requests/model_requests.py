@@ -14,6 +14,7 @@ import npu_protocol as p
 from npu_client.transport import OwnedFd
 from npu_protocol import CodedError, ErrorCode
 from npud.domain.life import Domain
+from npud.fastrpc.session import FastRpcSession
 from npud.requests.clients import Client, Entry, Kind
 from npud.requests.handler import Answer, CallTiming, Handler, Route, destroyable
 from npud.requests.holdings import (
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # loaded with the first model load (ModelLoad), not at start-
 
 
 class LoadModel(Handler[p.ModelLoadRequest]):
+    session: FastRpcSession
     since = p.Feature.MODELS
     route = Route.LOADER
     creates = True
@@ -159,6 +161,8 @@ class ModelInfo(Handler[p.ModelInfoRequest]):
 class RunModel(CallTiming, Handler[p.ModelRunRequest]):
     """One run, scheduled like an invoke; the model is held from arrival to the end."""
 
+    session: FastRpcSession
+
     since = p.Feature.MODELS
 
     route = Route.DSP
@@ -196,6 +200,8 @@ class RunModel(CallTiming, Handler[p.ModelRunRequest]):
 class RunChain(CallTiming, Handler[p.ModelChainRequest]):
     """Several loaded models in one request (npud/requests/chains.py), scheduled like one run;
     every model it names is held from arrival to the end."""
+
+    session: FastRpcSession
 
     since = p.Feature.CHAIN
     route = Route.DSP

@@ -11,6 +11,7 @@ import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
 from npud.domain.life import Domain
 from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
+from npud.fastrpc.session import FastRpcSession
 from npud.requests.clients import Client, Entry, Kind
 from npud.requests.handler import Answer, CallTiming, Handler, Route, destroyable
 from npud.requests.holdings import (
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # loaded with the first model load (ModelLoad), not at start-
 
 
 class Open(Handler[p.OpenRequest]):
+    session: FastRpcSession
     route = Route.LOADER
     creates = True
 
@@ -76,6 +78,8 @@ class Close(Handler[p.CloseRequest]):
 class Invoke(CallTiming, Handler[p.InvokeRequest]):
     """A remote call. Its handle and buffers are held from arrival to the end. A call
     that waits for the DSP (``wait``) runs on the domain's waits lane."""
+
+    session: FastRpcSession
 
     route = Route.DSP
     _waiting = False
