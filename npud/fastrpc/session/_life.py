@@ -39,6 +39,12 @@ TRANSITIONS: Final[dict[State, frozenset[State]]] = {
 """The moves a session's life may make; every other one is a bug (RuntimeError)."""
 
 
+def check_move(current: State, to: State) -> None:
+    """RuntimeError unless the table allows ``current`` -> ``to``."""
+    if to not in TRANSITIONS[current]:
+        raise RuntimeError(f"session life: {current.name} -> {to.name} is not allowed")
+
+
 class Life:
     """The state, the in-flight count and its condition, the DSP's death. Thread-safe."""
 
@@ -61,8 +67,7 @@ class Life:
 
     def _move(self, to: State) -> None:
         """Under the lock: one move of the table."""
-        if to not in TRANSITIONS[self._state]:
-            raise RuntimeError(f"session life: {self._state.name} -> {to.name} is not allowed")
+        check_move(self._state, to)
         self._state = to
 
     @property
