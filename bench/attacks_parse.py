@@ -149,7 +149,7 @@ def zero_stride(  # noqa: PLR0915 - one scenario, step by step
             if host.start() != 0:
                 raise RuntimeError("htp start failed")
         victim_host, attacker_host = hosts
-        child = driver.pd_pid(sessions[1]._rpc_fd.fileno())
+        child = driver.pd_pid(sessions[1].fileno())
         assert child is not None
         victim_arena = Arena(victim_host, 1 << 16)
         x = victim_arena.tensor(F32, (64,))

@@ -115,7 +115,7 @@ def test_the_driver_has_its_own_skels_imported_before_the_children_confine(
         try:
             session.load_shell(DEV_SHELL.read_bytes())
             session.remote_open(probe_skel.URI)  # made in the child: found by its module
-            child = driver.pd_pid(session._rpc_fd.fileno())
+            child = driver.pd_pid(session.fileno())
             assert child is not None
             status = Path(f"/proc/{child}/status").read_text()
             zygote = int(status.split("PPid:")[1].split()[0])

@@ -14,7 +14,6 @@ import pytest
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.reverse.apps_std import ENORPCMEMORY, SharingError
 from npud.fastrpc.session import FastRpcSession
-from npud.fastrpc.session._reverse_host import ReverseHost
 from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver
 
@@ -32,7 +31,8 @@ def test_no_buffer_for_a_shared_file_is_enorpcmemory() -> None:
     session = FastRpcSession.open(driver, library_path=[DSP_LIBRARY_DIR])
     try:
         session.load_shell(DEV_SHELL.read_bytes())
-        host = ReverseHost(session)
+        host = session.reverse_host
+        assert host is not None
         driver.faults.fail_next_ioctl(abi.FASTRPC_IOCTL_ALLOC_DMA_BUFF, errno.ENOMEM)
         with pytest.raises(SharingError) as caught:
             host.share(Bytes(b"x" * 5000), 5000)

@@ -88,8 +88,8 @@ def test_an_interrupted_next2_keeps_the_listener_serving(
     assert "did not answer" in str(caught.value)
     # ...but the listener issued next2 again and serves the next one.
     assert session.listener_running
-    assert session._listener is not None
-    assert session._listener.stats.interrupted == 1
+    assert session.listener is not None
+    assert session.listener.stats.interrupted == 1
     handle = session.remote_open(ECHO_URI)
     assert echo(session, handle, b"served") == (0, b"served")
 

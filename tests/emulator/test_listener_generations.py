@@ -146,7 +146,7 @@ def test_a_dsp_that_needs_the_failed_init2_ends_the_listener_after_one_retry() -
     try:
         assert session.shell_loaded
         assert session.statistics().listener == "adsp_listener"
-        listener = session._listener
+        listener = session.listener
         assert listener is not None
         assert listener.join(10)
         reason = session.statistics().listener_stopped_because
@@ -191,7 +191,7 @@ def test_a_failed_next2_is_answered_once_more_with_the_failure() -> None:
     driver = EmulatedDriver()
     session = open_session(driver)
     try:
-        listener = session._listener
+        listener = session.listener
         assert listener is not None
         # The next2 that carries the first reply of the next load fails (the reply is
         # lost); the retry tells the DSP that request failed, and the listener goes on.

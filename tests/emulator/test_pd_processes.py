@@ -94,7 +94,7 @@ def session(driver: EmulatedDriver, tmp_path: Path) -> Iterator[FastRpcSession]:
 
 
 def _fd(session: FastRpcSession) -> int:
-    return session._rpc_fd.fileno()
+    return session.fileno()
 
 
 def _child(driver: EmulatedDriver, session: FastRpcSession) -> int:
@@ -768,7 +768,7 @@ def session(driver):
 driver = EmulatedDriver()
 s = session(driver)
 s.remote_open("file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp")
-seen = {"zygotes": live_zygotes(), "child": driver.pd_pid(s._rpc_fd.fileno()),
+seen = {"zygotes": live_zygotes(), "child": driver.pd_pid(s.fileno()),
         "workdirs": [z._workdir for z in _POOL.zygotes()]}
 if sys.argv[1] == "shutdown":
     s.close()

@@ -222,7 +222,7 @@ def test_free_dma_buff_enotty_is_remembered(session: FastRpcSession) -> None:
     for _ in range(3):
         session.free(session.alloc(4096))
     # The first free learnt that FREE_DMA_BUFF is not implemented; closing frees.
-    assert session._free_supported is False
+    assert session.free_dma_buff_supported is False
 
 
 def test_a_buffer_of_another_session_maps_here_and_is_freed_by_its_own(

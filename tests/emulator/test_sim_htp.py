@@ -1062,7 +1062,7 @@ def test_the_end_of_the_pd_ends_everything(driver: EmulatedDriver, ending: str) 
     x.set(np.ones((1, 1, 1, 8)))
     if ending != "close":
         assert host.run([OpSpec("SCALE", [x], [x], [f32_bits(2.0), 0])]) == STATUS_OK
-    fd = session._rpc_fd.fileno()
+    fd = session.fileno()
     child = driver.pd_pid(fd)
     if driver.config.pd_isolation == "thread":
         assert child is None
@@ -1207,7 +1207,7 @@ def test_a_pd_past_its_memory_limit_ends_alone() -> None:
         for host in hosts:
             assert host.start() == 0
         greedy, bystander = hosts
-        child = driver.pd_pid(sessions[0]._rpc_fd.fileno())
+        child = driver.pd_pid(sessions[0].fileno())
         assert child is not None
         arena = Arena(greedy, 1 << 20)
         w = arena.tensor(F32, (1, 4096))

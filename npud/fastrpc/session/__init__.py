@@ -29,7 +29,7 @@ invokes from many threads, and the listener sits in INVOKE on ``rpc_fd`` the
 whole time), so the session does not serialize INVOKE. What it does
 serialize, and why:
 
-* INIT_CREATE runs once, under ``_load_lock`` (the kernel does not stop a
+* INIT_CREATE runs once, under the process part's load lock (the kernel does not stop a
   second create on the same fd; the DSP's behaviour then is undefined).
 * Mapping changes of one buffer (MEM_MAP, MEM_UNMAP, release) hold that
   buffer's ``lock``, so a buffer is never unmapped while being mapped.
@@ -62,32 +62,39 @@ DSP's result and is returned as ``rc``; one it does produce is taken as the
 kernel's (an ambiguity no userspace can resolve).
 
 
-The session, by job (each module one job; the class stacks them, each job on
-the ones it uses):
+The session, by part (each a class that owns its state and gets the parts it uses at
+construction; the facade makes them and delegates):
 
-* ``_device``: opening the device node and its ioctls, errnos translated;
-* ``_state``: the shared state and checks (usable, the DSP's death, calls in
-  flight, tracing of the public calls);
+* ``_life``: the session's life (OPEN, CLOSING, CLOSED, moved along one table), the
+  calls in flight that close waits for, the DSP's death, the DSP process's marks;
+* ``_device``: the device node, and the session's fd with its ioctls, errnos translated;
 * ``_mappings``: DSP mappings (MEM_MAP / MEM_UNMAP, stale mappings);
 * ``_buffers``: DMA buffers (allocation, ownership, release);
-* ``_invoke``: invoke and marshal (the INVOKE ioctl and its argument array);
-* ``_trace``: what a tracing driver records of the listener and reverse calls;
-* ``_exposed``: descriptors lent to the DSP's loader;
+* ``_invoke``: invoke and marshal (the INVOKE ioctl, its argument array, the suspends it
+  waits through);
 * ``_reverse_host``: heap growth and shared files for the reverse modules;
-* ``_process``: the shell (INIT_CREATE, the listener) and the process's end;
+* ``_process``: the DSP process (the shell, INIT_CREATE, the listener, its end);
 * ``_remotectl``: remotectl's calls packed and unpacked (the session's own interface
   to the DSP's loader, so it lives here rather than among the stubs above);
 * ``_handles``: remotectl open / close and the invokes on remote handles;
-* ``_lifecycle``: statistics and close;
+* ``_trace``: what the session records of itself besides its driver calls (its
+  operations, the listener's thread, the reverse calls): the driver calls themselves
+  are recorded by the tracing Driver that wraps the real one;
+* ``_statistics``: what a session reports;
 * ``_session``: opening a session, and the FastRpcSession facade.
 """
 
 from npud.fastrpc.session._handles import PROBED_STATIC_HANDLES
-from npud.fastrpc.session._lifecycle import SessionStatistics
+from npud.fastrpc.session._life import State
 from npud.fastrpc.session._mappings import MAP_FLAGS
-from npud.fastrpc.session._process import DEFAULT_PROCESS_ATTRS, EXIT_SC, LISTENER_JOIN_TIMEOUT
+from npud.fastrpc.session._process import (
+    CRASH_NOTICE_SECONDS,
+    DEFAULT_PROCESS_ATTRS,
+    EXIT_SC,
+    LISTENER_JOIN_TIMEOUT,
+)
 from npud.fastrpc.session._session import FastRpcSession
-from npud.fastrpc.session._state import CRASH_NOTICE_SECONDS
+from npud.fastrpc.session._statistics import SessionStatistics
 
 __all__ = [
     "CRASH_NOTICE_SECONDS",
@@ -98,4 +105,5 @@ __all__ = [
     "PROBED_STATIC_HANDLES",
     "FastRpcSession",
     "SessionStatistics",
+    "State",
 ]

@@ -1,4 +1,5 @@
-"""Opening the device node and calling its ioctls, errnos translated (the open job's helpers)."""
+"""The device: opening its node, and the session's fd on it with its ioctls, errnos
+translated."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from collections.abc import Sequence
 from typing import Final
 
 from npu_protocol import ErrorCode
+from npud.fastrpc.kernel.dma import DeviceFd
 from npud.fastrpc.kernel.driver import Driver, IoctlArg
 from npud.fastrpc.kernel.errors import DriverCall, RpcError, translate_os_error
+from npud.fastrpc.session._life import Life
 
 OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK
 
@@ -40,3 +43,40 @@ def open_first(driver: Driver, nodes: Sequence[str]) -> tuple[str, int]:
                 continue
             raise translate_os_error(exc, DriverCall.OPEN, device=path) from None
     raise RpcError(ErrorCode.DEVICE_NOT_FOUND, tried=", ".join(failures))
+
+
+class Device:
+    """The session's device fd and the ioctls on it: errnos translated (one place), and
+    a restart (EPIPE) told to the session's life. Owns ``rpc_fd`` until :meth:`close`."""
+
+    def __init__(self, driver: Driver, name: str, rpc_fd: DeviceFd, life: Life) -> None:
+        self.driver = driver
+        self.name = name
+        self._rpc_fd = rpc_fd
+        self._life = life
+
+    def fileno(self) -> int:
+        """The device fd (-1 once closed)."""
+        return self._rpc_fd.fileno()
+
+    def ioctl(self, request: int, arg: IoctlArg) -> int:
+        """``request`` on the device fd; an errno raises the translated RpcError."""
+        try:
+            return checked_ioctl(self.driver, self._rpc_fd.fileno(), request, arg, self.name)
+        except RpcError as exc:
+            if exc.code is ErrorCode.DSP_RESTARTED:
+                self._life.mark_dead(str(exc))
+            raise
+
+    def raw_ioctl(self, request: int, arg: IoctlArg) -> int:
+        """``request`` on the device fd; the errno stays an OSError (for the reverse
+        modules, which answer the DSP with an AEE code), EPIPE marks the DSP dead."""
+        try:
+            return self.driver.ioctl(self._rpc_fd.fileno(), request, arg)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                self._life.mark_dead("the DSP restarted (EPIPE)")
+            raise
+
+    def close(self) -> None:
+        self._rpc_fd.close()

@@ -1,34 +1,51 @@
 """Invoke and marshal: the INVOKE ioctl and its argument array (inline bytes copied,
-DMA-BUF slices pinned for the call), and the scalars word checked against the arguments."""
+DMA-BUF slices pinned for the call), the scalars word checked against the arguments,
+and the suspends each INVOKE waited through."""
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from npu_protocol import MAX_DMA_SIZE, ErrorCode, describe_result
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.kernel.errors import RpcError, dsp_result_in_errno_range, translate_os_error
 from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
-from npud.fastrpc.session._buffers import Buffers
+from npud.fastrpc.session._buffers import release_quietly
+from npud.fastrpc.session._device import Device
+from npud.fastrpc.session._life import Life
+from npud.fastrpc.session._log import log
 from npud.fastrpc.session._mappings import check_bank
-from npud.fastrpc.session._state import log
 
 _RawBuffer = ctypes.Array[ctypes.c_char]
 
 
-class Invoking(Buffers):
-    """The INVOKE itself, on any handle; the remote handles job counts it per handle."""
+class Invoker:
+    """The INVOKE itself, on any handle, and the suspends the INVOKEs waited through
+    (each one a context of this fd that mainline keeps until the fd closes)."""
 
-    def _invoke_raw(
+    def __init__(self, device: Device, life: Life) -> None:
+        self._device = device
+        self._life = life
+        self._lock = threading.Lock()
+        self._interrupted_done = 0
+        """Suspends that INVOKEs of this fd waited through, counted when they returned."""
+        self._waiting: dict[int, int] = {}
+        """INVOKEs on the driver now: the driver's suspend count when each began."""
+        self._waiting_ids = itertools.count()
+
+    def counted(
         self, handle: int, sc: int, inputs: Sequence[InArg], outputs: Sequence[OutArg]
     ) -> InvokeResult:
         """A counted invoke: close() waits for it; refused once the session is closing."""
-        with self._tracked_call():
-            return self._invoke_untracked(handle, sc, inputs, outputs)
+        with self._life.call():
+            return self.invoke(handle, sc, inputs, outputs)
 
-    def _invoke_untracked(
+    def invoke(
         self, handle: int, sc: int, inputs: Sequence[InArg], outputs: Sequence[OutArg]
     ) -> InvokeResult:
         """The INVOKE itself. The listener uses it directly: its next2 stays pending
@@ -49,26 +66,50 @@ class Invoking(Buffers):
         finally:
             for buffer in pinned:
                 if buffer.unpin():
-                    self._release_quietly(buffer)
+                    release_quietly(buffer)
 
     def _invoke_ioctl(self, invoke: abi.fastrpc_invoke) -> int:
         """INVOKE; a DSP result that reached us as an errno is returned as that result.
         Suspends during the call are counted: each kept one context of this fd."""
+        device = self._device
         try:
             with self._waiting_call():
-                return self._driver.ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
+                return device.driver.ioctl(device.fileno(), abi.FASTRPC_IOCTL_INVOKE, invoke)
         except OSError as exc:
             rc = dsp_result_in_errno_range(exc, abi.FASTRPC_IOCTL_INVOKE)
             if rc is None:
-                error = translate_os_error(exc, abi.FASTRPC_IOCTL_INVOKE, device=self.device)
+                error = translate_os_error(exc, abi.FASTRPC_IOCTL_INVOKE, device=device.name)
                 if error.code is ErrorCode.DSP_RESTARTED:
-                    self._mark_dead(str(error))
+                    self._life.mark_dead(str(error))
                 raise error from None
             log.warning(
                 "a DSP result in the errno range came back as errno",
                 extra={"errno": exc.errno, "result": describe_result(rc)},
             )
             return rc
+
+    @contextmanager
+    def _waiting_call(self) -> Iterator[None]:
+        """Around an INVOKE ioctl: the suspends it waits through are counted."""
+        suspends = self._device.driver.suspends
+        start = suspends()
+        with self._lock:
+            token = next(self._waiting_ids)
+            self._waiting[token] = start
+        try:
+            yield
+        finally:
+            spanned = suspends() - start
+            with self._lock:
+                del self._waiting[token]
+                self._interrupted_done += spanned
+
+    def interrupted_contexts(self) -> int:
+        """Contexts of this fd's INVOKEs that system suspends interrupted, those still
+        waiting included (see FastRpcSession.interrupted_contexts)."""
+        now = self._device.driver.suspends()
+        with self._lock:
+            return self._interrupted_done + sum(now - start for start in self._waiting.values())
 
     def _marshal(
         self, inputs: Sequence[InArg], outputs: Sequence[OutArg], pinned: list[DmaBuffer]

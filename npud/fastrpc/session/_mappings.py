@@ -3,14 +3,16 @@ the stale mappings a failed MEM_UNMAP leaves (their fds stay open until close)."
 
 from __future__ import annotations
 
+import threading
 from typing import Final
 
 from npu_protocol import ErrorCode
 from npud.fastrpc.kernel import abi
 from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.kernel.errors import RpcError
-from npud.fastrpc.kernel.trace_hooks import Record
-from npud.fastrpc.session._state import SessionState, log
+from npud.fastrpc.session._device import Device
+from npud.fastrpc.session._life import Life
+from npud.fastrpc.session._log import log
 
 FASTRPC_MAP_FD_EXTENDED: Final = 17
 FASTRPC_MAP_FD_DELAYED_EXTENDED: Final = 18
@@ -26,77 +28,60 @@ reserved 4..15 among them, which the DSP answers). The kernel hands the flags to
 DSP unchanged; whatever the DSP refuses is MMAP_FAILED with its result."""
 
 
-class Mappings(SessionState):
-    """Which buffers are mapped into the DSP process, and at which DSP address."""
+class Mappings:
+    """Which buffers are mapped into the DSP process, and at which DSP address; the
+    stale ones (a failed MEM_UNMAP of a buffer let go of) until the session closes."""
+
+    def __init__(self, device: Device, life: Life) -> None:
+        self._device = device
+        self._life = life
+        self._lock = threading.Lock()
+        self._mapped: dict[DmaBuffer, int] = {}  # every buffer mapped here -> DSP address
+        self._stale: set[DmaBuffer] = set()  # freed, MEM_UNMAP failed: mapped until close
 
     def map(self, buffer: DmaBuffer, flags: int = abi.FASTRPC_MAP_FD) -> int:
-        """Map ``buffer`` into the DSP process (MEM_MAP with ``flags``: FASTRPC_MAP_FD, or
-        FASTRPC_MAP_FD_DELAYED to let the DSP map it at its first use, or another of
-        :data:`MAP_FLAGS`); idempotent. Returns the DSP address."""
-        if flags not in MAP_FLAGS:
-            raise RpcError(
-                ErrorCode.INVALID_ARGUMENT,
-                detail=f"map flags {flags}: not a value libcdsprpc passes on (RESERVED, or past"
-                " the extended FD_DELAYED)",
-            )
-        args: Record = {"buffer": buffer.trace_ref}
-        if flags != abi.FASTRPC_MAP_FD:
-            args["flags"] = flags
-        return self._traced(
-            "map",
-            lambda: args,
-            lambda: self._map(buffer, flags),
-            lambda address: {"address": address},
-        )
-
-    def _map(self, buffer: DmaBuffer, flags: int = abi.FASTRPC_MAP_FD) -> int:
-        self._check_usable()
-        self._require_process()
+        """MEM_MAP ``buffer`` with ``flags`` (checked by the caller); idempotent.
+        Returns the DSP address."""
+        self._life.check_usable()
+        self._life.require_process()
         check_bank(buffer)
         with buffer.lock:
             if buffer.released or buffer.release_pending:
                 raise RpcError(ErrorCode.UNKNOWN_BUFFER, buffer=buffer.id)
-            address = self._mapped.get(buffer)
+            address = self.address_of(buffer)
             if address is not None:
                 return address
             req = whole_buffer_map(buffer, flags)
-            rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_MEM_MAP, req)
+            rc = self._device.ioctl(abi.FASTRPC_IOCTL_MEM_MAP, req)
             if rc != 0:
                 raise RpcError(ErrorCode.MMAP_FAILED, code=rc)
             address = int(req.vaddrout)
-            buffer.add_mapping()
-            with self._state_lock:
-                self._mapped[buffer] = address
+            self.add(buffer, address)
             return address
+
+    def add(self, buffer: DmaBuffer, address: int) -> None:
+        """Count a mapping made (MEM_MAP succeeded at ``address``); the caller holds
+        ``buffer.lock``."""
+        buffer.add_mapping()
+        with self._lock:
+            self._mapped[buffer] = address
 
     def address_of(self, buffer: DmaBuffer) -> int | None:
         """Where ``buffer`` is mapped in this session's DSP process, or None."""
-        with self._state_lock:
+        with self._lock:
             return self._mapped.get(buffer)
 
-    def unmap(self, buffer: DmaBuffer, *, going: bool = False) -> None:
-        """Undo :meth:`map`; a buffer that is not mapped here is left as it is. When the
-        MEM_UNMAP fails the buffer stays mapped (and usable); a retry may succeed.
-
-        ``going``: its holder is letting the buffer go. A failed MEM_UNMAP then keeps
-        the mapping counted until the session closes (the kernel still holds it under
-        the fd's number, so the fd must stay open), and the failure is raised.
-        """
-        args = {"buffer": buffer.trace_ref}
-        if going:
-            self._traced("unmap", lambda: args, lambda: self._unmap_for_good(buffer))
-        else:
-            self._traced("unmap", lambda: args, lambda: self._unmap(buffer))
-
-    def _unmap(self, buffer: DmaBuffer) -> None:
-        self._check_usable()
+    def unmap(self, buffer: DmaBuffer) -> None:
+        """Undo :meth:`map`; a buffer not mapped here is left as it is. When MEM_UNMAP
+        fails the buffer stays mapped (and usable); a retry may succeed."""
+        self._life.check_usable()
         due = False
         with buffer.lock:
-            address = self._mapped.get(buffer)
+            address = self.address_of(buffer)
             if address is None:
                 return
             self._mem_unmap(buffer, address)
-            with self._state_lock:
+            with self._lock:
                 del self._mapped[buffer]
                 self._stale.discard(buffer)
             due = buffer.drop_mapping()
@@ -105,36 +90,56 @@ class Mappings(SessionState):
 
     def _mem_unmap(self, buffer: DmaBuffer, address: int) -> None:
         req = abi.fastrpc_mem_unmap(vesion=0, fd=buffer.fd, vaddr=address, length=buffer.size)
-        rc = self._ioctl(self._rpc_fd.fileno(), abi.FASTRPC_IOCTL_MEM_UNMAP, req)
+        rc = self._device.ioctl(abi.FASTRPC_IOCTL_MEM_UNMAP, req)
         if rc != 0:
             raise RpcError(ErrorCode.MMAP_FAILED, code=rc)
 
-    def _unmap_for_good(self, buffer: DmaBuffer) -> None:
+    def unmap_for_good(self, buffer: DmaBuffer) -> None:
         """Undo this session's mapping of ``buffer``, which is going away. When the
         MEM_UNMAP fails the kernel keeps the mapping under the fd's number: the mapping
         then stays counted (so the fd stays open and no later buffer can get its number
         and alias it) until the session closes, and the failure is raised."""
-        if self._dead or self._process_ended:
+        if self._life.dead or self._life.process_ended:
             return  # the process is gone: its mappings go with rpc_fd at close
         due = False
         with buffer.lock:
-            if buffer not in self._mapped:
+            address = self.address_of(buffer)
+            if address is None:
                 return
             try:
-                self._mem_unmap(buffer, self._mapped[buffer])
+                self._mem_unmap(buffer, address)
             except RpcError as exc:
-                with self._state_lock:
+                with self._lock:
                     self._stale.add(buffer)
                 log.warning(
                     "MEM_UNMAP failed: keeping the buffer's fd open until the session closes",
                     extra={"buffer": buffer.id, "error": str(exc)},
                 )
                 raise
-            with self._state_lock:
+            with self._lock:
                 del self._mapped[buffer]
             due = buffer.drop_mapping()
         if due:
             buffer.release()
+
+    def counts(self) -> tuple[int, int]:
+        """Buffers mapped here, and how many of them are stale."""
+        with self._lock:
+            return len(self._mapped), len(self._stale)
+
+    def drop_all(self) -> list[DmaBuffer]:
+        """At close: every mapping goes with the process (or with rpc_fd). Returns the
+        buffers whose last holder this session was (due for release)."""
+        with self._lock:
+            mapped = list(self._mapped)
+            self._mapped.clear()
+            self._stale.clear()
+        due = []
+        for buffer in mapped:
+            with buffer.lock:
+                if buffer.drop_mapping():
+                    due.append(buffer)
+        return due
 
 
 def check_bank(buffer: DmaBuffer) -> None:

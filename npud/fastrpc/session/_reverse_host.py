@@ -3,18 +3,20 @@ apps_mem and shared files for apps_std's ``_fd`` calls. Runs on the listener thr
 
 from __future__ import annotations
 
-import errno
+import threading
 from typing import Final
 
 from npu_protocol import AEE
 from npud.fastrpc.kernel import abi
+from npud.fastrpc.kernel.dma import DmaBuffer
 from npud.fastrpc.kernel.driver import IoctlArg
 from npud.fastrpc.kernel.errors import RpcError
 from npud.fastrpc.reverse.apps_std import ENORPCMEMORY, SharedSource, SharingError
 from npud.fastrpc.reverse.reverse_modules import aee_for_errno
-from npud.fastrpc.session._buffers import Buffers
-from npud.fastrpc.session._mappings import whole_buffer_map
-from npud.fastrpc.session._state import log
+from npud.fastrpc.session._buffers import Buffers, release_quietly
+from npud.fastrpc.session._device import Device
+from npud.fastrpc.session._log import log
+from npud.fastrpc.session._mappings import Mappings, whole_buffer_map
 
 SHARE_CHUNK: Final = 1024 * 1024
 
@@ -24,8 +26,12 @@ class ReverseHost:
     ``rpc_fd``) for apps_mem, and shared files (a DMA-BUF MEM_MAP'd with
     FASTRPC_MAP_FD) for the apps_std ``_fd`` calls. Runs on the listener thread."""
 
-    def __init__(self, session: Buffers) -> None:
-        self._session = session
+    def __init__(self, device: Device, buffers: Buffers, mappings: Mappings) -> None:
+        self._device = device
+        self._buffers = buffers
+        self._mappings = mappings
+        self._lock = threading.Lock()
+        self._shared: dict[int, DmaBuffer] = {}  # apps_std *_fd files, by fd
 
     # -- apps_mem ---------------------------------------------------------------
     def heap_map(self, size: int, flags: int) -> tuple[int, int]:
@@ -39,19 +45,12 @@ class ReverseHost:
 
     def _raw_ioctl(self, request: int, arg: IoctlArg) -> int:
         """The errno stays an OSError here: apps_mem answers the DSP with an AEE code."""
-        session = self._session
-        try:
-            return session._driver.ioctl(session._rpc_fd.fileno(), request, arg)
-        except OSError as exc:
-            if exc.errno == errno.EPIPE:
-                session._mark_dead("the DSP restarted (EPIPE)")
-            raise
+        return self._device.raw_ioctl(request, arg)
 
     # -- apps_std *_fd ------------------------------------------------------------
     def share(self, source: SharedSource, size: int) -> int:
-        session = self._session
         try:
-            buffer = session._allocate(max(size, 1))
+            buffer = self._buffers.allocate(max(size, 1))
         except RpcError as exc:
             log.warning("no DMA-BUF for a file the DSP reads", extra={"error": str(exc)})
             raise SharingError(ENORPCMEMORY) from None  # as apps_std_fopen_fd answers
@@ -74,26 +73,30 @@ class ReverseHost:
             if rc != 0:
                 raise SharingError(rc)
             with buffer.lock:
-                buffer.add_mapping()
-                with session._state_lock:
-                    session._mapped[buffer] = int(request.vaddrout)
+                self._mappings.add(buffer, int(request.vaddrout))
         except BaseException:
-            session._discard(buffer)
+            self._buffers.discard(buffer)
             raise
-        with session._state_lock:
-            session._shared_files[buffer.fd] = buffer
+        with self._lock:
+            self._shared[buffer.fd] = buffer
         return buffer.fd
 
     def unshare(self, fd: int) -> None:
-        session = self._session
-        with session._state_lock:
-            buffer = session._shared_files.pop(fd, None)
+        with self._lock:
+            buffer = self._shared.pop(fd, None)
         if buffer is None:
             raise SharingError(int(AEE.EBADFD))
         try:
-            session._unmap_for_good(buffer)
+            self._mappings.unmap_for_good(buffer)
         except RpcError:
             raise SharingError(int(AEE.EFAILED)) from None
         finally:
             if buffer.request_release():
-                session._release_quietly(buffer)
+                release_quietly(buffer)
+
+    def take_all(self) -> list[DmaBuffer]:
+        """At close: the shared files still held, handed to the closer."""
+        with self._lock:
+            shared = list(self._shared.values())
+            self._shared.clear()
+            return shared
