@@ -16,7 +16,8 @@ worker reads the connection's next requests), and then carries the requests:
   client's ``wait`` call brings the answer (or ``batch_answer_max`` passes), and
   doorbell-to-answer is charged as the batch's DSP time; with ``"counted"`` the
   doorbell ends as a call and the batch's time is only charged. A doorbell held
-  for realtime work goes at its bound (a timer runs the scheduler's ``tick``);
+  for realtime work goes at its bound, or when the realtime client it was held
+  for turns quiet (a timer runs the scheduler's ``tick`` at ``next_recheck``);
 * control requests (allocation, mapping, remotectl) go to the control and
   loader lanes, which run them and write the reply themselves; status and
   ping are answered on the spot.
@@ -430,7 +431,8 @@ class DataPath:
         if outcome is Outcome.QUEUED and handler.deadline is not None:
             self.timers.call_at(handler.deadline, self._refuse_late)
         if outcome is Outcome.QUEUED and job.bound is not None:
-            self.timers.call_at(job.bound, self._tick)
+            recheck = self.scheduler.next_recheck()
+            self.timers.call_at(job.bound if recheck is None else recheck, self._tick)
         return outcome is Outcome.RUN
 
     # --- running -------------------------------------------------------------------------
@@ -479,12 +481,13 @@ class DataPath:
         return first
 
     def _tick(self) -> None:
-        """A held doorbell's bound (timer thread): start what may start now."""
+        """A held doorbell's bound, or the moment the reason to hold it lapses (timer
+        thread): start what may start now, and look again at the next such moment."""
         started, late = self.scheduler.tick()
         self._start_all(started, late)
-        bound = self.scheduler.next_bound()
-        if bound is not None and bound > time.monotonic():
-            self.timers.call_at(bound, self._tick)
+        recheck = self.scheduler.next_recheck()
+        if recheck is not None and recheck > time.monotonic():
+            self.timers.call_at(recheck, self._tick)
 
     # --- op batches (dspqueue) ---------------------------------------------------------------
     def _batch_begin(self, call: Call, job: Job) -> _Batch | None:
