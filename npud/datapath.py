@@ -14,7 +14,7 @@ worker reads the connection's next requests), and then carries the requests:
 * a dspqueue doorbell (``signal``, an op batch of llama.cpp) is such a call, but
   with ``batches = "gated"`` the batch it starts keeps its slot until the
   client's ``wait`` call brings the answer (or ``batch_answer_max`` passes), and
-  doorbell-to-answer is charged as the batch's DSP time; with ``"counted"`` the
+  the doorbell's return to the answer is charged as the batch's DSP time; with ``"counted"`` the
   doorbell ends as a call and the batch's time is only charged. A doorbell held
   for realtime work goes at its bound, or when the realtime client it was held
   for turns quiet (a timer runs the scheduler's ``tick`` at ``next_recheck``);
@@ -447,6 +447,8 @@ class DataPath:
                 answer, error = self._run(call)
             finally:
                 self._unwatch(call)
+            if batch is not None and error is None:
+                self._batch_rung(batch)
             started: list[Job]
             late: list[Job]
             if batch is not None and batch.job is not None and error is None:
@@ -491,7 +493,8 @@ class DataPath:
 
     # --- op batches (dspqueue) ---------------------------------------------------------------
     def _batch_begin(self, call: Call, job: Job) -> _Batch | None:
-        """A doorbell goes on: its batch is open from now until the client's next answer."""
+        """A doorbell goes on: its batch is open from now until the client's next answer
+        (its charge starts when the doorbell returns: :meth:`_batch_rung`)."""
         handler = call.handler
         if not getattr(handler, "doorbell", False):
             return None
@@ -506,6 +509,18 @@ class DataPath:
         if arm:
             self.timers.call_at(batch.started + self.batch_answer_max, self._expire_batches)
         return batch
+
+    def _batch_rung(self, batch: _Batch) -> None:
+        """The doorbell returned: the DSP process has it, and the batch's charge starts
+        now. Its answer ends the charge when npud has it, one trip after the DSP wrote
+        it; the doorbell's own trip there and back is about two such trips, so counting
+        from its return rather than from its sending leaves the DSP's time (the 0.7 ms of
+        a 3.8 ms batch that npud counted beyond the DSP's own count, issue 28). An answer
+        that came before the doorbell returned (npud's thread was slow to resume) ended
+        the batch already, counted from the sending: that is kept."""
+        with self._batches_lock:
+            if not batch.ended:
+                batch.started = time.monotonic()
 
     def _expire_batches(self) -> None:
         """The timer (timer thread): batches past ``batch_answer_max`` give their slot
@@ -558,7 +573,7 @@ class DataPath:
             open_batches.remove(batch)
             if not open_batches:
                 del self._open_batches[batch.account]
-        seconds = (time.monotonic() if when is None else when) - batch.started
+        seconds = max(0.0, (time.monotonic() if when is None else when) - batch.started)
         if expired:
             log.warning(
                 "an op batch's answer did not come: its slot is given back",

@@ -8,13 +8,16 @@ ends the wait does not matter to npud."""
 from __future__ import annotations
 
 import struct
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
 import npu_protocol as p
+from npud import datapath
 from npud.holdings import is_dspqueue_uri
+from npud.requests import Answer, Invoke
 from npud.server import Daemon
 from npud.sim.skels_dspqueue import URI
 from tests.daemon.test_protocol4 import connect
@@ -136,3 +139,56 @@ async def test_a_held_doorbell_goes_at_its_bound_while_realtime_work_runs(
         assert await voice.next() == p.InvokeReply(id=2)
         voice.close()
         llm.close()
+
+
+class _SlowReturns:
+    """``time`` for npud.datapath whose clock jumps ``trip`` seconds whenever a doorbell's
+    invoke returns: its reply took that long to come back from the DSP process, which had
+    the batch all along (the trips the DSP's own count of a batch does not include)."""
+
+    def __init__(self, trip: float) -> None:
+        self.trip = trip
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+
+async def test_a_batch_is_charged_from_its_doorbells_return_not_its_sending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """npud's count of llama.cpp's DSP time was 1.18 times the DSP's own (issue 28): it
+    counted the doorbell's trip to the DSP and back. A doorbell that takes 5 s to come
+    back (on npud's clock) is not charged those 5 s: the answer that follows at once
+    is charged only the time from the doorbell's return."""
+    clock = _SlowReturns(5.0)
+    monkeypatch.setattr(datapath, "time", clock)
+    run = Invoke.run
+
+    def slow_doorbell(self: Invoke) -> Answer:
+        answer = run(self)
+        if self.doorbell:
+            clock.offset += clock.trip
+        return answer
+
+    monkeypatch.setattr(Invoke, "run", slow_doorbell)
+    config = '[scheduler]\nbatches = "gated"\nbatch_answer_max_s = 60\n'
+    async with serve_daemon(tmp_path, config) as daemon:
+        peer, handle = await _open(tmp_path, "background")
+        wait = p.InvokeRequest(
+            id=10,
+            handle=handle,
+            method=WAIT_SIGNAL,
+            outputs=(p.InlineOutput(capacity=4),),
+            wait=True,
+        )
+        await peer.write(wait, p.InvokeRequest(id=11, handle=handle, method=SIGNAL))
+        assert await peer.next() == p.InvokeReply(id=11)
+        await peer.write(p.InvokeRequest(id=12, handle=handle, method=CANCEL_WAIT_SIGNAL))
+        assert len(await peer.answers(2)) == 2
+        with trio.fail_after(10):
+            while _running(daemon):
+                await trio.sleep(0.005)
+        charged = _client(daemon).dsp_us
+        assert 0 < charged < 5_000_000  # the answer's time, without the doorbell's trip
+        peer.close()
