@@ -14,8 +14,9 @@ worker reads the connection's next requests), and then carries the requests:
 * a dspqueue doorbell (``signal``, an op batch of llama.cpp) is such a call, but
   with ``batches = "gated"`` the batch it starts keeps its slot until the
   client's ``wait`` call brings the answer (or ``batch_answer_max`` passes), and
-  the doorbell's return to the answer is charged as the batch's DSP time; with ``"counted"`` the
-  doorbell ends as a call and the batch's time is only charged. A doorbell held
+  doorbell-to-answer less the path's round trip is charged as the batch's DSP
+  time; with ``"counted"`` the doorbell ends as a call and the batch's time is
+  only charged. A doorbell held
   for realtime work goes at its bound, or when the realtime client it was held
   for turns quiet (a timer runs the scheduler's ``tick`` at ``next_recheck``);
 * control requests (allocation, mapping, remotectl) go to the control and
@@ -44,6 +45,7 @@ import select
 import signal
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -98,14 +100,23 @@ class Call:
 class _Batch:
     """An op batch on the DSP: its doorbell was passed on, its answer has not come."""
 
-    __slots__ = ("account", "domain", "ended", "job", "started")
+    __slots__ = ("account", "domain", "ended", "job", "started", "trip")
 
     def __init__(self, account: Account, domain: Domain, job: Job | None, started: float) -> None:
         self.account = account
         self.domain = domain
         self.job = job  # holds a slot until the answer (gated), or None (counted)
         self.started = started
+        """When its doorbell was sent."""
+        self.trip = 0.0
+        """The trips in its doorbell-to-answer that are not the DSP's: the client's
+        fastest recent doorbell (:meth:`DataPath._batch_rung`)."""
         self.ended = False
+
+
+DOORBELL_TRIPS: Final = 32
+"""Doorbells of a client whose fastest gives the path's round trip (a batch's charge
+leaves it out): a window, so that a slower path (a loaded host) is followed."""
 
 
 class DataPath:
@@ -129,6 +140,11 @@ class DataPath:
         """Batches on the DSP per client, oldest first (under ``_batches_lock``)."""
         self._batches_lock = threading.Lock()
         self._batch_timer_armed = False
+        self._doorbell_trips: weakref.WeakKeyDictionary[Account, deque[float]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Each client's recent doorbell round trips (under ``_batches_lock``; gone with
+        its account)."""
         """A timer will look for batches past ``batch_answer_max`` (one for all of them:
         a batch costs no timer of its own)."""
         self._epoll = select.epoll()
@@ -494,7 +510,7 @@ class DataPath:
     # --- op batches (dspqueue) ---------------------------------------------------------------
     def _batch_begin(self, call: Call, job: Job) -> _Batch | None:
         """A doorbell goes on: its batch is open from now until the client's next answer
-        (its charge starts when the doorbell returns: :meth:`_batch_rung`)."""
+        (its charge leaves the path's round trip out: :meth:`_batch_rung`)."""
         handler = call.handler
         if not getattr(handler, "doorbell", False):
             return None
@@ -503,6 +519,8 @@ class DataPath:
             handler.account, handler.domain, job if job.doorbell else None, time.monotonic()
         )
         with self._batches_lock:
+            trips = self._doorbell_trips.get(batch.account)
+            batch.trip = min(trips) if trips else 0.0  # if its answer comes before it returns
             self._open_batches.setdefault(batch.account, deque()).append(batch)
             arm = not self._batch_timer_armed
             self._batch_timer_armed = True
@@ -511,16 +529,23 @@ class DataPath:
         return batch
 
     def _batch_rung(self, batch: _Batch) -> None:
-        """The doorbell returned: the DSP process has it, and the batch's charge starts
-        now. Its answer ends the charge when npud has it, one trip after the DSP wrote
-        it; the doorbell's own trip there and back is about two such trips, so counting
-        from its return rather than from its sending leaves the DSP's time (the 0.7 ms of
-        a 3.8 ms batch that npud counted beyond the DSP's own count, issue 28). An answer
-        that came before the doorbell returned (npud's thread was slow to resume) ended
-        the batch already, counted from the sending: that is kept."""
+        """The doorbell returned. A batch is charged from its doorbell's sending to its
+        answer's arrival less the two trips in that which are not the DSP's: the
+        doorbell's way there, and the answer's way back. A doorbell is a call that does
+        nothing on the DSP, so its own time is those two trips; its return is not when
+        the DSP took the batch (the batch may run before the DSP process's reply goes
+        out, so a slow return measures the batch, not the path). The client's fastest
+        doorbell of the last :data:`DOORBELL_TRIPS` is the path's round trip, left out
+        of the charge. Doorbell-to-answer alone counted 1.18 times the DSP's own count
+        of llama.cpp's batches (issue 28); from the doorbell's return, about 0.8."""
+        returned = time.monotonic()
         with self._batches_lock:
+            trips = self._doorbell_trips.get(batch.account)
+            if trips is None:
+                trips = self._doorbell_trips[batch.account] = deque(maxlen=DOORBELL_TRIPS)
+            trips.append(returned - batch.started)
             if not batch.ended:
-                batch.started = time.monotonic()
+                batch.trip = min(trips)
 
     def _expire_batches(self) -> None:
         """The timer (timer thread): batches past ``batch_answer_max`` give their slot
@@ -573,7 +598,8 @@ class DataPath:
             open_batches.remove(batch)
             if not open_batches:
                 del self._open_batches[batch.account]
-        seconds = max(0.0, (time.monotonic() if when is None else when) - batch.started)
+        spent = (time.monotonic() if when is None else when) - batch.started
+        seconds = spent if expired else max(0.0, spent - batch.trip)
         if expired:
             log.warning(
                 "an op batch's answer did not come: its slot is given back",
