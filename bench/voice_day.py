@@ -66,6 +66,7 @@ example = importlib.util.module_from_spec(spec)
 sys.modules["voice_day"] = example
 spec.loader.exec_module(example)
 socket, cache, background_ms = sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+play = len(sys.argv) > 5 and sys.argv[5] == "play"
 kokoro = example.Kokoro.load(example.VOICES[0], example.DEFAULT_TOKENS)
 sentences = [phonemes for _, phonemes in example.SENTENCES]
 model = example.kokoro_model(cache)
@@ -86,9 +87,12 @@ def tts(seconds, out):
             first[phonemes], audio
         ):
             raise SystemExit(f"TTS gave {phonemes!r} different audio under load")
-        out["audio_s"] += example.audio_length(audio) / example.TTS_RATE
+        audio_s = example.audio_length(audio) / example.TTS_RATE
+        out["audio_s"] += audio_s
         out["sentences"] += 1
         index += 1
+        if play:  # a speaker plays it before the next utterance is synthesised
+            time.sleep(max(0.0, min(audio_s, end - time.monotonic())))
 
 def background(seconds, out):
     end = time.monotonic() + seconds

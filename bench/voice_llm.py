@@ -2,7 +2,12 @@
 
 The clients: the realtime Silero VAD (``bench.voice_day.Vad``, in this process),
 Kokoro TTS as a normal client (voice_day's load child, without its busy client)
-and the peer build's ``llama-simple`` decoding the tiny q4_0 llama in a loop
+speaking as a voice pipeline does: it synthesises an utterance, then plays it
+(waits for the audio's duration) before it synthesises the next, so its DSP
+duty cycle is about its real-time factor, not 100 % (voice_day's own mode
+synthesises back to back, as a stress for the VAD); its real-time factor is
+still synthesis time over audio time, utterance by utterance, and the
+peer build's ``llama-simple`` decoding the tiny q4_0 llama in a loop
 through npud's libcdsprpc (``NPUD_PRIORITY=background``; its dspqueue needs a DSP
 process of its own, so it has its own domain). The emulator models the device's
 DSP (``[emulator] dsp_units = 4, hmx_units = 1``: four HVX contexts and the one HMX
@@ -240,6 +245,7 @@ class Daemon:
             self.socket,
             str(workdir / "cache"),
             "0",  # no busy background client: llama.cpp is the background
+            "play",  # each utterance is played (its audio's time) before the next
         ]
         self.tts = stack.enter_context(processes.ready_child(args, f"the TTS load ({gate})"))
         before = processes.descendants(self.pid)
