@@ -30,8 +30,10 @@ Run: ``python -m bench.voice_day [--rounds N] [--seconds S] [--quick]``, or
 ``python -m bench --only voice_day`` (``--quick``: 2 rounds of 6 s).
 
 ``--llm`` runs the mode with llama.cpp as a third client instead of the busy
-background one, on an emulator that models the device's DSP, gating on and off
-(:mod:`bench.voice_llm` says what it reports; ``--plot FILE`` draws it).
+background one, on an emulator that models the device's DSP, gating on and off,
+and Kokoro playing each utterance (its audio's time) before the next rather
+than synthesising back to back (:mod:`bench.voice_llm` says what it reports;
+``--plot FILE`` draws it).
 """
 
 from __future__ import annotations
