@@ -30,8 +30,10 @@ Run: ``python -m bench.voice_day [--rounds N] [--seconds S] [--quick]``, or
 ``python -m bench --only voice_day`` (``--quick``: 2 rounds of 6 s).
 
 ``--llm`` runs the mode with llama.cpp as a third client instead of the busy
-background one, on an emulator that models the device's DSP, gating on and off
-(:mod:`bench.voice_llm` says what it reports; ``--plot FILE`` draws it).
+background one, on an emulator that models the device's DSP, gating on and off,
+and Kokoro playing each utterance (its audio's time) before the next rather
+than synthesising back to back (:mod:`bench.voice_llm` says what it reports;
+``--plot FILE`` draws it).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ example = importlib.util.module_from_spec(spec)
 sys.modules["voice_day"] = example
 spec.loader.exec_module(example)
 socket, cache, background_ms = sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+play = len(sys.argv) > 5 and sys.argv[5] == "play"
 kokoro = example.Kokoro.load(example.VOICES[0], example.DEFAULT_TOKENS)
 sentences = [phonemes for _, phonemes in example.SENTENCES]
 model = example.kokoro_model(cache)
@@ -86,9 +89,12 @@ def tts(seconds, out):
             first[phonemes], audio
         ):
             raise SystemExit(f"TTS gave {phonemes!r} different audio under load")
-        out["audio_s"] += example.audio_length(audio) / example.TTS_RATE
+        audio_s = example.audio_length(audio) / example.TTS_RATE
+        out["audio_s"] += audio_s
         out["sentences"] += 1
         index += 1
+        if play:  # a speaker plays it before the next utterance is synthesised
+            time.sleep(max(0.0, min(audio_s, end - time.monotonic())))
 
 def background(seconds, out):
     end = time.monotonic() + seconds

@@ -14,9 +14,11 @@ worker reads the connection's next requests), and then carries the requests:
 * a dspqueue doorbell (``signal``, an op batch of llama.cpp) is such a call, but
   with ``batches = "gated"`` the batch it starts keeps its slot until the
   client's ``wait`` call brings the answer (or ``batch_answer_max`` passes), and
-  doorbell-to-answer is charged as the batch's DSP time; with ``"counted"`` the
-  doorbell ends as a call and the batch's time is only charged. A doorbell held
-  for realtime work goes at its bound (a timer runs the scheduler's ``tick``);
+  doorbell-to-answer less the path's round trip is charged as the batch's DSP
+  time; with ``"counted"`` the doorbell ends as a call and the batch's time is
+  only charged. A doorbell held
+  for realtime work goes at its bound, or when the realtime client it was held
+  for turns quiet (a timer runs the scheduler's ``tick`` at ``next_recheck``);
 * control requests (allocation, mapping, remotectl) go to the control and
   loader lanes, which run them and write the reply themselves; status and
   ping are answered on the spot.
@@ -43,6 +45,7 @@ import select
 import signal
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -97,14 +100,23 @@ class Call:
 class _Batch:
     """An op batch on the DSP: its doorbell was passed on, its answer has not come."""
 
-    __slots__ = ("account", "domain", "ended", "job", "started")
+    __slots__ = ("account", "domain", "ended", "job", "started", "trip")
 
     def __init__(self, account: Account, domain: Domain, job: Job | None, started: float) -> None:
         self.account = account
         self.domain = domain
         self.job = job  # holds a slot until the answer (gated), or None (counted)
         self.started = started
+        """When its doorbell was sent."""
+        self.trip = 0.0
+        """The trips in its doorbell-to-answer that are not the DSP's: the client's
+        fastest recent doorbell (:meth:`DataPath._batch_rung`)."""
         self.ended = False
+
+
+DOORBELL_TRIPS: Final = 32
+"""Doorbells of a client whose fastest gives the path's round trip (a batch's charge
+leaves it out): a window, so that a slower path (a loaded host) is followed."""
 
 
 class DataPath:
@@ -128,6 +140,11 @@ class DataPath:
         """Batches on the DSP per client, oldest first (under ``_batches_lock``)."""
         self._batches_lock = threading.Lock()
         self._batch_timer_armed = False
+        self._doorbell_trips: weakref.WeakKeyDictionary[Account, deque[float]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Each client's recent doorbell round trips (under ``_batches_lock``; gone with
+        its account)."""
         """A timer will look for batches past ``batch_answer_max`` (one for all of them:
         a batch costs no timer of its own)."""
         self._epoll = select.epoll()
@@ -430,7 +447,8 @@ class DataPath:
         if outcome is Outcome.QUEUED and handler.deadline is not None:
             self.timers.call_at(handler.deadline, self._refuse_late)
         if outcome is Outcome.QUEUED and job.bound is not None:
-            self.timers.call_at(job.bound, self._tick)
+            recheck = self.scheduler.next_recheck()
+            self.timers.call_at(job.bound if recheck is None else recheck, self._tick)
         return outcome is Outcome.RUN
 
     # --- running -------------------------------------------------------------------------
@@ -445,6 +463,8 @@ class DataPath:
                 answer, error = self._run(call)
             finally:
                 self._unwatch(call)
+            if batch is not None and error is None:
+                self._batch_rung(batch)
             started: list[Job]
             late: list[Job]
             if batch is not None and batch.job is not None and error is None:
@@ -479,16 +499,18 @@ class DataPath:
         return first
 
     def _tick(self) -> None:
-        """A held doorbell's bound (timer thread): start what may start now."""
+        """A held doorbell's bound, or the moment the reason to hold it lapses (timer
+        thread): start what may start now, and look again at the next such moment."""
         started, late = self.scheduler.tick()
         self._start_all(started, late)
-        bound = self.scheduler.next_bound()
-        if bound is not None and bound > time.monotonic():
-            self.timers.call_at(bound, self._tick)
+        recheck = self.scheduler.next_recheck()
+        if recheck is not None and recheck > time.monotonic():
+            self.timers.call_at(recheck, self._tick)
 
     # --- op batches (dspqueue) ---------------------------------------------------------------
     def _batch_begin(self, call: Call, job: Job) -> _Batch | None:
-        """A doorbell goes on: its batch is open from now until the client's next answer."""
+        """A doorbell goes on: its batch is open from now until the client's next answer
+        (its charge leaves the path's round trip out: :meth:`_batch_rung`)."""
         handler = call.handler
         if not handler.doorbell:
             return None
@@ -497,12 +519,33 @@ class DataPath:
             handler.account, handler.domain, job if job.doorbell else None, time.monotonic()
         )
         with self._batches_lock:
+            trips = self._doorbell_trips.get(batch.account)
+            batch.trip = min(trips) if trips else 0.0  # if its answer comes before it returns
             self._open_batches.setdefault(batch.account, deque()).append(batch)
             arm = not self._batch_timer_armed
             self._batch_timer_armed = True
         if arm:
             self.timers.call_at(batch.started + self.batch_answer_max, self._expire_batches)
         return batch
+
+    def _batch_rung(self, batch: _Batch) -> None:
+        """The doorbell returned. A batch is charged from its doorbell's sending to its
+        answer's arrival less the two trips in that which are not the DSP's: the
+        doorbell's way there, and the answer's way back. A doorbell is a call that does
+        nothing on the DSP, so its own time is those two trips; its return is not when
+        the DSP took the batch (the batch may run before the DSP process's reply goes
+        out, so a slow return measures the batch, not the path). The client's fastest
+        doorbell of the last :data:`DOORBELL_TRIPS` is the path's round trip, left out
+        of the charge. Doorbell-to-answer alone counted 1.18 times the DSP's own count
+        of llama.cpp's batches (issue 28); from the doorbell's return, about 0.8."""
+        returned = time.monotonic()
+        with self._batches_lock:
+            trips = self._doorbell_trips.get(batch.account)
+            if trips is None:
+                trips = self._doorbell_trips[batch.account] = deque(maxlen=DOORBELL_TRIPS)
+            trips.append(returned - batch.started)
+            if not batch.ended:
+                batch.trip = min(trips)
 
     def _expire_batches(self) -> None:
         """The timer (timer thread): batches past ``batch_answer_max`` give their slot
@@ -555,7 +598,8 @@ class DataPath:
             open_batches.remove(batch)
             if not open_batches:
                 del self._open_batches[batch.account]
-        seconds = (time.monotonic() if when is None else when) - batch.started
+        spent = (time.monotonic() if when is None else when) - batch.started
+        seconds = spent if expired else max(0.0, spent - batch.trip)
         if expired:
             log.warning(
                 "an op batch's answer did not come: its slot is given back",

@@ -21,9 +21,10 @@ much may run at once. The policy (docs/scheduling.md):
   dispatched (``DEADLINE_EXCEEDED``); one that finishes late counts a miss.
 * **Budgets.** A realtime client may declare a period and a budget of DSP
   time per period; it is admitted only while the declared realtime use stays
-  under ``realtime_utilisation``. Calls beyond its budget in a period (its
-  calls still running counted at their time so far, at least their typical
-  time) run as normal class until its next period: they take the reserve only
+  under ``realtime_utilisation``. Its use is a leaky bucket draining at the
+  budget's rate; calls made while it holds a budget or more (its calls still
+  running counted at their time so far, at least their typical time) run as
+  normal class until it drains below: they take the reserve only
   as a normal call may and never while a normal call waits, and the client has
   at most one call on the DSP meanwhile. Calls without a deadline get the end
   of their period as one (for ordering and misses, never for refusal).
@@ -33,7 +34,8 @@ much may run at once. The policy (docs/scheduling.md):
   client's doorbell also waits while a realtime call is running or queued, or
   due (calling in rhythm) before the batch would typically end, or overdue; it goes at
   once otherwise, and never waits longer than ``batch_hold_max``
-  (:meth:`Scheduler.tick` starts it then, whatever the slots).
+  (:meth:`Scheduler.tick` starts it then, whatever the slots, or sooner when
+  the realtime client it was held for turns quiet: :meth:`Scheduler.next_recheck`).
 * **FIFO mode** turns all of it off: arrival order, ``dsp_slots`` at once, so
   benchmarks can measure the difference in one run.
 
@@ -149,11 +151,14 @@ class Account:
     late: int = 0
     """Calls refused because their deadline had passed before dispatch."""
     overruns: int = 0
-    """Periods in which a budgeted client used more than its budget."""
+    """Times a budgeted client's use went beyond its budget (:meth:`Scheduler._charge_budget`)."""
     waits: deque[float] = field(default_factory=lambda: deque(maxlen=WAIT_SAMPLES))
-    period_start: float = -math.inf
-    period_used: float = 0.0
-    period_overrun: bool = False
+    used: float = 0.0
+    """Its budget's leaky bucket: DSP time charged, less what drained at the budget's
+    rate (``budget`` per ``period``) up to ``used_at`` (PROTOCOL.md section 8)."""
+    used_at: float = -math.inf
+    over: bool = False
+    """``used`` went beyond the budget and has not drained back to it (one overrun)."""
     closed: bool = False
     throttled_until: float = -math.inf
     """A call of this client hung: until then its calls run one at a time, as background."""
@@ -361,6 +366,26 @@ class Scheduler:
                 default=None,
             )
 
+    def next_recheck(self) -> float | None:
+        """When a queued doorbell should be looked at again (None: none queued): its
+        bound, or sooner, when a realtime client it may be held for (calling in rhythm,
+        due or overdue) turns quiet without having called: the reason to hold it lapses
+        then, and nothing else (a call's ``submit`` or ``finish``) would start it."""
+        with self._lock:
+            held = [job for job in self._all_queued() if job.bound is not None]
+            if not held:
+                return None
+            now = self._clock()
+            when = min(job.bound for job in held if job.bound is not None)
+            for account in self._accounts:
+                budget = account.budget
+                if account.klass != REALTIME or budget is None or account.closed:
+                    continue
+                quiet = account.last_realtime_arrival + RHYTHM_PERIODS * budget.period
+                if now < quiet < when:
+                    when = quiet
+            return when
+
     def cancel(self, job: Job) -> bool:
         """Take a queued call out (its caller gave up); False if it is not queued."""
         with self._lock:
@@ -408,9 +433,9 @@ class Scheduler:
         if self.policy.mode == "fifo":
             return NORMAL
         if account.budget is not None and account.klass == REALTIME:
-            self._roll_period(account, now)
-            if account.period_used + self._in_flight(account, now) >= account.budget.budget:
-                return NORMAL  # over budget for this period: no more precedence
+            self._drain(account, now)
+            if account.used + self._in_flight(account, now) >= account.budget.budget:
+                return NORMAL  # over budget until it drains: no more precedence
         return account.klass
 
     def _in_flight(self, account: Account, now: float) -> float:
@@ -499,7 +524,7 @@ class Scheduler:
             if account.klass != REALTIME or budget is None or account.closed:
                 continue
             last = account.last_realtime_arrival
-            if now - last > RHYTHM_PERIODS * budget.period:
+            if now >= last + RHYTHM_PERIODS * budget.period:  # as next_recheck has it
                 continue  # quiet: it may call at any moment, as anyone may
             # The next call is expected a period after the last. Once that is past, the
             # call is overdue, not skipped (``last`` is its client's latest arrival: a
@@ -618,25 +643,32 @@ class Scheduler:
             return list(self._fifo)
         return [job for account in self._accounts for job in account._queue]
 
-    def _roll_period(self, account: Account, now: float) -> None:
-        """Start a new budget period once the current one is over."""
+    def _drain(self, account: Account, now: float) -> None:
+        """Let ``account``'s bucket drain at its budget's rate since it was last looked at.
+
+        A budget is counted as a leaky bucket rather than on a grid of periods anchored
+        at the client's first call: on a grid, a client calling once a period within its
+        budget had two calls land in one period whenever one came a little early and the
+        one before a little late (arrival jitter: about 11 % of a 3 ms VAD's calls
+        counted as over its 4 ms budget, and lost realtime's protection). The bucket
+        keeps the long-run rate (a budget per period) and the burst (a budget at once);
+        one call a period within the budget never fills it, whatever its jitter.
+        """
         assert account.budget is not None
-        period = account.budget.period
-        if math.isinf(account.period_start):
-            account.period_start = now
-        elif now - account.period_start >= period:
-            account.period_start += (now - account.period_start) // period * period
-        else:
-            return
-        account.period_used = 0.0
-        account.period_overrun = False
+        if now > account.used_at:
+            if account.used > 0:
+                rate = account.budget.budget / account.budget.period
+                account.used = max(0.0, account.used - (now - account.used_at) * rate)
+            account.used_at = now
+        if account.over and account.used <= account.budget.budget:
+            account.over = False
 
     def _charge_budget(self, account: Account, dsp_seconds: float, now: float) -> None:
         assert account.budget is not None
-        self._roll_period(account, now)
-        account.period_used += dsp_seconds
-        if account.period_used > account.budget.budget and not account.period_overrun:
-            account.period_overrun = True
+        self._drain(account, now)
+        account.used += dsp_seconds
+        if account.used > account.budget.budget and not account.over:
+            account.over = True
             account.overruns += 1
 
     def _declared(self, owner: int | None = None) -> float:
@@ -673,7 +705,7 @@ class Scheduler:
                 return
             account.klass = NORMAL
             account.budget = None
-            account.period_overrun = False
+            account.used, account.over = 0.0, False
 
     def _note_busy(self, now: float) -> None:
         """Add the slot time used since the last event (cheap: called at every start and

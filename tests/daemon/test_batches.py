@@ -8,14 +8,18 @@ ends the wait does not matter to npud."""
 from __future__ import annotations
 
 import struct
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
 import npu_protocol as p
-from npud.daemon.server import Daemon
+from npud.datapath import workers as datapath
 from npud.requests.holdings import is_dspqueue_uri
+from npud.requests import Answer
+from npud.requests.skel_requests import Invoke
+from npud.daemon.server import Daemon
 from npud.sim.skels_dspqueue import URI
 from tests.daemon.test_protocol4 import connect
 from tests.daemon.wire import TEST_URI, RawPeer, busy, serve_daemon
@@ -136,3 +140,70 @@ async def test_a_held_doorbell_goes_at_its_bound_while_realtime_work_runs(
         assert await voice.next() == p.InvokeReply(id=2)
         voice.close()
         llm.close()
+
+
+class _SlowReturns:
+    """``time`` for npud.datapath whose clock jumps ``trip`` seconds whenever a doorbell's
+    invoke returns: its reply took that long to come back from the DSP process."""
+
+    def __init__(self) -> None:
+        self.trip = 0.0
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+
+async def _charged_batch(daemon: Daemon, peer: RawPeer, handle: int, first_id: int) -> int:
+    """A batch whose answer is asked for as soon as its doorbell returned; its charge."""
+    before = _client(daemon).dsp_us
+    wait = p.InvokeRequest(
+        id=first_id,
+        handle=handle,
+        method=WAIT_SIGNAL,
+        outputs=(p.InlineOutput(capacity=4),),
+        wait=True,
+    )
+    await peer.write(wait, p.InvokeRequest(id=first_id + 1, handle=handle, method=SIGNAL))
+    assert await peer.next() == p.InvokeReply(id=first_id + 1)
+    cancel = p.InvokeRequest(id=first_id + 2, handle=handle, method=CANCEL_WAIT_SIGNAL)
+    await peer.write(cancel)
+    assert len(await peer.answers(2)) == 2
+    with trio.fail_after(10):
+        while _running(daemon):
+            await trio.sleep(0.005)
+    # Less the cancel call's own time (a call's, charged as such): the batch's share.
+    return _client(daemon).dsp_us - before
+
+
+async def test_a_batch_is_charged_without_its_doorbells_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """npud counted llama.cpp's DSP time at 1.18 times the DSP's own count (issue 28): it
+    counted the doorbell's way to the DSP and the answer's way back. A doorbell is a call
+    that does nothing on the DSP: the client's fastest one is the path's round trip, and
+    a batch's charge leaves it out. One whose doorbell took 5 s (on npud's clock) and
+    whose answer followed at once is not charged the 5 s; a later one whose doorbell
+    return took 5 s while the client's fastest took far less is (its DSP process ran the
+    batch before it let the doorbell's reply go: those 5 s were the DSP's)."""
+    clock = _SlowReturns()
+    monkeypatch.setattr(datapath, "time", clock)
+    run = Invoke.run
+
+    def slow_doorbell(self: Invoke) -> Answer:
+        answer = run(self)
+        if self.doorbell:
+            clock.offset += clock.trip
+        return answer
+
+    monkeypatch.setattr(Invoke, "run", slow_doorbell)
+    config = '[scheduler]\nbatches = "gated"\nbatch_answer_max_s = 60\n'
+    async with serve_daemon(tmp_path, config) as daemon:
+        peer, handle = await _open(tmp_path, "background")
+        clock.trip = 5.0
+        assert 0 < await _charged_batch(daemon, peer, handle, 10) < 5_000_000
+        clock.trip = 0.0
+        await _charged_batch(daemon, peer, handle, 20)  # the client's fastest doorbell now
+        clock.trip = 5.0
+        assert await _charged_batch(daemon, peer, handle, 30) >= 5_000_000
+        peer.close()

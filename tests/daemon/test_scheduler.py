@@ -517,3 +517,50 @@ def test_an_over_budget_realtime_user_leaves_slots_for_a_normal_call(clock: Cloc
     victim = job(s, s.open_account("victim", NORMAL, owner=2000))
     assert s.submit(victim) is Outcome.RUN
     assert victim.dispatched == clock.now
+
+
+# --- budgets under arrival jitter (issue 28): a leaky bucket, not a grid of periods ----------
+
+
+def test_arrival_jitter_does_not_put_a_client_within_its_budget_past_it(clock: Clock) -> None:
+    """A VAD within its 4 ms / 32 ms budget on average: one call came 6 ms late and took
+    5 ms, the next 6 ms early. On a grid of periods anchored at its first call both fell
+    in one period (5 ms used: the second ran as normal); counted as a bucket draining at
+    the budget's rate, the early call finds 3.1 ms used and keeps realtime."""
+    s = make(clock)
+    vad = s.open_account("vad", REALTIME, VAD_BUDGET)
+    start = clock.now
+    for arrival, took in ((0.0, 0.003), (0.038, 0.005)):
+        clock.now = start + arrival
+        call = job(s, vad)
+        assert s.submit(call) is Outcome.RUN
+        assert call.klass == REALTIME
+        clock.now += took
+        s.finish(call, took)
+    clock.now = start + 0.058  # 6 ms early: 15 ms after the slow call ended
+    early = job(s, vad)
+    s.submit(early)
+    assert (early.klass, early.over_budget) == (REALTIME, False)
+    assert vad.overruns == 1  # the 5 ms call itself used more than a budget
+
+
+def test_a_client_steadily_over_its_budget_still_runs_as_normal_past_it(clock: Clock) -> None:
+    """The other side: 7 ms every 32 ms (1.75 budgets) fills the bucket, and the call that
+    finds a budget or more still there runs as normal, whatever the grid."""
+    s = make(clock)
+    vad = s.open_account("vad", REALTIME, VAD_BUDGET)
+    start = clock.now
+    classes = []
+    for index in range(3):
+        clock.now = start + index * VAD_BUDGET.period
+        call = job(s, vad)
+        s.submit(call)
+        classes.append(call.klass)
+        clock.now += 0.007
+        s.finish(call, 0.007)
+    # 7 ms, drained to 3.75 at the second call (realtime), 9.875 at its end, drained to
+    # 6.625 at the third call: a budget or more is used, it runs as normal.
+    assert classes == [REALTIME, REALTIME, NORMAL]
+    # An overrun is a stretch past the budget: the first call's, then the second's (it
+    # had drained below in between); the third adds to the second's.
+    assert vad.overruns == 2

@@ -172,3 +172,50 @@ def test_counted_batches_count_against_a_budget(clock: Clock) -> None:
     assert vad.overruns == 1
     with pytest.raises(ValueError, match="batch_hold_max"):
         Policy(batch_hold_max=0)
+
+
+def test_a_held_doorbell_goes_when_the_realtime_client_it_waits_for_turns_quiet(
+    clock: Clock,
+) -> None:
+    """The VAD stops calling (its stream ended) while a doorbell waits for its overdue
+    call: the reason to hold the batch lapses when the VAD turns quiet, two periods after
+    its last call, and ``next_recheck`` says so before the batch's bound (issue 28)."""
+    s = make(clock, batch_hold_max=0.05)
+    llm = measured_llm(s, clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    last = clock.now
+    assert s.submit(call) is Outcome.RUN
+    clock.now += 0.004
+    s.finish(call, 0.004)
+    clock.now = last + 0.030  # due in 2 ms, the batch takes 7: held
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    quiet = last + 2 * VAD.period
+    assert bell.bound is not None
+    assert quiet < bell.bound
+    assert s.next_recheck() == quiet  # not the bound: nothing else would look sooner
+    clock.now = quiet - 0.001  # the call is overdue: still held
+    assert s.tick() == ([], [])
+    clock.now = quiet
+    assert s.tick() == ([bell], [])
+    assert bell.dispatched == quiet
+    assert s.next_recheck() is None
+
+
+def test_the_recheck_is_the_bound_while_realtime_work_runs(clock: Clock) -> None:
+    """A running realtime call holds the doorbell until its ``finish`` (which starts the
+    batch); the timer is there for the bound only."""
+    s = make(clock, batch_hold_max=0.05)
+    llm = measured_llm(s, clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    assert bell.bound is not None
+    # The VAD turns quiet (64 ms) after the bound (50 ms): the bound comes first.
+    assert s.next_recheck() == bell.bound
+    clock.now += 0.004
+    assert s.finish(call, 0.004) == ([bell], [])
+    assert s.next_recheck() is None

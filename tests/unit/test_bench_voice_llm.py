@@ -40,6 +40,8 @@ def test_the_rows_divide_the_phases_the_issue_names() -> None:
     assert rows["voice_llm.vad_p99_ungated"].ratio == pytest.approx(2.0)
     assert rows["voice_llm.tts_rtf"].ratio == pytest.approx(1.1)
     assert rows["voice_llm.llm_beside_voice"].ratio == pytest.approx(0.8)
+    assert rows["voice_llm.llm_beside_voice_ungated"].ratio == pytest.approx(0.9)
+    assert rows["voice_llm.llm_beside_voice_ungated"].goal is None
     assert rows["voice_llm.llm_gate_cost"].ratio == pytest.approx(1.0)
     assert rows["voice_llm.dsp_share"].ratio == pytest.approx(48 / 44)  # npud / 11 x 4 ms
     assert rows["voice_llm.dsp_share"].goal_met is True

@@ -108,7 +108,7 @@ CLIENT_METRICS: Final = (
     Metric("npud_client_wait_p99_seconds", GAUGE, "wait_p99_us", "99th pct queue wait."),
     Metric("npud_client_deadline_misses_total", COUNTER, "misses", "Calls finished late."),
     Metric("npud_client_late_total", COUNTER, "late", "Calls refused: too late."),
-    Metric("npud_client_budget_overruns_total", COUNTER, "overruns", "Periods over budget."),
+    Metric("npud_client_budget_overruns_total", COUNTER, "overruns", "Times past budget."),
     Metric("npud_client_budget_period_seconds", GAUGE, "budget_period_us", "Declared period."),
     Metric("npud_client_budget_seconds", GAUGE, "budget_us", "Declared DSP budget per period."),
     Metric("npud_client_hung_calls_total", COUNTER, "hung_calls", "Calls the watchdog caught."),
