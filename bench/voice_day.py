@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -347,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 1 and --seconds at least 1")
     if args.plot is not None and not args.llm:
         parser.error("--plot goes with --llm")
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        # Said before the minutes of measuring, not after them.
+        parser.error("--plot needs matplotlib (the bench extra: pip install -e '.[bench]')")
     if args.llm:
         return _main_llm(rounds, seconds, args.plot, quick=args.quick)
     with tempfile.TemporaryDirectory(prefix="npud-bench-") as tmp:

@@ -15,11 +15,11 @@ import pytest
 import trio
 
 import npu_protocol as p
-from npud.datapath import workers as datapath
-from npud.requests.holdings import is_dspqueue_uri
-from npud.requests import Answer
-from npud.requests.skel_requests import Invoke
 from npud.daemon.server import Daemon
+from npud.datapath import workers as datapath
+from npud.requests import Answer
+from npud.requests.holdings import is_dspqueue_uri
+from npud.requests.skel_requests import Invoke
 from npud.sim.skels_dspqueue import URI
 from tests.daemon.test_protocol4 import connect
 from tests.daemon.wire import TEST_URI, RawPeer, busy, serve_daemon

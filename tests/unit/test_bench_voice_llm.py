@@ -56,3 +56,23 @@ def test_a_missing_peer_build_says_how_to_get_it(
     monkeypatch.setenv("NPUD_PEER_CACHE", str(tmp_path))
     with pytest.raises(RuntimeError, match="make peer-llama"):
         voice_llm.find_peer()
+
+
+def test_a_plot_without_matplotlib_is_refused_before_measuring(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from bench import voice_day
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+    monkeypatch.setattr(voice_day, "_main_llm", lambda *a, **k: pytest.fail("it measured"))
+    with pytest.raises(SystemExit) as caught:
+        voice_day.main(["--llm", "--plot", "out.png"])
+    assert caught.value.code == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err
