@@ -29,11 +29,14 @@ socket closing ends the process too. So does running out of memory: the
 zygote limits the child's private memory (``[emulator] pd_memory_limit``,
 RLIMIT_DATA), and a MemoryError, which the skels let through, ends the PD
 from whichever thread it came (one PD's blow-up ends that PD, never npud).
+
+The table of memories is :mod:`npud.sim.pd_memories`'s, a running call (what skel
+code reaches the driver through) :mod:`npud.sim.pd_call`'s; this module holds the
+runtime: the socket, the threads, the skels and the calls' dispatch.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import mmap
@@ -44,258 +47,32 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, NoReturn
 
 import msgspec
 
 from npu_protocol.aee import AEE
 from npud.sim import pd_wire as wire
+from npud.sim.pd_call import Answer, Call, DriverGoneError, current, log_message
+from npud.sim.pd_memories import MemoryTable, close_mapping, map_shared
 from npud.sim.pd_services import FdMemory, PdServices
-from npud.sim.skels import HostFileError, Skel, SkelCall, run_method
+from npud.sim.skels import Skel, SkelCall, run_method
+
+__all__ = [
+    "CRASH_EXIT",
+    "LOG_LEVEL",
+    "ChildRuntime",
+    "Job",
+    "MemoryTable",
+    "current_runtime",
+    "serve",
+]
 
 CRASH_EXIT: Final = 70
 """The exit status of a child whose skel code raised: a PD crash."""
 LOG_LEVEL: Final = logging.INFO
-_STANDARD_RECORD: Final = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
 _DECODER: Final = msgspec.msgpack.Decoder(wire.DriverMessage)
-
-
-class _DriverGoneError(BaseException):
-    """The driver closed the socket while a call ran: the PD is ending; unwind the call.
-
-    A BaseException, so that skel code catching Exception does not swallow it."""
-
-
-class _Memory:
-    __slots__ = ("holders", "mapping", "users")
-
-    def __init__(self, mapping: mmap.mmap) -> None:
-        self.mapping = mapping
-        self.holders = 1  # ids that name it
-        self.users = 0  # calls using it now
-
-
-class MemoryTable:
-    """Buffers mapped in this child, by id; MEM_MAP'd ones also by the DSP's fd number."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_id: dict[int, _Memory] = {}
-        self._by_fd: dict[int, list[tuple[int, int, int]]] = {}  # fd -> [(id, offset, length)]
-
-    def add(self, memory_id: int, fd: int, size: int) -> None:
-        """Map ``size`` bytes of ``fd`` as ``memory_id``; takes (and closes) ``fd``."""
-        try:
-            mapping = _map(fd, size)
-        finally:
-            os.close(fd)
-        with self._lock:
-            replaced = self._by_id.get(memory_id)
-            self._by_id[memory_id] = _Memory(mapping)
-            if replaced is not None:  # an id sent again: it names the new mapping now
-                replaced.holders -= 1
-                if replaced.holders or replaced.users:
-                    return
-        if replaced is not None:
-            _close_mapping(replaced.mapping)
-
-    def bind(self, memory_id: int, fd_number: int, offset: int, length: int) -> None:
-        with self._lock:
-            if memory_id in self._by_id:
-                self._by_fd.setdefault(fd_number, []).append((memory_id, offset, length))
-
-    def alias(self, memory_id: int, target: int, fd_number: int, offset: int, length: int) -> None:
-        with self._lock:
-            memory = self._by_id.get(target)
-            if memory is None:
-                return
-            memory.holders += 1
-            self._by_id[memory_id] = memory
-            self._by_fd.setdefault(fd_number, []).append((memory_id, offset, length))
-
-    def drop(self, memory_ids: list[int]) -> None:
-        closing: list[mmap.mmap] = []
-        with self._lock:
-            for memory_id in memory_ids:
-                memory = self._by_id.pop(memory_id, None)
-                if memory is None:
-                    continue
-                for fd_number, bound in list(self._by_fd.items()):
-                    kept = [entry for entry in bound if entry[0] != memory_id]
-                    if kept:
-                        self._by_fd[fd_number] = kept
-                    else:
-                        del self._by_fd[fd_number]
-                memory.holders -= 1
-                if memory.holders == 0 and memory.users == 0:
-                    closing.append(memory.mapping)
-        for mapping in closing:
-            _close_mapping(mapping)
-
-    def acquire(self, memory_id: int) -> _Memory | None:
-        """The memory ``memory_id`` names, for one call (:meth:`release` it after); None
-        when this child holds no such memory."""
-        with self._lock:
-            memory = self._by_id.get(memory_id)
-            if memory is None:
-                return None
-            memory.users += 1
-            return memory
-
-    def acquire_all(self, memory_ids: Iterable[int]) -> dict[int, _Memory] | int:
-        """The memories of every id, acquired at once (:meth:`release` each); or the
-        first id this child does not hold (nothing is then acquired)."""
-        acquired: dict[int, _Memory] = {}
-        with self._lock:
-            for memory_id in memory_ids:
-                if memory_id in acquired:
-                    continue
-                memory = self._by_id.get(memory_id)
-                if memory is None:
-                    for taken in acquired.values():
-                        taken.users -= 1
-                    return memory_id
-                memory.users += 1
-                acquired[memory_id] = memory
-        return acquired
-
-    def release(self, memory: _Memory) -> None:
-        """A call is done with ``memory``: its mapping closes with its last user once no
-        id names it any more (dropped while calls used it)."""
-        with self._lock:
-            memory.users -= 1
-            if memory.users or memory.holders:
-                return
-        _close_mapping(memory.mapping)
-
-    def acquire_by_fd(self, fd_number: int) -> tuple[_Memory, int, int] | None:
-        """(memory, offset, length) of the newest MEM_MAP made through ``fd_number``,
-        acquired as by :meth:`acquire` (:meth:`release` it); None when there is none."""
-        with self._lock:
-            bound = self._by_fd.get(fd_number)
-            if not bound:
-                return None
-            memory_id, offset, length = bound[-1]
-            memory = self._by_id.get(memory_id)
-            if memory is None:  # bound and dropped together: never, but never a crash
-                return None
-            memory.users += 1
-            return memory, offset, length
-
-    def find_by_fd(self, fd_number: int) -> tuple[int, int, int] | None:
-        """(id, offset, length) of the newest MEM_MAP made through ``fd_number``."""
-        with self._lock:
-            bound = self._by_fd.get(fd_number)
-            return bound[-1] if bound else None
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._by_id)
-
-
-def _map(fd: int, size: int) -> mmap.mmap:
-    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-
-
-def _close_mapping(mapping: mmap.mmap) -> None:
-    with contextlib.suppress(BufferError):  # skel code still holds a view: it goes with it
-        mapping.close()
-
-
-class _Current(threading.local):
-    call: _Call | None = None
-
-
-_current = _Current()
-
-
-class _Call:
-    """One call running in this child: its id and the answers the driver sent it."""
-
-    __slots__ = ("answers", "id", "jobs", "memories", "runtime")
-
-    def __init__(self, runtime: ChildRuntime, call_id: int) -> None:
-        self.id = call_id
-        self.runtime = runtime
-        self.answers: collections.deque[Answer] = collections.deque()
-        self.memories: dict[int, _Memory] | int = {}
-        """An invoke's memories, acquired when it was read (in order with the table
-        changes around it); or the id of one the child did not hold then."""
-        self.jobs = 0  # pieces of work begun (SkelCall.computing)
-
-    def send(
-        self,
-        message: msgspec.Struct,
-        tail: Sequence[bytes | bytearray | memoryview] = (),
-    ) -> None:
-        self.runtime.send(message, tail)
-
-    def work(self, seconds: float) -> None:
-        """SkelCall.work: the driver spends it on the channel's shared compute."""
-        self.send(wire.Work(self.id, max(0.0, seconds)))
-        answer, received, buffer = self.runtime.answer(self)
-        received.close_fds()
-        self.runtime.give_back(buffer)
-        if not isinstance(answer, wire.WorkDone):
-            raise _DriverGoneError
-
-    def begin(self, matrix: bool, started: float | None = None) -> int:
-        """ComputeMeter.begin: the driver's thread for this call joins the piece to the
-        shared compute (from ``started`` on, when given); no answer."""
-        self.jobs += 1
-        self.send(wire.WorkBegin(self.id, self.jobs, matrix, started or 0.0))
-        return self.jobs
-
-    def end(self, job: int, seconds: float) -> None:
-        """ComputeMeter.end: the driver waits until the model credited the piece."""
-        self.send(wire.Work(self.id, max(0.0, seconds), job))
-        answer, received, buffer = self.runtime.answer(self)
-        received.close_fds()
-        self.runtime.give_back(buffer)
-        if not isinstance(answer, wire.WorkDone):
-            raise _DriverGoneError
-
-    def read_host_file(self, name: str, *, limit: int) -> bytes:
-        """host_files.read_host_file: read by the driver through reverse RPC."""
-        self.send(wire.ReadFile(self.id, name, limit))
-        answer, received, buffer = self.runtime.answer(self)
-        try:
-            if isinstance(answer, wire.FileFailed):
-                raise HostFileError(answer.message, answer.code)
-            if not isinstance(answer, wire.FileData):
-                raise _DriverGoneError
-            if not answer.in_memfd:
-                return bytes(received.tail[: answer.size])
-            if len(received.fds) != 1:
-                raise _DriverGoneError
-            if answer.size == 0:
-                return b""
-            fd = received.fds[0]
-            with mmap.mmap(fd, answer.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as data:
-                return bytes(data)
-        finally:
-            received.close_fds()
-            self.runtime.give_back(buffer)
-
-    def log(self, record: logging.LogRecord) -> None:
-        self.send(_log_message(self.id, record))
-
-
-def _log_message(call_id: int, record: logging.LogRecord) -> wire.Log:
-    fields: dict[str, wire.Field] = {}
-    for key, value in record.__dict__.items():
-        if key in _STANDARD_RECORD or len(fields) >= 32 or len(key) > 64:
-            continue
-        if value is None or isinstance(value, bool | int | float):
-            fields[key] = value
-        else:
-            fields[key] = str(value)[:4096]
-    message = record.getMessage()
-    if record.exc_info:
-        message += "\n" + "".join(traceback.format_exception(*record.exc_info))
-    return wire.Log(call_id, record.name[:200], record.levelno, message[:4096], fields)
 
 
 class _ForwardHandler(logging.Handler):
@@ -303,20 +80,18 @@ class _ForwardHandler(logging.Handler):
     the PD's own threads (a queue's worker) without one, when the socket takes them."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        call = _current.call
+        call = current.call
         if call is not None:
-            with contextlib.suppress(_DriverGoneError):
+            with contextlib.suppress(DriverGoneError):
                 call.log(record)
             return
         runtime = _runtime
         if runtime is not None:
-            runtime.send_unattached(_log_message(wire.NO_CALL, record))
+            runtime.send_unattached(log_message(wire.NO_CALL, record))
 
 
-Job = tuple[_Call, wire.CallMessage, wire.Received, bytearray]
+Job = tuple[Call, wire.CallMessage, wire.Received, bytearray]
 """A call to run: the call, its message, what came with it and the buffer that holds it."""
-Answer = tuple[wire.NestedReply, wire.Received, bytearray]
-"""The driver's answer to what a call asked, and the buffer that holds it."""
 
 
 def _fatal(what: str) -> NoReturn:
@@ -357,7 +132,7 @@ class ChildRuntime:
         self._answer_cond = threading.Condition(self._lock)  # calls waiting for answers
         self._reading = False
         self._missed = False  # the doorbell rang while another thread read the socket
-        self._calls: dict[int, _Call] = {}
+        self._calls: dict[int, Call] = {}
         self._idle: list[_Thread] = []
         self._threads = 0
         self._buffers: list[bytearray] = []
@@ -374,7 +149,7 @@ class ChildRuntime:
             with self._send_lock:
                 wire.send(self._sock, message, tail)
         except wire.ClosedError:
-            raise _DriverGoneError from None
+            raise DriverGoneError from None
 
     def send_unattached(self, message: msgspec.Struct) -> None:
         """Send what belongs to no call, if the socket takes it at once (nobody may read
@@ -482,7 +257,7 @@ class ChildRuntime:
                 self._answer_cond.notify_all()
             return None
         if isinstance(message, wire.Create | wire.Invoke | wire.Destroy):
-            call = _Call(self, message.call)
+            call = Call(self, message.call)
             if isinstance(message, wire.Invoke):
                 # Now, by the reader, not later by the worker that runs it: a DropMemory
                 # read after the invoke (its buffer unmapped meanwhile) must not pull a
@@ -495,7 +270,7 @@ class ChildRuntime:
         self.give_back(buffer)
         return None
 
-    def answer(self, call: _Call) -> Answer:
+    def answer(self, call: Call) -> Answer:
         """The driver's next answer to ``call``: delivered by the reader, or read here."""
         with self._lock:
             while not call.answers:
@@ -600,32 +375,32 @@ class ChildRuntime:
     # -- running a call ----------------------------------------------------------------------
 
     def run_call(
-        self, call: _Call, message: wire.CallMessage, received: wire.Received, buffer: bytearray
+        self, call: Call, message: wire.CallMessage, received: wire.Received, buffer: bytearray
     ) -> None:
-        _current.call = call
+        current.call = call
         try:
             self._serve(call, message, received)
-        except _DriverGoneError:
+        except DriverGoneError:
             os._exit(0)  # the driver is gone: so is this PD
         except BaseException:
             self._crash(call)
         finally:
-            _current.call = None
+            current.call = None
             received.close_fds()
             with self._lock:
                 self._calls.pop(call.id, None)
                 self._buffers.append(buffer)
 
-    def _crash(self, call: _Call) -> NoReturn:
+    def _crash(self, call: Call) -> NoReturn:
         """Skel code raised: the PD crashes, as an exception on the DSP ends the process."""
         text = traceback.format_exc()
-        with contextlib.suppress(_DriverGoneError):
+        with contextlib.suppress(DriverGoneError):
             call.send(
                 wire.Log(call.id, "npud.sim.pd", logging.ERROR, f"PD crash: {text}"[:4096], {})
             )
         os._exit(CRASH_EXIT)
 
-    def _serve(self, call: _Call, message: wire.CallMessage, received: wire.Received) -> None:
+    def _serve(self, call: Call, message: wire.CallMessage, received: wire.Received) -> None:
         if isinstance(message, wire.Invoke):
             self._invoke(call, message, received)
         elif isinstance(message, wire.Create):
@@ -649,7 +424,7 @@ class ChildRuntime:
             self._skels[message.instance] = skel
         return ""
 
-    def _invoke(self, call: _Call, message: wire.Invoke, received: wire.Received) -> None:
+    def _invoke(self, call: Call, message: wire.Invoke, received: wire.Received) -> None:
         if len(received.fds) != len(message.transient):
             _fatal("an invoke whose fds do not match its memories")
         transient: dict[int, mmap.mmap] = {}
@@ -667,7 +442,7 @@ class ChildRuntime:
                 call.send(wire.Result(call.id, AEE.EBADPARM.dsp))
                 return
             for memory, fd in zip(message.transient, received.fds, strict=True):
-                transient[memory.id] = _map(fd, memory.size)
+                transient[memory.id] = map_shared(fd, memory.size)
             received.close_fds()
 
             def view(span: wire.Span) -> memoryview:
@@ -718,7 +493,7 @@ class ChildRuntime:
                 self.memory.release(held)
             call.memories = {}
             for mapping in transient.values():
-                _close_mapping(mapping)
+                close_mapping(mapping)
 
 
 def _named_memories(message: wire.Invoke) -> list[int]:

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from npud.fastrpc.stubs.model_format import ModelFileError, check_model_file
-from npud.formats import onnx_proto
+from npud.formats import onnx_graph, onnx_proto
 from npud.formats.onnx_proto import (
     BytesSource,
     DamagedError,
@@ -454,7 +454,7 @@ def test_graph_io_keeps_a_bounded_number_of_tensors(monkeypatch: pytest.MonkeyPa
         [onnx_models.tensor("y", "float32", [1])],
     )
     assert len(onnx_proto.graph_io(BytesSource(many))) == 6
-    monkeypatch.setattr(onnx_proto, "MAX_GRAPH_IO", 5)
+    monkeypatch.setattr(onnx_graph, "MAX_GRAPH_IO", 5)  # where graph_io reads it
     with pytest.raises(onnx_proto.LimitError, match="more than 5 inputs and outputs"):
         onnx_proto.graph_io(BytesSource(many))
     wide = onnx_models.model(
