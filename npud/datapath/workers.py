@@ -264,6 +264,7 @@ class DataPath:
                 if fd == self._wake_read:
                     task = self._take_ready()
                     if task is _STOP:
+                        busy[index] = False
                         return
                     if task is not None:
                         self._run_task(task)  # type: ignore[arg-type]

@@ -475,6 +475,7 @@ def test_statistics_count_links_workers_and_the_busy_ones() -> None:
         release.set()
     wait_until(lambda: datapath.statistics().busy_workers == 0, "the worker idle again")
     assert datapath.stop(5.0)
+    assert datapath.statistics().busy_workers == 0  # the workers ended, none busy
 
 
 async def test_statistics_of_a_served_connection(tmp_path: Path) -> None:
