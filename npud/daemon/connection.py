@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import structlog
@@ -34,7 +34,8 @@ from npu_client.transport import (
 from npu_protocol import CodedError, ErrorCode
 from npud import __version__
 from npud.daemon.broker import Broker
-from npud.datapath.link import FRAME_ANCILLARY_SPACE, Link, fds_waiting_refusal
+from npud.datapath.drain import drain
+from npud.datapath.link import FRAME_ANCILLARY_SPACE, Link
 from npud.domain.life import Domain
 from npud.ops.loglimit import LogBudget
 from npud.ops.loglimit import fields as log_fields
@@ -93,13 +94,8 @@ class PeerConnection:
                 self.log.warning("no Hello within the deadline; closing", seconds=timeout)
                 welcomed, reason = False, "no Hello in time"
             if welcomed:
-                link = self._make_link()
                 finished = trio.Event()
-                token = trio.lowlevel.current_trio_token()
-                link.on_finished = lambda _link: _set_soon(token, finished)
-                domain = self.domain
-                assert domain is not None
-                link.on_hangup = lambda gone: domain.abandoned(gone.reason or "hung up")
+                link = self._make_link(finished)
                 self.client.send_event = link.send
                 self._link = link
                 self.broker.welcomed(self.client, self.revoke)
@@ -143,28 +139,19 @@ class PeerConnection:
         elif self._handshake_scope is not None:
             self._handshake_scope.cancel()
 
-    def _make_link(self) -> Link:
-        broker, client, domain = self.broker, self.client, self.domain
+    def _make_link(self, finished: trio.Event) -> Link:
+        broker, domain = self.broker, self.domain
         assert domain is not None, "a welcomed client has its domain"
-
-        def arrive(request: p.AnyRequest) -> Handler[Any]:
-            handler = HANDLERS[type(request)](client, domain, request)
-            handler.start()
-            return handler
-
-        link = Link(
+        owner = ClientLink(broker, self.client, domain, finished)
+        return Link(
             self.sock,
             self.protocol,
+            owner,
             log_context=self.log,
-            arrive=arrive,
-            on_finished=lambda _link: None,
-            close_later=lambda fds: broker.device.close_later(client.uid, fds),
             fds_waiting_cap=broker.config.uid_limits.max_fds_waiting,
             log_budget=self.log_budget,
             refusals_cap=broker.config.daemon.refused_requests_before_drop,
         )
-        link.on_violation = lambda reason: broker.charge_dropped(client, reason)
-        return link
 
     # ----------------------------------------------------------- handshake
     async def _handshake(self) -> tuple[bool, str]:
@@ -183,43 +170,31 @@ class PeerConnection:
                 fds, truncated = [], True
             # The protocol object owns the fds from here; it hands each back.
             self.protocol.receive_data(data, [fd.detach() for fd in fds], fds_truncated=truncated)
-            while True:
-                try:
-                    event = self.protocol.next_event()
-                except p.RemoteProtocolError as exc:
-                    self.broker.device.close_later(
-                        self.client.uid, self.protocol.take_pending_fds()
-                    )
-                    self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
-                    # Charged before it is told: its next connection sees this drop.
-                    self.broker.charge_dropped(self.client, f"protocol violation: {exc}")
-                    await self._send_final(p.ErrorMessage.for_code(exc.code, **exc.fields))
-                    return False, f"protocol violation: {exc}"
-                if event is p.NEED_DATA:
-                    break
-                if isinstance(event, p.ConnectionClosed):
-                    return False, "closed before its Hello"
-                if isinstance(event, p.StrayFds):
-                    held = self.log_budget.take()  # fds on every byte: an event each
-                    if held is not None:
-                        self.log.warning(
-                            "closed fds the client sent unasked",
-                            count=len(event.fds),
-                            **log_fields(held),
-                        )
-                    if not self.broker.device.close_later(self.client.uid, event.fds):
-                        # As the data path does (Link._drop_for_fds_locked): say why, then close.
-                        self.log.warning("dropped: its user's fds pile up waiting to be closed")
-                        self.broker.charge_dropped(self.client, "too many fds waiting")
-                        await self._send_final(
-                            fds_waiting_refusal(self.broker.config.uid_limits.max_fds_waiting)
-                        )
-                        return False, "too many of its user's fds wait to be closed"
-                    continue
-                assert isinstance(event, p.Hello)  # the protocol allows nothing else first
-                if await self._welcome(event):
+            messages, ending = drain(
+                self.protocol,
+                close_later=self._close_later,
+                log=self.log,
+                log_budget=self.log_budget,
+                fds_waiting_cap=self.broker.config.uid_limits.max_fds_waiting,
+                first_only=True,  # what follows the Hello waits for the Welcome
+            )
+            if messages:
+                (hello,) = messages
+                assert isinstance(hello, p.Hello)  # the protocol allows nothing else first
+                if await self._welcome(hello):
                     return True, ""
                 return False, "refused at hello"
+            if ending is None:
+                continue
+            if ending.farewell is None:
+                return False, "closed before its Hello"
+            # Charged before it is told: its next connection sees this drop.
+            self.broker.charge_dropped(self.client, ending.reason)
+            await self._send_final(ending.farewell)
+            return False, ending.reason
+
+    def _close_later(self, fds: Sequence[int]) -> bool:
+        return self.broker.device.close_later(self.client.uid, fds)
 
     async def _welcome(self, hello: p.Hello) -> bool:
         version = p.choose_protocol_version(hello.protocol_version)
@@ -313,6 +288,38 @@ class PeerConnection:
             await self._send(message)
 
 
-def _set_soon(token: trio.lowlevel.TrioToken, event: trio.Event) -> None:
-    with contextlib.suppress(trio.RunFinishedError):
-        token.run_sync_soon(event.set)
+class ClientLink:
+    """A welcomed client's :class:`~npud.datapath.link.LinkOwner`: its requests become
+    handlers in its domain, its fds go to the device's closer, the data path watches its
+    socket, a violation is charged to its user, a hang-up ends what waits for it (the
+    data path's queued calls, an isolated domain's DSP process), and the finish wakes
+    the connection's task, which releases the client."""
+
+    def __init__(self, broker: Broker, client: Client, domain: Domain, done: trio.Event) -> None:
+        self._broker = broker
+        self._client = client
+        self._domain = domain
+        self._done = done
+        self._token = trio.lowlevel.current_trio_token()
+
+    def arrive(self, request: p.AnyRequest) -> Handler[Any]:
+        handler = HANDLERS[type(request)](self._client, self._domain, request)
+        handler.start()
+        return handler
+
+    def close_later(self, fds: Sequence[int]) -> bool:
+        return self._broker.device.close_later(self._client.uid, fds)
+
+    def arm_write(self, link: Link) -> None:
+        self._broker.datapath.arm_write(link)
+
+    def violated(self, link: Link, reason: str) -> None:
+        self._broker.charge_dropped(self._client, reason)
+
+    def hung_up(self, link: Link) -> None:
+        self._broker.datapath.release_queued(link)  # first: what never started never will
+        self._domain.abandoned(link.reason or "hung up")
+
+    def finished(self, link: Link) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(self._done.set)

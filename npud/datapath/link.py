@@ -18,6 +18,11 @@ about the connection, under one lock:
   arrived has ended and the outbox is flushed (or the link was dropped). Its
   owner then releases the client's resources. A client that half-closes its
   socket after sending requests still gets every answer.
+
+The link's life is a :class:`~npud.datapath.link_states.LinkState`, changed only
+through the table of :mod:`npud.datapath.link_states`; what the link tells
+(arrivals, the write registration, hang-up, violation, finish) goes to the one
+:class:`LinkOwner` it is given at construction.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import structlog
 
@@ -43,8 +49,20 @@ from npu_client.transport import (
     fds_ancillary,
     parse_ancillary,
 )
+from npud.datapath.drain import Ending, drain
+from npud.datapath.link_states import (
+    ANSWERING,
+    DROPPED,
+    FINISHED,
+    HUNG_UP,
+    READING,
+    RELEASED,
+    Change,
+    LinkState,
+    LinkStateError,
+    move,
+)
 from npud.ops.loglimit import LogBudget
-from npud.ops.loglimit import fields as log_fields
 from npud.runtime.closer import MAX_PENDING_PER_UID
 
 if TYPE_CHECKING:
@@ -67,6 +85,63 @@ RECV_CHUNK: Final = 256 * 1024
 """Bytes taken from one socket in one read; more waits for the next turn."""
 
 
+class LinkOwner(Protocol):
+    """What a link tells, and asks of, the connection it serves: given at construction.
+
+    ``arrive`` and ``close_later`` are called with the link's lock held or from its
+    reader; ``arm_write`` and ``violated`` with the lock held (they must not call
+    back into the link); ``hung_up`` and ``finished`` once each, without the lock."""
+
+    def arrive(self, request: p.AnyRequest) -> Handler[Any]:
+        """A request's arrival step: its handler, started (raises CodedError to refuse)."""
+        ...
+
+    def close_later(self, fds: Sequence[int]) -> bool:
+        """Close fds the client sent (owned from then on) off this thread; False when its
+        user has too many waiting to be closed (npud/runtime/closer.py): the link is
+        dropped."""
+        ...
+
+    def arm_write(self, link: Link) -> None:
+        """The outbox holds what the socket did not take: watch for writability."""
+        ...
+
+    def violated(self, link: Link, reason: str) -> None:
+        """The link is dropped for breaking the protocol (a fatal frame, too many stray
+        fds, too many requests refused NOT_PERMITTED): called before the client is told,
+        so that its next connection is judged with this drop counted."""
+        ...
+
+    def hung_up(self, link: Link) -> None:
+        """Requests of the client are still pending but nobody can read their answers
+        (it closed its socket, or was dropped)."""
+        ...
+
+    def finished(self, link: Link) -> None:
+        """The link is over (LinkState.FINISHED): the client's resources may go."""
+        ...
+
+
+@dataclass(frozen=True)
+class LinkStatistics:
+    """A link at one moment, for an operator or a test (trio's ``statistics()``)."""
+
+    state: LinkState
+    pending: int
+    """Requests that arrived and have not ended."""
+    outbox_frames: int
+    """Frames waiting for the socket to take them."""
+    outbox_bytes: int
+    partial_frame_seconds: float | None
+    """How long the client has left a frame half sent (None: it has not)."""
+    backlog_seconds: float | None
+    """How long the outbox has waited for the socket (None: it has not)."""
+    not_permitted: int
+    """Requests of the client refused NOT_PERMITTED."""
+    reason: str
+    """Why requests ended (empty while reading)."""
+
+
 class Link:
     """See the module docstring. Every method may be called from any thread."""
 
@@ -74,11 +149,9 @@ class Link:
         self,
         sock: socket.socket,
         protocol: p.ServerConnection,
+        owner: LinkOwner,
         *,
         log_context: structlog.typing.FilteringBoundLogger,
-        arrive: Callable[[p.AnyRequest], Handler[Any]],
-        on_finished: Callable[[Link], None],
-        close_later: Callable[[Sequence[int]], bool],
         fds_waiting_cap: int = MAX_PENDING_PER_UID,
         log_budget: LogBudget | None = None,
         refusals_cap: int = 0,
@@ -88,9 +161,8 @@ class Link:
         self.write_fd = OwnedFd(os.dup(self.fd))
         """A second fd of the socket, so writability has its own epoll registration."""
         self.protocol = protocol
+        self.owner: Final = owner
         self.log = log_context
-        self.arrive = arrive
-        """A request's arrival step: its handler, started (raises CodedError to refuse)."""
         self.log_budget = log_budget or LogBudget(20, 10.0)
         """The lines this client may cause (refusals, stray fds): see npud/ops/loglimit.py."""
         self.partial_since: float | None = None
@@ -99,102 +171,124 @@ class Link:
         """The ``partial_since`` whose timer is set (the data path's)."""
         self.lock = threading.Lock()
         self.read_lock = threading.Lock()
-        """Held by the one worker that reads the socket."""
-        self.reading = True
-        self.closing = False
-        """Dropped: nothing more is sent; requests that run finish on their own."""
+        """Held by the one worker that reads the socket (:meth:`take_read_turn`)."""
+        self._reader: int | None = None
+        """The thread whose read turn it is."""
+        self._state = READING
         self.reason = ""
-        self.violation = False
-        """Dropped for breaking the protocol (a fatal frame, too many stray fds, too many
-        requests refused NOT_PERMITTED): its owner charges the user (npud.daemon.penalties)."""
         self.not_permitted = 0
         """Requests of the client refused NOT_PERMITTED."""
         self._refusals_cap = refusals_cap
         """Past this many of them (0: never) the link is dropped as a violation."""
-        self.on_violation: Callable[[str], None] = lambda reason: None
-        """Called once, with the link's lock held, when it is dropped for breaking the
-        protocol; before the client is told, so that its next connection is judged
-        with this drop counted."""
         self.pending: set[object] = set()
         """Requests that arrived and have not ended (their handlers)."""
         self._outbox: deque[tuple[memoryview, list[OwnedFd]]] = deque()
         self._outbox_bytes = 0
         self.backlog_since: float | None = None
-        self._finished = False
-        self._fds_released = False
-        self.on_finished = on_finished
-        """Called once, from the thread that finishes the link."""
-        self.on_hangup: Callable[[Link], None] = lambda link: None
-        """Called once, on any thread, when requests of the client are still pending but
-        nobody can read their answers (it closed its socket, or was dropped)."""
-        self._hangup_told = False
-        self._close_later = close_later
         self._fds_waiting_cap = fds_waiting_cap
-        """Closes fds the client sent (owned from then on) off this thread; False when its
-        user has too many waiting to be closed (npud/runtime/closer.py): the link is dropped."""
-        self.needs_write_arm: Callable[[Link], None] = lambda link: None
-        """Set by the data path: arm the writability registration."""
+
+    # --- state ----------------------------------------------------------------------
+    @property
+    def state(self) -> LinkState:
+        return self._state
+
+    def _change_locked(self, change: Change) -> None:
+        """Move along the table (npud/datapath/link_states.py), checking what the state
+        stands for; raises LinkStateError for a move it refuses."""
+        new = move(self._state, change)
+        if new is HUNG_UP and not self.pending:
+            raise LinkStateError("a link hangs up only with requests pending")
+        if new is FINISHED and (self.pending or self._outbox or self.read_lock.locked()):
+            raise LinkStateError(
+                "a link finishes only with nothing pending, nothing to send and no reader"
+            )
+        self._state = new
+
+    @property
+    def hung_up(self) -> bool:
+        """Nobody can read the answers of requests still pending: the hang-up was told, or
+        the owner released the link."""
+        state = self._state
+        return state is HUNG_UP or state is RELEASED
+
+    def statistics(self) -> LinkStatistics:
+        now = time.monotonic()
+        with self.lock:
+            partial, backlog = self.partial_since, self.backlog_since
+            return LinkStatistics(
+                state=self._state,
+                pending=len(self.pending),
+                outbox_frames=len(self._outbox),
+                outbox_bytes=self._outbox_bytes,
+                partial_frame_seconds=None if partial is None else now - partial,
+                backlog_seconds=None if backlog is None else now - backlog,
+                not_permitted=self.not_permitted,
+                reason=self.reason,
+            )
 
     # --- reading ----------------------------------------------------------------
+    def take_read_turn(self) -> bool:
+        """Become the link's one reader; False when another worker is (it re-arms the
+        read registration after it lets go, so nothing is missed). The reader calls
+        :meth:`read`, lets the requests arrive, then :meth:`end_read_turn`."""
+        if not self.read_lock.acquire(blocking=False):
+            return False
+        self._reader = threading.get_ident()
+        return True
+
+    def end_read_turn(self) -> None:
+        self._reader = None
+        self.read_lock.release()
+
+    def arrive(self, request: p.AnyRequest) -> Handler[Any]:
+        """The owner's arrival step for ``request`` (the reader's, in order)."""
+        return self.owner.arrive(request)
+
     def read(self, buffer: bytearray) -> list[p.ClientMessage | p.ConnectionClosed]:
         """One non-blocking read into ``buffer``; the messages it completed, in order.
 
         Protocol violations answer with one error and drop the link; stray fds
-        are closed; end of stream ends reading. Call from one thread at a time
-        (the one-shot read registration guarantees it).
+        are closed; end of stream ends reading. Call in the read turn
+        (:meth:`take_read_turn`; the one-shot read registration brings one worker).
         """
-        if not self.reading:
+        if self._reader != threading.get_ident():
+            raise LinkStateError("a link is read only in its reader's turn (take_read_turn)")
+        if self._state is not READING:
             return []
         try:
             data, fds, truncated = self._receive(buffer)
         except OSError as exc:
             self.end_reading(f"receive failed: {errno.errorcode.get(exc.errno or 0, exc)}")
             return [p.ConnectionClosed()]
-        messages: list[p.ClientMessage | p.ConnectionClosed] = []
         with self.lock:
-            if self.closing or self._fds_released:
-                # Dropped (or over) while this read was on its way: nothing it
+            if self._state is not READING:
+                # Dropped (or released) while this read was on its way: nothing it
                 # brings may become a request; its fds are closed.
-                self._close_later([fd.detach() for fd in fds])
+                self.owner.close_later([fd.detach() for fd in fds])
                 return []
             if data is not None:
                 with data:  # copied by the protocol; the view ends here
                     self.protocol.receive_data(
                         data, [fd.detach() for fd in fds], fds_truncated=truncated
                     )
-            while True:
-                try:
-                    event = self.protocol.next_event()
-                except p.RemoteProtocolError as exc:
-                    self._close_later(self.protocol.take_pending_fds())
-                    self.log.warning("protocol violation", code=exc.code.name, error=str(exc))
-                    self._violated(f"protocol violation: {exc}")
-                    self._send_locked(p.ErrorMessage.for_code(exc.code, **exc.fields), [])
-                    self._drop_locked(f"protocol violation: {exc}")
-                    messages.append(p.ConnectionClosed())
-                    return messages
-                if event is p.NEED_DATA:
-                    self._note_partial_frame()
-                    return messages
-                if isinstance(event, p.StrayFds):
-                    if not self._close_later(event.fds):
-                        self._drop_for_fds_locked()
-                        messages.append(p.ConnectionClosed())
-                        return messages
-                    held = self.log_budget.take()
-                    if held is not None:
-                        self.log.warning(
-                            "closed fds the client sent unasked",
-                            count=len(event.fds),
-                            **log_fields(held),
-                        )
-                    continue
-                if isinstance(event, p.ConnectionClosed):
-                    self.reading = False
-                    self.reason = self.reason or "closed by the client"
-                    messages.append(event)
-                    return messages
-                messages.append(event)
+            found, ending = drain(
+                self.protocol,
+                close_later=self.owner.close_later,
+                log=self.log,
+                log_budget=self.log_budget,
+                fds_waiting_cap=self._fds_waiting_cap,
+            )
+            messages: list[p.ClientMessage | p.ConnectionClosed] = list(found)
+            if ending is None:
+                self._note_partial_frame()
+                return messages
+            if ending.violation:
+                self._refuse_locked(ending)
+            else:
+                self._change_locked(Change.REQUESTS_END)
+                self.reason = self.reason or ending.reason
+            messages.append(p.ConnectionClosed())
+            return messages
 
     def _receive(self, buffer: bytearray) -> tuple[memoryview | None, list[OwnedFd], bool]:
         """One recvmsg: its bytes (None when nothing is new), its fds, and whether the
@@ -225,32 +319,33 @@ class Link:
             self.partial_since = None
 
     def end_reading(self, reason: str) -> None:
+        """No more requests can arrive (the receive failed)."""
         with self.lock:
-            self.reading = False
-            self.reason = self.reason or reason
+            if self._state is READING:
+                self._change_locked(Change.REQUESTS_END)
+                self.reason = self.reason or reason
         self.tell_hangup()
 
     def tell_hangup(self) -> None:
-        """Call ``on_hangup`` once, if reading is over with requests still pending and
-        nobody can read their answers: the link was dropped, or the peer closed its
+        """Tell the owner ``hung_up`` once, if reading is over with requests still pending
+        and nobody can read their answers: the link was dropped, or the peer closed its
         socket. A half-close (``shutdown(SHUT_WR)``) is not a hang-up: that client still
         reads every answer (PROTOCOL.md section 5)."""
-        if self.reading:
+        state = self._state
+        if state is not ANSWERING and state is not DROPPED:
             # Read without the lock (it is called after every read): whatever ends
             # reading calls this again once it has.
             return
         with self.lock:
-            if self._hangup_told or self.reading or not self.pending:
+            state = self._state
+            if not self.pending or (state is not ANSWERING and state is not DROPPED):
                 return
-            if not (self.closing or self._peer_closed()):
+            if state is ANSWERING and not self._peer_closed():
                 return
-            self._hangup_told = True
-        self.on_hangup(self)
-
-    @property
-    def hung_up(self) -> bool:
-        """``on_hangup`` was called: the requests still pending have nobody to answer."""
-        return self._hangup_told
+            if state is ANSWERING:
+                self._stop_sending_locked()  # nobody reads: what waits is let go
+            self._change_locked(Change.HANG_UP)
+        self.owner.hung_up(self)
 
     def _peer_closed(self) -> bool:
         """The peer closed its socket (both directions shut: POLLHUP), not just its
@@ -265,6 +360,8 @@ class Link:
     # --- requests ------------------------------------------------------------------
     def arrived(self, handler: object) -> None:
         with self.lock:
+            if self._state is FINISHED:
+                raise LinkStateError("a request arrived at a finished link")
             self.pending.add(handler)
 
     def ended(self, handler: object) -> None:
@@ -272,21 +369,22 @@ class Link:
             self.pending.discard(handler)
             finished = self._finish_locked()
         if finished:
-            self.on_finished(self)
+            self.owner.finished(self)
 
     # --- writing --------------------------------------------------------------------
     def send(self, message: p.ServerMessage, fds: Sequence[OwnedFd] = ()) -> bool:
         """Queue ``message`` for the client and send what the socket takes now.
 
         ``fds`` become the link's (closed once sent, or when the link is
-        dropped). False when the message was not sendable (the link is closing,
-        or the protocol refused it).
+        dropped). False when the message was not sendable (the link no longer
+        talks, or the protocol refused it).
         """
         with self.lock:
             return self._send_locked(message, list(fds))
 
     def _send_locked(self, message: p.ServerMessage, fds: list[OwnedFd]) -> bool:
-        if self.closing:
+        state = self._state
+        if state is not READING and state is not ANSWERING:
             _close_all(fds)
             return False
         try:
@@ -338,7 +436,7 @@ class Link:
         self.check_finished()
 
     def _flush_locked(self) -> None:
-        while self._outbox and not self.closing:
+        while self._outbox:
             data, fds = self._outbox[0]
             try:
                 sent = self.sock.sendmsg(
@@ -359,7 +457,7 @@ class Link:
             self._outbox[0] = (data[sent:], fds)
             if self.backlog_since is None:
                 self.backlog_since = time.monotonic()
-            self.needs_write_arm(self)
+            self.owner.arm_write(self)
             return
         self.backlog_since = None
 
@@ -372,11 +470,15 @@ class Link:
         self.check_finished()
 
     def _drop_locked(self, reason: str) -> None:
-        if self.closing:
-            return
-        self.closing = True
-        self.reading = False
+        state = self._state
+        if state is not READING and state is not ANSWERING:
+            return  # it talks no more already
+        self._change_locked(Change.DROP)
         self.reason = self.reason or reason
+        self._stop_sending_locked()
+
+    def _stop_sending_locked(self) -> None:
+        """What waits to be sent is let go, and the socket shut."""
         for _, fds in self._outbox:
             _close_all(fds)
         self._outbox.clear()
@@ -386,34 +488,37 @@ class Link:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
 
+    def _refuse_locked(self, ending: Ending) -> None:
+        """Drop the link for breaking the protocol: its owner is told first (its user is
+        charged before the client hears), then the client gets the one answer."""
+        state = self._state
+        if state is not READING and state is not ANSWERING:
+            return
+        assert ending.farewell is not None
+        self.owner.violated(self, ending.reason)
+        self._send_locked(ending.farewell, [])
+        self._drop_locked(ending.reason)
+
     def check_finished(self) -> None:
         with self.lock:
             finished = self._finish_locked()
         if finished:
-            self.on_finished(self)
+            self.owner.finished(self)
 
     def _finish_locked(self) -> bool:
-        """True once, when the link has just finished: ``on_finished`` is then due."""
+        """True once, when the link has just finished: ``owner.finished`` is then due."""
+        state = self._state
+        if state is READING or state is FINISHED or state is RELEASED:
+            return False
+        if self.pending or self._outbox:
+            return False
         # A worker inside read() holds read_lock: the link is not over until it
         # lets go (its _serve_read calls this again then), or a request it parses
         # could arrive for a client being released.
-        if self._finished or self.reading or self.pending or self._outbox:
-            return False
         if self.read_lock.locked():
             return False
-        self._finished = True
+        self._change_locked(Change.FINISH)
         return True
-
-    def _drop_for_fds_locked(self) -> None:
-        self.log.warning("dropped: its user's fds pile up waiting to be closed")
-        self._violated("too many of its user's fds wait to be closed")
-        self._send_locked(fds_waiting_refusal(self._fds_waiting_cap), [])
-        self._drop_locked("too many of its user's fds wait to be closed")
-
-    def _violated(self, reason: str) -> None:
-        if not self.violation and not self.closing:
-            self.violation = True
-            self.on_violation(reason)
 
     def note_not_permitted(self) -> None:
         """A request of the client was refused NOT_PERMITTED (its answer sent): past
@@ -423,35 +528,34 @@ class Link:
             self.not_permitted += 1
             if not self._refusals_cap or self.not_permitted < self._refusals_cap:
                 return
-            if self.closing:
+            state = self._state
+            if state is not READING and state is not ANSWERING:
                 return
             self.log.warning(
                 "dropped: too many requests refused NOT_PERMITTED", refused=self.not_permitted
             )
-            self._violated("too many requests refused NOT_PERMITTED")
-            self._send_locked(
-                p.ErrorMessage.for_code(
-                    p.ErrorCode.NOT_PERMITTED,
-                    detail=f"{self.not_permitted} requests of this connection were refused "
-                    "NOT_PERMITTED ([daemon] refused_requests_before_drop); closing",
-                ),
-                [],
+            self._refuse_locked(
+                Ending(
+                    "too many requests refused NOT_PERMITTED",
+                    p.ErrorMessage.for_code(
+                        p.ErrorCode.NOT_PERMITTED,
+                        detail=f"{self.not_permitted} requests of this connection were "
+                        "refused NOT_PERMITTED ([daemon] refused_requests_before_drop); closing",
+                    ),
+                )
             )
-            self._drop_locked("too many requests refused NOT_PERMITTED")
         self.tell_hangup()
         self.check_finished()
-
-    @property
-    def finished(self) -> bool:
-        return self._finished
 
     def release_pending_fds(self) -> None:
         """Close the fds of frames the peer began and never finished, once the link is
         removed; a read still on its way (past its check, not yet holding the lock)
-        closes what it brings instead of handing it to the protocol."""
+        closes what it brings instead of handing it to the protocol. What still waits to
+        be sent (npud stops) is let go with its fds."""
         with self.lock:
-            self._fds_released = True
-            self._close_later(self.protocol.take_pending_fds())
+            self._change_locked(Change.RELEASE)
+            self._stop_sending_locked()
+            self.owner.close_later(self.protocol.take_pending_fds())
 
     def close(self) -> None:
         """Release the link's own fd (the socket itself is its owner's)."""
@@ -461,14 +565,3 @@ class Link:
 def _close_all(fds: list[OwnedFd]) -> None:
     for fd in fds:
         fd.close()
-
-
-def fds_waiting_refusal(cap: int) -> p.ErrorMessage:
-    """What a peer is told, before its connection is dropped, when its user has more
-    than ``cap`` fds waiting to be closed (``[uid_limits] max_fds_waiting``): the data
-    path's and the handshake's one refusal."""
-    return p.ErrorMessage.for_code(
-        p.ErrorCode.QUOTA_EXCEEDED,
-        resource="fds this user sent that wait to be closed",
-        limit=cap,
-    )

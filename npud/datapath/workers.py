@@ -48,6 +48,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import structlog
@@ -55,6 +56,7 @@ import structlog
 import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
 from npud.datapath.link import RECV_CHUNK, Link
+from npud.datapath.link_states import LinkState
 from npud.ops.loglimit import fields as log_fields
 from npud.requests import Answer, Handler, Route
 from npud.requests.clients import Gate
@@ -119,6 +121,19 @@ DOORBELL_TRIPS: Final = 32
 leaves it out): a window, so that a slower path (a loaded host) is followed."""
 
 
+@dataclass(frozen=True)
+class DataPathStatistics:
+    """The data path at one moment, for an operator or a test (trio's ``statistics()``)."""
+
+    links: int
+    """Connections served (welcomed, not yet removed)."""
+    workers: int
+    busy_workers: int
+    """Workers not waiting in the epoll: reading, answering, or in a DSP call."""
+    tasks_waiting: int
+    """Tasks posted for an idle worker, not yet taken."""
+
+
 class DataPath:
     """See the module docstring."""
 
@@ -156,9 +171,11 @@ class DataPath:
         self._links_lock = threading.Lock()
         self.timers = Timers("npud-timers")
         self._threads = [
-            threading.Thread(target=self._work, name=f"npud-worker-{i}", daemon=True)
+            threading.Thread(target=self._work, args=(i,), name=f"npud-worker-{i}", daemon=True)
             for i in range(workers)
         ]
+        self._busy = [False] * workers
+        """Each worker's own flag (written by it alone): it is not waiting in the epoll."""
         self._started = False
         self.frame_timeout = frame_timeout
         self.call_watchdog = call_watchdog
@@ -201,6 +218,16 @@ class DataPath:
     def alive(self) -> bool:
         return all(thread.is_alive() for thread in self._threads)
 
+    def statistics(self) -> DataPathStatistics:
+        with self._ready_lock:
+            waiting = sum(1 for task in self._ready if task is not _STOP)
+        return DataPathStatistics(
+            links=len(self.links()),
+            workers=len(self._threads),
+            busy_workers=sum(self._busy),
+            tasks_waiting=waiting,
+        )
+
     @property
     def calls_done(self) -> int:
         """DSP calls run and answered since start (counted by the scheduler, under the
@@ -209,15 +236,9 @@ class DataPath:
 
     # --- connections ------------------------------------------------------------------
     def add(self, link: Link) -> None:
-        """Start serving ``link`` (its protocol may already hold bytes to process)."""
-        link.needs_write_arm = self._arm_write
-        owners_hangup = link.on_hangup
-
-        def hung_up(gone: Link) -> None:
-            self._release_queued(gone)  # ours first: what never started never will
-            owners_hangup(gone)
-
-        link.on_hangup = hung_up
+        """Start serving ``link`` (its protocol may already hold bytes to process). Its
+        owner (:class:`~npud.datapath.link.LinkOwner`) passes the data path's part on:
+        :meth:`arm_write`, and :meth:`release_queued` when the link hangs up."""
         with self._links_lock:
             self._links[link.fd] = link
             self._links[link.write_fd.fileno()] = link
@@ -242,21 +263,25 @@ class DataPath:
             return list({id(link): link for link in self._links.values()}.values())
 
     # --- the workers ---------------------------------------------------------------------
-    def _work(self) -> None:
+    def _work(self, index: int) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         buffer = bytearray(RECV_CHUNK)
         self._buffer.value = buffer
+        busy = self._busy
         while True:
+            busy[index] = False
             try:
                 events = self._epoll.poll(-1, 1)
             except InterruptedError:
                 continue
             except (OSError, ValueError):  # the epoll was closed: stopping
                 return
+            busy[index] = True
             for fd, mask in events:
                 if fd == self._wake_read:
                     task = self._take_ready()
                     if task is _STOP:
+                        busy[index] = False
                         return
                     if task is not None:
                         self._run_task(task)  # type: ignore[arg-type]
@@ -309,14 +334,16 @@ class DataPath:
         with contextlib.suppress(OSError, ValueError):
             self._epoll.modify(self._wake_read, select.EPOLLIN | select.EPOLLONESHOT)
 
-    def _arm_write(self, link: Link) -> None:
+    def arm_write(self, link: Link) -> None:
+        """``link``'s outbox holds what its socket did not take: a worker flushes it when
+        the socket is writable; past ``SEND_TIMEOUT`` without progress it is dropped."""
         with contextlib.suppress(OSError, ValueError):
             self._epoll.modify(link.write_fd.fileno(), _WRITE)
         self.timers.call_later(SEND_TIMEOUT, lambda: self._check_backlog(link))
 
     def _check_partial(self, link: Link, started: float) -> None:
         """A frame begun at ``started`` is still not whole: the client stalls; drop it."""
-        if link.partial_since == started and link.reading:
+        if link.partial_since == started and link.state is LinkState.READING:
             link.log.warning(
                 "client left a frame half sent; dropping it", seconds=self.frame_timeout
             )
@@ -334,7 +361,7 @@ class DataPath:
         # One reader at a time: a hang-up can be reported while the read posted
         # when the link was added runs. The loser leaves: the winner re-arms
         # after it lets go, so nothing is missed.
-        if not link.read_lock.acquire(blocking=False):
+        if not link.take_read_turn():
             return
         try:
             buffer = getattr(self._buffer, "value", None) or bytearray(RECV_CHUNK)
@@ -348,7 +375,7 @@ class DataPath:
                 if call is not None:
                     calls.append(call)
         finally:
-            link.read_lock.release()
+            link.end_read_turn()
         link.tell_hangup()
         started = link.partial_since
         if started is not None and self.frame_timeout and link.partial_timer != started:
@@ -356,7 +383,7 @@ class DataPath:
             self.timers.call_at(
                 started + self.frame_timeout, lambda: self._check_partial(link, started)
             )
-        if link.reading:
+        if link.state is LinkState.READING:
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.modify(link.fd, _READ)
         else:
@@ -657,10 +684,10 @@ class DataPath:
             call.link.ended(call)
 
     # --- a client gone ---------------------------------------------------------------------
-    def _release_queued(self, link: Link) -> None:
-        """``link``'s client is gone (PROTOCOL.md section 5): its DSP calls still waiting
-        for a slot never run. Running ones finish; calls waiting for an object to exist
-        are released when they would be submitted."""
+    def release_queued(self, link: Link) -> None:
+        """``link``'s client is gone (PROTOCOL.md section 5; its owner's ``hung_up``): its
+        DSP calls still waiting for a slot never run. Running ones finish; calls waiting
+        for an object to exist are released when they would be submitted."""
         with link.lock:
             pending = [call for call in link.pending if isinstance(call, Call)]
         released = 0

@@ -18,6 +18,7 @@ import npu_protocol as p
 from npu_client import _args, trio_client
 from npu_protocol import ErrorCode
 from npud.datapath import workers as datapath_module
+from npud.datapath.link_states import LinkState
 from npud.datapath.workers import Call
 from tests.daemon.wire import ECHO_URI, TEST_URI, RawPeer, busy, serve_daemon
 
@@ -282,9 +283,9 @@ async def test_no_worker_wakes_for_a_finished_link_the_trio_thread_has_not_remov
             link.drop("the test drops it")
         # The trio thread, which removes a finished link, is held: as by a blocking call.
         deadline = time.monotonic() + 5
-        while not link.finished and time.monotonic() < deadline:
+        while link.state is not LinkState.FINISHED and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert link.finished
+        assert link.state is LinkState.FINISHED
         settled = reads
         time.sleep(0.5)
         # Before the fix: tens of thousands of reads in these 0.5 s, one per wake-up.
@@ -452,3 +453,45 @@ def test_a_call_is_claimed_once_whoever_races_for_it() -> None:
         call = Call(None, None)  # type: ignore[arg-type]
         assert sorted(_race_for(call, 4)) == [False, False, False, True]
         assert not call.claim()
+
+
+# --- statistics ---------------------------------------------------------------------------
+
+
+def test_statistics_count_links_workers_and_the_busy_ones() -> None:
+    from npud.runtime.scheduler import Policy, Scheduler
+    from tests.polling import wait_until
+
+    datapath = datapath_module.DataPath(Scheduler(Policy()), workers=2)
+    idle = datapath.statistics()
+    assert (idle.links, idle.workers, idle.busy_workers, idle.tasks_waiting) == (0, 2, 0, 0)
+    datapath.start()
+    release = threading.Event()
+    try:
+        datapath._post(release.wait)  # a worker busy until the test lets it go
+        wait_until(lambda: datapath.statistics().busy_workers == 1, "one worker busy")
+        assert datapath.statistics().tasks_waiting == 0
+    finally:
+        release.set()
+    wait_until(lambda: datapath.statistics().busy_workers == 0, "the worker idle again")
+    assert datapath.stop(5.0)
+    assert datapath.statistics().busy_workers == 0  # the workers ended, none busy
+
+
+async def test_statistics_of_a_served_connection(tmp_path: Path) -> None:
+    async with serve_daemon(tmp_path) as daemon:
+        datapath = daemon.broker.datapath
+        peer = await RawPeer.connect(tmp_path / "npud.sock")
+        await peer.write(p.PingRequest(id=1))
+        assert isinstance(await peer.next(), p.PongReply)
+        assert datapath.statistics().links == 1
+        (link,) = datapath.links()
+        stats = link.statistics()
+        assert stats.state is LinkState.READING
+        assert (stats.pending, stats.outbox_frames, stats.outbox_bytes) == (0, 0, 0)
+        peer.close()
+        with trio.fail_after(10):
+            while datapath.statistics().links:
+                await trio.sleep(0.01)
+        assert link.statistics().state is LinkState.RELEASED
+        assert link.statistics().reason == "closed by the client"

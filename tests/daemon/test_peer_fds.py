@@ -19,6 +19,7 @@ from npu_protocol import ErrorCode
 from npu_protocol._framing import encode_frame_header
 from npud.daemon.server import Daemon
 from npud.datapath.link import Link
+from npud.datapath.link_states import TALKING
 from npud.runtime import closer as closer_module
 from tests.daemon.wire import RawPeer, serve_daemon
 
@@ -210,12 +211,12 @@ async def test_a_client_that_reads_no_replies_is_dropped_at_the_bound(tmp_path: 
         sent = 0
         with trio.fail_after(60):
             try:
-                while not link.closing:
+                while link.state in TALKING:
                     view = memoryview(ping_frames(1000 + sent, 16))
                     while view:
                         view = view[await peer.sock.send(view) :]
                     sent += 16
-                    while not link.closing and not answered(link, base + sent):
+                    while link.state in TALKING and not answered(link, base + sent):
                         await trio.sleep(0.001)  # the daemon's worker reads and answers
                     assert link.outbox_bytes <= link.outbox_bound
             except OSError:
