@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import math
 import os
 import shutil
 import signal
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -58,7 +59,7 @@ from bench import harness, processes
 from npud.fastrpc.kernel.abi import remote_scalars_make
 from npud.fastrpc.kernel.invoke_args import Capacity, Inline, Slice
 from npud.fastrpc.session import FastRpcSession
-from npud.fastrpc.stubs.portal_qnn import DataType, PortalQnn
+from npud.fastrpc.stubs.portal_qnn import DataType, LoadedModel, PortalQnn
 from npud.ops.backend import DEV_SHELL, select_profile
 from npud.ops.config import parse_config
 from npud.requests.models import ArenaLayout
@@ -102,48 +103,164 @@ def sample_chunk() -> np.ndarray:
 
 
 @contextlib.contextmanager
-def floor_side() -> Iterator[Chunk]:
-    """One chunk of the floor: write both inputs into the arena, one run invoke, read both
-    outputs back (the state goes back in on the next chunk, as the client does)."""
+def floor_session() -> Iterator[FastRpcSession]:
+    """A DSP session in this process on an emulator driver built from the daemon's
+    configuration (npud.ops.backend's profile of the same TOML), npud's shell loaded: where
+    a floor's models load, with no daemon, socket or client."""
     driver = select_profile(parse_config(CONFIG), "emulator").make_driver()
     session = FastRpcSession.open(driver, library_path=[DSP_LIBRARY_DIR])
-    with contextlib.ExitStack() as stack:
-        stack.callback(session.close)
+    try:
         session.load_shell(DEV_SHELL.read_bytes())
-        fd = os.open(SILERO, os.O_RDONLY | os.O_CLOEXEC)
+        yield session
+    finally:
+        session.close()
+
+
+class FloorModel:
+    """A model loaded in a floor's session as npud loads it: a portal_qnn handle of its
+    own, one arena laid out as npud's (``ArenaLayout.of_model``: each graph's inputs,
+    then its outputs, from page boundaries) and numpy views of every tensor in it, by
+    graph and name. :meth:`run` is the same single portal_qnn invoke a ``model_run``
+    makes (``PortalQnn.run_arena``: run, or run_dims when an output's size is the
+    data's). Everything it owns is released by the ``stack`` it was opened with."""
+
+    def __init__(
+        self,
+        portal: PortalQnn,
+        model: LoadedModel,
+        slices: tuple[tuple[Slice, Slice], ...],
+        tensors: tuple[tuple[dict[str, npt.NDArray[Any]], dict[str, npt.NDArray[Any]]], ...],
+    ) -> None:
+        self.portal = portal
+        self.slot = model.slot
+        self.graphs = model.graphs
+        self.slices = slices
+        self.tensors = tensors
+        """Per graph: (its inputs' views by name, its outputs' views by name)."""
+        self._by_shape = {
+            tuple((s.name, s.shape) for s in graph.inputs): graph.index for graph in model.graphs
+        }
+
+    @classmethod
+    def open(
+        cls,
+        stack: contextlib.ExitStack,
+        session: FastRpcSession,
+        path: Path,
+        shapes: Mapping[str, Sequence[int | Sequence[int]]] | None = None,
+    ) -> FloorModel:
+        """Load ``path`` with ``shapes`` as a client gives them to ``load_model`` (a
+        dimension given as several sizes makes a graph each, as npud makes them)."""
+        fixed, sizes = _split(shapes or {})
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         stack.callback(os.close, fd)
         portal = PortalQnn.open(session, backend="emulator")
         stack.callback(portal.close)
-        model = portal.load(fd, shapes=SHAPES)
-        graph = model.graphs[0]
-        layout = ArenaLayout.of(graph)
-        arena = session.alloc(layout.size)
+        model = portal.load(fd, shapes=fixed, sizes=sizes)
+        layouts = ArenaLayout.of_model(model.graphs)
+        arena = session.alloc(layouts[-1].size)
         stack.callback(session.free, arena)
         view = stack.enter_context(arena.view())
-        # numpy views of the arena, by tensor name; dropped before the view is let go.
-        tensors: dict[str, npt.NDArray[Any]] = {}
-        for base, offsets, specs in (
-            (0, layout.input_offsets, graph.inputs),
-            (layout.output_base, layout.output_offsets, graph.outputs),
-        ):
-            for offset, spec in zip(offsets, specs, strict=True):
-                dtype = np.dtype(spec.dtype.numpy if isinstance(spec.dtype, DataType) else "u1")
-                count = spec.nbytes // dtype.itemsize
-                tensors[spec.name] = np.frombuffer(view, dtype, count, base + offset).reshape(
-                    spec.shape
+        slices = []
+        tensors = []
+        for graph, layout in zip(model.graphs, layouts, strict=True):
+            slices.append(
+                (
+                    Slice(arena, layout.input_base, layout.input_bytes),
+                    Slice(arena, layout.output_base, layout.output_bytes),
                 )
-        stack.callback(tensors.clear)
+            )
+            sides: list[dict[str, npt.NDArray[Any]]] = []
+            for base, offsets, specs in (
+                (layout.input_base, layout.input_offsets, graph.inputs),
+                (layout.output_base, layout.output_offsets, graph.outputs),
+            ):
+                side = {}
+                for offset, spec in zip(offsets, specs, strict=True):
+                    dtype = np.dtype(spec.dtype.numpy if isinstance(spec.dtype, DataType) else "u1")
+                    count = spec.nbytes // dtype.itemsize
+                    side[spec.name] = np.frombuffer(view, dtype, count, base + offset).reshape(
+                        spec.shape
+                    )
+                sides.append(side)
+            tensors.append((sides[0], sides[1]))
+        floor = cls(portal, model, tuple(slices), tuple(tensors))
+        # The views go before the arena's view is let go (the stack unwinds in reverse).
+        stack.callback(floor._drop_views)
+        return floor
+
+    def _drop_views(self) -> None:
+        for inputs, outputs in self.tensors:
+            inputs.clear()
+            outputs.clear()
+
+    def graph_for(self, inputs: Mapping[str, npt.NDArray[Any]]) -> int:
+        """The graph whose inputs have ``inputs``' names and shapes (as npu_client picks
+        one on a model of several sizes; the first graph when ``inputs`` is partial)."""
+        key = tuple((name, tuple(value.shape)) for name, value in inputs.items())
+        return self._by_shape.get(key, 0)
+
+    def execute(self, graph: int = 0) -> tuple[tuple[int, ...], ...] | None:
+        """One run invoke on the inputs in the arena (``PortalQnn.run_arena``)."""
+        inputs, outputs = self.slices[graph]
+        return self.portal.run_arena(self.slot, inputs, outputs, graph=graph)
+
+    def run(self, inputs: Mapping[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
+        """What ``Model.run`` does, in this process: the inputs into the arena, one run
+        invoke, a copy of every output at the shape the run produced."""
+        graph = self.graph_for(inputs)
+        views, results = self.tensors[graph]
+        for name, value in inputs.items():
+            views[name][...] = value
+        shapes = self.execute(graph)
+        if not shapes:
+            return {name: view.copy() for name, view in results.items()}
+        out = {}
+        for (name, view), shape in zip(results.items(), shapes, strict=False):
+            count = math.prod(shape)
+            out[name] = view.reshape(-1)[:count].reshape(shape).copy()
+        return out
+
+
+def _split(
+    shapes: Mapping[str, Sequence[int | Sequence[int]]],
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[tuple[int, ...], ...]]]:
+    """``shapes`` as ``PortalQnn.load`` takes them: whole shapes, and the tensors with one
+    dimension given as several sizes as their shapes, one per size (what npu_client
+    sends for ``load_model(shapes=...)``; its checks are the client's, not repeated)."""
+    fixed: dict[str, tuple[int, ...]] = {}
+    sizes: dict[str, tuple[tuple[int, ...], ...]] = {}
+    for name, dims in shapes.items():
+        varied = [axis for axis, d in enumerate(dims) if not isinstance(d, int)]
+        if not varied:
+            fixed[name] = tuple(int(d) for d in dims if isinstance(d, int))
+            continue
+        (axis,) = varied
+        choices = dims[axis]
+        assert not isinstance(choices, int)
+        sizes[name] = tuple(
+            tuple(size if i == axis else int(d) for i, d in enumerate(dims))  # type: ignore[arg-type]
+            for size in choices
+        )
+    return fixed, sizes
+
+
+@contextlib.contextmanager
+def floor_side() -> Iterator[Chunk]:
+    """One chunk of the floor: write both inputs into the arena, one run invoke, read both
+    outputs back (the state goes back in on the next chunk, as the client does)."""
+    with floor_session() as session, contextlib.ExitStack() as stack:
+        vad = FloorModel.open(stack, session, SILERO, SHAPES)
+        tensors, results = vad.tensors[0]
         tensors["sr"][...] = RATE
         tensors["state"][...] = 0
-        inputs = Slice(arena, 0, layout.input_bytes)
-        outputs = Slice(arena, layout.output_base, layout.output_bytes)
         chunk = sample_chunk()
 
         def one() -> float:
             tensors["input"][...] = chunk
-            portal.run_arena(model.slot, inputs, outputs)
-            tensors["state"][...] = tensors["stateN"]
-            return float(tensors["output"][0, 0])
+            vad.execute()
+            tensors["state"][...] = results["stateN"]
+            return float(results["output"][0, 0])
 
         yield one
 
@@ -174,11 +291,7 @@ def npud_side(socket: str) -> Iterator[Chunk]:
 def echo_floor_side() -> Iterator[Chunk]:
     """A 64-byte echo invoke in-process, on an emulator built as the floor's: the
     control that tells the call path's cost from the model path's."""
-    driver = select_profile(parse_config(CONFIG), "emulator").make_driver()
-    session = FastRpcSession.open(driver, library_path=[DSP_LIBRARY_DIR])
-    with contextlib.ExitStack() as stack:
-        stack.callback(session.close)
-        session.load_shell(DEV_SHELL.read_bytes())
+    with floor_session() as session, contextlib.ExitStack() as stack:
         handle = session.remote_open(ECHO_URI)
         stack.callback(session.remote_close, handle)
         sc = remote_scalars_make(ECHO_METHOD, 2, 1)

@@ -13,7 +13,11 @@ Two rows, each against the same three models in-process, chunk by chunk
 alternating (the order flips each round):
 
 * ``voice_models.wake_chain``: the three models as one ``model_chain``
-  request per chunk (a ``Chain`` built once). Goal (issue 30): <= 2x.
+  request per chunk (a ``Chain`` built once). Goal (issue 30): <= 2x. Beside
+  it, a third side: the same-emulator floor, the three models loaded in this
+  process through a ``FastRpcSession`` (bench.portal_qnn_vad's ``FloorModel``)
+  and run as the same single portal_qnn ``chain`` invoke npud makes, with no
+  daemon, socket or client: ``npud_over_floor`` is npud's own share.
 * ``voice_models.wake_calls``: the same three as three ``run`` calls per
   chunk, for comparison (what a pipeline paid before chains).
 
@@ -22,7 +26,9 @@ Run: ``python -m bench --only voice_models`` (these rows come with its others).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +37,10 @@ from onnx import TensorProto, helper
 
 import npu_client
 from bench import harness
-from bench.voice_models import _matrix, _model, _rounds, _session
+from bench.portal_qnn_vad import FloorModel, floor_session
+from bench.voice_models import _matrix, _model, _ratios, _rounds, _session, _sides, floor_figures
+from npud.fastrpc.stubs.portal_qnn import arena_layout
+from npud.requests.chains import DIMS_STRIDE, GIVEN, NO_STEP
 
 CHAIN_GOAL = 2.0
 FRAMES = 76
@@ -116,6 +125,54 @@ def head_model() -> bytes:
     )
 
 
+Array = np.ndarray[Any, Any]
+
+
+class FloorChain:
+    """The wake-word chain as npud runs it on the DSP (npud.requests.chains: one portal_qnn
+    ``chain`` invoke, the caller's inputs gathered into it and the outputs asked for
+    read out of its reply), on three :class:`FloorModel` of one floor session."""
+
+    def __init__(self, mel: FloorModel, embedding: FloorModel, head: FloorModel) -> None:
+        refs = [model.portal.model_ref(model.slot) for model in (mel, embedding, head)]
+        if None in refs:
+            raise RuntimeError("the emulator's portal_qnn has no chains")
+        self._portal, self._slot = mel.portal, mel.slot
+        # The plan (idl/portal_qnn.idl, chain): per step its model, graph and sources;
+        # then the outputs asked for: the score, then the window.
+        words = [3, 2, refs[0], 0, 2, GIVEN, 0, GIVEN, 1, refs[1], 0, 1, 0, 0]
+        words += [refs[2], 0, 1, 1, 0, 2, 0, 0, 0]
+        self._plan = struct.pack(f"<{len(words)}I", *words)
+        mel_inputs = mel.graphs[0].inputs
+        self._given, self._given_bytes = arena_layout(mel_inputs)
+        self._given_names = [spec.name for spec in mel_inputs]
+        asked = [head.graphs[0].outputs[0], mel.graphs[0].outputs[0]]
+        self._asked, self._asked_bytes = arena_layout(asked)
+        self._asked_specs = asked
+
+    def run(self, audio: Array, window: Array) -> tuple[Array, Array]:
+        """(score, next window) of one chunk."""
+        gathered = bytearray(self._given_bytes)
+        for name, offset in zip(self._given_names, self._given, strict=True):
+            data = (audio if name == "audio" else window).tobytes()
+            gathered[offset : offset + len(data)] = data
+        rc, values = self._portal.call(
+            "chain",
+            plan=self._plan,
+            inputs=bytes(gathered),
+            outputs=self._asked_bytes,
+            dims=DIMS_STRIDE * 2,
+        )
+        if rc != 0 or values.integer("failed_step") != NO_STEP:
+            raise RuntimeError(f"the floor's chain failed (rc {rc})")
+        data = values.data("outputs")
+        score, next_window = (
+            np.frombuffer(data, np.float32, spec.nbytes // 4, offset).reshape(spec.shape).copy()
+            for spec, offset in zip(self._asked_specs, self._asked, strict=True)
+        )
+        return score, next_window
+
+
 def measure(npu: npu_client.Client, workdir: Path, rounds: int, calls: int) -> list[harness.Row]:
     paths = {}
     for name, build in (("mel", mel_model), ("embedding", embedding_model), ("head", head_model)):
@@ -131,6 +188,8 @@ def measure(npu: npu_client.Client, workdir: Path, rounds: int, calls: int) -> l
         return chunk
 
     with (
+        floor_session() as session,
+        contextlib.ExitStack() as stack,
         npu.load_model(paths["mel"], name="wake-mel") as mel,
         npu.load_model(paths["embedding"], name="wake-embedding") as embedding,
         npu.load_model(paths["head"], name="wake-head") as head,
@@ -143,14 +202,22 @@ def measure(npu: npu_client.Client, workdir: Path, rounds: int, calls: int) -> l
             ],
             outputs=["wake:score", "mel:next_window"],
         )
+        floor = FloorChain(
+            *(FloorModel.open(stack, session, paths[n]) for n in ("mel", "embedding", "head"))
+        )
         windows = {
-            side: np.zeros((1, FRAMES, BANDS), np.float32) for side in ("chain", "calls", "local")
+            side: np.zeros((1, FRAMES, BANDS), np.float32)
+            for side in ("chain", "calls", "local", "floor")
         }
 
         def chained() -> None:
             out = chain.run({"mel:audio": next_chunk(), "mel:window": windows["chain"]})
             windows["chain"] = out["mel:next_window"]
             assert out["wake:score"].shape == (1, 1)
+
+        def on_floor() -> None:
+            score, windows["floor"] = floor.run(next_chunk(), windows["floor"])
+            assert score.shape == (1, 1)
 
         def three_calls() -> None:
             window = mel.run({"audio": next_chunk(), "window": windows["calls"]})["next_window"]
@@ -171,18 +238,22 @@ def measure(npu: npu_client.Client, workdir: Path, rounds: int, calls: int) -> l
         (features,) = local["embedding"].run(None, {"input_1": window})
         (score,) = local["head"].run(None, {"x": features})
         np.testing.assert_allclose(check["wake:score"], score, rtol=1e-4, atol=1e-6)
-        _rounds(chained, in_process, 1, 20)  # warm up
+        floor_score, _ = floor.run(chunks[0], windows["chain"])
+        np.testing.assert_allclose(floor_score, score, rtol=1e-4, atol=1e-6)
+        chain_sides = [chained, in_process, on_floor]
+        _sides(chain_sides, 1, 20)  # warm up
         _rounds(three_calls, in_process, 1, 20)
-        chain_mine, chain_theirs, chain_ratios = _rounds(chained, in_process, rounds, calls)
+        chain_mine, chain_theirs, chain_floors = _sides(chain_sides, rounds, calls)
         calls_mine, calls_theirs, calls_ratios = _rounds(three_calls, in_process, rounds, calls)
     return [
         harness.ratio_row(
             "voice_models.wake_chain",
             "npud / in-process, a three-model wake-word chunk as one chained request",
-            chain_ratios,
+            _ratios(chain_mine, chain_theirs),
             {
                 "npud_ms": statistics.median(chain_mine) * 1000,
                 "in_process_ms": statistics.median(chain_theirs) * 1000,
+                **floor_figures(chain_mine, chain_floors),
             },
             harness.Goal("ratio", CHAIN_GOAL),
         ),

