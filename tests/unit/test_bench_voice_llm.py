@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import voice_llm
-from bench.voice_day import Phase
+from bench.voice_clients import Phase
 from bench.voice_llm import LlmRun
 
 

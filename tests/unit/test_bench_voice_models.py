@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import voice_models
+from bench import model_rounds
 from bench.portal_qnn_vad import FloorModel, floor_session
 from tests.emulator import onnx_models
 
@@ -22,7 +22,7 @@ def test_every_call_runs_each_side_once_turning_who_goes_first() -> None:
         lambda: order.append("ort"),
         lambda: order.append("floor"),
     ]
-    medians = voice_models._sides(sides, rounds=2, calls=3)
+    medians = model_rounds.sides(sides, rounds=2, calls=3)
     assert [len(m) for m in medians] == [2, 2, 2]
     calls = [order[i : i + 3] for i in range(0, len(order), 3)]
     assert all(sorted(call) == ["floor", "npud", "ort"] for call in calls)
@@ -30,12 +30,12 @@ def test_every_call_runs_each_side_once_turning_who_goes_first() -> None:
 
 
 def test_floor_figures_take_npud_over_floor_round_by_round() -> None:
-    figures = voice_models.floor_figures([2.0, 3.0, 4.0], [1.0, 2.0, 2.0])
+    figures = model_rounds.floor_figures([2.0, 3.0, 4.0], [1.0, 2.0, 2.0])
     assert figures["floor_ms"] == 2000.0
     assert figures["npud_over_floor"] == 2.0  # the median of 2, 1.5 and 2
     assert (figures["npud_over_floor_q1"], figures["npud_over_floor_q3"]) == (1.75, 2.0)
     with pytest.raises(ValueError, match="longer"):
-        voice_models.floor_figures([1.0], [1.0, 2.0])  # rounds of the two sides differ
+        model_rounds.floor_figures([1.0], [1.0, 2.0])  # rounds of the two sides differ
 
 
 def test_the_floor_runs_the_graph_the_inputs_fit_and_returns_the_real_length(
@@ -60,7 +60,7 @@ def test_the_floor_runs_the_graph_the_inputs_fit_and_returns_the_real_length(
         assert floor_decoder.graph_for({"preds": preds}) == 1
         logits = floor_decoder.run({"preds": preds})["logits"]
     assert audio.shape == (1, 1, 6)  # the room is 8: the run's real length comes back
-    (expected,) = voice_models._session(tts.read_bytes()).run(None, given)
+    (expected,) = model_rounds.session(tts.read_bytes()).run(None, given)
     np.testing.assert_array_equal(audio, expected)
-    (local,) = voice_models._session(decoder.read_bytes()).run(None, {"preds": preds})
+    (local,) = model_rounds.session(decoder.read_bytes()).run(None, {"preds": preds})
     np.testing.assert_array_equal(logits, local)

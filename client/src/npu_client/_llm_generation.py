@@ -5,9 +5,10 @@ the step that decodes and samples one token, the text handed out in :class:`Piec
 from __future__ import annotations
 
 import codecs
+import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -15,8 +16,22 @@ from npu_client._errors import InvalidArgument, ModelMalformed, SessionBusy
 from npu_client._llm_runtime import RUNTIME
 from npu_protocol import ErrorCode, format_message
 
-if TYPE_CHECKING:
-    from npu_client._llm_model import LlmCore
+
+class LlmCore(Protocol):
+    """What a generation takes from its model's core (``npu_client._llm_model.LlmCore``):
+    the llama.cpp binding, its context and vocabulary, and the one lock steps run under."""
+
+    _lib: Any
+    _ctx: Any
+    _vocab: Any
+    _step: threading.Lock
+    _closed: bool
+    n_ctx: int
+    statistics: LlmStatistics
+
+    def _check_open(self) -> None: ...
+
+    def _piece_of(self, token: int) -> bytes: ...
 
 
 class Sampling(msgspec.Struct, frozen=True, kw_only=True):
