@@ -347,7 +347,3 @@ def _quietly(step: Callable[[], object]) -> None:
     with contextlib.suppress(CodedError):
         step()
 
-
-def release_models(models: list[NpuModel]) -> list[CodedError]:
-    """Release each of ``models``; the failures."""
-    return [failure for model in models for failure in model.release()]
