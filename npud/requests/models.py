@@ -346,4 +346,3 @@ class NpuModel:
 def _quietly(step: Callable[[], object]) -> None:
     with contextlib.suppress(CodedError):
         step()
-
