@@ -154,8 +154,14 @@ class _SlowReturns:
         return time.monotonic() + self.offset
 
 
-async def _charged_batch(daemon: Daemon, peer: RawPeer, handle: int, first_id: int) -> int:
-    """A batch whose answer is asked for as soon as its doorbell returned; its charge."""
+async def _charged_batch(
+    daemon: Daemon, peer: RawPeer, handle: int, first_id: int, *, cancelled: bool = False
+) -> int:
+    """A batch whose answer is asked for as soon as its doorbell returned; its charge.
+
+    The emulated skel's ``cancel_wait_signal`` lasts until the process state is made
+    again: once ``cancelled``, a ``wait_signal`` answers -1 at once, so it is sent only
+    after the doorbell returned (sent beside it, its answer could come first)."""
     before = _client(daemon).dsp_us
     wait = p.InvokeRequest(
         id=first_id,
@@ -164,11 +170,19 @@ async def _charged_batch(daemon: Daemon, peer: RawPeer, handle: int, first_id: i
         outputs=(p.InlineOutput(capacity=4),),
         wait=True,
     )
-    await peer.write(wait, p.InvokeRequest(id=first_id + 1, handle=handle, method=SIGNAL))
-    assert await peer.next() == p.InvokeReply(id=first_id + 1)
-    cancel = p.InvokeRequest(id=first_id + 2, handle=handle, method=CANCEL_WAIT_SIGNAL)
-    await peer.write(cancel)
-    assert len(await peer.answers(2)) == 2
+    doorbell = p.InvokeRequest(id=first_id + 1, handle=handle, method=SIGNAL)
+    if cancelled:
+        await peer.write(doorbell)
+        assert await peer.next() == p.InvokeReply(id=first_id + 1)
+        await peer.write(wait)
+        answer = await peer.next()
+        assert answer == p.InvokeReply(id=first_id, outputs=(b"\xff\xff\xff\xff",))  # -1
+    else:
+        await peer.write(wait, doorbell)
+        assert await peer.next() == p.InvokeReply(id=first_id + 1)
+        cancel = p.InvokeRequest(id=first_id + 2, handle=handle, method=CANCEL_WAIT_SIGNAL)
+        await peer.write(cancel)
+        assert len(await peer.answers(2)) == 2
     with trio.fail_after(10):
         while _running(daemon):
             await trio.sleep(0.005)
@@ -203,7 +217,7 @@ async def test_a_batch_is_charged_without_its_doorbells_round_trip(
         clock.trip = 5.0
         assert 0 < await _charged_batch(daemon, peer, handle, 10) < 5_000_000
         clock.trip = 0.0
-        await _charged_batch(daemon, peer, handle, 20)  # the client's fastest doorbell now
+        await _charged_batch(daemon, peer, handle, 20, cancelled=True)  # the fastest now
         clock.trip = 5.0
-        assert await _charged_batch(daemon, peer, handle, 30) >= 5_000_000
+        assert await _charged_batch(daemon, peer, handle, 30, cancelled=True) >= 5_000_000
         peer.close()
