@@ -10,13 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from npud.formats.onnx_values import Constant
-from npud.sim.qnn_limits import (
-    MAX_GRAPHS,
-    SHAPE_PREFIX,
-    SIZES_PREFIX,
-    VALUE_DTYPES,
-    VALUE_PREFIX,
-)
+from npud.sim.qnn_limits import MAX_GRAPHS, SHAPE_PREFIX, SIZES_PREFIX, VALUE_DTYPES, VALUE_PREFIX
 
 
 @dataclasses.dataclass(frozen=True)

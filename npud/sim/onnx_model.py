@@ -25,14 +25,8 @@ from npu_protocol.aee import AEE
 from npud.formats import graph_pack, onnx_proto
 from npud.formats.onnx_values import Constant
 from npud.sim import onnx_fold
-from npud.sim.model_uri import (
-    ModelQuery,
-)
-from npud.sim.qnn_errors import (
-    QnnFailureError,
-    RefusedError,
-    failure_text,
-)
+from npud.sim.model_uri import ModelQuery
+from npud.sim.qnn_errors import QnnFailureError, RefusedError, failure_text
 from npud.sim.qnn_limits import (
     MAX_ERROR_BYTES,
     MAX_MODEL_BYTES,

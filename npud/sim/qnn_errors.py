@@ -7,9 +7,7 @@ import re
 from typing import Final
 
 from npu_protocol.aee import AEE
-from npud.sim.qnn_limits import (
-    MAX_ERROR_BYTES,
-)
+from npud.sim.qnn_limits import MAX_ERROR_BYTES
 
 
 class RefusedError(Exception):

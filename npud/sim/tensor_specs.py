@@ -17,15 +17,8 @@ from npu_protocol.aee import AEE
 from npud.formats import onnx_proto
 from npud.idl import arena
 from npud.sim import onnx_bounds
-from npud.sim.qnn_errors import (
-    RefusedError,
-)
-from npud.sim.qnn_limits import (
-    MAX_NAME_BYTES,
-    MAX_RANK,
-    MAX_TENSOR_BYTES,
-    ONNX_TYPES,
-)
+from npud.sim.qnn_errors import RefusedError
+from npud.sim.qnn_limits import MAX_NAME_BYTES, MAX_RANK, MAX_TENSOR_BYTES, ONNX_TYPES
 
 log = logging.getLogger("npud.sim.portal_qnn")  # the skel's logger: its parts log as it
 
