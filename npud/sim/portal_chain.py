@@ -39,7 +39,7 @@ from npud.sim.pd_services import PdResident, PdServices
 
 
 class Tensor(Protocol):
-    """A graph's tensor as the skel describes it (npud.sim.portal_qnn.TensorSpec)."""
+    """A graph's tensor as the skel describes it (npud.sim.tensor_specs.TensorSpec)."""
 
     @property
     def name(self) -> str: ...

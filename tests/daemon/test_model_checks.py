@@ -107,14 +107,14 @@ async def test_a_model_past_the_walks_bounds_is_refused_before_the_dsp(tmp_path:
     """An input of 65 dimensions: graph_io keeps at most 64 (its memory bound), so npud
     refuses the model MODEL_REJECTED naming the bound; the DSP's own walk of the same
     bytes treats it as a model it cannot size (never a crash of its process)."""
-    from npud.sim.portal_qnn import _with_input_shapes
+    from npud.sim.tensor_specs import with_input_shapes
 
     wide = onnx_models.model(
         [helper.make_node("Identity", ["x"], ["y"])],
         [onnx_models.tensor("x", "float32", [1] * 65)],
         [onnx_models.tensor("y", "float32", ["n"])],
     )
-    assert _with_input_shapes(wide, {}) is None
+    assert with_input_shapes(wide, {}) is None
     path = tmp_path / "wide.onnx"
     path.write_bytes(wide)
     async with (

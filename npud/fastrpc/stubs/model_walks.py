@@ -14,7 +14,7 @@ The module imports little, so that npud.requests.model_check's child process sta
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from npud.fastrpc.stubs.model_format import ModelFormat, Sniffed, check_model_file, members
 from npud.fastrpc.stubs.model_shapes import ShapeError, check_tensors, rooms
@@ -31,6 +31,21 @@ class CheckedFile:
     file: Sniffed
     unsized: tuple[onnx_proto.GraphTensor, ...] = ()
     rooms: tuple[frozenset[str], ...] = ()
+
+
+Walks = Callable[
+    [
+        int,
+        str,
+        Mapping[str, Sequence[int]],
+        "onnx_proto.Budget | None",
+        Mapping[str, Sequence[int]],
+        Mapping[str, Sequence[Sequence[int]]],
+    ],
+    CheckedFile,
+]
+"""What walks a model file (fd, backend, shapes, budget, the shapes of the constants'
+values, sizes): walk_model_file's signature."""
 
 
 def walk_model_file(

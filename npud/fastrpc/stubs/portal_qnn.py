@@ -36,45 +36,87 @@ each other on the host.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import threading
-import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Final, Literal
 
 from npu_protocol import AEE, ErrorCode
 from npud import idl
 from npud.fastrpc.kernel.errors import RpcError
-from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, OutArg, Slice
+from npud.fastrpc.kernel.invoke_args import InArg, OutArg, Slice
 from npud.fastrpc.session import FastRpcSession
-from npud.fastrpc.stubs.model_format import (
-    ModelFileError,
-    ModelFormat,
-    Sniffed,
+from npud.fastrpc.stubs.model_errors import FILE_FAILURES, ModelError, ModelFailure, load_error
+from npud.fastrpc.stubs.model_format import ModelFileError, ModelFormat
+from npud.fastrpc.stubs.model_invokes import (
+    Marshalled,
+    check_slice,
+    in_arg,
+    out_arg,
+    produced_shapes,
 )
-from npud.fastrpc.stubs.model_shapes import ShapeError, unsized_outputs_refusal
-from npud.fastrpc.stubs.model_walks import CheckedFile, walk_model_file
+from npud.fastrpc.stubs.model_query import check_sizes, check_uri_length, model_uri_query
+from npud.fastrpc.stubs.model_shapes import ShapeError
+from npud.fastrpc.stubs.model_specs import (
+    DataType,
+    GraphSpec,
+    LoadedModel,
+    TensorKey,
+    TensorSpec,
+    arena_layout,
+    spec_from_record,
+)
+from npud.fastrpc.stubs.model_walks import CheckedFile, Walks, walk_model_file
+from npud.fastrpc.stubs.portal_limits import (
+    MAX_ERROR_BYTES,
+    MAX_GRAPH_NAME_BYTES,
+    MAX_GRAPHS,
+    MAX_MODELS,
+    MAX_RANK,
+    MAX_TENSORS,
+    MAX_URI_BYTES,
+    NO_MODEL,
+    OUTPUT_DIMS_STRIDE,
+)
 from npud.formats import onnx_proto
-from npud.formats.onnx_values import DTYPES as CONSTANT_DTYPES
 from npud.formats.onnx_values import Constant
-from npud.idl import arena
+
+# The stub's parts live in their own modules; this one keeps every name it had.
+__all__ = [
+    "MAX_ERROR_BYTES",
+    "MAX_GRAPHS",
+    "MAX_GRAPH_NAME_BYTES",
+    "MAX_MODELS",
+    "MAX_RANK",
+    "MAX_TENSORS",
+    "MAX_URI_BYTES",
+    "NO_MODEL",
+    "OUTPUT_DIMS_STRIDE",
+    "PORTAL_QNN_URI",
+    "QNN_SUFFIX",
+    "Backend",
+    "DataType",
+    "GraphSpec",
+    "LoadedModel",
+    "ModelError",
+    "ModelFailure",
+    "PortalQnn",
+    "TensorKey",
+    "TensorSlices",
+    "TensorSpec",
+    "Walks",
+    "arena_layout",
+    "model_uri_query",
+]
 
 PORTAL_QNN_URI: Final = (
     "file:///libportal_qnn_skel.so?portal_qnn_skel_handle_invoke&_modver=1.0&_dom=cdsp"
 )
-MAX_MODELS: Final = 4
-MAX_TENSORS: Final = 32
-MAX_RANK: Final = 8
-MAX_URI_BYTES: Final = 512  # model_uri with its NUL
-MAX_ERROR_BYTES: Final = 256  # last_error's capacity: the skel keeps at most 255 bytes of text
-NO_MODEL: Final = 0xFFFFFFFF  # last_error's model_index for the handle's last model_load
 QNN_SUFFIX: Final = {"kernel": ".so", "emulator": ".onnx"}
 
 
 Backend = Literal["kernel", "emulator"]
-TensorKey = int | str
 TensorSlices = Mapping[str, Slice] | Mapping[int, Slice] | Mapping[TensorKey, Slice]
 """Slices by tensor name or index (Mapping is invariant in its key type)."""
 
@@ -91,9 +133,6 @@ _GRAPH_NAME: Final = "graph_name"
 _OUTPUT_DIMS: Final = "output_dims"
 _MODEL_REF: Final = "model_ref"
 _RUN_DIMS: Final = "run_dims"
-OUTPUT_DIMS_STRIDE: Final = 1 + MAX_RANK  # output_dims: each output's rank, then 8 dims
-MAX_GRAPH_NAME_BYTES: Final = 128  # graph_name's capacity: names are at most 127 bytes
-MAX_GRAPHS: Final = 8  # graphs per model (idl/portal_qnn.idl)
 
 
 @functools.cache
@@ -102,327 +141,10 @@ def _portal_idl() -> idl.Interface:
     return idl.load("portal_qnn")
 
 
-class DataType(enum.IntEnum):
-    """QNN's data type codes, as graph_info reports them (skel/include/qnn_min.h)."""
-
-    INT8 = 0x0008
-    INT16 = 0x0016
-    INT32 = 0x0032
-    INT64 = 0x0064
-    UINT8 = 0x0108
-    UINT16 = 0x0116
-    UINT32 = 0x0132
-    UINT64 = 0x0164
-    FLOAT16 = 0x0216
-    FLOAT32 = 0x0232
-    SFIXED8 = 0x0308
-    SFIXED16 = 0x0316
-    SFIXED32 = 0x0332
-    UFIXED8 = 0x0408
-    UFIXED16 = 0x0416
-    UFIXED32 = 0x0432
-    BOOL = 0x0508
-
-    @property
-    def numpy(self) -> str:
-        """The numpy dtype name holding this type's bytes (fixed point: the raw integers)."""
-        return _NUMPY[self]
-
-    @property
-    def itemsize(self) -> int:
-        return _ITEMSIZE[self.numpy]
-
-    @classmethod
-    def from_name(cls, name: str) -> DataType:
-        """From this enum's name, a numpy dtype name (``float32``...) or a short one (``f32``)."""
-        key = name.lower()
-        found = _BY_NAME.get(key)
-        if found is None:
-            raise ValueError(f"unknown data type {name!r}")
-        return found
-
-
-_NUMPY: Final = {
-    DataType.INT8: "int8",
-    DataType.INT16: "int16",
-    DataType.INT32: "int32",
-    DataType.INT64: "int64",
-    DataType.UINT8: "uint8",
-    DataType.UINT16: "uint16",
-    DataType.UINT32: "uint32",
-    DataType.UINT64: "uint64",
-    DataType.FLOAT16: "float16",
-    DataType.FLOAT32: "float32",
-    DataType.SFIXED8: "int8",
-    DataType.SFIXED16: "int16",
-    DataType.SFIXED32: "int32",
-    DataType.UFIXED8: "uint8",
-    DataType.UFIXED16: "uint16",
-    DataType.UFIXED32: "uint32",
-    DataType.BOOL: "bool",
-}
-_SHORT: Final = {"i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8"}
-_SHORT.update({"u16": "uint16", "u32": "uint32", "u64": "uint64", "f16": "float16"})
-_SHORT.update({"f32": "float32", "b8": "bool"})
-_PLAIN: Final = [t for t in DataType if not t.name[1:].startswith("FIXED")]
-_BY_NAME: Final = {
-    **{t.name.lower(): t for t in DataType},
-    **{t.numpy: t for t in _PLAIN},
-    **{short: next(t for t in _PLAIN if t.numpy == full) for short, full in _SHORT.items()},
-}
-_ITEMSIZE: Final = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2}
-_ITEMSIZE.update({"int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8})
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """One input or output of a graph, as graph_info described it."""
-
-    index: int
-    name: str
-    dtype: DataType | int  # an int: a code this npud does not know
-    shape: tuple[int, ...]
-    nbytes: int
-
-    def describe(self) -> str:
-        kind = self.dtype.numpy if isinstance(self.dtype, DataType) else f"type {self.dtype:#x}"
-        return f"{kind} {list(self.shape)}"
-
-
-def arena_layout(specs: Sequence[TensorSpec]) -> tuple[tuple[int, ...], int]:
-    """Each tensor's offset in a run's arena and the arena's size (npud.idl.arena)."""
-    return arena.arena_layout(spec.nbytes for spec in specs)
-
-
-@dataclasses.dataclass(frozen=True)
-class GraphSpec:
-    index: int
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    name: str = ""
-    """The name the model gives the graph (graph_name); empty when it gives none or the
-    skel predates graph_name."""
-    rooms: frozenset[str] = frozenset()
-    """Outputs whose shape may be a room the data fills in part (their real shape comes
-    with each run: run_dims): those given a shape the model leaves free, and those the
-    DSP sized (from the inputs' shapes, or from the model's own bound)."""
-
-    @property
-    def input_arena(self) -> int:
-        """Bytes of the inputs arena :meth:`PortalQnn.run_arena` takes."""
-        return arena_layout(self.inputs)[1]
-
-    @property
-    def output_arena(self) -> int:
-        """Bytes of the outputs arena :meth:`PortalQnn.run_arena` needs at least."""
-        return arena_layout(self.outputs)[1]
-
-    def input(self, key: TensorKey) -> TensorSpec:
-        return _find(self.inputs, key, f"input of graph {self.index}")
-
-    def output(self, key: TensorKey) -> TensorSpec:
-        return _find(self.outputs, key, f"output of graph {self.index}")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadedModel:
-    """A model in a slot: what the file was and every graph's tensors."""
-
-    slot: int
-    graphs: tuple[GraphSpec, ...]
-    file: Sniffed
-
-
-class ModelFailure(enum.Enum):
-    """What went wrong, one member per stable error the daemon reports for models;
-    the value is its ErrorCode (npu_protocol/errors.py)."""
-
-    QNN = (
-        ErrorCode.QNN
-    )  # the model runtime failed (composing or executing); the QNN code in the text
-    NOT_LOADED = ErrorCode.MODEL_NOT_LOADED  # the slot is empty (never loaded, or unloaded)
-    BAD_TENSOR = ErrorCode.INVALID_TENSOR_INDEX  # no such tensor (index or name) or graph
-    SLOTS_FULL = ErrorCode.MODEL_SLOTS_FULL
-    TENSOR_MISMATCH = ErrorCode.TENSOR_MISMATCH  # dtype, shape or size
-    INPUT_NOT_SET = ErrorCode.INPUT_NOT_SET
-    FILE_UNREADABLE = ErrorCode.MODEL_FILE_UNREADABLE
-    FILE_FORMAT = ErrorCode.MODEL_FORMAT  # the wrong kind of file for the backend
-    FILE_MALFORMED = ErrorCode.MODEL_MALFORMED  # the right kind, damaged or not loadable
-    MODEL_REJECTED = ErrorCode.MODEL_REJECTED  # outside portal_qnn's limits
-    NOT_EXECUTED = ErrorCode.NO_OUTPUTS  # get_output before a successful execute
-    OUTPUT_TOO_LARGE = ErrorCode.OUTPUT_TOO_LARGE  # an output outgrew its room
-
-
-_FILE_FAILURES: Final = {
-    "unreadable": ModelFailure.FILE_UNREADABLE,
-    "wrong-format": ModelFailure.FILE_FORMAT,
-    "damaged": ModelFailure.FILE_MALFORMED,
-    "refused": ModelFailure.MODEL_REJECTED,
-}
-"""How each way a file fails (ModelFileError.kind) is reported."""
-
-Walks = Callable[
-    [
-        int,
-        str,
-        Mapping[str, Sequence[int]],
-        "onnx_proto.Budget | None",
-        Mapping[str, Sequence[int]],
-        Mapping[str, Sequence[Sequence[int]]],
-    ],
-    CheckedFile,
-]
-"""What walks a model file (fd, backend, shapes, budget, the shapes of the constants'
-values, sizes): npud.fastrpc.stubs.model_walks.walk_model_file's signature."""
-
-
-class ModelError(RpcError):
-    """A model call failed; ``failure`` says how, ``str()`` is the message."""
-
-    def __init__(self, failure: ModelFailure, message: str) -> None:
-        code = failure.value
-        if failure is ModelFailure.QNN:
-            super().__init__(code, msg=message)
-        elif failure is ModelFailure.NOT_LOADED:
-            super().__init__(code, model=message)
-        elif failure is ModelFailure.BAD_TENSOR:
-            super().__init__(code, index=message)
-        else:
-            super().__init__(code, detail=message)
-        self.failure = failure
-        self.detail = message
-
-
-def _find(specs: Sequence[TensorSpec], key: TensorKey, what: str) -> TensorSpec:
-    if isinstance(key, int) and not isinstance(key, bool):
-        if 0 <= key < len(specs):
-            return specs[key]
-    elif isinstance(key, str):
-        for spec in specs:
-            if spec.name == key:
-                return spec
-    names = ", ".join(repr(s.name) for s in specs) or "none"
-    raise ModelError(ModelFailure.BAD_TENSOR, f"{key!r} is no {what} (it has {names})")
-
-
-def model_uri_query(
-    shapes: Mapping[str, Sequence[int]],
-    constants: Mapping[str, Constant] | None = None,
-    sizes: Mapping[str, Sequence[Sequence[int]]] | None = None,
-) -> str:
-    """The query that fixes free dimensions and inputs' values (npud/sim/portal_qnn.py
-    reads it): ``shape.<name>=<dims>`` and ``value.<name>=<dtype>:<dims>:<values>``."""
-    items = []
-    for name, dims in shapes.items():
-        if not isinstance(name, str) or not name:
-            raise ModelError(ModelFailure.TENSOR_MISMATCH, f"shape for {name!r}: not a name")
-        if len(dims) > MAX_RANK or not all(
-            isinstance(d, int) and not isinstance(d, bool) and 0 < d < 1 << 32 for d in dims
-        ):
-            raise ModelError(
-                ModelFailure.TENSOR_MISMATCH,
-                f"shape of {name!r} must be at most {MAX_RANK} dimensions, each 1..2^32-1",
-            )
-        encoded = urllib.parse.quote(name, safe="")
-        items.append(f"shape.{encoded}={','.join(str(d) for d in dims)}")
-    for name, variants in (sizes or {}).items():
-        encoded = urllib.parse.quote(name, safe="")
-        items.append(f"sizes.{encoded}=" + ";".join(",".join(map(str, s)) for s in variants))
-    for name, constant in (constants or {}).items():
-        items.append(f"value.{urllib.parse.quote(name, safe='')}={_constant_text(name, constant)}")
-    return "?" + "&".join(items) if items else ""
-
-
-def _check_uri_length(uri: str) -> None:
-    """ModelError unless ``uri`` (with its NUL) fits model_load's model_uri."""
-    if len(uri.encode("utf-8")) + 1 > MAX_URI_BYTES:
-        raise ModelError(
-            ModelFailure.TENSOR_MISMATCH,
-            f"the shapes and values make the model URI {len(uri)} bytes; at most"
-            f" {MAX_URI_BYTES - 1}",
-        )
-
-
-def _check_sizes(
-    sizes: Mapping[str, Sequence[Sequence[int]]], shapes: Mapping[str, Sequence[int]]
-) -> dict[str, tuple[tuple[int, ...], ...]]:
-    """``sizes`` as the URI carries them; ModelError when they cannot make graphs."""
-    checked = {name: tuple(tuple(s) for s in variants) for name, variants in sizes.items()}
-    counts = {len(variants) for variants in checked.values()}
-    if len(counts) > 1 or any(not 1 <= n <= MAX_GRAPHS for n in counts):
-        raise ModelError(
-            ModelFailure.TENSOR_MISMATCH,
-            f"sizes: 1..{MAX_GRAPHS} shapes per tensor (a model holds at most {MAX_GRAPHS}"
-            f" graphs), as many for every tensor; got {sorted(counts)}",
-        )
-    both = sorted(set(checked) & set(shapes))
-    if both:
-        raise ModelError(
-            ModelFailure.TENSOR_MISMATCH, f"{both[0]!r} is given both a shape and sizes"
-        )
-    for name, variants in checked.items():
-        if len(set(variants)) != len(variants):
-            raise ModelError(ModelFailure.TENSOR_MISMATCH, f"sizes of {name!r} repeat a shape")
-    return checked
-
-
-def _constant_text(name: str, constant: Constant) -> str:
-    """``<dtype>:<dims>:<values>``; ModelError when the value is not one."""
-    if not isinstance(name, str) or not name:
-        raise ModelError(ModelFailure.TENSOR_MISMATCH, f"value for {name!r}: not a name")
-    count = 1
-    for size in constant.shape:
-        count *= size
-    kinds = {"b": (int,), "f": (int, float)}.get(constant.dtype[:1], (int,))
-    if (
-        constant.dtype not in CONSTANT_DTYPES
-        or len(constant.shape) > MAX_RANK
-        or count != len(constant.values)
-        or not all(isinstance(v, kinds) and not isinstance(v, bool) for v in constant.values)
-        or (constant.dtype == "bool" and not all(v in (0, 1) for v in constant.values))
-    ):
-        raise ModelError(
-            ModelFailure.TENSOR_MISMATCH,
-            f"value of {name!r}: {len(constant.values)} {constant.dtype} values for shape"
-            f" {list(constant.shape)} (one per element of the shape, of an integer, float32,"
-            " float64 or bool type)",
-        )
-    dims = ",".join(str(d) for d in constant.shape)
-    return f"{constant.dtype}:{dims}:{','.join(repr(v) for v in constant.values)}"
-
-
-def _spec(index: int, record: idl.Values) -> TensorSpec:
-    code = record.integer("data_type")
-    rank = min(record.integer("rank"), MAX_RANK)
-    dtype: DataType | int = DataType(code) if code in DataType._value2member_map_ else code
-    return TensorSpec(
-        index=index,
-        name=record.text("name"),
-        dtype=dtype,
-        shape=tuple(record.integers("dims")[:rank]),
-        nbytes=record.integer("bytes"),
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Marshalled:
-    """A run's invoke, marshalled once: a graph's runs on the same arena slices have
-    the same arguments every time (the slot, the graph, the two slices, the dims'
-    capacity), so a decoder's steps pay the IDL's encoding once per graph, not once
-    per step."""
-
-    inputs: Slice
-    outputs: Slice
-    method: idl.Method
-    sc: int
-    in_args: tuple[InArg, ...]
-    out_args: tuple[OutArg, ...]
-
-
 @dataclasses.dataclass
 class _Model:
     loaded: LoadedModel
-    marshalled: dict[tuple[int, str], _Marshalled] = dataclasses.field(default_factory=dict)
+    marshalled: dict[tuple[int, str], Marshalled] = dataclasses.field(default_factory=dict)
     """The run invokes marshalled so far, by (graph, method)."""
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     inputs_set: dict[int, set[int]] = dataclasses.field(default_factory=dict)
@@ -483,7 +205,7 @@ class PortalQnn:
         ModelError when one fails. ``walks`` walks the file (npud.requests.model_check gives one
         that runs in a child process); a caller may check on a thread of its choice and
         give :meth:`load` the result."""
-        checked_sizes = _check_sizes(sizes or {}, shapes or {})
+        checked_sizes = check_sizes(sizes or {}, shapes or {})
         if (shapes or constants or checked_sizes) and backend == "kernel":
             what = "shapes apply" if shapes or checked_sizes else "input values (constants) apply"
             raise ModelError(
@@ -492,12 +214,12 @@ class PortalQnn:
             )
         # Refuses bad names, dimensions and values; the query alone (load checks the
         # length again with the file's name).
-        _check_uri_length(model_uri_query(shapes or {}, constants or {}, checked_sizes))
+        check_uri_length(model_uri_query(shapes or {}, constants or {}, checked_sizes))
         fixed = {name: tuple(c.shape) for name, c in (constants or {}).items()}
         try:
             return walks(fd, backend, shapes or {}, budget, fixed, checked_sizes)
         except ModelFileError as exc:
-            raise ModelError(_FILE_FAILURES[exc.kind], str(exc)) from None
+            raise ModelError(FILE_FAILURES[exc.kind], str(exc)) from None
         except ShapeError as exc:
             failure = (
                 ModelFailure.MODEL_REJECTED if exc.kind == "free" else ModelFailure.TENSOR_MISMATCH
@@ -556,13 +278,13 @@ class PortalQnn:
             raise ModelError(ModelFailure.FILE_UNREADABLE, reason) from None
         with exposed:
             uri = exposed.name + query
-            _check_uri_length(uri)
+            check_uri_length(uri)
             with self._load_lock:
                 rc, values = self._call(_LOAD, model_uri=uri)
                 failed = rc != 0 or values.integer("qnn_status") != 0
                 said = self.last_error(NO_MODEL) if failed else ""
         if rc != 0:
-            raise _load_error(rc, sniffed, unsized, said)
+            raise load_error(rc, sniffed, unsized, said)
         status = values.integer("qnn_status")
         if status != 0:
             reason = f"composing the model failed with QNN error {status}"
@@ -601,8 +323,8 @@ class PortalQnn:
             name = raw.decode("utf-8", errors="replace").split("\0")[0]
         return GraphSpec(
             graph,
-            tuple(_spec(i, r) for i, r in enumerate(inputs)),
-            tuple(_spec(i, r) for i, r in enumerate(outputs)),
+            tuple(spec_from_record(i, r) for i, r in enumerate(inputs)),
+            tuple(spec_from_record(i, r) for i, r in enumerate(outputs)),
             name,
             roomy,
         )
@@ -664,8 +386,8 @@ class PortalQnn:
         with rooms (:attr:`GraphSpec.rooms`; the same invoke, run_dims, or on a skel
         without it a second one, output_dims), else None: every output has graph_info's
         shape. An output that outgrew its room is ``ModelFailure.OUTPUT_TOO_LARGE``."""
-        _check_slice(inputs)
-        _check_slice(outputs)
+        check_slice(inputs)
+        check_slice(outputs)
         with self._model(slot) as model:
             spec = self._graph(model, graph)
             if inputs.length != spec.input_arena:
@@ -697,7 +419,7 @@ class PortalQnn:
                 raise self._graph_failure(slot, graph, status)
             model.executed.add(graph)
             if shaped:
-                return _produced_shapes(values, spec)
+                return produced_shapes(values, spec)
             return self._output_dims(slot, spec) if spec.rooms else None
 
     def _run_call(
@@ -709,7 +431,7 @@ class PortalQnn:
         outputs: Slice,
     ) -> tuple[int, idl.Values]:
         """run (or run_dims) of graph ``spec`` on the two arena slices, as :meth:`_call`
-        makes it, marshalled once per graph and slices (:class:`_Marshalled`)."""
+        makes it, marshalled once per graph and slices (:class:`Marshalled`)."""
         key = (spec.index, name if isinstance(name, str) else name.name)
         done = model.marshalled.get(key)
         if done is None or done.inputs != inputs or done.outputs != outputs:
@@ -723,13 +445,13 @@ class PortalQnn:
             if key[1] == "run_dims":
                 arguments["dims"] = OUTPUT_DIMS_STRIDE * len(spec.outputs)
             call = method.encode(**arguments)
-            done = _Marshalled(
+            done = Marshalled(
                 inputs,
                 outputs,
                 method,
                 call.sc,
-                tuple(_in_arg(item) for item in call.inputs),
-                tuple(_out_arg(item) for item in call.outputs),
+                tuple(in_arg(item) for item in call.inputs),
+                tuple(out_arg(item) for item in call.outputs),
             )
             model.marshalled[key] = done
         result = self._session.invoke(self.handle, done.sc, list(done.in_args), list(done.out_args))
@@ -748,7 +470,7 @@ class PortalQnn:
             return None
         if rc != 0:
             raise RpcError(ErrorCode.INVOKE_FAILED, code=rc)
-        return _produced_shapes(values, spec)
+        return produced_shapes(values, spec)
 
     def _overgrown(self, slot: int, graph: int) -> ModelError:
         """An output did not fit the place graph_info gave it: the DSP's words name the
@@ -850,7 +572,7 @@ class PortalQnn:
         shape: Sequence[int] | None,
     ) -> None:
         spec = self._graph(model, graph).input(key)
-        _check_slice(data)
+        check_slice(data)
         wrong = []
         if dtype is not None and dtype != spec.dtype:
             wrong.append(f"data type {DataType(dtype).numpy}")
@@ -914,7 +636,7 @@ class PortalQnn:
 
     def _get_output(self, model: _Model, graph: int, key: TensorKey, data: Slice) -> int:
         spec = self._graph(model, graph).output(key)
-        _check_slice(data)
+        check_slice(data)
         if data.length < spec.nbytes:
             raise ModelError(
                 ModelFailure.TENSOR_MISMATCH,
@@ -949,89 +671,9 @@ class PortalQnn:
         if isinstance(method, str):
             method = _portal_idl().method(method)
         call = method.encode(**arguments)
-        inputs: list[InArg] = [_in_arg(item) for item in call.inputs]
-        outputs: list[OutArg] = [_out_arg(item) for item in call.outputs]
+        inputs: list[InArg] = [in_arg(item) for item in call.inputs]
+        outputs: list[OutArg] = [out_arg(item) for item in call.outputs]
         result = self._session.invoke(self.handle, call.sc, inputs, outputs)
         if result.rc != 0:
             return result.rc, idl.Values({})
         return 0, method.decode(result.outputs)
-
-
-def _produced_shapes(values: idl.Values, spec: GraphSpec) -> tuple[tuple[int, ...], ...]:
-    """The outputs' shapes in output_dims' (and run_dims') ``dims``: each output's rank,
-    then its dimensions, 9 entries apiece."""
-    dims = values.integers("dims")
-    shapes = []
-    for i in range(min(values.integer("num_outputs"), len(spec.outputs))):
-        rank = min(dims[OUTPUT_DIMS_STRIDE * i], MAX_RANK)
-        start = OUTPUT_DIMS_STRIDE * i + 1
-        shapes.append(tuple(dims[start : start + rank]))
-    return tuple(shapes)
-
-
-def _check_slice(data: object) -> None:
-    if not isinstance(data, Slice):
-        raise TypeError(f"tensor data must be a DMA-BUF Slice, not {type(data).__name__}")
-
-
-def _in_arg(item: bytes | idl.BufferRef) -> InArg:
-    if isinstance(item, bytes):
-        return Inline(item)
-    assert isinstance(item, Slice)
-    return item
-
-
-def _out_arg(item: int | idl.BufferRef) -> OutArg:
-    if isinstance(item, int):
-        return Capacity(item)
-    assert isinstance(item, Slice)
-    return item
-
-
-def _load_error(
-    rc: int, sniffed: Sniffed, unsized: Sequence[onnx_proto.GraphTensor] = (), said: str = ""
-) -> RpcError:
-    """The error for a model_load that answered ``rc``; ``said`` is the DSP's reason
-    (last_error), which replaces the pointer to its log."""
-    error = _load_refusal(rc, sniffed, unsized)
-    if said and isinstance(error, ModelError):
-        log_pointer = "; the DSP's log says which"
-        detail = error.detail.removesuffix(log_pointer)
-        return ModelError(error.failure, f"{detail}; the DSP says: {said}")
-    return error
-
-
-def _load_refusal(rc: int, sniffed: Sniffed, unsized: Sequence[onnx_proto.GraphTensor]) -> RpcError:
-    if rc == AEE.EOUTOFHANDLES.dsp:
-        return ModelError(
-            ModelFailure.SLOTS_FULL, f"all {MAX_MODELS} model slots of this handle are in use"
-        )
-    if rc in (AEE.EUNABLETOLOAD.dsp, AEE.ENOSUCHSYMBOL.dsp):
-        what = "it is not loadable" if rc == AEE.EUNABLETOLOAD.dsp else "an entry point is missing"
-        return ModelError(
-            ModelFailure.FILE_MALFORMED,
-            f"the DSP could not load the model file ({sniffed.description}): {what}",
-        )
-    if rc == AEE.EINVALIDFORMAT.dsp:
-        limits = (
-            "the model is outside portal_qnn's limits: 1..8 graphs, at most 32 inputs and 1..32"
-            " outputs each, rank <= 8, names under 128 bytes, known data types, every dimension"
-            " fixed (give shapes for free ones); the DSP's log says which"
-        )
-        if unsized:  # what the DSP could not size is likely these
-            return ModelError(
-                ModelFailure.MODEL_REJECTED,
-                f"{unsized_outputs_refusal(unsized)}; otherwise {limits}",
-            )
-        return ModelError(ModelFailure.MODEL_REJECTED, limits)
-    if rc == AEE.EBADPARM.dsp:
-        return ModelError(
-            ModelFailure.TENSOR_MISMATCH,
-            "the shapes or values given do not fit the model (an unknown tensor, a rank or a"
-            " fixed dimension that differs, a value of another kind); the DSP's log says which",
-        )
-    if rc == AEE.ENOMEMORY.dsp:
-        return ModelError(
-            ModelFailure.MODEL_REJECTED, "the model's tensors need more than 256 MiB on the DSP"
-        )
-    return RpcError(ErrorCode.INVOKE_FAILED, code=rc)
