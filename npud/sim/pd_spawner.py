@@ -12,7 +12,8 @@ import weakref
 from collections.abc import Mapping
 
 from npud.sim.config import SimConfig
-from npud.sim.pd_host import PdChild, PdSpawnError, ZygoteLease, acquire_zygote
+from npud.sim.pd_child_handle import PdChild
+from npud.sim.pd_host import PdSpawnError, ZygoteLease, acquire_zygote
 from npud.sim.skels import SkelFactory
 
 

@@ -31,7 +31,6 @@ KNOWN: frozenset[tuple[str, str]] = frozenset(
         # In files other changes are rewriting as this check lands: each entry goes
         # with the fix (the last test fails when an entry is no longer needed).
         ("npud/sim/compute.py", "Seconds between a waiting piece's looks"),
-        ("npud/sim/pd_host.py", "The (uid, gid) children run as"),
     }
 )
 """Misplaced docstrings known and not yet moved: (file, the docstring's first words)."""
