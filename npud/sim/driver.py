@@ -5,7 +5,10 @@ CDSP nodes. Requests are decoded from the raw bytes of the ioctl argument with
 the emulator's own layout (:mod:`npud.sim.layout`) and answered the way
 ``drivers/misc/fastrpc.c`` does: same errnos, ENOTTY for any other command
 word, DSP result codes as return values. docs/emulator.md lists every rule and
-every place where the emulator had to choose.
+every place where the emulator had to choose. This module keeps the fd table,
+the DSP's life, INVOKE and the statistics; the other commands have modules of
+their own (:mod:`npud.sim.memory_ioctls`, :mod:`npud.sim.init_ioctls`,
+:mod:`npud.sim.dsp_info_ioctl`, :mod:`npud.sim.heap_device`).
 
 It also emulates the system DMA-BUF heap, ``/dev/dma_heap/system``
 (:mod:`npud.sim.dma_heap`), where libcdsprpc's rpcmem allocates.
