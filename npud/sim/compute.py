@@ -43,9 +43,9 @@ from typing import Protocol
 from npud.sim.errors import ProcessExitedError, SubsystemDownError
 
 POLL: float = 0.05
+"""Seconds between a waiting piece's looks at a restart or its process's end."""
 BACKDATE_MAX: float = 0.25
 """Seconds a piece's start may lie before :meth:`SharedCompute.begin` is told of it."""
-"""Seconds between a waiting piece's looks at a restart or its process's end."""
 
 
 class Cancellation(Protocol):

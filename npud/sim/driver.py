@@ -5,7 +5,10 @@ CDSP nodes. Requests are decoded from the raw bytes of the ioctl argument with
 the emulator's own layout (:mod:`npud.sim.layout`) and answered the way
 ``drivers/misc/fastrpc.c`` does: same errnos, ENOTTY for any other command
 word, DSP result codes as return values. docs/emulator.md lists every rule and
-every place where the emulator had to choose.
+every place where the emulator had to choose. This module keeps the fd table,
+the DSP's life, INVOKE and the statistics; the other commands have modules of
+their own (:mod:`npud.sim.memory_ioctls`, :mod:`npud.sim.init_ioctls`,
+:mod:`npud.sim.dsp_info_ioctl`, :mod:`npud.sim.heap_device`).
 
 It also emulates the system DMA-BUF heap, ``/dev/dma_heap/system``
 (:mod:`npud.sim.dma_heap`), where libcdsprpc's rpcmem allocates.
@@ -24,8 +27,6 @@ driver lock is held, except to read a process's counters.
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
 import errno
 import logging
 import mmap
@@ -33,23 +34,34 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import Final
 
 from npu_protocol.aee import AEE
 from npud.sim import dma_heap, layout
-from npud.sim.addrspace import AddressSpaceFullError
 from npud.sim.channel import FASTRPC_CTX_IDS, Channel
-from npud.sim.config import MAX_DSP_ATTRIBUTES, SimConfig
-from npud.sim.dmabuf import DmaBuf, DmaBufRegistry
-from npud.sim.errors import ERRNO_MAX, SubsystemDownError, fault
+from npud.sim.config import SimConfig
+from npud.sim.device_file import DeviceFile, PendingCall
+from npud.sim.dmabuf import DmaBufRegistry
+from npud.sim.dsp_info_ioctl import MDSP_DOMAIN_ID, OLD_KERNEL_DEV_MAX, DspInfoIoctl
+from npud.sim.errors import SubsystemDownError, fault
+from npud.sim.fault_control import DriverFaultControl
 from npud.sim.faults import FaultInjector
+from npud.sim.heap_device import HeapDevice
+from npud.sim.init_ioctls import (
+    INIT_FILE_NAMELEN_MAX,
+    INIT_FILELEN_MAX,
+    MODE_UNSIGNED_MODULE,
+    InitIoctls,
+)
 from npud.sim.invoke import InvokeArguments
-from npud.sim.mappings import MappingTable, dsp_mapping
-from npud.sim.memory import MemMapping
+from npud.sim.ioctl_args import IoctlBuffer, arg_view, ioctl_result
+from npud.sim.mappings import MappingTable
+from npud.sim.memory_ioctls import ADSP_MMAP_ADD_PAGES, ADSP_MMAP_REMOTE_HEAP_ADDR, MemoryIoctls
 from npud.sim.pd import DspCall
-from npud.sim.pd_host import PdChild, PdSpawnError, ZygoteLease, acquire_zygote
+from npud.sim.pd_host import PdSpawnError
+from npud.sim.pd_spawner import PdSpawner, skel_modules
 from npud.sim.process import (
     LAST_STATIC_HANDLE,
     DspProcess,
@@ -57,163 +69,34 @@ from npud.sim.process import (
     ProcessKind,
     is_hexagon_elf,
 )
-from npud.sim.skels import SkelFactory
 from npud.sim.statistics import SimStatistics
 from npud.sim.usermem import UserMemory
 from npud.sim.vmas import VmaFinder
+
+__all__ = [  # what moved out stays importable from here
+    "ADSP_MMAP_ADD_PAGES",
+    "ADSP_MMAP_REMOTE_HEAP_ADDR",
+    "INIT_FILELEN_MAX",
+    "INIT_FILE_NAMELEN_MAX",
+    "INIT_HANDLE",
+    "MDSP_DOMAIN_ID",
+    "MODE_UNSIGNED_MODULE",
+    "NODES",
+    "NON_SECURE_NODE",
+    "OLD_KERNEL_DEV_MAX",
+    "SECURE_NODE",
+    "EmulatedDriver",
+    "IoctlBuffer",
+    "skel_modules",
+]
 
 SECURE_NODE: Final = "/dev/fastrpc-cdsp-secure"
 NON_SECURE_NODE: Final = "/dev/fastrpc-cdsp"
 NODES: Final = {SECURE_NODE: True, NON_SECURE_NODE: False}  # path -> secure flavour
 
 INIT_HANDLE: Final = 1  # the kernel's own: EPERM from userspace
-INIT_FILELEN_MAX: Final = 2 * 1024 * 1024
-INIT_FILE_NAMELEN_MAX: Final = 128
-MODE_UNSIGNED_MODULE: Final = 0x8
-ADSP_MMAP_ADD_PAGES: Final = 0x1000
-ADSP_MMAP_REMOTE_HEAP_ADDR: Final = 0x8
-OLD_KERNEL_DEV_MAX: Final = 5  # FASTRPC_DEV_MAX before K-2026 (K-6.12ish)
-MDSP_DOMAIN_ID: Final = 1
 
 log = logging.getLogger(__name__)
-
-IoctlBuffer = ctypes.Structure | ctypes.Array[Any] | bytearray | memoryview | None
-"""What ``ioctl`` accepts as ``arg``: any writable buffer (or None)."""
-
-
-def _arg_view(arg: IoctlBuffer, size: int, *, writable: bool) -> memoryview:
-    """The first ``size`` bytes of the user's struct, as the kernel's copy_from_user sees them."""
-    if arg is None:
-        raise fault(errno.EFAULT, "NULL ioctl argument")
-    try:
-        view = memoryview(arg).cast("B")
-    except TypeError:
-        raise fault(errno.EFAULT, "the ioctl argument is not a buffer") from None
-    if view.nbytes < size:
-        raise fault(errno.EFAULT, f"the ioctl argument has {view.nbytes} bytes, needs {size}")
-    if writable and view.readonly:
-        raise fault(errno.EFAULT, "the ioctl argument is read-only")
-    return view[:size]
-
-
-def _ioctl_result(result: int) -> int:
-    """What ioctl(2) returns for the DSP's ``result`` (as libc would report it)."""
-    result &= 0xFFFFFFFF
-    signed = result - (1 << 32) if result & 0x8000_0000 else result
-    if -ERRNO_MAX <= signed < 0:
-        # libc cannot tell such a DSP result from an errno either.
-        raise fault(-signed, f"DSP result {result:#x} lies in libc's errno range")
-    return result
-
-
-@dataclasses.dataclass(eq=False)
-class _Call:
-    """One INVOKE waiting for the DSP: the kernel's ``fastrpc_invoke_ctx`` of a user call."""
-
-    device: _DeviceFile
-    holds_context: bool = True
-    """It holds a context id of the channel (False: a suspend took it, and no id was free
-    for the restarted call)."""
-    interrupted: int = 0
-    """Suspends that ended its wait: each leaked the context it held (kept until the fd
-    is released) and restarted the call under a new one."""
-
-
-@dataclasses.dataclass(eq=False)
-class _DeviceFile:
-    """One open of a device node: the kernel's ``struct fastrpc_user``."""
-
-    fd: int
-    path: str
-    secure: bool
-    channel: Channel
-    session: int
-    process: DspProcess | None = None
-    active_ioctls: int = 0
-    closed: bool = False
-    released: bool = False
-    interrupted_contexts: int = 0
-    """Contexts of this fd's interrupted invokes: mainline keeps each on the fd's pending
-    list, holding its context id, until the fd is released."""
-
-    @property
-    def client_id(self) -> int:
-        return self.session + 1
-
-
-def skel_modules(skels: Mapping[str, SkelFactory]) -> tuple[str, ...]:
-    """The modules outside npud where a PD child finds these skels' pickled factories:
-    the zygote imports them before it confines itself, after which nothing is imported
-    (npud's own skels are in the zygote's PRELOAD)."""
-    modules = set()
-    for factory in skels.values():
-        function = getattr(factory, "func", factory)  # a functools.partial: its function
-        module = getattr(function, "__module__", None)
-        if isinstance(module, str) and module.split(".")[0] not in ("npud", "builtins"):
-            modules.add(module)
-    return tuple(sorted(modules))
-
-
-class _PdHost:
-    """The driver's PD processes: its lease on the zygote and the children it spawned.
-
-    Kept apart from the driver so that a finalizer can end them when the driver is
-    garbage-collected without :meth:`EmulatedDriver.shutdown`."""
-
-    def __init__(self, config: SimConfig) -> None:
-        self._user = config.pd_user
-        self._landlock = config.pd_landlock
-        self._preload = skel_modules(config.skels)
-        self._memory_limit = config.pd_memory_limit
-        self._lock = threading.Lock()
-        self._lease: ZygoteLease | None = None
-        self._children: weakref.WeakSet[PdChild] = weakref.WeakSet()
-
-    def start(self) -> None:
-        """Take a lease on the zygote (which starts in the background if no one runs it)."""
-        with self._lock:
-            if self._lease is None:
-                self._lease = acquire_zygote(
-                    self._user, landlock=self._landlock, preload=self._preload
-                )
-
-    def spawn(self) -> PdChild:
-        self.start()
-        with self._lock:
-            lease = self._lease
-        if lease is None:  # pragma: no cover - shut down meanwhile
-            raise PdSpawnError("the driver was shut down")
-        child = lease.spawn(self._memory_limit)
-        with self._lock:
-            self._children.add(child)
-        return child
-
-    def close(self) -> None:
-        """Kill every child still alive and give the zygote back. Idempotent."""
-        with self._lock:
-            children = list(self._children)
-            self._children = weakref.WeakSet()
-            lease, self._lease = self._lease, None
-        for child in children:
-            child.kill()
-        if lease is not None:
-            lease.release()
-
-
-class _FaultControl:
-    """The driver's faults as ``debug`` uses them: the injector's, and a crash of one
-    DSP process (which needs the driver's table of device fds)."""
-
-    def __init__(self, driver: EmulatedDriver) -> None:
-        self._driver = driver
-        faults = driver.faults
-        self.subsystem_restart = faults.subsystem_restart
-        self.set_latency = faults.set_latency
-        self.fail_next_invoke = faults.fail_next_invoke
-        self.clear = faults.clear
-
-    def crash_process(self, fd: int) -> bool:
-        return self._driver.crash_process(fd)
 
 
 class EmulatedDriver:
@@ -230,15 +113,23 @@ class EmulatedDriver:
             enabled=self.config.address_cache,
             on_retire=self._retired if self._processes_in_children else None,
         )
-        self._pd = _PdHost(self.config)
+        self._memory = MemoryIoctls(self.config, self._dmabufs, self._require_alive)
+        self._init = InitIoctls(
+            self.config,
+            self._dmabufs,
+            self._mappings,
+            self._usermem,
+            self._require_alive,
+            self._create_process,
+        )
+        self._dsp_info = DspInfoIoctl(self.config, self._lock)
+        self._pd = PdSpawner(self.config)
         self._finalizer = weakref.finalize(self, self._pd.close)
         if self._processes_in_children:
             self._pd.start()  # the zygote imports in the background meanwhile
         self._crashes = 0
-        self._heaps: set[int] = set()  # open /dev/dma_heap/system fds
-        self._heap_allocations = 0
-        self._devices: dict[int, _DeviceFile] = {}  # open device fds
-        self._live: set[_DeviceFile] = set()  # open, or closed with a release pending
+        self._devices: dict[int, DeviceFile] = {}  # open device fds
+        self._live: set[DeviceFile] = set()  # open, or closed with a release pending
         self._generation = 1
         self._channel: Channel | None = Channel(
             self._generation, self.config.sessions, self.config.dsp_units, self.config.hmx_units
@@ -246,7 +137,7 @@ class EmulatedDriver:
         self._down_until: float | None = None
         self._restarts = 0
         self._invokes_in_flight = 0
-        self._calls: set[_Call] = set()  # INVOKEs waiting for the DSP, every channel
+        self._calls: set[PendingCall] = set()  # INVOKEs waiting for the DSP, every channel
         self._suspends = 0
         self._lost_mmaps = 0
         self._lost_mmap_bytes = 0
@@ -257,18 +148,19 @@ class EmulatedDriver:
             sessions=self.config.sessions,
             suspend=self._suspend,
         )
-        self._handlers: dict[int, Callable[[_DeviceFile, IoctlBuffer], int]] = {
-            layout.ALLOC_DMA_BUFF: self._alloc_dma_buff,
+        self._heap = HeapDevice(self.config, self._dmabufs, self.faults, self._lock)
+        self._handlers: dict[int, Callable[[DeviceFile, IoctlBuffer], int]] = {
+            layout.ALLOC_DMA_BUFF: self._memory.alloc_dma_buff,
             layout.INVOKE: self._invoke,
             layout.INIT_ATTACH: self._init_attach,
-            layout.INIT_CREATE: self._init_create,
-            layout.MMAP: self._mmap,
-            layout.MUNMAP: self._munmap,
-            layout.INIT_ATTACH_SNS: self._init_attach_sns,
-            layout.INIT_CREATE_STATIC: self._init_create_static,
-            layout.MEM_MAP: self._mem_map,
-            layout.MEM_UNMAP: self._mem_unmap,
-            layout.GET_DSP_INFO: self._get_dsp_info,
+            layout.INIT_CREATE: self._init.init_create,
+            layout.MMAP: self._memory.mmap,
+            layout.MUNMAP: self._memory.munmap,
+            layout.INIT_ATTACH_SNS: self._init.init_attach_sns,
+            layout.INIT_CREATE_STATIC: self._init.init_create_static,
+            layout.MEM_MAP: self._memory.mem_map,
+            layout.MEM_UNMAP: self._memory.mem_unmap,
+            layout.GET_DSP_INFO: self._dsp_info.get_dsp_info,
         }
 
     # -- the Driver protocol -------------------------------------------------
@@ -282,7 +174,7 @@ class EmulatedDriver:
         ``SimConfig.dma_heap=False``), whatever the DSP does.
         """
         if path == dma_heap.SYSTEM_HEAP_NODE:
-            return self._open_heap(path)
+            return self._heap.open(path)
         secure = NODES.get(path)
         if secure is None:
             raise fault(errno.ENOENT, f"{path}: not a node of the emulated DSP")
@@ -298,7 +190,7 @@ class EmulatedDriver:
             except BaseException:
                 channel.release_session(session)
                 raise
-            device = _DeviceFile(fd, path, secure, channel, session)
+            device = DeviceFile(fd, path, secure, channel, session)
             self._devices[fd] = device
             self._live.add(device)
         return fd
@@ -310,7 +202,7 @@ class EmulatedDriver:
         in other threads: it happens when the last of them returns.
         """
         with self._lock:
-            self._heaps.discard(fd)
+            self._heap.fds.discard(fd)
             device = self._devices.pop(fd, None)
             release = device is not None and self._mark_closed(device)
         os.close(fd)
@@ -324,9 +216,9 @@ class EmulatedDriver:
         A DMA-BUF heap fd answers the heap's own command (:mod:`npud.sim.dma_heap`).
         """
         with self._lock:
-            heap = fd in self._heaps
+            heap = fd in self._heap.fds
         if heap:
-            return self._heap_ioctl(request, arg)
+            return self._heap.ioctl(request, arg)
         device = self._enter(fd)
         try:
             handler = self._handlers.get(request)
@@ -352,7 +244,7 @@ class EmulatedDriver:
         with self._lock:
             if fd in self._devices:
                 raise fault(errno.ENODEV, "the FastRPC device cannot be mapped")
-            if fd in self._heaps:
+            if fd in self._heap.fds:
                 raise fault(errno.ENODEV, "the DMA-BUF heap device cannot be mapped")
         buffer = self._dmabufs.identify(fd)
         if buffer is not None:
@@ -390,8 +282,8 @@ class EmulatedDriver:
         with self._lock:
             crashes, heaps, heap_allocations = (
                 self._crashes,
-                len(self._heaps),
-                self._heap_allocations,
+                len(self._heap.fds),
+                self._heap.allocations,
             )
         user_mappings, dsp_mappings = self._mappings.counts()
         return SimStatistics(
@@ -437,10 +329,10 @@ class EmulatedDriver:
             return None
         return child.pid
 
-    def fault_control(self) -> _FaultControl:
+    def fault_control(self) -> DriverFaultControl:
         """The emulated DSP's failures on demand (``debug``; the Driver seam's
         ``FaultControl``, which npud.sim describes with its own types)."""
-        return _FaultControl(self)
+        return DriverFaultControl(self.faults, self.crash_process)
 
     def crash_process(self, fd: int) -> bool:
         """The DSP process bound to device ``fd`` crashes now (its child dies): calls
@@ -486,7 +378,7 @@ class EmulatedDriver:
 
     # -- fd bookkeeping ------------------------------------------------------
 
-    def _enter(self, fd: int) -> _DeviceFile:
+    def _enter(self, fd: int) -> DeviceFile:
         with self._lock:
             device = self._devices.get(fd)
             if device is not None:
@@ -495,7 +387,7 @@ class EmulatedDriver:
         os.fstat(fd)  # EBADF for a number that is not an fd at all
         raise fault(errno.ENOTTY, f"fd {fd} is not an emulated FastRPC device")
 
-    def _leave(self, device: _DeviceFile) -> None:
+    def _leave(self, device: DeviceFile) -> None:
         with self._lock:
             device.active_ioctls -= 1
             release = device.closed and self._mark_closed(device)
@@ -503,7 +395,7 @@ class EmulatedDriver:
             self._release(device)
 
     @staticmethod
-    def _mark_closed(device: _DeviceFile) -> bool:
+    def _mark_closed(device: DeviceFile) -> bool:
         """Under the lock: True when the caller must now release ``device``."""
         device.closed = True
         if device.active_ioctls or device.released:
@@ -511,7 +403,7 @@ class EmulatedDriver:
         device.released = True
         return True
 
-    def _release(self, device: _DeviceFile) -> None:
+    def _release(self, device: DeviceFile) -> None:
         """The kernel's fastrpc_device_release: tear the DSP process down, free the session."""
         if device.process is not None:
             device.process.terminate()
@@ -577,7 +469,7 @@ class EmulatedDriver:
         reaches the restarted call (docs/emulator.md, Suspend)."""
         with self._lock:
             self._suspends += 1
-            devices: set[_DeviceFile] = set()
+            devices: set[DeviceFile] = set()
             for call in self._calls:
                 channel = call.device.channel
                 if not channel.alive:
@@ -599,51 +491,15 @@ class EmulatedDriver:
         for process in processes:
             process.reverse.interrupt_listeners()
 
-    def _require_alive(self, device: _DeviceFile, operation: str) -> None:
+    def _require_alive(self, device: DeviceFile, operation: str) -> None:
         with self._lock:
             if not device.channel.alive:
                 raise fault(errno.EPIPE, f"{operation}: the DSP restarted; reopen the device")
 
-    # -- the DMA-BUF heap ----------------------------------------------------
-
-    def _open_heap(self, path: str) -> int:
-        if not self.config.dma_heap:
-            raise fault(errno.ENOENT, f"{path}: this machine has no system DMA-BUF heap")
-        fd = os.eventfd(0, os.EFD_CLOEXEC)
-        with self._lock:
-            self._heaps.add(fd)
-        return fd
-
-    def _heap_ioctl(self, request: int, arg: IoctlBuffer) -> int:
-        def allocate(size: int, cloexec: bool) -> int:
-            injected = self.faults.take_heap_failure()
-            if injected is not None:
-                raise fault(injected, "injected")
-            fd = self._dmabufs.allocate(
-                size, cloexec=cloexec, name=dma_heap.MEMFD_NAME, fd_error=None
-            )
-            with self._lock:
-                self._heap_allocations += 1
-            return fd
-
-        def injected_fault(word: int) -> None:
-            injected = self.faults.take_ioctl_fault(word)
-            if injected is not None:
-                raise fault(injected.err, "injected")
-
-        return dma_heap.heap_ioctl(request, arg, allocate, injected_fault)
-
     # -- ioctl handlers ------------------------------------------------------
 
-    def _alloc_dma_buff(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
-        view = _arg_view(arg, layout.ALLOC_DMA_BUF_STRUCT.size, writable=True)
-        request = layout.AllocDmaBuf._make(layout.ALLOC_DMA_BUF_STRUCT.unpack(view))
-        fd = self._dmabufs.allocate(request.size, bank=device.channel.generation)
-        layout.S32.pack_into(view, layout.ALLOC_DMA_BUF_FD_OFFSET, fd)
-        return 0
-
-    def _invoke(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
-        view = _arg_view(arg, layout.INVOKE_STRUCT.size, writable=False)
+    def _invoke(self, device: DeviceFile, arg: IoctlBuffer) -> int:
+        view = arg_view(arg, layout.INVOKE_STRUCT.size, writable=False)
         request = layout.InvokeRequest._make(layout.INVOKE_STRUCT.unpack(view))
         scalars = layout.decode_scalars(request.sc)
         size = layout.INVOKE_ARG_STRUCT.size
@@ -655,13 +511,13 @@ class EmulatedDriver:
         while True:
             result = self._invoke_once(device, request, scalars, args)
             if result is not None:
-                return _ioctl_result(result)
+                return ioctl_result(result)
             # ERESTARTSYS under the suspend freezer: the syscall restarts by itself and
             # the kernel sends the call again, under a new context (the DSP runs it twice).
 
     def _invoke_once(
         self,
-        device: _DeviceFile,
+        device: DeviceFile,
         request: layout.InvokeRequest,
         scalars: layout.Scalars,
         args: list[layout.InvokeArg],
@@ -676,7 +532,7 @@ class EmulatedDriver:
                 raise fault(errno.EPERM, "INVOKE: handle 1 belongs to the kernel")
             if not channel.claim_context():
                 raise fault(errno.ENOSPC, f"INVOKE: {self._no_context_locked(channel)}")
-            call_state = _Call(device)
+            call_state = PendingCall(device)
             self._calls.add(call_state)
             self._invokes_in_flight += 1
         process = device.process
@@ -693,7 +549,7 @@ class EmulatedDriver:
                 scalars,
                 args,
                 self.config.max_dma_buf_size,
-                alias=self._stale_alias(device),
+                alias=self._memory.stale_alias(device),
                 for_child=in_child,
                 channel=channel.generation,
             ) as arguments:
@@ -734,7 +590,7 @@ class EmulatedDriver:
                 self._invokes_in_flight -= 1
         return result
 
-    def _leak_context(self, call: _Call) -> None:
+    def _leak_context(self, call: PendingCall) -> None:
         """ERESTARTSYS ended ``call``'s wait: its context stays on the fd's pending list
         (mainline frees it only when the fd is released), its id still taken."""
         with self._lock:
@@ -754,7 +610,7 @@ class EmulatedDriver:
         with self._lock:
             return self._no_context_locked(channel)
 
-    def _interrupted(self, device: _DeviceFile) -> None:
+    def _interrupted(self, device: DeviceFile) -> None:
         """ERESTARTSYS ended a user invoke's wait: as 76e8e4ace1ed does, every MMAP buffer
         of the fd moves to the channel's list, where no MUNMAP of the fd finds it; the
         kernel never frees them (a restart only unlinks them)."""
@@ -766,14 +622,7 @@ class EmulatedDriver:
             with self._lock:
                 device.channel.interrupted_mmaps.extend(moved)
 
-    def _stale_alias(self, device: _DeviceFile) -> Callable[[int], MemMapping | None] | None:
-        """With ``map_match_fd_only``: the mapping an fd number finds (old kernels)."""
-        process = device.process
-        if not self.config.map_match_fd_only or process is None:
-            return None
-        return process.memory.find_by_fd
-
-    def _run_on_dsp(self, device: _DeviceFile, call: DspCall) -> int:
+    def _run_on_dsp(self, device: DeviceFile, call: DspCall) -> int:
         process = device.process
         if process is None:
             return AEE.EBADSTATE.dsp  # no INIT_CREATE / INIT_ATTACH yet
@@ -786,44 +635,8 @@ class EmulatedDriver:
                 device.channel.sleep(latency)
         return process.invoke(call, crash=self.faults.take_crash(call.handle))
 
-    def _init_create(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
-        view = _arg_view(arg, layout.INIT_CREATE_STRUCT.size, writable=False)
-        request = layout.InitCreate._make(layout.INIT_CREATE_STRUCT.unpack(view))
-        if (
-            self.config.secure_channel
-            and not device.secure
-            and not (request.attrs & MODE_UNSIGNED_MODULE)
-        ):
-            raise fault(errno.ECONNREFUSED, "INIT_CREATE: signed PD through the non-secure node")
-        if request.filelen > INIT_FILELEN_MAX:
-            raise fault(errno.EINVAL, f"INIT_CREATE: filelen {request.filelen} exceeds 2 MiB")
-        if request.attrs & MODE_UNSIGNED_MODULE and not self.config.creates_unsigned_pd:
-            # A firmware without unsigned PDs refuses the create (whatever capability 1 says).
-            return AEE.EUNSUPPORTED.dsp
-        image = self._read_shell(request, device.channel.generation)
-        info = ProcessInfo(
-            ProcessKind.USER_PD, device.client_id, request.attrs, request.siglen, len(image)
-        )
-        return self._create_process(device, info, image)
-
-    def _read_shell(self, request: layout.InitCreate, channel: int) -> bytes:
-        """The shell image: from the dma-buf ``filefd`` when given, else from ``file``."""
-        if not request.filelen:
-            return b""
-        if request.filefd:
-            # EBADF for -1 too, as in the kernel
-            buffer = self._dmabufs.identify(request.filefd, channel=channel)
-            if buffer is None:
-                raise fault(errno.EINVAL, f"INIT_CREATE: filefd {request.filefd} is not a dma-buf")
-            if request.filelen > buffer.size:
-                raise fault(errno.EINVAL, "INIT_CREATE: filelen exceeds the dma-buf")
-            offset = self._mappings.locate(buffer, request.file, request.filelen, "INIT_CREATE")
-            with dsp_mapping(request.filefd, buffer) as mapping:
-                return bytes(mapping[offset : offset + request.filelen])
-        return bytes(self._usermem.read(request.file, request.filelen))
-
     def _create_process(
-        self, device: _DeviceFile, info: ProcessInfo, image: bytes | None = None
+        self, device: DeviceFile, info: ProcessInfo, image: bytes | None = None
     ) -> int:
         with self._lock:
             if not device.channel.alive:
@@ -868,138 +681,5 @@ class EmulatedDriver:
         for process in processes:
             process.forget_memory(memory_ids)
 
-    def _init_attach(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
+    def _init_attach(self, device: DeviceFile, arg: IoctlBuffer) -> int:
         return self._create_process(device, ProcessInfo(ProcessKind.ROOT_PD, device.client_id))
-
-    def _init_attach_sns(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
-        self._require_alive(device, "INIT_ATTACH_SNS")
-        return AEE.EUNSUPPORTED.dsp  # the CDSP has no sensors PD
-
-    def _init_create_static(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
-        view = _arg_view(arg, layout.INIT_CREATE_STATIC_STRUCT.size, writable=False)
-        request = layout.InitCreateStatic._make(layout.INIT_CREATE_STATIC_STRUCT.unpack(view))
-        if request.namelen > INIT_FILE_NAMELEN_MAX:
-            raise fault(errno.EINVAL, f"INIT_CREATE_STATIC: namelen {request.namelen} > 128")
-        self._usermem.read(request.name, request.namelen)
-        self._require_alive(device, "INIT_CREATE_STATIC")
-        return AEE.EUNSUPPORTED.dsp  # static PDs (audiopd, sensorspd) live on the ADSP
-
-    def _mmap(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
-        view = _arg_view(arg, layout.REQ_MMAP_STRUCT.size, writable=True)
-        request = layout.ReqMmap._make(layout.REQ_MMAP_STRUCT.unpack(view))
-        if request.flags not in (ADSP_MMAP_ADD_PAGES, ADSP_MMAP_REMOTE_HEAP_ADDR):
-            raise fault(errno.EINVAL, f"MMAP: flags {request.flags:#x} not supported")
-        if request.vaddrin:
-            raise fault(errno.EINVAL, "MMAP: vaddrin must be 0")
-        if request.size == 0 or request.size > self.config.max_dma_buf_size:
-            raise fault(errno.ENOMEM, f"MMAP: cannot allocate {request.size} bytes")
-        self._require_alive(device, "MMAP")
-        process = device.process
-        if process is None or process.exited:
-            return AEE.EBADSTATE.dsp
-        try:
-            vaddr = process.memory.add_heap(request.size, request.flags)
-        except AddressSpaceFullError:
-            raise fault(errno.ENOMEM, "MMAP: the DSP address space is full") from None
-        layout.U64.pack_into(view, layout.REQ_MMAP_VADDROUT_OFFSET, vaddr)
-        return 0
-
-    def _munmap(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
-        view = _arg_view(arg, layout.REQ_MUNMAP_STRUCT.size, writable=False)
-        request = layout.ReqMunmap._make(layout.REQ_MUNMAP_STRUCT.unpack(view))
-        process = device.process
-        if process is None or not process.memory.has_heap(request.vaddrout, request.size):
-            raise fault(errno.EINVAL, "MUNMAP: no buffer with that address and size")
-        self._require_alive(device, "MUNMAP")
-        if not process.memory.remove_heap(request.vaddrout, request.size):
-            raise fault(errno.EINVAL, "MUNMAP: no buffer with that address and size")
-        return 0
-
-    def _mem_map(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
-        view = _arg_view(arg, layout.MEM_MAP_STRUCT.size, writable=True)
-        request = layout.MemMap._make(layout.MEM_MAP_STRUCT.unpack(view))
-        alias = self._stale_alias(device)
-        stale = alias(request.fd) if alias is not None else None
-        if stale is not None:
-            return self._mem_map_alias(device, view, request, stale)
-        # EBADF when not an fd; None (EINVAL) too when a restart took its compute bank.
-        buffer = self._dmabufs.identify(request.fd, channel=device.channel.generation)
-        if buffer is None:
-            raise fault(errno.EINVAL, f"MEM_MAP: fd {request.fd} is not a dma-buf")
-        if request.length > buffer.size:
-            raise fault(errno.EINVAL, "MEM_MAP: length exceeds the dma-buf")
-        self._require_alive(device, "MEM_MAP")
-        process = device.process
-        if process is None or process.exited:
-            return AEE.EBADSTATE.dsp
-        if not self._fits(buffer, request.offset, request.length):
-            return AEE.EBADPARM.dsp
-        mapping = dsp_mapping(request.fd, buffer)
-        try:
-            vaddr = process.map_buffer(
-                request.fd, buffer, mapping, request.offset, request.length, request.flags
-            )
-        except AddressSpaceFullError:
-            mapping.close()
-            raise fault(errno.ENOMEM, "MEM_MAP: the DSP address space is full") from None
-        layout.U64.pack_into(view, layout.MEM_MAP_VADDROUT_OFFSET, vaddr)
-        return 0
-
-    def _mem_map_alias(
-        self, device: _DeviceFile, view: memoryview, request: layout.MemMap, stale: MemMapping
-    ) -> int:
-        """An old kernel reuses the map its fd number finds: the DSP maps *that* buffer."""
-        self._require_alive(device, "MEM_MAP")
-        process = device.process
-        if process is None or process.exited:
-            return AEE.EBADSTATE.dsp
-        if not self._fits(stale.buffer, request.offset, request.length):
-            return AEE.EBADPARM.dsp
-        try:
-            vaddr = process.map_alias(request.fd, stale, request.offset, request.length)
-        except AddressSpaceFullError:
-            raise fault(errno.ENOMEM, "MEM_MAP: the DSP address space is full") from None
-        layout.U64.pack_into(view, layout.MEM_MAP_VADDROUT_OFFSET, vaddr)
-        return 0
-
-    @staticmethod
-    def _fits(buffer: DmaBuf, offset: int, length: int) -> bool:
-        return length > 0 and offset >= 0 and offset + length <= buffer.size
-
-    def _mem_unmap(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
-        view = _arg_view(arg, layout.MEM_UNMAP_STRUCT.size, writable=False)
-        request = layout.MemUnmap._make(layout.MEM_UNMAP_STRUCT.unpack(view))
-        process = device.process
-        entry = process.memory.find_map(request.vaddr, request.fd) if process else None
-        if process is None or entry is None:
-            raise fault(errno.EINVAL, "MEM_UNMAP: no mapping at that address for that fd")
-        self._require_alive(device, "MEM_UNMAP")
-        if not process.unmap(entry):
-            raise fault(errno.EINVAL, "MEM_UNMAP: no mapping at that address for that fd")
-        return 0
-
-    def _get_dsp_info(self, device: _DeviceFile, arg: IoctlBuffer) -> int:
-        view = _arg_view(arg, layout.CAPABILITY_STRUCT.size, writable=True)
-        request = layout.Capability._make(layout.CAPABILITY_STRUCT.unpack(view))
-        if self.config.capability_domain_check and (
-            request.domain >= OLD_KERNEL_DEV_MAX or request.domain == MDSP_DOMAIN_ID
-        ):
-            raise fault(errno.ECHRNG, f"GET_DSP_INFO: domain {request.domain} is invalid")
-        if request.attribute_id >= MAX_DSP_ATTRIBUTES:
-            raise fault(errno.EOVERFLOW, f"GET_DSP_INFO: attribute {request.attribute_id} >= 256")
-        channel = device.channel
-        with self._lock:
-            table = channel.capabilities
-            if table is None:
-                # The first query asks the DSP; the answer is cached for the channel's life.
-                if not channel.alive:
-                    raise fault(errno.EPIPE, "GET_DSP_INFO: the DSP restarted")
-                if not self.config.capability_api:
-                    raise fault(errno.EOPNOTSUPP, "GET_DSP_INFO: the DSP has no capability API")
-                table = channel.capabilities = self.config.capability_table()
-        value = table[request.attribute_id]
-        if self.config.capability_copyback_bug:
-            layout.U32.pack_into(view, layout.CAPABILITY_DOMAIN_OFFSET, value)
-        else:
-            layout.U32.pack_into(view, layout.CAPABILITY_VALUE_OFFSET, value)
-        return 0

@@ -47,7 +47,7 @@ from npud.sim.dmabuf import DmaBuf, DmaBufRegistry
 from npud.sim.errors import fault
 from npud.sim.layout import InvokeArg, Scalars
 from npud.sim.mappings import DspMemory, MappingTable
-from npud.sim.pd_host import BufferSpan, MemoryRef
+from npud.sim.pd_child_handle import BufferSpan, MemoryRef
 from npud.sim.pd_wire import INLINE_MAX
 from npud.sim.usermem import Copy, UserMemory
 from npud.sim.vmas import VmaFinder

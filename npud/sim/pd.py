@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from npud.sim.errors import LoadError
-from npud.sim.pd_host import CallServices, CallTransfer, PdChild, PdGoneError
+from npud.sim.pd_child_handle import CallServices, CallTransfer, PdChild, PdGoneError
 from npud.sim.pd_services import EndReason, PdServices
 from npud.sim.skels import HostFiles, Skel, SkelCall, SkelFactory, run_method
 

@@ -52,7 +52,7 @@ from npud.sim.layout import decode_scalars
 from npud.sim.loader import LoadedSkel, SkelLoader
 from npud.sim.memory import MemMapping, ProcessMemory
 from npud.sim.pd import DspCall, LocalRunner, ProcessRunner, SkelInstance, SkelRunner
-from npud.sim.pd_host import PdChild, PdGoneError
+from npud.sim.pd_child_handle import PdChild, PdGoneError
 from npud.sim.pd_services import FdMemory, PdServices
 from npud.sim.reverse import BadReverseMessageError, ListenerNotReadyError, ReverseRpc
 from npud.sim.skels import SkelFactory, SkelFaultError

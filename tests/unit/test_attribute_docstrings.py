@@ -26,14 +26,9 @@ ROOTS = {
     "npu_protocol": pathlib.Path(npu_protocol.__file__).parent,
 }
 
-KNOWN: frozenset[tuple[str, str]] = frozenset(
-    {
-        # In files other changes are rewriting as this check lands: each entry goes
-        # with the fix (the last test fails when an entry is no longer needed).
-        ("npud/sim/compute.py", "Seconds between a waiting piece's looks"),
-        ("npud/sim/pd_host.py", "The (uid, gid) children run as"),
-    }
-)
+# Each entry goes with its fix (the last test fails when an entry is no longer needed);
+# all have gone.
+KNOWN: frozenset[tuple[str, str]] = frozenset()
 """Misplaced docstrings known and not yet moved: (file, the docstring's first words)."""
 
 
