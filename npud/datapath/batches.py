@@ -86,9 +86,11 @@ class OpBatches:
         is no doorbell."""
         if not handler.doorbell:
             return None
-        assert handler.account is not None
+        timing = handler.timing
+        assert timing is not None  # an invoke's: made at its arrival
+        assert timing.account is not None  # a welcomed client has one
         batch = Batch(
-            handler.account, handler.domain, job if job.doorbell else None, time.monotonic()
+            timing.account, handler.domain, job if job.doorbell else None, time.monotonic()
         )
         with self._lock:
             trips = self._doorbell_trips.get(batch.account)

@@ -419,19 +419,21 @@ class DataPath:
     def _submit(self, call: Call) -> bool:
         """Hand a DSP call to the scheduler; True when it may run now."""
         handler = call.handler
-        assert handler.account is not None  # a welcomed client has one
+        timing = handler.timing
+        assert timing is not None  # a DSP-bound handler makes it at arrival
+        assert timing.account is not None  # a welcomed client has one
         if call.link.hung_up:  # its objects came to exist after its client left
             self._release(call)
             return False
         job = Job(
-            handler.account,
+            timing.account,
             payload=call,
-            deadline=handler.deadline,
-            explicit_deadline=handler.deadline is not None,
+            deadline=timing.deadline,
+            explicit_deadline=timing.deadline is not None,
             doorbell=self.batches == "gated" and handler.doorbell,
         )
         call.job = job
-        timeout = handler.timeout
+        timeout = timing.timeout
         outcome = self.scheduler.submit(job)
         if outcome is Outcome.LATE:
             self._answer_error(call, _deadline_error(handler))
@@ -439,8 +441,8 @@ class DataPath:
             return False
         if timeout is not None:
             call.timer = self.timers.call_later(timeout, lambda: self._time_out(call))
-        if outcome is Outcome.QUEUED and handler.deadline is not None:
-            self.timers.call_at(handler.deadline, self._refuse_late)
+        if outcome is Outcome.QUEUED and timing.deadline is not None:
+            self.timers.call_at(timing.deadline, self._refuse_late)
         if outcome is Outcome.QUEUED and job.bound is not None:
             recheck = self.scheduler.next_recheck()
             self.timers.call_at(job.bound if recheck is None else recheck, self._tick)
@@ -508,9 +510,10 @@ class DataPath:
         answer, error = self._run(call)
         answered = time.monotonic()
         self._deliver(call, answer, error)  # the answer first: the client waits for it
-        handler = call.handler
-        if handler.route is Route.WAIT and error is None and handler.account is not None:
-            self._batches.answered(handler.account, answered)
+        timing = call.handler.timing
+        account = None if timing is None else timing.account
+        if call.handler.route is Route.WAIT and error is None and account is not None:
+            self._batches.answered(account, answered)
         self._end(call)
 
     def _run(self, call: Call) -> tuple[Answer | None, CodedError | None]:
@@ -573,8 +576,11 @@ class DataPath:
         """A call's timeout passed: a queued call is taken out, a running one answered
         (it goes on: the DSP may be using its memory)."""
         handler = call.handler
+        assert handler.timing is not None  # only a timed call has a timeout
         error = CodedError(
-            ErrorCode.TIMEOUT, operation=p.tag_of(handler.request), timeout_ms=handler.timeout_ms
+            ErrorCode.TIMEOUT,
+            operation=p.tag_of(handler.request),
+            timeout_ms=handler.timing.timeout_ms,
         )
         job = call.job
         if job is not None and self.scheduler.cancel(job):
@@ -644,10 +650,11 @@ def _internal(exc: Exception) -> CodedError:
 
 
 def _deadline_error(handler: Handler[Any]) -> CodedError:
+    timing = handler.timing
     return CodedError(
         ErrorCode.DEADLINE_EXCEEDED,
         operation=p.tag_of(handler.request),
-        deadline_ms=handler.deadline_ms,
+        deadline_ms=None if timing is None else timing.deadline_ms,
     )
 
 
