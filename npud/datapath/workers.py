@@ -16,7 +16,7 @@ worker reads the connection's next requests), and then carries the requests:
   client's ``wait`` call brings the answer (or ``batch_answer_max`` passes), and
   doorbell-to-answer less the path's round trip is charged as the batch's DSP
   time; with ``"counted"`` the doorbell ends as a call and the batch's time is
-  only charged. A doorbell held
+  only charged (:mod:`npud.datapath.batches`). A doorbell held
   for realtime work goes at its bound, or when the realtime client it was held
   for turns quiet (a timer runs the scheduler's ``tick`` at ``next_recheck``);
 * control requests (allocation, mapping, remotectl) go to the control and
@@ -26,7 +26,8 @@ worker reads the connection's next requests), and then carries the requests:
 Nothing on this path ever blocks on a client: replies that a socket cannot
 take wait in the connection's outbox (:class:`Link`). Timeouts, deadlines of
 queued calls and slow readers are handled by one timer thread
-(:class:`Timers`). The trio thread keeps accept, the handshake, events,
+(:class:`Timers`), which also runs the watchdog of DSP calls that never return
+(:mod:`npud.datapath.watchdog`). The trio thread keeps accept, the handshake, events,
 recovery, signals and systemd; it never touches a request.
 
 Guarantees kept: ids resolve in arrival order; a request's objects are held
@@ -45,7 +46,6 @@ import select
 import signal
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,16 +55,18 @@ import structlog
 
 import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
+from npud.datapath.batches import OpBatches
 from npud.datapath.link import RECV_CHUNK, Link
 from npud.datapath.link_states import LinkState
+from npud.datapath.watchdog import CallWatchdog
 from npud.ops.loglimit import fields as log_fields
 from npud.requests import Answer, Handler, Route
 from npud.requests.clients import Gate
-from npud.runtime.scheduler import Account, Job, Outcome, Scheduler
+from npud.runtime.scheduler import Job, Outcome, Scheduler
 from npud.runtime.timers import Timer, Timers
 
 if TYPE_CHECKING:
-    from npud.domain.life import Domain
+    pass
 
 log = structlog.get_logger("npud.datapath.workers")
 
@@ -99,28 +101,6 @@ class Call:
         return True
 
 
-class _Batch:
-    """An op batch on the DSP: its doorbell was passed on, its answer has not come."""
-
-    __slots__ = ("account", "domain", "ended", "job", "started", "trip")
-
-    def __init__(self, account: Account, domain: Domain, job: Job | None, started: float) -> None:
-        self.account = account
-        self.domain = domain
-        self.job = job  # holds a slot until the answer (gated), or None (counted)
-        self.started = started
-        """When its doorbell was sent."""
-        self.trip = 0.0
-        """The trips in its doorbell-to-answer that are not the DSP's: the client's
-        fastest recent doorbell (:meth:`DataPath._batch_rung`)."""
-        self.ended = False
-
-
-DOORBELL_TRIPS: Final = 32
-"""Doorbells of a client whose fastest gives the path's round trip (a batch's charge
-leaves it out): a window, so that a slower path (a loaded host) is followed."""
-
-
 @dataclass(frozen=True)
 class DataPathStatistics:
     """The data path at one moment, for an operator or a test (trio's ``statistics()``)."""
@@ -151,17 +131,6 @@ class DataPath:
         self.scheduler = scheduler
         self.batches = batches
         self.batch_answer_max = batch_answer_max
-        self._open_batches: dict[Account, deque[_Batch]] = {}
-        """Batches on the DSP per client, oldest first (under ``_batches_lock``)."""
-        self._batches_lock = threading.Lock()
-        self._batch_timer_armed = False
-        self._doorbell_trips: weakref.WeakKeyDictionary[Account, deque[float]] = (
-            weakref.WeakKeyDictionary()
-        )
-        """Each client's recent doorbell round trips (under ``_batches_lock``; gone with
-        its account)."""
-        """A timer will look for batches past ``batch_answer_max`` (one for all of them:
-        a batch costs no timer of its own)."""
         self._epoll = select.epoll()
         self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._epoll.register(self._wake_read, select.EPOLLIN | select.EPOLLONESHOT)
@@ -170,6 +139,9 @@ class DataPath:
         self._links: dict[int, Link] = {}
         self._links_lock = threading.Lock()
         self.timers = Timers("npud-timers")
+        self._batches = OpBatches(
+            scheduler, self.timers, answer_max=batch_answer_max, on_finish=self._start_all
+        )
         self._threads = [
             threading.Thread(target=self._work, args=(i,), name=f"npud-worker-{i}", daemon=True)
             for i in range(workers)
@@ -180,11 +152,7 @@ class DataPath:
         self.frame_timeout = frame_timeout
         self.call_watchdog = call_watchdog
         self._on_hung = on_hung
-        self._running: dict[Call, float] = {}
-        """DSP calls on the DSP now, and since when (for the watchdog)."""
-        self._reported: set[Call] = set()
-        self._running_lock = threading.Lock()
-        self._watchdog_timer: Timer | None = None
+        self._watchdog = CallWatchdog[Call](self.timers, call_watchdog, self._report_hung)
 
     # --- life ----------------------------------------------------------------------
     def start(self) -> None:
@@ -451,19 +419,21 @@ class DataPath:
     def _submit(self, call: Call) -> bool:
         """Hand a DSP call to the scheduler; True when it may run now."""
         handler = call.handler
-        assert handler.account is not None  # a welcomed client has one
+        timing = handler.timing
+        assert timing is not None  # a DSP-bound handler makes it at arrival
+        assert timing.account is not None  # a welcomed client has one
         if call.link.hung_up:  # its objects came to exist after its client left
             self._release(call)
             return False
         job = Job(
-            handler.account,
+            timing.account,
             payload=call,
-            deadline=handler.deadline,
-            explicit_deadline=handler.deadline is not None,
+            deadline=timing.deadline,
+            explicit_deadline=timing.deadline is not None,
             doorbell=self.batches == "gated" and handler.doorbell,
         )
         call.job = job
-        timeout = handler.timeout
+        timeout = timing.timeout
         outcome = self.scheduler.submit(job)
         if outcome is Outcome.LATE:
             self._answer_error(call, _deadline_error(handler))
@@ -471,8 +441,8 @@ class DataPath:
             return False
         if timeout is not None:
             call.timer = self.timers.call_later(timeout, lambda: self._time_out(call))
-        if outcome is Outcome.QUEUED and handler.deadline is not None:
-            self.timers.call_at(handler.deadline, self._refuse_late)
+        if outcome is Outcome.QUEUED and timing.deadline is not None:
+            self.timers.call_at(timing.deadline, self._refuse_late)
         if outcome is Outcome.QUEUED and job.bound is not None:
             recheck = self.scheduler.next_recheck()
             self.timers.call_at(job.bound if recheck is None else recheck, self._tick)
@@ -484,19 +454,19 @@ class DataPath:
         while True:
             job = call.job
             assert job is not None
-            batch = self._batch_begin(call, job)
-            self._watch(call)
+            batch = self._batches.begin(call.handler, job)
+            self._watchdog.watch(call)
             try:
                 answer, error = self._run(call)
             finally:
-                self._unwatch(call)
+                self._watchdog.unwatch(call)
             if batch is not None and error is None:
-                self._batch_rung(batch)
+                self._batches.rung(batch)
             started: list[Job]
             late: list[Job]
             if batch is not None and batch.job is not None and error is None:
                 started, late = [], []  # the batch holds the slot until its answer
-            elif batch is not None and not self._batch_forget(batch):
+            elif batch is not None and not self._batches.forget(batch):
                 started, late = [], []  # its answer came already and finished it
             else:
                 started, late = self.scheduler.finish(job, call.handler.dsp_seconds)
@@ -534,121 +504,16 @@ class DataPath:
         if recheck is not None and recheck > time.monotonic():
             self.timers.call_at(recheck, self._tick)
 
-    # --- op batches (dspqueue) ---------------------------------------------------------------
-    def _batch_begin(self, call: Call, job: Job) -> _Batch | None:
-        """A doorbell goes on: its batch is open from now until the client's next answer
-        (its charge leaves the path's round trip out: :meth:`_batch_rung`)."""
-        handler = call.handler
-        if not handler.doorbell:
-            return None
-        assert handler.account is not None
-        batch = _Batch(
-            handler.account, handler.domain, job if job.doorbell else None, time.monotonic()
-        )
-        with self._batches_lock:
-            trips = self._doorbell_trips.get(batch.account)
-            batch.trip = min(trips) if trips else 0.0  # if its answer comes before it returns
-            self._open_batches.setdefault(batch.account, deque()).append(batch)
-            arm = not self._batch_timer_armed
-            self._batch_timer_armed = True
-        if arm:
-            self.timers.call_at(batch.started + self.batch_answer_max, self._expire_batches)
-        return batch
-
-    def _batch_rung(self, batch: _Batch) -> None:
-        """The doorbell returned. A batch is charged from its doorbell's sending to its
-        answer's arrival less the two trips in that which are not the DSP's: the
-        doorbell's way there, and the answer's way back. A doorbell is a call that does
-        nothing on the DSP, so its own time is those two trips; its return is not when
-        the DSP took the batch (the batch may run before the DSP process's reply goes
-        out, so a slow return measures the batch, not the path). The client's fastest
-        doorbell of the last :data:`DOORBELL_TRIPS` is the path's round trip, left out
-        of the charge. Doorbell-to-answer alone counted 1.18 times the DSP's own count
-        of llama.cpp's batches (issue 28); from the doorbell's return, about 0.8."""
-        returned = time.monotonic()
-        with self._batches_lock:
-            trips = self._doorbell_trips.get(batch.account)
-            if trips is None:
-                trips = self._doorbell_trips[batch.account] = deque(maxlen=DOORBELL_TRIPS)
-            trips.append(returned - batch.started)
-            if not batch.ended:
-                batch.trip = min(trips)
-
-    def _expire_batches(self) -> None:
-        """The timer (timer thread): batches past ``batch_answer_max`` give their slot
-        back; the timer is set again for the oldest of the others."""
-        now = time.monotonic()
-        with self._batches_lock:
-            batches = [batch for queue in self._open_batches.values() for batch in queue]
-        for batch in batches:
-            if now - batch.started >= self.batch_answer_max:
-                self._batch_end(batch, expired=True)
-        with self._batches_lock:
-            oldest = min(
-                (queue[0].started for queue in self._open_batches.values() if queue),
-                default=None,
-            )
-            self._batch_timer_armed = oldest is not None
-        if oldest is not None:
-            self.timers.call_at(oldest + self.batch_answer_max, self._expire_batches)
-
-    def _batch_forget(self, batch: _Batch) -> bool:
-        """The doorbell failed (or is counted, not gated): a gated batch is no longer
-        waited for. False when its answer came already (the batch was finished)."""
-        if batch.job is None:
-            return True  # counted: its answer charges it; the call finishes as a call
-        with self._batches_lock:
-            if batch.ended:
-                return False
-            batch.ended = True
-            queue = self._open_batches[batch.account]
-            queue.remove(batch)
-            if not queue:
-                del self._open_batches[batch.account]
-        return True
-
-    def batch_answered(self, account: Account, when: float) -> None:
-        """A ``wait`` call of ``account`` returned at ``when``: the oldest open batch is
-        over."""
-        with self._batches_lock:
-            open_batches = self._open_batches.get(account)
-            batch = open_batches[0] if open_batches else None
-        if batch is not None:
-            self._batch_end(batch, expired=False, when=when)
-
-    def _batch_end(self, batch: _Batch, *, expired: bool, when: float | None = None) -> None:
-        with self._batches_lock:
-            if batch.ended:
-                return
-            batch.ended = True
-            open_batches = self._open_batches[batch.account]
-            open_batches.remove(batch)
-            if not open_batches:
-                del self._open_batches[batch.account]
-        spent = (time.monotonic() if when is None else when) - batch.started
-        seconds = spent if expired else max(0.0, spent - batch.trip)
-        if expired:
-            log.warning(
-                "an op batch's answer did not come: its slot is given back",
-                client=batch.account.name,
-                after_s=round(seconds, 3),
-            )
-        batch.domain.charge_dsp(seconds)
-        if batch.job is None:
-            self.scheduler.charge(batch.account, seconds)
-            return
-        started, late = self.scheduler.finish(batch.job, seconds)
-        self._start_all(started, late)
-
     def _execute(self, call: Call) -> None:
         """Run a control or immediate request and answer it; a call that waited for the
         DSP (``Route.WAIT``: dspqueue's answer) ends its client's oldest open batch."""
         answer, error = self._run(call)
         answered = time.monotonic()
         self._deliver(call, answer, error)  # the answer first: the client waits for it
-        handler = call.handler
-        if handler.route is Route.WAIT and error is None and handler.account is not None:
-            self.batch_answered(handler.account, answered)
+        timing = call.handler.timing
+        account = None if timing is None else timing.account
+        if call.handler.route is Route.WAIT and error is None and account is not None:
+            self._batches.answered(account, answered)
         self._end(call)
 
     def _run(self, call: Call) -> tuple[Answer | None, CodedError | None]:
@@ -711,8 +576,11 @@ class DataPath:
         """A call's timeout passed: a queued call is taken out, a running one answered
         (it goes on: the DSP may be using its memory)."""
         handler = call.handler
+        assert handler.timing is not None  # only a timed call has a timeout
         error = CodedError(
-            ErrorCode.TIMEOUT, operation=p.tag_of(handler.request), timeout_ms=handler.timeout_ms
+            ErrorCode.TIMEOUT,
+            operation=p.tag_of(handler.request),
+            timeout_ms=handler.timing.timeout_ms,
         )
         job = call.job
         if job is not None and self.scheduler.cancel(job):
@@ -722,52 +590,18 @@ class DataPath:
             call.link.log.info("call timed out on the DSP; it goes on", id=handler.request.id)
 
     # --- the watchdog: calls that never return ----------------------------------------
-    def _watch(self, call: Call) -> None:
-        """``call`` goes on the DSP now. One timer watches every running call: it is
-        set for the oldest one only, so a stream of calls costs no timer each."""
-        if not self.call_watchdog:
-            return
-        now = time.monotonic()
-        with self._running_lock:
-            self._running[call] = now
-            arm = self._watchdog_timer is None
-            if arm:
-                self._watchdog_timer = self.timers.call_at(now + self.call_watchdog, self._inspect)
-
-    def _unwatch(self, call: Call) -> None:
-        if self.call_watchdog:
-            with self._running_lock:
-                self._running.pop(call, None)
-
-    def _inspect(self) -> None:
-        """The watchdog's round (timer thread): report the calls on the DSP for longer
-        than ``call_watchdog``, then set the timer for the oldest of the others."""
-        now = time.monotonic()
-        with self._running_lock:
-            hung = [
-                call
-                for call, since in self._running.items()
-                if now - since >= self.call_watchdog and call not in self._reported
-            ]
-            self._reported.update(hung)
-            self._reported.intersection_update(self._running)
-            waiting = [since for call, since in self._running.items() if call not in self._reported]
-            self._watchdog_timer = (
-                self.timers.call_at(min(waiting) + self.call_watchdog, self._inspect)
-                if waiting
-                else None
-            )
-        for call in hung:
-            request = call.handler.request
-            call.link.log.error(
-                "a DSP call never returned; ending its domain's DSP process and restarting it",
-                request=p.tag_of(request),
-                id=request.id,
-                domain=call.handler.domain.name,
-                seconds=self.call_watchdog,
-            )
-            tag = p.tag_of(request)
-            self._on_hung(call.handler, f"a {tag} did not return within {self.call_watchdog:g} s")
+    def _report_hung(self, call: Call) -> None:
+        """The watchdog found ``call`` on the DSP past ``call_watchdog`` (timer thread)."""
+        request = call.handler.request
+        call.link.log.error(
+            "a DSP call never returned; ending its domain's DSP process and restarting it",
+            request=p.tag_of(request),
+            id=request.id,
+            domain=call.handler.domain.name,
+            seconds=self.call_watchdog,
+        )
+        tag = p.tag_of(request)
+        self._on_hung(call.handler, f"a {tag} did not return within {self.call_watchdog:g} s")
 
     def _refuse_late(self) -> None:
         for job in self.scheduler.late_jobs():
@@ -816,10 +650,11 @@ def _internal(exc: Exception) -> CodedError:
 
 
 def _deadline_error(handler: Handler[Any]) -> CodedError:
+    timing = handler.timing
     return CodedError(
         ErrorCode.DEADLINE_EXCEEDED,
         operation=p.tag_of(handler.request),
-        deadline_ms=handler.deadline_ms,
+        deadline_ms=None if timing is None else timing.deadline_ms,
     )
 
 

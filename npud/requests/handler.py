@@ -89,13 +89,9 @@ class Handler(abc.ABC, Generic[R]):
     (PROTOCOL.md section 6). Its ``arrive`` reserves with :meth:`_reserve`."""
     _reserved = False
 
-    # DSP-bound handlers set these (the data path reads them).
-    account: Account | None = None
-    timeout: float | None = None
-    timeout_ms: int | None = None
-    deadline: float | None = None
-    """Absolute, on time.monotonic(); None: no deadline."""
-    deadline_ms: int | None = None
+    timing: CallTiming | None = None
+    """A DSP-bound call's timing (invoke, model run, chain), built at its arrival; the
+    data path reads it."""
     dsp_seconds: float = 0.0
     session: FastRpcSession | None = None
     """The session its DSP work runs on, taken at arrival by the handlers that call the
@@ -214,41 +210,56 @@ class Handler(abc.ABC, Generic[R]):
 
 
 class CallTiming:
-    """What a DSP-bound handler (invoke, model run) does at arrival and end: its
-    timeout and deadline, and the client's count of calls in flight."""
+    """A DSP-bound call's timing, made at its arrival (invoke, model run, chain) and held
+    by its handler (``handler.timing``): its timeout and deadline, its client's account,
+    and its place in the client's count of calls in flight, taken by :meth:`begin` (the
+    arrival's last step) and given back by :meth:`end`. A ``timeout_ms`` past the
+    client's ``max_timeout_ms`` is refused (INVALID_ARGUMENT)."""
 
-    client: Client
-    limits: p.ClientLimits
-    account: Account | None
-    timeout: float | None
-    timeout_ms: int | None
-    deadline: float | None
-    deadline_ms: int | None
-    _counted = False
+    __slots__ = (
+        "_client",
+        "_counted",
+        "_max_in_flight",
+        "account",
+        "deadline",
+        "deadline_ms",
+        "timeout",
+        "timeout_ms",
+    )
 
-    def arrive_as_call(self, timeout_ms: int | None, deadline_ms: int | None) -> None:
-        limits = self.limits
+    def __init__(
+        self,
+        client: Client,
+        limits: p.ClientLimits,
+        timeout_ms: int | None,
+        deadline_ms: int | None,
+    ) -> None:
         if timeout_ms is not None and timeout_ms > limits.max_timeout_ms:
             raise CodedError(
                 ErrorCode.INVALID_ARGUMENT,
                 detail=f"timeout_ms {timeout_ms} exceeds max_timeout_ms {limits.max_timeout_ms}",
             )
         self.timeout_ms = timeout_ms if timeout_ms is not None else limits.default_timeout_ms
+        """As asked, else the client's default; None: no timeout."""
         self.timeout = None if self.timeout_ms is None else self.timeout_ms / 1000
         self.deadline_ms = deadline_ms
-        if deadline_ms is not None:
-            self.deadline = time.monotonic() + deadline_ms / 1000
-        self.account = self.client.account
+        self.deadline = None if deadline_ms is None else time.monotonic() + deadline_ms / 1000
+        """Absolute, on time.monotonic(); None: no deadline."""
+        self.account: Account | None = client.account
+        self._client = client
+        self._max_in_flight = limits.max_in_flight
+        self._counted = False
 
-    def begin_call(self) -> None:
-        """Count the call in flight (the last arrival step: the count is given back by end)."""
-        self.client.begin_call(self.limits.max_in_flight)
+    def begin(self) -> None:
+        """Count the call in flight (the last arrival step: :meth:`end` gives it back)."""
+        self._client.begin_call(self._max_in_flight)
         self._counted = True
 
-    def end_call(self) -> None:
+    def end(self) -> None:
+        """Give the count back (once; nothing if :meth:`begin` did not take it)."""
         if self._counted:
             self._counted = False
-            self.client.end_call()
+            self._client.end_call()
 
 
 # --- buffers ----------------------------------------------------------------------

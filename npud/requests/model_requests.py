@@ -158,7 +158,7 @@ class ModelInfo(Handler[p.ModelInfoRequest]):
         return Answer(p.ModelInfoReply(id=self.request.id, info=info))
 
 
-class RunModel(CallTiming, Handler[p.ModelRunRequest]):
+class RunModel(Handler[p.ModelRunRequest]):
     """One run, scheduled like an invoke; the model is held from arrival to the end."""
 
     session: FastRpcSession
@@ -176,9 +176,12 @@ class RunModel(CallTiming, Handler[p.ModelRunRequest]):
                 " version than this connection speaks; offer that version in the hello",
             )
         self.session = self.domain.current()
-        self.arrive_as_call(self.request.timeout_ms, self.request.deadline_ms)
+        request = self.request
+        timing = self.timing = CallTiming(
+            self.client, self.limits, request.timeout_ms, request.deadline_ms
+        )
         self.entry = self._use(self.request.model, Kind.MODEL)
-        self.begin_call()
+        timing.begin()
 
     def run(self) -> Answer:
         model = self._model(self.entry)
@@ -193,11 +196,12 @@ class RunModel(CallTiming, Handler[p.ModelRunRequest]):
         return Answer(p.ModelRunReply(id=self.request.id, dsp_us=dsp_us, output_shapes=shapes))
 
     def end(self) -> None:
-        self.end_call()
+        if self.timing is not None:
+            self.timing.end()
         super().end()
 
 
-class RunChain(CallTiming, Handler[p.ModelChainRequest]):
+class RunChain(Handler[p.ModelChainRequest]):
     """Several loaded models in one request (npud/requests/chains.py), scheduled like one run;
     every model it names is held from arrival to the end."""
 
@@ -213,12 +217,15 @@ class RunChain(CallTiming, Handler[p.ModelChainRequest]):
         if len(steps) > MAX_STEPS:
             raise too_many_steps(len(steps))
         self.session = self.domain.current()
-        self.arrive_as_call(self.request.timeout_ms, self.request.deadline_ms)
+        request = self.request
+        timing = self.timing = CallTiming(
+            self.client, self.limits, request.timeout_ms, request.deadline_ms
+        )
         self.entries: dict[int, Entry] = {}
         for step in steps:
             if step.model not in self.entries:
                 self.entries[step.model] = self._use(step.model, Kind.MODEL)
-        self.begin_call()
+        timing.begin()
 
     def run(self) -> Answer:
         from npud.requests import chains  # noqa: PLC0415  (loaded with the first chain)
@@ -237,7 +244,8 @@ class RunChain(CallTiming, Handler[p.ModelChainRequest]):
         return Answer(p.ModelChainReply(id=self.request.id, dsp_us=dsp_us, output_shapes=shapes))
 
     def end(self) -> None:
-        self.end_call()
+        if self.timing is not None:
+            self.timing.end()
         super().end()
 
 

@@ -75,7 +75,7 @@ class Close(Handler[p.CloseRequest]):
 # --- invoke -------------------------------------------------------------------------
 
 
-class Invoke(CallTiming, Handler[p.InvokeRequest]):
+class Invoke(Handler[p.InvokeRequest]):
     """A remote call. Its handle and buffers are held from arrival to the end. A call
     that waits for the DSP (``wait``) runs on the domain's waits lane."""
 
@@ -131,7 +131,9 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
                 raise CodedError(
                     ErrorCode.QUOTA_EXCEEDED, resource=resource, limit=limits.max_inline_bytes
                 )
-        self.arrive_as_call(request.timeout_ms, request.deadline_ms)
+        timing = self.timing = CallTiming(
+            self.client, limits, request.timeout_ms, request.deadline_ms
+        )
         self.handle = self._use(request.handle, Kind.HANDLE)
         opened = self.handle.value
         if isinstance(opened, OpenHandle) and request.method in opened.faults:
@@ -144,7 +146,7 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
         for arg, entry in self.slices:
             if entry.created.is_open:
                 _check_slice(arg, entry)
-        self.begin_call()
+        timing.begin()
 
     @property
     def doorbell(self) -> bool:
@@ -192,7 +194,8 @@ class Invoke(CallTiming, Handler[p.InvokeRequest]):
         if self._waiting:
             self._waiting = False
             self.client.end_wait()
-        self.end_call()
+        if self.timing is not None:
+            self.timing.end()
         super().end()
 
 

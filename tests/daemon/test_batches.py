@@ -16,7 +16,7 @@ import trio
 
 import npu_protocol as p
 from npud.daemon.server import Daemon
-from npud.datapath import workers as datapath
+from npud.datapath import batches, workers
 from npud.requests import Answer
 from npud.requests.holdings import is_dspqueue_uri
 from npud.requests.skel_requests import Invoke
@@ -143,8 +143,9 @@ async def test_a_held_doorbell_goes_at_its_bound_while_realtime_work_runs(
 
 
 class _SlowReturns:
-    """``time`` for npud.datapath whose clock jumps ``trip`` seconds whenever a doorbell's
-    invoke returns: its reply took that long to come back from the DSP process."""
+    """``time`` for npud.datapath's workers and batches whose clock jumps ``trip``
+    seconds whenever a doorbell's invoke returns: its reply took that long to come back
+    from the DSP process."""
 
     def __init__(self) -> None:
         self.trip = 0.0
@@ -201,7 +202,8 @@ async def test_a_batch_is_charged_without_its_doorbells_round_trip(
     return took 5 s while the client's fastest took far less is (its DSP process ran the
     batch before it let the doorbell's reply go: those 5 s were the DSP's)."""
     clock = _SlowReturns()
-    monkeypatch.setattr(datapath, "time", clock)
+    monkeypatch.setattr(workers, "time", clock)  # when the answer came
+    monkeypatch.setattr(batches, "time", clock)  # the doorbell's sending and return
     run = Invoke.run
 
     def slow_doorbell(self: Invoke) -> Answer:
