@@ -221,5 +221,6 @@ async def test_a_batch_is_charged_without_its_doorbells_round_trip(
         clock.trip = 0.0
         await _charged_batch(daemon, peer, handle, 20, cancelled=True)  # the fastest now
         clock.trip = 5.0
-        assert await _charged_batch(daemon, peer, handle, 30, cancelled=True) >= 5_000_000
+        # Less its fastest doorbell (well under 0.1 s): the 5 s stay charged.
+        assert await _charged_batch(daemon, peer, handle, 30, cancelled=True) >= 4_900_000
         peer.close()
