@@ -20,7 +20,7 @@ import msgspec
 
 from npu_client._blocking import Client
 from npu_client._chain import Step
-from npu_client._model_run import RunUsageError, TensorLine, _load_npy
+from npu_client._model_run import RunUsageError, TensorLine, _load_npy, tensor_and_time_lines
 
 
 class ChainReport(msgspec.Struct, frozen=True):
@@ -162,14 +162,7 @@ def run_chain_once(client: Client, args: ChainArgs) -> ChainReport:
 
 def render_chain(report: ChainReport) -> str:
     lines = [f"chain    {' -> '.join(report.steps)}"]
-    lines += [f"input    {t.name} {t.dtype} {list(t.shape)} <- {t.source}" for t in report.inputs]
-    lines += [
-        f"output   {t.name} {t.dtype} {list(t.shape)}"
-        + (f" (room {list(t.room)})" if t.room is not None else "")
-        for t in report.outputs
-    ]
-    lines.append(
-        f"time     load {report.load_ms:.1f} ms, run {report.run_ms:.2f} ms"
-        f" (DSP {report.dsp_us / 1000:.2f} ms)"
+    lines += tensor_and_time_lines(
+        report.inputs, report.outputs, report.load_ms, report.run_ms, report.dsp_us
     )
     return "\n".join(lines)

@@ -216,14 +216,27 @@ def render_run(report: RunReport) -> str:
     if report.graphs:
         names = ", ".join(repr(name) for name in report.graphs)
         lines.append(f"graph    {report.graph!r} of {names}")
-    lines += [f"input    {t.name} {t.dtype} {list(t.shape)} <- {t.source}" for t in report.inputs]
+    lines += tensor_and_time_lines(
+        report.inputs, report.outputs, report.load_ms, report.run_ms, report.dsp_us
+    )
+    return "\n".join(lines)
+
+
+def tensor_and_time_lines(
+    inputs: list[TensorLine],
+    outputs: list[TensorLine],
+    load_ms: float,
+    run_ms: float,
+    dsp_us: int,
+) -> list[str]:
+    """The lines a run and a chain both print: each input and output, then the times."""
+    lines = [f"input    {t.name} {t.dtype} {list(t.shape)} <- {t.source}" for t in inputs]
     lines += [
         f"output   {t.name} {t.dtype} {list(t.shape)}"
         + (f" (room {list(t.room)})" if t.room is not None else "")
-        for t in report.outputs
+        for t in outputs
     ]
     lines.append(
-        f"time     load {report.load_ms:.1f} ms, run {report.run_ms:.2f} ms"
-        f" (DSP {report.dsp_us / 1000:.2f} ms)"
+        f"time     load {load_ms:.1f} ms, run {run_ms:.2f} ms (DSP {dsp_us / 1000:.2f} ms)"
     )
-    return "\n".join(lines)
+    return lines
