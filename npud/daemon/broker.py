@@ -253,7 +253,6 @@ class Broker:
             self.clients.admit(client)
             client.watch_only = True
             client.limits = self.make_limits(client)
-            client.daemon = self
             return default
         if isolate and not self.config.domains.allow_isolate:
             raise CodedError(
@@ -303,7 +302,6 @@ class Broker:
             raise
         client.domain_name = domain.name
         client.limits = self.make_limits(client)
-        client.daemon = self
         return domain
 
     def welcomed(self, client: Client, revoke: Any) -> None:

@@ -303,7 +303,7 @@ class ClientLink:
         self._token = trio.lowlevel.current_trio_token()
 
     def arrive(self, request: p.AnyRequest) -> Handler[Any]:
-        handler = HANDLERS[type(request)](self._client, self._domain, request)
+        handler = HANDLERS[type(request)](self._client, self._domain, request, self._broker)
         handler.start()
         return handler
 

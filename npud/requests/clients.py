@@ -31,7 +31,7 @@ import enum
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import npu_protocol as p
 from npu_protocol import CodedError, ErrorCode
@@ -40,21 +40,12 @@ from npud.requests.holdings import HeldBuffer
 from npud.runtime.scheduler import Account
 
 if TYPE_CHECKING:
-    from npud.domain.life import Domain
+    pass
 
 
 def _bank_lost(entry: Entry) -> bool:
     value = entry.value
     return isinstance(value, HeldBuffer) and value.buffer.bank_lost
-
-
-class DaemonView(Protocol):
-    """What a request may ask of the daemon as a whole, beyond its client and its domain
-    (npud.daemon.broker provides it): the status, and for root's debug faults another domain."""
-
-    def status(self, viewer: Client) -> p.DaemonStatus: ...
-
-    def domain_named(self, name: str) -> Domain | None: ...
 
 
 class Gate:
@@ -300,8 +291,6 @@ class Client:
     """What its Welcome announced (a reload makes them anew); every call checks them."""
     quotas: Clients | None = None
     """The table it was admitted to, whose quotas span clients (set by Clients.admit)."""
-    daemon: DaemonView | None = None
-    """The daemon as its requests may see it (set when it is welcomed)."""
     send_event: Callable[[p.ServerEvent], object] | None = None
     """How events reach this client (set once it is welcomed; never blocks)."""
     account: Account | None = None

@@ -23,9 +23,8 @@ class Status(Handler[p.StatusRequest]):
     acquires = False
 
     def run(self) -> Answer:
-        daemon = self.client.daemon
-        assert daemon is not None, "a welcomed client sees the daemon"
-        return Answer(p.StatusReply(id=self.request.id, status=daemon.status(self.client)))
+        status = self.daemon.status(self.client)
+        return Answer(p.StatusReply(id=self.request.id, status=status))
 
 
 class Ping(Handler[p.PingRequest]):
@@ -59,8 +58,7 @@ class Debug(Handler[p.DebugRequest]):
         self.faults: FaultControl = faults
         self.target: Domain | None = None
         if self.request.domain:
-            daemon = self.client.daemon
-            target = daemon.domain_named(self.request.domain) if daemon is not None else None
+            target = self.daemon.domain_named(self.request.domain)
             if target is None:
                 raise CodedError(
                     ErrorCode.INVALID_ARGUMENT, detail=f"no domain {self.request.domain!r}"

@@ -23,7 +23,7 @@ import abc
 import enum
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
 
 import npu_protocol as p
 from npu_client.transport import OwnedFd
@@ -71,6 +71,16 @@ class Answer:
     fd: OwnedFd | None = None
 
 
+class DaemonView(Protocol):
+    """What a request may ask of the daemon as a whole, beyond its client and its domain
+    (npud.daemon.broker provides it, given to every handler at its arrival): the status,
+    and for root's debug faults another domain."""
+
+    def status(self, viewer: Client) -> p.DaemonStatus: ...
+
+    def domain_named(self, name: str) -> Domain | None: ...
+
+
 class Handler(abc.ABC, Generic[R]):
     """One request, from its arrival to its answer. It is given its client and the
     domain the client's calls run in, and touches nothing else."""
@@ -103,10 +113,12 @@ class Handler(abc.ABC, Generic[R]):
         an invoke can be."""
         return False
 
-    def __init__(self, client: Client, domain: Domain, request: R) -> None:
+    def __init__(self, client: Client, domain: Domain, request: R, daemon: DaemonView) -> None:
         self.client = client
         self.domain = domain
         self.request = request
+        self.daemon = daemon
+        """The daemon as a whole, as far as a request may see it."""
         self._held: list[Entry] = []
         self._waits: list[Gate] = []
 

@@ -16,7 +16,7 @@ from npu_protocol import CodedError, ErrorCode
 from npud.domain.life import Domain
 from npud.fastrpc.session import FastRpcSession
 from npud.requests.clients import Client, Entry, Kind
-from npud.requests.handler import Answer, CallTiming, Handler, Route, destroyable
+from npud.requests.handler import Answer, CallTiming, DaemonView, Handler, Route, destroyable
 from npud.requests.holdings import (
     let_go,
 )
@@ -32,8 +32,10 @@ class LoadModel(Handler[p.ModelLoadRequest]):
     creates = True
     check: FileCheck
 
-    def __init__(self, client: Client, domain: Domain, request: p.ModelLoadRequest) -> None:
-        super().__init__(client, domain, request)
+    def __init__(
+        self, client: Client, domain: Domain, request: p.ModelLoadRequest, daemon: DaemonView
+    ) -> None:
+        super().__init__(client, domain, request, daemon)
         # The client's file: ours from now on, closed once when the request ends.
         self.file = OwnedFd(self.request.fd)
 

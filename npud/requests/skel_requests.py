@@ -13,7 +13,7 @@ from npud.domain.life import Domain
 from npud.fastrpc.kernel.invoke_args import Capacity, InArg, Inline, InvokeResult, OutArg, Slice
 from npud.fastrpc.session import FastRpcSession
 from npud.requests.clients import Client, Entry, Kind
-from npud.requests.handler import Answer, CallTiming, Handler, Route, destroyable
+from npud.requests.handler import Answer, CallTiming, DaemonView, Handler, Route, destroyable
 from npud.requests.holdings import (
     DSPQUEUE_SIGNAL_SC,
     OpenHandle,
@@ -84,8 +84,10 @@ class Invoke(Handler[p.InvokeRequest]):
     route = Route.DSP
     _waiting = False
 
-    def __init__(self, client: Client, domain: Domain, request: p.InvokeRequest) -> None:
-        super().__init__(client, domain, request)
+    def __init__(
+        self, client: Client, domain: Domain, request: p.InvokeRequest, daemon: DaemonView
+    ) -> None:
+        super().__init__(client, domain, request, daemon)
         if request.wait:
             self.route = Route.WAIT
 

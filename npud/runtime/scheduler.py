@@ -57,20 +57,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from npud.runtime import rhythm
+from npud.runtime.budgets import AdmissionRefusedError, Bucket, Budget, check_admission
+from npud.runtime.utilisation import BusySlots
+
+__all__ = [
+    "BACKGROUND",
+    "CLASSES",
+    "NORMAL",
+    "REALTIME",
+    "Account",
+    "AdmissionRefusedError",
+    "Budget",
+    "Job",
+    "Outcome",
+    "Policy",
+    "Scheduler",
+    "SchedulerStatistics",
+]
 CLASSES: Final = ("realtime", "normal", "background")
 REALTIME, NORMAL, BACKGROUND = range(3)
 WAIT_SAMPLES: Final = 1024
 """Queue waits kept per client for the percentiles (the most recent ones)."""
-UTILISATION_WINDOW: Final = 10.0
-"""Seconds over which the utilisation figure is averaged."""
-UTILISATION_SNAPSHOT_EVERY: Final = 0.5
-UTILISATION_SNAPSHOTS: Final = 64
-LOAN_SHARE_OF_SLACK: Final = 0.5
-"""How much of an in-rhythm realtime client's slack a loan may take (the rest absorbs the
-host's own delays)."""
-RHYTHM_PERIODS: Final = 2
-"""A realtime client whose last call came within this many periods is calling in rhythm:
-its next call is expected one period after its last."""
 TYPICAL_CALL_WEIGHT: Final = 0.25
 """How much a call's DSP time moves its client's typical call (an exponential average)."""
 
@@ -115,22 +123,6 @@ class Policy:
             raise ValueError("batch_hold_max must be positive")
 
 
-@dataclass(frozen=True)
-class Budget:
-    """A realtime client's declaration: at most ``budget`` seconds of DSP every ``period``."""
-
-    period: float
-    budget: float
-
-    @property
-    def share(self) -> float:
-        return self.budget / self.period
-
-
-class AdmissionRefusedError(Exception):
-    """A budget that would take realtime use above the configured bound."""
-
-
 @dataclass(eq=False)
 class Account:
     """One client as the scheduler sees it."""
@@ -150,15 +142,9 @@ class Account:
     """Calls that finished after their deadline."""
     late: int = 0
     """Calls refused because their deadline had passed before dispatch."""
-    overruns: int = 0
-    """Times a budgeted client's use went beyond its budget (:meth:`Scheduler._charge_budget`)."""
     waits: deque[float] = field(default_factory=lambda: deque(maxlen=WAIT_SAMPLES))
-    used: float = 0.0
-    """Its budget's leaky bucket: DSP time charged, less what drained at the budget's
-    rate (``budget`` per ``period``) up to ``used_at`` (PROTOCOL.md section 8)."""
-    used_at: float = -math.inf
-    over: bool = False
-    """``used`` went beyond the budget and has not drained back to it (one overrun)."""
+    bucket: Bucket | None = None
+    """Its budget's use (PROTOCOL.md section 8); None without a budget."""
     closed: bool = False
     throttled_until: float = -math.inf
     """A call of this client hung: until then its calls run one at a time, as background."""
@@ -169,6 +155,15 @@ class Account:
     """When a call of it last arrived as realtime: its next is expected a period later."""
     _queue: deque[Job] = field(default_factory=deque)
     _running_jobs: list[Job] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.budget is not None and self.bucket is None:
+            self.bucket = Bucket(self.budget)
+
+    @property
+    def overruns(self) -> int:
+        """Times its use went beyond its budget (0 without one)."""
+        return self.bucket.overruns if self.bucket is not None else 0
 
     @property
     def throttled(self) -> bool:
@@ -235,13 +230,10 @@ class Scheduler:
         self._fifo: deque[Job] = deque()
         self._dispatched = 0
         self._late = 0
-        self._busy_area = 0.0  # slot-seconds used since start
-        self._busy_since = clock()
+        self._busy = BusySlots(clock())
         self._running_total = 0
         self.calls_done = 0
         """Calls finished (:meth:`finish`) since start."""
-        self._busy_history: deque[tuple[float, float]] = deque(maxlen=UTILISATION_SNAPSHOTS)
-        self._busy_history.append((self._busy_since, 0.0))
 
     # --- clients ---------------------------------------------------------------
     def open_account(
@@ -337,8 +329,8 @@ class Scheduler:
             )
             if job.deadline is not None and now > job.deadline:
                 account.misses += 1
-            if account.budget is not None:
-                self._charge_budget(account, dsp_seconds, now)
+            if account.bucket is not None:
+                account.bucket.charge(dsp_seconds, now)
             return self._dispatch(now)
 
     def charge(self, account: Account, dsp_seconds: float) -> None:
@@ -348,8 +340,8 @@ class Scheduler:
             now = self._clock()
             account.dsp_seconds += dsp_seconds
             account.vtime += dsp_seconds
-            if account.budget is not None:
-                self._charge_budget(account, dsp_seconds, now)
+            if account.bucket is not None:
+                account.bucket.charge(dsp_seconds, now)
 
     def tick(self) -> tuple[list[Job], list[Job]]:
         """Start what may start now: doorbells held to their bound, and those held for a
@@ -381,7 +373,7 @@ class Scheduler:
                 budget = account.budget
                 if account.klass != REALTIME or budget is None or account.closed:
                     continue
-                quiet = account.last_realtime_arrival + RHYTHM_PERIODS * budget.period
+                quiet = rhythm.quiet_from(account.last_realtime_arrival, budget.period)
                 if now < quiet < when:
                     when = quiet
             return when
@@ -414,8 +406,8 @@ class Scheduler:
                 dsp_slots=self.policy.dsp_slots,
                 queued=(self._queued[0], self._queued[1], self._queued[2]),
                 running=(self._running[0], self._running[1], self._running[2]),
-                utilisation=self._utilisation(now),
-                realtime_declared=self._declared(),
+                utilisation=self._busy.utilisation(now, self.policy.dsp_slots),
+                realtime_declared=sum(b.share for b in self._declared()),
                 dispatched=self._dispatched,
                 late=self._late,
             )
@@ -432,10 +424,10 @@ class Scheduler:
             return BACKGROUND
         if self.policy.mode == "fifo":
             return NORMAL
-        if account.budget is not None and account.klass == REALTIME:
-            self._drain(account, now)
-            if account.used + self._in_flight(account, now) >= account.budget.budget:
-                return NORMAL  # over budget until it drains: no more precedence
+        bucket = account.bucket
+        if bucket is not None and account.klass == REALTIME:
+            # Over budget until it drains: no more precedence.
+            return NORMAL if bucket.full(self._in_flight(account, now), now) else REALTIME
         return account.klass
 
     def _in_flight(self, account: Account, now: float) -> float:
@@ -480,17 +472,8 @@ class Scheduler:
     def _may_borrow(self, job: Job, now: float) -> bool:
         """May ``job`` take a slot kept for realtime? Its client's typical DSP time says
         when it would end, and it must end before any other realtime client would wait
-        too long for the slot. A realtime call may wait ``period - budget`` and still end
-        in its period; a loan may use half of that, so that the host's own delays (its
-        CPUs are shared too) fit in the other half:
-
-        * a client calling in rhythm (its last call came within two periods) calls again
-          one period after its last (or at once, if that is past): the loan must end
-          within half its slack after that;
-        * a quiet client may call at any moment: the loan must end within its whole
-          slack from now, since it rarely comes at once.
-
-        A client whose calls were never measured does not borrow."""
+        too long for the slot (:func:`npud.runtime.rhythm.loan_must_end_by`). A client
+        whose calls were never measured does not borrow."""
         predicted = job.account.typical_call
         if predicted is None:
             return False
@@ -503,13 +486,13 @@ class Scheduler:
                 or account.closed
             ):
                 continue
-            period, budget = account.budget.period, account.budget.budget
-            slack = period - budget
-            if now - account.last_realtime_arrival <= RHYTHM_PERIODS * period:
-                due = max(now, account.last_realtime_arrival + period)
-                latest = min(latest, due + slack * LOAN_SHARE_OF_SLACK)
-            else:
-                latest = min(latest, now + slack)
+            budget = account.budget
+            latest = min(
+                latest,
+                rhythm.loan_must_end_by(
+                    account.last_realtime_arrival, budget.period, budget.budget, now
+                ),
+            )
         return now + predicted <= latest
 
     def _realtime_needs_dsp(self, job: Job, now: float) -> bool:
@@ -524,13 +507,13 @@ class Scheduler:
             if account.klass != REALTIME or budget is None or account.closed:
                 continue
             last = account.last_realtime_arrival
-            if now >= last + RHYTHM_PERIODS * budget.period:  # as next_recheck has it
+            if not rhythm.in_rhythm(last, budget.period, now):  # as next_recheck has it
                 continue  # quiet: it may call at any moment, as anyone may
             # The next call is expected a period after the last. Once that is past, the
             # call is overdue, not skipped (``last`` is its client's latest arrival: a
             # call that came would have moved it): the host delayed it, and it is due
             # now. A batch let go then would be on the DSP when it comes.
-            if last + budget.period < now + predicted:
+            if rhythm.expected(last, budget.period) < now + predicted:
                 return True
         return False
 
@@ -643,59 +626,22 @@ class Scheduler:
             return list(self._fifo)
         return [job for account in self._accounts for job in account._queue]
 
-    def _drain(self, account: Account, now: float) -> None:
-        """Let ``account``'s bucket drain at its budget's rate since it was last looked at.
-
-        A budget is counted as a leaky bucket rather than on a grid of periods anchored
-        at the client's first call: on a grid, a client calling once a period within its
-        budget had two calls land in one period whenever one came a little early and the
-        one before a little late (arrival jitter: about 11 % of a 3 ms VAD's calls
-        counted as over its 4 ms budget, and lost realtime's protection). The bucket
-        keeps the long-run rate (a budget per period) and the burst (a budget at once);
-        one call a period within the budget never fills it, whatever its jitter.
-        """
-        assert account.budget is not None
-        if now > account.used_at:
-            if account.used > 0:
-                rate = account.budget.budget / account.budget.period
-                account.used = max(0.0, account.used - (now - account.used_at) * rate)
-            account.used_at = now
-        if account.over and account.used <= account.budget.budget:
-            account.over = False
-
-    def _charge_budget(self, account: Account, dsp_seconds: float, now: float) -> None:
-        assert account.budget is not None
-        self._drain(account, now)
-        account.used += dsp_seconds
-        if account.used > account.budget.budget and not account.over:
-            account.over = True
-            account.overruns += 1
-
-    def _declared(self, owner: int | None = None) -> float:
-        return sum(
-            a.budget.share
+    def _declared(self, owner: int | None = None) -> list[Budget]:
+        """The admitted budgets (of ``owner``, if given)."""
+        return [
+            a.budget
             for a in self._accounts
             if a.budget is not None and (owner is None or a.owner == owner)
-        )
+        ]
 
     def _admit(self, budget: Budget, owner: int) -> None:
-        asked = f"{budget.budget * 1000:g} ms every {budget.period * 1000:g} ms"
-        declared = self._declared() + budget.share
-        bound = self.policy.realtime_utilisation
-        if declared > bound + 1e-9:
-            raise AdmissionRefusedError(
-                f"{asked} would bring declared realtime use to {declared:.0%} of the DSP, "
-                f"above the configured {bound:.0%}"
-            )
-        if owner < 0:
-            return  # no owner to cap (the scheduler's own tests, npud's internal clients)
-        mine = self._declared(owner) + budget.share
-        per_owner = self.policy.realtime_utilisation_per_owner
-        if mine > per_owner + 1e-9:
-            raise AdmissionRefusedError(
-                f"{asked} would bring this user's declared realtime use to {mine:.0%} of "
-                f"the DSP, above the {per_owner:.0%} one user may declare"
-            )
+        check_admission(
+            budget,
+            declared=self._declared(),
+            declared_by_owner=None if owner < 0 else self._declared(owner),
+            bound=self.policy.realtime_utilisation,
+            bound_per_owner=self.policy.realtime_utilisation_per_owner,
+        )
 
     def demote(self, account: Account) -> None:
         """``account`` may no longer be realtime (a reload took its user off the list):
@@ -705,24 +651,7 @@ class Scheduler:
                 return
             account.klass = NORMAL
             account.budget = None
-            account.used, account.over = 0.0, False
+            account.bucket = None
 
     def _note_busy(self, now: float) -> None:
-        """Add the slot time used since the last event (cheap: called at every start and
-        finish); a snapshot now and then lets :meth:`_utilisation` look back."""
-        self._busy_area += self._running_total * (now - self._busy_since)
-        self._busy_since = now
-        if now - self._busy_history[-1][0] >= UTILISATION_SNAPSHOT_EVERY:
-            self._busy_history.append((now, self._busy_area))
-
-    def _utilisation(self, now: float) -> float:
-        """Busy slots over about the last UTILISATION_WINDOW seconds, 0..1."""
-        then, area = self._busy_history[0]
-        for when, at in self._busy_history:
-            if now - when <= UTILISATION_WINDOW:
-                break
-            then, area = when, at
-        elapsed = now - then
-        if elapsed <= 0:
-            return 0.0
-        return min(1.0, (self._busy_area - area) / (elapsed * self.policy.dsp_slots))
+        self._busy.note(now, self._running_total)

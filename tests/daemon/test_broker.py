@@ -91,7 +91,7 @@ async def opened(gate: Gate) -> None:
 async def answer(broker: Broker, c: Client, request: p.AnyRequest) -> Answer:
     """What the data path does with one request: arrive, wait for its objects, run
     (on a thread: handlers block in ioctls), end."""
-    handler = HANDLERS[type(request)](c, DOMAINS[c], request)
+    handler = HANDLERS[type(request)](c, DOMAINS[c], request, broker)
     try:
         handler.start()
         try:

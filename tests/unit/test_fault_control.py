@@ -51,10 +51,21 @@ def test_the_tracing_driver_passes_the_control_on(inner: str, tmp_path: pathlib.
         driver.shutdown()
 
 
-def _debug(driver: Any, uid: int = 0) -> Debug:
-    client: Any = SimpleNamespace(uid=uid, pid=1, daemon=None)
+class _NoOtherDomains:
+    """The daemon as a request sees it, with no domain but the client's own."""
+
+    def status(self, viewer: Any) -> p.DaemonStatus:
+        raise AssertionError("debug does not ask for the status")
+
+    def domain_named(self, name: str) -> None:
+        return None
+
+
+def _debug(driver: Any, uid: int = 0, **request: Any) -> Debug:
+    client: Any = SimpleNamespace(uid=uid, pid=1)
     domain: Any = SimpleNamespace(device=SimpleNamespace(driver=driver))
-    return Debug(client, domain, p.DebugRequest(id=1, action="latency", duration_ms=5))
+    asked = {"action": "latency", "duration_ms": 5, **request}
+    return Debug(client, domain, p.DebugRequest(id=1, **asked), _NoOtherDomains())
 
 
 def test_debug_on_a_driver_without_faults_is_unsupported() -> None:
@@ -79,3 +90,14 @@ def test_debug_stays_root_only() -> None:
     with pytest.raises(CodedError) as caught:
         _debug(EmulatedDriver(), uid=1000).arrive()
     assert caught.value.code is ErrorCode.NOT_PERMITTED
+
+
+def test_debug_names_a_domain_through_the_daemon_it_was_given() -> None:
+    driver = EmulatedDriver()
+    try:
+        with pytest.raises(CodedError) as caught:
+            _debug(driver, action="ssr", domain="elsewhere").arrive()
+        assert caught.value.code is ErrorCode.INVALID_ARGUMENT
+        assert "no domain 'elsewhere'" in str(caught.value)
+    finally:
+        driver.shutdown()
