@@ -2,8 +2,8 @@
 
 The review's five high findings and its critical one, each repeated as an attacker
 beside a victim, in one table. npud runs on the emulator with config/npud.toml as
-shipped (the two users allowed, the call watchdog at 0.5 s so a hung call ends within
-the run). The victim, uid 65534 (nobody), runs the Silero VAD model every 32 ms and
+shipped (the victim and the attackers allowed, the call watchdog at 0.5 s so a hung call
+ends within the run). The victim, uid 65534 (nobody), runs the Silero VAD model every 32 ms and
 holds a buffer of its own with a secret in it, mapped into its DSP process. The
 attacker runs each scenario in turn, each for the same time (10 s; 3 s with --quick),
 each scenario as a user of its own (uid 65533 for the first, 65532 for the second, and
@@ -51,8 +51,9 @@ The scenarios, in order:
   dropped it (at ``max_fds_waiting``), ``attacker_fds_sent``; then idle.
 * ``stray_fds_loop``: the same on a new connection each time npud drops one, for the
   whole window (``attacker_connections``).
-* ``hung_calls``: 45 s calls, each on a fresh connection; ``attacker_hung``: calls the watchdog ended, ``attacker_refused``:
-  Hellos refused (its user is revoked after ``hung_calls_before_revoke``, 2).
+* ``hung_calls``: 45 s calls, each on a fresh connection; ``attacker_hung``: calls the
+  watchdog ended, ``attacker_refused``: Hellos refused (its user is revoked after
+  ``hung_calls_before_revoke``, 2).
 * ``zero_stride``: an htp CPY batch of 2^29 f32 elements of stride 0 over 4 bytes in
   one emulated DSP process, beside a victim htp session (a SCALE batch every 32 ms) in
   another. It runs in the bench's own process on the emulator (npud's clients have no

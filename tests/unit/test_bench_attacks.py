@@ -14,8 +14,8 @@ import pytest
 
 import npu_client
 from bench import attacks
-from bench.attacks_scenarios import TEST_URI
-from bench.harness import Context, Row
+from bench.attacks_scenarios import TEST_URI, Scenario
+from bench.harness import REPO_ROOT, Context, Row
 
 
 def test_every_attack_runs_once_each_as_a_user_of_its_own() -> None:
@@ -37,7 +37,7 @@ def test_the_config_allows_the_victim_and_every_attacker() -> None:
     config = tomllib.loads(attacks._shipped_config(uids))
     assert config["access"]["allow_uids"] == [attacks.VICTIM, *uids]
     # the penalties stay as shipped: the bench measures npud as users get it
-    shipped = tomllib.loads((attacks.REPO_ROOT / "config" / "npud.toml").read_text())
+    shipped = tomllib.loads((REPO_ROOT / "config" / "npud.toml").read_text())
     for key in ("dropped_connections_before_refusal", "dropped_connection_penalty_s"):
         assert config["daemon"][key] == shipped["daemon"][key]
 
@@ -142,7 +142,10 @@ def test_a_scenario_after_one_whose_user_npud_refuses_still_runs(tmp_path: Path)
     the same user, could not connect ("a child of the attack bench ended without an
     answer"). npud's refusal stands (the first scenario sees it); the next scenario's
     attacker is another user."""
-    scenarios = {"dropped_three_times": dropped_three_times, "connects": connects}
+    scenarios: dict[str, Scenario] = {
+        "dropped_three_times": dropped_three_times,
+        "connects": connects,
+    }
     found = attacks._through_npud(Context(quick=True, workdir=tmp_path), scenarios, 0.2)
     rows = {row.name: row for row in found}
     assert sorted(rows) == sorted(
