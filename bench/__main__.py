@@ -1,7 +1,9 @@
 """npud benchmarks: each beside its baseline in the same run, reported as ratios with spread.
 
 Runs the benchmark modules listed in MODULES (or those named with --only),
-prints one table and writes a JSON summary (its path is printed last). Each
+prints one table and writes a JSON summary (its path is printed last). A module
+whose optional build or package is missing here (llm: make llm; batch_rtt: make
+peer-llama) is skipped with what to do, unless named with --only. Each
 ratio is the median of per-round ratios, baseline and subject interleaved
 within the run; IQR is the interquartile range of those per-round ratios.
 Absolute figures on a shared machine mean little; compare the ratios.
@@ -23,7 +25,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
-from bench.harness import REPO_ROOT, Benchmark, Context, Row, format_table, timestamp
+from bench.harness import (
+    REPO_ROOT,
+    Benchmark,
+    Context,
+    Row,
+    UnavailableError,
+    format_table,
+    timestamp,
+)
 
 MODULES: dict[str, str] = {
     "echo": "bench.echo",
@@ -104,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = os.getloadavg()
     rows: list[Row] = []
     errors: dict[str, str] = {}
+    skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="npud-bench-") as tmp:
         for name in chosen:
             workdir = Path(tmp) / name
@@ -112,11 +123,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 module = load(name)
                 print(f"{name}: {module.SUMMARY}", file=sys.stderr, flush=True)
                 rows.extend(module.rows(Context(quick=args.quick, workdir=workdir)))
+            except UnavailableError as exc:
+                if name in selected:  # asked for by name: it was not run
+                    errors[name] = f"{type(exc).__name__}: {exc}"
+                else:
+                    skipped[name] = str(exc)
+                print(f"{name}: unavailable here: {exc}", file=sys.stderr, flush=True)
             except Exception as exc:  # one broken module must not hide the others' figures
                 traceback.print_exc()
                 errors[name] = f"{type(exc).__name__}: {exc}"
 
     print(format_table(rows, quick=args.quick))
+    for name, reason in skipped.items():
+        print(f"{name}: SKIPPED: {reason}")
     for name, error in errors.items():
         print(f"{name}: FAILED: {error}")
     summary = {
@@ -133,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "rows": [row.as_json() for row in rows],
         "errors": errors,
+        "skipped": skipped,
     }
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")

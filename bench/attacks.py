@@ -2,13 +2,19 @@
 
 The review's five high findings and its critical one, each repeated as an attacker
 beside a victim, in one table. npud runs on the emulator with config/npud.toml as
-shipped (the two users allowed, the call watchdog at 0.5 s so a hung call ends within
-the run). The victim, uid 65534 (nobody), runs the Silero VAD model every 32 ms and
+shipped (the victim and the attackers allowed, the call watchdog at 0.5 s so a hung call
+ends within the run). The victim, uid 65534 (nobody), runs the Silero VAD model every 32 ms and
 holds a buffer of its own with a secret in it, mapped into its DSP process. The
-attacker, uid 65533, runs each scenario in turn, each for the same time (10 s; 3 s with
---quick); before each, a quiet window of that length, the attacker's user connected and
-idle (its own DSP process open, as any user's may be), is the baseline. Both are
-processes forked from the bench that drop to their uid. Needs root (the two users).
+attacker runs each scenario in turn, each for the same time (10 s; 3 s with --quick),
+each scenario as a user of its own (uid 65533 for the first, 65532 for the second, and
+so on: :func:`attacker_uids`): npud rightly makes a user pay for what it did (a user
+whose connections it dropped for breaking the protocol, as fault_loop's and the
+stray_fds ones' are, has its new connections refused for a minute; one whose calls hung
+runs throttled, then is refused), and an attacker already refused would measure
+nothing in the next scenario. Before each, a quiet window of that length, that
+scenario's attacker connected and idle (its own DSP process open, as any user's may
+be), is the baseline. Victim and attackers are processes forked from the bench that
+drop to their uid. Needs root (the other users).
 
 Each scenario gives four rows, ``attacks.<scenario>.<what>``, with issue 27's goals:
 
@@ -45,9 +51,9 @@ The scenarios, in order:
   dropped it (at ``max_fds_waiting``), ``attacker_fds_sent``; then idle.
 * ``stray_fds_loop``: the same on a new connection each time npud drops one, for the
   whole window (``attacker_connections``).
-* ``hung_calls`` (last: its user is refused for a minute after): 45 s calls, each on a
-  fresh connection; ``attacker_hung``: calls the watchdog ended, ``attacker_refused``:
-  Hellos refused (its user is revoked after ``hung_calls_before_revoke``, 2).
+* ``hung_calls``: 45 s calls, each on a fresh connection; ``attacker_hung``: calls the
+  watchdog ended, ``attacker_refused``: Hellos refused (its user is revoked after
+  ``hung_calls_before_revoke``, 2).
 * ``zero_stride``: an htp CPY batch of 2^29 f32 elements of stride 0 over 4 bytes in
   one emulated DSP process, beside a victim htp session (a SCALE batch every 32 ms) in
   another. It runs in the bench's own process on the emulator (npud's clients have no
@@ -74,6 +80,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -96,6 +103,7 @@ from bench.processes import running, wait_for_hello
 
 __all__ = [
     "ATTACKER",
+    "ATTACKER_UIDS",
     "NAME",
     "OPTIONAL",
     "ORDER",
@@ -103,6 +111,7 @@ __all__ = [
     "SUMMARY",
     "VICTIM",
     "WATCHDOG_S",
+    "attacker_uids",
     "main",
     "rows",
     "run",
@@ -113,18 +122,35 @@ SUMMARY = "an attacker uid beside a victim uid running VAD: errors, worst latenc
 
 VICTIM: Final = 65534
 ATTACKER: Final = 65533
+"""The first scenario's attacker; the next ones count down from it."""
+ATTACKER_UIDS: Final = 13
+"""Attacker uids at most, one per scenario: 65533 down to 65521, between systemd's
+dynamic users (61184-65519) and nobody (the victim), so no user of the system's own."""
 WATCHDOG_S: Final = 0.5
 
 
-def _shipped_config() -> str:
-    """config/npud.toml as shipped, on the emulator, with the two users allowed."""
+def attacker_uids(names: Sequence[str]) -> dict[str, int]:
+    """Each scenario's attacker, a uid of its own: ``ATTACKER`` for the first, one less
+    for each next. A user npud refused for what it did in one scenario (a minute, after
+    its connections were dropped or its calls hung) is not the next one's attacker."""
+    if len(names) > ATTACKER_UIDS:
+        raise ValueError(f"{len(names)} scenarios: the attackers' uids are {ATTACKER_UIDS}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a scenario is named twice in {', '.join(names)}")
+    return {name: ATTACKER - n for n, name in enumerate(names)}
+
+
+def _shipped_config(attackers: Sequence[int] = (ATTACKER,)) -> str:
+    """config/npud.toml as shipped, on the emulator, with the victim and ``attackers``
+    allowed."""
+    allowed = ", ".join(str(uid) for uid in (VICTIM, *attackers))
     text = (REPO_ROOT / "config" / "npud.toml").read_text()
     for old, new in {
         'kind = "auto"': 'kind = "emulator"',
         'socket_mode = "0660"': 'socket_mode = "0666"',
         'log_level = "info"': 'log_level = "warning"',
         "call_watchdog_s = 30.0": f"call_watchdog_s = {WATCHDOG_S}",
-        "allow_uids = []": f"allow_uids = [{VICTIM}, {ATTACKER}]",
+        "allow_uids = []": f"allow_uids = [{allowed}]",
     }.items():
         if old not in text:
             raise RuntimeError(f"config/npud.toml no longer has {old!r}")
@@ -174,8 +200,9 @@ def _through_npud(  # noqa: PLR0915 - the windows, step by step
     workdir = ctx.workdir / "attacks"
     workdir.mkdir(exist_ok=True)
     workdir.chmod(0o711)
+    uids = attacker_uids(list(chosen))
     config = workdir / "npud.toml"
-    config.write_text(_shipped_config())
+    config.write_text(_shipped_config(list(uids.values())))
     socket_path = workdir / "npud.sock"
     args = [
         sys.executable, "-m", "npud.daemon.main", "--config", str(config),
@@ -194,10 +221,18 @@ def _through_npud(  # noqa: PLR0915 - the windows, step by step
             windows: list[tuple[str, float, float, float, dict[str, float]]] = []
             settled = open_fds(daemon.pid)
             for name, scenario in chosen.items():
-                ctx.progress(f"attacks: {name}, quiet then attacked, {seconds:g} s each")
+                uid = uids[name]
+                ctx.progress(
+                    f"attacks: {name}, as uid {uid}, quiet then attacked, {seconds:g} s each"
+                )
                 settle(daemon.pid, settled)
-                with as_user(ATTACKER, socket_path, idle_attacker) as idle:
-                    idle.hear()  # connected: the quiet window has the attacker's user in
+                with as_user(uid, socket_path, idle_attacker) as idle:
+                    connected = idle.hear()  # the quiet window has the attacker's user in
+                    if connected != "connected":
+                        raise RuntimeError(
+                            f"attacks: {name}: its attacker, uid {uid}, could not connect "
+                            f"for the quiet window: {connected['error']}"
+                        )
                     with Sampler(daemon.pid) as quiet:
                         quiet_start = time.monotonic()
                         time.sleep(seconds)
@@ -207,7 +242,7 @@ def _through_npud(  # noqa: PLR0915 - the windows, step by step
                 own = 0
                 with (
                     Sampler(daemon.pid) as attacked,
-                    as_user(ATTACKER, socket_path, attacker_runs(scenario, seconds)) as attacker,
+                    as_user(uid, socket_path, attacker_runs(scenario, seconds)) as attacker,
                 ):
                     extra = 0.0
                     if name == "isolate_hog":

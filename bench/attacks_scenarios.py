@@ -31,8 +31,14 @@ ENOSUCHMAP: Final = 0x80000441 & 0xFFFFFFFF
 
 def idle_attacker(path: Path, inbox: BinaryIO, outbox: BinaryIO) -> None:
     """The attacker's user connected and doing nothing: part of the quiet baseline (a
-    user's first connection opens its DSP process, which any user may)."""
-    with npu_client.connect(str(path), name="attacker-idle"):
+    user's first connection opens its DSP process, which any user may). Tells
+    "connected", or ``{"error": ...}`` when npud refused it."""
+    try:
+        npu = npu_client.connect(str(path), name="attacker-idle")
+    except npu_client.NpuError as exc:
+        tell(outbox, {"error": f"{type(exc).__name__}: {exc}"})
+        return
+    with npu:
         tell(outbox, "connected")
         inbox.readline()
 
@@ -242,8 +248,8 @@ SCENARIOS: Final[dict[str, Scenario]] = {
     "stray_fds_loop": stray_fds_loop,
     "hung_calls": hung_calls,
 }
-"""Every attack through npud, by name, in the order they run: add yours here, before
-hung_calls (which gets the attacker's user refused for a minute: it runs last)."""
+"""Every attack through npud, by name, in the order they run (each as a user of its own,
+bench/attacks.py's ``attacker_uids``): add yours here."""
 OPTIONAL: Final[dict[str, Scenario]] = {"crafted_onnx_16mib": crafted_onnx(16)}
 """Attacks run only when asked (``--crafted-16mib``), before stray_fds: longer, and the
 8 MiB one shows the same."""

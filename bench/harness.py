@@ -128,6 +128,12 @@ class Context:
         print(f"  {message}", file=sys.stderr, flush=True)
 
 
+class UnavailableError(RuntimeError):
+    """What a module needs is not installed or built here (an optional build, a package);
+    the message says what and how to get it. ``python -m bench`` shows the module
+    skipped, with the message, and goes on; a module named with ``--only`` fails."""
+
+
 class Benchmark(Protocol):
     """A benchmark module: ``NAME``, ``SUMMARY`` and ``rows``."""
 

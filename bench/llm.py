@@ -24,13 +24,16 @@ Figure ``python_lines``: the lines of Python that generate 32 tokens on the NPU,
 example of client/README.md's section "LLMs", run as written (on this npud and model)
 and checked to print 32 tokens' text.
 
-Needs the peer build's LLM libraries and llama-cpp-python (``make llm``).
+Needs the peer build's LLM libraries and llama-cpp-python (``make llm``), and its tiny
+model (``make peer-llama``'s models step): without them ``python -m bench`` shows it
+skipped, saying which is missing.
 Run: ``python -m bench.llm [--rounds N] [--tokens N]``, or ``python -m bench --only llm``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import subprocess
@@ -132,16 +135,33 @@ def readme_example(model: Path, socket: str, libraries: Path) -> int:
     return len(lines)
 
 
+def prerequisites() -> tuple[Path, Path]:
+    """The peer build's LLM libraries and tiny model, llama-cpp-python installed; or
+    :class:`harness.UnavailableError` saying which is missing and how to get it."""
+    try:
+        libraries = npu_client.llm_libraries()
+    except npu_client.LlmUnavailable as exc:
+        raise harness.UnavailableError(str(exc)) from exc
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise harness.UnavailableError("llama-cpp-python is not installed: `make llm` installs it")
+    model = libraries.parent / "models" / MODEL
+    if not model.exists():
+        raise harness.UnavailableError(
+            f"no {model}: the peer build's models step makes it (make peer-llama)"
+        )
+    return libraries, model
+
+
 def measure(
     socket: str, rounds: int, tokens: int, progress: harness.Context | None
 ) -> list[harness.Row]:
-    libraries = npu_client.llm_libraries()
-    model = libraries.parent / "models" / MODEL
-    if not model.exists():
-        raise RuntimeError(f"no {model}: the peer build's models step makes it (make peer-llama)")
+    libraries, model = prerequisites()
     runs: list[tuple[Run, Run, Run]] = []
     with npu_client.connect(socket, name="bench-llm") as npu:
-        through_load_llm(npu, model, tokens)  # warm up both sides once: files, caches
+        try:
+            through_load_llm(npu, model, tokens)  # warm up both sides once: files, caches
+        except npu_client.LlmUnavailable as exc:  # a binding of another version
+            raise harness.UnavailableError(str(exc)) from exc
         llama_simple(libraries, model, socket, tokens)
         for index in range(rounds):
             if index % 2:
@@ -198,6 +218,7 @@ SUMMARY = "an LLM through load_llm vs llama-simple, same model and npud (needs m
 
 
 def rows(ctx: harness.Context) -> list[harness.Row]:
+    prerequisites()  # before npud starts: said at once when missing
     with running_npud(ctx.workdir) as socket:
         return measure(socket, ctx.rounds(11, 3), ctx.rounds(64, 32), ctx)
 

@@ -125,7 +125,7 @@ def find_peer() -> Peer:
     peer = Peer(cache / "build-cpu/bin/llama-simple", cache / "shim", cache / "models" / MODEL)
     for path in peer:
         if not path.exists():
-            raise RuntimeError(f"{path} is missing: build the peer (make peer-llama)")
+            raise harness.UnavailableError(f"{path} is missing: build the peer (make peer-llama)")
     return peer
 
 

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 import bench.__main__ as bench_main
-from bench import emulator, pool, unix_sink
+from bench import emulator, llm, pool, unix_sink, voice_llm
 from bench.harness import (
     Context,
     Goal,
     Row,
+    UnavailableError,
     counted,
     format_table,
     interleave,
@@ -154,6 +155,60 @@ def test_a_run_prints_the_table_and_writes_the_summary(
 def test_only_runs_the_named_modules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_main.main(["--quick", "--only", "good", "--json", str(tmp_path / "s.json")]) == 0
     assert "FAILED" not in capsys.readouterr().out
+
+
+@pytest.fixture
+def an_unavailable_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    good = _fake_module("good", [ratio_row("good.one", "a / b", [1.0], {})])
+    absent = _fake_module("absent", UnavailableError("no tiny.gguf: make peer-llama"))
+    for module in (good, absent):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(bench_main, "MODULES", {"good": good.__name__, "absent": absent.__name__})
+
+
+@pytest.mark.usefixtures("an_unavailable_module")
+def test_a_module_missing_its_build_is_skipped_saying_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make bench`` without the optional peer build: llm shows skipped, the run is
+    not failed for it, and the summary says so."""
+    summary_path = tmp_path / "s.json"
+    assert bench_main.main(["--quick", "--json", str(summary_path)]) == 0
+    out = capsys.readouterr().out
+    assert "good.one" in out
+    assert "absent: SKIPPED: no tiny.gguf: make peer-llama" in out
+    assert "FAILED" not in out
+    summary = json.loads(summary_path.read_text())
+    assert summary["skipped"] == {"absent": "no tiny.gguf: make peer-llama"}
+    assert summary["errors"] == {}
+
+
+@pytest.mark.usefixtures("an_unavailable_module")
+def test_a_module_named_with_only_that_cannot_run_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary_path = tmp_path / "s.json"
+    assert bench_main.main(["--quick", "--only", "absent", "--json", str(summary_path)]) == 1
+    out = capsys.readouterr().out
+    assert "absent: FAILED: UnavailableError: no tiny.gguf: make peer-llama" in out
+    assert json.loads(summary_path.read_text())["skipped"] == {}
+
+
+def test_llm_without_its_libraries_is_unavailable_saying_how_to_build_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NPUD_LLAMA_LIB", str(tmp_path))
+    with pytest.raises(UnavailableError, match="make llm"):
+        llm.rows(Context(quick=True, workdir=tmp_path))
+
+
+def test_the_peer_build_missing_is_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """batch_rtt (and voice_day --llm) find the peer build's llama-simple this way."""
+    monkeypatch.setenv("NPUD_PEER_CACHE", str(tmp_path))
+    with pytest.raises(UnavailableError, match=r"llama-simple is missing: .*make peer-llama"):
+        voice_llm.find_peer()
 
 
 @pytest.mark.usefixtures("fake_modules")
