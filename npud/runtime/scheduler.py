@@ -83,6 +83,18 @@ TYPICAL_CALL_WEIGHT: Final = 0.25
 """How much a call's DSP time moves its client's typical call (an exponential average)."""
 
 
+class Hold(enum.Enum):
+    """Why a background client's doorbell was held for realtime work (the gate's rule,
+    docs/scheduling.md "The LLM's batches")."""
+
+    REALTIME_ON_DSP = "realtime_on_dsp"
+    """A realtime call was running or queued."""
+    REALTIME_DUE = "realtime_due"
+    """A realtime client calling in rhythm was due before the batch would end."""
+    REALTIME_OVERDUE = "realtime_overdue"
+    """A realtime client's call was overdue (the host delayed it)."""
+
+
 class Outcome(enum.Enum):
     """What ``submit`` decided."""
 
@@ -153,6 +165,9 @@ class Account:
     call of it is predicted to take when it would borrow a slot kept for realtime."""
     last_realtime_arrival: float = -math.inf
     """When a call of it last arrived as realtime: its next is expected a period later."""
+    batch_holds: dict[Hold, tuple[int, float]] = field(default_factory=dict)
+    """Its doorbells the gate held for realtime work, by the first reason each was held
+    for: how many (counted when each went) and their seconds held in all."""
     _queue: deque[Job] = field(default_factory=deque)
     _running_jobs: list[Job] = field(default_factory=list)
 
@@ -200,6 +215,8 @@ class Job:
     """A realtime client's call beyond its budget (it runs as normal)."""
     bound: float | None = None
     """A doorbell starts by then, whatever the slots (set at ``submit``)."""
+    held: Hold | None = None
+    """Why the gate first held this doorbell (None: it was not held for realtime work)."""
 
 
 @dataclass(frozen=True)
@@ -457,8 +474,12 @@ class Scheduler:
             return False
         if job.klass == REALTIME:
             return True
-        if job.doorbell and job.klass == BACKGROUND and self._realtime_needs_dsp(job, now):
-            return False
+        if job.doorbell and job.klass == BACKGROUND:
+            hold = self._realtime_needs_dsp(job, now)
+            if hold is not None:
+                if job.held is None:
+                    job.held = hold
+                return False
         itself = 1 if job.state == "queued" and job.klass == NORMAL else 0
         others_wait = self._queued[NORMAL] > itself
         normal_waits = (job.klass == BACKGROUND or job.over_budget) and others_wait
@@ -495,12 +516,12 @@ class Scheduler:
             )
         return now + predicted <= latest
 
-    def _realtime_needs_dsp(self, job: Job, now: float) -> bool:
+    def _realtime_needs_dsp(self, job: Job, now: float) -> Hold | None:
         """Would a batch of ``job``'s client started now run beside realtime work? A
         realtime call is running or queued, or one calling in rhythm is due before the
         client's typical batch (its typical DSP time, 0 before one was measured) ends."""
         if self._running[REALTIME] or self._queued[REALTIME]:
-            return True
+            return Hold.REALTIME_ON_DSP
         predicted = job.account.typical_call or 0.0
         for account in self._accounts:
             budget = account.budget
@@ -513,9 +534,12 @@ class Scheduler:
             # call is overdue, not skipped (``last`` is its client's latest arrival: a
             # call that came would have moved it): the host delayed it, and it is due
             # now. A batch let go then would be on the DSP when it comes.
-            if rhythm.expected(last, budget.period) < now + predicted:
-                return True
-        return False
+            expected = rhythm.expected(last, budget.period)
+            if expected < now:
+                return Hold.REALTIME_OVERDUE
+            if expected < now + predicted:
+                return Hold.REALTIME_DUE
+        return None
 
     def _dispatch(self, now: float) -> tuple[list[Job], list[Job]]:
         started: list[Job] = []
@@ -601,6 +625,10 @@ class Scheduler:
         job.account.running += 1
         job.account._running_jobs.append(job)
         job.account.waits.append(now - job.arrival)
+        if job.held is not None:
+            holds = job.account.batch_holds
+            batches, seconds = holds.get(job.held, (0, 0.0))
+            holds[job.held] = (batches + 1, seconds + now - job.arrival)
         self._running[job.klass] += 1
         self._running_total += 1
         self._dispatched += 1

@@ -11,7 +11,9 @@ from npud.runtime.scheduler import (
     BACKGROUND,
     NORMAL,
     REALTIME,
+    Account,
     Budget,
+    Hold,
     Job,
     Outcome,
     Policy,
@@ -31,11 +33,11 @@ def clock() -> Clock:
     return Clock()
 
 
-def doorbell(account: object) -> Job:
-    return Job(account, doorbell=True)  # type: ignore[arg-type]
+def doorbell(account: Account) -> Job:
+    return Job(account, doorbell=True)
 
 
-def measured_llm(s: Scheduler, clock: Clock, batch: float = 0.007) -> object:
+def measured_llm(s: Scheduler, clock: Clock, batch: float = 0.007) -> Account:
     """A background client whose batches typically take ``batch``."""
     llm = s.open_account("llm", BACKGROUND)
     first = doorbell(llm)
@@ -219,3 +221,47 @@ def test_the_recheck_is_the_bound_while_realtime_work_runs(clock: Clock) -> None
     clock.now += 0.004
     assert s.finish(call, 0.004) == ([bell], [])
     assert s.next_recheck() is None
+
+
+def test_the_time_a_doorbell_was_held_is_kept_by_its_first_reason(clock: Clock) -> None:
+    """What the gate cost a background client, by reason (the status row's ``held``):
+    counted when the batch goes, from its doorbell's arrival."""
+    s = make(clock)
+    llm = measured_llm(s, clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED  # held while the VAD's call runs
+    assert llm.batch_holds == {}  # counted when it goes
+    clock.now += 0.004
+    assert s.finish(call, 0.004)[0] == [bell]
+    clock.now += 0.007
+    s.finish(bell, 0.007)
+    clock.now += 0.024  # 35 ms after the VAD's call: the next, due at 32, is overdue
+    late = doorbell(llm)
+    assert s.submit(late) is Outcome.QUEUED
+    clock.now += 0.002
+    arrived = Job(vad)
+    assert s.submit(arrived) is Outcome.RUN
+    clock.now += 0.003
+    assert s.finish(arrived, 0.003)[0] == [late]
+    on_dsp, overdue = llm.batch_holds[Hold.REALTIME_ON_DSP], llm.batch_holds[Hold.REALTIME_OVERDUE]
+    assert on_dsp[0] == 1
+    assert on_dsp[1] == pytest.approx(0.004)
+    assert overdue[0] == 1
+    assert overdue[1] == pytest.approx(0.005)  # its first reason, not the call's
+    assert len(llm.batch_holds) == 2
+
+
+def test_a_doorbell_waiting_only_for_a_slot_is_not_counted_as_held(clock: Clock) -> None:
+    s = make(clock, dsp_slots=1, realtime_reserve=0)
+    llm = measured_llm(s, clock)
+    other = s.open_account("other", NORMAL)
+    busy = Job(other)
+    assert s.submit(busy) is Outcome.RUN  # the one slot not kept for realtime
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    clock.now += 0.01
+    assert s.finish(busy, 0.01)[0] == [bell]
+    assert llm.batch_holds == {}
