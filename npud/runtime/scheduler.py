@@ -123,6 +123,9 @@ class Policy:
     """What a realtime client that declares no budget is admitted with (None: unbounded)."""
     batch_hold_max: float = 0.05
     """Seconds a background client's doorbell may be held for realtime work, at most."""
+    batch_overlap: float = 0.5
+    """The share of a realtime client's budget a background batch may be predicted to
+    still run into its next call for (0: a batch due to end after the call comes waits)."""
 
     def __post_init__(self) -> None:
         if self.dsp_slots < 1:
@@ -133,6 +136,8 @@ class Policy:
             raise ValueError("background_max must be at least 1")
         if not self.batch_hold_max > 0:
             raise ValueError("batch_hold_max must be positive")
+        if not 0 <= self.batch_overlap <= 1:
+            raise ValueError("batch_overlap must be within 0..1 (a share of a budget)")
 
 
 @dataclass(eq=False)
@@ -518,8 +523,12 @@ class Scheduler:
 
     def _realtime_needs_dsp(self, job: Job, now: float) -> Hold | None:
         """Would a batch of ``job``'s client started now run beside realtime work? A
-        realtime call is running or queued, or one calling in rhythm is due before the
-        client's typical batch (its typical DSP time, 0 before one was measured) ends."""
+        realtime call is running or queued, or overdue, or one calling in rhythm is due
+        before the client's typical batch (its typical DSP time, 0 before one was
+        measured) ends, less ``batch_overlap`` of the realtime client's budget: a call
+        sharing the DSP with a batch's last moments is slowed by those moments at most,
+        and holding every batch that would end a little after it cost the LLM the
+        whole window (docs/scheduling.md, "What it costs")."""
         if self._running[REALTIME] or self._queued[REALTIME]:
             return Hold.REALTIME_ON_DSP
         predicted = job.account.typical_call or 0.0
@@ -537,7 +546,7 @@ class Scheduler:
             expected = rhythm.expected(last, budget.period)
             if expected < now:
                 return Hold.REALTIME_OVERDUE
-            if expected < now + predicted:
+            if expected + budget.budget * self.policy.batch_overlap < now + predicted:
                 return Hold.REALTIME_DUE
         return None
 

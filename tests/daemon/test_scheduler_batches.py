@@ -67,10 +67,12 @@ def test_a_due_realtime_call_is_not_queued_behind_a_background_doorbell(clock: C
     assert s.submit(call) is Outcome.RUN  # the VAD calls in rhythm from now
     clock.now += 0.004
     assert s.finish(call, 0.004) == ([], [])
-    clock.now += 0.022  # 26 ms after the VAD's call: it is due in 6 ms, the batch takes 7
+    # 28 ms after the VAD's call: it is due in 4 ms, and the batch takes 7, so it would
+    # run 3 ms into the call (more than the half of its 4 ms budget a batch may).
+    clock.now += 0.024
     bell = doorbell(llm)
     assert s.submit(bell) is Outcome.QUEUED
-    clock.now += 0.006
+    clock.now += 0.004
     due = Job(vad)
     assert s.submit(due) is Outcome.RUN  # the due call finds the DSP free of the batch
     clock.now += 0.004
@@ -265,3 +267,26 @@ def test_a_doorbell_waiting_only_for_a_slot_is_not_counted_as_held(clock: Clock)
     clock.now += 0.01
     assert s.finish(busy, 0.01)[0] == [bell]
     assert llm.batch_holds == {}
+
+
+@pytest.mark.parametrize(("overlap", "outcome"), [(0.5, Outcome.RUN), (0.0, Outcome.QUEUED)])
+def test_a_batch_may_run_into_a_due_call_by_its_share_of_the_calls_budget(
+    clock: Clock, overlap: float, outcome: Outcome
+) -> None:
+    """Due in 6 ms, a 7 ms batch would run 1 ms into the VAD's call: within half its
+    4 ms budget it goes (the call is slowed by that millisecond at most); with no
+    overlap allowed it waits for the call."""
+    s = make(clock, batch_overlap=overlap)
+    llm = measured_llm(s, clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN
+    clock.now += 0.004
+    s.finish(call, 0.004)
+    clock.now += 0.022  # 26 ms after the call: the next is due in 6 ms
+    assert s.submit(doorbell(llm)) is outcome
+
+
+def test_the_overlap_is_a_share_of_a_budget() -> None:
+    with pytest.raises(ValueError, match="batch_overlap"):
+        Policy(batch_overlap=1.5)
