@@ -67,7 +67,7 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
             "still run into the client's next call; a batch that would end later waits "
             "for the call (0: every batch that would overlap it waits)."
         ),
-    ] = 50
+    ] = 25
     batch_answer_max_s: Annotated[
         float,
         msgspec.Meta(ge=0.01, le=600),

@@ -59,6 +59,7 @@ from typing import Any, Final, Literal
 
 from npud.runtime import rhythm
 from npud.runtime.budgets import AdmissionRefusedError, Bucket, Budget, check_admission
+from npud.runtime.rhythm import Rhythm
 from npud.runtime.utilisation import BusySlots
 
 __all__ = [
@@ -123,7 +124,7 @@ class Policy:
     """What a realtime client that declares no budget is admitted with (None: unbounded)."""
     batch_hold_max: float = 0.05
     """Seconds a background client's doorbell may be held for realtime work, at most."""
-    batch_overlap: float = 0.5
+    batch_overlap: float = 0.25
     """The share of a realtime client's budget a background batch may be predicted to
     still run into its next call for (0: a batch due to end after the call comes waits)."""
 
@@ -168,8 +169,8 @@ class Account:
     typical_call: float | None = None
     """Its calls' DSP time, a moving average (None before its first call returned): what a
     call of it is predicted to take when it would borrow a slot kept for realtime."""
-    last_realtime_arrival: float = -math.inf
-    """When a call of it last arrived as realtime: its next is expected a period later."""
+    rhythm: Rhythm = field(default_factory=Rhythm)
+    """When its calls arrived as realtime lately: when its next is expected."""
     batch_holds: dict[Hold, tuple[int, float]] = field(default_factory=dict)
     """Its doorbells the gate held for realtime work, by the first reason each was held
     for: how many (counted when each went) and their seconds held in all."""
@@ -303,8 +304,8 @@ class Scheduler:
             if self._is_late(job, now):
                 self._refuse_late(job)
                 return Outcome.LATE
-            if account.klass == REALTIME:  # over its budget or not, it keeps its rhythm
-                account.last_realtime_arrival = now
+            if account.klass == REALTIME and account.budget is not None:
+                account.rhythm.arrived(now, account.budget.period)  # over budget or not
             if job.doorbell:
                 job.bound = now + self.policy.batch_hold_max
             if account.queued == 0 and account.running == 0:
@@ -395,7 +396,7 @@ class Scheduler:
                 budget = account.budget
                 if account.klass != REALTIME or budget is None or account.closed:
                     continue
-                quiet = rhythm.quiet_from(account.last_realtime_arrival, budget.period)
+                quiet = rhythm.quiet_from(account.rhythm.last, budget.period)
                 if now < quiet < when:
                     when = quiet
             return when
@@ -515,9 +516,7 @@ class Scheduler:
             budget = account.budget
             latest = min(
                 latest,
-                rhythm.loan_must_end_by(
-                    account.last_realtime_arrival, budget.period, budget.budget, now
-                ),
+                rhythm.loan_must_end_by(account.rhythm, budget.period, budget.budget, now),
             )
         return now + predicted <= latest
 
@@ -536,14 +535,13 @@ class Scheduler:
             budget = account.budget
             if account.klass != REALTIME or budget is None or account.closed:
                 continue
-            last = account.last_realtime_arrival
-            if not rhythm.in_rhythm(last, budget.period, now):  # as next_recheck has it
+            if not rhythm.in_rhythm(account.rhythm.last, budget.period, now):  # as next_recheck
                 continue  # quiet: it may call at any moment, as anyone may
-            # The next call is expected a period after the last. Once that is past, the
-            # call is overdue, not skipped (``last`` is its client's latest arrival: a
-            # call that came would have moved it): the host delayed it, and it is due
-            # now. A batch let go then would be on the DSP when it comes.
-            expected = rhythm.expected(last, budget.period)
+            # The next call is expected on the client's grid (Rhythm). Once that is past,
+            # the call is overdue, not skipped (a call that came would have moved the
+            # grid on): the host delayed it, and it is due now. A batch let go then would
+            # be on the DSP when it comes.
+            expected = account.rhythm.expected(budget.period)
             if expected < now:
                 return Hold.REALTIME_OVERDUE
             if expected + budget.budget * self.policy.batch_overlap < now + predicted:

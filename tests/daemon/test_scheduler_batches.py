@@ -269,13 +269,13 @@ def test_a_doorbell_waiting_only_for_a_slot_is_not_counted_as_held(clock: Clock)
     assert llm.batch_holds == {}
 
 
-@pytest.mark.parametrize(("overlap", "outcome"), [(0.5, Outcome.RUN), (0.0, Outcome.QUEUED)])
+@pytest.mark.parametrize(("overlap", "outcome"), [(0.25, Outcome.RUN), (0.0, Outcome.QUEUED)])
 def test_a_batch_may_run_into_a_due_call_by_its_share_of_the_calls_budget(
     clock: Clock, overlap: float, outcome: Outcome
 ) -> None:
-    """Due in 6 ms, a 7 ms batch would run 1 ms into the VAD's call: within half its
-    4 ms budget it goes (the call is slowed by that millisecond at most); with no
-    overlap allowed it waits for the call."""
+    """Due in 6.5 ms, a 7 ms batch would run 0.5 ms into the VAD's call: within a
+    quarter of its 4 ms budget it goes (the call is slowed by that half millisecond at
+    most); with no overlap allowed it waits for the call."""
     s = make(clock, batch_overlap=overlap)
     llm = measured_llm(s, clock)
     vad = s.open_account("vad", REALTIME, VAD)
@@ -283,8 +283,30 @@ def test_a_batch_may_run_into_a_due_call_by_its_share_of_the_calls_budget(
     assert s.submit(call) is Outcome.RUN
     clock.now += 0.004
     s.finish(call, 0.004)
-    clock.now += 0.022  # 26 ms after the call: the next is due in 6 ms
+    clock.now += 0.0215  # 25.5 ms after the call: the next is due in 6.5 ms
     assert s.submit(doorbell(llm)) is outcome
+
+
+def test_a_call_after_a_delayed_one_is_expected_on_the_grid_not_a_period_after_it(
+    clock: Clock,
+) -> None:
+    """The VAD calls on its audio's clock. The host delayed one call by 8 ms; the next
+    comes on time, 24 ms after it. A 4 ms batch at 61 ms would run into it (at 64 ms): it
+    waits, where counting a period from the delayed call (72 ms) let it go."""
+    s = make(clock, batch_overlap=0.0)
+    llm = measured_llm(s, clock, batch=0.004)
+    vad = s.open_account("vad", REALTIME, VAD)
+    start = clock.now
+    for late in (0.0, 0.040):  # on time, then 8 ms late (the second period's call)
+        clock.now = start + late
+        call = Job(vad)
+        assert s.submit(call) is Outcome.RUN
+        clock.now += 0.003
+        s.finish(call, 0.003)
+    clock.now = start + 0.061
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    assert bell.held is Hold.REALTIME_DUE
 
 
 def test_the_overlap_is_a_share_of_a_budget() -> None:
