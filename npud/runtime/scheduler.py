@@ -32,7 +32,9 @@ much may run at once. The policy (docs/scheduling.md):
   like a call, but the batch it starts holds its slot until its answer comes
   (``finish`` then charges doorbell-to-answer as its DSP time). A background
   client's doorbell also waits while a realtime call is running or queued, or
-  due (calling in rhythm) before the batch would typically end, or overdue; it goes at
+  due (calling in rhythm: on its grid, :class:`~npud.runtime.rhythm.Rhythm`) before
+  the batch would typically end, less ``batch_overlap`` of its budget, or overdue;
+  the time held is kept by reason (:class:`Hold`, the status row's ``held``). It goes at
   once otherwise, and never waits longer than ``batch_hold_max``
   (:meth:`Scheduler.tick` starts it then, whatever the slots, or sooner when
   the realtime client it was held for turns quiet: :meth:`Scheduler.next_recheck`).
