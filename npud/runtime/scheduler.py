@@ -61,6 +61,7 @@ from typing import Any, Final, Literal
 
 from npud.runtime import rhythm
 from npud.runtime.budgets import AdmissionRefusedError, Bucket, Budget, check_admission
+from npud.runtime.gate import Hold, hold_for_realtime
 from npud.runtime.rhythm import Rhythm
 from npud.runtime.utilisation import BusySlots
 
@@ -72,6 +73,7 @@ __all__ = [
     "Account",
     "AdmissionRefusedError",
     "Budget",
+    "Hold",
     "Job",
     "Outcome",
     "Policy",
@@ -84,18 +86,6 @@ WAIT_SAMPLES: Final = 1024
 """Queue waits kept per client for the percentiles (the most recent ones)."""
 TYPICAL_CALL_WEIGHT: Final = 0.25
 """How much a call's DSP time moves its client's typical call (an exponential average)."""
-
-
-class Hold(enum.Enum):
-    """Why a background client's doorbell was held for realtime work (the gate's rule,
-    docs/scheduling.md "The LLM's batches")."""
-
-    REALTIME_ON_DSP = "realtime_on_dsp"
-    """A realtime call was running or queued."""
-    REALTIME_DUE = "realtime_due"
-    """A realtime client calling in rhythm was due before the batch would end."""
-    REALTIME_OVERDUE = "realtime_overdue"
-    """A realtime client's call was overdue (the host delayed it)."""
 
 
 class Outcome(enum.Enum):
@@ -523,32 +513,20 @@ class Scheduler:
         return now + predicted <= latest
 
     def _realtime_needs_dsp(self, job: Job, now: float) -> Hold | None:
-        """Would a batch of ``job``'s client started now run beside realtime work? A
-        realtime call is running or queued, or overdue, or one calling in rhythm is due
-        before the client's typical batch (its typical DSP time, 0 before one was
-        measured) ends, less ``batch_overlap`` of the realtime client's budget: a call
-        sharing the DSP with a batch's last moments is slowed by those moments at most,
-        and holding every batch that would end a little after it cost the LLM the
-        whole window (docs/scheduling.md, "What it costs")."""
-        if self._running[REALTIME] or self._queued[REALTIME]:
-            return Hold.REALTIME_ON_DSP
-        predicted = job.account.typical_call or 0.0
-        for account in self._accounts:
-            budget = account.budget
-            if account.klass != REALTIME or budget is None or account.closed:
-                continue
-            if not rhythm.in_rhythm(account.rhythm.last, budget.period, now):  # as next_recheck
-                continue  # quiet: it may call at any moment, as anyone may
-            # The next call is expected on the client's grid (Rhythm). Once that is past,
-            # the call is overdue, not skipped (a call that came would have moved the
-            # grid on): the host delayed it, and it is due now. A batch let go then would
-            # be on the DSP when it comes.
-            expected = account.rhythm.expected(budget.period)
-            if expected < now:
-                return Hold.REALTIME_OVERDUE
-            if expected + budget.budget * self.policy.batch_overlap < now + predicted:
-                return Hold.REALTIME_DUE
-        return None
+        """Why a batch of ``job``'s client started now would run beside realtime work
+        (:func:`npud.runtime.gate.hold_for_realtime`), or None."""
+        realtime = (
+            (account.rhythm, account.budget)
+            for account in self._accounts
+            if account.klass == REALTIME and account.budget is not None and not account.closed
+        )
+        return hold_for_realtime(
+            realtime_on_dsp=bool(self._running[REALTIME] or self._queued[REALTIME]),
+            realtime=realtime,
+            batch=job.account.typical_call or 0.0,
+            overlap=self.policy.batch_overlap,
+            now=now,
+        )
 
     def _dispatch(self, now: float) -> tuple[list[Job], list[Job]]:
         started: list[Job] = []
