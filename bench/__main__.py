@@ -52,6 +52,7 @@ MODULES: dict[str, str] = {
     "voice_day": "bench.voice_day",
     "llm": "bench.llm",
     "batch_rtt": "bench.batch_rtt",
+    "gate_policy": "bench.gate_policy",
     "attacks": "bench.attacks",
 }
 """Every benchmark module by its NAME, in the order they run. Add yours here."""

@@ -137,6 +137,8 @@ class LlmRun(NamedTuple):
     """The DSP's own time of each batch (GGML_HEXAGON_PROFILE), the prompt's first."""
     npud_dsp_us: int
     """The client's DSP time in npud's status, taken as it printed its speed."""
+    held_us: dict[str, int]
+    """Its batches' time held by the gate, by reason (the status row's ``held``), then."""
 
 
 class Llama:
@@ -190,7 +192,7 @@ class Llama:
         )
         assert process.stderr is not None
         lines: list[str] = []
-        seen = 0
+        seen: tuple[int, dict[str, int]] = (0, {})
         try:
             for line in process.stderr:
                 lines.append(line)
@@ -212,14 +214,23 @@ class Llama:
             float(speed.group(2)),
             float(evaluated.group(1)) / int(evaluated.group(2)),
             opbatch,
-            seen,
+            *seen,
         )
 
 
-def _dsp_us_of(socket: str, pid: int) -> int:
-    """Client ``pid``'s DSP time in npud's status (asked on a connection of its own)."""
+def _dsp_us_of(socket: str, pid: int) -> tuple[int, dict[str, int]]:
+    """Client ``pid``'s DSP time in npud's status, and its batches' time held by reason
+    (asked on a connection of its own)."""
     with npu_client.connect(socket, name="bench-llm-watch") as watch:
-        return max((row.dsp_us for row in watch.status().clients if row.pid == pid), default=0)
+        for row in watch.status().clients:
+            if row.pid == pid:
+                return row.dsp_us, {hold.reason: hold.held_us for hold in row.held}
+    return 0, {}
+
+
+def held_ms_per_token(runs: list[LlmRun], reason: str) -> float:
+    """The gate's hold for ``reason``, per token decoded (the prompt's batches included)."""
+    return sum(run.held_us.get(reason, 0) for run in runs) / 1000 / sum(r.tokens for r in runs)
 
 
 def tokens_per_s(runs: list[LlmRun]) -> float:
@@ -423,6 +434,15 @@ def _rows(
             run.per_token_ms for r in results for run in llm(r, "gated", "llm")
         ),
         "echo_rtt_ms": statistics.median(rtts),
+        "llm_ms_per_token_beside_voice": statistics.median(
+            1000 / tokens_per_s(llm(r, "gated", "all")) for r in results
+        ),
+        **{
+            f"held_ms_per_token_{reason}": statistics.median(
+                held_ms_per_token(llm(r, "gated", "all"), reason) for r in results
+            )
+            for reason in ("realtime_on_dsp", "realtime_due", "realtime_overdue")
+        },
         "dsp_prioritised": float(prioritised > 0),
     }
     row = harness.ratio_row

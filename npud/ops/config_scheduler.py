@@ -59,6 +59,15 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
         msgspec.Meta(ge=0.001, le=10),
         doc("Seconds a background client's batch may be held for realtime work, at most."),
     ] = 0.05
+    batch_overlap_pct: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=100),
+        doc(
+            "Percent of a realtime client's budget a background batch may be predicted to "
+            "still run into the client's next call; a batch that would end later waits "
+            "for the call (0: every batch that would overlap it waits)."
+        ),
+    ] = 25
     batch_answer_max_s: Annotated[
         float,
         msgspec.Meta(ge=0.01, le=600),

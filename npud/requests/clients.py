@@ -372,7 +372,15 @@ class Client:
             budget_period_us=_us(budget.period) if budget else 0,
             budget_us=_us(budget.budget) if budget else 0,
             models=tuple(models[:64]),
+            held=_held_rows(account) if account else (),
         )
+
+
+def _held_rows(account: Account) -> tuple[p.HoldRow, ...]:
+    return tuple(
+        p.HoldRow(reason=hold.value, batches=batches, held_us=_us(seconds))
+        for hold, (batches, seconds) in account.batch_holds.items()
+    )
 
 
 def _us(seconds: float) -> int:

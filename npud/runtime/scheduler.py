@@ -32,7 +32,9 @@ much may run at once. The policy (docs/scheduling.md):
   like a call, but the batch it starts holds its slot until its answer comes
   (``finish`` then charges doorbell-to-answer as its DSP time). A background
   client's doorbell also waits while a realtime call is running or queued, or
-  due (calling in rhythm) before the batch would typically end, or overdue; it goes at
+  due (calling in rhythm: on its grid, :class:`~npud.runtime.rhythm.Rhythm`) before
+  the batch would typically end, less ``batch_overlap`` of its budget, or overdue;
+  the time held is kept by reason (:class:`Hold`, the status row's ``held``). It goes at
   once otherwise, and never waits longer than ``batch_hold_max``
   (:meth:`Scheduler.tick` starts it then, whatever the slots, or sooner when
   the realtime client it was held for turns quiet: :meth:`Scheduler.next_recheck`).
@@ -59,6 +61,8 @@ from typing import Any, Final, Literal
 
 from npud.runtime import rhythm
 from npud.runtime.budgets import AdmissionRefusedError, Bucket, Budget, check_admission
+from npud.runtime.gate import Hold, hold_for_realtime
+from npud.runtime.rhythm import Rhythm
 from npud.runtime.utilisation import BusySlots
 
 __all__ = [
@@ -69,6 +73,7 @@ __all__ = [
     "Account",
     "AdmissionRefusedError",
     "Budget",
+    "Hold",
     "Job",
     "Outcome",
     "Policy",
@@ -111,6 +116,9 @@ class Policy:
     """What a realtime client that declares no budget is admitted with (None: unbounded)."""
     batch_hold_max: float = 0.05
     """Seconds a background client's doorbell may be held for realtime work, at most."""
+    batch_overlap: float = 0.25
+    """The share of a realtime client's budget a background batch may be predicted to
+    still run into its next call for (0: a batch due to end after the call comes waits)."""
 
     def __post_init__(self) -> None:
         if self.dsp_slots < 1:
@@ -121,6 +129,8 @@ class Policy:
             raise ValueError("background_max must be at least 1")
         if not self.batch_hold_max > 0:
             raise ValueError("batch_hold_max must be positive")
+        if not 0 <= self.batch_overlap <= 1:
+            raise ValueError("batch_overlap must be within 0..1 (a share of a budget)")
 
 
 @dataclass(eq=False)
@@ -151,8 +161,11 @@ class Account:
     typical_call: float | None = None
     """Its calls' DSP time, a moving average (None before its first call returned): what a
     call of it is predicted to take when it would borrow a slot kept for realtime."""
-    last_realtime_arrival: float = -math.inf
-    """When a call of it last arrived as realtime: its next is expected a period later."""
+    rhythm: Rhythm = field(default_factory=Rhythm)
+    """When its calls arrived as realtime lately: when its next is expected."""
+    batch_holds: dict[Hold, tuple[int, float]] = field(default_factory=dict)
+    """Its doorbells the gate held for realtime work, by the first reason each was held
+    for: how many (counted when each went) and their seconds held in all."""
     _queue: deque[Job] = field(default_factory=deque)
     _running_jobs: list[Job] = field(default_factory=list)
 
@@ -200,6 +213,8 @@ class Job:
     """A realtime client's call beyond its budget (it runs as normal)."""
     bound: float | None = None
     """A doorbell starts by then, whatever the slots (set at ``submit``)."""
+    held: Hold | None = None
+    """Why the gate first held this doorbell (None: it was not held for realtime work)."""
 
 
 @dataclass(frozen=True)
@@ -281,8 +296,8 @@ class Scheduler:
             if self._is_late(job, now):
                 self._refuse_late(job)
                 return Outcome.LATE
-            if account.klass == REALTIME:  # over its budget or not, it keeps its rhythm
-                account.last_realtime_arrival = now
+            if account.klass == REALTIME and account.budget is not None:
+                account.rhythm.arrived(now, account.budget.period)  # over budget or not
             if job.doorbell:
                 job.bound = now + self.policy.batch_hold_max
             if account.queued == 0 and account.running == 0:
@@ -373,7 +388,7 @@ class Scheduler:
                 budget = account.budget
                 if account.klass != REALTIME or budget is None or account.closed:
                     continue
-                quiet = rhythm.quiet_from(account.last_realtime_arrival, budget.period)
+                quiet = rhythm.quiet_from(account.rhythm.last, budget.period)
                 if now < quiet < when:
                     when = quiet
             return when
@@ -457,8 +472,12 @@ class Scheduler:
             return False
         if job.klass == REALTIME:
             return True
-        if job.doorbell and job.klass == BACKGROUND and self._realtime_needs_dsp(job, now):
-            return False
+        if job.doorbell and job.klass == BACKGROUND:
+            hold = self._realtime_needs_dsp(job, now)
+            if hold is not None:
+                if job.held is None:
+                    job.held = hold
+                return False
         itself = 1 if job.state == "queued" and job.klass == NORMAL else 0
         others_wait = self._queued[NORMAL] > itself
         normal_waits = (job.klass == BACKGROUND or job.over_budget) and others_wait
@@ -489,33 +508,25 @@ class Scheduler:
             budget = account.budget
             latest = min(
                 latest,
-                rhythm.loan_must_end_by(
-                    account.last_realtime_arrival, budget.period, budget.budget, now
-                ),
+                rhythm.loan_must_end_by(account.rhythm, budget.period, budget.budget, now),
             )
         return now + predicted <= latest
 
-    def _realtime_needs_dsp(self, job: Job, now: float) -> bool:
-        """Would a batch of ``job``'s client started now run beside realtime work? A
-        realtime call is running or queued, or one calling in rhythm is due before the
-        client's typical batch (its typical DSP time, 0 before one was measured) ends."""
-        if self._running[REALTIME] or self._queued[REALTIME]:
-            return True
-        predicted = job.account.typical_call or 0.0
-        for account in self._accounts:
-            budget = account.budget
-            if account.klass != REALTIME or budget is None or account.closed:
-                continue
-            last = account.last_realtime_arrival
-            if not rhythm.in_rhythm(last, budget.period, now):  # as next_recheck has it
-                continue  # quiet: it may call at any moment, as anyone may
-            # The next call is expected a period after the last. Once that is past, the
-            # call is overdue, not skipped (``last`` is its client's latest arrival: a
-            # call that came would have moved it): the host delayed it, and it is due
-            # now. A batch let go then would be on the DSP when it comes.
-            if rhythm.expected(last, budget.period) < now + predicted:
-                return True
-        return False
+    def _realtime_needs_dsp(self, job: Job, now: float) -> Hold | None:
+        """Why a batch of ``job``'s client started now would run beside realtime work
+        (:func:`npud.runtime.gate.hold_for_realtime`), or None."""
+        realtime = (
+            (account.rhythm, account.budget)
+            for account in self._accounts
+            if account.klass == REALTIME and account.budget is not None and not account.closed
+        )
+        return hold_for_realtime(
+            realtime_on_dsp=bool(self._running[REALTIME] or self._queued[REALTIME]),
+            realtime=realtime,
+            batch=job.account.typical_call or 0.0,
+            overlap=self.policy.batch_overlap,
+            now=now,
+        )
 
     def _dispatch(self, now: float) -> tuple[list[Job], list[Job]]:
         started: list[Job] = []
@@ -601,6 +612,10 @@ class Scheduler:
         job.account.running += 1
         job.account._running_jobs.append(job)
         job.account.waits.append(now - job.arrival)
+        if job.held is not None:
+            holds = job.account.batch_holds
+            batches, seconds = holds.get(job.held, (0, 0.0))
+            holds[job.held] = (batches + 1, seconds + now - job.arrival)
         self._running[job.klass] += 1
         self._running_total += 1
         self._dispatched += 1

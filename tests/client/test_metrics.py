@@ -176,6 +176,8 @@ def test_every_numeric_status_field_is_a_metric() -> None:
     )
     domain = {metric.field for metric in _metrics.DOMAIN_METRICS}
     assert _numeric_fields(p.DomainRow) <= domain, "add one line to DOMAIN_METRICS"
+    held = {metric.field for metric in _metrics.HELD_METRICS}
+    assert _numeric_fields(p.HoldRow) <= held, "add one line to HELD_METRICS"
     wanted_client = _numeric_fields(p.ClientRow) - NOT_EXPORTED
     where = "add one line to {} in client/src/npu_client/_metrics.py"
     assert wanted_daemon <= daemon, (wanted_daemon - daemon, where.format("DAEMON_METRICS"))
@@ -250,3 +252,24 @@ def test_npuctl_metrics_to_a_directory_that_does_not_exist(
     code = npuctl.main(["--socket", peer.path, "metrics", "--output", str(target)])
     assert code == npuctl.EXIT_CANTCREAT == 73
     assert f"npuctl: cannot write {target}: No such file or directory" in capsys.readouterr().err
+
+
+def test_held_batches_are_counted_per_client_and_reason() -> None:
+    llm = msgspec.structs.replace(
+        CLIENT_ROWS[1],
+        held=(
+            p.HoldRow(reason="realtime_due", batches=12, held_us=34_500),
+            p.HoldRow(reason="realtime_on_dsp", batches=3, held_us=9_000),
+        ),
+    )
+    text = _metrics.render(msgspec.structs.replace(STATUS, clients=(CLIENT_ROWS[0], llm)))
+    labels = {"name": "llm", "priority": "background"}
+    assert value(text, "npud_client_batches_held_total", reason="realtime_due", **labels) == 12
+    assert (
+        value(text, "npud_client_batch_held_seconds_total", reason="realtime_on_dsp", **labels)
+        == 0.009
+    )
+    assert (
+        "voice-stt"
+        not in text.split("# HELP npud_client_batches_held_total")[1].split("# HELP npud_domain")[0]
+    )  # nothing held: no series

@@ -59,9 +59,13 @@ def test_the_status_keys_are_the_record_fields() -> None:
         "clients": p.ClientRow,
     }
     for key, record in nested.items():
-        fields = list(record.__struct_fields__)
-        if record is p.ClientRow:  # its models' keys follow `models`
-            fields += list(p.ModelRow.__struct_fields__)
+        fields = []
+        for field in record.__struct_fields__:
+            fields.append(field)
+            if record is p.ClientRow and field == "models":  # its models' keys follow
+                fields += list(p.ModelRow.__struct_fields__)
+            if record is p.ClientRow and field == "held":  # and so do its holds'
+                fields += list(p.HoldRow.__struct_fields__)
         assert re.findall(r"`(\w+)`", rows[key]) == fields, key
 
 

@@ -11,7 +11,9 @@ from npud.runtime.scheduler import (
     BACKGROUND,
     NORMAL,
     REALTIME,
+    Account,
     Budget,
+    Hold,
     Job,
     Outcome,
     Policy,
@@ -31,11 +33,11 @@ def clock() -> Clock:
     return Clock()
 
 
-def doorbell(account: object) -> Job:
-    return Job(account, doorbell=True)  # type: ignore[arg-type]
+def doorbell(account: Account) -> Job:
+    return Job(account, doorbell=True)
 
 
-def measured_llm(s: Scheduler, clock: Clock, batch: float = 0.007) -> object:
+def measured_llm(s: Scheduler, clock: Clock, batch: float = 0.007) -> Account:
     """A background client whose batches typically take ``batch``."""
     llm = s.open_account("llm", BACKGROUND)
     first = doorbell(llm)
@@ -65,10 +67,12 @@ def test_a_due_realtime_call_is_not_queued_behind_a_background_doorbell(clock: C
     assert s.submit(call) is Outcome.RUN  # the VAD calls in rhythm from now
     clock.now += 0.004
     assert s.finish(call, 0.004) == ([], [])
-    clock.now += 0.022  # 26 ms after the VAD's call: it is due in 6 ms, the batch takes 7
+    # 28 ms after the VAD's call: it is due in 4 ms, and the batch takes 7, so it would
+    # run 3 ms into the call (more than the half of its 4 ms budget a batch may).
+    clock.now += 0.024
     bell = doorbell(llm)
     assert s.submit(bell) is Outcome.QUEUED
-    clock.now += 0.006
+    clock.now += 0.004
     due = Job(vad)
     assert s.submit(due) is Outcome.RUN  # the due call finds the DSP free of the batch
     clock.now += 0.004
@@ -219,3 +223,92 @@ def test_the_recheck_is_the_bound_while_realtime_work_runs(clock: Clock) -> None
     clock.now += 0.004
     assert s.finish(call, 0.004) == ([bell], [])
     assert s.next_recheck() is None
+
+
+def test_the_time_a_doorbell_was_held_is_kept_by_its_first_reason(clock: Clock) -> None:
+    """What the gate cost a background client, by reason (the status row's ``held``):
+    counted when the batch goes, from its doorbell's arrival."""
+    s = make(clock)
+    llm = measured_llm(s, clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED  # held while the VAD's call runs
+    assert llm.batch_holds == {}  # counted when it goes
+    clock.now += 0.004
+    assert s.finish(call, 0.004)[0] == [bell]
+    clock.now += 0.007
+    s.finish(bell, 0.007)
+    clock.now += 0.024  # 35 ms after the VAD's call: the next, due at 32, is overdue
+    late = doorbell(llm)
+    assert s.submit(late) is Outcome.QUEUED
+    clock.now += 0.002
+    arrived = Job(vad)
+    assert s.submit(arrived) is Outcome.RUN
+    clock.now += 0.003
+    assert s.finish(arrived, 0.003)[0] == [late]
+    on_dsp, overdue = llm.batch_holds[Hold.REALTIME_ON_DSP], llm.batch_holds[Hold.REALTIME_OVERDUE]
+    assert on_dsp[0] == 1
+    assert on_dsp[1] == pytest.approx(0.004)
+    assert overdue[0] == 1
+    assert overdue[1] == pytest.approx(0.005)  # its first reason, not the call's
+    assert len(llm.batch_holds) == 2
+
+
+def test_a_doorbell_waiting_only_for_a_slot_is_not_counted_as_held(clock: Clock) -> None:
+    s = make(clock, dsp_slots=1, realtime_reserve=0)
+    llm = measured_llm(s, clock)
+    other = s.open_account("other", NORMAL)
+    busy = Job(other)
+    assert s.submit(busy) is Outcome.RUN  # the one slot not kept for realtime
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    clock.now += 0.01
+    assert s.finish(busy, 0.01)[0] == [bell]
+    assert llm.batch_holds == {}
+
+
+@pytest.mark.parametrize(("overlap", "outcome"), [(0.25, Outcome.RUN), (0.0, Outcome.QUEUED)])
+def test_a_batch_may_run_into_a_due_call_by_its_share_of_the_calls_budget(
+    clock: Clock, overlap: float, outcome: Outcome
+) -> None:
+    """Due in 6.5 ms, a 7 ms batch would run 0.5 ms into the VAD's call: within a
+    quarter of its 4 ms budget it goes (the call is slowed by that half millisecond at
+    most); with no overlap allowed it waits for the call."""
+    s = make(clock, batch_overlap=overlap)
+    llm = measured_llm(s, clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN
+    clock.now += 0.004
+    s.finish(call, 0.004)
+    clock.now += 0.0215  # 25.5 ms after the call: the next is due in 6.5 ms
+    assert s.submit(doorbell(llm)) is outcome
+
+
+def test_a_call_after_a_delayed_one_is_expected_on_the_grid_not_a_period_after_it(
+    clock: Clock,
+) -> None:
+    """The VAD calls on its audio's clock. The host delayed one call by 8 ms; the next
+    comes on time, 24 ms after it. A 4 ms batch at 61 ms would run into it (at 64 ms): it
+    waits, where counting a period from the delayed call (72 ms) let it go."""
+    s = make(clock, batch_overlap=0.0)
+    llm = measured_llm(s, clock, batch=0.004)
+    vad = s.open_account("vad", REALTIME, VAD)
+    start = clock.now
+    for late in (0.0, 0.040):  # on time, then 8 ms late (the second period's call)
+        clock.now = start + late
+        call = Job(vad)
+        assert s.submit(call) is Outcome.RUN
+        clock.now += 0.003
+        s.finish(call, 0.003)
+    clock.now = start + 0.061
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    assert bell.held is Hold.REALTIME_DUE
+
+
+def test_the_overlap_is_a_share_of_a_budget() -> None:
+    with pytest.raises(ValueError, match="batch_overlap"):
+        Policy(batch_overlap=1.5)

@@ -3,13 +3,16 @@ lanes are where PROTOCOL.md section 7.5 says: each domain's in its row from vers
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import trio
 
 import npu_protocol as p
 from npud.daemon.broker import Broker
+from npud.runtime.scheduler import Hold
 from tests.daemon.test_broker import (
     DOMAINS,
     ECHO_URI,
@@ -100,3 +103,27 @@ async def test_every_lane_name_is_one_the_protocol_documents() -> None:
         assert len(status.domains) == 2
         assert names == documented
         assert isolated.name in {row.name for row in status.domains}
+
+
+async def test_a_clients_held_batches_are_in_its_row_by_reason(broker: Broker) -> None:
+    """What the gate held (the scheduler counts it: tests/daemon/test_scheduler_batches.py)
+    reaches the status row as PROTOCOL.md section 7.5's HoldRow, in microseconds."""
+    c = await client(broker, p.Priority.BACKGROUND)
+    assert c.account is not None
+    assert c.row().held == ()  # nothing held yet: empty, as from an older server
+    c.account.batch_holds[Hold.REALTIME_DUE] = (3, 0.0125)
+    c.account.batch_holds[Hold.REALTIME_OVERDUE] = (1, 0.002)
+    (row,) = [r for r in broker.status(c).clients if r.pid == c.pid]
+    assert row.held == (
+        p.HoldRow(reason="realtime_due", batches=3, held_us=12_500),
+        p.HoldRow(reason="realtime_overdue", batches=1, held_us=2_000),
+    )
+    assert {hold.value for hold in Hold} <= _documented_reasons()
+
+
+def _documented_reasons() -> set[str]:
+    """The reasons PROTOCOL.md's HoldRow table names."""
+    document = (Path(__file__).parents[2] / "protocol" / "PROTOCOL.md").read_text()
+    table = document[document.index("<!-- fields: HoldRow -->") :]
+    reason = next(line for line in table.splitlines() if line.startswith("| `reason`"))
+    return set(re.findall(r"`(realtime_\w+)`", reason))

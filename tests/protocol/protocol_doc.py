@@ -182,6 +182,7 @@ DOCUMENTED_STRUCTS: Final[tuple[type[msgspec.Struct], ...]] = (
     p.Budget,
     p.Totals,
     p.ClientRow,
+    p.HoldRow,
 )
 """Every struct that appears on the wire; PROTOCOL.md has a table for each."""
 

@@ -18,7 +18,7 @@ def _phase(p99: float, misses: int = 0) -> Phase:
 
 def _runs(tokens_per_s: float, per_token_ms: float, dsp_ms: float, npud_us: int) -> list[LlmRun]:
     batches = [int(dsp_ms * 1000)] * 11  # the prompt's, then 10 decode batches
-    return [LlmRun(100, 100 / tokens_per_s, per_token_ms, batches, npud_us)]
+    return [LlmRun(100, 100 / tokens_per_s, per_token_ms, batches, npud_us, {})]
 
 
 def _round(scale: float) -> dict[tuple[str, str], dict[str, object]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from npud.runtime import rhythm
@@ -51,16 +53,36 @@ def test_admission_refuses_past_either_bound_and_says_which() -> None:
     check_admission(VAD, declared=[VAD], declared_by_owner=None, bound=0.5, bound_per_owner=0.0)
 
 
-def test_a_client_in_rhythm_is_expected_a_period_after_its_last_call() -> None:
-    assert rhythm.expected(1.0, 0.032) == pytest.approx(1.032)
-    assert rhythm.in_rhythm(1.0, 0.032, now=1.063)
-    assert not rhythm.in_rhythm(1.0, 0.032, now=1.064)  # two periods without a call: quiet
+def test_a_client_in_rhythm_is_expected_on_its_grid() -> None:
+    vad = rhythm.Rhythm()
+    assert vad.expected(0.032) == -math.inf  # no call yet
+    vad.arrived(1.0, 0.032)
+    assert vad.expected(0.032) == pytest.approx(1.032)
+    vad.arrived(1.0325, 0.032)  # half a millisecond late
+    vad.arrived(1.072, 0.032)  # the host delayed this one by 8 ms
+    # The next is expected on the earliest phase seen (1.0 + 3 periods), not 32 ms
+    # after the delayed one (1.104): counted from it, the call would look 8 ms early.
+    assert vad.expected(0.032) == pytest.approx(1.096)
+    assert rhythm.in_rhythm(vad.last, 0.032, now=1.135)
+    assert not rhythm.in_rhythm(vad.last, 0.032, now=1.137)  # two periods without a call
+
+
+def test_a_client_back_from_quiet_is_expected_on_its_new_grid() -> None:
+    vad = rhythm.Rhythm()
+    vad.arrived(1.0, 0.032)
+    vad.arrived(2.010, 0.032)  # quiet for a second, then a stream at another phase
+    assert vad.expected(0.032) == pytest.approx(2.042)
+
+
+def test_a_loan_ends_within_half_the_slack_of_a_client_in_rhythm() -> None:
+    vad = rhythm.Rhythm()
+    vad.arrived(1.0, 0.032)
     slack = 0.032 - 0.004
     # In rhythm: a loan ends within half the slack after the expected call...
-    assert rhythm.loan_must_end_by(1.0, 0.032, 0.004, now=1.01) == pytest.approx(1.032 + slack / 2)
+    assert rhythm.loan_must_end_by(vad, 0.032, 0.004, now=1.01) == pytest.approx(1.032 + slack / 2)
     # ...or after now, if the call is overdue; a quiet client gets its whole slack from now.
-    assert rhythm.loan_must_end_by(1.0, 0.032, 0.004, now=1.05) == pytest.approx(1.05 + slack / 2)
-    assert rhythm.loan_must_end_by(1.0, 0.032, 0.004, now=2.0) == pytest.approx(2.0 + slack)
+    assert rhythm.loan_must_end_by(vad, 0.032, 0.004, now=1.05) == pytest.approx(1.05 + slack / 2)
+    assert rhythm.loan_must_end_by(vad, 0.032, 0.004, now=2.0) == pytest.approx(2.0 + slack)
 
 
 def test_busy_slots_average_over_the_recent_window() -> None:

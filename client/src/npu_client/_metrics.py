@@ -150,6 +150,23 @@ DOMAIN_METRICS: Final = (
 """Per-domain metrics, labelled domain, isolated and state: fields of each domain row."""
 # fmt: on
 
+HELD_METRICS: Final = (
+    Metric(
+        "npud_client_batches_held_total",
+        COUNTER,
+        "batches",
+        "Op batches the gate held for realtime work.",
+    ),
+    Metric(
+        "npud_client_batch_held_seconds_total",
+        COUNTER,
+        "held_us",
+        "Time those op batches were held.",
+    ),
+)
+"""Per client and reason (the client's labels and ``reason``): fields of each of its
+``held`` rows (version 7; none from an older npud, or before a batch was held)."""
+
 CLIENT_LABELS: Final = ("pid", "uid", "name", "priority", "domain")
 DOMAIN_LABELS: Final = (("domain", "name"), ("isolated", "isolated"), ("state", "state"))
 """(label, field) of each domain row."""
@@ -190,6 +207,19 @@ def render(status: DaemonStatus, *, exclude: tuple[int, str] | None = None) -> s
         samples = [
             (tuple((label, str(row[label])) for label in CLIENT_LABELS), _value(row, metric.field))
             for row in rows
+        ]
+        lines += _family(metric, samples)
+    for metric in HELD_METRICS:
+        samples = [
+            (
+                (
+                    *((label, str(row[label])) for label in CLIENT_LABELS),
+                    ("reason", held["reason"]),
+                ),
+                _value(held, metric.field),
+            )
+            for row in rows
+            for held in row.get("held", [])
         ]
         lines += _family(metric, samples)
     for metric in DOMAIN_METRICS:

@@ -1,0 +1,60 @@
+"""The batch gate: whether a background client's op batch would run beside realtime work.
+
+llama.cpp's op batches cannot be stopped once on the DSP, so npud decides when a
+background client's doorbell is passed on (docs/scheduling.md, "The LLM's
+batches"). This is the rule; the scheduler applies it, holds the doorbell while
+it gives a reason, and keeps the time held by that reason.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+from npud.runtime import rhythm
+from npud.runtime.budgets import Budget
+
+
+class Hold(enum.Enum):
+    """Why a background client's doorbell was held for realtime work."""
+
+    REALTIME_ON_DSP = "realtime_on_dsp"
+    """A realtime call was running or queued."""
+    REALTIME_DUE = "realtime_due"
+    """A realtime client calling in rhythm was due before the batch would end."""
+    REALTIME_OVERDUE = "realtime_overdue"
+    """A realtime client's call was overdue (the host delayed it)."""
+
+
+def hold_for_realtime(
+    *,
+    realtime_on_dsp: bool,
+    realtime: Iterable[tuple[rhythm.Rhythm, Budget]],
+    batch: float,
+    overlap: float,
+    now: float,
+) -> Hold | None:
+    """Why a batch predicted to take ``batch`` seconds, started ``now``, would run beside
+    realtime work, or None: a realtime call is on the DSP (``realtime_on_dsp``: running
+    or queued), or one of the ``realtime`` clients (each its rhythm and budget) calling
+    in rhythm is overdue, or due before the batch ends less ``overlap`` of its budget.
+
+    The overlap: a call that comes as a batch ends shares the DSP with the batch's last
+    moments and is slowed by them at most, and holding every batch that would end a
+    little after the call cost the LLM the whole window (``bench.gate_policy``).
+    """
+    if realtime_on_dsp:
+        return Hold.REALTIME_ON_DSP
+    for grid, budget in realtime:
+        if not rhythm.in_rhythm(grid.last, budget.period, now):  # as next_recheck has it
+            continue  # quiet: it may call at any moment, as anyone may
+        # The next call is expected on the client's grid. Once that is past, the call is
+        # overdue, not skipped (a call that came would have moved the grid on): the host
+        # delayed it, and it is due now. A batch let go then would be on the DSP when it
+        # comes.
+        expected = grid.expected(budget.period)
+        if expected < now:
+            return Hold.REALTIME_OVERDUE
+        if expected + budget.budget * overlap < now + batch:
+            return Hold.REALTIME_DUE
+    return None
