@@ -482,14 +482,20 @@ async def test_statistics_of_a_served_connection(tmp_path: Path) -> None:
     async with serve_daemon(tmp_path) as daemon:
         datapath = daemon.broker.datapath
         peer = await RawPeer.connect(tmp_path / "npud.sock")
-        await peer.write(p.PingRequest(id=1))
-        assert isinstance(await peer.next(), p.PongReply)
-        assert datapath.statistics().links == 1
-        (link,) = datapath.links()
-        stats = link.statistics()
-        assert stats.state is LinkState.READING
-        assert (stats.pending, stats.outbox_frames, stats.outbox_bytes) == (0, 0, 0)
-        peer.close()
+        try:
+            await peer.write(p.PingRequest(id=1))
+            assert isinstance(await peer.next(), p.PongReply)
+            assert datapath.statistics().links == 1
+            (link,) = datapath.links()
+            # The pong is sent before its request is counted done: wait for that.
+            with trio.fail_after(10):
+                while link.statistics().pending:
+                    await trio.sleep(0.01)
+            stats = link.statistics()
+            assert stats.state is LinkState.READING
+            assert (stats.pending, stats.outbox_frames, stats.outbox_bytes) == (0, 0, 0)
+        finally:
+            peer.close()
         with trio.fail_after(10):
             while datapath.statistics().links:
                 await trio.sleep(0.01)
