@@ -85,7 +85,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from npu_protocol.aee import AEE
 from npud.sim import dspqueue as dq
@@ -113,6 +113,16 @@ _I32: Final = struct.Struct("<i")
 _U64: Final = struct.Struct("<Q")
 _CREATE_IN: Final = struct.Struct("<IiI")
 _QUEUE_ID_SLOT_BITS: Final = 8
+
+
+class Signal(NamedTuple):
+    """What ``wait_signal`` answers: ``value`` (0, or -1 once cancelled) and
+    ``dsp_seconds``, the DSP time of the process's pieces of work (``computing``)
+    that ended since the last answer, each from its start until the model credited
+    it: the op batches answered, as the DSP counts them."""
+
+    value: int
+    dsp_seconds: float
 
 
 class QueueClosedError(Exception):
@@ -187,6 +197,9 @@ class DspQueueService(PdResident):
         self._open: list[_Charge] = []  # begun on a carrier, not ended
         self.charged = 0  # pieces the model credited
         self.uncharged = 0  # pieces run with no carrier
+        self._worked = 0.0
+        """Seconds of DSP work (pieces ended) since the CPU's last ``wait_signal``
+        returned: what the next one reports (:class:`Signal`)."""
 
     # -- the RPC methods --------------------------------------------------------------------
 
@@ -286,8 +299,9 @@ class DspQueueService(PdResident):
                 return AEE.EBADPARM.dsp, 0
             return 0, 1 if queue.imported else 0
 
-    def wait_signal(self, meter: ComputeMeter | None = None) -> int:
-        """Block until there is something for the CPU: 0, or -1 once cancelled. With a
+    def wait_signal(self, meter: ComputeMeter | None = None) -> Signal:
+        """Block until there is something for the CPU: 0, or -1 once cancelled, with the
+        DSP time of the pieces of work that ended since the last one returned. With a
         ``meter`` (the call's), carry the process's pieces of work meanwhile (see the
         module docstring)."""
         me = object()
@@ -300,16 +314,17 @@ class DspQueueService(PdResident):
                     if self._ended:
                         break
                     if self._cancelled:
-                        return SIGNAL_CANCELLED
+                        return Signal(SIGNAL_CANCELLED, 0.0)
                     if meter is not None and self._charges:
                         self._carry_locked(self._charges.popleft(), meter, me)
                         continue
                     if self._pending and not any(c.carrier is me for c in self._open):
                         self._pending = False
-                        return 0
+                        worked, self._worked = self._worked, 0.0
+                        return Signal(0, worked)
                     self._cpu.wait()
                 self._check_locked()
-                return SIGNAL_CANCELLED  # not reached: _check_locked raised
+                return Signal(SIGNAL_CANCELLED, 0.0)  # not reached: _check_locked raised
             finally:
                 if meter is not None:
                     self._carriers -= 1
@@ -378,6 +393,12 @@ class DspQueueService(PdResident):
                     self.uncharged += 1
                     return
                 self._settled.wait()
+
+    def worked(self, seconds: float) -> None:
+        """A piece of work of the process ended after ``seconds`` on the DSP (its start
+        to the model's credit): the next ``wait_signal`` reports it."""
+        with self._lock:
+            self._worked += seconds
 
     def cancel_wait_signal(self) -> None:
         with self._lock:
@@ -496,6 +517,7 @@ class QueueEndpoint:
         CPUs): charged to the DSP's shared compute through the process's
         ``wait_signal`` (the module docstring), at the CPU time its thread spent in the
         block (as ``SkelCall.computing``); ``matrix``: it needs the HMX too."""
+        began = time.monotonic()
         charge = self._service.charge_begin(matrix)
         cpu = time.thread_time()
         try:
@@ -503,6 +525,7 @@ class QueueEndpoint:
         finally:
             if charge is not None:
                 self._service.charge_end(charge, time.thread_time() - cpu)
+            self._service.worked(time.monotonic() - began)
 
     def read_nowait(self) -> dq.Packet | None:
         with self._service._lock:
@@ -701,7 +724,10 @@ class DspQueueRpcSkel(Skel):
             return AEE.EBADPARM.dsp
         if service is None:
             return AEE.EUNSUPPORTED.dsp
-        call.outputs[0][:] = _I32.pack(service.wait_signal(call.meter))
+        signal = service.wait_signal(call.meter)
+        call.outputs[0][:] = _I32.pack(signal.value)
+        if signal.value == 0:
+            call.report_dsp_seconds(signal.dsp_seconds)
         return 0
 
     def _cancel_wait_signal(self, call: SkelCall) -> int:

@@ -1,4 +1,5 @@
-"""Who a dspqueue event wakes in the emulated DSP process (issue 28, item 5).
+"""Who a dspqueue event wakes in the emulated DSP process, and what wait_signal tells
+(issue 28, item 5).
 
 A batch of llama.cpp crosses two thread hand-offs in the DSP process: the doorbell
 (``signal``) wakes the queue's reader, and the response it writes wakes the CPU's
@@ -6,8 +7,9 @@ outstanding ``wait_signal``. With one condition for everything, every event woke
 every waiting thread, and each needless wake-up took the GIL from the thread the
 event was for. Each event now wakes only the waiters it concerns; these tests spy
 on the service's conditions (no timing is asserted) and check that the behaviour
-around them is unchanged. The DSP process here is a :class:`PdServices` over
-plain buffers, without a driver.
+around them is unchanged. A ``wait_signal`` answer also tells the DSP time of the
+work done for the packets it answers (on a clock the test moves). The DSP process
+here is a :class:`PdServices` over plain buffers, without a driver.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import pytest
 
 from npu_protocol.aee import AEE
 from npud.sim import dspqueue as dq
+from npud.sim import skels_dspqueue
 from npud.sim.pd_services import FdMemory, PdServices
-from npud.sim.skels_dspqueue import DspQueueService, QueueClosedError, QueueEndpoint
+from npud.sim.skels_dspqueue import DspQueueService, QueueClosedError, QueueEndpoint, Signal
 from tests.polling import wait_until
 
 GUARD: Final = 60.0
@@ -127,11 +130,11 @@ def test_a_doorbell_wakes_the_queues_reader_not_the_cpus_wait_signal(process: Pr
 
 
 def test_a_response_wakes_the_cpus_wait_signal_not_the_queues_readers(process: Process) -> None:
-    signals: list[int] = []
+    signals: list[Signal] = []
     waiter = _started(lambda: signals.append(process.service.wait_signal()))
     assert process.endpoint.write([], b"answer")
     waiter.join(GUARD)
-    assert signals == [0]
+    assert signals == [(0, 0.0)]  # no work was done for it
     assert process.cpu.notified == 1
     assert process.readers.notified == 0
     packet = process.response.peek()
@@ -142,11 +145,11 @@ def test_a_response_wakes_the_cpus_wait_signal_not_the_queues_readers(process: P
 
 
 def test_a_cancel_reaches_the_wait_signal_alone(process: Process) -> None:
-    signals: list[int] = []
+    signals: list[Signal] = []
     waiter = _started(lambda: signals.append(process.service.wait_signal()))
     process.service.cancel_wait_signal()
     waiter.join(GUARD)
-    assert signals == [-1]
+    assert signals == [(-1, 0.0)]
     assert process.readers.notified == 0
 
 
@@ -168,7 +171,7 @@ def test_a_piece_of_work_goes_to_the_carrier_and_back_to_its_thread_alone(
 ) -> None:
     service = process.service
     meter = Meter()
-    signals: list[int] = []
+    signals: list[Signal] = []
     carrier = _started(lambda: signals.append(service.wait_signal(meter)))
     with service._lock:
         assert service._settled.wait_for(lambda: service._carriers == 1, GUARD)
@@ -180,7 +183,7 @@ def test_a_piece_of_work_goes_to_the_carrier_and_back_to_its_thread_alone(
     readers_before = process.readers.notified
     service.cancel_wait_signal()
     carrier.join(GUARD)
-    assert signals == [-1]
+    assert signals == [(-1, 0.0)]
     assert process.readers.notified == readers_before == 0  # no reader was woken for it
 
 
@@ -211,3 +214,37 @@ def test_a_header_whose_queue_count_changed_stops_the_queue(process: Process) ->
     (error,) = struct.unpack_from("<i", process.buffers[QUEUE_FD], dq.ERROR_OFFSET)
     assert error & 0xFFFFFFFF == AEE.ERPC.dsp
     assert process.cpu.notified == 1  # the CPU is told
+
+
+class Clock:
+    """``time`` for the service: ``monotonic`` moves only when told; CPU time is real."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    @staticmethod
+    def thread_time() -> float:
+        return 0.0
+
+
+def test_wait_signal_tells_the_dsp_time_of_the_work_since_its_last_answer(
+    process: Process, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(skels_dspqueue, "time", clock)
+    service, endpoint = process.service, process.endpoint
+    for seconds in (0.004, 0.0025):  # two batches answered by one signal
+        with endpoint.computing(matrix=True):
+            clock.now += seconds
+        assert endpoint.write([], b"answer")
+    first = service.wait_signal()
+    assert first.value == 0
+    assert first.dsp_seconds == pytest.approx(0.0065)
+    with endpoint.computing():
+        clock.now += 0.001
+    assert endpoint.write([], b"answer")
+    assert service.wait_signal() == pytest.approx((0, 0.001))  # only what came since
+    assert service.uncharged == 3  # no wait_signal carried them: the model saw none

@@ -86,6 +86,15 @@ class Driver(Protocol):
         kernel's driver."""
         ...
 
+    def dsp_report(self) -> float | None:
+        """The DSP time the DSP reported with the calling thread's last INVOKE, in
+        seconds, or None when it reported none. The emulator's DSP reports, with each
+        dspqueue ``wait_signal`` answer, the time of the work its process did for the
+        answered packets (docs/emulator.md); the kernel's driver has no such report
+        (mainline's INVOKE returns a result code only), so on a device it is None and
+        npud estimates (docs/scheduling.md, "The LLM's batches")."""
+        ...
+
 
 def _load_libc() -> ctypes.CDLL:
     name = ctypes.util.find_library("c") or "libc.so.6"
@@ -138,6 +147,10 @@ class KernelDriver:
 
     def fault_control(self) -> FaultControl | None:
         """None: a real DSP's failures are its own."""
+        return None
+
+    def dsp_report(self) -> float | None:
+        """None: mainline's INVOKE carries no DSP time."""
         return None
 
 
