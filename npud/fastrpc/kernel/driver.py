@@ -17,6 +17,8 @@ Contract shared by every Driver:
   included, is returned as is (as an unsigned 32-bit value when negative).
 * ``mmap(fd, length, offset)`` returns a shared read-write mapping; the caller
   owns it and closes it before closing the fd.
+* ``dsp_report()`` after an INVOKE, on the same thread: the DSP time the DSP
+  reported with its answer, or None (always, on the kernel's driver).
 """
 
 from __future__ import annotations
