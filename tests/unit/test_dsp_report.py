@@ -9,11 +9,13 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+import msgspec
 import pytest
 
 from npud.fastrpc.kernel.driver import KernelDriver
 from npud.fastrpc.kernel.invoke_args import InvokeResult
 from npud.fastrpc.recording.trace import TraceWriter, TracingDriver
+from npud.sim import pd_wire as wire
 from npud.sim.driver import EmulatedDriver
 from npud.sim.skels import SkelCall
 
@@ -61,3 +63,20 @@ def test_a_skel_reports_a_dsp_time() -> None:
     call = SkelCall(0, [], [], lambda _: None)
     call.report_dsp_seconds(0.004)
     assert call.reported_dsp_seconds == 0.004
+
+
+@pytest.mark.parametrize("seconds", [-1.0, float("nan"), 1e9])
+def test_a_pd_childs_impossible_report_breaks_the_wire(seconds: float) -> None:
+    """npud decodes a child's answer against the wire's bounds: a child that reports an
+    impossible DSP time breaks the wire (its PD ends), as any bad field does."""
+    raw = msgspec.msgpack.encode(wire.Result(1, 0, seconds))
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.Decoder(wire.ChildMessage).decode(raw)
+
+
+def test_a_pd_childs_report_and_its_absence_decode() -> None:
+    decoder = msgspec.msgpack.Decoder(wire.ChildMessage)
+    assert decoder.decode(msgspec.msgpack.encode(wire.Result(1, 0, 0.004))) == wire.Result(
+        1, 0, 0.004
+    )
+    assert decoder.decode(msgspec.msgpack.encode(wire.Result(1, 0))) == wire.Result(1, 0, None)
