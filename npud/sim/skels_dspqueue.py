@@ -52,6 +52,11 @@ handle of the process; queue slots 0..63 and the signals belong to the process):
   queue stops being served, its header's ``error`` holds the AEE code
   (AEE_EBADITEM, AEE_ENOSUCHMAP), its importer's reads fail, and the CPU is
   signalled.
+* A ``wait_signal`` answer of 0 reports (``SkelCall.report_dsp_seconds``) the DSP
+  time of the process's pieces of work (below) that ended since the previous
+  answer, each from its start until the model credited it: the driver hands it to
+  its caller (``Driver.dsp_report``), and npud charges it to the batches the
+  answer ends (docs/scheduling.md). A device's kernel has no such report.
 * Each event wakes only its waiters (one lock, a condition per kind of waiter): a
   signal the queues' readers and writers, a response, a cancel or a piece of work
   the CPU's ``wait_signal``, a piece's end the thread that waits for it. Every
@@ -220,6 +225,7 @@ class DspQueueService(PdResident):
             self._state, self._state_memory, self._state_owner = state, memory, owner
             self._cancelled = False
             self._pending = False
+            self._worked = 0.0  # an earlier CPU session's, answered to no one now
         if old_state is not None and old_memory is not None:
             old_state.release()
             old_memory.close()
