@@ -59,7 +59,11 @@ per-round ratios, with their spread):
   (goal >= 0.95);
 * ``voice_llm.dsp_share``: llama.cpp's DSP time in npud's status (what ``npuctl
   top`` shows) / the emulated DSP's own count (the ``OPBATCH`` times of
-  ``GGML_HEXAGON_PROFILE``), alone (goal within 10 %);
+  ``GGML_HEXAGON_PROFILE``), alone (goal within 10 %). npud charges each batch
+  the DSP time its answer reports, which the emulator's DSP tells and a
+  device's kernel does not (there npud estimates: docs/scheduling.md, "The
+  LLM's batches"); the report leaves out the worker's mapping of a batch's
+  buffers, which ``OPBATCH`` counts;
 * ``voice_llm.added_per_batch``: the time a batch costs at the client beyond
   the DSP's own time / one call's round trip (a 64-byte echo through the same
   npud) (goal <= 2). It includes llama.cpp's own CPU work between two batches

@@ -2,12 +2,13 @@
 
 A dspqueue doorbell (``signal``, an op batch of llama.cpp) is a DSP call; with
 ``batches = "gated"`` the batch it starts keeps its slot until the client's
-``wait`` call brings the answer (or ``batch_answer_max`` passes), and
-doorbell-to-answer less the path's round trip is charged as the batch's DSP
-time; with ``"counted"`` the doorbell ends as a call and the batch's time is
-only charged. :class:`OpBatches` keeps the open batches of every client for the
-data path (:mod:`npud.datapath.workers`), which tells it when a doorbell goes,
-returns, fails, and when an answer comes.
+``wait`` call brings the answer (or ``batch_answer_max`` passes), and the DSP
+time the DSP reported with the answer (the emulator's does, a device's kernel
+does not: ``Driver.dsp_report``), else doorbell-to-answer less the path's round
+trip, is charged as the batch's DSP time; with ``"counted"`` the doorbell ends
+as a call and the batch's time is only charged. :class:`OpBatches` keeps the
+open batches of every client for the data path (:mod:`npud.datapath.workers`),
+which tells it when a doorbell goes, returns, fails, and when an answer comes.
 """
 
 from __future__ import annotations
@@ -154,16 +155,37 @@ class OpBatches:
                 del self._open[batch.account]
         return True
 
-    def answered(self, account: Account, when: float) -> None:
+    def answered(
+        self,
+        account: Account,
+        when: float,
+        reported: float | None = None,
+        *,
+        domain: Domain | None = None,
+    ) -> None:
         """A ``wait`` call of ``account`` returned at ``when``: the oldest open batch is
-        over."""
+        over. ``reported``: the DSP time the DSP told with the answer (the work it did
+        for the packets it answers, ``Driver.dsp_report``), charged instead of the
+        estimate; with no batch open (the DSP took a packet from the ring before npud
+        passed its doorbell on) it is charged to the client and ``domain`` all the same."""
         with self._lock:
             open_batches = self._open.get(account)
             batch = open_batches[0] if open_batches else None
         if batch is not None:
-            self._end(batch, expired=False, when=when)
+            self._end(batch, expired=False, when=when, reported=reported)
+        elif reported:
+            self.scheduler.charge(account, reported)
+            if domain is not None:
+                domain.charge_dsp(reported)
 
-    def _end(self, batch: Batch, *, expired: bool, when: float | None = None) -> None:
+    def _end(
+        self,
+        batch: Batch,
+        *,
+        expired: bool,
+        when: float | None = None,
+        reported: float | None = None,
+    ) -> None:
         with self._lock:
             if batch.ended:
                 return
@@ -173,7 +195,12 @@ class OpBatches:
             if not open_batches:
                 del self._open[batch.account]
         spent = (time.monotonic() if when is None else when) - batch.started
-        seconds = spent if expired else max(0.0, spent - batch.trip)
+        if expired:
+            seconds = spent
+        elif reported is not None:
+            seconds = reported  # the DSP's own count: no estimate of the path needed
+        else:
+            seconds = max(0.0, spent - batch.trip)
         if expired:
             log.warning(
                 "an op batch's answer did not come: its slot is given back",

@@ -513,7 +513,10 @@ class DataPath:
         timing = call.handler.timing
         account = None if timing is None else timing.account
         if call.handler.route is Route.WAIT and error is None and account is not None:
-            self._batches.answered(account, answered)
+            handler = call.handler
+            self._batches.answered(
+                account, answered, handler.reported_dsp_seconds, domain=handler.domain
+            )
         self._end(call)
 
     def _run(self, call: Call) -> tuple[Answer | None, CodedError | None]:

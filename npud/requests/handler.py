@@ -103,6 +103,10 @@ class Handler(abc.ABC, Generic[R]):
     """A DSP-bound call's timing (invoke, model run, chain), built at its arrival; the
     data path reads it."""
     dsp_seconds: float = 0.0
+    reported_dsp_seconds: float | None = None
+    """The DSP time the DSP reported with the call's answer (the emulator's dspqueue
+    ``wait_signal``: the op batches it answers); None when it reported none, as a
+    device's kernel never does (docs/scheduling.md, "The LLM's batches")."""
     session: FastRpcSession | None = None
     """The session its DSP work runs on, taken at arrival by the handlers that call the
     DSP: a watchdog that fires after the domain restarted must not end the new one."""

@@ -188,6 +188,7 @@ class Invoke(Handler[p.InvokeRequest]):
             )
         finally:
             self.dsp_seconds = time.perf_counter() - started
+        self.reported_dsp_seconds = result.dsp_seconds
         if result.rc != 0:
             raise CodedError(ErrorCode.INVOKE_FAILED, code=result.rc)
         return Answer(p.InvokeReply(id=request.id, outputs=result.outputs))

@@ -99,6 +99,12 @@ INIT_HANDLE: Final = 1  # the kernel's own: EPERM from userspace
 log = logging.getLogger(__name__)
 
 
+class _Reports(threading.local):
+    """Per thread: the DSP time the DSP reported with the thread's last INVOKE."""
+
+    dsp_seconds: float | None = None
+
+
 class EmulatedDriver:
     """The emulated kernel driver and DSP; see the module docstring and docs/emulator.md."""
 
@@ -139,6 +145,7 @@ class EmulatedDriver:
         self._invokes_in_flight = 0
         self._calls: set[PendingCall] = set()  # INVOKEs waiting for the DSP, every channel
         self._suspends = 0
+        self._reports = _Reports()
         self._lost_mmaps = 0
         self._lost_mmap_bytes = 0
         self.faults = FaultInjector(
@@ -329,6 +336,13 @@ class EmulatedDriver:
             return None
         return child.pid
 
+    def dsp_report(self) -> float | None:
+        """The DSP time the emulated DSP reported with this thread's last INVOKE: a
+        dspqueue ``wait_signal``'s answer carries the time of the work its process did
+        for the packets answered (:class:`npud.sim.skels_dspqueue.Signal`); None for
+        any other call, as always on the kernel's driver."""
+        return self._reports.dsp_seconds
+
     def fault_control(self) -> DriverFaultControl:
         """The emulated DSP's failures on demand (``debug``; the Driver seam's
         ``FaultControl``, which npud.sim describes with its own types)."""
@@ -499,6 +513,7 @@ class EmulatedDriver:
     # -- ioctl handlers ------------------------------------------------------
 
     def _invoke(self, device: DeviceFile, arg: IoctlBuffer) -> int:
+        self._reports.dsp_seconds = None  # nothing reported until this call answers
         view = arg_view(arg, layout.INVOKE_STRUCT.size, writable=False)
         request = layout.InvokeRequest._make(layout.INVOKE_STRUCT.unpack(view))
         scalars = layout.decode_scalars(request.sc)
@@ -580,6 +595,7 @@ class EmulatedDriver:
                     self._interrupted(device)
                     return None  # nothing is copied out: the restarted call answers
                 arguments.copy_out()
+                self._reports.dsp_seconds = call.report.dsp_seconds
         except SubsystemDownError:
             raise fault(errno.EPIPE, "INVOKE: the DSP restarted during the call") from None
         finally:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from npud.sim.errors import LoadError
-from npud.sim.pd_child_handle import CallServices, CallTransfer, PdChild, PdGoneError
+from npud.sim.pd_child_handle import CallServices, CallTransfer, DspReport, PdChild, PdGoneError
 from npud.sim.pd_services import EndReason, PdServices
 from npud.sim.skels import HostFiles, Skel, SkelCall, SkelFactory, run_method
 
@@ -43,6 +43,8 @@ class DspCall:
     inputs: Sequence[memoryview]
     outputs: Sequence[memoryview]
     transfer: CallTransfer | None = None
+    report: DspReport = dataclasses.field(default_factory=DspReport)
+    """What the DSP reported with its answer (``SkelCall.report_dsp_seconds``)."""
 
 
 class SkelInstance(Protocol):
@@ -137,6 +139,7 @@ class LocalSkel:
         try:
             return run_method(self.skel, self._method_offset, skel_call)
         finally:
+            call.report.dsp_seconds = skel_call.reported_dsp_seconds
             if meter is not None:
                 meter.close()
 
@@ -204,6 +207,7 @@ class RemoteSkel:
             call.outputs,
             self._services,
             crash=crash,
+            report=call.report,
         )
 
     def close(self) -> None:

@@ -464,6 +464,7 @@ class ChildRuntime:
             if message.crash:
                 os.kill(os.getpid(), signal.SIGKILL)  # fault injection: the PD dies mid-call
             skel = self._skels.get(message.instance)
+            reported: float | None = None
             if skel is None:
                 result = AEE.EINVHANDLE.dsp
             else:
@@ -477,12 +478,13 @@ class ChildRuntime:
                     meter=call if message.metered else None,
                 )
                 result = run_method(skel, message.method_offset, skel_call)
+                reported = skel_call.reported_dsp_seconds
             tail = [
                 out
                 for out, span in zip(outputs, message.outputs, strict=True)
                 if span.memory == wire.INLINE
             ]
-            call.send(wire.Result(call.id, result & 0xFFFFFFFF), tail)
+            call.send(wire.Result(call.id, result & 0xFFFFFFFF, reported), tail)
         finally:
             for part in reversed(views):
                 try:  # noqa: SIM105 - no context manager per view on every call

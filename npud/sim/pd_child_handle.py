@@ -79,6 +79,16 @@ class CallServices(Protocol):
     def read_host_file(self, name: str, *, limit: int) -> bytes: ...
 
 
+class DspReport:
+    """What the DSP told with a call's answer: ``dsp_seconds``, the DSP time of the work
+    the call answers for (``SkelCall.report_dsp_seconds``; None: nothing told)."""
+
+    __slots__ = ("dsp_seconds",)
+
+    def __init__(self) -> None:
+        self.dsp_seconds: float | None = None
+
+
 class MemoryRef(NamedTuple):
     """A buffer a call uses in place: ``id`` names its memory in the child.
 
@@ -488,9 +498,11 @@ class PdChild:
         services: CallServices,
         *,
         crash: bool = False,
+        report: DspReport | None = None,
     ) -> int:
         """Run a method in the child; its AEE result. Plain outputs come back into
-        ``outputs`` (the payload's views) when the payload travelled in the message."""
+        ``outputs`` (the payload's views) when the payload travelled in the message;
+        what the DSP reported with the answer into ``report``."""
         transient: list[wire.AddMemory] = []
         fds: list[int] = []
         payload_id = wire.INLINE
@@ -535,6 +547,8 @@ class PdChild:
                 self._copy_outputs(data, message.outputs, outputs)
             elif len(data):
                 raise self._broke("outputs in a message with a shared payload")
+            if report is not None:
+                report.dsp_seconds = answer.dsp_seconds
             return answer.result
         finally:
             self._close_call(call)

@@ -72,6 +72,7 @@ _TRUNCATED: Final = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)
 Text = Annotated[str, msgspec.Meta(max_length=4096)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 U32 = Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)]
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=86400.0)]
 Field = Text | int | float | bool | None
 FieldName = Annotated[str, msgspec.Meta(max_length=64)]
 Fields = Annotated[dict[FieldName, Field], msgspec.Meta(max_length=32)]
@@ -253,10 +254,12 @@ class Log(msgspec.Struct, tag="log"):
 
 
 class Result(msgspec.Struct, tag="result"):
-    """The method's AEE result; the tail holds the inline outputs, in order."""
+    """The method's AEE result; the tail holds the inline outputs, in order.
+    ``dsp_seconds``: the DSP time the method reported (``SkelCall.report_dsp_seconds``)."""
 
     call: int
     result: U32
+    dsp_seconds: Seconds | None = None
 
 
 class Created(msgspec.Struct, tag="created"):

@@ -62,6 +62,8 @@ DOMAIN_METHOD_OFFSET: Final = 2
 
 ESCAPE_METHOD: Final = 31
 """qaic's escape for interfaces with more than 31 methods (the id is then in primIn)."""
+MAX_REPORTED_SECONDS: Final = 86400.0
+"""The most DSP time a call may report (a day): more is a bug of the skel."""
 
 
 class BadParameterError(Exception):
@@ -114,7 +116,16 @@ class SkelCall:
     ``meter``: the call's way to the DSP's shared compute (None when the emulator does
     not model it: ``SimConfig.dsp_units`` and ``hmx_units`` both 0)."""
 
-    __slots__ = ("_sleep", "host_files", "inputs", "meter", "outputs", "pd", "sc")
+    __slots__ = (
+        "_sleep",
+        "host_files",
+        "inputs",
+        "meter",
+        "outputs",
+        "pd",
+        "reported_dsp_seconds",
+        "sc",
+    )
 
     def __init__(
         self,
@@ -134,6 +145,17 @@ class SkelCall:
         self.host_files: HostFiles = host_files if host_files is not None else _NoHostFiles()
         self.pd = pd
         self.meter = meter
+        self.reported_dsp_seconds: float | None = None
+        """What :meth:`report_dsp_seconds` told (None: nothing)."""
+
+    def report_dsp_seconds(self, seconds: float) -> None:
+        """Tell the driver, with this call's answer, the DSP time of the work it answers
+        for (dspqueue's ``wait_signal``: the packets its process handled since its last
+        answer); the driver gives it to its caller (``Driver.dsp_report``). A value
+        outside 0..86400 s, or not finite, is a bug of the skel: ValueError."""
+        if not 0.0 <= seconds <= MAX_REPORTED_SECONDS:
+            raise ValueError(f"a DSP time of {seconds!r} s")
+        self.reported_dsp_seconds = seconds
 
     def work(self, seconds: float) -> None:
         """Spend ``seconds`` of DSP time: shared with the calls running beside it when the

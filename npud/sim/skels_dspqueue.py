@@ -52,6 +52,16 @@ handle of the process; queue slots 0..63 and the signals belong to the process):
   queue stops being served, its header's ``error`` holds the AEE code
   (AEE_EBADITEM, AEE_ENOSUCHMAP), its importer's reads fail, and the CPU is
   signalled.
+* A ``wait_signal`` answer of 0 reports (``SkelCall.report_dsp_seconds``) the DSP
+  time of the process's pieces of work (below) that ended since the previous
+  answer, each from its start until the model credited it: the driver hands it to
+  its caller (``Driver.dsp_report``), and npud charges it to the batches the
+  answer ends (docs/scheduling.md). A device's kernel has no such report.
+* Each event wakes only its waiters (one lock, a condition per kind of waiter): a
+  signal the queues' readers and writers, a response, a cancel or a piece of work
+  the CPU's ``wait_signal``, a piece's end the thread that waits for it. Every
+  woken thread takes the GIL, so a needless wake-up delays the thread the event
+  is for (docs/emulator.md).
 * A DSP writer waiting for response space re-checks every 50 ms besides the CPU's
   signals: the CPU signals only when it sees the writer's ``wait_count``, which
   Python cannot order against its own read of the ring with a memory barrier.
@@ -80,7 +90,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from npu_protocol.aee import AEE
 from npud.sim import dspqueue as dq
@@ -108,6 +118,16 @@ _I32: Final = struct.Struct("<i")
 _U64: Final = struct.Struct("<Q")
 _CREATE_IN: Final = struct.Struct("<IiI")
 _QUEUE_ID_SLOT_BITS: Final = 8
+
+
+class Signal(NamedTuple):
+    """What ``wait_signal`` answers: ``value`` (0, or -1 once cancelled) and
+    ``dsp_seconds``, the DSP time of the process's pieces of work (``computing``)
+    that ended since the last answer, each from its start until the model credited
+    it: the op batches answered, as the DSP counts them."""
+
+    value: int
+    dsp_seconds: float
 
 
 class QueueClosedError(Exception):
@@ -155,7 +175,19 @@ class DspQueueService(PdResident):
 
     def __init__(self, pd: PdServices) -> None:
         super().__init__(pd)
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        # One lock, a condition per kind of waiter: a notify wakes only the threads it
+        # concerns, so a doorbell's wake-up of the queue's reader does not also wake
+        # the CPU's wait_signal, nor a response the reader (each woken thread takes
+        # the GIL from the one the wake-up is for; the device's DSP has no such cost).
+        self._readers = threading.Condition(self._lock)
+        """DSP code waiting on a queue: to read (a signal), to write (space), or for
+        the queue's or the import's end."""
+        self._cpu = threading.Condition(self._lock)
+        """The CPU's ``wait_signal``: something for the CPU, a cancel, a piece of work
+        to carry."""
+        self._settled = threading.Condition(self._lock)
+        """Pieces of work waiting for their carrier to end them (``charge_end``)."""
         self._state_memory: FdMemory | None = None
         self._state: dq.ProcessState | None = None
         self._state_owner: object = None
@@ -170,6 +202,9 @@ class DspQueueService(PdResident):
         self._open: list[_Charge] = []  # begun on a carrier, not ended
         self.charged = 0  # pieces the model credited
         self.uncharged = 0  # pieces run with no carrier
+        self._worked = 0.0
+        """Seconds of DSP work (pieces ended) since the CPU's last ``wait_signal``
+        returned: what the next one reports (:class:`Signal`)."""
 
     # -- the RPC methods --------------------------------------------------------------------
 
@@ -184,12 +219,13 @@ class DspQueueService(PdResident):
             memory.close()
             log.warning("dspqueue init_process_state refused", extra={"reason": str(exc)})
             return exc.code
-        with self._cond:
+        with self._lock:
             self._check_locked()
             old_state, old_memory = self._state, self._state_memory
             self._state, self._state_memory, self._state_owner = state, memory, owner
             self._cancelled = False
             self._pending = False
+            self._worked = 0.0  # an earlier CPU session's, answered to no one now
         if old_state is not None and old_memory is not None:
             old_state.release()
             old_memory.close()
@@ -207,7 +243,7 @@ class DspQueueService(PdResident):
             if code:
                 memory.close()
                 return code, 0
-            with self._cond:
+            with self._lock:
                 self._check_locked()
                 if self._state is None or slot in self._queues:
                     memory.close()
@@ -251,99 +287,101 @@ class DspQueueService(PdResident):
         return 0
 
     def destroy_queue(self, qid: int) -> int:
-        with self._cond:
+        with self._lock:
             self._check_locked()
             queue = self._find_locked(qid)
             if queue is None or queue.imported:
                 return AEE.EBADPARM.dsp
             del self._queues[queue.slot]
             queue.release()
-            self._cond.notify_all()
+            self._readers.notify_all()
         return 0
 
     def is_imported(self, qid: int) -> tuple[int, int]:
-        with self._cond:
+        with self._lock:
             self._check_locked()
             queue = self._find_locked(qid)
             if queue is None:
                 return AEE.EBADPARM.dsp, 0
             return 0, 1 if queue.imported else 0
 
-    def wait_signal(self, meter: ComputeMeter | None = None) -> int:
-        """Block until there is something for the CPU: 0, or -1 once cancelled. With a
+    def wait_signal(self, meter: ComputeMeter | None = None) -> Signal:
+        """Block until there is something for the CPU: 0, or -1 once cancelled, with the
+        DSP time of the pieces of work that ended since the last one returned. With a
         ``meter`` (the call's), carry the process's pieces of work meanwhile (see the
         module docstring)."""
         me = object()
-        with self._cond:
+        with self._lock:
             if meter is not None:
                 self._carriers += 1
-                self._cond.notify_all()
+                self._settled.notify_all()
             try:
                 while True:
                     if self._ended:
                         break
                     if self._cancelled:
-                        return SIGNAL_CANCELLED
+                        return Signal(SIGNAL_CANCELLED, 0.0)
                     if meter is not None and self._charges:
                         self._carry_locked(self._charges.popleft(), meter, me)
                         continue
                     if self._pending and not any(c.carrier is me for c in self._open):
                         self._pending = False
-                        return 0
-                    self._cond.wait()
+                        worked, self._worked = self._worked, 0.0
+                        return Signal(0, worked)
+                    self._cpu.wait()
                 self._check_locked()
-                return SIGNAL_CANCELLED  # not reached: _check_locked raised
+                return Signal(SIGNAL_CANCELLED, 0.0)  # not reached: _check_locked raised
             finally:
                 if meter is not None:
                     self._carriers -= 1
                     for charge in [c for c in self._open if c.carrier is me]:
                         self._open.remove(charge)  # its job goes with this call
                         charge.carrier = None
-                    self._cond.notify_all()
+                    self._settled.notify_all()
 
     def _carry_locked(self, charge: _Charge, meter: ComputeMeter, me: object) -> None:
         """Begin or end ``charge`` on the driver's side (the lock released meanwhile)."""
         if charge.job is None:  # to begin
-            self._cond.release()
+            self._lock.release()
             try:
                 job = meter.begin(charge.matrix, charge.started)
             finally:
-                self._cond.acquire()
+                self._lock.acquire()
             charge.job, charge.carrier = job, me
             self._open.append(charge)
             return
         if charge.carrier is not me:  # its carrier left: it runs uncharged
             charge.settled = True
             self.uncharged += 1
-            self._cond.notify_all()
+            self._settled.notify_all()
             return
         self._open.remove(charge)
         assert charge.seconds is not None
-        self._cond.release()
+        self._lock.release()
         try:
             meter.end(charge.job, charge.seconds)
         finally:
-            self._cond.acquire()
+            self._lock.acquire()
             charge.settled = True
             self.charged += 1
-            self._cond.notify_all()
+            self._settled.notify_all()
 
     def charge_begin(self, matrix: bool) -> _Charge | None:
         """A thread of the process starts a piece of DSP work; None when no
         ``wait_signal`` carries (the piece runs uncharged)."""
-        with self._cond:
+        with self._lock:
             if not self._carriers or self._ended:
                 self.uncharged += 1
                 return None
             charge = _Charge(matrix)
             self._charges.append(charge)
-            self._cond.notify_all()
+            self._cpu.notify_all()
             return charge
 
     def charge_end(self, charge: _Charge, seconds: float) -> None:
         """The piece took ``seconds`` on the host: wait until the model credited it (or
         its carrier left: then at once)."""
-        with self._cond:
+        with self._lock:
             charge.seconds = seconds
             if charge.job is None and charge.carrier is None and not self._carriers:
                 with contextlib.suppress(ValueError):
@@ -351,7 +389,7 @@ class DspQueueService(PdResident):
                 self.uncharged += 1
                 return
             self._charges.append(charge)
-            self._cond.notify_all()
+            self._cpu.notify_all()
             while not charge.settled:
                 if self._ended:
                     return
@@ -360,24 +398,30 @@ class DspQueueService(PdResident):
                         self._charges.remove(charge)
                     self.uncharged += 1
                     return
-                self._cond.wait()
+                self._settled.wait()
+
+    def worked(self, seconds: float) -> None:
+        """A piece of work of the process ended after ``seconds`` on the DSP (its start
+        to the model's credit): the next ``wait_signal`` reports it."""
+        with self._lock:
+            self._worked += seconds
 
     def cancel_wait_signal(self) -> None:
-        with self._cond:
+        with self._lock:
             self._cancelled = True
-            self._cond.notify_all()
+            self._cpu.notify_all()
 
     def signal(self) -> None:
         """The CPU wrote something: every reader and writer of the process looks again."""
-        with self._cond:
+        with self._lock:
             self._doorbell += 1
-            self._cond.notify_all()
+            self._readers.notify_all()
 
     def release_owner(self, owner: object) -> None:
         """The handle ``owner`` closes: its queues and the state it made go."""
         released: list[_Queue] = []
         state: tuple[dq.ProcessState, FdMemory] | None = None
-        with self._cond:
+        with self._lock:
             for slot, queue in list(self._queues.items()):
                 if queue.owner is owner:
                     del self._queues[slot]
@@ -389,13 +433,14 @@ class DspQueueService(PdResident):
                 self._cancelled = True
             for queue in released:
                 queue.release()
-            self._cond.notify_all()
+            self._readers.notify_all()
+            self._cpu.notify_all()
         if state is not None:
             state[0].release()
             state[1].close()
 
     def pd_ended(self) -> None:
-        with self._cond:
+        with self._lock:
             self._ended = True
             queues, self._queues = list(self._queues.values()), {}
             for queue in queues:
@@ -404,14 +449,15 @@ class DspQueueService(PdResident):
                 self._state.release()
                 self._state_memory.close()
             self._state = self._state_memory = self._state_owner = None
-            self._cond.notify_all()
+            for condition in (self._readers, self._cpu, self._settled):
+                condition.notify_all()
 
     # -- importing (DSP code) ---------------------------------------------------------------
 
     def import_queue(self, qid: int) -> QueueEndpoint:
         """The DSP's end of queue ``qid``, for one consumer at a time (dspqueue_import).
         dq.QueueError: AEE_EBADPARM for an unknown id, AEE_EITEMBUSY when imported."""
-        with self._cond:
+        with self._lock:
             self._check_locked()
             queue = self._find_locked(qid)
             if queue is None:
@@ -433,7 +479,7 @@ class DspQueueService(PdResident):
 
     def _signal_cpu_locked(self) -> None:
         self._pending = True
-        self._cond.notify_all()
+        self._cpu.notify_all()
 
     def _fail_locked(self, queue: _Queue, error: dq.QueueError) -> None:
         """The DSP stops serving ``queue``: the reason goes to its header and the CPU."""
@@ -444,6 +490,7 @@ class DspQueueService(PdResident):
             "dspqueue: the DSP refuses a packet and stops serving the queue",
             extra={"queue": f"{queue.qid:#x}", "reason": str(error), "code": f"{error.code:#x}"},
         )
+        self._readers.notify_all()
         self._signal_cpu_locked()
 
 
@@ -460,7 +507,7 @@ class QueueEndpoint:
         """The next request, waiting for one (a signal of the CPU wakes the wait).
         QueueClosedError once closed, destroyed or failed; the PD's end error at its end."""
         service = self._service
-        with service._cond:
+        with service._lock:
             while True:
                 self._check_locked()
                 seen = service._doorbell
@@ -468,7 +515,7 @@ class QueueEndpoint:
                 if packet is not None:
                     return packet
                 while seen == service._doorbell and not self._stopped_locked():
-                    service._cond.wait()
+                    service._readers.wait()
 
     @contextlib.contextmanager
     def computing(self, *, matrix: bool = False) -> Iterator[None]:
@@ -476,6 +523,7 @@ class QueueEndpoint:
         CPUs): charged to the DSP's shared compute through the process's
         ``wait_signal`` (the module docstring), at the CPU time its thread spent in the
         block (as ``SkelCall.computing``); ``matrix``: it needs the HMX too."""
+        began = time.monotonic()
         charge = self._service.charge_begin(matrix)
         cpu = time.thread_time()
         try:
@@ -483,9 +531,10 @@ class QueueEndpoint:
         finally:
             if charge is not None:
                 self._service.charge_end(charge, time.thread_time() - cpu)
+            self._service.worked(time.monotonic() - began)
 
     def read_nowait(self) -> dq.Packet | None:
-        with self._service._cond:
+        with self._service._lock:
             self._check_locked()
             return self._take_locked()
 
@@ -502,7 +551,7 @@ class QueueEndpoint:
         service = self._service
         queue = self._queue
         waiting = False
-        with service._cond:
+        with service._lock:
             try:
                 while True:
                     self._check_locked()
@@ -521,7 +570,7 @@ class QueueEndpoint:
                         waiting = True
                         continue  # look once more now that the CPU can see the wait
                     if seen == service._doorbell and not self._stopped_locked():
-                        service._cond.wait(WRITER_RECHECK)
+                        service._readers.wait(WRITER_RECHECK)
             finally:
                 if waiting and not queue.closed:
                     queue.response.add_writer_wait(-1)
@@ -529,12 +578,12 @@ class QueueEndpoint:
     def close(self) -> None:
         """dspqueue_close of the import: the CPU may destroy the queue now."""
         service = self._service
-        with service._cond:
+        with service._lock:
             if self._closed:
                 return
             self._closed = True
             self._queue.imported -= 1
-            service._cond.notify_all()
+            service._readers.notify_all()
 
     def _stopped_locked(self) -> bool:
         queue = self._queue
@@ -554,7 +603,10 @@ class QueueEndpoint:
         service = self._service
         queue = self._queue
         try:
-            if queue.header.queue_count != dq.read_header(queue.memory.view).queue_count:
+            # The one field of the header the DSP checks on each read (the whole
+            # header is parsed once, at create_queue).
+            (count,) = dq.U32.unpack_from(queue.memory.view, dq.QUEUE_COUNT_OFFSET)
+            if queue.header.queue_count != count:
                 raise dq.QueueError("the queue's header changed its queue_count", AEE.ERPC.dsp)
             while True:
                 packet = queue.request.peek()
@@ -678,7 +730,10 @@ class DspQueueRpcSkel(Skel):
             return AEE.EBADPARM.dsp
         if service is None:
             return AEE.EUNSUPPORTED.dsp
-        call.outputs[0][:] = _I32.pack(service.wait_signal(call.meter))
+        signal = service.wait_signal(call.meter)
+        call.outputs[0][:] = _I32.pack(signal.value)
+        if signal.value == 0:
+            call.report_dsp_seconds(signal.dsp_seconds)
         return 0
 
     def _cancel_wait_signal(self, call: SkelCall) -> int:

@@ -224,3 +224,70 @@ async def test_a_batch_is_charged_without_its_doorbells_round_trip(
         # Less its fastest doorbell (well under 0.1 s): the 5 s stay charged.
         assert await _charged_batch(daemon, peer, handle, 30, cancelled=True) >= 4_900_000
         peer.close()
+
+
+def _reporting(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Each ``wait`` answer comes with ``seconds`` of DSP time reported, as the driver's
+    ``dsp_report`` gives it (the emulator's DSP reports for a wait_signal that answers
+    packets; the cancelled one here reports nothing of its own)."""
+    run = Invoke.run
+
+    def reported(self: Invoke) -> Answer:
+        answer = run(self)
+        if self.request.wait:
+            self.reported_dsp_seconds = seconds
+        return answer
+
+    monkeypatch.setattr(Invoke, "run", reported)
+
+
+@pytest.mark.parametrize("batches", ["gated", "counted"])
+async def test_a_batch_is_charged_the_dsp_time_reported_with_its_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batches: str
+) -> None:
+    """When the DSP tells a batch's time with the answer, that is the charge, not
+    doorbell-to-answer (here well under a second) less the path's round trip."""
+    _reporting(monkeypatch, 3.0)
+    config = f'[scheduler]\nbatches = "{batches}"\nbatch_answer_max_s = 60\n'
+    async with serve_daemon(tmp_path, config) as daemon:
+        peer, handle = await _open(tmp_path, "background")
+        domain_before = next(d for d in daemon.broker.status().domains if d.isolated).dsp_us
+        before = _client(daemon).dsp_us
+        await _charged_batch(daemon, peer, handle, 10)
+        with trio.fail_after(10):  # the charge follows the answer (a bound, not a speed)
+            while _client(daemon).dsp_us - before < 3_000_000:
+                await trio.sleep(0.005)
+        # Plus the calls' own time (the doorbell's when counted, the cancel's), charged
+        # as calls': nothing of the estimate's well under a second is added.
+        assert _client(daemon).dsp_us - before < 3_900_000
+        (domain,) = [d for d in daemon.broker.status().domains if d.isolated]
+        assert domain.dsp_us - domain_before >= 3_000_000
+        peer.close()
+
+
+async def test_a_reported_answer_with_no_batch_open_is_charged_all_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DSP may take a packet from the ring, and answer it, before npud passes its
+    doorbell on (the CPU library sends doorbells from a thread of its own): the answer
+    finds no batch open, and the time it reports is still the client's."""
+    _reporting(monkeypatch, 2.0)
+    async with serve_daemon(tmp_path, '[scheduler]\nbatches = "gated"\n') as daemon:
+        peer, handle = await _open(tmp_path, "background")
+        await peer.write(p.InvokeRequest(id=5, handle=handle, method=CANCEL_WAIT_SIGNAL))
+        assert await peer.next() == p.InvokeReply(id=5)
+        before = _client(daemon).dsp_us
+        wait = p.InvokeRequest(
+            id=6,
+            handle=handle,
+            method=WAIT_SIGNAL,
+            outputs=(p.InlineOutput(capacity=4),),
+            wait=True,
+        )
+        await peer.write(wait)
+        assert await peer.next() == p.InvokeReply(id=6, outputs=(b"\xff\xff\xff\xff",))
+        with trio.fail_after(10):  # the charge follows the answer (a bound, not a speed)
+            while _client(daemon).dsp_us - before < 2_000_000:
+                await trio.sleep(0.005)
+        assert _running(daemon) == 0
+        peer.close()

@@ -92,6 +92,33 @@ def test_a_packet_being_handled_is_work_on_the_channels_shared_compute(
     finish(queues, echo, queue)
 
 
+@pytest.mark.parametrize("units", [0, 1])
+def test_wait_signal_answers_with_the_dsp_time_of_the_packets_handled(
+    isolation: str, units: int, tmp_path: Path
+) -> None:
+    """The DSP process tells, with each wait_signal answer, the time of the work it did
+    for the packets answered (issue 28, item 5): what npud charges a batch, through the
+    driver's report and the session's InvokeResult, as a device's kernel cannot. A piece
+    of 0.2 s of CPU lasts at least that long, modelled or not."""
+    driver = _driver(isolation, units)
+    session = _session(driver, tmp_path)
+    try:
+        queues = CpuQueues(session)
+        queue = queues.create()
+        echo = Echo(session)
+        assert echo.start(queue.qid) == 0
+        queue.write((), b"work:200000")
+        assert queue.read().message == b"work:200000"
+        wait_until(lambda: queues.reported > 0, "no DSP time was reported", timeout=GUARD)
+        assert 0.2 <= queues.reported < GUARD
+        assert driver.dsp_report() is None  # this thread's last INVOKE reported nothing
+        finish(queues, echo, queue)
+    finally:
+        session.end_process()
+        session.close()
+        driver.shutdown()
+
+
 def test_without_the_model_packet_handling_is_not_charged(isolation: str, tmp_path: Path) -> None:
     driver = _driver(isolation, 0)
     session = _session(driver, tmp_path)

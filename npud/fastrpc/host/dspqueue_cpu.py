@@ -146,6 +146,9 @@ class CpuQueues:
         self.error = 0
         self.signals_sent = 0
         self.signals_received = 0
+        self.reported = 0.0
+        """DSP seconds the DSP reported with its wait_signal answers (the emulator's;
+        ``Driver.dsp_report``)."""
         self._send = threading.Condition()
         self._send_pending = False
         self._send_stop = False
@@ -226,10 +229,12 @@ class CpuQueues:
     def _receive_loop(self) -> None:
         while True:
             try:
-                rc, data = self._invoke(SC_WAIT_SIGNAL, [], 4)
+                result = self.session.invoke(self.handle, SC_WAIT_SIGNAL, [], [Capacity(4)])
             except RpcError as exc:  # the session went away under the call
                 self._fail(_answer_under(exc))
                 return
+            rc, data = result.rc, result.outputs[0] or b""
+            self.reported += result.dsp_seconds or 0.0
             if rc:
                 self._fail(rc)
                 return

@@ -17,6 +17,8 @@ Contract shared by every Driver:
   included, is returned as is (as an unsigned 32-bit value when negative).
 * ``mmap(fd, length, offset)`` returns a shared read-write mapping; the caller
   owns it and closes it before closing the fd.
+* ``dsp_report()`` after an INVOKE, on the same thread: the DSP time the DSP
+  reported with its answer, or None (always, on the kernel's driver).
 """
 
 from __future__ import annotations
@@ -86,6 +88,15 @@ class Driver(Protocol):
         kernel's driver."""
         ...
 
+    def dsp_report(self) -> float | None:
+        """The DSP time the DSP reported with the calling thread's last INVOKE, in
+        seconds, or None when it reported none. The emulator's DSP reports, with each
+        dspqueue ``wait_signal`` answer, the time of the work its process did for the
+        answered packets (docs/emulator.md); the kernel's driver has no such report
+        (mainline's INVOKE returns a result code only), so on a device it is None and
+        npud estimates (docs/scheduling.md, "The LLM's batches")."""
+        ...
+
 
 def _load_libc() -> ctypes.CDLL:
     name = ctypes.util.find_library("c") or "libc.so.6"
@@ -138,6 +149,10 @@ class KernelDriver:
 
     def fault_control(self) -> FaultControl | None:
         """None: a real DSP's failures are its own."""
+        return None
+
+    def dsp_report(self) -> float | None:
+        """None: mainline's INVOKE carries no DSP time."""
         return None
 
 

@@ -36,10 +36,13 @@ OutArg = Capacity | Slice
 
 @dataclass(frozen=True, slots=True)
 class InvokeResult:
-    """The DSP's result code and, per output argument, its bytes (None for slices)."""
+    """The DSP's result code and, per output argument, its bytes (None for slices);
+    ``dsp_seconds``: the DSP time the DSP reported with its answer (``Driver.dsp_report``;
+    None, as always on a device, when it reported none)."""
 
     rc: int
     outputs: tuple[bytes | None, ...]
+    dsp_seconds: float | None = None
 
     def output(self, index: int) -> bytes:
         data = self.outputs[index]

@@ -316,6 +316,10 @@ class ReplayDriver:
         """None: a replay answers what was recorded, nothing else."""
         return None
 
+    def dsp_report(self) -> float | None:
+        """None: a trace records the syscalls, and the report is none."""
+        return None
+
     def ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:
         with self._guard():
             call = self._begin("ioctl")

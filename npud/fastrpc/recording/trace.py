@@ -285,6 +285,10 @@ class TracingDriver:
         """Passed on, not recorded: a fault is the emulator's, not a call to the driver."""
         return self.inner.fault_control()
 
+    def dsp_report(self) -> float | None:
+        """Passed on, not recorded: what the DSP reported with the INVOKE just recorded."""
+        return self.inner.dsp_report()
+
     def ioctl(self, fd: int, request: int, arg: IoctlArg) -> int:
         raw_in = struct_bytes(arg)
         fields: Record = {

@@ -58,11 +58,12 @@ class Invoker:
                 handle=handle, sc=sc, args=ctypes.addressof(args) if len(args) else 0
             )
             rc = self._invoke_ioctl(invoke)
+            reported = self._device.driver.dsp_report()  # this thread's INVOKE's
             results = tuple(
                 None if isinstance(arg, Slice) else (raw.raw if raw is not None else b"")
                 for arg, raw in zip(outputs, memory[len(inputs) :], strict=True)
             )
-            return InvokeResult(rc=rc, outputs=results)
+            return InvokeResult(rc=rc, outputs=results, dsp_seconds=reported)
         finally:
             for buffer in pinned:
                 if buffer.unpin():
