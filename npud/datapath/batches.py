@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("npud.datapath.workers")
 
+EARLY_ANSWER_MAX: Final = 0.1
+"""Seconds within which an answer that found no batch open is taken for the client's next
+doorbell (the DSP took that batch from the ring before npud passed its doorbell on; the
+doorbell may have been held by the gate, up to ``batch_hold_max_s``, meanwhile)."""
 DOORBELL_TRIPS: Final = 32
 """Doorbells of a client whose fastest gives the path's round trip (a batch's charge
 leaves it out): a window, so that a slower path (a loaded host) is followed."""
@@ -80,6 +84,12 @@ class OpBatches:
         )
         """Each client's recent doorbell round trips (under ``_lock``; gone with its
         account)."""
+        self._early: weakref.WeakKeyDictionary[Account, float] = weakref.WeakKeyDictionary()
+        """When a client's answer last found no batch open, until its next doorbell takes
+        it (under ``_lock``): at most one per client, so a client whose answers outrun its
+        doorbells gains one ungated slot-free batch at most."""
+        self.early_answers = 0
+        """Answers that came before their doorbell was passed on, since start."""
 
     def begin(self, handler: Handler[Any], job: Job) -> Batch | None:
         """A doorbell goes on: its batch is open from now until the client's next answer
@@ -96,6 +106,16 @@ class OpBatches:
         with self._lock:
             trips = self._doorbell_trips.get(batch.account)
             batch.trip = min(trips) if trips else 0.0  # if its answer comes before it returns
+            early = self._early.pop(batch.account, None)
+            if early is not None and batch.started - early <= EARLY_ANSWER_MAX:
+                # Its answer came already: the DSP ran the batch before this doorbell was
+                # passed on. Opening it would pair every later answer with the batch
+                # before its own (one behind for the rest of the run: each batch
+                # charged its successor's time, and a gated one holding its slot a
+                # batch too long). It ends as a call, when the doorbell returns.
+                batch.job = None
+                batch.ended = True
+                return batch
             self._open.setdefault(batch.account, deque()).append(batch)
             arm = not self._timer_armed
             self._timer_armed = True
@@ -167,10 +187,19 @@ class OpBatches:
         over. ``reported``: the DSP time the DSP told with the answer (the work it did
         for the packets it answers, ``Driver.dsp_report``), charged instead of the
         estimate; with no batch open (the DSP took a packet from the ring before npud
-        passed its doorbell on) it is charged to the client and ``domain`` all the same."""
+        passed its doorbell on) it is charged to the client and ``domain`` all the same,
+        and the client's next doorbell within :data:`EARLY_ANSWER_MAX` is taken as
+        answered (:meth:`begin`)."""
         with self._lock:
             open_batches = self._open.get(account)
             batch = open_batches[0] if open_batches else None
+            if batch is None and reported:
+                # The DSP did work for it: a batch's answer that outran its doorbell (a
+                # cancelled wait, or one ending the queue, reports none and is not).
+                # Without a report (a device's kernel) the answer cannot be told from
+                # those, and answers pair with doorbells in order only.
+                self._early[account] = when
+                self.early_answers += 1
         if batch is not None:
             self._end(batch, expired=False, when=when, reported=reported)
         elif reported:
