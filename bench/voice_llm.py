@@ -64,6 +64,10 @@ per-round ratios, with their spread):
   device's kernel does not (there npud estimates: docs/scheduling.md, "The
   LLM's batches"); the report leaves out the worker's mapping of a batch's
   buffers, which ``OPBATCH`` counts;
+* ``voice_llm.dsp_share_estimate``: the same on the ungated daemon, whose
+  emulator reports no DSP time (``[emulator] report_dsp_time = false``), as a
+  device's kernel reports none: what npud's estimate makes of the batches
+  (no goal: the estimate a device gets);
 * ``voice_llm.added_per_batch``: the time a batch costs at the client beyond
   the DSP's own time / one call's round trip (a 64-byte echo through the same
   npud) (goal <= 2). It includes llama.cpp's own CPU work between two batches
@@ -249,7 +253,10 @@ class Daemon:
     ) -> None:
 
         self.gate = gate
-        config = EMULATOR + f'[scheduler]\nbatches = "{gate}"\n' + VAD_DOMAIN
+        # The ungated daemon's emulator reports no DSP time with its answers, as a
+        # device's kernel reports none: its figures show npud's estimate of a batch.
+        report = "report_dsp_time = false\n" if gate == "counted" else ""
+        config = EMULATOR + report + f'[scheduler]\nbatches = "{gate}"\n' + VAD_DOMAIN
         socket, self.pid = stack.enter_context(
             processes.npud_process(workdir, f"npud-{gate}", config)
         )
@@ -391,8 +398,8 @@ def _rows(
         result: list[LlmRun] = r[gate, kind]["llm"]
         return result
 
-    def share(r: dict[tuple[str, str], dict[str, Any]]) -> float:
-        runs = llm(r, "gated", "llm")
+    def share(r: dict[tuple[str, str], dict[str, Any]], gate: str = "gated") -> float:
+        runs = llm(r, gate, "llm")
         return sum(run.npud_dsp_us for run in runs) / sum(sum(run.opbatch_us) for run in runs)
 
     def added(r: dict[tuple[str, str], dict[str, Any]], rtt: float) -> float:
@@ -521,6 +528,14 @@ def _rows(
             shares,
             {**figures, "share_error": abs(statistics.median(shares) - 1)},
             harness.Goal("share_error", 0.10),
+        ),
+        row(
+            "voice_llm.dsp_share_estimate",
+            "the same where the emulator reports no DSP time, as a device's kernel reports "
+            "none (npud's estimate: doorbell to answer less the path's round trip; the "
+            "ungated daemon)",
+            [share(r, "counted") for r in results],
+            figures,
         ),
         row(
             "voice_llm.added_per_batch",

@@ -87,6 +87,8 @@ class Profile:
     """The emulated DSP's shared execution units (``[emulator] dsp_units``)."""
     emulator_hmx_units: int = 0
     """The emulated DSP's HMX units (``[emulator] hmx_units``)."""
+    emulator_report_dsp_time: bool = True
+    """dspqueue answers report their DSP time (``[emulator] report_dsp_time``)."""
     emulator_pd_isolation: Literal["process", "thread"] = "process"
     emulator_pd_user: str = "nobody"
     emulator_pd_memory_limit: int = 4 << 30
@@ -129,6 +131,7 @@ class Profile:
                 SimConfig(
                     dsp_units=self.emulator_dsp_units,
                     hmx_units=self.emulator_hmx_units,
+                    report_dsp_time=self.emulator_report_dsp_time,
                     pd_isolation=self.emulator_pd_isolation,
                     pd_user=self.emulator_pd_user,
                     pd_memory_limit=self.emulator_pd_memory_limit,
@@ -257,6 +260,7 @@ def select_profile(config: Config, override: str | None = None) -> Profile:
         allow_development_key=True,
         emulator_dsp_units=config.emulator.dsp_units,
         emulator_hmx_units=config.emulator.hmx_units,
+        emulator_report_dsp_time=config.emulator.report_dsp_time,
         emulator_pd_isolation=config.emulator.pd_isolation,
         emulator_pd_user=config.emulator.pd_user,
         emulator_pd_memory_limit=config.emulator.pd_memory_limit,

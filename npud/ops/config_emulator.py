@@ -32,6 +32,14 @@ class EmulatorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
             "0: not modelled."
         ),
     ] = 0
+    report_dsp_time: Annotated[
+        bool,
+        doc(
+            "A dspqueue answer reports the DSP time of the op batches it answers, which npud "
+            "charges. false: none is reported, as on a device (its kernel reports none), and "
+            "npud estimates a batch's time as it does there (docs/scheduling.md)."
+        ),
+    ] = True
     pd_isolation: Annotated[
         Literal["process", "thread"],
         doc(

@@ -114,6 +114,9 @@ class SimConfig:
     * ``hmx_units``: the HMX matrix units (1 on the device) that matrix work (a
       model's graph, an op batch with matrix products) shares besides its HVX
       context; 0 models none. Both 0 is the emulator's behaviour before the model.
+    * ``report_dsp_time``: a dspqueue ``wait_signal`` answer reports the DSP time of
+      the work it answers (``Driver.dsp_report``). False reports none, as a device's
+      kernel does, so npud estimates a batch's DSP time as it must there.
     * ``skels``: skel name -> factory, the simulated DSP's "installed" skels;
       a descriptor file names one of these.
     * ``domain_handles``: the DSP has the domain-style ``adsp_listener1``
@@ -173,6 +176,7 @@ class SimConfig:
     procmap_query: bool = True
     dsp_units: int = 0
     hmx_units: int = 0
+    report_dsp_time: bool = True
     skels: Mapping[str, SkelFactory] = dataclasses.field(default_factory=lambda: BUILTIN_SKELS)
     domain_handles: bool = True
     absent_module_result: int = AEE_ENOSUCHMOD

@@ -340,7 +340,11 @@ class EmulatedDriver:
         """The DSP time the emulated DSP reported with this thread's last INVOKE: a
         dspqueue ``wait_signal``'s answer carries the time of the work its process did
         for the packets answered (:class:`npud.sim.skels_dspqueue.Signal`); None for
-        any other call, as always on the kernel's driver."""
+        any other call, as always on the kernel's driver, and for every call with
+        ``SimConfig.report_dsp_time`` off (the device's way, for measuring npud's
+        estimate)."""
+        if not self.config.report_dsp_time:
+            return None
         return self._reports.dsp_seconds
 
     def fault_control(self) -> DriverFaultControl:

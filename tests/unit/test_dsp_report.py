@@ -15,7 +15,10 @@ import pytest
 from npud.fastrpc.kernel.driver import KernelDriver
 from npud.fastrpc.kernel.invoke_args import InvokeResult
 from npud.fastrpc.recording.trace import TraceWriter, TracingDriver
+from npud.ops.backend import select_profile
+from npud.ops.config import load_config
 from npud.sim import pd_wire as wire
+from npud.sim.config import SimConfig
 from npud.sim.driver import EmulatedDriver
 from npud.sim.skels import SkelCall
 
@@ -80,3 +83,22 @@ def test_a_pd_childs_report_and_its_absence_decode() -> None:
         1, 0, 0.004
     )
     assert decoder.decode(msgspec.msgpack.encode(wire.Result(1, 0))) == wire.Result(1, 0, None)
+
+
+def test_the_emulator_with_its_report_off_reports_none_as_a_device() -> None:
+    """``[emulator] report_dsp_time = false``: npud then estimates a batch's time, as it
+    must on a device, and a benchmark can measure that estimate."""
+    driver = EmulatedDriver(SimConfig(report_dsp_time=False))
+    try:
+        driver._reports.dsp_seconds = 0.5  # as an answered wait_signal leaves it
+        assert driver.dsp_report() is None
+    finally:
+        driver.shutdown()
+
+
+def test_the_config_switch_reaches_the_emulated_driver(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "npud.toml"
+    path.write_text("[emulator]\nreport_dsp_time = false\n")
+    profile = select_profile(load_config(path), "emulator")
+    assert profile.emulator_report_dsp_time is False
+    assert select_profile(load_config(None), "emulator").emulator_report_dsp_time is True
