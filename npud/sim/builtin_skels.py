@@ -22,7 +22,7 @@ def _portal_qnn() -> Skel:
 
 
 def _dspqueue_rpc() -> Skel:
-    from npud.sim.skels_dspqueue import DspQueueRpcSkel  # noqa: PLC0415
+    from npud.sim.skels_dspqueue_rpc import DspQueueRpcSkel  # noqa: PLC0415
 
     return DspQueueRpcSkel()
 

@@ -7,8 +7,8 @@ the emulator's own layout (:mod:`npud.sim.layout`) and answered the way
 word, DSP result codes as return values. docs/emulator.md lists every rule and
 every place where the emulator had to choose. This module keeps the fd table,
 the DSP's life, INVOKE and the statistics; the other commands have modules of
-their own (:mod:`npud.sim.memory_ioctls`, :mod:`npud.sim.init_ioctls`,
-:mod:`npud.sim.dsp_info_ioctl`, :mod:`npud.sim.heap_device`).
+their own, where their constants live too (:mod:`npud.sim.memory_ioctls`,
+:mod:`npud.sim.init_ioctls`, :mod:`npud.sim.dsp_info_ioctl`, :mod:`npud.sim.heap_device`).
 
 It also emulates the system DMA-BUF heap, ``/dev/dma_heap/system``
 (:mod:`npud.sim.dma_heap`), where libcdsprpc's rpcmem allocates.
@@ -44,24 +44,19 @@ from npud.sim.channel import FASTRPC_CTX_IDS, Channel
 from npud.sim.config import SimConfig
 from npud.sim.device_file import DeviceFile, PendingCall
 from npud.sim.dmabuf import DmaBufRegistry
-from npud.sim.dsp_info_ioctl import MDSP_DOMAIN_ID, OLD_KERNEL_DEV_MAX, DspInfoIoctl
+from npud.sim.dsp_info_ioctl import DspInfoIoctl
 from npud.sim.errors import SubsystemDownError, fault
 from npud.sim.fault_control import DriverFaultControl
 from npud.sim.faults import FaultInjector
 from npud.sim.heap_device import HeapDevice
-from npud.sim.init_ioctls import (
-    INIT_FILE_NAMELEN_MAX,
-    INIT_FILELEN_MAX,
-    MODE_UNSIGNED_MODULE,
-    InitIoctls,
-)
+from npud.sim.init_ioctls import InitIoctls
 from npud.sim.invoke import InvokeArguments
 from npud.sim.ioctl_args import IoctlBuffer, arg_view, ioctl_result
 from npud.sim.mappings import MappingTable
-from npud.sim.memory_ioctls import ADSP_MMAP_ADD_PAGES, ADSP_MMAP_REMOTE_HEAP_ADDR, MemoryIoctls
+from npud.sim.memory_ioctls import MemoryIoctls
 from npud.sim.pd import DspCall
 from npud.sim.pd_host import PdSpawnError
-from npud.sim.pd_spawner import PdSpawner, skel_modules
+from npud.sim.pd_spawner import PdSpawner
 from npud.sim.process import (
     LAST_STATIC_HANDLE,
     DspProcess,
@@ -73,22 +68,7 @@ from npud.sim.statistics import SimStatistics
 from npud.sim.usermem import UserMemory
 from npud.sim.vmas import VmaFinder
 
-__all__ = [  # what moved out stays importable from here
-    "ADSP_MMAP_ADD_PAGES",
-    "ADSP_MMAP_REMOTE_HEAP_ADDR",
-    "INIT_FILELEN_MAX",
-    "INIT_FILE_NAMELEN_MAX",
-    "INIT_HANDLE",
-    "MDSP_DOMAIN_ID",
-    "MODE_UNSIGNED_MODULE",
-    "NODES",
-    "NON_SECURE_NODE",
-    "OLD_KERNEL_DEV_MAX",
-    "SECURE_NODE",
-    "EmulatedDriver",
-    "IoctlBuffer",
-    "skel_modules",
-]
+__all__ = ["INIT_HANDLE", "NODES", "NON_SECURE_NODE", "SECURE_NODE", "EmulatedDriver"]
 
 SECURE_NODE: Final = "/dev/fastrpc-cdsp-secure"
 NON_SECURE_NODE: Final = "/dev/fastrpc-cdsp"

@@ -21,7 +21,7 @@ from npud.fastrpc.session import FastRpcSession
 from npud.ops.backend import DEV_SHELL
 from npud.sim import DSP_LIBRARY_DIR, EmulatedDriver, SimConfig
 from npud.sim.builtin_skels import BUILTIN_SKELS
-from npud.sim.driver import skel_modules
+from npud.sim.pd_spawner import skel_modules
 from tests.e2e.daemon import Npud, wait_until_serving
 from tests.emulator import onnx_models, probe_skel
 
