@@ -50,6 +50,9 @@ per-round ratios, with their spread):
   alone (no goal: what llama.cpp adds to what Kokoro does, the HMX being one);
 * ``voice_llm.tts_rtf``: Kokoro's real-time factor with llama.cpp / without
   (goal <= 1.2);
+* ``voice_llm.tts_rtf_ungated``: the same on the ungated daemon, over the same
+  voice phase (no goal: Kokoro is a normal client, whose calls the gate does
+  not protect from batches);
 * ``voice_llm.llm_beside_voice``: llama.cpp's tokens/s beside voice / alone
   (goal >= 0.8);
 * ``voice_llm.llm_beside_voice_ungated``: the same with today's rule (no goal:
@@ -426,6 +429,7 @@ def _rows(
         "misses_ungated": float(sum(vad(r, "counted", "all").misses for r in results)),
         "tts_rtf_voice": statistics.median(r["gated", "voice"]["rtf"] for r in results),
         "tts_rtf_all": statistics.median(r["gated", "all"]["rtf"] for r in results),
+        "tts_rtf_all_ungated": statistics.median(r["counted", "all"]["rtf"] for r in results),
         "llm_tokens_per_s_alone": statistics.median(
             tokens_per_s(llm(r, "gated", "llm")) for r in results
         ),
@@ -491,6 +495,13 @@ def _rows(
             [r["gated", "all"]["rtf"] / r["gated", "voice"]["rtf"] for r in results],
             figures,
             harness.Goal("ratio", 1.2),
+        ),
+        row(
+            "voice_llm.tts_rtf_ungated",
+            "the same with today's rule (Kokoro is a normal client: the gate holds batches "
+            "for realtime work only)",
+            [r["counted", "all"]["rtf"] / r["gated", "voice"]["rtf"] for r in results],
+            figures,
         ),
         row(
             "voice_llm.llm_beside_voice",
