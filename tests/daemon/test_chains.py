@@ -656,3 +656,93 @@ async def test_npuctl_chain_runs_the_wake_word_models_as_one_request(
         code, _, err = await npuctl_in_thread(socket, capsys, "chain", models[0], models[0])
         assert code == 64
         assert "step name 'mel' is taken twice" in err
+
+
+# --- random chains: refused cleanly, never an internal error ------------------------------
+
+FUZZ_CHAINS: Final = 150
+"""Random chains sent in the fuzz test (a bound on its time: about 1.5 s here)."""
+FUZZ_NAMES: Final = (
+    "audio",
+    "frames",
+    "input_1",
+    "features",
+    "x",
+    "score",
+    "",
+    "nope",
+    "\u00e9" * 40,
+)
+
+
+REAL_OUTPUTS: Final = ((0, "frames"), (1, "features"), (2, "score"))
+
+
+def _random_chain(
+    rng: np.random.Generator, ids: list[int], good: list[p.ChainStep]
+) -> tuple[list[p.ChainStep], list[p.ChainOutput]]:
+    """A third: the good chain asking for real outputs (it runs); a third: the good chain
+    with one step's feed drawn at random; a third: everything drawn at random."""
+
+    def name() -> str:
+        return str(rng.choice(FUZZ_NAMES))
+
+    kind = rng.random()
+    if kind < 2 / 3:
+        asked = rng.choice(len(REAL_OUTPUTS), size=int(rng.integers(1, 4)), replace=False)
+        outputs = [p.ChainOutput(step=REAL_OUTPUTS[i][0], output=REAL_OUTPUTS[i][1]) for i in asked]
+        if kind < 1 / 3:
+            return list(good), outputs
+        steps = list(good)
+        at = int(rng.integers(0, len(steps)))
+        steps[at] = p.ChainStep(
+            model=steps[at].model, inputs={name(): _source(int(rng.integers(0, 4)), name())}
+        )
+        return steps, outputs
+    count = int(rng.integers(1, p.MAX_CHAIN_STEPS + 3))
+    steps = [
+        p.ChainStep(
+            model=int(rng.choice([*ids, 99, 4242])),
+            graph=name() if rng.random() < 0.2 else "",
+            inputs={
+                name(): _source(int(rng.integers(0, count + 2)), name())
+                for _ in range(int(rng.integers(0, 3)))
+            },
+        )
+        for _ in range(count)
+    ]
+    outputs = [
+        p.ChainOutput(step=int(rng.integers(0, count + 2)), output=name())
+        for _ in range(int(rng.integers(1, 4)))
+    ]
+    return steps, outputs
+
+
+async def test_random_chains_are_answered_or_refused_and_leave_nothing(
+    tmp_path: Path, chain_runs: list[portal_chain.ChainRun]
+) -> None:
+    """Chains of real and unknown models, names and step numbers drawn at random (and the
+    good chain, whole or with one feed drawn at random): each is run or refused with a client's error (never npud's internal one), the connection goes
+    on, and every intermediate tensor of the chains that ran is freed."""
+    rng = np.random.default_rng(28)
+    answered = 0
+    refusals: list[npu_client.NpuError] = []
+    async with _wake(tmp_path, THREADS) as (npu, mel, embedding, head):
+        ids = [mel.id, embedding.id, head.id]
+        for _ in range(FUZZ_CHAINS):
+            steps, outputs = _random_chain(rng, ids, _good(mel, embedding, head))
+            try:
+                await _raw(npu, steps, outputs)
+                answered += 1
+            except npu_client.NpuError as exc:
+                refusals.append(exc)
+        assert (await _raw(npu, _good(mel, embedding, head), [SCORE])).output_shapes == ((1, 1),)
+    assert answered + len(refusals) == FUZZ_CHAINS
+    assert answered > FUZZ_CHAINS // 4  # the good chains ran...
+    assert len(refusals) > FUZZ_CHAINS // 3  # ...and most others are wrong somewhere
+    internal = [e for e in refusals if e.code == ErrorCode.INTERNAL_ERROR]
+    dropped = [e for e in refusals if isinstance(e, npu_client.NpuConnectionError)]
+    assert not internal, internal
+    assert not dropped, dropped
+    assert len(chain_runs) >= answered  # the DSP side was seen (thread isolation)...
+    assert _all_freed(chain_runs)  # ...and freed everything
