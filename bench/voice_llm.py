@@ -209,7 +209,7 @@ class Llama:
                 lines.append(line)
                 if "decoded " in line and " t/s" in line:
                     # Its decode is over and it is still connected: its DSP time now.
-                    seen = _dsp_us_of(self._socket, process.pid)
+                    seen = _accounting_of(self._socket, process.pid)
         finally:
             process.wait(60)
         log = "".join(lines)
@@ -229,7 +229,7 @@ class Llama:
         )
 
 
-def _dsp_us_of(socket: str, pid: int) -> tuple[int, dict[str, int]]:
+def _accounting_of(socket: str, pid: int) -> tuple[int, dict[str, int]]:
     """Client ``pid``'s DSP time in npud's status, and its batches' time held by reason
     (asked on a connection of its own)."""
     with npu_client.connect(socket, name="bench-llm-watch") as watch:

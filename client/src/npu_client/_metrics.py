@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -204,20 +204,11 @@ def render(status: DaemonStatus, *, exclude: tuple[int, str] | None = None) -> s
         lines += _family(metric, [((), _value(record, metric.field))])
     rows = [row for row in record["clients"] if (row["pid"], row["name"]) != exclude]
     for metric in CLIENT_METRICS:
-        samples = [
-            (tuple((label, str(row[label])) for label in CLIENT_LABELS), _value(row, metric.field))
-            for row in rows
-        ]
+        samples = [(_client_labels(row), _value(row, metric.field)) for row in rows]
         lines += _family(metric, samples)
     for metric in HELD_METRICS:
         samples = [
-            (
-                (
-                    *((label, str(row[label])) for label in CLIENT_LABELS),
-                    ("reason", held["reason"]),
-                ),
-                _value(held, metric.field),
-            )
+            ((*_client_labels(row), ("reason", held["reason"])), _value(held, metric.field))
             for row in rows
             for held in row.get("held", [])
         ]
@@ -232,6 +223,10 @@ def render(status: DaemonStatus, *, exclude: tuple[int, str] | None = None) -> s
         ]
         lines += _family(metric, samples)
     return "\n".join(lines) + "\n"
+
+
+def _client_labels(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple((label, str(row[label])) for label in CLIENT_LABELS)
 
 
 def _label_text(value: object) -> str:

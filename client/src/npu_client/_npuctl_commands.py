@@ -13,7 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -36,6 +36,8 @@ from npu_client._status_text import render_status
 from npu_client._top import Sample
 from npu_client._top import frame as top_frame
 from npu_client._top import render as render_top
+
+ReportT = TypeVar("ReportT")
 
 NPUCTL_NAME: Final = "npuctl"
 """The client name npuctl gives npud (its row in the status)."""
@@ -129,21 +131,7 @@ def run(client: Client, args: argparse.Namespace) -> int:
         graph=args.graph,
         constants=dict(args.constant),
     )
-    try:
-        report = run_once(client, run_args)
-    except RunUsageError as exc:
-        error(str(exc))
-        return exc.exit_status
-    except (NpuError, TimeoutError):
-        raise  # npud's answer, or none in time (both OSErrors too): said by the caller
-    except OSError as exc:
-        error(f"cannot open {exc.filename or args.model}: {exc.strerror}")
-        return cli.EX_NOINPUT
-    if args.json:
-        print(msgspec.json.encode(report).decode())
-    else:
-        print(render_run(report))
-    return cli.EXIT_OK
+    return _report(lambda: run_once(client, run_args), render_run, args.json, args.model)
 
 
 def chain(client: Client, args: argparse.Namespace) -> int:
@@ -154,20 +142,28 @@ def chain(client: Client, args: argparse.Namespace) -> int:
         shapes=dict(args.shape),
         outputs=list(args.output),
     )
+    return _report(
+        lambda: run_chain_once(client, chain_args), render_chain, args.json, "a model or input"
+    )
+
+
+def _report(
+    produce: Callable[[], ReportT], render_text: Callable[[ReportT], str], as_json: bool, what: str
+) -> int:
+    """Print what ``produce`` ran (as text or JSON), or say why it could not: a bad
+    command line, or a file it could not open (``what``, when the error names none).
+    npud's refusals and timeouts go up to the caller, which says them."""
     try:
-        report = run_chain_once(client, chain_args)
+        report = produce()
     except RunUsageError as exc:
         error(str(exc))
         return exc.exit_status
     except (NpuError, TimeoutError):
         raise  # npud's answer, or none in time (both OSErrors too): said by the caller
     except OSError as exc:
-        error(f"cannot open {exc.filename}: {exc.strerror}")
+        error(f"cannot open {exc.filename or what}: {exc.strerror}")
         return cli.EX_NOINPUT
-    if args.json:
-        print(msgspec.json.encode(report).decode())
-    else:
-        print(render_chain(report))
+    print(msgspec.json.encode(report).decode() if as_json else render_text(report))
     return cli.EXIT_OK
 
 
