@@ -34,11 +34,15 @@ contexts and the HMX with them, not its wait for a host core. Without the
 right to raise a priority (CAP_SYS_NICE) it runs as before;
 ``dsp_prioritised`` in the figures says which.
 
-Two daemons run side by side, one gating the batches (``[scheduler] batches =
-"gated"``, the default) and one with today's rule (``"counted"``). A round runs,
-on each, phases of ``--seconds``: ``quiet`` (VAD alone), ``all`` (VAD, TTS and
-llama.cpp) and ``llm`` (llama.cpp alone), and on the gating one also ``voice``
-(VAD and TTS); their order alternates round by round. Rows (the median of the
+Three daemons run side by side: one gating the batches (``[scheduler] batches =
+"gated"``, the default: a background batch waits for realtime and normal calls),
+one gating them for realtime calls only (``batch_yield = "realtime"``: its batches
+share the DSP with Kokoro's graphs) and one with the rule of before (``batches =
+"counted"``). A round runs phases of ``--seconds``: ``quiet`` (VAD alone), ``all``
+(VAD, TTS and llama.cpp) and ``llm`` (llama.cpp alone) on the gating and the counting
+daemons, ``voice`` (VAD and TTS) on the gating one, ``all`` on the realtime-only one
+(whose other phases would be the gating one's: nothing it runs alone is held); their
+order alternates round by round. Rows (the median of the
 per-round ratios, with their spread):
 
 * ``voice_llm.vad_misses``: VAD chunks over 30 ms late with llama.cpp decoding
@@ -46,15 +50,20 @@ per-round ratios, with their spread):
 * ``voice_llm.vad_p99``: VAD p99 with llama.cpp (and TTS) / alone (goal <= 1.5);
 * ``voice_llm.vad_p99_ungated``: the same with today's rule (no goal: what
   gating buys);
+* ``voice_llm.vad_p99_yield_realtime``: the same where batches yield to realtime
+  calls only (no goal);
 * ``voice_llm.vad_p99_beside_tts``: VAD p99 with llama.cpp (and TTS) / with the TTS
   alone (no goal: what llama.cpp adds to what Kokoro does, the HMX being one);
 * ``voice_llm.tts_rtf``: Kokoro's real-time factor with llama.cpp / without
   (goal <= 1.2);
+* ``voice_llm.tts_rtf_yield_realtime``: the same where batches yield to realtime
+  calls only (no goal: what holding them for Kokoro's graphs buys Kokoro);
 * ``voice_llm.tts_rtf_ungated``: the same on the ungated daemon, over the same
-  voice phase (no goal: Kokoro is a normal client, whose calls the gate does
-  not protect from batches);
+  voice phase (no goal);
 * ``voice_llm.llm_beside_voice``: llama.cpp's tokens/s beside voice / alone
   (goal >= 0.8);
+* ``voice_llm.llm_beside_voice_yield_realtime``: the same where batches yield to
+  realtime calls only (no goal: what holding them for Kokoro's graphs costs the LLM);
 * ``voice_llm.llm_beside_voice_ungated``: the same with today's rule (no goal:
   what the gate costs beside voice, the rest being the DSP's and the host's
   sharing);
@@ -106,7 +115,9 @@ import npu_client
 from bench import harness, processes, voice_clients
 
 EMULATOR: Final = "[emulator]\ndsp_units = 4\nhmx_units = 1\n"
-GATES: Final = ("gated", "counted")
+GATES: Final = ("gated", "yield-realtime", "counted")
+"""The daemons: batches gated (the default: a background batch waits for realtime and
+normal calls), gated for realtime calls only (``batch_yield = "realtime"``), counted."""
 DSP_NICE: Final = -10
 """The host priority of the emulated DSP's threads (see the module docstring)."""
 VAD_NICE: Final = -15
@@ -239,6 +250,16 @@ def _accounting_of(socket: str, pid: int) -> tuple[int, dict[str, int]]:
     return 0, {}
 
 
+def _voice_dsp_us(socket: str) -> int:
+    """The DSP time in npud's status of every client but llama.cpp's (the voice clients')."""
+    with npu_client.connect(socket, name="bench-llm-watch") as watch:
+        return sum(
+            row.dsp_us
+            for row in watch.status().clients
+            if row.name not in ("bench-llama", "bench-llm-watch")
+        )
+
+
 def held_ms_per_token(runs: list[LlmRun], reason: str) -> float:
     """The gate's hold for ``reason``, per token decoded (the prompt's batches included)."""
     return sum(run.held_us.get(reason, 0) for run in runs) / 1000 / sum(r.tokens for r in runs)
@@ -259,7 +280,15 @@ class Daemon:
         # The ungated daemon's emulator reports no DSP time with its answers, as a
         # device's kernel reports none: its figures show npud's estimate of a batch.
         report = "report_dsp_time = false\n" if gate == "counted" else ""
-        config = EMULATOR + report + f'[scheduler]\nbatches = "{gate}"\n' + VAD_DOMAIN
+        scheduler = (
+            '[scheduler]\nbatches = "counted"\n'
+            if gate == "counted"
+            else (
+                '[scheduler]\nbatches = "gated"\n'
+                + ('batch_yield = "realtime"\n' if gate == "yield-realtime" else "")
+            )
+        )
+        config = EMULATOR + report + scheduler + VAD_DOMAIN
         socket, self.pid = stack.enter_context(
             processes.npud_process(workdir, f"npud-{gate}", config)
         )
@@ -308,6 +337,7 @@ class Daemon:
             assert self.tts.stdin is not None
             self.tts.stdin.write(f"{seconds}\n")
             self.tts.stdin.flush()
+        voice_before, began = _voice_dsp_us(self.socket), time.monotonic()
         try:
             # The emulated DSP is a processor of its own: its host threads (npud's and
             # its DSP processes', those the llama run starts included) go before the
@@ -324,6 +354,9 @@ class Daemon:
         finally:
             if kind in ("all", "llm"):
                 out["llm"] = self.llama.stop()
+        # The voice clients' share of the DSP's time in the phase (npud's count).
+        elapsed = time.monotonic() - began
+        out["voice_dsp_share"] = (_voice_dsp_us(self.socket) - voice_before) / 1e6 / elapsed
         if kind in ("voice", "all"):
             assert self.tts.stdout is not None
             line = self.tts.stdout.readline()
@@ -359,6 +392,7 @@ def _schedule(index: int) -> Iterator[tuple[str, str]]:
         ("gated", "voice"),
         ("gated", "all"),
         ("gated", "llm"),
+        ("yield-realtime", "all"),
         ("counted", "quiet"),
         ("counted", "all"),
         ("counted", "llm"),
@@ -405,6 +439,11 @@ def _rows(
         runs = llm(r, gate, "llm")
         return sum(run.npud_dsp_us for run in runs) / sum(sum(run.opbatch_us) for run in runs)
 
+    def llm_dsp_share(r: dict[tuple[str, str], dict[str, Any]]) -> float:
+        """The share of its decoding time llama.cpp's batches hold the DSP, alone."""
+        runs = llm(r, "gated", "llm")
+        return sum(sum(run.opbatch_us[1:]) for run in runs) / 1e6 / sum(r.decode_s for r in runs)
+
     def added(r: dict[tuple[str, str], dict[str, Any]], rtt: float) -> float:
         runs = llm(r, "gated", "llm")
         per_token = statistics.median(run.per_token_ms for run in runs)
@@ -427,9 +466,15 @@ def _rows(
         ),
         "misses_gated": float(sum(vad(r, "gated", "all").misses for r in results)),
         "misses_ungated": float(sum(vad(r, "counted", "all").misses for r in results)),
+        "misses_yield_realtime": float(
+            sum(vad(r, "yield-realtime", "all").misses for r in results)
+        ),
         "tts_rtf_voice": statistics.median(r["gated", "voice"]["rtf"] for r in results),
         "tts_rtf_all": statistics.median(r["gated", "all"]["rtf"] for r in results),
         "tts_rtf_all_ungated": statistics.median(r["counted", "all"]["rtf"] for r in results),
+        "tts_rtf_all_yield_realtime": statistics.median(
+            r["yield-realtime", "all"]["rtf"] for r in results
+        ),
         "llm_tokens_per_s_alone": statistics.median(
             tokens_per_s(llm(r, "gated", "llm")) for r in results
         ),
@@ -439,9 +484,16 @@ def _rows(
         "llm_tokens_per_s_beside_voice_ungated": statistics.median(
             tokens_per_s(llm(r, "counted", "all")) for r in results
         ),
+        "llm_tokens_per_s_beside_voice_yield_realtime": statistics.median(
+            tokens_per_s(llm(r, "yield-realtime", "all")) for r in results
+        ),
         "llm_tokens_per_s_alone_ungated": statistics.median(
             tokens_per_s(llm(r, "counted", "llm")) for r in results
         ),
+        "voice_dsp_share": statistics.median(
+            r["gated", "voice"]["voice_dsp_share"] for r in results
+        ),
+        "llm_dsp_share_alone": statistics.median(llm_dsp_share(r) for r in results),
         "batch_dsp_ms": statistics.median(
             us / 1000 for r in results for run in llm(r, "gated", "llm") for us in run.opbatch_us
         ),
@@ -456,7 +508,7 @@ def _rows(
             f"held_ms_per_token_{reason}": statistics.median(
                 held_ms_per_token(llm(r, "gated", "all"), reason) for r in results
             )
-            for reason in ("realtime_on_dsp", "realtime_due", "realtime_overdue")
+            for reason in ("realtime_on_dsp", "realtime_due", "realtime_overdue", "normal_on_dsp")
         },
         "dsp_prioritised": float(prioritised > 0),
     }
@@ -484,6 +536,15 @@ def _rows(
             figures,
         ),
         row(
+            "voice_llm.vad_p99_yield_realtime",
+            "the same where batches yield to realtime calls only (batch_yield = 'realtime')",
+            [
+                vad(r, "yield-realtime", "all").p99_ms / vad(r, "gated", "quiet").p99_ms
+                for r in results
+            ],
+            figures,
+        ),
+        row(
             "voice_llm.vad_p99_beside_tts",
             "VAD p99 with llama.cpp and Kokoro / with Kokoro alone (what llama.cpp adds)",
             [vad(r, "gated", "all").p99_ms / vad(r, "gated", "voice").p99_ms for r in results],
@@ -497,9 +558,14 @@ def _rows(
             harness.Goal("ratio", 1.2),
         ),
         row(
+            "voice_llm.tts_rtf_yield_realtime",
+            "the same where batches yield to realtime calls only (batch_yield = 'realtime')",
+            [r["yield-realtime", "all"]["rtf"] / r["gated", "voice"]["rtf"] for r in results],
+            figures,
+        ),
+        row(
             "voice_llm.tts_rtf_ungated",
-            "the same with today's rule (Kokoro is a normal client: the gate holds batches "
-            "for realtime work only)",
+            "the same with today's rule (batches counted, not gated)",
             [r["counted", "all"]["rtf"] / r["gated", "voice"]["rtf"] for r in results],
             figures,
         ),
@@ -512,6 +578,15 @@ def _rows(
             ],
             figures,
             harness.Goal("ratio", 0.8, "at_least"),
+        ),
+        row(
+            "voice_llm.llm_beside_voice_yield_realtime",
+            "the same where batches yield to realtime calls only (batch_yield = 'realtime')",
+            [
+                tokens_per_s(llm(r, "yield-realtime", "all")) / tokens_per_s(llm(r, "gated", "llm"))
+                for r in results
+            ],
+            figures,
         ),
         row(
             "voice_llm.llm_beside_voice_ungated",
@@ -572,9 +647,13 @@ def plot(rows: list[harness.Row], path: Path) -> None:
     )
     misses = counts[0].figures if counts else {}
     left.bar(
-        ["gated", "counted"],
-        [misses.get("misses_gated", 0.0), misses.get("misses_ungated", 0.0)],
-        color=["#4477aa", "#999999"],
+        ["gated", "rt only", "counted"],
+        [
+            misses.get("misses_gated", 0.0),
+            misses.get("misses_yield_realtime", 0.0),
+            misses.get("misses_ungated", 0.0),
+        ],
+        color=["#4477aa", "#77aadd", "#999999"],
     )
     left.set_title("VAD misses (all rounds)")
     names = [row.name.removeprefix("voice_llm.") for row in ratios]

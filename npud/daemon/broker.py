@@ -82,6 +82,7 @@ class Broker:
                 per_client_running=policy.per_client_running,
                 batch_hold_max=policy.batch_hold_max_s,
                 batch_overlap=policy.batch_overlap_pct / 100,
+                batch_yield=policy.batch_yield,
                 realtime_utilisation=policy.realtime_utilisation_pct / 100,
                 realtime_utilisation_per_owner=policy.realtime_utilisation_per_uid_pct / 100,
                 realtime_default_budget=Budget(

@@ -49,15 +49,16 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
         doc(
             "dspqueue op batches (llama.cpp): 'gated', a doorbell is dispatched as a call of "
             "its client's class and its batch holds the slot until the answer; a background "
-            "client's doorbell also waits while realtime work runs or is due (at most "
-            "batch_hold_max_s). 'counted': doorbells pass at once, as plain calls; either way "
-            "doorbell-to-answer is charged to the client as DSP time (docs/scheduling.md)."
+            "client's doorbell also waits while realtime work runs or is due, and while "
+            "normal work runs (batch_yield), at most batch_hold_max_s. 'counted': doorbells "
+            "pass at once, as plain calls; either way doorbell-to-answer is charged to the "
+            "client as DSP time (docs/scheduling.md)."
         ),
     ] = "gated"
     batch_hold_max_s: Annotated[
         float,
         msgspec.Meta(ge=0.001, le=10),
-        doc("Seconds a background client's batch may be held for realtime work, at most."),
+        doc("Seconds a background client's batch may be held for other work, at most."),
     ] = 0.05
     batch_overlap_pct: Annotated[
         int,
@@ -68,6 +69,16 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
             "for the call (0: every batch that would overlap it waits)."
         ),
     ] = 25
+    batch_yield: Annotated[
+        Literal["normal", "realtime"],
+        doc(
+            "The least class whose calls on the DSP (running or queued) hold a background "
+            "client's doorbell, at most batch_hold_max_s: 'normal', the calls of every "
+            "client above background (a TTS's graph as well as a VAD's); 'realtime', "
+            "realtime calls only (a batch then shares the DSP with normal calls, which "
+            "gives the LLM more of the DSP and the normal clients less)."
+        ),
+    ] = "normal"
     batch_answer_max_s: Annotated[
         float,
         msgspec.Meta(ge=0.01, le=600),

@@ -1,4 +1,4 @@
-"""The batch gate: whether a background client's op batch would run beside realtime work.
+"""The batch gate: whether a background client's op batch would run beside other work.
 
 llama.cpp's op batches cannot be stopped once on the DSP, so npud decides when a
 background client's doorbell is passed on (docs/scheduling.md, "The LLM's
@@ -16,7 +16,7 @@ from npud.runtime.budgets import Budget
 
 
 class Hold(enum.Enum):
-    """Why a background client's doorbell was held for realtime work."""
+    """Why a background client's doorbell was held."""
 
     REALTIME_ON_DSP = "realtime_on_dsp"
     """A realtime call was running or queued."""
@@ -24,20 +24,26 @@ class Hold(enum.Enum):
     """A realtime client calling in rhythm was due before the batch would end."""
     REALTIME_OVERDUE = "realtime_overdue"
     """A realtime client's call was overdue (the host delayed it)."""
+    NORMAL_ON_DSP = "normal_on_dsp"
+    """A normal call was running or queued (``batch_yield = "normal"``)."""
 
 
-def hold_for_realtime(
+def hold_batch(
     *,
     realtime_on_dsp: bool,
+    normal_on_dsp: bool,
     realtime: Iterable[tuple[rhythm.Rhythm, Budget]],
     batch: float,
     overlap: float,
     now: float,
 ) -> Hold | None:
     """Why a batch predicted to take ``batch`` seconds, started ``now``, would run beside
-    realtime work, or None: a realtime call is on the DSP (``realtime_on_dsp``: running
-    or queued), or one of the ``realtime`` clients (each its rhythm and budget) calling
-    in rhythm is overdue, or due before the batch ends less ``overlap`` of its budget.
+    work it yields to, or None: a realtime call is on the DSP (``realtime_on_dsp``:
+    running or queued), or one of the ``realtime`` clients (each its rhythm and budget)
+    calling in rhythm is overdue, or due before the batch ends less ``overlap`` of its
+    budget, or a normal call is on the DSP (``normal_on_dsp``; the caller passes False
+    where batches do not yield to normal work). Realtime reasons come first: a batch held
+    for both is counted as held for the realtime client.
 
     The overlap: a call that comes as a batch ends shares the DSP with the batch's last
     moments and is slowed by them at most, and holding every batch that would end a
@@ -57,4 +63,4 @@ def hold_for_realtime(
             return Hold.REALTIME_OVERDUE
         if expected + budget.budget * overlap < now + batch:
             return Hold.REALTIME_DUE
-    return None
+    return Hold.NORMAL_ON_DSP if normal_on_dsp else None

@@ -31,9 +31,10 @@ much may run at once. The policy (docs/scheduling.md):
 * **Batches.** A dspqueue doorbell (``signal``: llama.cpp's op batch) is a job
   like a call, but the batch it starts holds its slot until its answer comes
   (``finish`` then charges doorbell-to-answer as its DSP time). A background
-  client's doorbell also waits while a realtime call is running or queued, or
-  due (calling in rhythm: on its grid, :class:`~npud.runtime.rhythm.Rhythm`) before
-  the batch would typically end, less ``batch_overlap`` of its budget, or overdue;
+  client's doorbell also waits while a realtime call is running or queued (with
+  ``batch_yield = "normal"``, a normal call too), or due (calling in rhythm: on its
+  grid, :class:`~npud.runtime.rhythm.Rhythm`) before the batch would typically end,
+  less ``batch_overlap`` of its budget, or overdue;
   the time held is kept by reason (:class:`Hold`, the status row's ``held``). It goes at
   once otherwise, and never waits longer than ``batch_hold_max``
   (:meth:`Scheduler.tick` starts it then, whatever the slots, or sooner when
@@ -61,7 +62,7 @@ from typing import Any, Final, Literal
 
 from npud.runtime import rhythm
 from npud.runtime.budgets import AdmissionRefusedError, Bucket, Budget, check_admission
-from npud.runtime.gate import Hold, hold_for_realtime
+from npud.runtime.gate import Hold, hold_batch
 from npud.runtime.rhythm import Rhythm
 from npud.runtime.utilisation import BusySlots
 
@@ -119,6 +120,10 @@ class Policy:
     batch_overlap: float = 0.25
     """The share of a realtime client's budget a background batch may be predicted to
     still run into its next call for (0: a batch due to end after the call comes waits)."""
+    batch_yield: Literal["normal", "realtime"] = "normal"
+    """The least class whose calls on the DSP hold a background client's doorbell:
+    ``normal`` (the calls of every client above background: a normal TTS's graph too) or
+    ``realtime`` (realtime calls only; a batch then shares the DSP with normal calls)."""
 
     def __post_init__(self) -> None:
         if self.dsp_slots < 1:
@@ -473,7 +478,7 @@ class Scheduler:
         if job.klass == REALTIME:
             return True
         if job.doorbell and job.klass == BACKGROUND:
-            hold = self._realtime_needs_dsp(job, now)
+            hold = self._why_hold(job, now)
             if hold is not None:
                 if job.held is None:
                     job.held = hold
@@ -512,16 +517,18 @@ class Scheduler:
             )
         return now + predicted <= latest
 
-    def _realtime_needs_dsp(self, job: Job, now: float) -> Hold | None:
-        """Why a batch of ``job``'s client started now would run beside realtime work
-        (:func:`npud.runtime.gate.hold_for_realtime`), or None."""
+    def _why_hold(self, job: Job, now: float) -> Hold | None:
+        """Why a batch of ``job``'s client started now would run beside work it yields to
+        (:func:`npud.runtime.gate.hold_batch`), or None."""
         realtime = (
             (account.rhythm, account.budget)
             for account in self._accounts
             if account.klass == REALTIME and account.budget is not None and not account.closed
         )
-        return hold_for_realtime(
+        return hold_batch(
             realtime_on_dsp=bool(self._running[REALTIME] or self._queued[REALTIME]),
+            normal_on_dsp=self.policy.batch_yield == "normal"
+            and bool(self._running[NORMAL] or self._queued[NORMAL]),
             realtime=realtime,
             batch=job.account.typical_call or 0.0,
             overlap=self.policy.batch_overlap,

@@ -142,6 +142,41 @@ async def test_a_held_doorbell_goes_at_its_bound_while_realtime_work_runs(
         llm.close()
 
 
+@pytest.mark.parametrize("batch_yield", ["normal", "realtime"])
+async def test_a_doorbell_waits_for_a_normal_call_as_batch_yield_says(
+    tmp_path: Path, batch_yield: str
+) -> None:
+    """The config reaches the gate: with ``batch_yield = "normal"`` a background doorbell
+    waits for a normal client's call to end (and is counted as held for it); with
+    ``"realtime"`` it goes beside it."""
+    config = f'[scheduler]\nbatch_hold_max_s = 10\nbatch_yield = "{batch_yield}"\n'
+    async with serve_daemon(tmp_path, config) as daemon:
+        tts, welcome = await connect(tmp_path / "npud.sock", "tts", priority="normal")
+        assert isinstance(welcome, p.Welcome)
+        await tts.write(p.OpenRequest(id=1, uri=TEST_URI))
+        opened = await tts.next()
+        assert isinstance(opened, p.OpenReply)
+        await tts.write(busy(2, opened.handle, 300_000))  # 0.3 s on the DSP, normal
+        with trio.fail_after(10):
+            while not _running(daemon):
+                await trio.sleep(0.005)
+        llm, handle = await _open(tmp_path, "background")
+        await llm.write(p.InvokeRequest(id=11, handle=handle, method=SIGNAL))
+        if batch_yield == "normal":
+            assert await tts.next() == p.InvokeReply(id=2)  # the graph ends first
+            assert await llm.next() == p.InvokeReply(id=11)
+            (held,) = _client(daemon).held
+            assert (held.reason, held.batches) == ("normal_on_dsp", 1)
+            assert held.held_us > 0
+        else:
+            assert await llm.next() == p.InvokeReply(id=11)
+            assert daemon.broker.scheduler.statistics().running == (0, 1, 1)  # beside it
+            assert _client(daemon).held == ()
+            assert await tts.next() == p.InvokeReply(id=2)
+        tts.close()
+        llm.close()
+
+
 class _SlowReturns:
     """``time`` for npud.datapath's workers and batches whose clock jumps ``trip``
     seconds whenever a doorbell's invoke returns: its reply took that long to come back

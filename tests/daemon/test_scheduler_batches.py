@@ -1,5 +1,6 @@
 """Op batches (dspqueue doorbells) in the scheduler, on a fake clock (issue 28, item 3):
-a background client's doorbell waits while realtime work runs or is due, goes at once
+a background client's doorbell waits while realtime work runs or is due (and normal
+work runs, with ``batch_yield = "normal"``, the default), goes at once
 when nothing else needs the DSP, and never waits past its bound; the batch holds its
 slot until ``finish`` (its answer), which charges doorbell-to-answer."""
 
@@ -259,7 +260,7 @@ def test_the_time_a_doorbell_was_held_is_kept_by_its_first_reason(clock: Clock) 
 def test_a_doorbell_waiting_only_for_a_slot_is_not_counted_as_held(clock: Clock) -> None:
     s = make(clock, dsp_slots=1, realtime_reserve=0)
     llm = measured_llm(s, clock)
-    other = s.open_account("other", NORMAL)
+    other = s.open_account("other", BACKGROUND)
     busy = Job(other)
     assert s.submit(busy) is Outcome.RUN  # the one slot not kept for realtime
     bell = doorbell(llm)
@@ -312,3 +313,69 @@ def test_a_call_after_a_delayed_one_is_expected_on_the_grid_not_a_period_after_i
 def test_the_overlap_is_a_share_of_a_budget() -> None:
     with pytest.raises(ValueError, match="batch_overlap"):
         Policy(batch_overlap=1.5)
+
+
+def test_a_doorbell_waits_while_a_normal_call_runs_and_goes_at_its_end(clock: Clock) -> None:
+    """A TTS's graph (a normal client) on the DSP: a background batch beside it would
+    share the HMX with it and slow it down, so the doorbell waits for its end."""
+    s = make(clock)
+    llm = measured_llm(s, clock)
+    tts = s.open_account("tts", NORMAL)
+    graph = Job(tts)
+    assert s.submit(graph) is Outcome.RUN
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    assert bell.held is Hold.NORMAL_ON_DSP
+    clock.now += 0.02
+    assert s.finish(graph, 0.02) == ([bell], [])
+    batches, held = llm.batch_holds[Hold.NORMAL_ON_DSP]
+    assert batches == 1
+    assert held == pytest.approx(0.02)
+
+
+def test_a_doorbell_held_for_a_long_normal_call_goes_at_its_bound(clock: Clock) -> None:
+    """A normal call longer than the bound: the LLM still runs a batch every bound."""
+    s = make(clock, batch_hold_max=0.05)
+    llm = measured_llm(s, clock)
+    tts = s.open_account("tts", NORMAL)
+    assert s.submit(Job(tts)) is Outcome.RUN  # a 1 s graph, say
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    clock.now += 0.05
+    assert s.tick() == ([bell], [])
+
+
+def test_with_batches_yielding_to_realtime_only_a_doorbell_goes_beside_a_normal_call(
+    clock: Clock,
+) -> None:
+    s = make(clock, batch_yield="realtime")
+    llm = measured_llm(s, clock)
+    tts = s.open_account("tts", NORMAL)
+    assert s.submit(Job(tts)) is Outcome.RUN
+    assert s.submit(doorbell(llm)) is Outcome.RUN
+
+
+def test_a_doorbell_held_for_a_normal_call_and_a_due_realtime_one_counts_the_realtime(
+    clock: Clock,
+) -> None:
+    s = make(clock)
+    llm = measured_llm(s, clock)
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN
+    clock.now += 0.004
+    s.finish(call, 0.004)
+    tts = s.open_account("tts", NORMAL)
+    assert s.submit(Job(tts)) is Outcome.RUN
+    clock.now += 0.024  # the VAD is due in 4 ms, and the TTS's graph runs
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED
+    assert bell.held is Hold.REALTIME_DUE
+
+
+def test_normal_and_realtime_doorbells_are_not_held_for_normal_calls(clock: Clock) -> None:
+    s = make(clock)
+    tts = s.open_account("tts", NORMAL)
+    assert s.submit(Job(tts)) is Outcome.RUN
+    tool = s.open_account("tool", NORMAL)
+    assert s.submit(doorbell(tool)) is Outcome.RUN

@@ -24,9 +24,14 @@ def _runs(tokens_per_s: float, per_token_ms: float, dsp_ms: float, npud_us: int)
 def _round(scale: float) -> dict[tuple[str, str], dict[str, object]]:
     return {
         ("gated", "quiet"): {"vad": _phase(10.0)},
-        ("gated", "voice"): {"vad": _phase(11.0), "rtf": 0.5},
+        ("gated", "voice"): {"vad": _phase(11.0), "rtf": 0.5, "voice_dsp_share": 0.4},
         ("gated", "all"): {"vad": _phase(12.0 * scale, 1), "rtf": 0.55, "llm": _runs(80, 6, 4, 0)},
         ("gated", "llm"): {"llm": _runs(100, 5.0, 4.0, 48_000)},
+        ("yield-realtime", "all"): {
+            "vad": _phase(15.0, 2),
+            "rtf": 0.65,
+            "llm": _runs(85, 6, 4, 0),
+        },
         ("counted", "quiet"): {"vad": _phase(10.0)},
         ("counted", "all"): {"vad": _phase(20.0, 3), "rtf": 0.6, "llm": _runs(90, 6, 4, 0)},
         ("counted", "llm"): {"llm": _runs(100, 5.0, 4.0, 48_400)},
@@ -43,6 +48,10 @@ def test_the_rows_divide_the_phases_the_issue_names() -> None:
     assert rows["voice_llm.llm_beside_voice_ungated"].ratio == pytest.approx(0.9)
     assert rows["voice_llm.llm_beside_voice_ungated"].goal is None
     assert rows["voice_llm.llm_gate_cost"].ratio == pytest.approx(1.0)
+    assert rows["voice_llm.vad_p99_yield_realtime"].ratio == pytest.approx(1.5)
+    assert rows["voice_llm.tts_rtf_yield_realtime"].ratio == pytest.approx(1.3)
+    assert rows["voice_llm.llm_beside_voice_yield_realtime"].ratio == pytest.approx(0.85)
+    assert rows["voice_llm.vad_misses"].figures["misses_yield_realtime"] == 4
     assert rows["voice_llm.dsp_share"].ratio == pytest.approx(48 / 44)  # npud / 11 x 4 ms
     assert rows["voice_llm.dsp_share"].goal_met is True
     assert rows["voice_llm.added_per_batch"].ratio == pytest.approx(2.0)  # (5 - 4) / 0.5

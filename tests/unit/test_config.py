@@ -42,6 +42,10 @@ def test_empty_config_is_all_defaults() -> None:
         ("[backend]\nlanes = 2", "unknown key backend.lanes"),
         ("[scheduler]\ndsp_slots = 0", "scheduler.dsp_slots: expected `int` >= 1"),
         ("[scheduler]\nmode = 'lifo'", "scheduler.mode: 'lifo' is not one of fair, fifo"),
+        (
+            "[scheduler]\nbatch_yield = 'background'",
+            "scheduler.batch_yield: 'background' is not one of normal, realtime",
+        ),
         ("[daemon]\nlog_level = 'verbose'", "'verbose' is not one of debug, error, info, warning"),
         (
             "[scheduler]\ndsp_slots = 2\nrealtime_reserve = 2",

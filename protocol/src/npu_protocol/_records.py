@@ -237,12 +237,13 @@ class Totals(_Record, frozen=True, kw_only=True):
 
 class HoldRow(_Record, frozen=True, kw_only=True):
     """Version 7 (additive): a background client's op batches the scheduler held for
-    realtime work, for one reason (PROTOCOL.md section 8, "Op batches")."""
+    other clients' work, for one reason (PROTOCOL.md section 8, "Op batches")."""
 
     reason: Name
     """``realtime_on_dsp`` (a realtime call ran or waited), ``realtime_due`` (one calling
-    in rhythm was due before the batch would end) or ``realtime_overdue`` (its call was
-    late: the host delayed it); a newer server may send others."""
+    in rhythm was due before the batch would end), ``realtime_overdue`` (its call was
+    late: the host delayed it) or ``normal_on_dsp`` (a normal call ran or waited); a
+    newer server may send others."""
     batches: U63 = 0
     """Batches first held for this reason, counted when they went."""
     held_us: U63 = 0
@@ -290,7 +291,7 @@ class ClientRow(_Record, frozen=True, kw_only=True):
     models: Annotated[tuple[ModelRow, ...], msgspec.Meta(max_length=64)] = ()
     """The client's loaded models."""
     held: Annotated[tuple[HoldRow, ...], msgspec.Meta(max_length=8)] = ()
-    """Version 7 (additive): its op batches held for realtime work, by reason (none held:
+    """Version 7 (additive): its op batches held for other clients' work, by reason (none held:
     empty; a server before it: empty)."""
 
 
