@@ -85,6 +85,10 @@ CLASSES: Final = ("realtime", "normal", "background")
 REALTIME, NORMAL, BACKGROUND = range(3)
 WAIT_SAMPLES: Final = 1024
 """Queue waits kept per client for the percentiles (the most recent ones)."""
+NORMAL_HOLD_SHARE: Final = 0.5
+"""The share of ``batch_hold_max`` a background doorbell waits for normal work, at most.
+The rest of its bound is left for a realtime call due then: a doorbell let go for a long
+normal call (a TTS's graph) still waits for the VAD's call it would have run into."""
 TYPICAL_CALL_WEIGHT: Final = 0.25
 """How much a call's DSP time moves its client's typical call (an exponential average)."""
 
@@ -380,15 +384,19 @@ class Scheduler:
 
     def next_recheck(self) -> float | None:
         """When a queued doorbell should be looked at again (None: none queued): its
-        bound, or sooner, when a realtime client it may be held for (calling in rhythm,
-        due or overdue) turns quiet without having called: the reason to hold it lapses
-        then, and nothing else (a call's ``submit`` or ``finish``) would start it."""
+        bound, or sooner, when its wait for normal work ends (:data:`NORMAL_HOLD_SHARE`),
+        or when a realtime client it may be held for (calling in rhythm, due or overdue)
+        turns quiet without having called: the reason to hold it lapses then, and nothing
+        else (a call's ``submit`` or ``finish``) would start it."""
         with self._lock:
             held = [job for job in self._all_queued() if job.bound is not None]
             if not held:
                 return None
             now = self._clock()
             when = min(job.bound for job in held if job.bound is not None)
+            if self._yields_to_normal():  # its wait for normal work ends
+                lapses = (self._normal_hold_ends(job) for job in held)
+                when = min([when, *(t for t in lapses if t > now)])
             for account in self._accounts:
                 budget = account.budget
                 if account.klass != REALTIME or budget is None or account.closed:
@@ -527,13 +535,21 @@ class Scheduler:
         )
         return hold_batch(
             realtime_on_dsp=bool(self._running[REALTIME] or self._queued[REALTIME]),
-            normal_on_dsp=self.policy.batch_yield == "normal"
-            and bool(self._running[NORMAL] or self._queued[NORMAL]),
+            normal_on_dsp=self._yields_to_normal() and now < self._normal_hold_ends(job),
             realtime=realtime,
             batch=job.account.typical_call or 0.0,
             overlap=self.policy.batch_overlap,
             now=now,
         )
+
+    def _yields_to_normal(self) -> bool:
+        """A normal call is on the DSP (running or queued) that batches wait for."""
+        normal = self._running[NORMAL] or self._queued[NORMAL]
+        return self.policy.batch_yield == "normal" and bool(normal)
+
+    def _normal_hold_ends(self, job: Job) -> float:
+        """When a doorbell stops waiting for normal work (:data:`NORMAL_HOLD_SHARE`)."""
+        return job.arrival + self.policy.batch_hold_max * NORMAL_HOLD_SHARE
 
     def _dispatch(self, now: float) -> tuple[list[Job], list[Job]]:
         started: list[Job] = []

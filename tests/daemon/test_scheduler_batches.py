@@ -333,16 +333,48 @@ def test_a_doorbell_waits_while_a_normal_call_runs_and_goes_at_its_end(clock: Cl
     assert held == pytest.approx(0.02)
 
 
-def test_a_doorbell_held_for_a_long_normal_call_goes_at_its_bound(clock: Clock) -> None:
-    """A normal call longer than the bound: the LLM still runs a batch every bound."""
+def test_a_doorbell_waits_for_a_long_normal_call_half_its_bound(clock: Clock) -> None:
+    """A normal call longer than the bound (a 1 s graph): the LLM still runs a batch
+    every half bound, and a timer looks at the doorbell then."""
     s = make(clock, batch_hold_max=0.05)
     llm = measured_llm(s, clock)
     tts = s.open_account("tts", NORMAL)
-    assert s.submit(Job(tts)) is Outcome.RUN  # a 1 s graph, say
+    assert s.submit(Job(tts)) is Outcome.RUN
     bell = doorbell(llm)
     assert s.submit(bell) is Outcome.QUEUED
-    clock.now += 0.05
+    assert s.next_recheck() == pytest.approx(clock.now + 0.025)
+    clock.now += 0.024
+    assert s.tick() == ([], [])
+    clock.now += 0.001
     assert s.tick() == ([bell], [])
+
+
+def test_a_doorbell_past_its_wait_for_normal_work_still_waits_for_a_due_realtime_call(
+    clock: Clock,
+) -> None:
+    """Let go for the TTS's long graph, the batch would still run into the VAD's call due
+    in 2 ms: it waits for that call, within its bound."""
+    s = make(clock, batch_hold_max=0.05)
+    llm = measured_llm(s, clock)
+    tts = s.open_account("tts", NORMAL)
+    assert s.submit(Job(tts)) is Outcome.RUN
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN
+    start = clock.now
+    clock.now += 0.004
+    s.finish(call, 0.004)
+    clock.now += 0.001
+    bell = doorbell(llm)
+    assert s.submit(bell) is Outcome.QUEUED  # for the TTS: the VAD is due in 27 ms
+    assert bell.held is Hold.NORMAL_ON_DSP
+    clock.now = bell.arrival + 0.025  # its wait for normal work is over
+    assert s.tick() == ([], [])  # but the VAD is due in 2 ms: the 7 ms batch waits
+    clock.now = start + 0.032
+    due = Job(vad)
+    assert s.submit(due) is Outcome.RUN
+    clock.now += 0.004
+    assert s.finish(due, 0.004) == ([bell], [])
 
 
 def test_with_batches_yielding_to_realtime_only_a_doorbell_goes_beside_a_normal_call(
