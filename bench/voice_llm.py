@@ -82,12 +82,17 @@ per-round ratios, with their spread):
   (no goal: the estimate a device gets);
 * ``voice_llm.added_per_batch``: the time a batch costs at the client beyond
   the DSP's own time / one call's round trip (a 64-byte echo through the same
-  npud) (goal <= 2). It includes llama.cpp's own CPU work between two batches
-  and the emulated DSP process's thread hand-offs: ``python -m bench.batch_rtt``
-  gives the fair figure, against a minimal server making the same emulator calls.
+  npud) (no goal here: it includes llama.cpp's own CPU work between two batches
+  and the emulated DSP process's thread hand-offs; the issue's goal, the time npud
+  adds per batch / one call's round trip <= 2, is ``bench.batch_rtt``'s
+  ``added_per_batch``, measured against a minimal server making the same emulator
+  calls).
 
 Figures: the phases' VAD p50/p99 and misses, the TTS real-time factors, the
-tokens/s, the DSP times. ``--plot FILE`` draws the per-round ratios against
+tokens/s, the DSP times, and ``voice_dsp_share``: the voice clients' share of the
+phase's time on the DSP in npud's count (VAD and Kokoro, without llama.cpp), beside
+``llm_dsp_share_alone``, the share of its decoding time llama.cpp's batches hold the
+DSP. ``--plot FILE`` draws the per-round ratios against
 their goals (needs matplotlib: ``pip install -e '.[bench]'``).
 
 Needs the peer build (``make peer-llama``; its cache is ``$NPUD_PEER_CACHE``,
@@ -625,10 +630,10 @@ def _rows(
         ),
         row(
             "voice_llm.added_per_batch",
-            "a batch's time at the client beyond its DSP time / one call's round trip",
+            "a batch's time at the client beyond its DSP time / one call's round trip "
+            "(llama.cpp's own CPU work included: bench.batch_rtt has the goal, npud's part)",
             [added(r, rtt) for r, rtt in zip(results, rtts, strict=True)],
             figures,
-            harness.Goal("ratio", 2.0),
         ),
     ]
 

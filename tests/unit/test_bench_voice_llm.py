@@ -55,6 +55,7 @@ def test_the_rows_divide_the_phases_the_issue_names() -> None:
     assert rows["voice_llm.dsp_share"].ratio == pytest.approx(48 / 44)  # npud / 11 x 4 ms
     assert rows["voice_llm.dsp_share"].goal_met is True
     assert rows["voice_llm.added_per_batch"].ratio == pytest.approx(2.0)  # (5 - 4) / 0.5
+    assert rows["voice_llm.added_per_batch"].goal is None  # bench.batch_rtt has it
     assert rows["voice_llm.llm_beside_voice"].goal_met is True
     assert rows["voice_llm.vad_misses"].goal_met is False
 
