@@ -10,7 +10,9 @@ The model (each figure's why in the comments beside its constant):
 
 * **The DSP** is shared as the device's one HMX unit is: work that overlaps
   progresses at 1/n each (processor sharing), so a VAD call that comes while a
-  batch runs is slowed by the batch's remaining time, at most.
+  batch runs is slowed by the batch's remaining time, at most. npud is told each
+  call's time from its start to its end, the sharing included, and charges it
+  (fairness, budgets, the client's typical call).
 * **The VAD** is realtime with the default budget (4 ms every 32 ms); a call of
   2.5-3.5 ms of DSP work arrives every 32 ms, most a little late (0-1 ms) and
   one in twenty late by up to 8 ms (its host delayed it).
@@ -21,10 +23,12 @@ The model (each figure's why in the comments beside its constant):
   the work / 0.53: Kokoro's real-time factor alone) before the next.
 * **Gated** runs every doorbell through the scheduler (``[scheduler] batches =
   "gated"``); **ungated** (``"counted"``) passes doorbells at once. With the VAD
-  and the LLM, gated runs with ``batch_overlap_pct`` of 0, 25, 50 and 100 (and
-  the default ``batch_yield``, which the VAD's calls over its budget, running as
-  normal, are held for too). With the TTS too, gated runs at the default
-  overlap (25) with ``batch_yield`` ``"realtime"`` and ``"normal"``.
+  and the LLM, gated runs with ``batch_overlap_pct`` of 0, 25, 50 and 100, at
+  the default ``batch_yield`` (``"normal"``: where batches run into the VAD's
+  calls, at 100, the VAD is charged the time shared, goes over its budget, and
+  its calls, run as normal then, hold batches as a normal call does). With the
+  TTS too, gated runs at the default overlap (25) with ``batch_yield``
+  ``"realtime"`` and ``"normal"``.
 
 Rows, the median over seeds of per-seed ratios (IQR), each configuration and its
 baselines simulated with the same seed (so the same arrivals and work):
@@ -42,7 +46,10 @@ baselines simulated with the same seed (so the same arrivals and work):
   LLM / alone, for ``<config>`` ``ungated``, ``yield_realtime``, ``yield_normal``.
   The TTS's graph shares the DSP with the VAD's calls whatever the gate does
   (nothing holds a normal call for a realtime one that is due): the figure
-  ``vad_p99_voice_without_llm`` is that share alone.
+  ``vad_p99_voice_without_llm`` is that share alone. Charged the time shared,
+  the VAD's calls go over their budget and run as normal while the TTS speaks
+  and for seconds after (``vad_over_budget_<config>``: the share of its calls):
+  batches then wait for them only where they yield to normal calls.
 
 ``--plot FILE`` draws the first rows against the overlap allowed and the others
 by configuration (needs matplotlib: ``pip install -e '.[bench]'``). Run:
@@ -129,6 +136,9 @@ class Work:
 @dataclass
 class Outcomes:
     vad_latencies: list[float] = field(default_factory=list)
+    vad_over_budget: int = 0
+    """The VAD's calls that ran as normal: its bucket was full (npud charges a call the
+    time it took, sharing the DSP included)."""
     batches: int = 0
     utterances: list[tuple[float, float]] = field(default_factory=list)
     """The TTS's answered utterances: (synthesis time, queue and DSP; audio length)."""
@@ -258,10 +268,13 @@ class Simulation:
             self._at(arrival, functools.partial(self._vad_call, arrival, work))
 
     def _vad_call(self, arrival: float, work: float) -> None:
+        job = Job(self.vad)
+
         def answered(_dsp: float) -> None:
             self.out.vad_latencies.append(self.clock.now - arrival)
+            self.out.vad_over_budget += job.over_budget
 
-        self._submit(Job(self.vad), work, answered)
+        self._submit(job, work, answered)
 
     def _doorbell(self) -> None:
         work = self._llm_random.uniform(*LLM_BATCH)
@@ -334,9 +347,11 @@ class Measured:
     overlap: dict[str, list[float]] = field(default_factory=dict)
     """The rows of :data:`CONFIGURATIONS`."""
     voice: dict[str, list[float]] = field(default_factory=dict)
-    """The rows of :data:`VOICE_CONFIGURATIONS`, and the baselines' own figures:
+    """The rows of :data:`VOICE_CONFIGURATIONS`, and figures: the baseline's own,
     ``tts_rtf_without_llm`` (the TTS's real-time factor beside the VAD) and
-    ``vad_p99_voice_without_llm`` (the VAD's p99 beside the TTS / alone)."""
+    ``vad_p99_voice_without_llm`` (the VAD's p99 beside the TTS / alone), and
+    ``vad_over_budget_<config>`` (``without_llm`` too): the share of the VAD's calls
+    that ran as normal, over its budget."""
 
 
 def measure(seeds: int, seconds: float, voice_seconds: float) -> Measured:
@@ -358,6 +373,7 @@ def measure(seeds: int, seconds: float, voice_seconds: float) -> Measured:
         )
         _add(measured.voice, "tts_rtf_without_llm", voice.tts_rtf)
         _add(measured.voice, "vad_p99_voice_without_llm", p99(voice.vad_latencies) / quiet_p99)
+        _add(measured.voice, "vad_over_budget_without_llm", _over_budget(voice))
         for config in VOICE_CONFIGURATIONS:
             alone = config.simulate(seed, voice_seconds, vad=False, llm=True)
             every = config.simulate(seed, voice_seconds, vad=True, llm=True, tts=True)
@@ -365,7 +381,12 @@ def measure(seeds: int, seconds: float, voice_seconds: float) -> Measured:
             _add(measured.voice, f"tts_rtf_{config.name}", every.tts_rtf / voice.tts_rtf)
             ratio = p99(every.vad_latencies) / quiet_p99
             _add(measured.voice, f"vad_p99_voice_{config.name}", ratio)
+            _add(measured.voice, f"vad_over_budget_{config.name}", _over_budget(every))
     return measured
+
+
+def _over_budget(out: Outcomes) -> float:
+    return out.vad_over_budget / len(out.vad_latencies)
 
 
 def _vad_alone_p99(seed: int, seconds: float) -> float:
