@@ -399,10 +399,11 @@ def _add(ratios: dict[str, list[float]], name: str, value: float) -> None:
     ratios.setdefault(name, []).append(value)
 
 
-def _rule(config: Configuration) -> str:
+def _rule(config: Configuration, *, by_yield: bool) -> str:
+    """What ``config`` does to batches: by its overlap, or (``by_yield``) its yield."""
     if not config.gated:
         return "batches not gated"
-    if config in VOICE_CONFIGURATIONS:
+    if by_yield:
         yielding = "realtime calls" if config.batch_yield == "realtime" else "normal calls too"
         return f"gated, batches wait for {yielding}"
     return f"gated, a batch may run into a due call by {config.overlap:.0%} of its budget"
@@ -412,7 +413,7 @@ def _rows(measured: Measured) -> list[harness.Row]:
     rows = []
     figures = {name: statistics.median(values) for name, values in measured.overlap.items()}
     for config in CONFIGURATIONS:
-        rule = _rule(config)
+        rule = _rule(config, by_yield=False)
         for kind, what in (
             ("llm", f"LLM batches/s beside the VAD / alone ({rule})"),
             ("vad_p99", f"VAD p99 beside the LLM / alone ({rule})"),
@@ -421,7 +422,7 @@ def _rows(measured: Measured) -> list[harness.Row]:
             rows.append(harness.ratio_row(f"{NAME}.{name}", what, measured.overlap[name], figures))
     figures = {name: statistics.median(values) for name, values in measured.voice.items()}
     for config in VOICE_CONFIGURATIONS:
-        rule = _rule(config)
+        rule = _rule(config, by_yield=True)
         for kind, what in (
             ("llm_voice", f"LLM batches/s beside the VAD and the TTS / alone ({rule})"),
             ("tts_rtf", f"TTS real-time factor with the LLM / without ({rule})"),

@@ -21,6 +21,12 @@ def test_a_vad_alone_is_answered_in_its_own_work() -> None:
     out = Simulation(1, 5.0, vad=True, llm=False, gated=True, overlap=0.0).run()
     assert len(out.vad_latencies) == pytest.approx(5.0 / 0.032, abs=2)
     assert VAD_WORK[0] <= min(out.vad_latencies) <= max(out.vad_latencies) <= VAD_WORK[1]
+    assert out.vad_over_budget == 0  # 3 ms of its 4 ms budget a period
+
+
+def test_a_vad_sharing_the_dsp_is_charged_the_time_shared_and_counted_over_budget() -> None:
+    out = Simulation(1, 5.0, vad=True, llm=True, gated=False, overlap=0.0).run()
+    assert len(out.vad_latencies) / 2 < out.vad_over_budget <= len(out.vad_latencies)
 
 
 def test_an_llm_alone_is_never_held() -> None:
