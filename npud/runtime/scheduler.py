@@ -140,6 +140,10 @@ class Policy:
             raise ValueError("batch_hold_max must be positive")
         if not 0 <= self.batch_overlap <= 1:
             raise ValueError("batch_overlap must be within 0..1 (a share of a budget)")
+        if self.batch_yield not in ("normal", "realtime"):
+            raise ValueError(
+                f"batch_yield must be 'normal' or 'realtime', not {self.batch_yield!r}"
+            )
 
 
 @dataclass(eq=False)

@@ -315,6 +315,11 @@ def test_the_overlap_is_a_share_of_a_budget() -> None:
         Policy(batch_overlap=1.5)
 
 
+def test_batches_yield_to_normal_or_realtime_work_only() -> None:
+    with pytest.raises(ValueError, match="batch_yield must be 'normal' or 'realtime'"):
+        Policy(batch_yield="background")  # type: ignore[arg-type]
+
+
 def test_a_doorbell_waits_while_a_normal_call_runs_and_goes_at_its_end(clock: Clock) -> None:
     """A TTS's graph (a normal client) on the DSP: a background batch beside it would
     share the HMX with it and slow it down, so the doorbell waits for its end."""
