@@ -33,8 +33,8 @@ much may run at once. The policy (docs/scheduling.md):
   (``finish`` then charges doorbell-to-answer as its DSP time). A background
   client's doorbell also waits while a realtime call is running or queued (with
   ``batch_yield = "normal"``, a normal call too), or due (calling in rhythm: on its
-  grid, :class:`~npud.runtime.rhythm.Rhythm`) before the batch would typically end,
-  less ``batch_overlap`` of its budget, or overdue;
+  grid, :class:`~npud.runtime.rhythm.Rhythm`) before the batch would end (its typical
+  time, longer beside other calls), less ``batch_overlap`` of its budget, or overdue;
   the time held is kept by reason (:class:`Hold`, the status row's ``held``). It goes at
   once otherwise, and never waits longer than ``batch_hold_max``
   (:meth:`Scheduler.tick` starts it then, whatever the slots, or sooner when
@@ -541,10 +541,19 @@ class Scheduler:
             realtime_on_dsp=bool(self._running[REALTIME] or self._queued[REALTIME]),
             normal_on_dsp=self._yields_to_normal() and now < self._normal_hold_ends(job),
             realtime=realtime,
-            batch=job.account.typical_call or 0.0,
+            batch=self._predicted_batch(job),
             overlap=self.policy.batch_overlap,
             now=now,
         )
+
+    def _predicted_batch(self, job: Job) -> float:
+        """How long a batch of ``job``'s client started now would take: its typical batch,
+        times the work it would share the DSP with. A batch let go beside a TTS's graph
+        (once its wait for normal work is over) takes about twice its typical time on one
+        HMX unit, and predicted at its typical time it ran into the VAD's next call; npud
+        cannot see which units a call uses, so every call running counts."""
+        others = self._running_total - job.account.running
+        return (job.account.typical_call or 0.0) * (1 + others)
 
     def _yields_to_normal(self) -> bool:
         """A normal call is on the DSP (running or queued) that batches wait for."""

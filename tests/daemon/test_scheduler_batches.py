@@ -416,3 +416,27 @@ def test_normal_and_realtime_doorbells_are_not_held_for_normal_calls(clock: Cloc
     assert s.submit(Job(tts)) is Outcome.RUN
     tool = s.open_account("tool", NORMAL)
     assert s.submit(doorbell(tool)) is Outcome.RUN
+
+
+@pytest.mark.parametrize(("running", "outcome"), [(0, Outcome.RUN), (1, Outcome.QUEUED)])
+def test_a_batch_beside_other_work_is_predicted_to_take_longer(
+    clock: Clock, running: int, outcome: Outcome
+) -> None:
+    """A 4 ms batch with the VAD due in 6 ms goes when the DSP is free; beside a running
+    call (batches yield to realtime work only here) it would take about twice as long,
+    run into the VAD's call, and waits for it."""
+    s = make(clock, batch_yield="realtime", batch_overlap=0.0)
+    llm = measured_llm(s, clock, batch=0.004)
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN
+    clock.now += 0.004
+    s.finish(call, 0.004)
+    tool = s.open_account("tool", NORMAL)
+    for _ in range(running):
+        assert s.submit(Job(tool)) is Outcome.RUN
+    clock.now += 0.022  # the VAD is due in 6 ms
+    bell = doorbell(llm)
+    assert s.submit(bell) is outcome
+    if outcome is Outcome.QUEUED:
+        assert bell.held is Hold.REALTIME_DUE
