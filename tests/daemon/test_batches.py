@@ -116,21 +116,27 @@ async def test_a_signal_on_another_handle_is_an_ordinary_call(tmp_path: Path) ->
         peer.close()
 
 
+async def _busy_peer(path: Path, daemon: Daemon, priority: str, us: int) -> RawPeer:
+    """A client of ``priority`` whose call of ``us`` µs on the DSP is running."""
+    peer, welcome = await connect(path / "npud.sock", priority, priority=priority)
+    assert isinstance(welcome, p.Welcome)
+    await peer.write(p.OpenRequest(id=1, uri=TEST_URI))
+    opened = await peer.next()
+    assert isinstance(opened, p.OpenReply)
+    await peer.write(busy(2, opened.handle, us))
+    with trio.fail_after(10):
+        while not _running(daemon):
+            await trio.sleep(0.005)
+    return peer
+
+
 async def test_a_held_doorbell_goes_at_its_bound_while_realtime_work_runs(
     tmp_path: Path,
 ) -> None:
     """The datapath's side of the gate: the doorbell waits for the running realtime call,
     and a timer lets it go at ``batch_hold_max_s`` though that call still runs."""
     async with serve_daemon(tmp_path, "[scheduler]\nbatch_hold_max_s = 0.05\n") as daemon:
-        voice, welcome = await connect(tmp_path / "npud.sock", "voice", priority="realtime")
-        assert isinstance(welcome, p.Welcome)
-        await voice.write(p.OpenRequest(id=1, uri=TEST_URI))
-        opened = await voice.next()
-        assert isinstance(opened, p.OpenReply)
-        await voice.write(busy(2, opened.handle, 5_000_000))  # 5 s on the DSP, realtime
-        with trio.fail_after(10):
-            while not _running(daemon):
-                await trio.sleep(0.005)
+        voice = await _busy_peer(tmp_path, daemon, "realtime", 5_000_000)  # 5 s on the DSP
         llm, handle = await _open(tmp_path, "background")
         await llm.write(p.InvokeRequest(id=11, handle=handle, method=SIGNAL))
         assert await llm.next() == p.InvokeReply(id=11)
@@ -151,15 +157,7 @@ async def test_a_doorbell_waits_for_a_normal_call_as_batch_yield_says(
     ``"realtime"`` it goes beside it."""
     config = f'[scheduler]\nbatch_hold_max_s = 10\nbatch_yield = "{batch_yield}"\n'
     async with serve_daemon(tmp_path, config) as daemon:
-        tts, welcome = await connect(tmp_path / "npud.sock", "tts", priority="normal")
-        assert isinstance(welcome, p.Welcome)
-        await tts.write(p.OpenRequest(id=1, uri=TEST_URI))
-        opened = await tts.next()
-        assert isinstance(opened, p.OpenReply)
-        await tts.write(busy(2, opened.handle, 300_000))  # 0.3 s on the DSP, normal
-        with trio.fail_after(10):
-            while not _running(daemon):
-                await trio.sleep(0.005)
+        tts = await _busy_peer(tmp_path, daemon, "normal", 300_000)  # a 0.3 s graph
         llm, handle = await _open(tmp_path, "background")
         await llm.write(p.InvokeRequest(id=11, handle=handle, method=SIGNAL))
         if batch_yield == "normal":

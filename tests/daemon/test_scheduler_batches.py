@@ -48,6 +48,17 @@ def measured_llm(s: Scheduler, clock: Clock, batch: float = 0.007) -> Account:
     return llm
 
 
+def vad_called(s: Scheduler, clock: Clock) -> Account:
+    """A realtime VAD (4 ms every 32 ms) that has just made a 4 ms call: in rhythm, its
+    next call due 28 ms from now."""
+    vad = s.open_account("vad", REALTIME, VAD)
+    call = Job(vad)
+    assert s.submit(call) is Outcome.RUN
+    clock.now += 0.004
+    assert s.finish(call, 0.004) == ([], [])
+    return vad
+
+
 def test_a_doorbell_goes_at_once_when_nothing_else_needs_the_dsp(clock: Clock) -> None:
     s = make(clock)
     llm = measured_llm(s, clock)
@@ -89,11 +100,7 @@ def test_an_overdue_realtime_call_holds_a_doorbell_as_a_due_one_does(clock: Cloc
     period's once it was more than a budget late)."""
     s = make(clock)
     llm = measured_llm(s, clock)
-    vad = s.open_account("vad", REALTIME, VAD)
-    call = Job(vad)
-    assert s.submit(call) is Outcome.RUN
-    clock.now += 0.004
-    assert s.finish(call, 0.004) == ([], [])
+    vad = vad_called(s, clock)
     clock.now += 0.034  # 38 ms after its last call: the next, due at 32, is 6 ms late
     bell = doorbell(llm)
     assert s.submit(bell) is Outcome.QUEUED
@@ -108,11 +115,7 @@ def test_a_doorbell_goes_at_once_once_the_realtime_client_stopped_calling(clock:
     """Two periods without a call: the client is quiet, and a batch goes at once."""
     s = make(clock)
     llm = measured_llm(s, clock)
-    vad = s.open_account("vad", REALTIME, VAD)
-    call = Job(vad)
-    assert s.submit(call) is Outcome.RUN
-    clock.now += 0.004
-    s.finish(call, 0.004)
+    vad_called(s, clock)
     clock.now += 2 * VAD.period
     assert s.submit(doorbell(llm)) is Outcome.RUN
 
@@ -279,11 +282,7 @@ def test_a_batch_may_run_into_a_due_call_by_its_share_of_the_calls_budget(
     most); with no overlap allowed it waits for the call."""
     s = make(clock, batch_overlap=overlap)
     llm = measured_llm(s, clock)
-    vad = s.open_account("vad", REALTIME, VAD)
-    call = Job(vad)
-    assert s.submit(call) is Outcome.RUN
-    clock.now += 0.004
-    s.finish(call, 0.004)
+    vad_called(s, clock)
     clock.now += 0.0215  # 25.5 ms after the call: the next is due in 6.5 ms
     assert s.submit(doorbell(llm)) is outcome
 
@@ -397,11 +396,7 @@ def test_a_doorbell_held_for_a_normal_call_and_a_due_realtime_one_counts_the_rea
 ) -> None:
     s = make(clock)
     llm = measured_llm(s, clock)
-    vad = s.open_account("vad", REALTIME, VAD)
-    call = Job(vad)
-    assert s.submit(call) is Outcome.RUN
-    clock.now += 0.004
-    s.finish(call, 0.004)
+    vad_called(s, clock)
     tts = s.open_account("tts", NORMAL)
     assert s.submit(Job(tts)) is Outcome.RUN
     clock.now += 0.024  # the VAD is due in 4 ms, and the TTS's graph runs
@@ -427,11 +422,7 @@ def test_a_batch_beside_other_work_is_predicted_to_take_longer(
     run into the VAD's call, and waits for it."""
     s = make(clock, batch_yield="realtime", batch_overlap=0.0)
     llm = measured_llm(s, clock, batch=0.004)
-    vad = s.open_account("vad", REALTIME, VAD)
-    call = Job(vad)
-    assert s.submit(call) is Outcome.RUN
-    clock.now += 0.004
-    s.finish(call, 0.004)
+    vad_called(s, clock)
     tool = s.open_account("tool", NORMAL)
     for _ in range(running):
         assert s.submit(Job(tool)) is Outcome.RUN
