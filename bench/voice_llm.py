@@ -648,7 +648,7 @@ def plot(rows: list[harness.Row], path: Path) -> None:
     counts = [row for row in rows if row.name == "voice_llm.vad_misses"]
     ratios = [row for row in rows if row not in counts]
     figure, (left, axes) = pyplot.subplots(
-        1, 2, figsize=(10, 4.5), gridspec_kw={"width_ratios": [1, 6]}
+        1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [1, 7]}
     )
     misses = counts[0].figures if counts else {}
     left.bar(
@@ -661,6 +661,8 @@ def plot(rows: list[harness.Row], path: Path) -> None:
         color=["#4477aa", "#77aadd", "#999999"],
     )
     left.set_title("VAD misses (all rounds)")
+    left.tick_params(axis="x", rotation=45)
+    left.set_ylim(0, max(1.0, *(bar.get_height() for bar in left.patches)) * 1.1)
     names = [row.name.removeprefix("voice_llm.") for row in ratios]
     spread = [[row.ratio - row.q1 for row in ratios], [row.q3 - row.ratio for row in ratios]]
     axes.bar(names, [row.ratio for row in ratios], yerr=spread, capsize=4, color="#4477aa")
@@ -670,7 +672,7 @@ def plot(rows: list[harness.Row], path: Path) -> None:
             axes.hlines(limit, index - 0.4, index + 0.4, colors="#cc3311")
     axes.set_ylabel("ratio (median of rounds, IQR); red: goal")
     axes.set_title("voice beside llama.cpp on one emulated DSP (4 HVX, 1 HMX)")
-    axes.tick_params(axis="x", rotation=30)
+    pyplot.setp(axes.get_xticklabels(), rotation=40, ha="right")
     figure.tight_layout()
     figure.savefig(path)
     pyplot.close(figure)
