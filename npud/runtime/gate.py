@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from typing import Final
 
 from npud.runtime import rhythm
 from npud.runtime.budgets import Budget
+
+NORMAL_HOLD_SHARE: Final = 0.5
+"""The share of ``batch_hold_max`` a background doorbell waits for normal work, at most.
+The rest of its bound is left for a realtime call due then: a doorbell let go for a long
+normal call (a TTS's graph) still waits for the VAD's call it would have run into."""
 
 
 class Hold(enum.Enum):
@@ -64,3 +70,18 @@ def hold_batch(
         if expected + budget.budget * overlap < now + batch:
             return Hold.REALTIME_DUE
     return Hold.NORMAL_ON_DSP if normal_on_dsp else None
+
+
+def normal_hold_ends(arrival: float, hold_max: float) -> float:
+    """When a doorbell that arrived at ``arrival`` stops waiting for normal work, its bound
+    being ``hold_max`` after it (:data:`NORMAL_HOLD_SHARE`)."""
+    return arrival + hold_max * NORMAL_HOLD_SHARE
+
+
+def predicted_batch(typical: float, beside: int) -> float:
+    """How long a batch whose client's typical batch takes ``typical`` would take, started
+    beside ``beside`` calls: a batch let go beside a TTS's graph (once its wait for normal
+    work is over) takes about twice its typical time on one HMX unit, and predicted at its
+    typical time it ran into the VAD's next call. npud cannot see which units a call
+    uses, so every call running counts."""
+    return typical * (1 + beside)

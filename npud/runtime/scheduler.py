@@ -62,7 +62,7 @@ from typing import Any, Final, Literal
 
 from npud.runtime import rhythm
 from npud.runtime.budgets import AdmissionRefusedError, Bucket, Budget, check_admission
-from npud.runtime.gate import Hold, hold_batch
+from npud.runtime.gate import Hold, hold_batch, normal_hold_ends, predicted_batch
 from npud.runtime.rhythm import Rhythm
 from npud.runtime.utilisation import BusySlots
 
@@ -85,10 +85,6 @@ CLASSES: Final = ("realtime", "normal", "background")
 REALTIME, NORMAL, BACKGROUND = range(3)
 WAIT_SAMPLES: Final = 1024
 """Queue waits kept per client for the percentiles (the most recent ones)."""
-NORMAL_HOLD_SHARE: Final = 0.5
-"""The share of ``batch_hold_max`` a background doorbell waits for normal work, at most.
-The rest of its bound is left for a realtime call due then: a doorbell let go for a long
-normal call (a TTS's graph) still waits for the VAD's call it would have run into."""
 TYPICAL_CALL_WEIGHT: Final = 0.25
 """How much a call's DSP time moves its client's typical call (an exponential average)."""
 
@@ -388,7 +384,7 @@ class Scheduler:
 
     def next_recheck(self) -> float | None:
         """When a queued doorbell should be looked at again (None: none queued): its
-        bound, or sooner, when its wait for normal work ends (:data:`NORMAL_HOLD_SHARE`),
+        bound, or sooner, when its wait for normal work ends (``gate.NORMAL_HOLD_SHARE``),
         or when a realtime client it may be held for (calling in rhythm, due or overdue)
         turns quiet without having called: the reason to hold it lapses then, and nothing
         else (a call's ``submit`` or ``finish``) would start it."""
@@ -399,7 +395,8 @@ class Scheduler:
             now = self._clock()
             when = min(job.bound for job in held if job.bound is not None)
             if self._yields_to_normal():  # its wait for normal work ends
-                lapses = (self._normal_hold_ends(job) for job in held)
+                hold_max = self.policy.batch_hold_max
+                lapses = (normal_hold_ends(job.arrival, hold_max) for job in held)
                 when = min([when, *(t for t in lapses if t > now)])
             for account in self._accounts:
                 budget = account.budget
@@ -537,32 +534,21 @@ class Scheduler:
             for account in self._accounts
             if account.klass == REALTIME and account.budget is not None and not account.closed
         )
+        normal_ends = normal_hold_ends(job.arrival, self.policy.batch_hold_max)
+        beside = self._running_total - job.account.running
         return hold_batch(
             realtime_on_dsp=bool(self._running[REALTIME] or self._queued[REALTIME]),
-            normal_on_dsp=self._yields_to_normal() and now < self._normal_hold_ends(job),
+            normal_on_dsp=self._yields_to_normal() and now < normal_ends,
             realtime=realtime,
-            batch=self._predicted_batch(job),
+            batch=predicted_batch(job.account.typical_call or 0.0, beside),
             overlap=self.policy.batch_overlap,
             now=now,
         )
-
-    def _predicted_batch(self, job: Job) -> float:
-        """How long a batch of ``job``'s client started now would take: its typical batch,
-        times the work it would share the DSP with. A batch let go beside a TTS's graph
-        (once its wait for normal work is over) takes about twice its typical time on one
-        HMX unit, and predicted at its typical time it ran into the VAD's next call; npud
-        cannot see which units a call uses, so every call running counts."""
-        others = self._running_total - job.account.running
-        return (job.account.typical_call or 0.0) * (1 + others)
 
     def _yields_to_normal(self) -> bool:
         """A normal call is on the DSP (running or queued) that batches wait for."""
         normal = self._running[NORMAL] or self._queued[NORMAL]
         return self.policy.batch_yield == "normal" and bool(normal)
-
-    def _normal_hold_ends(self, job: Job) -> float:
-        """When a doorbell stops waiting for normal work (:data:`NORMAL_HOLD_SHARE`)."""
-        return job.arrival + self.policy.batch_hold_max * NORMAL_HOLD_SHARE
 
     def _dispatch(self, now: float) -> tuple[list[Job], list[Job]]:
         started: list[Job] = []

@@ -126,4 +126,4 @@ def _documented_reasons() -> set[str]:
     document = (Path(__file__).parents[2] / "protocol" / "PROTOCOL.md").read_text()
     table = document[document.index("<!-- fields: HoldRow -->") :]
     reason = next(line for line in table.splitlines() if line.startswith("| `reason`"))
-    return set(re.findall(r"`(realtime_\w+)`", reason))
+    return set(re.findall(r"`([a-z_]+)`", reason)) - {"reason"}
