@@ -234,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.tokens < 1:
         parser.error("--rounds and --tokens must be at least 1")
+    try:
+        prerequisites()  # before npud starts: said at once, not after its start-up
+    except harness.UnavailableError as exc:
+        parser.exit(2, f"{parser.prog}: {exc}\n")
     with (
         tempfile.TemporaryDirectory(prefix="bench-llm-") as workdir,
         running_npud(Path(workdir)) as socket,
