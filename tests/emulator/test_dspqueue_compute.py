@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -51,14 +52,28 @@ def _session(driver: EmulatedDriver, tmp_path: Path) -> FastRpcSession:
     return session
 
 
+@contextmanager
+def _opened(
+    isolation: str, tmp_path: Path, units: int, hmx: int = 0
+) -> Iterator[tuple[EmulatedDriver, FastRpcSession]]:
+    """A driver of ``units`` HVX and ``hmx`` HMX units and a session with its DSP process,
+    both ended however the block ends."""
+    driver = _driver(isolation, units, hmx)
+    try:
+        session = _session(driver, tmp_path)
+        try:
+            yield driver, session
+        finally:
+            session.end_process()
+            session.close()
+    finally:
+        driver.shutdown()
+
+
 @pytest.fixture
 def modelled(isolation: str, tmp_path: Path) -> Iterator[tuple[EmulatedDriver, FastRpcSession]]:
-    driver = _driver(isolation, 1, 1)
-    session = _session(driver, tmp_path)
-    yield driver, session
-    session.end_process()
-    session.close()
-    driver.shutdown()
+    with _opened(isolation, tmp_path, 1, 1) as opened:
+        yield opened
 
 
 def test_a_packet_being_handled_is_work_on_the_channels_shared_compute(
@@ -100,9 +115,7 @@ def test_wait_signal_answers_with_the_dsp_time_of_the_packets_handled(
     for the packets answered (issue 28, item 5): what npud charges a batch, through the
     driver's report and the session's InvokeResult, as a device's kernel cannot. A piece
     of 0.2 s of CPU lasts at least that long, modelled or not."""
-    driver = _driver(isolation, units)
-    session = _session(driver, tmp_path)
-    try:
+    with _opened(isolation, tmp_path, units) as (driver, session):
         queues = CpuQueues(session)
         queue = queues.create()
         echo = Echo(session)
@@ -113,16 +126,10 @@ def test_wait_signal_answers_with_the_dsp_time_of_the_packets_handled(
         assert 0.2 <= queues.reported < GUARD
         assert driver.dsp_report() is None  # this thread's last INVOKE reported nothing
         finish(queues, echo, queue)
-    finally:
-        session.end_process()
-        session.close()
-        driver.shutdown()
 
 
 def test_without_the_model_packet_handling_is_not_charged(isolation: str, tmp_path: Path) -> None:
-    driver = _driver(isolation, 0)
-    session = _session(driver, tmp_path)
-    try:
+    with _opened(isolation, tmp_path, 0) as (driver, session):
         queues = CpuQueues(session)
         queue = queues.create()
         echo = Echo(session)
@@ -132,10 +139,6 @@ def test_without_the_model_packet_handling_is_not_charged(isolation: str, tmp_pa
             assert queue.read().message == b"work:20000"
         assert _compute(driver).busy_seconds == 0
         finish(queues, echo, queue)
-    finally:
-        session.end_process()
-        session.close()
-        driver.shutdown()
 
 
 def test_two_dsp_processes_share_one_model(isolation: str, tmp_path: Path) -> None:

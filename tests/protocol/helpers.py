@@ -21,6 +21,22 @@ WELCOME: Final = p.Welcome(
 )
 
 AnyConnection = p.Connection[Any, Any]
+
+
+def daemon_status(*clients: p.ClientRow) -> p.DaemonStatus:
+    """A daemon's status with ``clients`` as its client rows, the rest fixed."""
+    return p.DaemonStatus(
+        daemon_version="0.1.0",
+        uptime_ms=5,
+        backend="emulator",
+        device="/dev/fastrpc-cdsp",
+        dsp=p.DspCapabilities(),
+        shell=p.ShellStatus(verified=True, sha256="ab" * 32),
+        epoch=1,
+        clients=clients,
+    )
+
+
 Event = p.Message | p.StrayFds | p.ConnectionClosed | p.NeedData
 
 

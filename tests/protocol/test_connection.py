@@ -8,11 +8,20 @@ import pytest
 
 import npu_protocol as p
 from npu_protocol import ConnectionState, ErrorCode
-from tests.protocol.helpers import WELCOME, connected_pair, drain, feed, frame, transfer
+from tests.protocol.helpers import (
+    WELCOME,
+    connected_pair,
+    daemon_status,
+    drain,
+    feed,
+    frame,
+    transfer,
+)
 
 CHUNK_SIZES = [None, 1, 5]
 
 URI = "file:///libecho_skel.so?echo_skel_handle_invoke&_modver=1.0&_dom=cdsp"
+STT = p.ClientRow(pid=10, uid=1000, name="voice-stt", priority="realtime")
 
 
 @pytest.mark.parametrize("chunk", CHUNK_SIZES)
@@ -40,7 +49,7 @@ def test_every_message_kind_crosses_intact(chunk: int | None) -> None:
         (p.MapRequest(id=2, buffer=1), p.MapReply(id=2, dsp_address=0xC000_0000)),
         (p.OpenRequest(id=3, uri=URI), p.OpenReply(id=3, handle=3)),
         (invoke, p.InvokeReply(id=7, outputs=(b"abcd", None))),
-        (p.StatusRequest(id=8), p.StatusReply(id=8, status=_status())),
+        (p.StatusRequest(id=8), p.StatusReply(id=8, status=daemon_status(STT))),
         (p.PingRequest(id=9, payload=b"tick"), p.PongReply(id=9, payload=b"tick")),
         (p.UnmapRequest(id=10, buffer=1), p.UnmapReply(id=10)),
         (p.CloseRequest(id=11, handle=3), p.CloseReply(id=11)),
@@ -61,19 +70,6 @@ def test_every_message_kind_crosses_intact(chunk: int | None) -> None:
     assert (stats.fds_sent, stats.fds_received) == (0, 1)
     assert stats.bytes_buffered == 0
     assert server.statistics().fds_sent == 1
-
-
-def _status() -> p.DaemonStatus:
-    return p.DaemonStatus(
-        daemon_version="0.1.0",
-        uptime_ms=5,
-        backend="emulator",
-        device="/dev/fastrpc-cdsp",
-        dsp=p.DspCapabilities(),
-        shell=p.ShellStatus(verified=True, sha256="ab" * 32),
-        epoch=1,
-        clients=(p.ClientRow(pid=10, uid=1000, name="voice-stt", priority="realtime"),),
-    )
 
 
 def test_alloc_reply_carries_its_fd_as_slot_zero_on_the_wire() -> None:

@@ -11,7 +11,8 @@ import random
 import pytest
 
 import npu_protocol as p
-from tests.protocol.helpers import connected_pair, drain, feed, transfer
+from tests.protocol.helpers import connected_pair, daemon_status, drain, feed, transfer
+from tests.protocol.test_chain_messages import CHAIN
 
 MUTANTS = 2000
 """Mutants per message."""
@@ -51,17 +52,6 @@ def _survives(receiver: p.ClientConnection | p.ServerConnection, data: bytes) ->
     return "decoded" if any(isinstance(e, p.Message) for e in events) else "incomplete"
 
 
-CHAIN = p.ModelChainRequest(
-    id=3,
-    steps=(
-        p.ChainStep(model=1),
-        p.ChainStep(model=2, inputs={"input_1": p.ChainSource(step=0, output="frames")}),
-        p.ChainStep(model=3, graph="head", inputs={"x": p.ChainSource(step=1, output="features")}),
-    ),
-    outputs=(p.ChainOutput(step=2, output="score"), p.ChainOutput(step=1, output="features")),
-    timeout_ms=500,
-)
-
 HELD = p.ClientRow(
     pid=10,
     uid=1000,
@@ -90,7 +80,7 @@ def test_mutated_chain_requests_are_decoded_or_refused() -> None:
 def test_mutated_status_replies_with_held_batches_are_decoded_or_refused(seed: int) -> None:
     client, server = connected_pair()
     transfer(client, server, p.StatusRequest(id=8))
-    frame = bytes(server.send(p.StatusReply(id=8, status=_status()))[0])
+    frame = bytes(server.send(p.StatusReply(id=8, status=daemon_status(HELD)))[0])
     outcomes = {"decoded": 0, "refused": 0, "incomplete": 0}
     rng = random.Random(seed)  # noqa: S311
     for mutant in _mutants(frame, rng):
@@ -99,16 +89,3 @@ def test_mutated_status_replies_with_held_batches_are_decoded_or_refused(seed: i
         outcomes[_survives(client, mutant)] += 1
     assert outcomes["refused"] > MUTANTS // 4
     assert outcomes["decoded"] > 0
-
-
-def _status() -> p.DaemonStatus:
-    return p.DaemonStatus(
-        daemon_version="0.1.0",
-        uptime_ms=5,
-        backend="emulator",
-        device="/dev/fastrpc-cdsp",
-        dsp=p.DspCapabilities(),
-        shell=p.ShellStatus(verified=True, sha256="ab" * 32),
-        epoch=1,
-        clients=(HELD,),
-    )

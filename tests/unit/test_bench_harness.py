@@ -122,15 +122,20 @@ def _fake_module(name: str, result: list[Row] | Exception) -> types.ModuleType:
     return module
 
 
+def _install(monkeypatch: pytest.MonkeyPatch, *modules: types.ModuleType) -> None:
+    """``python -m bench`` knows ``modules`` (fakes) and nothing else."""
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(bench_main, "MODULES", {m.NAME: m.__name__ for m in modules})
+
+
 @pytest.fixture
 def fake_modules(monkeypatch: pytest.MonkeyPatch) -> None:
     good = _fake_module(
         "good", [ratio_row("good.one", "a / b", [1.5, 2.5], {"a_ms": 3.0}, Goal("ratio", 1.0))]
     )
     bad = _fake_module("bad", RuntimeError("it broke"))
-    for module in (good, bad):
-        monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(bench_main, "MODULES", {"good": good.__name__, "bad": bad.__name__})
+    _install(monkeypatch, good, bad)
 
 
 @pytest.mark.usefixtures("fake_modules")
@@ -161,9 +166,7 @@ def test_only_runs_the_named_modules(tmp_path: Path, capsys: pytest.CaptureFixtu
 def an_unavailable_module(monkeypatch: pytest.MonkeyPatch) -> None:
     good = _fake_module("good", [ratio_row("good.one", "a / b", [1.0], {})])
     absent = _fake_module("absent", UnavailableError("no tiny.gguf: make peer-llama"))
-    for module in (good, absent):
-        monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(bench_main, "MODULES", {"good": good.__name__, "absent": absent.__name__})
+    _install(monkeypatch, good, absent)
 
 
 @pytest.mark.usefixtures("an_unavailable_module")
